@@ -1,0 +1,1 @@
+"""Study analysis: reads runs/ (Parquet, JSON) only; never imports the trainers."""

@@ -1,0 +1,179 @@
+"""Run configuration: one frozen dataclass, every default visible here, parsed from key=value."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Literal, get_args, get_origin
+
+from .errors import UsageError
+
+QKNorm = Literal["none", "rmsnorm", "layernorm"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # data: a folder written by `python -m mlx_gpt prepare`
+    data: str = "data/synthetic-bytes"
+    # model (plain nanoGPT)
+    depth: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    block_size: int = 128
+    bias: bool = False
+    qk_norm: QKNorm = "none"  # the single independent variable
+    # optimisation: AdamW, warmup + cosine, clipping; standard parametrisation
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    independent_wd: bool = False  # Wortsman et al. 2023: decay not scaled by lr
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    batch_size: int = 16
+    max_steps: int = 1000
+    budget_tokens: int = 0  # > 0 overrides max_steps: steps = budget_tokens // (batch * block)
+    # seeds: model init and batch order are separate so one data_seed pairs every arm and lr
+    seed: int = 0
+    data_seed: int = 0
+    # evaluation, probes, divergence
+    eval_every: int = 200
+    eval_batches: int = 8
+    probe_every: int = 200
+    divergence_margin: float = 1.0  # loss > init_loss + margin after warmup -> diverged
+    # logging and checkpoints (steps)
+    log_every: int = 10
+    ckpt_every: int = 500
+    # where the run folder goes: <runs_dir>/<sweep>/<run_id>
+    runs_dir: str = "runs"
+    sweep: str = "adhoc"
+
+    @property
+    def steps(self) -> int:
+        if self.budget_tokens > 0:
+            return max(1, self.budget_tokens // (self.batch_size * self.block_size))
+        return self.max_steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.block_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def validate(self) -> "TrainConfig":
+        checks = [
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.depth >= 1, f"depth must be >= 1, got {self.depth}"),
+            (self.d_model >= 1 and self.n_heads >= 1, "d_model and n_heads must be >= 1"),
+            (self.d_model % self.n_heads == 0,
+             f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"),
+            (self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}"),
+            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
+            (self.steps >= 1, f"max_steps must be >= 1, got {self.max_steps}"),
+            (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
+            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)"),
+            (self.eps > 0, f"eps must be > 0, got {self.eps}"),
+            (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
+            (self.budget_tokens >= 0, f"budget_tokens must be >= 0, got {self.budget_tokens}"),
+            (self.divergence_margin > 0, "divergence_margin must be > 0"),
+            (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
+        ]
+        for name in ("eval_every", "probe_every", "log_every", "ckpt_every"):
+            checks.append((getattr(self, name) >= 1, f"{name} must be >= 1"))
+        checks.append((self.ckpt_every % self.log_every == 0,
+                       f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every}"))
+        checks.append(("/" not in self.sweep and self.sweep not in ("", ".", ".."),
+                       f"sweep must be a plain folder name, got {self.sweep!r}"))
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+        return self
+
+    # Fields that say where output goes, not what is computed: left out of the run id.
+    NON_IDENTITY = ("runs_dir", "sweep")
+
+    def identity(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY}
+
+    @property
+    def run_id(self) -> str:
+        """Content address: a short hash of every field that changes what the run computes."""
+        blob = json.dumps(self.identity(), sort_keys=True)
+        tag = f"d{self.depth}-{'qk' + self.qk_norm if self.qk_norm != 'none' else 'noqk'}"
+        return f"{tag}-lr{self.lr:.3g}-s{self.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+def _coerce(name: str, hint: Any, text: str) -> Any:
+    origin = get_origin(hint)
+    if origin is Literal:
+        choices = get_args(hint)
+        if text not in choices:
+            raise UsageError(f"{name} must be one of {', '.join(choices)}; got {text!r}")
+        return text
+    if origin in (typing.Union, types.UnionType):
+        return _coerce(name, next(a for a in get_args(hint) if a is not type(None)), text)
+    if hint is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise UsageError(f"{name} must be true or false; got {text!r}")
+    if hint is int:
+        try:
+            value = float(text) if any(c in text for c in ".eE") else int(text)
+        except ValueError:
+            raise UsageError(f"{name} must be an integer; got {text!r}") from None
+        if float(value) != int(value):
+            raise UsageError(f"{name} must be an integer; got {text!r}")
+        return int(value)
+    if hint is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise UsageError(f"{name} must be a number; got {text!r}") from None
+    return text
+
+
+def split_key_values(words: list[str]) -> dict[str, str]:
+    """['lr=1e-3', 'depth=6'] -> {'lr': '1e-3', 'depth': '6'}; a word without '=' is an error."""
+    out: dict[str, str] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise UsageError(f"expected key=value, got {word!r}")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def apply_overrides(base: Any, overrides: dict[str, str]) -> Any:
+    """Return a copy of dataclass `base` with string overrides coerced to each field's type."""
+    hints = typing.get_type_hints(type(base))
+    names = {f.name for f in fields(base)}
+    changes = {}
+    for key, text in overrides.items():
+        if key not in names:
+            raise UsageError(f"unknown key {key!r}; known keys: {', '.join(sorted(names))}")
+        changes[key] = _coerce(key, hints[key], text)
+    return dataclasses.replace(base, **changes)
+
+
+def parse_train_config(words: list[str], base: TrainConfig | None = None) -> TrainConfig:
+    return apply_overrides(base or TrainConfig(), split_key_values(words)).validate()
+
+
+def load_config(path: str) -> TrainConfig:
+    with open(path) as f:
+        raw = json.load(f)
+    known = {f.name for f in fields(TrainConfig)}
+    return TrainConfig(**{k: v for k, v in raw.items() if k in known})

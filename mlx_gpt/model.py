@@ -1,0 +1,162 @@
+"""A plain nanoGPT decoder in MLX, with QK-norm as its one switch.
+
+Token + learned position embeddings, pre-LN blocks (LayerNorm), causal multi-head attention,
+GELU MLP of width 4*d_model, final LayerNorm, tied input/output embeddings, no dropout.
+Parameter names and shapes match torch_ref/model.py one to one (nn.Linear is (out, in) in both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+NORM_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    depth: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    block_size: int = 128
+    bias: bool = False
+    qk_norm: str = "none"  # none | rmsnorm | layernorm
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // 64) * 64  # a multiple of 64 keeps the head matmul aligned
+
+
+class HeadNorm(nn.Module):
+    """QK-norm: normalise each head's q (or k) over head_dim, then a learnable gain (init 1).
+
+    rmsnorm as in OLMo 2 / Qwen3; layernorm (mean-centred) as in Wortsman et al. 2023. The gain
+    has shape (head_dim,), shared by the heads of a layer, as in Qwen3's q_norm / k_norm.
+    """
+
+    def __init__(self, head_dim: int, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.weight = mx.ones((head_dim,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.kind == "rmsnorm":
+            return mx.fast.rms_norm(x, self.weight, NORM_EPS)
+        return mx.fast.layer_norm(x, self.weight, None, NORM_EPS)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.head_dim = args.n_heads, args.d_model // args.n_heads
+        self.qkv = nn.Linear(args.d_model, 3 * args.d_model, bias=args.bias)
+        self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
+        if args.qk_norm != "none":
+            self.q_norm = HeadNorm(self.head_dim, args.qk_norm)
+            self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
+        self.qk_norm = args.qk_norm
+        # The softmax scale stays 1/sqrt(head_dim) in every arm: QK-norm changes nothing else.
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+    def heads(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """q, k, v split into heads, before QK-norm: each (B, nh, T, hs)."""
+        B, T, C = x.shape
+        q, k, v = mx.split(self.qkv(x), 3, axis=-1)
+        return tuple(t.reshape(B, T, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
+                     for t in (q, k, v))
+
+    def normed(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
+        if self.qk_norm == "none":
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        B, T, C = x.shape
+        q, k, v = self.heads(x)
+        q, k = self.normed(q, k)
+        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
+        return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))  # (B, T, nh*hs)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.fc = nn.Linear(args.d_model, 4 * args.d_model, bias=args.bias)
+        self.proj = nn.Linear(4 * args.d_model, args.d_model, bias=args.bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.proj(nn.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
+        self.attn = CausalSelfAttention(args)
+        self.ln2 = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
+        self.mlp = MLP(args)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.wte = nn.Embedding(args.padded_vocab, args.d_model)
+        self.wpe = nn.Embedding(args.block_size, args.d_model)
+        self.blocks = [Block(args) for _ in range(args.depth)]
+        self.ln_f = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
+
+    def embed(self, idx: mx.array) -> mx.array:
+        return self.wte(idx) + self.wpe(mx.arange(idx.shape[1]))  # (B, T, C)
+
+    def hidden(self, idx: mx.array) -> mx.array:
+        """Final normed hidden states (B, T, C); the tied head is `hidden @ wte.weight.T`."""
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+    def __call__(self, idx: mx.array) -> mx.array:
+        return self.hidden(idx) @ self.wte.weight.T  # (B, T, padded_vocab)
+
+
+def init_weights(model: GPT, seed: int) -> None:
+    """nanoGPT init: N(0, 0.02) everywhere, residual projections N(0, 0.02/sqrt(2*depth)),
+    biases 0, norm gains 1. Deterministic in `seed`."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    residual_std = 0.02 / math.sqrt(2 * model.args.depth)
+    params = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    new = []
+    for i, (name, p) in enumerate(params):
+        if name.endswith(".weight") and p.ndim == 2:
+            std = residual_std if name.endswith("proj.weight") else 0.02
+            new.append((name, std * mx.random.normal(p.shape, key=keys[i])))
+        elif name.endswith(".bias"):
+            new.append((name, mx.zeros_like(p)))
+        else:
+            new.append((name, mx.ones_like(p)))
+    model.update(tree_unflatten(new))
+
+
+def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
+    """Mean next-token cross-entropy in nats."""
+    return nn.losses.cross_entropy(logits, targets, reduction="mean")
+
+
+def count_params(model: GPT) -> dict[str, int]:
+    from mlx.utils import tree_flatten
+
+    sizes = {name: p.size for name, p in tree_flatten(model.parameters())}
+    total = sum(sizes.values())
+    embedding = sizes["wte.weight"] + sizes["wpe.weight"]
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

@@ -1,0 +1,1 @@
+"""PyTorch reference of the mlx_gpt model: same names, same numbers, CUDA/MPS spot checks."""
