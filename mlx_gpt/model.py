@@ -130,17 +130,19 @@ class GPT(nn.Module):
 
 def init_weights(model: GPT, seed: int) -> None:
     """nanoGPT init: N(0, 0.02) everywhere, residual projections N(0, 0.02/sqrt(2*depth)),
-    biases 0, norm gains 1. Deterministic in `seed`."""
+    biases 0, norm gains 1. Each tensor's key derives from (seed, its name), so every weight the
+    QK-norm arms share starts identical for one seed: the arms differ only in the QK-norm."""
+    import zlib
+
     from mlx.utils import tree_flatten, tree_unflatten
 
     residual_std = 0.02 / math.sqrt(2 * model.args.depth)
-    params = tree_flatten(model.parameters())
-    keys = mx.random.split(mx.random.key(seed), len(params))
     new = []
-    for i, (name, p) in enumerate(params):
+    for name, p in tree_flatten(model.parameters()):
         if name.endswith(".weight") and p.ndim == 2:
             std = residual_std if name.endswith("proj.weight") else 0.02
-            new.append((name, std * mx.random.normal(p.shape, key=keys[i])))
+            key = mx.random.key((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
+            new.append((name, std * mx.random.normal(p.shape, key=key)))
         elif name.endswith(".bias"):
             new.append((name, mx.zeros_like(p)))
         else:

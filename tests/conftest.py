@@ -1,0 +1,38 @@
+"""Shared fixtures: a small prepared corpus and a tiny, fast training config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import mlx_gpt  # noqa: F401  (loads the fast BLAS before anything imports mlx)
+from mlx_gpt.config import TrainConfig
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> str:
+    """A synthetic-story corpus tokenised with the bytes tokenizer (~300k tokens)."""
+    from mlx_gpt.data import PrepareConfig, prepare
+
+    out = tmp_path_factory.mktemp("data") / "synthetic-bytes"
+    prepare("synthetic", PrepareConfig(out=str(out), tokenizer="bytes", size_mb=0.3,
+                                        val_fraction=0.05))
+    return str(out)
+
+
+@pytest.fixture
+def tiny_cfg(tiny_data, tmp_path):
+    """A factory of tiny configs (a few ms a step) writing under this test's tmp_path."""
+
+    def make(**overrides) -> TrainConfig:
+        base = TrainConfig(data=tiny_data, depth=2, d_model=32, n_heads=2, block_size=32,
+                           batch_size=4, max_steps=30, warmup_steps=5, lr=3e-3,
+                           eval_every=10, eval_batches=2, probe_every=10, log_every=5,
+                           ckpt_every=10, runs_dir=str(tmp_path / "runs"), sweep="test")
+        return dataclasses.replace(base, **overrides).validate()
+
+    return make

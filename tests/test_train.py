@@ -1,0 +1,248 @@
+"""The trainer: determinism, exact resume, divergence, skip, CLI errors, model and optimizer."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_gpt import probes, runlog
+from mlx_gpt.__main__ import main
+from mlx_gpt.config import TrainConfig, parse_train_config
+from mlx_gpt.errors import UsageError
+from mlx_gpt.model import GPT, ModelArgs, count_params, init_weights
+from mlx_gpt.optim import AdamW, lr_schedule
+from mlx_gpt.train import divergence, run_dir_of, train
+
+LOSS_COLUMNS = ["step", "tokens", "lr", "train_loss", "grad_norm", "val_loss"]
+
+
+def rows(cfg: TrainConfig) -> dict:
+    return runlog.read_parts(run_dir_of(cfg) / "metrics").select(LOSS_COLUMNS).to_pydict()
+
+
+def test_run_writes_contract_files(tiny_cfg):
+    cfg = tiny_cfg()
+    summary = train(cfg, verbose=False)
+    folder = run_dir_of(cfg)
+    assert summary["status"] == "completed"
+    for name in ("config.json", "manifest.json", "summary.json", "final.safetensors"):
+        assert (folder / name).exists(), name
+    assert not (folder / "checkpoint.safetensors").exists()
+    on_disk = json.loads((folder / "summary.json").read_text())
+    for key in ("status", "init_loss", "final_val_loss", "min_val_loss", "diverged_step",
+                "tokens_seen", "wall_seconds", "lr", "depth", "qk_norm", "seed"):
+        assert key in on_disk, key
+    assert on_disk["tokens_seen"] == cfg.steps * cfg.tokens_per_step
+    assert on_disk["final_val_loss"] < on_disk["init_loss"]  # it learns
+    assert math.isclose(on_disk["init_loss"], math.log(256), rel_tol=0.1)  # ~uniform at init
+    table = rows(cfg)
+    assert table["step"] == list(range(cfg.steps + 1))  # one row per update, then the final eval
+    evals = [s for s, v in zip(table["step"], table["val_loss"]) if v is not None]
+    assert evals == [0, 10, 20, 30]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["versions"]["mlx"] and manifest["data_meta_sha256"] and manifest["ended"]
+
+
+def test_same_config_same_curve_bit_for_bit(tiny_cfg, tmp_path):
+    a = tiny_cfg(max_steps=15)
+    b = dataclasses.replace(a, runs_dir=str(tmp_path / "other"))
+    train(a, verbose=False)
+    train(b, verbose=False)
+    assert rows(a) == rows(b)
+
+
+def test_finished_run_is_not_rerun(tiny_cfg):
+    cfg = tiny_cfg(max_steps=10)
+    first = train(cfg, verbose=False)
+    parts = sorted((run_dir_of(cfg) / "metrics").iterdir())
+    stamps = [p.stat().st_mtime_ns for p in parts]
+    again = train(cfg, verbose=False)
+    assert again == first
+    assert [p.stat().st_mtime_ns for p in sorted((run_dir_of(cfg) / "metrics").iterdir())] == stamps
+
+
+@pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])
+def test_resume_after_crash_is_exact(tiny_cfg, tmp_path, monkeypatch, failure):
+    reference = tiny_cfg()
+    train(reference, verbose=False)
+
+    crashed = dataclasses.replace(reference, runs_dir=str(tmp_path / "crashed"))
+    real_measure = probes.measure
+
+    def measure_then_fail(model, x, y, step):
+        if step == 20:  # probes run at steps 0, 10, 20, ...: fail mid-run, after a checkpoint
+            raise failure("simulated crash")
+        return real_measure(model, x, y, step)
+
+    monkeypatch.setattr(probes, "measure", measure_then_fail)
+    with pytest.raises(failure):
+        train(crashed, verbose=False)
+    folder = run_dir_of(crashed)
+    assert (folder / "checkpoint.safetensors").exists()
+    status = (runlog.read_json(folder / "summary.json") or {}).get("status")
+    assert status == ("failed" if failure is RuntimeError else None)
+    monkeypatch.setattr(probes, "measure", real_measure)
+
+    summary = train(crashed, verbose=False)
+    assert summary["status"] == "completed"
+    assert rows(crashed) == rows(reference)  # same rows, no duplicates, bit-identical
+    ref_probes = runlog.read_parts(run_dir_of(reference) / "probes").select(
+        ["step", "layer", "name", "value"])
+    assert runlog.read_parts(folder / "probes").select(
+        ["step", "layer", "name", "value"]).equals(ref_probes)
+
+
+def test_high_lr_diverges_and_stops(tiny_cfg):
+    cfg = tiny_cfg(lr=30.0, max_steps=200, warmup_steps=2, grad_clip=0.0, weight_decay=0.0)
+    summary = train(cfg, verbose=False)
+    assert summary["status"] == "diverged"
+    assert summary["diverged_step"] is not None and summary["diverged_step"] < 60
+    assert summary["diverged_reason"]
+    table = rows(cfg)
+    assert max(table["step"]) == summary["diverged_step"]  # stops at the first bad step's sync
+    assert summary["final_val_loss"] is None
+
+
+def test_divergence_rule():
+    cfg = TrainConfig(warmup_steps=10, divergence_margin=1.0)
+    assert divergence(cfg, 5, float("nan"), 1.0, 3.0) == "non-finite loss"
+    assert divergence(cfg, 5, 2.0, float("inf"), 3.0) == "non-finite gradient norm"
+    assert divergence(cfg, 5, 9.0, 1.0, 3.0) is None  # still in warmup
+    assert divergence(cfg, 10, 4.5, 1.0, 3.0).startswith("loss 4.500 above")
+    assert divergence(cfg, 10, 3.9, 1.0, 3.0) is None
+
+
+def test_qk_norm_arms_share_every_other_weight():
+    kwargs = dict(vocab_size=257, depth=2, d_model=32, n_heads=2, block_size=16)
+    off, on = GPT(ModelArgs(**kwargs)), GPT(ModelArgs(**kwargs, qk_norm="rmsnorm"))
+    init_weights(off, 3)
+    init_weights(on, 3)
+    off_params, on_params = dict(tree_flatten(off.parameters())), dict(tree_flatten(on.parameters()))
+    assert set(on_params) - set(off_params) == {
+        f"blocks.{i}.attn.{n}_norm.weight" for i in range(2) for n in "qk"}
+    for name, p in off_params.items():
+        assert mx.array_equal(p, on_params[name]).item(), name
+    idx = mx.array(np.random.default_rng(0).integers(0, 257, (2, 16)), dtype=mx.int32)
+    assert off(idx).shape == (2, 16, 320)  # vocabulary padded to a multiple of 64
+
+
+def test_param_count_formula():
+    model = GPT(ModelArgs(vocab_size=50257, depth=6, d_model=192, n_heads=3, block_size=256))
+    d = 192
+    per_block = 12 * d * d + 2 * d  # qkv + proj + fc + proj, two LayerNorm gains (no bias)
+    expected = 50304 * d + 256 * d + 6 * per_block + d
+    assert count_params(model)["total"] == expected
+
+
+def test_rmsnorm_qk_norm_normalises_each_head():
+    model = GPT(ModelArgs(vocab_size=64, depth=1, d_model=32, n_heads=2, block_size=8,
+                          qk_norm="rmsnorm"))
+    init_weights(model, 0)
+    x = mx.random.normal((2, 8, 32), key=mx.random.key(1)) * 5
+    attn = model.blocks[0].attn
+    q, k = attn.normed(*attn.heads(x)[:2])
+    rms = mx.sqrt(mx.mean(q * q, axis=-1))
+    assert mx.allclose(rms, mx.ones_like(rms), atol=1e-3).item()
+    assert q.shape == (2, 2, 8, 16)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
+    values = [lr_schedule(s, cfg).item() for s in (0, 9, 10, 60, 109, 110)]
+    assert values[0] == pytest.approx(1 / 11)
+    assert values[1] == pytest.approx(10 / 11)
+    assert values[2] == pytest.approx(1.0)
+    assert values[3] == pytest.approx(0.55)  # halfway down the cosine to 0.1
+    assert values[5] == pytest.approx(0.1)
+
+
+def test_adamw_matches_hand_computed_step():
+    cfg = TrainConfig(lr=0.1, warmup_steps=0, max_steps=1000, weight_decay=0.5, grad_clip=0.0)
+    model = GPT(ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2, block_size=4))
+    init_weights(model, 0)
+    before = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    grads = {k: np.full(v.shape, 0.5, np.float32) for k, v in before.items()}
+    opt = AdamW(cfg, model.parameters())
+    from mlx.utils import tree_unflatten
+    opt.update(model, tree_unflatten([(k, mx.array(v)) for k, v in grads.items()]))
+    after = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    lr = 0.1  # step 0 of a cosine with no warmup
+    for name, p in before.items():
+        # first bias-corrected Adam step is g / (|g| + eps) = ~1; decay only for matrices
+        expected = p * (1 - lr * 0.5 if p.ndim >= 2 else 1.0) - lr * 0.5 / (0.5 + 1e-8)
+        np.testing.assert_allclose(after[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_independent_weight_decay_is_not_scaled_by_lr():
+    cfg = TrainConfig(lr=1e-3, warmup_steps=0, max_steps=1000, weight_decay=0.1,
+                      independent_wd=True, grad_clip=0.0)
+    model = GPT(ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2, block_size=4))
+    init_weights(model, 0)
+    w = np.array(model.wte.weight)
+    opt = AdamW(cfg, model.parameters())
+    zeros = {k: mx.zeros_like(v) for k, v in tree_flatten(model.parameters())}
+    from mlx.utils import tree_unflatten
+    opt.update(model, tree_unflatten(list(zeros.items())))
+    np.testing.assert_allclose(np.array(model.wte.weight), w * (1 - 0.1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nonsense=1"], "unknown key 'nonsense'"),
+    (["depth=two"], "depth must be an integer"),
+    (["lr=0"], "lr must be > 0"),
+    (["lr=-1e-3"], "lr must be > 0"),
+    (["d_model=30", "n_heads=4"], "not divisible"),
+    (["qk_norm=maybe"], "qk_norm must be one of"),
+    (["lr"], "expected key=value"),
+])
+def test_cli_rejects_bad_config(args, message, capsys, tmp_path):
+    code = main(["train", *args, f"runs_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_rejects_missing_data_and_oversized_block(tiny_data, capsys, tmp_path):
+    runs = tmp_path / "runs"
+    assert main(["train", f"data={tmp_path / 'nowhere'}", f"runs_dir={runs}"]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert main(["train", f"data={tiny_data}", "block_size=10000000", f"runs_dir={runs}"]) == 2
+    assert "block_size=10000000 is above" in capsys.readouterr().err
+    assert not runs.exists()
+
+
+def test_cli_trains_and_reports(tiny_data, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = main(["train", f"data={tiny_data}", "depth=1", "d_model=16", "n_heads=2",
+                 "block_size=16", "batch_size=2", "max_steps=5", "log_every=5", "ckpt_every=5",
+                 f"runs_dir={runs}"])
+    assert code == 0
+    assert "status: completed" in capsys.readouterr().out
+    (folder,) = (runs / "adhoc").iterdir()
+    assert pq.read_table(next((folder / "metrics").glob("*.parquet"))).num_rows == 6
+
+
+def test_parse_train_config_types():
+    cfg = parse_train_config(["lr=1e-2", "depth=6", "bias=true", "qk_norm=layernorm",
+                              "budget_tokens=1e6", "batch_size=8", "block_size=125"])
+    assert (cfg.lr, cfg.depth, cfg.bias, cfg.qk_norm) == (0.01, 6, True, "layernorm")
+    assert cfg.steps == 1000
+    with pytest.raises(UsageError, match="integer"):
+        parse_train_config(["depth=1.5"])
+    assert parse_train_config(["lr=1e-2"]).run_id != parse_train_config(["lr=2e-2"]).run_id
+    assert parse_train_config(["runs_dir=x"]).run_id == parse_train_config([]).run_id
+
+
+def test_run_folder_is_content_addressed(tiny_cfg):
+    cfg = tiny_cfg()
+    assert run_dir_of(cfg) == Path(cfg.runs_dir) / "test" / cfg.run_id
+    assert cfg.run_id.startswith("d2-noqk-lr0.003-s0-")
