@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import kernels
+
 NORM_EPS = 1e-5
+
+
+def on_cpu() -> bool:
+    """MLX's CPU backend computes exp/erf one element at a time; there we use `kernels`."""
+    return mx.default_device().type == mx.DeviceType.cpu
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,12 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.heads(x)
         q, k = self.normed(q, k)
-        y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
+        if on_cpu():
+            T = x.shape[1]
+            causal = mx.triu(mx.full((T, T), -1e30, dtype=q.dtype), k=1)
+            y = kernels.softmax((q * self.scale) @ k.transpose(0, 1, 3, 2) + causal) @ v
+        else:
+            y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
         return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))  # (B, T, nh*hs)
 
 
@@ -89,7 +101,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * args.d_model, args.d_model, bias=args.bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.proj(nn.gelu(self.fc(x)))
+        return self.proj((kernels.gelu if on_cpu() else nn.gelu)(self.fc(x)))
 
 
 class Block(nn.Module):
@@ -152,7 +164,10 @@ def init_weights(model: GPT, seed: int) -> None:
 
 def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
     """Mean next-token cross-entropy in nats."""
-    return nn.losses.cross_entropy(logits, targets, reduction="mean")
+    if not on_cpu():
+        return nn.losses.cross_entropy(logits, targets, reduction="mean")
+    target_logits = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return mx.mean(kernels.logsumexp(logits, axis=-1) - target_logits)
 
 
 def count_params(model: GPT) -> dict[str, int]:

@@ -1,0 +1,81 @@
+"""Fast elementwise math for MLX's CPU backend, same formulas as the textbook ones.
+
+MLX's Linux CPU backend evaluates exp and erf one element at a time (measured: ~45M exp/s,
+against ~1G multiply-adds/s), so GELU, the attention softmax and the 50k-way cross-entropy
+spent most of a training step in libm. Written with multiply-adds, compare and bit shifts
+only, these fuse under mx.compile into one vectorised loop. Errors are at float32 rounding
+level (relative error of exp <= 2.5e-7; absolute error of erf <= 6e-7), far inside the PyTorch
+parity tolerances. On Metal MLX's own kernels are already fast: there the model uses them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+# 2**f on [-0.5, 0.5]: degree-5 polynomial, least-squares fit of the relative error on
+# Chebyshev nodes (max relative error 7.7e-8).
+_EXP2 = (1.0000000710296986, 0.6931469491610636, 0.24022121753561881, 0.05550742616003143,
+         0.009675459745507958, 0.0013266970386057106)
+_LOG2E = 1.4426950408889634
+
+# erf(x) = x * P(x^2) / Q(x^2) on [-4, 4] (|erf| rounds to 1 beyond): the rational
+# approximation used by Eigen and XLA for float32.
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+          -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+          -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+          -7.37332916720468e-03, -1.42647390514189e-02)
+
+
+def _horner(coefficients, x: mx.array) -> mx.array:
+    out = mx.full(x.shape, coefficients[0], dtype=x.dtype)
+    for c in coefficients[1:]:
+        out = out * x + c
+    return out
+
+
+@mx.custom_function
+def exp(x: mx.array) -> mx.array:
+    """e**x = 2**n * 2**f with n = round(x*log2 e); 2**n built from its exponent bits."""
+    t = mx.clip(x * _LOG2E, -126.0, 127.99)  # n = 128 encodes +inf: overflow stays inf
+    n = mx.floor(t + 0.5)
+    p = _horner(_EXP2[::-1], t - n)
+    scale = mx.left_shift(n.astype(mx.int32) + 127, 23).view(mx.float32)
+    return mx.where(x < -87.0, 0.0, p * scale)  # e**-87 is below float32's normal range
+
+
+@exp.vjp
+def _exp_vjp(primals, cotangent, output):
+    return cotangent * output
+
+
+def erf(x: mx.array) -> mx.array:
+    x = mx.clip(x, -4.0, 4.0)
+    x2 = x * x
+    return x * _horner(_ERF_P, x2) / _horner(_ERF_Q, x2)
+
+
+@mx.custom_function
+def gelu(x: mx.array) -> mx.array:
+    """Exact GELU, x * Phi(x) (Hendrycks & Gimpel 2016), as torch.nn.functional.gelu."""
+    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+
+
+@gelu.vjp
+def _gelu_vjp(primals, cotangent, output):
+    x = primals[0] if isinstance(primals, (list, tuple)) else primals
+    cdf = 0.5 * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+    pdf = exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return cotangent * (cdf + x * pdf)
+
+
+def softmax(x: mx.array, axis: int = -1) -> mx.array:
+    e = exp(x - mx.stop_gradient(mx.max(x, axis=axis, keepdims=True)))
+    return e / mx.sum(e, axis=axis, keepdims=True)
+
+
+def logsumexp(x: mx.array, axis: int = -1) -> mx.array:
+    m = mx.stop_gradient(mx.max(x, axis=axis, keepdims=True))
+    return mx.squeeze(m, axis) + mx.log(mx.sum(exp(x - m), axis=axis))

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Set up a fresh machine: system libraries on Linux, then .venv with the project and its dev extra.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null; then
+  # OpenBLAS: MLX's Linux wheel ships the reference BLAS (~50x slower matmuls); mlx_gpt loads
+  # OpenBLAS automatically when it is present. Chromium: the report's headless render test.
+  need=()
+  ldconfig -p 2>/dev/null | grep -q libopenblas.so.0 || need+=(libopenblas0-pthread)
+  command -v chromium >/dev/null || need+=(chromium)
+  if [ ${#need[@]} -gt 0 ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get install -y --no-install-recommends "${need[@]}" \
+      || { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends "${need[@]}"; }
+  fi
+fi
+
+python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[dev]"
+echo "ready: .venv (try: .venv/bin/just --list)"
