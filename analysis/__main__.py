@@ -1,0 +1,81 @@
+"""`python -m analysis report [RUNS_DIR] [--out DIR] [options]`: tables, charts, report.html."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, like every other bad input
+        raise UsageError(message)
+
+
+def _lrs(text: str) -> tuple[float, ...]:
+    try:
+        lrs = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    if not lrs or any(lr <= 0 for lr in lrs):
+        raise argparse.ArgumentTypeError(f"learning rates must be > 0, got {text!r}")
+    return lrs
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m analysis", description=__doc__)
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    r = sub.add_parser("report", help="build the study report from a runs folder")
+    r.add_argument("runs_dir", nargs="?", default="runs",
+                   help="a runs tree, one sweep folder or one run folder (default: runs)")
+    r.add_argument("--out", default=None,
+                   help="output folder (default: report/ next to RUNS_DIR)")
+    r.add_argument("--threshold", type=float, default=None, metavar="LOSS",
+                   help="val loss level for steps-to-threshold (default: per depth, the "
+                        "worse of the two arms' best losses)")
+    r.add_argument("--curve-lrs", type=_lrs, default=(), metavar="LR,LR",
+                   help="learning rates for the training-curve chart (default: per depth, "
+                        "the off arm's optimal, max stable and first divergent LR)")
+    r.add_argument("--noise-k", type=float, default=2.0,
+                   help="off is 'worse' when the mean gap exceeds k x seed noise (default 2)")
+    r.add_argument("--bootstrap", type=int, default=1000,
+                   help="bootstrap resamples for the necessity interval (default 1000)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser().parse_args(argv)
+        if args.command is None:
+            parser().print_help()
+            return 0
+        if args.noise_k <= 0 or args.bootstrap < 1:
+            raise UsageError("--noise-k must be > 0 and --bootstrap >= 1")
+        from . import metrics
+        from .report import ReportOptions, build_report
+
+        runs_dir = Path(args.runs_dir)
+        out = Path(args.out) if args.out else runs_dir.resolve().parent / "report"
+        options = ReportOptions(loss_threshold=args.threshold, curve_lrs=args.curve_lrs,
+                                study=metrics.Options(noise_k=args.noise_k,
+                                                      n_boot=args.bootstrap))
+        t0 = time.perf_counter()
+        path, study = build_report(runs_dir, out, options)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for warning in study.runs.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    verdicts = ", ".join(f"{r['hypothesis']} {r['verdict']}"
+                         for r in study.verdicts.iter_rows(named=True))
+    print(f"report: {path} ({study.runs.table.height} runs, {study.points.height} in the study; "
+          f"{verdicts or 'no verdicts'}; {time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Find and validate run folders under a runs tree; expose their logs as Polars frames.
+
+A run folder (see mlx_gpt/runlog.py, read here as a file format only) holds summary.json,
+config.json, manifest.json, metrics/part-*.parquet and probes/part-*.parquet. A folder that
+is unfinished, incomplete or written in a foreign schema is skipped with a warning naming it;
+the good runs are still analysed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from .errors import UsageError
+
+# The columns and types the analysis relies on (runlog.METRICS_SCHEMA and PROBES_SCHEMA).
+METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
+                   "train_loss": pl.Float64, "grad_norm": pl.Float64, "val_loss": pl.Float64,
+                   "val_ppl": pl.Float64, "elapsed_s": pl.Float64}
+PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value": pl.Float64}
+SUMMARY_KEYS = ("status", "lr", "depth", "qk_norm", "seed", "init_loss")
+STATUSES = ("completed", "diverged", "failed")
+# Identity fields that define a point of the study design rather than its setting.
+DESIGN_KEYS = ("lr", "qk_norm", "seed", "data_seed", "depth")
+# Keys never part of a run's identity (where it was written, which trainer ran it).
+NON_IDENTITY = ("run_id", "framework", "runs_dir", "sweep", "refine")
+
+
+@dataclass
+class Runs:
+    """The loaded runs: one row each in `table`, their logs as lazy frames keyed by `run`."""
+
+    root: Path
+    table: pl.DataFrame
+    metrics: pl.LazyFrame
+    probes: pl.LazyFrame
+    manifests: dict[str, dict]
+    warnings: list[str] = field(default_factory=list)
+
+
+def lr_key(lr: float) -> float:
+    """LRs written by different code paths can differ in the last bits: compare at 6 digits."""
+    return float(f"{lr:.6g}")
+
+
+def _read_json(path: Path) -> tuple[dict | None, str | None]:
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except FileNotFoundError:
+        return None, f"{path.name} is missing"
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        return None, f"{path.name} is unreadable ({type(e).__name__})"
+    if not isinstance(obj, dict):
+        return None, f"{path.name} is not a JSON object"
+    return obj, None
+
+
+def _check_parts(folder: Path, columns: dict[str, pl.DataType]) -> tuple[list[Path], str | None]:
+    """The folder's Parquet parts, or why they cannot be used (missing, unreadable, foreign)."""
+    parts = sorted(folder.glob("part-*.parquet"))
+    if not parts:
+        return [], f"{folder.name}/ has no part-*.parquet files"
+    for part in parts:
+        try:
+            schema = pl.read_parquet_schema(part)
+        except (pl.exceptions.PolarsError, OSError) as e:  # truncated or not Parquet at all
+            return [], f"{folder.name}/{part.name} is unreadable ({type(e).__name__})"
+        missing = [c for c in columns if c not in schema]
+        if missing:
+            return [], (f"{folder.name}/{part.name} has a foreign schema "
+                        f"(no column {', '.join(missing)})")
+        wrong = [c for c, t in columns.items()
+                 if not (schema[c] == t or (t.is_numeric() and schema[c].is_numeric()))]
+        if wrong:
+            return [], (f"{folder.name}/{part.name} has a foreign schema "
+                        f"({', '.join(f'{c}: {schema[c]}' for c in wrong)})")
+    return parts, None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _run_folders(root: Path) -> list[Path]:
+    """Folders holding a summary.json or config.json, skipping hidden folders."""
+    found = {p.parent for name in ("summary.json", "config.json") for p in root.rglob(name)}
+    return sorted(f for f in found
+                  if not any(part.startswith(".") for part in f.relative_to(root).parts))
+
+
+def _identity(summary: dict, config: dict | None) -> dict:
+    ident = summary.get("config") if isinstance(summary.get("config"), dict) else None
+    if ident is None and config is not None:
+        ident = config
+    if ident is None:
+        ident = {k: summary.get(k) for k in (*DESIGN_KEYS, "d_model")}
+    return {k: v for k, v in ident.items() if k not in NON_IDENTITY}
+
+
+def _load_one(folder: Path, root: Path) -> tuple[dict | None, list[Path], list[Path], dict, list[str]]:
+    """(row, metric parts, probe parts, manifest, warnings); row is None if the run is skipped."""
+    name = folder.relative_to(root).as_posix() if folder != root else folder.name
+    warnings: list[str] = []
+    summary, why = _read_json(folder / "summary.json")
+    if summary is None:
+        hint = " (unfinished or still running)" if why and why.endswith("missing") else ""
+        return None, [], [], {}, [f"run {name}: {why}{hint}; skipped"]
+    missing = [k for k in SUMMARY_KEYS if k not in summary]
+    if missing:
+        return None, [], [], {}, [(f"run {name}: summary.json has a foreign schema "
+                                   f"(no key {', '.join(missing)}); skipped")]
+    status = summary["status"]
+    if status not in STATUSES:
+        return None, [], [], {}, [f"run {name}: unknown status {status!r}; skipped"]
+    lr, depth, seed = _number(summary["lr"]), _number(summary["depth"]), _number(summary["seed"])
+    if lr is None or lr <= 0 or depth is None or seed is None or not isinstance(
+            summary["qk_norm"], str):
+        return None, [], [], {}, [(f"run {name}: summary.json has non-numeric lr/depth/seed "
+                                   f"or qk_norm; skipped")]
+    if status == "failed":
+        warnings.append(f"run {name}: failed ({summary.get('error', 'no error recorded')}); "
+                        f"listed, left out of the study metrics")
+    metric_parts, why = _check_parts(folder / "metrics", METRICS_COLUMNS)
+    if why and status != "failed":
+        return None, [], [], {}, [f"run {name}: {why}; skipped"]
+    probe_parts, why = _check_parts(folder / "probes", PROBES_COLUMNS)
+    if why and status != "failed":
+        warnings.append(f"run {name}: {why}; its probe columns are empty")
+    config, why = _read_json(folder / "config.json")
+    if config is None and status != "failed":
+        warnings.append(f"run {name}: {why}; identity taken from summary.json")
+    manifest, why = _read_json(folder / "manifest.json")
+    if manifest is None:
+        manifest = {}
+        if status != "failed":
+            warnings.append(f"run {name}: {why}; provenance unknown")
+    framework = summary.get("framework") or (config or {}).get("framework") or "mlx"
+    identity = _identity(summary, config)
+    setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
+    refine = summary.get("refine", (config or {}).get("refine"))
+    params = summary.get("params") if isinstance(summary.get("params"), dict) else {}
+    row = {
+        "run": name,
+        "sweep": str(summary.get("sweep") or folder.parent.name),
+        "run_id": str(summary.get("run_id") or folder.name),
+        "framework": str(framework),
+        "depth": int(depth),
+        "qk_norm": summary["qk_norm"],
+        "lr": lr_key(lr),
+        "seed": int(seed),
+        "data_seed": int(_number(summary.get("data_seed")) or 0),
+        "status": status,
+        "init_loss": _number(summary.get("init_loss")),
+        "final_val_loss": _number(summary.get("final_val_loss")),
+        "min_val_loss": _number(summary.get("min_val_loss")),
+        "final_train_loss": _number(summary.get("final_train_loss")),
+        "diverged_step": _number(summary.get("diverged_step")),
+        "diverged_reason": summary.get("diverged_reason"),
+        "steps": _number(summary.get("steps")),
+        "tokens_seen": _number(summary.get("tokens_seen")),
+        "wall_seconds": _number(summary.get("wall_seconds")),
+        "tokens_per_second": _number(summary.get("tokens_per_second")),
+        "params_total": _number(params.get("total")),
+        "refine": refine if isinstance(refine, bool) else None,
+        "identity": json.dumps(identity, sort_keys=True, default=str),
+        "setting": json.dumps(setting, sort_keys=True, default=str),
+        "run_dir": str(folder),
+    }
+    return row, metric_parts, probe_parts, manifest, warnings
+
+
+RUN_SCHEMA = {
+    "run": pl.String, "sweep": pl.String, "run_id": pl.String, "framework": pl.String,
+    "depth": pl.Int64, "qk_norm": pl.String, "lr": pl.Float64, "seed": pl.Int64,
+    "data_seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
+    "final_val_loss": pl.Float64, "min_val_loss": pl.Float64, "final_train_loss": pl.Float64,
+    "diverged_step": pl.Float64, "diverged_reason": pl.String, "steps": pl.Float64,
+    "tokens_seen": pl.Float64, "wall_seconds": pl.Float64, "tokens_per_second": pl.Float64,
+    "params_total": pl.Float64, "refine": pl.Boolean, "identity": pl.String,
+    "setting": pl.String, "run_dir": pl.String,
+}
+
+
+def _scan(parts_by_run: dict[str, list[Path]], columns: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """One lazy frame over every run's parts, with a `run` column; columns cast to `columns`."""
+    frames = [pl.scan_parquet(parts).select([pl.col(c).cast(t) for c, t in columns.items()])
+              .with_columns(pl.lit(run).alias("run"))
+              for run, parts in parts_by_run.items() if parts]
+    if not frames:
+        return pl.LazyFrame(schema={**columns, "run": pl.String})
+    return pl.concat(frames, how="vertical")
+
+
+def load_runs(root: str | Path) -> Runs:
+    """Load every run under `root` (a runs tree, one sweep folder, or one run folder)."""
+    root = Path(root)
+    if not root.exists():
+        raise UsageError(f"runs folder {root} does not exist")
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a folder")
+    folders = _run_folders(root)
+    if not folders:
+        raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/summary.json)")
+    rows, warnings, manifests = [], [], {}
+    metric_parts: dict[str, list[Path]] = {}
+    probe_parts: dict[str, list[Path]] = {}
+    for folder in folders:
+        row, metrics, probes, manifest, notes = _load_one(folder, root)
+        warnings += notes
+        if row is None:
+            continue
+        rows.append(row)
+        metric_parts[row["run"]], probe_parts[row["run"]] = metrics, probes
+        manifests[row["run"]] = manifest
+    if not rows:
+        raise UsageError(f"no usable runs under {root}: "
+                         + "; ".join(w.removeprefix("run ") for w in warnings[:3])
+                         + (f"; and {len(warnings) - 3} more" if len(warnings) > 3 else ""))
+    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "qk_norm", "lr", "seed",
+                                                       "framework")
+    return Runs(root=root, table=table, metrics=_scan(metric_parts, METRICS_COLUMNS),
+                probes=_scan(probe_parts, PROBES_COLUMNS), manifests=manifests,
+                warnings=warnings)

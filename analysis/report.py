@@ -1,0 +1,537 @@
+"""Build the study report: tables (Parquet + CSV), charts (PNG, SVG, HTML) and one offline
+report.html with the verdicts and the provenance of the runs behind them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import altair as alt
+import polars as pl
+import vl_convert as vlc
+
+from . import charts as C
+from . import metrics as M
+from .errors import UsageError
+from .load import Runs, load_runs
+
+FINISHED = ("completed", "diverged")
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """Everything that changes the report besides the runs themselves."""
+
+    loss_threshold: float | None = None  # steps-to-threshold level; None: per depth, see docs
+    curve_lrs: tuple[float, ...] = ()  # LRs for training curves; empty: chosen per depth
+    study: M.Options = field(default_factory=M.Options)
+    png_scale: float = 2.0
+
+
+@dataclass
+class Study:
+    """The numbers of one report, before any of it is written."""
+
+    runs: Runs
+    framework: str
+    setting: str
+    points: pl.DataFrame  # finished runs of the primary framework and setting
+    others: pl.DataFrame  # finished runs of other frameworks in that setting (overlaid)
+    per_run: pl.DataFrame
+    arms: pl.DataFrame
+    sensitivity_per_seed: pl.DataFrame
+    stable_per_seed: pl.DataFrame
+    gaps: pl.DataFrame
+    thresholds: pl.DataFrame
+    verdicts: pl.DataFrame
+    twins: pl.DataFrame
+    loss_thresholds: pl.DataFrame
+    notes: list[str]
+
+
+def _most_common(column: pl.Series, prefer: str | None = None) -> str:
+    counts = column.value_counts(sort=True)
+    if prefer is not None and prefer in column.to_list():
+        return prefer
+    return counts.row(0)[0]
+
+
+def _setting_label(setting: str, all_settings: list[str]) -> str:
+    """How this setting differs from the others ("all" when there is only one)."""
+    if len(all_settings) <= 1:
+        return "all runs share one setting"
+    mine = json.loads(setting)
+    others = [json.loads(s) for s in all_settings if s != setting]
+    keys = sorted({k for o in others for k in set(o) | set(mine) if o.get(k) != mine.get(k)})
+    return ", ".join(f"{k}={mine.get(k)}" for k in keys)
+
+
+def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
+    """All study numbers: choose the runs, then the per-run table and the study metrics."""
+    table = runs.table
+    finished = table.filter(pl.col("status").is_in(FINISHED))
+    if finished.is_empty():
+        raise UsageError(f"no finished runs under {runs.root} (all {table.height} failed)")
+    notes = []
+    framework = _most_common(finished["framework"], prefer="mlx")
+    primary = finished.filter(pl.col("framework") == framework)
+    setting = _most_common(primary["setting"])
+    settings = primary["setting"].unique().to_list()
+    if len(settings) > 1:
+        left = primary.filter(pl.col("setting") != setting)
+        notes.append(f"{left.height} {framework} runs with another setting than the largest "
+                     f"group ({_setting_label(setting, settings)}) are listed but left out "
+                     f"of the study metrics")
+    points = primary.filter(pl.col("setting") == setting)
+    others = finished.filter((pl.col("framework") != framework) & (pl.col("setting") == setting))
+    if others.height:
+        notes.append(f"{others.height} runs of framework "
+                     f"{', '.join(sorted(others['framework'].unique()))} are overlaid on their "
+                     f"{framework} twins, not mixed into the study metrics")
+    study = options.study
+    arms = M.arm_table(points)
+    gaps = M.gap_table(points, study)
+    thresholds = M.necessity_threshold(points, study)
+    verdicts = M.verdicts(points, study)
+    if options.loss_threshold is not None:
+        loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
+            .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))
+    else:
+        loss_thresholds = M.default_loss_thresholds(arms)
+    per_run = per_run_table(runs, loss_thresholds, in_study=points["run"])
+    twins = twin_table(runs, framework)
+    return Study(runs=runs, framework=framework, setting=setting, points=points, others=others,
+                 per_run=per_run, arms=arms,
+                 sensitivity_per_seed=M.lr_sensitivity_per_seed(points),
+                 stable_per_seed=M.max_stable_lr_per_seed(points), gaps=gaps,
+                 thresholds=thresholds, verdicts=verdicts, twins=twins,
+                 loss_thresholds=loss_thresholds, notes=notes)
+
+
+def per_run_table(runs: Runs, loss_thresholds: pl.DataFrame, in_study: pl.Series) -> pl.DataFrame:
+    """One row per run: design, outcome, steps-to-threshold and probe summaries."""
+    t = runs.table
+    reached = M.steps_to_threshold(runs.metrics, t, loss_thresholds)
+    probes = M.probe_summary(runs.probes)
+    first = ["run", "sweep", "run_id", "framework", "depth", "qk_norm", "lr", "seed",
+             "data_seed", "status", "init_loss", "final_val_loss", "final_val_ppl",
+             "min_val_loss", "final_train_loss", "diverged_step", "diverged_reason", "steps",
+             "tokens_seen", "loss_threshold", "steps_to_threshold", "tokens_to_threshold",
+             "peak_max_attention_logit"]
+    out = (t.with_columns(final_val_ppl=pl.col("final_val_loss").exp(),
+                          in_study=pl.col("run").is_in(in_study.implode()))
+           .join(loss_thresholds, on="depth", how="left")
+           .join(reached, on="run", how="left")
+           .join(probes, on="run", how="left"))
+    for name in first:
+        if name not in out.columns:
+            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(name))
+    probe_cols = sorted(c for c in out.columns if c.startswith("final_") and c not in first)
+    rest = [c for c in out.columns if c not in first and c not in probe_cols]
+    return out.select(first + probe_cols + rest).sort("depth", "qk_norm", "lr", "seed",
+                                                      "framework")
+
+
+def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
+    """Runs of another framework next to their twin (same identity) of the primary one, with
+    the largest val loss difference over the eval steps both logged."""
+    t = runs.table.select("run", "framework", "identity", "depth", "qk_norm", "lr", "seed",
+                          "status", "final_val_loss")
+    base = t.filter(pl.col("framework") == framework)
+    other = t.filter(pl.col("framework") != framework)
+    pairs = other.join(base.select("identity", twin_run="run", twin_status="status",
+                                   twin_final_val_loss="final_val_loss"), on="identity")
+    if pairs.is_empty():
+        return pairs.drop("identity")
+    val = runs.metrics.filter(pl.col("val_loss").is_not_null()).select("run", "step", "val_loss")
+    curves = (pairs.lazy().select("run", "twin_run")
+              .join(val, on="run")
+              .join(val.rename({"run": "twin_run", "val_loss": "twin_val_loss"}),
+                    on=["twin_run", "step"])
+              .group_by("run").agg(common_eval_steps=pl.len(),
+                                   max_abs_val_diff=(pl.col("val_loss")
+                                                     - pl.col("twin_val_loss")).abs().max())
+              .collect())
+    return (pairs.join(curves, on="run", how="left")
+            .with_columns(final_loss_diff=pl.col("final_val_loss") - pl.col("twin_final_val_loss"))
+            .drop("identity").sort("depth", "qk_norm", "lr", "seed"))
+
+
+def provenance(runs: Runs) -> pl.DataFrame:
+    """Distinct (framework, commit, versions, hardware) combinations with their run counts."""
+    rows = []
+    for m in runs.manifests.values():
+        versions = m.get("versions") if isinstance(m.get("versions"), dict) else {}
+        rows.append({
+            "framework": str(m.get("framework", "?")),
+            "git_commit": str(m.get("git_commit") or "unknown")[:12],
+            "git_dirty": str(m.get("git_dirty")),
+            "versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v),
+            "platform": str(m.get("platform", "?")),
+            "chip": str(m.get("chip", "?")),
+            "device": str(m.get("device", "?")),
+            "blas": str(m.get("blas", "?")),
+            "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12],
+        })
+    if not rows:
+        return pl.DataFrame()
+    keys = list(rows[0])
+    return pl.DataFrame(rows).group_by(keys).agg(runs=pl.len()).sort("runs", descending=True)
+
+
+def analysis_environment() -> dict[str, str]:
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], check=False,
+                                capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "analysis git commit": commit or "unknown", "python": platform.python_version(),
+            "polars": version("polars"), "altair": version("altair"),
+            "vl-convert-python": version("vl-convert-python"),
+            "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
+
+
+# --- charts -----------------------------------------------------------------------------------
+
+CHARTS = {
+    "loss_vs_lr": "Final validation loss against learning rate, one panel per depth. The line is "
+                  "the seed mean of the clipped loss (a diverged run counts as its initial loss), "
+                  "the band spans the seeds, crosses mark diverged runs and open diamonds runs of "
+                  "another framework. Where the off curve rises above the on curve is where "
+                  "QK-norm starts to matter.",
+    "training_curves": "Train loss (binned) and validation loss against step for a few learning "
+                       "rates per depth: by default the off arm's optimal, max stable and first "
+                       "divergent LR. One line per seed and framework.",
+    "max_attention_logit": "The largest pre-softmax attention logit (over heads and layers) on a "
+                           "fixed probe batch, seed mean, log scale. Logit growth without "
+                           "QK-norm is the instability QK-norm removes (Dehghani et al. 2023; "
+                           "Wortsman et al. 2023).",
+    "attention_entropy": "Attention entropy on the probe batch: mean over heads and layers "
+                         "(solid) and the lowest head (dashed). Entropy collapse towards 0 "
+                         "goes with logit growth (Zhai et al. 2023).",
+    "other_probes": "Every other probe found in the runs (for example activation kurtosis), "
+                    "reduced over layers (max for peaks and kurtosis, min for minima, else "
+                    "mean), seed mean.",
+    "gap_map": "Seed-mean final-loss gap, off minus on, for every LR run in both arms at each "
+               "depth: red means off is worse. Crosses: off diverged; circles: on diverged; "
+               "squares: both. The black bar is the necessity threshold of that depth.",
+    "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023) per depth: dots are seeds, the "
+                      "line joins seed means. Lower means the final loss depends less on the "
+                      "learning rate over the base grid.",
+    "lr_landmarks": "Optimal LR (circles) and max stable LR (triangles; open when no run "
+                    "diverged, so only a lower bound) per arm with the range over seeds, and "
+                    "the necessity threshold (diamonds) with its bootstrap interval.",
+}
+
+
+def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevelMixin]:
+    runs = study.runs
+    points = study.points
+    shown = pl.concat([points, study.others])
+    probes = runs.probes.join(points.select("run").lazy(), on="run")
+    names = sorted(probes.select(pl.col("name").unique()).collect()["name"].to_list())
+    other_names = [n for n in names if n not in C.ATTENTION_PROBES]
+    picks = C.curve_runs(points, study.arms, list(options.curve_lrs) or None)
+    out = {
+        "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
+        "training_curves": C.training_curves_chart(shown, runs.metrics, picks),
+        "max_attention_logit": C.max_logit_chart(points, probes),
+        "attention_entropy": C.entropy_chart(points, probes),
+        "gap_map": C.gap_map_chart(study.gaps, study.thresholds),
+        "lr_sensitivity": C.sensitivity_chart(points),
+        "lr_landmarks": C.landmarks_chart(study.arms, study.thresholds),
+    }
+    if other_names:
+        out["other_probes"] = C.other_probes_chart(points, probes, other_names)
+    return {k: out[k] for k in CHARTS if k in out}
+
+
+# --- HTML -------------------------------------------------------------------------------------
+
+def _cell(value) -> str:
+    if value is None:
+        return '<td class="na">-</td>'
+    if isinstance(value, bool):
+        return f"<td>{'yes' if value else 'no'}</td>"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return '<td class="na">nan</td>'
+        text = f"{value:.4g}" if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+        return f'<td class="num">{text}</td>'
+    if isinstance(value, int):
+        return f'<td class="num">{value}</td>'
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000) -> str:
+    if df.is_empty():
+        return '<p class="na">(none)</p>'
+    columns = [c for c in (columns or df.columns) if c in df.columns]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "\n".join("<tr>" + "".join(_cell(r[c]) for c in columns) + "</tr>"
+                     for r in df.head(max_rows).iter_rows(named=True))
+    more = (f'<p class="na">{df.height - max_rows} more rows in the CSV/Parquet table</p>'
+            if df.height > max_rows else "")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>\n{body}\n' \
+           f'</tbody></table></div>{more}'
+
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1500px; color: #222;
+       padding: 0 1em; }
+h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em;
+margin-top: 2em; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 3px 6px; vertical-align: top; }
+th { background: #f3f3f3; position: sticky; top: 0; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.na, p.na { color: #999; }
+.scroll { max-height: 520px; overflow: auto; }
+.verdict-supported { background: #e3f4e8; } .verdict-not-supported { background: #fbe4e1; }
+.verdict-mixed { background: #fff4d6; } .verdict-not-enough-data { background: #eee; }
+figure { margin: 1.5em 0; } figcaption { max-width: 900px; color: #444; font-size: 14px; }
+.warn { background: #fff4d6; padding: 0.5em 1em; }
+code { background: #f3f3f3; padding: 0 3px; }
+"""
+
+DEFINITIONS = """
+<dl>
+<dt>Clipped loss</dt><dd>min(final val loss, loss at initialisation); a diverged run counts as
+its initial loss (Wortsman et al. 2023, arXiv:2309.14322, Sec. 2.2).</dd>
+<dt>LR sensitivity</dt><dd>Wortsman et al. 2023, Sec. 2.2: the mean over the base LR grid of
+the clipped loss minus the best loss on the grid, per seed, then averaged over seeds. The base
+grid of a depth is the set of LRs run for every (qk_norm, seed) pair at that depth (or the runs
+not marked <code>refine</code>, when such a marker exists); refinement LRs are left out so both
+arms are scored on the same points.</dd>
+<dt>Max stable LR</dt><dd>Per seed: the largest LR below the smallest diverged LR, using every
+LR run (refinement points included); with no divergence it is the largest LR run and only a
+lower bound. Reported as the geometric mean over seeds with the seed range.</dd>
+<dt>Optimal LR, best loss</dt><dd>Per seed, the LR with the lowest final val loss and that
+loss; geometric mean of the LRs and mean of the losses over seeds.</dd>
+<dt>Necessity threshold</dt><dd>Per depth: the smallest LR at which QK-norm off is worse than
+on by more than k x seed noise (mean paired gap over seeds, clipped losses), or off diverges in
+some seed while on diverges in none. Seed noise is the median, over (arm, LR) cells with at
+least two seeds and no divergence, of the across-seed standard deviation of the final loss.
+The interval resamples the seeds with replacement (bootstrap); "none" (no such LR) counts as
+above every LR run.</dd>
+<dt>Steps to threshold</dt><dd>The first evaluation step at which the val loss is at or below
+the loss threshold of the run's depth.</dd>
+</dl>
+"""
+
+
+def _verdict_rows(verdicts: pl.DataFrame) -> str:
+    if verdicts.is_empty():
+        return '<p class="na">No on arm: every run has qk_norm=none.</p>'
+    rows = []
+    for r in verdicts.iter_rows(named=True):
+        css = "verdict-" + r["verdict"].replace(" ", "-")
+        rows.append(f'<tr class="{css}"><td>{r["hypothesis"]}</td><td>{html.escape(r["on_kind"])}'
+                    f'</td><td>{html.escape(r["claim"])}</td><td><b>{r["verdict"]}</b></td>'
+                    f'<td>{html.escape(r["measured"])}</td><td>{html.escape(r["evidence"])}</td>'
+                    f"</tr>")
+    return ("<table><thead><tr><th>hypothesis</th><th>on arm</th><th>claim</th><th>verdict</th>"
+            "<th>measured</th><th>evidence</th></tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table>")
+
+
+def _script_json(obj) -> str:
+    """JSON safe inside a <script> element."""
+    return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
+    runs, t = study.runs, study.runs.table
+    status = ", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows())
+    env = analysis_environment()
+    o = options.study
+    threshold_text = (f"{options.loss_threshold:g} for every depth" if options.loss_threshold
+                      is not None else "per depth, the worse of the two arms' best losses")
+    sections = []
+    sections.append(f"""
+<section id="summary"><h2>Summary</h2>
+<p>{t.height} runs loaded from <code>{html.escape(str(runs.root))}</code> ({status});
+{study.points.height} finished <code>{html.escape(study.framework)}</code> runs enter the study
+metrics over depths {', '.join(str(d) for d in sorted(study.points['depth'].unique()))}
+and {study.points['seed'].n_unique()} seeds. Options: noise k = {o.noise_k:g},
+{o.n_boot} bootstrap resamples, {o.interval:.0%} intervals, loss threshold {threshold_text}.</p>
+{''.join(f'<p>{html.escape(n)}.</p>' for n in study.notes)}
+</section>""")
+    warn_items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
+    sections.append(f"""
+<section id="warnings"><h2>Warnings</h2>
+{f'<ul class="warn">{warn_items}</ul>' if warn_items else '<p class="na">None: every run folder was complete.</p>'}
+</section>""")
+    sections.append(f"""
+<section id="verdicts"><h2>Verdicts</h2>
+<p>Each hypothesis is judged per depth; "measured" counts the comparisons that had the data.
+"not enough data" means the runs cannot answer it (for example no arm diverged within the grid,
+or a single seed).</p>
+{_verdict_rows(study.verdicts)}
+</section>""")
+    arm_cols = ["depth", "qk_norm", "runs", "seeds", "lrs", "diverged", "grid_points",
+                "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_sd",
+                "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo", "max_stable_lr_hi",
+                "censored_seeds", "first_divergent_lr", "optimal_lr", "optimal_lr_lo",
+                "optimal_lr_hi", "best_loss", "best_loss_sd"]
+    sections.append(f"""
+<section id="study-metrics"><h2>Study metrics per depth and arm</h2>
+<p>censored_seeds: seeds with no diverged LR, whose max stable LR is a lower bound.</p>
+{html_table(study.arms, arm_cols)}
+<h3>Per seed</h3>
+{html_table(study.sensitivity_per_seed.join(study.stable_per_seed, on=['depth', 'qk_norm', 'seed'], how='full', coalesce=True))}
+</section>""")
+    sections.append(f"""
+<section id="necessity"><h2>Necessity threshold per depth</h2>
+<p>threshold_lo and threshold_hi bound the {o.interval:.0%} bootstrap interval over seeds (empty
+upper end: some resamples found no threshold below the largest LR); found_fraction is the share
+of resamples that found one.</p>
+{html_table(study.thresholds)}
+</section>""")
+    figures = "".join(f"""
+<figure id="figure-{name}"><div class="chart" id="chart-{name}"></div>
+<figcaption>{html.escape(CHARTS[name])} Files: <code>charts/{name}.png</code>,
+<code>.svg</code>, <code>.html</code>.</figcaption></figure>""" for name in specs)
+    sections.append(f"""
+<section id="charts"><h2>Charts</h2>
+<p id="render-status">Charts are drawn by the Vega-Lite script embedded in this page.</p>
+{figures}
+</section>""")
+    sections.append(f"""
+<section id="gaps"><h2>Off minus on, per depth and LR</h2>
+<p>mean_gap = mean over paired seeds of the clipped loss with QK-norm off minus on; needed marks
+the LRs that meet the necessity rule.</p>
+{html_table(study.gaps)}
+</section>""")
+    sections.append(f"""
+<section id="twins"><h2>Framework twins</h2>
+<p>Runs made with another framework (for example the PyTorch reference) next to their
+{html.escape(study.framework)} twin: same configuration identity.</p>
+{html_table(study.twins)}
+</section>""")
+    run_cols = [c for c in study.per_run.columns if c not in ("identity", "setting", "run_dir")]
+    sections.append(f"""
+<section id="runs"><h2>Runs</h2>
+<p>All runs, including failed ones and runs outside the study metrics (in_study). Also written
+as <code>tables/runs.parquet</code> and <code>tables/runs.csv</code>.</p>
+{html_table(study.per_run, run_cols)}
+</section>""")
+    env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                       for k, v in env.items())
+    sections.append(f"""
+<section id="provenance"><h2>Provenance</h2>
+<p>From each run's manifest.json: code commit, library versions and hardware.</p>
+{html_table(provenance(runs))}
+<h3>This report</h3><table>{env_rows}</table>
+</section>""")
+    sections.append(f"""
+<section id="definitions"><h2>Definitions</h2>{DEFINITIONS}</section>""")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>QK-norm study report</title>
+<style>{STYLE}</style>
+<script>
+// vega, vega-lite and vega-embed (vl-convert {html.escape(env['vl-convert-python'])} bundle): the
+// page needs no network.
+{vlc.javascript_bundle()}
+</script>
+</head><body>
+<h1>When does a small language model need QK-norm?</h1>
+<p>Report generated {env['generated']} from <code>{html.escape(str(runs.root))}</code>.</p>
+{''.join(sections)}
+<script>
+const specs = {_script_json(specs)};
+const chartErrors = [];
+window.addEventListener("error", (e) => chartErrors.push(String(e.message)));
+Promise.allSettled(Object.entries(specs).map(([name, spec]) =>
+    vegaEmbed("#chart-" + name, spec,
+              {{renderer: "svg", actions: {{export: true, source: false, compiled: false,
+                                            editor: false}}}})))
+  .then((results) => {{
+    results.forEach((r) => {{ if (r.status === "rejected") chartErrors.push(String(r.reason)); }});
+    const drawn = results.filter((r) => r.status === "fulfilled").length;
+    document.body.dataset.chartsDrawn = String(drawn);
+    document.body.dataset.chartErrors = String(chartErrors.length);
+    document.getElementById("render-status").textContent = chartErrors.length
+      ? "Chart errors: " + chartErrors.join("; ")
+      : drawn + " charts drawn.";
+    if (chartErrors.length) console.error("chart errors: " + chartErrors.join("; "));
+  }});
+</script>
+</body></html>
+"""
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
+    df.write_parquet(folder / f"{name}.parquet")
+    df.write_csv(folder / f"{name}.csv")
+
+
+def _prepare_out(out: Path) -> Path:
+    """A fresh temporary sibling of `out`; refuses to replace a folder that is not a report."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir())
+                                              and not (out / "report.html").exists())):
+        raise UsageError(f"{out} exists and is not a report folder; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Replace `out` by the finished `tmp`: readers see the old report or the new one."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_report(runs_dir: str | Path, out: str | Path,
+                 options: ReportOptions = ReportOptions()) -> tuple[Path, Study]:
+    """Load, analyse, draw and write everything; returns the report.html path and the study."""
+    runs = load_runs(runs_dir)
+    study = analyse(runs, options)
+    out = Path(out)
+    tmp = _prepare_out(out)
+    try:
+        tables = tmp / "tables"
+        tables.mkdir()
+        write_table(study.per_run, tables, "runs")
+        write_table(study.arms, tables, "arms")
+        write_table(study.sensitivity_per_seed, tables, "lr_sensitivity_per_seed")
+        write_table(study.stable_per_seed, tables, "max_stable_lr_per_seed")
+        write_table(study.gaps, tables, "gaps")
+        write_table(study.thresholds, tables, "necessity")
+        write_table(study.verdicts, tables, "verdicts")
+        write_table(study.twins, tables, "twins")
+        specs = {}
+        for name, chart in build_charts(study, options).items():
+            C.save_chart(chart, tmp / "charts", name, scale=options.png_scale)
+            specs[name] = C.spec_of(chart)
+        (tmp / "report.html").write_text(render_html(study, specs, options))
+        (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_in(tmp, out)
+    return out / "report.html", study
