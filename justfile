@@ -22,3 +22,7 @@ prepare *args:
 # train one run: just train lr=3e-3 qk_norm=rmsnorm depth=6 ...
 train *args:
     {{py}} -m mlx_gpt train "$@"
+
+# throughput, FLOP/s, share of sgemm peak, MLX vs PyTorch, probe/eval overhead, K runs at once
+bench *args:
+    {{py}} -m mlx_gpt bench "$@"
