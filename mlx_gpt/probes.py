@@ -1,44 +1,306 @@
 """Mechanistic probes on a fixed probe batch, outside the hot train step.
 
-Rows are long format: {"step", "layer", "name", "value"}; layer = -1 for whole-model values.
+`measure` runs one forward with intermediates and one backward on the probe batch; `update_stats`
+compares the parameters before and after one update. Both return long rows
+{"step", "layer", "name", "value"}: layer is the block index, or -1 for whole-model values and for
+per-group values pooled over all layers. Per-parameter-group names carry the group after a slash
+(`grad_rms/attn.qkv`). Every name, formula and source is in docs/probes.md.
 """
 
 from __future__ import annotations
 
+import math
+import re
+import time
+from pathlib import Path
+
 import mlx.core as mx
+import numpy as np
+from mlx import nn
+from mlx.utils import tree_flatten
 
-from .model import GPT
+from .errors import UsageError
+from .model import GPT, cross_entropy
+
+WHOLE_MODEL = -1
+OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 2024 use far more)
+
+# Names that `measure` and `update_stats` write (before the `/<group>` suffix where there is one).
+ATTENTION_NAMES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head",
+                   "q_rms", "k_rms")
+QK_NORM_NAMES = ("q_rms_normed", "k_rms_normed", "q_norm_gain_max_abs", "k_norm_gain_max_abs",
+                 "max_attention_logit_bound")
+RESIDUAL_NAMES = ("residual_rms", "residual_kurtosis", "residual_max_abs_over_rms",
+                  "residual_outlier_share")
+OUTPUT_NAMES = ("loss", "grad_norm", "output_logit_max", "output_logsumexp_mean")
+GROUP_NAMES = ("grad_rms", "param_rms")  # from `measure`
+UPDATE_NAMES = ("update_rms_ratio",)  # from `update_stats`
+GROUPS = ("wte", "wpe", "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "ln", "qk_norm")
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_GROUP_ALIASES = {"ln1": "ln", "ln2": "ln", "ln_f": "ln", "attn.q_norm": "qk_norm",
+                  "attn.k_norm": "qk_norm"}
 
 
-def attention_logits(attn, h: mx.array) -> mx.array:
-    """Pre-softmax scaled logits (B, nh, T, T) with non-causal entries at -inf."""
-    q, k, _ = attn.heads(h)
-    q, k = attn.normed(q, k)
-    logits = (q * attn.scale) @ k.transpose(0, 1, 3, 2)
-    T = logits.shape[-1]
-    causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
-    return mx.where(causal, logits, -mx.inf)
+def parameter_group(name: str) -> tuple[str, int]:
+    """'blocks.3.attn.qkv.weight' -> ('attn.qkv', 3); 'ln_f.bias' -> ('ln', -1).
+
+    A group is the parameter's module path without the block index and without .weight/.bias,
+    with the norms merged: ln1, ln2, ln_f -> ln; attn.q_norm, attn.k_norm -> qk_norm.
+    """
+    layer = WHOLE_MODEL
+    match = _BLOCK.match(name)
+    if match:
+        layer, name = int(match.group(1)), match.group(2)
+    module = name.rsplit(".", 1)[0]
+    return _GROUP_ALIASES.get(module, module), layer
+
+
+# --- statistics (each a scalar array; shared by the probes and their tests) -----------------------
+
+def rms(x: mx.array) -> mx.array:
+    return mx.sqrt(mx.mean(mx.square(x.astype(mx.float32))))
+
+
+def kurtosis(x: mx.array) -> mx.array:
+    """Fourth standardised moment over all entries, E[(x-mu)^4] / E[(x-mu)^2]^2 (3 for a Gaussian)."""
+    x = x.astype(mx.float32)
+    centred = x - mx.mean(x)
+    var = mx.mean(mx.square(centred))
+    return mx.mean(mx.square(mx.square(centred))) / mx.square(var)
+
+
+def outlier_share(x: mx.array, sigmas: float = OUTLIER_SIGMAS) -> mx.array:
+    """Share of entries with |x - mean| > sigmas * std (std over all entries, ddof 0)."""
+    x = x.astype(mx.float32)
+    centred = x - mx.mean(x)
+    std = mx.sqrt(mx.mean(mx.square(centred)))
+    return mx.mean((mx.abs(centred) > sigmas * std).astype(mx.float32))
+
+
+def causal_mask(T: int) -> mx.array:
+    return mx.tril(mx.ones((T, T), dtype=mx.bool_))
+
+
+def attention_entropy(logits: mx.array, causal: mx.array) -> mx.array:
+    """Entropy in nats of each query's attention distribution: (B, nh, T) from (B, nh, T, T)."""
+    masked = mx.where(causal, logits, -mx.inf)
+    log_p = masked - mx.logsumexp(masked, axis=-1, keepdims=True)
+    return -mx.sum(mx.where(causal, mx.exp(log_p) * log_p, 0.0), axis=-1)
+
+
+def max_attention_logit_bound(q_gain: mx.array, k_gain: mx.array) -> mx.array:
+    """Upper bound on |scaled logit| under QK-norm: max|g_q| * max|g_k| * sqrt(head_dim).
+
+    Each normalised vector before its gain has norm <= sqrt(head_dim) (RMS 1 over head_dim
+    entries; mean-centring only shrinks it), so |q.k| <= max|g_q| max|g_k| head_dim, and the
+    softmax scale 1/sqrt(head_dim) leaves sqrt(head_dim).
+    """
+    head_dim = q_gain.shape[-1]
+    return mx.max(mx.abs(q_gain)) * mx.max(mx.abs(k_gain)) * math.sqrt(head_dim)
+
+
+# --- measure -------------------------------------------------------------------------------------
+
+def _forward_with_probes(model: GPT, x: mx.array, y: mx.array):
+    """The model's forward written out with explicit attention, returning (loss, probe values).
+
+    Same arithmetic as GPT.__call__ (the softmax is explicit instead of the fused kernel), so the
+    loss and its gradient are the model's; probe values are taken under stop_gradient.
+    """
+    values: list[tuple[int, str, mx.array]] = []
+    causal = causal_mask(x.shape[1])
+    h = model.embed(x)
+    for layer, block in enumerate(model.blocks):
+        attn = block.attn
+        q, k, v = attn.heads(block.ln1(h))  # (B, nh, T, hs), before QK-norm
+        qn, kn = attn.normed(q, k)
+        logits = (qn * attn.scale) @ kn.transpose(0, 1, 3, 2)  # (B, nh, T, T)
+        p = mx.softmax(mx.where(causal, logits, -mx.inf), axis=-1)
+        out = (p @ v).transpose(0, 2, 1, 3).reshape(h.shape)  # (B, T, nh*hs)
+        h = h + attn.proj(out)
+        h = h + block.mlp(block.ln2(h))
+
+        logits, q, k = (mx.stop_gradient(a) for a in (logits, q, k))
+        entropy_per_head = attention_entropy(logits, causal).mean(axis=(0, 2))  # (nh,)
+        values += [
+            (layer, "max_attention_logit", mx.max(mx.where(causal, logits, -mx.inf))),
+            (layer, "attention_entropy_mean", entropy_per_head.mean()),
+            (layer, "attention_entropy_min_head", entropy_per_head.min()),
+            (layer, "q_rms", rms(q)),
+            (layer, "k_rms", rms(k)),
+        ]
+        if attn.qk_norm != "none":
+            q_gain, k_gain = attn.q_norm.weight, attn.k_norm.weight
+            values += [
+                (layer, "q_rms_normed", rms(mx.stop_gradient(qn))),
+                (layer, "k_rms_normed", rms(mx.stop_gradient(kn))),
+                (layer, "q_norm_gain_max_abs", mx.max(mx.abs(q_gain))),
+                (layer, "k_norm_gain_max_abs", mx.max(mx.abs(k_gain))),
+                (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
+            ]
+        residual = mx.stop_gradient(h)
+        residual_rms = rms(residual)
+        values += [
+            (layer, "residual_rms", residual_rms),
+            (layer, "residual_kurtosis", kurtosis(residual)),
+            (layer, "residual_max_abs_over_rms", mx.max(mx.abs(residual)) / residual_rms),
+            (layer, "residual_outlier_share", outlier_share(residual)),
+        ]
+    out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab), as GPT.__call__
+    loss = cross_entropy(out_logits, y)
+    out_logits = mx.stop_gradient(out_logits)
+    values += [
+        (WHOLE_MODEL, "loss", mx.stop_gradient(loss)),
+        (WHOLE_MODEL, "output_logit_max", mx.max(out_logits)),
+        (WHOLE_MODEL, "output_logsumexp_mean", mx.mean(mx.logsumexp(out_logits, axis=-1))),
+    ]
+    return loss, [value for *_, value in values], [label for *label, _ in values]
+
+
+def _group_rms(arrays: dict[str, mx.array]) -> list[tuple[int, str, mx.array]]:
+    """(layer, group, RMS) per group in each layer and pooled over layers (layer -1):
+    sqrt(sum of squares / number of entries) over the group's parameters."""
+    sums: dict[tuple[int, str], list] = {}
+    for param_name, a in arrays.items():
+        group, layer = parameter_group(param_name)
+        square_sum = mx.sum(mx.square(a.astype(mx.float32)))
+        for key in {(layer, group), (WHOLE_MODEL, group)}:
+            entry = sums.setdefault(key, [0.0, 0])
+            entry[0] = entry[0] + square_sum
+            entry[1] += a.size
+    return [(layer, group, mx.sqrt(total / count))
+            for (layer, group), (total, count) in sorted(sums.items())]
 
 
 def measure(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
-    rows = []
-    h = model.embed(x)
-    for layer, block in enumerate(model.blocks):
-        logits = attention_logits(block.attn, block.ln1(h))
-        p = mx.softmax(logits, axis=-1)
-        entropy = -mx.sum(mx.where(p > 0, p * mx.log(p), 0.0), axis=-1)  # (B, nh, T)
-        per_head = entropy.mean(axis=(0, 2))
-        rows += [
-            {"step": step, "layer": layer, "name": "max_attention_logit",
-             "value": mx.max(logits).item()},
-            {"step": step, "layer": layer, "name": "attention_entropy_mean",
-             "value": per_head.mean().item()},
-            {"step": step, "layer": layer, "name": "attention_entropy_min_head",
-             "value": per_head.min().item()},
-        ]
-        h = block(h)
-    return rows
+    """Every forward and gradient probe on the batch (x, y), for params after `step` updates."""
+    labels: list[tuple[int, str]] = []
+
+    def loss_with_values(x: mx.array, y: mx.array):
+        loss, values, probe_labels = _forward_with_probes(model, x, y)
+        labels.extend(probe_labels)
+        return loss, values
+
+    (_, values), grads = nn.value_and_grad(model, loss_with_values)(x, y)
+    flat_grads = dict(tree_flatten(grads))
+    grad_norm = mx.sqrt(sum(mx.sum(mx.square(g.astype(mx.float32))) for g in flat_grads.values()))
+    extra = [(WHOLE_MODEL, "grad_norm", grad_norm)]
+    for name, arrays in (("grad_rms", flat_grads),
+                         ("param_rms", dict(tree_flatten(model.parameters())))):
+        extra += [(layer, f"{name}/{group}", value) for layer, group, value in _group_rms(arrays)]
+    labels += [(layer, name) for layer, name, _ in extra]
+    values = mx.stack([*values, *(value for *_, value in extra)]).astype(mx.float32)
+    return _rows(step, labels, values)
 
 
-def update_stats(step: int, before: dict, after: dict) -> list[dict]:
-    return []
+def update_stats(step: int, before: dict[str, mx.array], after: dict[str, mx.array]) -> list[dict]:
+    """update_rms_ratio/<group>: RMS(after - before) / RMS(before) of update `step`, per group."""
+    update = _group_rms({name: after[name] - before[name] for name in before})
+    param = _group_rms(before)
+    labels = [(layer, f"update_rms_ratio/{group}") for layer, group, _ in update]
+    values = mx.stack([u / p for (*_, u), (*_, p) in zip(update, param)])
+    return _rows(step, labels, values)
+
+
+def _rows(step: int, labels: list[tuple[int, str]], values: mx.array) -> list[dict]:
+    """One device sync for all values."""
+    return [{"step": step, "layer": layer, "name": name, "value": value}
+            for (layer, name), value in zip(labels, np.array(values, dtype=np.float64).tolist())]
+
+
+# --- reading probes back -------------------------------------------------------------------------
+
+def read_probes(run_dir: str | Path):
+    """All probe rows of a run folder as a pyarrow Table (step, layer, name, value)."""
+    from .runlog import read_parts
+
+    table = read_parts(Path(run_dir) / "probes")
+    if table is None:
+        raise UsageError(f"{run_dir} has no probe rows (no probes/part-*.parquet)")
+    return table
+
+
+def peak_max_attention_logit(run_dir: str | Path) -> float:
+    """Largest max_attention_logit over every probed step and layer of a run (NaN rows ignored;
+    +inf if the logits overflowed)."""
+    return summarize_probes(run_dir)["peak_max_attention_logit"]
+
+
+def summarize_probes(run_dir: str | Path) -> dict:
+    """A few headline numbers of a run's probes: the peak max attention logit with its step and
+    layer, and the final step's lowest attention entropy and largest residual kurtosis."""
+    table = read_probes(run_dir).to_pydict()
+    rows = list(zip(table["step"], table["layer"], table["name"], table["value"]))
+    final_step = max(table["step"])
+
+    def at_final(name: str) -> list[float]:
+        return [v for s, _, n, v in rows if n == name and s == final_step and not math.isnan(v)]
+
+    logits = [(v, s, layer) for s, layer, n, v in rows
+              if n == "max_attention_logit" and not math.isnan(v)]
+    peak, peak_step, peak_layer = max(logits) if logits else (math.nan, None, None)
+    entropies, kurtoses = at_final("attention_entropy_min_head"), at_final("residual_kurtosis")
+    return {
+        "peak_max_attention_logit": peak,
+        "peak_step": peak_step,
+        "peak_layer": peak_layer,
+        "final_step": final_step,
+        "final_min_attention_entropy": min(entropies) if entropies else math.nan,
+        "final_max_residual_kurtosis": max(kurtoses) if kurtoses else math.nan,
+    }
+
+
+# --- cost ----------------------------------------------------------------------------------------
+
+def probe_overhead(cfg, repeats: int = 5, steps: int = 30) -> dict:
+    """Seconds per train step and per probe call for `cfg`, and the probes' share of training
+    time at cfg.probe_every: (measure + update_stats) / (probe_every * step).
+
+    Steps are dispatched asynchronously as in train.py; update_stats also makes the loop wait
+    for its update once per probe step, which this leaves out (it overlaps little on a CPU)."""
+    from .batches import probe_batch, train_batch
+    from .optim import AdamW
+    from .train import build_model, load_data
+
+    train_tokens, val_tokens, meta = load_data(cfg)
+    model = build_model(cfg, meta["vocab_size"])
+    opt = AdamW(cfg, model.parameters())
+    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
+    state = [model.state, opt.state]
+
+    def step(x, y):
+        loss, grads = loss_and_grad(model, x, y)
+        opt.update(model, grads)
+        return loss
+
+    step_fn = mx.compile(step, inputs=state, outputs=state)
+    batches = [tuple(mx.array(a) for a in train_batch(train_tokens, cfg.data_seed, i,
+                                                      cfg.batch_size, cfg.block_size))
+               for i in range(4)]
+    px, py = (mx.array(a) for a in probe_batch(val_tokens, cfg.data_seed, cfg.batch_size,
+                                               cfg.block_size))
+
+    def timed(fn, n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n
+
+    def train_steps():  # dispatched asynchronously, as train.py does
+        for i in range(steps):
+            loss = step_fn(*batches[i % len(batches)])
+            mx.async_eval(state, loss)
+        mx.eval(loss)
+
+    mx.eval(state, step_fn(*batches[0]))  # warm-ups: compilation, allocation
+    measure(model, px, py, 0)
+    step_s = timed(train_steps, 1) / steps
+    measure_s = timed(lambda: measure(model, px, py, 0), repeats)
+    before = dict(tree_flatten(model.parameters()))
+    mx.eval(state, step_fn(*batches[0]))
+    after = dict(tree_flatten(model.parameters()))
+    update_s = timed(lambda: update_stats(0, before, after), repeats)
+    return {"step_seconds": step_s, "measure_seconds": measure_s,
+            "update_stats_seconds": update_s, "probe_every": cfg.probe_every,
+            "overhead_fraction": (measure_s + update_s) / (cfg.probe_every * step_s)}
