@@ -1,0 +1,398 @@
+"""Sweeps: plan and order, parsing and errors, bisection, skip/resume, isolation, shared work."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mlx_gpt import runlog, sweep
+from mlx_gpt import train as trainer
+from mlx_gpt.__main__ import main
+from mlx_gpt.config import parse_train_config
+from mlx_gpt.errors import UsageError
+from mlx_gpt.locks import RunBusy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_words(data: str, runs_dir: Path, *extra: str) -> list[str]:
+    """A sweep of tiny runs (depth 1, d_model 32, 20 steps): about a second each here."""
+    return ["preset=demo", f"data={data}", f"runs_dir={runs_dir}", "name=t", "depth=1",
+            "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=20",
+            "warmup_steps=5", "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5",
+            "ckpt_every=10", "qk_norms=none", *extra]
+
+
+def status_of(cfg) -> str | None:
+    return (runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}).get("status")
+
+
+@pytest.fixture
+def no_calibration(monkeypatch):
+    monkeypatch.setattr(sweep, "calibrate", lambda cfg, vocab, steps=3: 1000.0)
+
+
+def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
+    """Replace train.train by a stub that writes a summary: stable iff lr < threshold[qk_norm]."""
+
+    def fake(cfg, verbose=True, prefix=""):
+        calls.append((cfg, prefix))
+        status = "completed" if cfg.lr < threshold[cfg.qk_norm] else "diverged"
+        folder = trainer.run_dir_of(cfg)
+        folder.mkdir(parents=True, exist_ok=True)
+        summary = {"run_id": cfg.run_id, "status": status, "tokens_seen": 100}
+        runlog.write_json(folder / "summary.json", summary)
+        return summary
+
+    monkeypatch.setattr(trainer, "train", fake)
+
+
+# --- plan, grid, parsing --------------------------------------------------------------------
+
+
+def test_study_preset_is_the_studys_plan():
+    sc = sweep.parse_sweep_config([])
+    assert sc.grid_lrs() == [3e-4, 9.49e-4, 3e-3, 9.49e-3, 3e-2, 9.49e-2, 3e-1]
+    runs = sweep.grid(sc)
+    assert len(runs) == 7 * 2 * 2
+    assert runs[0].steps == 24_414 and runs[0].tokens_per_step == 4096
+    params = sweep.param_counts(runs[0], 50257)
+    assert 10e6 < params["total"] < 15e6
+    assert sc.refine and sc.jobs == 1
+
+
+def test_plan_size_and_order():
+    sc = sweep.parse_sweep_config(["preset=demo", "depth=2,4", "seeds=0,1", "lrs=1e-2,1e-3",
+                                   "name=night", "runs_dir=/tmp/r"])
+    runs = sweep.grid(sc)
+    assert len(runs) == 2 * 2 * 2 * 2
+    keys = [(c.seed, c.depth, c.lr, c.qk_norm) for c in runs]
+    # seed 0 everywhere first; then depth; LRs ascending; the two arms of one LR adjacent
+    assert keys[:4] == [(0, 2, 1e-3, "none"), (0, 2, 1e-3, "rmsnorm"),
+                        (0, 2, 1e-2, "none"), (0, 2, 1e-2, "rmsnorm")]
+    assert [k[0] for k in keys] == [0] * 8 + [1] * 8
+    assert [k[1] for k in keys[:8]] == [2] * 4 + [4] * 4
+    assert len({c.run_id for c in runs}) == 16
+    # one seed replicates init and batch order; every LR and arm of a seed share the batches
+    assert all(c.data_seed == c.seed for c in runs)
+    assert all(c.sweep == "night" and c.runs_dir == "/tmp/r" for c in runs)
+    assert sweep.groups(sc)[:2] == [(2, "none", 0), (2, "rmsnorm", 0)]
+
+
+def test_log_grid():
+    assert sweep.log_grid(1e-3, 1e-1, 2) == [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
+    assert sweep.log_grid(1e-3, 5e-2, 1) == [1e-3, 1e-2]
+    assert sweep.log_grid(1e-3, 1e-2, 4) == [1e-3, 1.78e-3, 3.16e-3, 5.62e-3, 1e-2]
+
+
+def test_overrides_reach_every_run():
+    sc = sweep.parse_sweep_config(["preset=demo", "d_model=64", "n_heads=2", "refine=off",
+                                   "lr_min=1e-3", "lr_max=1e-2", "points_per_decade=1",
+                                   "qk_norms=rmsnorm", "seeds=3", "refine_factor=1.1"])
+    assert (sc.preset, sc.refine, sc.refine_factor, sc.seeds) == ("demo", False, 1.1, (3,))
+    runs = sweep.grid(sc)
+    assert [c.lr for c in runs] == [1e-3, 1e-2]
+    assert all(c.d_model == 64 and c.n_heads == 2 and c.qk_norm == "rmsnorm" and c.seed == 3
+               and c.data == "data/synthetic-bytes" for c in runs)
+
+
+@pytest.mark.parametrize("words, message", [
+    (["colour=red"], "unknown key 'colour'"),
+    (["preset=huge"], "unknown preset 'huge'"),
+    (["lr_min=1e-2", "lr_max=1e-3"], "lr_min=0.01 must be below lr_max=0.001"),
+    (["lr_min=1e-2", "lr_max=1e-2"], "must be below"),
+    (["lrs=,"], "lrs needs at least one value"),
+    (["lrs=1e-3,fast"], "lrs: 'fast' is not a number"),
+    (["depth=2.5"], "depth: '2.5' is not an integer"),
+    (["qk_norms=none,l2"], "qk_norms: 'l2' is not one of"),
+    (["lr=1e-3"], "lr is set by the sweep grid; use lrs"),
+    (["seed=1"], "use seeds"),
+    (["refine_factor=1"], "refine_factor must be > 1"),
+    (["d_model=30", "n_heads=4"], "not divisible"),
+    (["depth=0"], "depth must be >= 1"),
+    (["jobs=0"], "jobs must be >= 1"),
+    (["warmup"], "expected key=value"),
+    (["--fast"], "unknown flag --fast"),
+])
+def test_bad_input_is_one_line_exit_2_and_runs_nothing(words, message, capsys, tmp_path):
+    runs_dir = tmp_path / "runs"
+    assert main(["sweep", *words, f"runs_dir={runs_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not runs_dir.exists()
+
+
+def test_missing_data_is_a_usage_error_before_anything_is_written(tmp_path, capsys):
+    assert main(["sweep", "preset=demo", f"data={tmp_path}/nope-bytes",
+                 f"runs_dir={tmp_path / 'runs'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "qk_norms=none,rmsnorm")
+    assert main(["sweep", *words, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 grid runs = 2 LRs x 2 qk_norm x 1 seeds x 1 depths" in out
+    assert "20 steps x 128 tokens = 2,560 tokens" in out
+    assert "parameters" in out and "tok/s" not in out
+    assert not (tmp_path / "runs").exists()
+    assert main(["sweep", *words, "--dry-run", "--calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s (3 compiled steps)" in out and "estimate" in out
+
+
+# --- boundary refinement ----------------------------------------------------------------------
+
+GRID = [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
+
+
+def test_bisection_narrows_the_bracket_around_a_stub_threshold():
+    asked = []
+
+    def stable(lr):
+        asked.append(lr)
+        return lr < 0.0123
+
+    results = sweep.bisect_boundary(GRID, stable, steps=3, factor=1.1)
+    # geometric means of the bracket, rounded to 3 digits: [1e-2, 3.16e-2] -> 1.78e-2 (diverged)
+    # -> [1e-2, 1.78e-2] -> 1.33e-2 (diverged) -> [1e-2, 1.33e-2] -> 1.15e-2 (stable); 3 steps
+    assert asked == GRID + [1.78e-2, 1.33e-2, 1.15e-2]
+    assert sweep.boundary(results) == (1.15e-2, 1.33e-2)
+
+
+def test_bisection_stops_within_factor_and_without_a_bracket():
+    assert list(sweep.bisect_boundary(GRID, lambda lr: lr < 0.0123, 5, 2.0))[5:] == [1.78e-2]
+    # ratio after k steps is 3.16 ** (1 / 2**k): within 1.2 after 3 steps, so the 4th is not run
+    steps = list(sweep.bisect_boundary(GRID, lambda lr: lr < 0.005, 10, 1.2))[5:]
+    assert len(steps) == 3
+    assert sweep.bisect_boundary(GRID, lambda lr: True, 3, 1.1).keys() == set(GRID)
+    assert sweep.bisect_boundary(GRID, lambda lr: False, 3, 1.1).keys() == set(GRID)
+    assert sweep.bisect_boundary(GRID, lambda lr: lr < 0.0123, 0, 1.1).keys() == set(GRID)
+
+
+def test_bisection_uses_the_first_divergence_and_survives_failures():
+    # a stable run above a diverged one (noise) does not move the bracket past the first failure
+    noisy = {1e-3: True, 3.16e-3: True, 1e-2: False, 3.16e-2: True, 1e-1: False}
+    assert sweep.next_midpoint(noisy, GRID, 3, 1.1) == 5.62e-3
+    # a failed run (None) gives no verdict; the same point is not asked for again
+    results = sweep.bisect_boundary(GRID, lambda lr: None if lr not in GRID else lr < 0.02, 3, 1.1)
+    assert list(results)[5:] == [1.78e-2] and results[1.78e-2] is None
+    # the midpoint stays strictly inside a narrow bracket even where rounding would hit an end
+    mid = sweep.next_midpoint({1e-2: True, 1.01e-2: False}, [1e-2, 1.01e-2], 1, 1.001)
+    assert 1e-2 < mid < 1.01e-2
+
+
+def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_path, capsys,
+                                                  no_calibration):
+    calls = []
+    fake_trainer(monkeypatch, {"none": 0.0123, "rmsnorm": 0.05}, calls)
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,3.16e-3,1e-2,3.16e-2,1e-1",
+                       "qk_norms=none,rmsnorm", "seeds=0,1", "refine=true", "refine_steps=2",
+                       "refine_factor=1.01")
+    assert main(["sweep", *words]) == 0
+    done = [(c.lr, c.qk_norm, c.seed) for c, _ in calls]
+    assert len(done) == 20 + 4 * 2
+    assert [lr for lr, *_ in done[:20]] == [lr for lr in GRID for _ in range(2)] * 2
+    # round 1 gives each of the 4 curves its first midpoint, round 2 the second
+    assert done[20:24] == [(1.78e-2, "none", 0), (5.62e-2, "rmsnorm", 0),
+                           (1.78e-2, "none", 1), (5.62e-2, "rmsnorm", 1)]
+    assert done[24:] == [(1.33e-2, "none", 0), (4.21e-2, "rmsnorm", 0),
+                         (1.33e-2, "none", 1), (4.21e-2, "rmsnorm", 1)]
+    assert calls[0][1] == "[1/20] " and calls[-1][1] == "[28/28] "
+    out = capsys.readouterr().out
+    assert "[sweep 1/20: 0 completed, 0 diverged, 0 failed, 0 busy | ETA" in out
+    assert "qk_norm none      seed 0:  0.01 < 0.0133" in out
+    assert "qk_norm rmsnorm   seed 1:  0.0421 < 0.0562" in out
+    calls.clear()  # again: everything is finished, nothing is trained
+    assert main(["sweep", *words]) == 0
+    assert calls == []
+
+
+def test_emit_commands_are_standalone_and_follow_the_results(monkeypatch, tiny_data, tmp_path,
+                                                            capsys):
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2,1e-1", "refine=true",
+                       "refine_steps=1")
+    sc = sweep.parse_sweep_config(words)
+    assert main(["sweep", *words, "--emit-commands"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert len(lines) == 3 and "3 of 3 grid runs left, 0 refinement" in captured.err
+    for line, cfg in zip(lines, sweep.grid(sc)):
+        words_ = shlex.split(line)
+        assert words_[:4] == ["python", "-m", "mlx_gpt", "train"]
+        again = parse_train_config(words_[4:])
+        assert again == cfg and again.run_id == cfg.run_id
+    # once the grid's results are in (merged from elsewhere), the refinement point appears
+    fake_trainer(monkeypatch, {"none": 0.05}, [])
+    for cfg in sweep.grid(sc):
+        trainer.train(cfg)
+    assert main(["sweep", *words, "--emit-commands"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "lr=0.0316 " in lines[0]
+
+
+# --- running: busy, failures, interrupts, resume -----------------------------------------------
+
+
+def test_busy_runs_are_passed_over_and_retried_at_the_end(monkeypatch, tiny_data, tmp_path,
+                                                         capsys, no_calibration):
+    calls = []
+    fake_trainer(monkeypatch, {"none": 1.0}, calls)
+    stub = trainer.train
+    attempts = {}
+
+    def sometimes_busy(cfg, verbose=True, prefix=""):
+        attempts[cfg.lr] = attempts.get(cfg.lr, 0) + 1
+        if cfg.lr == 1e-3 and attempts[cfg.lr] == 1 or cfg.lr == 3e-3:
+            raise RunBusy("held")
+        return stub(cfg, verbose, prefix)
+
+    monkeypatch.setattr(trainer, "train", sometimes_busy)
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,3e-3,1e-2", "refine=false")
+    assert main(["sweep", *words]) == 0
+    assert [c.lr for c, _ in calls] == [1e-2, 1e-3]  # 1e-3 came back free, 3e-3 never did
+    out = capsys.readouterr().out
+    assert "is being trained by another process; passing over" in out
+    assert "1 runs are held by another process" in out and "lr0.003" in out
+
+
+def test_a_crashing_run_does_not_stop_the_sweep(monkeypatch, tiny_data, tmp_path, capsys,
+                                               no_calibration):
+    real_build = trainer.build_model
+
+    def build(cfg, vocab_size):
+        if cfg.lr == 1e-3:
+            raise RuntimeError("boom")
+        return real_build(cfg, vocab_size)
+
+    monkeypatch.setattr(trainer, "build_model", build)
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "max_steps=10",
+                       "ckpt_every=10")
+    assert main(["sweep", *words]) == 0
+    crashed, fine = sweep.grid(sweep.parse_sweep_config(words))
+    assert status_of(crashed) == "failed" and status_of(fine) == "completed"
+    assert "RuntimeError: boom" in (trainer.run_dir_of(crashed) / "traceback.txt").read_text()
+    out = capsys.readouterr().out
+    assert "failed: RuntimeError: boom" in out
+    assert "2 of 2 runs have a result (1 completed, 0 diverged, 1 failed)" in out
+
+
+def test_interrupt_stops_cleanly_and_the_next_sweep_skips_and_resumes(monkeypatch, tiny_data,
+                                                                     tmp_path, capsys,
+                                                                     no_calibration):
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,3e-3,1e-2")
+    first, second, third = sweep.grid(sweep.parse_sweep_config(words))
+    real_stream = trainer.train_stream
+    streams = []
+
+    def ctrl_c_in_second_run(tokens, data_seed, start, *args):
+        streams.append(start)
+        for step, batch in enumerate(real_stream(tokens, data_seed, start, *args), start):
+            if len(streams) == 2 and step == 12:
+                raise KeyboardInterrupt  # as if Ctrl-C arrived while step 12 was being fetched
+            yield batch
+
+    monkeypatch.setattr(trainer, "train_stream", ctrl_c_in_second_run)
+    assert main(["sweep", *words]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "python -m mlx_gpt sweep preset=demo" in err
+    assert status_of(first) == "completed" and status_of(second) is None
+    assert (trainer.run_dir_of(second) / "checkpoint.safetensors").exists()
+    assert not trainer.run_dir_of(third).exists()
+    first_summary = (trainer.run_dir_of(first) / "summary.json").read_text()
+
+    monkeypatch.setattr(trainer, "train_stream", real_stream)
+    trained = []
+    real_locked = trainer._train_locked
+    monkeypatch.setattr(trainer, "_train_locked",
+                        lambda cfg, *a: trained.append(cfg.lr) or real_locked(cfg, *a))
+    assert main(["sweep", *words]) == 0
+    assert trained == [second.lr, third.lr]
+    assert "1 of 3 grid runs already finished; skipping them" in capsys.readouterr().out
+    assert (trainer.run_dir_of(first) / "summary.json").read_text() == first_summary
+    manifest = json.loads((trainer.run_dir_of(second) / "manifest.json").read_text())
+    assert manifest["resumed_from_step"] == 12
+    steps = runlog.read_parts(trainer.run_dir_of(second) / "metrics").column("step").to_pylist()
+    assert steps == list(range(21))  # no duplicated or missing rows across the interruption
+    assert all(status_of(c) == "completed" for c in (first, second, third))
+
+
+# --- several processes on one runs/ tree ---------------------------------------------------------
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+    import mlx_gpt
+    from mlx_gpt import sweep, train as trainer
+
+    marks, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    real_locked = trainer._train_locked
+
+    def marked(cfg, *args):
+        with open(marks, "a") as f:
+            f.write(f"{me} {cfg.run_id}\\n")
+        return real_locked(cfg, *args)
+
+    trainer._train_locked = marked
+    sweep.calibrate = lambda cfg, vocab, steps=3: 1000.0
+    (marks.parent / me).touch()
+    while not (marks.parent / other).exists():  # start together
+        time.sleep(0.01)
+    sys.exit(sweep.cli(sys.argv[4:]))
+""")
+
+
+def test_two_sweep_processes_share_the_work_and_never_train_a_run_twice(tiny_data, tmp_path):
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,2e-3,3e-3,5e-3,1e-2,2e-2",
+                       "max_steps=15", "ckpt_every=10")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    marks = tmp_path / "marks.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, str(script), str(marks), me, other, *words],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for me, other in (("a", "b"), ("b", "a"))]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    trained = [line.split() for line in marks.read_text().splitlines()]
+    runs = sweep.grid(sweep.parse_sweep_config(words))
+    assert sorted(run_id for _, run_id in trained) == sorted(c.run_id for c in runs)  # once each
+    assert {who for who, _ in trained} == {"a", "b"}  # both did some of the work
+    assert all(status_of(c) == "completed" for c in runs)
+
+
+def test_jobs_2_runs_a_second_process_on_the_same_tree(monkeypatch, tiny_data, tmp_path,
+                                                      no_calibration, capsys):
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,2e-3,3e-3,5e-3,1e-2",
+                       "max_steps=15", "ckpt_every=10", "jobs=2")
+    trained_here = []
+    real_locked = trainer._train_locked
+    monkeypatch.setattr(trainer, "_train_locked",
+                        lambda cfg, *a: trained_here.append(cfg.run_id) or real_locked(cfg, *a))
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    assert main(["sweep", *words]) == 0
+    runs = sweep.grid(sweep.parse_sweep_config(words))
+    assert all(status_of(c) == "completed" for c in runs)
+    # the lock file keeps the pid of the process that trained the run last
+    lock_pid = {c.run_id: int((trainer.run_dir_of(c) / ".lock").read_text()) for c in runs}
+    by_worker = {rid for rid, pid in lock_pid.items() if pid != os.getpid()}
+    assert by_worker and trained_here  # both processes trained
+    assert by_worker.isdisjoint(trained_here) and by_worker | set(trained_here) == set(lock_pid)
+    log = (tmp_path / "runs" / "t" / "sweep-worker-1.log").read_text()
+    assert sum(rid in log for rid in by_worker) == len(by_worker)
+    assert "5 of 5 runs have a result (5 completed" in capsys.readouterr().out
+
+
+def test_parse_errors_raise_usage_error_directly():
+    with pytest.raises(UsageError, match="unknown key"):
+        sweep.parse_sweep_config(["nope=1"])
+    assert math.isclose(sweep.parse_sweep_config(["refine_factor=1.5"]).refine_factor, 1.5)
