@@ -1,0 +1,126 @@
+"""The mlx_gpt decoder in PyTorch: same architecture, same parameter names and shapes.
+
+Token + learned position embeddings, pre-LN blocks, causal multi-head attention with optional
+QK-norm, exact-erf GELU MLP of width 4*d_model, final LayerNorm, tied head over the vocab padded
+to a multiple of 64, no dropout. Every norm uses eps 1e-5, as mlx_gpt/model.py does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mlx_gpt.model import NORM_EPS, ModelArgs
+
+__all__ = ["GPT", "HeadNorm", "ModelArgs", "cross_entropy"]
+
+
+class HeadNorm(nn.Module):
+    """QK-norm over head_dim with a gain of shape (head_dim,) shared by the heads of a layer.
+
+    rmsnorm: x * rsqrt(mean(x^2) + eps) * w (Zhang & Sennrich 2019), as mx.fast.rms_norm;
+    layernorm: mean-centred, no bias (Wortsman et al. 2023), as mx.fast.layer_norm(x, w, None).
+    """
+
+    def __init__(self, head_dim: int, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.weight = nn.Parameter(torch.ones(head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "rmsnorm":
+            return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS) * self.weight
+        return F.layer_norm(x, (x.shape[-1],), self.weight, None, NORM_EPS)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.head_dim = args.n_heads, args.d_model // args.n_heads
+        self.qkv = nn.Linear(args.d_model, 3 * args.d_model, bias=args.bias)
+        self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
+        if args.qk_norm != "none":
+            self.q_norm = HeadNorm(self.head_dim, args.qk_norm)
+            self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
+        self.qk_norm = args.qk_norm
+        self.scale = 1.0 / math.sqrt(self.head_dim)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v split into heads, before QK-norm: each (B, nh, T, hs)."""
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=-1)
+        return tuple(t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
+
+    def normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.qk_norm == "none":
+            return q, k
+        return self.q_norm(q), self.k_norm(k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.heads(x)
+        q, k = self.normed(q, k)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, nh*hs)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.fc = nn.Linear(args.d_model, 4 * args.d_model, bias=args.bias)
+        self.proj = nn.Linear(4 * args.d_model, args.d_model, bias=args.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))  # exact erf GELU, as mlx.nn.gelu
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
+        self.attn = CausalSelfAttention(args)
+        self.ln2 = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Weights start at torch's defaults: load the MLX initial weights (torch_ref.weights)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.wte = nn.Embedding(args.padded_vocab, args.d_model)
+        self.wpe = nn.Embedding(args.block_size, args.d_model)
+        self.blocks = nn.ModuleList(Block(args) for _ in range(args.depth))
+        self.ln_f = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
+
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, C)
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.hidden(idx) @ self.wte.weight.T  # (B, T, padded_vocab)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats over the padded vocab, as mlx_gpt.model."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+def count_params(model: GPT) -> dict[str, int]:
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    total = sum(sizes.values())
+    embedding = sizes["wte.weight"] + sizes["wpe.weight"]
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

@@ -1,0 +1,195 @@
+"""`python -m torch_ref spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
+
+Re-runs an MLX run's config.json with the torch trainer, from the same initial weights (rebuilt
+by mlx_gpt.train.build_model, deterministic in the seed, moved through safetensors) and the same
+batches, into its own run folder beside the MLX one:
+
+  <runs_dir>/<sweep>/<run_id>-torch-<device>/
+    config.json        the MLX run's config (+ run_id of this folder, framework torch, device,
+                       reference_run_id)
+    manifest.json      provenance, framework torch, device (e.g. "cuda (NVIDIA H200)")
+    init.safetensors   the initial weights the torch model was loaded from
+    metrics/ probes/   Parquet parts with mlx_gpt.runlog's schemas
+    final.safetensors  final weights (MLX names and layout)
+    summary.json       mlx_gpt's summary fields, framework "torch", device, reference_run_id
+    comparison.json    largest relative deviation from the MLX run of train loss, val loss,
+                       grad norm and each probe, over the steps both have
+
+A finished spot check is not re-run (its comparison is refreshed); an interrupted one starts
+again from step 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import traceback
+from pathlib import Path
+
+from mlx_gpt import runlog
+from mlx_gpt.config import load_config, split_key_values
+from mlx_gpt.errors import UsageError
+from mlx_gpt.locks import run_lock
+from mlx_gpt.train import build_model, load_data, summary_base
+
+from .train import resolve_device, train_run
+from .weights import save_mlx
+
+OPTIONS = ("device", "data")
+
+
+def output_dir(run_dir: Path, reference_run_id: str, device_type: str) -> Path:
+    return run_dir.parent / f"{reference_run_id}-torch-{device_type}"
+
+
+def read_reference(run_dir: Path) -> dict:
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
+    try:
+        reference = json.loads(config_path.read_text())
+    except json.JSONDecodeError:
+        raise UsageError(f"{config_path} is not valid JSON") from None
+    if reference.get("framework", "mlx") != "mlx":
+        raise UsageError(f"{run_dir} is a {reference['framework']} run; spot-check an MLX run")
+    return reference
+
+
+def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = None,
+               verbose: bool = True) -> tuple[Path, dict]:
+    """Re-run `run_dir` with torch on `device`. Returns (torch run folder, its summary)."""
+    run_dir = Path(run_dir)
+    reference = read_reference(run_dir)
+    reference_id = reference.get("run_id") or run_dir.name
+    cfg = load_config(str(run_dir / "config.json"))
+    # config.json leaves out where the run lives; the folder says it: <runs_dir>/<sweep>/<run>
+    where = run_dir.resolve()
+    cfg = dataclasses.replace(cfg, runs_dir=str(where.parent.parent), sweep=where.parent.name)
+    if data is not None:
+        cfg = dataclasses.replace(cfg, data=data)
+    cfg = cfg.validate()
+    torch_device = resolve_device(device)
+    train_tokens, val_tokens, meta = load_data(cfg)  # every check before anything is written
+    out = output_dir(run_dir, reference_id, torch_device.type)
+
+    done = runlog.read_json(out / "summary.json")
+    if done and done.get("status") in runlog.FINISHED:
+        comparison = compare(run_dir, out)  # again: the MLX run may have moved on since
+        runlog.write_json(out / "comparison.json", comparison)
+        if verbose:
+            print(f"{out.name} already {done['status']}; skipping\n{format_comparison(comparison)}",
+                  flush=True)
+        return out, done
+    out.mkdir(parents=True, exist_ok=True)
+    with run_lock(out) as acquired:
+        if not acquired:
+            raise UsageError(f"{out} is being trained by another process")
+        identity = {"run_id": out.name, "framework": "torch", "device": torch_device.type,
+                    "reference_run_id": reference_id}
+        runlog.write_json(out / "config.json", {**cfg.identity(), **identity})
+        init = out / "init.safetensors"
+        save_mlx(build_model(cfg, meta["vocab_size"]), init)
+        summary_extra = {**summary_base(cfg), **identity}
+        try:
+            summary = train_run(cfg, out, init, torch_device, train_tokens, val_tokens, meta,
+                                summary_extra, {"reference_run": str(run_dir),
+                                                "reference_run_id": reference_id}, verbose)
+        except (KeyboardInterrupt, UsageError):
+            raise
+        except Exception as e:
+            (out / "traceback.txt").write_text(traceback.format_exc())
+            runlog.write_json(out / "summary.json", {
+                **summary_extra, "status": "failed", "error": f"{type(e).__name__}: {e}"})
+            raise
+        comparison = compare(run_dir, out)
+        runlog.write_json(out / "comparison.json", comparison)
+    if verbose:
+        print(format_comparison(comparison))
+    return out, summary
+
+
+def _relative(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None:
+        return None
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    return abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else math.inf)
+
+
+def compare(mlx_dir: Path, torch_dir: Path) -> dict:
+    """Per-step relative deviation |torch - mlx| / |mlx| of train loss, val loss, grad norm."""
+    a, b = runlog.read_parts(torch_dir / "metrics"), runlog.read_parts(mlx_dir / "metrics")
+    mlx_manifest = runlog.read_json(mlx_dir / "manifest.json") or {}
+    torch_manifest = runlog.read_json(torch_dir / "manifest.json") or {}
+    result: dict = {
+        "reference_run": str(mlx_dir),
+        "same_data": (mlx_manifest.get("data_meta_sha256") is not None and
+                      mlx_manifest.get("data_meta_sha256") == torch_manifest.get("data_meta_sha256")),
+        "definition": "max over common steps of |torch - mlx| / |mlx|",
+        "steps_compared": 0,
+    }
+    if a is None or b is None:
+        return result
+    torch_rows = {r["step"]: r for r in a.to_pylist()}
+    mlx_rows = {r["step"]: r for r in b.to_pylist()}
+    common = sorted(torch_rows.keys() & mlx_rows.keys())
+    result["steps_compared"] = len(common)
+    for column in ("train_loss", "val_loss", "grad_norm"):
+        pairs = [(s, _relative(torch_rows[s][column], mlx_rows[s][column])) for s in common]
+        pairs = [(s, d) for s, d in pairs if d is not None]
+        if pairs:
+            step, value = max(pairs, key=lambda sd: sd[1])
+            result[column] = {"max_relative_deviation": value, "at_step": step,
+                              "mean_relative_deviation": sum(d for _, d in pairs) / len(pairs),
+                              "n": len(pairs)}
+    torch_probes, mlx_probes = (runlog.read_parts(d / "probes") for d in (torch_dir, mlx_dir))
+    if torch_probes is not None and mlx_probes is not None:
+        def key(r: dict) -> tuple:
+            return r["step"], r["layer"], r["name"]
+
+        mlx_values = {key(r): r["value"] for r in mlx_probes.to_pylist()}
+        by_name: dict[str, tuple[float, int, int]] = {}
+        for r in torch_probes.to_pylist():
+            d = _relative(r["value"], mlx_values.get(key(r)))
+            if d is not None and d >= by_name.get(r["name"], (-1.0,))[0]:
+                by_name[r["name"]] = (d, r["step"], r["layer"])
+        result["probes"] = {name: {"max_relative_deviation": d, "at_step": step, "layer": layer}
+                            for name, (d, step, layer) in sorted(by_name.items())}
+    mlx_summary = runlog.read_json(mlx_dir / "summary.json") or {}
+    torch_summary = runlog.read_json(torch_dir / "summary.json") or {}
+    result["status"] = {"mlx": mlx_summary.get("status"), "torch": torch_summary.get("status")}
+    result["tokens_per_second"] = {"mlx": mlx_summary.get("tokens_per_second"),
+                                   "torch": torch_summary.get("tokens_per_second")}
+    return result
+
+
+def format_comparison(comparison: dict) -> str:
+    lines = [(f"torch vs mlx over {comparison['steps_compared']} steps "
+              f"(relative: |torch - mlx| / |mlx|; same data: {comparison['same_data']})")]
+    for column in ("train_loss", "val_loss", "grad_norm"):
+        if column in comparison:
+            c = comparison[column]
+            lines.append(f"  {column:<10} max {c['max_relative_deviation']:.2e} at step "
+                         f"{c['at_step']}, mean {c['mean_relative_deviation']:.2e} ({c['n']} values)")
+    for name, c in comparison.get("probes", {}).items():
+        lines.append(f"  probe {name}: max {c['max_relative_deviation']:.2e} "
+                     f"(step {c['at_step']}, layer {c['layer']})")
+    speeds = comparison.get("tokens_per_second", {})
+    if speeds.get("torch"):
+        mlx_speed = f"{speeds['mlx']:,.0f}" if speeds.get("mlx") else "?"
+        lines.append(f"  tokens/s   torch {speeds['torch']:,.0f}, mlx {mlx_speed}")
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    if not argv or "=" in argv[0]:
+        raise UsageError("usage: python -m torch_ref spot-check RUN_DIR "
+                         "[device=auto|cuda|mps|cpu] [data=PATH]")
+    options = split_key_values(argv[1:])
+    unknown = sorted(options.keys() - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
+    out, summary = spot_check(argv[0], options.get("device", "auto"), options.get("data"))
+    print(f"run folder: {out}  status: {summary['status']}")
+    return 0

@@ -1,0 +1,188 @@
+"""A PyTorch trainer that writes mlx_gpt's run-log schema: the engine of the spot check.
+
+Same batches (mlx_gpt.batches), same evaluation and probe steps, same metric rows, same
+divergence rules (mlx_gpt.train.divergence) and the same summary fields as mlx_gpt.train, with
+framework "torch" and the device recorded. It starts from weights given as a safetensors file.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlx_gpt import runlog
+from mlx_gpt.batches import probe_batch, train_stream, val_batches
+from mlx_gpt.config import TrainConfig
+from mlx_gpt.errors import UsageError
+from mlx_gpt.train import Display, divergence, finite, model_args
+
+from . import probes as probe_lib
+from .model import GPT, count_params, cross_entropy
+from .optim import AdamW
+from .weights import load_torch, save_torch
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda, else mps, else cpu; an unavailable device is a usage error."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": hasattr(torch.backends, "mps") and torch.backends.mps.is_available()}
+    if name == "auto":
+        name = next(d for d in ("cuda", "mps", "cpu") if available[d])
+    if name not in available:
+        raise UsageError(f"device must be one of auto, cuda, mps, cpu; got {name!r}")
+    if not available[name]:
+        raise UsageError(f"device {name} is not available to this torch build "
+                         f"({torch.__version__})")
+    return torch.device(name)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def full_float32() -> None:
+    """A float32 reference: no TF32 or reduced-precision matmuls on CUDA."""
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def train_step(model: GPT, opt: AdamW, x: torch.Tensor, y: torch.Tensor):
+    """Forward, backward, clip, AdamW. Returns (loss, pre-clip grad norm, lr) as 0-d tensors."""
+    model.zero_grad(set_to_none=True)
+    loss = cross_entropy(model(x), y)
+    loss.backward()
+    grad_norm, lr = opt.update()
+    return loss.detach(), grad_norm, lr
+
+
+def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch.device,
+              train_tokens: np.ndarray, val_tokens: np.ndarray, meta: dict,
+              summary_extra: dict, manifest_extra: dict, verbose: bool = True) -> dict:
+    """Train `cfg` from `init_weights` on `device`, logging into `run_dir`. Returns the summary.
+
+    A torch run has no checkpoints: an interrupted one starts again from step 0.
+    """
+    full_float32()
+    steps = cfg.steps
+    for folder in ("metrics", "probes"):
+        runlog.drop_parts_from(run_dir / folder, 0)
+    manifest = runlog.manifest(cfg.data, "torch", describe(device), {
+        "torch_threads": torch.get_num_threads(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(), **manifest_extra})
+    runlog.write_json(run_dir / "manifest.json", manifest)
+
+    model = GPT(model_args(cfg, meta["vocab_size"])).to(device)
+    load_torch(model, init_weights)
+    opt = AdamW(cfg, dict(model.named_parameters()))
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
+
+    val = [(tensor(x), tensor(y)) for x, y in
+           val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)]
+    px, py = (tensor(a) for a in probe_batch(val_tokens, cfg.data_seed, cfg.batch_size,
+                                              cfg.block_size))
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        return torch.stack([cross_entropy(model(x), y) for x, y in val]).mean().item()
+
+    metric_rows: list[dict] = []
+    probe_rows: list[dict] = []
+    val_by_step: dict[int, float] = {}
+    display = Display(summary_extra["run_id"], steps, verbose)
+    wall0 = time.perf_counter()
+    train_seconds = 0.0
+    init_loss: float | None = None
+    last_val: float | None = None
+    status, diverged_step, reason = "completed", None, None
+
+    def measure(step: int) -> None:
+        nonlocal init_loss, last_val
+        if step % cfg.eval_every == 0 or step == steps:
+            val_by_step[step] = last_val = evaluate()
+            if init_loss is None:
+                init_loss = val_by_step[step]
+        if step % cfg.probe_every == 0 or step == steps:
+            probe_rows.extend(probe_lib.measure(model, px, py, step))
+
+    def flush() -> None:
+        runlog.write_part(run_dir / "metrics", metric_rows, runlog.METRICS_SCHEMA)
+        runlog.write_part(run_dir / "probes", probe_rows, runlog.PROBES_SCHEMA)
+        metric_rows.clear()
+        probe_rows.clear()
+
+    def row(step, loss, grad_norm, lr, val_loss):
+        return {"step": step, "tokens": step * cfg.tokens_per_step, "lr": lr,
+                "train_loss": loss, "grad_norm": grad_norm, "val_loss": val_loss,
+                "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
+                "elapsed_s": time.perf_counter() - wall0}
+
+    pending: list[tuple[int, torch.Tensor]] = []
+    batches = train_stream(train_tokens, cfg.data_seed, 0, steps, cfg.batch_size, cfg.block_size)
+    t_sync = time.perf_counter()
+    for step in range(steps):
+        measure(step)
+        x, y = next(batches)
+        loss, grad_norm, lr = train_step(model, opt, tensor(x), tensor(y))
+        pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype)])))
+        if (step + 1) % cfg.log_every and step + 1 != steps:
+            continue
+        # one device sync per log interval, as the MLX trainer
+        values = torch.stack([v for _, v in pending]).double().cpu().tolist()
+        train_seconds += time.perf_counter() - t_sync
+        for (s, _), (loss_v, norm_v, lr_v) in zip(pending, values):
+            metric_rows.append(row(s, loss_v, norm_v, lr_v, val_by_step.pop(s, None)))
+            reason = divergence(cfg, s, loss_v, norm_v, init_loss)
+            if reason:
+                status, diverged_step = "diverged", s
+                break
+        pending.clear()
+        tok_s = (step + 1) * cfg.tokens_per_step / max(train_seconds, 1e-9)
+        display.update(step + 1, loss_v, tok_s,
+                       (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), last_val)
+        if status == "diverged":
+            break
+        if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
+            flush()  # parts cover the same step ranges as the MLX run's
+        t_sync = time.perf_counter()
+
+    final_step = steps if status == "completed" else diverged_step + 1
+    if status == "completed":
+        measure(steps)
+        metric_rows.append(row(steps, None, None, None, val_by_step.pop(steps)))
+    flush()
+    save_torch(model, run_dir / "final.safetensors")
+
+    metrics = runlog.read_parts(run_dir / "metrics").to_pydict()
+    vals = [v for v in metrics["val_loss"] if v is not None]
+    finite_vals = [v for v in vals if math.isfinite(v)]
+    summary = {
+        **summary_extra,
+        "status": status,
+        "init_loss": init_loss,
+        "final_val_loss": finite(vals[-1]) if status == "completed" and vals else None,
+        "min_val_loss": min(finite_vals) if finite_vals else None,
+        "final_train_loss": finite(metrics["train_loss"][-2 if status == "completed" else -1]),
+        "diverged_step": diverged_step,
+        "diverged_reason": reason,
+        "steps": final_step,
+        "tokens_seen": final_step * cfg.tokens_per_step,
+        "wall_seconds": time.perf_counter() - wall0,
+        "train_seconds": train_seconds,
+        "tokens_per_second": final_step * cfg.tokens_per_step / max(train_seconds, 1e-9),
+        "params": count_params(model),
+    }
+    manifest["ended"] = runlog.now()
+    runlog.write_json(run_dir / "manifest.json", manifest)
+    runlog.write_json(run_dir / "summary.json", summary)
+    display.close(f"{status} at step {final_step}: val {summary['final_val_loss'] or float('nan'):.4f}"
+                  if status == "completed" else f"diverged at step {diverged_step} ({reason})")
+    return summary
