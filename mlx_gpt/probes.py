@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -249,58 +248,3 @@ def summarize_probes(run_dir: str | Path) -> dict:
         "final_min_attention_entropy": min(entropies) if entropies else math.nan,
         "final_max_residual_kurtosis": max(kurtoses) if kurtoses else math.nan,
     }
-
-
-# --- cost ----------------------------------------------------------------------------------------
-
-def probe_overhead(cfg, repeats: int = 5, steps: int = 30) -> dict:
-    """Seconds per train step and per probe call for `cfg`, and the probes' share of training
-    time at cfg.probe_every: (measure + update_stats) / (probe_every * step).
-
-    Steps are dispatched asynchronously as in train.py; update_stats also makes the loop wait
-    for its update once per probe step, which this leaves out (it overlaps little on a CPU)."""
-    from .batches import probe_batch, train_batch
-    from .optim import AdamW
-    from .train import build_model, load_data
-
-    train_tokens, val_tokens, meta = load_data(cfg)
-    model = build_model(cfg, meta["vocab_size"])
-    opt = AdamW(cfg, model.parameters())
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
-    state = [model.state, opt.state]
-
-    def step(x, y):
-        loss, grads = loss_and_grad(model, x, y)
-        opt.update(model, grads)
-        return loss
-
-    step_fn = mx.compile(step, inputs=state, outputs=state)
-    batches = [tuple(mx.array(a) for a in train_batch(train_tokens, cfg.data_seed, i,
-                                                      cfg.batch_size, cfg.block_size))
-               for i in range(4)]
-    px, py = (mx.array(a) for a in probe_batch(val_tokens, cfg.data_seed, cfg.batch_size,
-                                               cfg.block_size))
-
-    def timed(fn, n: int) -> float:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - start) / n
-
-    def train_steps():  # dispatched asynchronously, as train.py does
-        for i in range(steps):
-            loss = step_fn(*batches[i % len(batches)])
-            mx.async_eval(state, loss)
-        mx.eval(loss)
-
-    mx.eval(state, step_fn(*batches[0]))  # warm-ups: compilation, allocation
-    measure(model, px, py, 0)
-    step_s = timed(train_steps, 1) / steps
-    measure_s = timed(lambda: measure(model, px, py, 0), repeats)
-    before = dict(tree_flatten(model.parameters()))
-    mx.eval(state, step_fn(*batches[0]))
-    after = dict(tree_flatten(model.parameters()))
-    update_s = timed(lambda: update_stats(0, before, after), repeats)
-    return {"step_seconds": step_s, "measure_seconds": measure_s,
-            "update_stats_seconds": update_s, "probe_every": cfg.probe_every,
-            "overhead_fraction": (measure_s + update_s) / (cfg.probe_every * step_s)}
