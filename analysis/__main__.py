@@ -32,13 +32,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("runs_dir", nargs="?", default="runs",
                    help="a runs tree, one sweep folder or one run folder (default: runs)")
     r.add_argument("--out", default=None,
-                   help="output folder (default: report/ next to RUNS_DIR)")
+                   help="output folder (default: reports/<name of RUNS_DIR> beside RUNS_DIR)")
     r.add_argument("--threshold", type=float, default=None, metavar="LOSS",
                    help="val loss level for steps-to-threshold (default: per depth, the "
                         "worse of the two arms' best losses)")
     r.add_argument("--curve-lrs", type=_lrs, default=(), metavar="LR,LR",
                    help="learning rates for the training-curve chart (default: per depth, "
                         "the off arm's optimal, max stable and first divergent LR)")
+    r.add_argument("--probes", type=lambda t: tuple(n.strip() for n in t.split(",") if n.strip()),
+                   default=(), metavar="NAME,NAME",
+                   help="probe names for the 'other probes' chart (default: residual kurtosis "
+                        "and a few others when present)")
     r.add_argument("--noise-k", type=float, default=2.0,
                    help="off is 'worse' when the mean gap exceeds k x seed noise (default 2)")
     r.add_argument("--bootstrap", type=int, default=1000,
@@ -59,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report import ReportOptions, build_report
 
         runs_dir = Path(args.runs_dir)
-        out = Path(args.out) if args.out else runs_dir.resolve().parent / "report"
+        resolved = runs_dir.resolve()
+        out = Path(args.out) if args.out else resolved.parent / "reports" / resolved.name
         options = ReportOptions(loss_threshold=args.threshold, curve_lrs=args.curve_lrs,
+                                probe_names=args.probes,
                                 study=metrics.Options(noise_k=args.noise_k,
                                                       n_boot=args.bootstrap))
         t0 = time.perf_counter()

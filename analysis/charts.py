@@ -159,13 +159,28 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
 
 # --- probes vs step ---------------------------------------------------------------------------
 
-def probe_series(runs: pl.DataFrame, probes: pl.LazyFrame, names: list[str]) -> pl.DataFrame:
-    """(depth, arm, lr, name, step) -> probe value reduced over layers, then mean over seeds."""
-    keyed = runs.select("run", "depth", "qk_norm", "lr").lazy()
-    return (M.probe_over_layers(probes.filter(pl.col("name").is_in(names)))
-            .join(keyed, on="run").group_by("depth", "qk_norm", "lr", "name", "step")
+def probe_series(runs: pl.DataFrame, probe_steps: pl.DataFrame, names: list[str]) -> pl.DataFrame:
+    """(depth, arm, lr, name, step) -> probe value (already reduced over layers), seed mean.
+
+    `probe_steps` is `metrics.probe_over_layers(...)` collected; only `runs` are kept."""
+    keyed = runs.select("run", "depth", "qk_norm", "lr")
+    return (probe_steps.filter(pl.col("name").is_in(names)).join(keyed, on="run")
+            .group_by("depth", "qk_norm", "lr", "name", "step")
             .agg(value=pl.col("value").mean(), seeds=pl.len())
-            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step").collect())
+            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step"))
+
+
+# Probes drawn in the "other probes" chart when the runs have them (the rest are in the tables).
+OTHER_PROBES = ("residual_kurtosis", "residual_max_abs_over_rms", "output_logit_max", "q_rms",
+                "k_rms", "max_attention_logit_bound")
+
+
+def other_probe_names(found: list[str], limit: int = 6) -> list[str]:
+    """The preferred probes present, plus any other kurtosis; else the first few found."""
+    extra = [n for n in found if n not in ATTENTION_PROBES]
+    chosen = [n for n in OTHER_PROBES if n in extra]
+    chosen += [n for n in extra if "kurtosis" in n and n not in chosen]
+    return (chosen or sorted(extra))[:limit]
 
 
 def with_lr_label(df: pl.DataFrame) -> pl.DataFrame:
@@ -180,7 +195,7 @@ def _lr_color(df: pl.DataFrame) -> alt.Color:
                      legend=alt.Legend(title="learning rate"))
 
 
-def max_logit_chart(runs: pl.DataFrame, probes: pl.LazyFrame) -> alt.Chart:
+def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
     """Largest pre-softmax attention logit (max over layers and heads) vs step, log y."""
     data = with_lr_label(probe_series(runs, probes, ["max_attention_logit"])
                          .filter(pl.col("value") > 0))
@@ -197,7 +212,7 @@ def max_logit_chart(runs: pl.DataFrame, probes: pl.LazyFrame) -> alt.Chart:
             .properties(title="Max attention logit vs step (seed mean; log scale)"))
 
 
-def entropy_chart(runs: pl.DataFrame, probes: pl.LazyFrame) -> alt.Chart:
+def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
     """Attention entropy vs step: mean over heads and layers (solid), lowest head (dashed)."""
     data = probe_series(runs, probes, ["attention_entropy_mean", "attention_entropy_min_head"])
     if data.is_empty():
@@ -216,8 +231,9 @@ def entropy_chart(runs: pl.DataFrame, probes: pl.LazyFrame) -> alt.Chart:
             .properties(title="Attention entropy vs step (seed mean)"))
 
 
-def other_probes_chart(runs: pl.DataFrame, probes: pl.LazyFrame, names: list[str]) -> alt.Chart:
-    """Every other probe found in the data (e.g. kurtosis), reduced over layers, vs step."""
+def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str]) -> alt.Chart:
+    """Other probes (e.g. residual kurtosis), reduced over layers, vs step; `probes` as in
+    `probe_series`."""
     data = with_lr_label(probe_series(runs, probes, names))
     if data.is_empty():
         return _empty("no other probe rows")
@@ -366,24 +382,24 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     ).with_columns(x=pl.col("depth") + pl.col("offset"))
     x = alt.X("x:Q", title="depth", axis=alt.Axis(values=depths, format="d"),
               scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
-    y = alt.Y("value:Q", scale=alt.Scale(type="log"), title="learning rate (log)",
+    y = alt.Y("value:Q", scale=alt.Scale(type="log", padding=12), title="learning rate (log)",
               axis=alt.Axis(format=".0e"))
     color = alt.Color("arm:N", scale=scale, title=None)
     rules = alt.Chart().mark_rule().encode(x=x, y=alt.Y("lo:Q", scale=alt.Scale(type="log")),
                                            y2="hi:Q", color=color)
-    fill = alt.condition("datum.bound", alt.value("white"),
-                         alt.Fill("arm:N", scale=scale, legend=None))
-    dots = (alt.Chart().mark_point(size=80, filled=False, strokeWidth=2)
-            .encode(x=x, y=y, color=color, fill=fill, fillOpacity=alt.value(1),
-                    shape=alt.Shape("measure:N", title=None,
-                                    scale=alt.Scale(domain=["optimal LR", "max stable LR",
-                                                            "necessity threshold"],
-                                                    range=["circle", "triangle-up", "diamond"])),
-                    tooltip=["measure:N", "arm:N", "depth:Q",
-                             alt.Tooltip("value:Q", format=".3g"),
-                             alt.Tooltip("lo:Q", format=".3g"), alt.Tooltip("hi:Q", format=".3g"),
-                             alt.Tooltip("bound:N", title="lower bound only")]))
-    return (alt.layer(rules, dots, data=values(data))
+    shape = alt.Shape("measure:N", title=None,
+                      scale=alt.Scale(domain=["optimal LR", "max stable LR",
+                                              "necessity threshold"],
+                                      range=["circle", "triangle-up", "diamond"]))
+    tooltip = ["measure:N", "arm:N", "depth:Q", alt.Tooltip("value:Q", format=".3g"),
+               alt.Tooltip("lo:Q", format=".3g"), alt.Tooltip("hi:Q", format=".3g"),
+               alt.Tooltip("bound:N", title="lower bound only")]
+    dots = alt.Chart().encode(x=x, y=y, color=color, shape=shape, tooltip=tooltip)
+    solid = dots.mark_point(size=80, filled=True).transform_filter("!datum.bound")
+    hollow = dots.mark_point(size=80, filled=False, strokeWidth=2).transform_filter("datum.bound")
+    layers = [rules] + ([solid] if (~data["bound"]).any() else []) + (
+        [hollow] if data["bound"].any() else [])
+    return (alt.layer(*layers, data=values(data))
             .properties(width=2 * PANEL_W, height=PANEL_H + 60,
                         title="Learning-rate landmarks vs depth (bars: seed range or "
                               "bootstrap interval)"))
@@ -397,14 +413,12 @@ def _empty(message: str) -> alt.Chart:
 
 # --- saving -----------------------------------------------------------------------------------
 
-def spec_of(chart: alt.TopLevelMixin) -> dict:
-    return chart.to_dict()
-
-
-def save_chart(chart: alt.TopLevelMixin, folder: Path, name: str, scale: float = 2.0) -> dict:
-    """Write <name>.png, .svg and .html (self-contained, interactive). Returns the paths."""
+def save_chart(chart: alt.TopLevelMixin | dict, folder: Path, name: str,
+               scale: float = 2.0) -> dict[str, Path]:
+    """Write <name>.png, .svg and .html (self-contained, interactive) from a chart or its
+    Vega-Lite dict (`chart.to_dict()` validates against the schema, so do it once)."""
     folder.mkdir(parents=True, exist_ok=True)
-    spec = spec_of(chart)
+    spec = chart if isinstance(chart, dict) else chart.to_dict()
     paths = {ext: folder / f"{name}.{ext}" for ext in ("png", "svg", "html")}
     paths["png"].write_bytes(vlc.vegalite_to_png(spec, scale=scale))
     paths["svg"].write_text(vlc.vegalite_to_svg(spec))

@@ -8,6 +8,7 @@ the good runs are still analysed.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -61,11 +62,13 @@ def _read_json(path: Path) -> tuple[dict | None, str | None]:
     return obj, None
 
 
-def _check_parts(folder: Path, columns: dict[str, pl.DataType]) -> tuple[list[Path], str | None]:
-    """The folder's Parquet parts, or why they cannot be used (missing, unreadable, foreign)."""
+def _check_parts(folder: Path, columns: dict[str, pl.DataType]
+                 ) -> tuple[list[tuple[Path, tuple]], str | None]:
+    """The folder's Parquet parts with their schemas, or why they cannot be used."""
     parts = sorted(folder.glob("part-*.parquet"))
     if not parts:
         return [], f"{folder.name}/ has no part-*.parquet files"
+    checked = []
     for part in parts:
         try:
             schema = pl.read_parquet_schema(part)
@@ -80,7 +83,8 @@ def _check_parts(folder: Path, columns: dict[str, pl.DataType]) -> tuple[list[Pa
         if wrong:
             return [], (f"{folder.name}/{part.name} has a foreign schema "
                         f"({', '.join(f'{c}: {schema[c]}' for c in wrong)})")
-    return parts, None
+        checked.append((part, tuple((k, str(v)) for k, v in schema.items())))
+    return checked, None
 
 
 def _number(value: Any) -> float | None:
@@ -96,6 +100,16 @@ def _run_folders(root: Path) -> list[Path]:
                   if not any(part.startswith(".") for part in f.relative_to(root).parts))
 
 
+@functools.cache
+def _sweep_grid(sweep_folder: Path) -> frozenset[float] | None:
+    """The base LR grid a sweep folder declares in sweep.json ("grid_lrs"), if it does."""
+    obj, _ = _read_json(sweep_folder / "sweep.json")
+    lrs = (obj or {}).get("grid_lrs")
+    if not isinstance(lrs, list) or not all(_number(x) for x in lrs):
+        return None
+    return frozenset(lr_key(float(x)) for x in lrs)
+
+
 def _identity(summary: dict, config: dict | None) -> dict:
     ident = summary.get("config") if isinstance(summary.get("config"), dict) else None
     if ident is None and config is not None:
@@ -105,7 +119,7 @@ def _identity(summary: dict, config: dict | None) -> dict:
     return {k: v for k, v in ident.items() if k not in NON_IDENTITY}
 
 
-def _load_one(folder: Path, root: Path) -> tuple[dict | None, list[Path], list[Path], dict, list[str]]:
+def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, list[str]]:
     """(row, metric parts, probe parts, manifest, warnings); row is None if the run is skipped."""
     name = folder.relative_to(root).as_posix() if folder != root else folder.name
     warnings: list[str] = []
@@ -146,6 +160,9 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list[Path], list[P
     identity = _identity(summary, config)
     setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
     refine = summary.get("refine", (config or {}).get("refine"))
+    grid = _sweep_grid(folder.parent)
+    if not isinstance(refine, bool) and grid is not None:
+        refine = lr_key(lr) not in grid
     params = summary.get("params") if isinstance(summary.get("params"), dict) else {}
     row = {
         "run": name,
@@ -189,14 +206,28 @@ RUN_SCHEMA = {
 }
 
 
-def _scan(parts_by_run: dict[str, list[Path]], columns: dict[str, pl.DataType]) -> pl.LazyFrame:
-    """One lazy frame over every run's parts, with a `run` column; columns cast to `columns`."""
-    frames = [pl.scan_parquet(parts).select([pl.col(c).cast(t) for c, t in columns.items()])
-              .with_columns(pl.lit(run).alias("run"))
-              for run, parts in parts_by_run.items() if parts]
-    if not frames:
+def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]],
+          columns: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """One lazy frame over every run's parts with a `run` column, columns cast to `columns`.
+
+    One scan per distinct file schema (usually one in all): a scan per run would open files
+    from hundreds of plans at once.
+    """
+    by_schema: dict[tuple, list[str]] = {}
+    run_of: dict[str, str] = {}
+    for run, parts in parts_by_run.items():
+        for path, schema in parts:
+            by_schema.setdefault(schema, []).append(str(path))
+            run_of[str(path)] = run
+    if not by_schema:
         return pl.LazyFrame(schema={**columns, "run": pl.String})
-    return pl.concat(frames, how="vertical")
+    runs = pl.LazyFrame({"_part": list(run_of), "run": list(run_of.values())})
+    frames = [pl.scan_parquet(paths, glob=False, hive_partitioning=False,
+                              include_file_paths="_part")
+              .select("_part", *[pl.col(c).cast(t) for c, t in columns.items()])
+              for paths in by_schema.values()]
+    return (pl.concat(frames, how="vertical").join(runs, on="_part")
+            .select(*columns, "run"))
 
 
 def load_runs(root: str | Path) -> Runs:
@@ -206,12 +237,13 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"runs folder {root} does not exist")
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder")
+    _sweep_grid.cache_clear()  # sweep.json may have changed since an earlier load
     folders = _run_folders(root)
     if not folders:
         raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/summary.json)")
     rows, warnings, manifests = [], [], {}
-    metric_parts: dict[str, list[Path]] = {}
-    probe_parts: dict[str, list[Path]] = {}
+    metric_parts: dict[str, list[tuple[Path, tuple]]] = {}
+    probe_parts: dict[str, list[tuple[Path, tuple]]] = {}
     for folder in folders:
         row, metrics, probes, manifest, notes = _load_one(folder, root)
         warnings += notes

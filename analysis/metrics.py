@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,20 +46,30 @@ def with_losses(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
-    """Add `in_grid`: the LR belongs to the depth's base grid (used by LR sensitivity).
+    """Add `in_grid` (the LR belongs to the base grid used by LR sensitivity) and `grid_rule`.
 
-    With a `refine` marker (a boolean in config.json or summary.json), runs marked refine=true
-    are refinement points. Without it, the base grid of a depth is the set of LRs present for
-    every (qk_norm, seed) pair seen at that depth, so both arms are scored on the same grid and
-    extra LRs run for some arms or seeds (refinement) are left out.
+    Refinement runs are extra LRs between the last stable and first divergent grid point; they
+    must not enter LR sensitivity, and both arms must be scored on the same points. In order:
+    - "marked": some run carries a `refine` flag (config.json, summary.json, or the sweep
+      folder's sweep.json grid): unmarked LRs run for every (qk_norm, seed) of the depth;
+    - "common": LRs run for every (depth, qk_norm, seed) of the study, which also makes LR
+      sensitivity comparable across depths (needs >= 2 such LRs);
+    - "per depth": otherwise, LRs run for every (qk_norm, seed) of that depth.
     """
-    candidate = (~pl.col("refine").fill_null(False)) if "refine" in points.columns else pl.lit(True)
-    pairs = pl.struct("qk_norm", "seed")
-    return (points.with_columns(_candidate=candidate)
-            .with_columns(_needed=pairs.n_unique().over("depth"),
-                          _have=pairs.filter(pl.col("_candidate")).n_unique().over("depth", "lr"))
-            .with_columns(in_grid=pl.col("_candidate") & (pl.col("_have") == pl.col("_needed")))
-            .drop("_candidate", "_needed", "_have"))
+    marked = "refine" in points.columns and points["refine"].is_not_null().any()
+    candidate = ~pl.col("refine").fill_null(False) if marked else pl.lit(True)
+    pairs, triples = pl.struct("qk_norm", "seed"), pl.struct("depth", "qk_norm", "seed")
+    p = points.with_columns(
+        _per_depth=candidate & (pairs.filter(candidate).n_unique().over("depth", "lr")
+                                == pairs.n_unique().over("depth")),
+        _common=triples.n_unique().over("lr") == triples.n_unique())
+    if marked:
+        return p.with_columns(in_grid="_per_depth", grid_rule=pl.lit("marked")).drop(
+            "_per_depth", "_common")
+    common = p.filter("_common")["lr"].n_unique() >= 2
+    return (p.with_columns(in_grid="_common" if common else "_per_depth",
+                           grid_rule=pl.lit("common" if common else "per depth"))
+            .drop("_per_depth", "_common"))
 
 
 def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
@@ -74,7 +85,8 @@ def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
     best = pl.col("loss").min()
     return (grid.filter("in_grid").group_by(*ARM_KEYS, "seed")
             .agg(grid_points=pl.len(), mean_clipped_loss=pl.col("loss_clipped").mean(),
-                 best_loss=best, lr_min=pl.col("lr").min(), lr_max=pl.col("lr").max())
+                 best_loss=best, lr_min=pl.col("lr").min(), lr_max=pl.col("lr").max(),
+                 grid_rule=pl.col("grid_rule").first())
             .with_columns(lr_sensitivity=pl.when(pl.col("best_loss").is_finite()
                                                  & (pl.col("grid_points") >= 2))
                           .then(pl.col("mean_clipped_loss") - pl.col("best_loss")))
@@ -88,7 +100,8 @@ def lr_sensitivity(points: pl.DataFrame) -> pl.DataFrame:
                  lr_sensitivity_sd=pl.col("lr_sensitivity").std(),
                  sensitivity_seeds=pl.col("lr_sensitivity").count(),
                  grid_points=pl.col("grid_points").max(),
-                 grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max())
+                 grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max(),
+                 grid_rule=pl.col("grid_rule").first())
             .sort(ARM_KEYS))
 
 
@@ -433,32 +446,40 @@ def _h3(on: str, thresholds: pl.DataFrame) -> dict:
 
 # --- per-run extras ---------------------------------------------------------------------------
 
+# A probe named like a minimum is reduced over layers by min, one named like a peak or an
+# outlier measure by max (the worst layer is the one that matters), anything else by mean.
+MIN_PATTERN = r"(^|_)min(_|$)"
+MAX_PATTERN = r"(^|_)max(_|$)|kurtosis|outlier"
+WHOLE_MODEL = -1  # the layer of whole-model rows and of values pooled over all layers
+
+
 def layer_reduction(name: str) -> str:
-    """How a probe is reduced over layers: the worst layer for peaks and outliers, else mean."""
-    if "min" in name:
+    """How a probe is reduced over layers: "min", "max" or "mean" (see the patterns above)."""
+    if re.search(MIN_PATTERN, name):
         return "min"
-    if "max" in name or "kurtosis" in name:
-        return "max"
-    return "mean"
+    return "max" if re.search(MAX_PATTERN, name) else "mean"
 
 
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
-    """(run, step, name) -> value reduced over layers by `layer_reduction`; non-finite dropped."""
-    names = probes.select(pl.col("name").unique()).collect()["name"].to_list()
-    reduce = {"max": pl.col("value").max(), "min": pl.col("value").min(),
-              "mean": pl.col("value").mean()}
-    frames = [probes.filter((pl.col("name") == n) & pl.col("value").is_finite())
-              .group_by("run", "step", "name").agg(reduce[layer_reduction(n)])
-              for n in names]
-    if not frames:
-        return pl.LazyFrame(schema={"run": pl.String, "step": pl.Int64, "name": pl.String,
-                                    "value": pl.Float64})
-    return pl.concat(frames)
+    """(run, step, name) -> one value: the whole-model (layer -1) row when there is one, else
+    the per-layer values reduced by `layer_reduction`. Non-finite values are dropped."""
+    value = pl.col("value")
+    per_layer = pl.col("layer") != WHOLE_MODEL
+    reduced = (probes.filter(value.is_finite())
+               .group_by("run", "step", "name")
+               .agg(whole=value.filter(~per_layer).first(), lo=value.filter(per_layer).min(),
+                    hi=value.filter(per_layer).max(), mean=value.filter(per_layer).mean()))
+    name = pl.col("name")
+    by_name = (pl.when(name.str.contains(MIN_PATTERN)).then("lo")
+               .when(name.str.contains(MAX_PATTERN)).then("hi").otherwise("mean"))
+    return reduced.select("run", "step", "name", value=pl.coalesce("whole", by_name))
 
 
-def probe_summary(probes: pl.LazyFrame) -> pl.DataFrame:
-    """Per run: peak_max_attention_logit and final_<name> for every probe name found."""
-    per_step = probe_over_layers(probes).collect()
+def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
+    """Per run: peak_max_attention_logit and final_<name> for every probe name found.
+
+    `per_step` is `probe_over_layers(...)` collected; "final" is each run's last probe step.
+    """
     if per_step.is_empty():
         return pl.DataFrame(schema={"run": pl.String})
     final = (per_step.filter(pl.col("step") == pl.col("step").max().over("run", "name"))

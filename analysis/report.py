@@ -33,6 +33,7 @@ class ReportOptions:
 
     loss_threshold: float | None = None  # steps-to-threshold level; None: per depth, see docs
     curve_lrs: tuple[float, ...] = ()  # LRs for training curves; empty: chosen per depth
+    probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart; empty: see charts
     study: M.Options = field(default_factory=M.Options)
     png_scale: float = 2.0
 
@@ -46,6 +47,7 @@ class Study:
     setting: str
     points: pl.DataFrame  # finished runs of the primary framework and setting
     others: pl.DataFrame  # finished runs of other frameworks in that setting (overlaid)
+    probe_steps: pl.DataFrame  # (run, step, name, value) reduced over layers
     per_run: pl.DataFrame
     arms: pl.DataFrame
     sensitivity_per_seed: pl.DataFrame
@@ -107,21 +109,25 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
             .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))
     else:
         loss_thresholds = M.default_loss_thresholds(arms)
-    per_run = per_run_table(runs, loss_thresholds, in_study=points["run"])
+    probe_steps = M.probe_over_layers(runs.probes).collect()
+    per_run = per_run_table(runs, probe_steps, loss_thresholds, in_study=points["run"])
+    grid = M.mark_base_grid(points).select("run", "in_grid")
+    per_run = per_run.join(grid, on="run", how="left")
     twins = twin_table(runs, framework)
     return Study(runs=runs, framework=framework, setting=setting, points=points, others=others,
-                 per_run=per_run, arms=arms,
+                 probe_steps=probe_steps, per_run=per_run, arms=arms,
                  sensitivity_per_seed=M.lr_sensitivity_per_seed(points),
                  stable_per_seed=M.max_stable_lr_per_seed(points), gaps=gaps,
                  thresholds=thresholds, verdicts=verdicts, twins=twins,
                  loss_thresholds=loss_thresholds, notes=notes)
 
 
-def per_run_table(runs: Runs, loss_thresholds: pl.DataFrame, in_study: pl.Series) -> pl.DataFrame:
+def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.DataFrame,
+                  in_study: pl.Series) -> pl.DataFrame:
     """One row per run: design, outcome, steps-to-threshold and probe summaries."""
     t = runs.table
     reached = M.steps_to_threshold(runs.metrics, t, loss_thresholds)
-    probes = M.probe_summary(runs.probes)
+    probes = M.probe_summary(probe_steps)
     first = ["run", "sweep", "run_id", "framework", "depth", "qk_norm", "lr", "seed",
              "data_seed", "status", "init_loss", "final_val_loss", "final_val_ppl",
              "min_val_loss", "final_train_loss", "diverged_step", "diverged_reason", "steps",
@@ -225,9 +231,11 @@ CHARTS = {
     "attention_entropy": "Attention entropy on the probe batch: mean over heads and layers "
                          "(solid) and the lowest head (dashed). Entropy collapse towards 0 "
                          "goes with logit growth (Zhai et al. 2023).",
-    "other_probes": "Every other probe found in the runs (for example activation kurtosis), "
-                    "reduced over layers (max for peaks and kurtosis, min for minima, else "
-                    "mean), seed mean.",
+    "other_probes": "Further probes found in the runs (by default residual kurtosis, "
+                    "max |activation| / rms, output logit max, q and k rms when present; "
+                    "--probes chooses), reduced over layers (the whole-model value where there "
+                    "is one, else max for peaks and outlier measures, min for minima, mean "
+                    "otherwise), seed mean. Every probe's final value is in the runs table.",
     "gap_map": "Seed-mean final-loss gap, off minus on, for every LR run in both arms at each "
                "depth: red means off is worse. Crosses: off diverged; circles: on diverged; "
                "squares: both. The black bar is the necessity threshold of that depth.",
@@ -244,9 +252,9 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     runs = study.runs
     points = study.points
     shown = pl.concat([points, study.others])
-    probes = runs.probes.join(points.select("run").lazy(), on="run")
-    names = sorted(probes.select(pl.col("name").unique()).collect()["name"].to_list())
-    other_names = [n for n in names if n not in C.ATTENTION_PROBES]
+    probes = study.probe_steps.join(points.select("run"), on="run")
+    found = sorted(probes["name"].unique().to_list())
+    wanted = [n for n in options.probe_names if n in found] or C.other_probe_names(found)
     picks = C.curve_runs(points, study.arms, list(options.curve_lrs) or None)
     out = {
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
@@ -257,8 +265,8 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
         "lr_sensitivity": C.sensitivity_chart(points),
         "lr_landmarks": C.landmarks_chart(study.arms, study.thresholds),
     }
-    if other_names:
-        out["other_probes"] = C.other_probes_chart(points, probes, other_names)
+    if wanted:
+        out["other_probes"] = C.other_probes_chart(points, probes, wanted)
     return {k: out[k] for k in CHARTS if k in out}
 
 
@@ -425,7 +433,12 @@ the LRs that meet the necessity rule.</p>
 {html.escape(study.framework)} twin: same configuration identity.</p>
 {html_table(study.twins)}
 </section>""")
-    run_cols = [c for c in study.per_run.columns if c not in ("identity", "setting", "run_dir")]
+    # the HTML shows the attention and kurtosis probes; every final_<probe> is in the files
+    shown_probes = [f"final_{n}" for n in C.ATTENTION_PROBES] + [
+        c for c in study.per_run.columns if c.startswith("final_") and "kurtosis" in c]
+    run_cols = [c for c in study.per_run.columns if c not in ("identity", "setting", "run_dir")
+                and (not c.startswith("final_") or c in shown_probes
+                     or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
     sections.append(f"""
 <section id="runs"><h2>Runs</h2>
 <p>All runs, including failed ones and runs outside the study metrics (in_study). Also written
@@ -485,11 +498,16 @@ def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
     df.write_csv(folder / f"{name}.csv")
 
 
-def _prepare_out(out: Path) -> Path:
-    """A fresh temporary sibling of `out`; refuses to replace a folder that is not a report."""
+def _check_out(out: Path) -> None:
+    """Refuse to replace anything but an earlier report (or an empty folder)."""
     if out.exists() and (not out.is_dir() or (any(out.iterdir())
                                               and not (out / "report.html").exists())):
         raise UsageError(f"{out} exists and is not a report folder; choose another --out")
+
+
+def _prepare_out(out: Path) -> Path:
+    """A fresh temporary sibling of `out` to write into."""
+    _check_out(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -509,9 +527,10 @@ def _swap_in(tmp: Path, out: Path) -> None:
 def build_report(runs_dir: str | Path, out: str | Path,
                  options: ReportOptions = ReportOptions()) -> tuple[Path, Study]:
     """Load, analyse, draw and write everything; returns the report.html path and the study."""
+    out = Path(out)
+    _check_out(out)
     runs = load_runs(runs_dir)
     study = analyse(runs, options)
-    out = Path(out)
     tmp = _prepare_out(out)
     try:
         tables = tmp / "tables"
@@ -526,8 +545,8 @@ def build_report(runs_dir: str | Path, out: str | Path,
         write_table(study.twins, tables, "twins")
         specs = {}
         for name, chart in build_charts(study, options).items():
-            C.save_chart(chart, tmp / "charts", name, scale=options.png_scale)
-            specs[name] = C.spec_of(chart)
+            specs[name] = chart.to_dict()
+            C.save_chart(specs[name], tmp / "charts", name, scale=options.png_scale)
         (tmp / "report.html").write_text(render_html(study, specs, options))
         (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
     except BaseException:

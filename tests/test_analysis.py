@@ -1,0 +1,368 @@
+"""Analysis: study metrics on hand-made tables with known answers, charts, and a report built
+from a tiny real sweep (rendered in headless Chromium when it is installed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis import charts as C
+from analysis import metrics as M
+from analysis.__main__ import main
+from analysis.errors import UsageError
+from analysis.load import load_runs
+from analysis.report import CHARTS, ReportOptions, build_report
+from mlx_gpt.config import TrainConfig
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
+                                        else None)
+
+
+def points(rows: list[tuple]) -> pl.DataFrame:
+    """(depth, qk_norm, lr, seed, final_val_loss or None if diverged, init_loss) rows."""
+    return pl.DataFrame(
+        [{"depth": d, "qk_norm": q, "lr": lr, "seed": s,
+          "status": "diverged" if loss is None else "completed",
+          "final_val_loss": loss, "init_loss": init} for d, q, lr, s, loss, init in rows],
+        schema={"depth": pl.Int64, "qk_norm": pl.String, "lr": pl.Float64, "seed": pl.Int64,
+                "status": pl.String, "final_val_loss": pl.Float64, "init_loss": pl.Float64})
+
+
+# --- LR sensitivity ---------------------------------------------------------------------------
+
+def test_lr_sensitivity_clips_at_init_and_ignores_refinement_points():
+    grid = [1e-3, 1e-2, 1e-1, 1.0]
+    seed0 = [3.0, 2.5, 2.8, None]  # diverged at lr 1 -> counts as its init loss 4.0
+    seed1 = [3.1, 2.6, 2.7, 4.5]  # finished above its init loss 4.2 -> clipped to 4.2
+    rows = [(2, "none", lr, 0, loss, 4.0) for lr, loss in zip(grid, seed0)]
+    rows += [(2, "none", lr, 1, loss, 4.2) for lr, loss in zip(grid, seed1)]
+    rows.append((2, "none", 0.05, 0, 2.0, 4.0))  # a refinement run of one seed: not in the grid
+    per_seed = M.lr_sensitivity_per_seed(points(rows))
+    assert per_seed["grid_points"].to_list() == [4, 4]
+    # seed 0: mean(3.0, 2.5, 2.8, 4.0) - 2.5 = 0.575; seed 1: mean(3.1, 2.6, 2.7, 4.2) - 2.6 = 0.55
+    assert per_seed["lr_sensitivity"].to_list() == pytest.approx([0.575, 0.55])
+    arm = M.lr_sensitivity(points(rows)).row(0, named=True)
+    assert arm["lr_sensitivity"] == pytest.approx(0.5625)
+    assert arm["sensitivity_seeds"] == 2
+    grid_marks = M.mark_base_grid(points(rows)).filter(pl.col("lr") == 0.05)
+    assert grid_marks["in_grid"].to_list() == [False]
+
+
+def test_refine_marker_takes_precedence_over_presence():
+    rows = [(1, q, lr, s, 3.0 - lr, 4.0) for q in ("none", "rmsnorm") for s in (0, 1)
+            for lr in (0.01, 0.1, 0.3)]
+    marked = points(rows).with_columns(refine=pl.col("lr") == 0.3)
+    per_seed = M.lr_sensitivity_per_seed(marked)
+    assert set(per_seed["grid_points"].to_list()) == {2}
+    assert per_seed["lr_sensitivity"].to_list() == pytest.approx([0.045] * 4)  # (2.99+2.9)/2-2.9
+
+
+def test_base_grid_is_common_to_every_depth_else_per_depth():
+    rows = [(d, q, lr, s, 3.0, 4.0) for d in (1, 2) for q in ("none", "rmsnorm") for s in (0, 1)
+            for lr in (0.01, 0.1, 1.0)]
+    rows += [(2, q, 0.3, s, 2.5, 4.0) for q in ("none", "rmsnorm") for s in (0, 1)]  # refinement
+    marked = M.mark_base_grid(points(rows))
+    assert set(marked["grid_rule"]) == {"common"}
+    assert marked.filter(pl.col("lr") == 0.3)["in_grid"].to_list() == [False] * 4
+    assert marked.filter(pl.col("lr") != 0.3)["in_grid"].all()
+    # grids that share fewer than two LRs across depths: each depth keeps its own
+    shifted = points(rows).with_columns(lr=pl.when(pl.col("depth") == 2).then(pl.col("lr") / 7)
+                                        .otherwise(pl.col("lr")))
+    marked = M.mark_base_grid(shifted)
+    assert set(marked["grid_rule"]) == {"per depth"} and marked["in_grid"].all()
+
+
+# --- max stable LR ----------------------------------------------------------------------------
+
+def test_max_stable_lr_uses_refinement_runs_and_first_divergence():
+    rows = [
+        # seed 0: grid 0.01 ok, 0.1 ok, 1.0 diverged; refinement 0.3 ok, 0.5 diverged
+        (4, "none", 0.01, 0, 3.0, 5.0), (4, "none", 0.1, 0, 2.9, 5.0),
+        (4, "none", 1.0, 0, None, 5.0), (4, "none", 0.3, 0, 3.1, 5.0),
+        (4, "none", 0.5, 0, None, 5.0),
+        # seed 1: 0.1 diverged but 1.0 (noise) did not: the first divergence bounds it
+        (4, "none", 0.01, 1, 3.0, 5.0), (4, "none", 0.1, 1, None, 5.0),
+        (4, "none", 1.0, 1, 3.4, 5.0), (4, "none", 0.03, 1, 2.95, 5.0),
+        # on arm: never diverged -> a lower bound at the largest LR run
+        (4, "rmsnorm", 0.01, 0, 3.0, 5.0), (4, "rmsnorm", 1.0, 0, 3.2, 5.0),
+    ]
+    per_seed = M.max_stable_lr_per_seed(points(rows))
+    got = {(r["qk_norm"], r["seed"]): r for r in per_seed.iter_rows(named=True)}
+    assert got[("none", 0)]["max_stable_lr"] == 0.3
+    assert got[("none", 0)]["first_divergent_lr"] == 0.5
+    assert got[("none", 1)]["max_stable_lr"] == 0.03
+    assert got[("none", 1)]["first_divergent_lr"] == 0.1
+    assert got[("rmsnorm", 0)]["max_stable_lr"] == 1.0 and got[("rmsnorm", 0)]["censored"]
+    arms = M.max_stable_lr(points(rows)).filter(pl.col("qk_norm") == "none").row(0, named=True)
+    assert arms["max_stable_lr"] == pytest.approx(math.sqrt(0.3 * 0.03))
+    assert (arms["max_stable_lr_lo"], arms["max_stable_lr_hi"]) == (0.03, 0.3)
+    assert arms["censored_seeds"] == 0
+
+
+def test_optimal_lr_and_best_loss_per_seed():
+    rows = [(1, "none", 0.01, 0, 3.0, 5.0), (1, "none", 0.1, 0, 2.0, 5.0),
+            (1, "none", 1.0, 0, None, 5.0),
+            (1, "none", 0.01, 1, 2.5, 5.0), (1, "none", 0.1, 1, 2.6, 5.0)]
+    row = M.optimal_lr(points(rows)).row(0, named=True)
+    assert row["optimal_lr"] == pytest.approx(math.sqrt(0.1 * 0.01))
+    assert row["best_loss"] == pytest.approx(2.25)
+
+
+# --- necessity threshold ----------------------------------------------------------------------
+
+GRID = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+NOISE = [0.0, 0.01, -0.01]  # per-seed offsets: seed noise (std) 0.01
+
+
+def necessity_table(first_needed: dict[int, float]) -> pl.DataFrame:
+    """On arm at 3.0 everywhere; off equal below `first_needed[depth]`, 0.5 worse from it,
+    diverged at the largest LR. Every seed agrees, so the answer is exact."""
+    rows = []
+    for depth, start in first_needed.items():
+        for lr in GRID:
+            for seed, eps in enumerate(NOISE):
+                rows.append((depth, "rmsnorm", lr, seed, 3.0 + eps, 5.5))
+                off = None if lr == GRID[-1] else 3.0 + eps + (0.5 if lr >= start else 0.0)
+                rows.append((depth, "none", lr, seed, off, 5.5))
+    return points(rows)
+
+
+def test_necessity_threshold_known_answer_and_verdicts():
+    table = necessity_table({2: 3e-2, 4: 3e-3})
+    noise = M.seed_noise(table).sort("depth")
+    assert noise["seed_noise"].to_list() == pytest.approx([0.01, 0.01])
+    th = M.necessity_threshold(table, M.Options(n_boot=200)).sort("depth")
+    assert th["threshold_lr"].to_list() == [3e-2, 3e-3]
+    assert th["threshold_lo"].to_list() == [3e-2, 3e-3]
+    assert th["threshold_hi"].to_list() == [3e-2, 3e-3]
+    assert th["found_fraction"].to_list() == [1.0, 1.0]
+    gaps = M.gap_table(table).filter(pl.col("depth") == 2)
+    assert gaps["needed"].to_list() == [False, False, False, True, True]
+    assert gaps["mean_gap"].to_list()[:3] == pytest.approx([0, 0, 0])
+    v = {r["hypothesis"]: r for r in M.verdicts(table, M.Options(n_boot=200)).iter_rows(named=True)}
+    assert v["H1"]["verdict"] == "supported"
+    assert v["H2"]["verdict"] == "supported"  # off diverges at 0.1, on never; sensitivity lower
+    assert v["H3"]["verdict"] == "supported" and "firm" in v["H3"]["evidence"]
+
+
+def test_necessity_bootstrap_interval_covers_a_one_seed_effect():
+    table = necessity_table({4: 3e-3})
+    # only seed 0 makes off worse at the lowest LR: the mean gap (0.167) passes 2 x noise, but
+    # resamples without seed 0 put the threshold back at 3e-3
+    table = table.with_columns(final_val_loss=pl.when(
+        (pl.col("qk_norm") == "none") & (pl.col("lr") == 1e-3) & (pl.col("seed") == 0))
+        .then(pl.col("final_val_loss") + 0.5).otherwise(pl.col("final_val_loss")))
+    row = M.necessity_threshold(table, M.Options(n_boot=2000)).row(0, named=True)
+    assert row["threshold_lr"] == 1e-3
+    assert (row["threshold_lo"], row["threshold_hi"]) == (1e-3, 3e-3)
+
+
+def test_not_enough_data_with_one_seed_or_no_divergence():
+    one_seed = necessity_table({2: 3e-2, 4: 3e-3}).filter(pl.col("seed") == 0)
+    th = M.necessity_threshold(one_seed)
+    assert th["threshold_lr"].null_count() == 2 and th["note"][0].startswith("not enough data")
+    v = {r["hypothesis"]: r["verdict"] for r in M.verdicts(one_seed).iter_rows(named=True)}
+    assert v["H1"] == v["H3"] == "not enough data"
+    calm = points([(2, q, lr, s, 3.0 + NOISE[s], 5.5) for q in ("none", "rmsnorm")
+                   for lr in GRID for s in range(3)])
+    v = {r["hypothesis"]: r for r in M.verdicts(calm).iter_rows(named=True)}
+    assert v["H1"]["verdict"] == "not enough data"  # off never diverged: grid too low
+    assert "max stable LR not measurable" in v["H2"]["evidence"]
+
+
+# --- charts -----------------------------------------------------------------------------------
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_charts_render_to_png_of_real_size(tmp_path):
+    table = necessity_table({2: 3e-2, 4: 3e-3})
+    arms = M.arm_table(table)
+    gaps, th = M.gap_table(table), M.necessity_threshold(table, M.Options(n_boot=50))
+    made = {"loss_vs_lr": C.loss_vs_lr_chart(table), "gap_map": C.gap_map_chart(gaps, th),
+            "lr_sensitivity": C.sensitivity_chart(table),
+            "lr_landmarks": C.landmarks_chart(arms, th)}
+    for name, chart in made.items():
+        paths = C.save_chart(chart, tmp_path, name, scale=1.0)
+        width, height = png_size(paths["png"])
+        assert width >= 300 and height >= 150, (name, width, height)
+        assert "<svg" in paths["svg"].read_text()[:500]
+        assert "vegaEmbed" in paths["html"].read_text()
+    # the gap map draws one cell per (depth, LR) and a boundary at each threshold
+    data = C.gap_map_data(gaps, th)
+    assert data.filter(pl.col("kind") == "cell").height == 2 * len(GRID)
+    boundary = data.filter(pl.col("kind") == "boundary").sort("depth")
+    assert boundary["lr"].to_list() == [3e-2, 3e-3]
+    assert boundary["x_lo"][0] == pytest.approx(math.sqrt(1e-2 * 3e-2))
+
+
+# --- a tiny real sweep ------------------------------------------------------------------------
+
+def _copy_run(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny_data, tmp_path_factory) -> Path:
+    """2 depths x 2 arms x 3 LRs x 2 seeds (+ 2 refinement runs), a torch twin of one run,
+    and three broken run folders."""
+    from mlx_gpt.train import train
+
+    runs = tmp_path_factory.mktemp("analysis") / "runs"
+    base = TrainConfig(data=tiny_data, n_heads=2, d_model=32, block_size=32, batch_size=4,
+                       max_steps=30, warmup_steps=5, eval_every=10, eval_batches=2,
+                       probe_every=10, log_every=5, ckpt_every=10, runs_dir=str(runs),
+                       sweep="tiny")
+    grid = [(lr, seed) for lr in (3e-3, 3e-2, 1.0) for seed in (0, 1)] + [(0.3, 0)]
+    first = None
+    for depth in (1, 2):
+        for qk in ("none", "rmsnorm"):
+            for lr, seed in grid:
+                if lr == 0.3 and depth == 2:
+                    continue
+                cfg = dataclasses.replace(base, depth=depth, qk_norm=qk, lr=lr, seed=seed)
+                train(cfg.validate(), verbose=False)
+                first = first or runs / "tiny" / cfg.run_id
+    # the sweep folder declares its base grid: lr 0.3 is then a marked refinement point
+    (runs / "tiny" / "sweep.json").write_text(json.dumps({"grid_lrs": [3e-3, 3e-2, 1.0]}))
+    twin = _copy_run(first, runs / "torch-check" / first.name)
+    for name in ("summary.json", "config.json", "manifest.json"):
+        obj = json.loads((twin / name).read_text())
+        obj["framework"] = "torch"
+        if name == "summary.json":
+            obj["final_val_loss"] += 0.01
+        (twin / name).write_text(json.dumps(obj))
+    foreign = _copy_run(first, runs / "broken" / "foreign-schema")
+    for part in (foreign / "metrics").glob("*.parquet"):
+        pl.DataFrame({"iteration": [1, 2], "loss": [1.0, 2.0]}).write_parquet(part)
+    no_metrics = _copy_run(first, runs / "broken" / "no-metrics")
+    shutil.rmtree(no_metrics / "metrics")
+    unfinished = _copy_run(first, runs / "broken" / "unfinished")
+    (unfinished / "summary.json").unlink()
+    return runs
+
+
+@pytest.fixture(scope="module")
+def report(sweep) -> tuple[Path, object]:
+    out = sweep.parent / "report"
+    return build_report(sweep, out, ReportOptions(png_scale=1.0,
+                                                  study=M.Options(n_boot=200)))
+
+
+def test_report_from_tiny_sweep_has_every_section(report, sweep):
+    path, study = report
+    text = path.read_text()
+    for section in ("summary", "warnings", "verdicts", "study-metrics", "necessity", "charts",
+                    "gaps", "twins", "runs", "provenance", "definitions"):
+        assert f'<section id="{section}">' in text, section
+    for name in study_charts(path):
+        assert f'id="chart-{name}"' in text
+        assert png_size(path.parent / "charts" / f"{name}.png")[0] >= 300
+    assert re.search(r'(src|href)="(https?:)?//', text) is None  # nothing fetched: offline
+    # the three broken folders are named in warnings, and the good runs are all analysed
+    warnings = "\n".join(study.runs.warnings)
+    for name in ("broken/foreign-schema", "broken/no-metrics", "broken/unfinished"):
+        assert name in warnings and name in text
+    assert "foreign schema" in warnings
+    assert study.points.height == 26 and study.framework == "mlx"
+    assert study.others["framework"].to_list() == ["torch"]
+    # tables: per-run (Parquet + CSV) with steps-to-threshold and probe summaries
+    runs = pl.read_parquet(path.parent / "tables" / "runs.parquet")
+    assert runs.height == 27
+    assert pl.read_csv(path.parent / "tables" / "runs.csv").height == 27
+    for column in ("final_val_ppl", "steps_to_threshold", "peak_max_attention_logit",
+                   "final_max_attention_logit", "final_attention_entropy_mean", "diverged_step"):
+        assert column in runs.columns, column
+    assert runs.filter(pl.col("status") == "diverged").height >= 4  # lr 1.0 diverges here
+    assert runs["steps_to_threshold"].drop_nulls().len() >= 2
+    twins = pl.read_parquet(path.parent / "tables" / "twins.parquet")
+    assert twins.height == 1
+    assert twins["final_loss_diff"][0] == pytest.approx(0.01)
+    assert twins["max_abs_val_diff"][0] == 0.0
+    verdicts = pl.read_parquet(path.parent / "tables" / "verdicts.parquet")
+    assert verdicts["hypothesis"].to_list() == ["H1", "H2", "H3"]
+    # LR sensitivity uses the base grid only: the refinement LR 0.3 is left out
+    arms = pl.read_parquet(path.parent / "tables" / "arms.parquet")
+    assert set(arms["grid_points"].to_list()) == {3} and set(arms["grid_rule"]) == {"marked"}
+    refinement = runs.filter(pl.col("lr") == 0.3)
+    assert refinement["refine"].all() and not refinement["in_grid"].any()
+    assert arms.filter(pl.col("depth") == 1)["lrs"].to_list() == [4, 4]
+
+
+def study_charts(path: Path) -> list[str]:
+    names = re.findall(r'id="chart-([a-z_]+)"', path.read_text())
+    assert set(names) <= set(CHARTS) and len(names) >= 7
+    return names
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    path, _ = report
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--no-first-run", "--hide-scrollbars", "--virtual-time-budget=20000"]
+    url = path.resolve().as_uri()
+    dom = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'profile-dom'}",
+                          "--enable-logging=stderr", "--v=0", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120, check=False)
+    charts = study_charts(path)
+    assert f'data-charts-drawn="{len(charts)}"' in dom.stdout, dom.stderr[-2000:]
+    assert 'data-chart-errors="0"' in dom.stdout
+    for name in charts:  # each chart container holds a rendered Vega SVG
+        block = dom.stdout.split(f'id="chart-{name}"', 1)[1][:3000]
+        assert 'class="marks"' in block, name
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, console  # the page logs nothing when every chart draws cleanly
+    shot = path.parent / "report-screenshot.png"
+    subprocess.run([*flags, f"--user-data-dir={tmp_path / 'profile-shot'}",
+                    "--window-size=1400,3000", f"--screenshot={shot}", url],
+                   capture_output=True, timeout=120, check=False)
+    assert png_size(shot) == (1400, 3000)
+    print(f"screenshot kept at {shot}")
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert main(["report", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: runs folder") and str(missing) in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["report", str(empty)]) == 2
+    assert capsys.readouterr().err.startswith("error: no runs under")
+    bad = tmp_path / "bad" / "sweep" / "run-a"
+    bad.mkdir(parents=True)
+    (bad / "summary.json").write_text('{"status": "completed"}')
+    assert main(["report", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no usable runs") and "sweep/run-a" in err
+    assert not (tmp_path / "reports").exists()  # nothing half-written
+    assert main(["report", str(empty), "--noise-k", "-1"]) == 2
+    assert main(["report", str(empty), "--curve-lrs", "a,b"]) == 2
+    assert capsys.readouterr().err.count("error:") == 2
+    with pytest.raises(UsageError, match="does not exist"):
+        load_runs(missing)
+
+
+def test_refuses_to_overwrite_a_folder_that_is_not_a_report(sweep, tmp_path, capsys):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("keep me")
+    assert main(["report", str(sweep), "--out", str(precious)]) == 2
+    assert "not a report folder" in capsys.readouterr().err
+    assert (precious / "notes.txt").read_text() == "keep me"
