@@ -1,39 +1,150 @@
-"""The attention probes of mlx_gpt.probes, computed in torch on the fixed probe batch.
+"""mlx_gpt's probes computed in torch: the same names, formulas and rows (docs/probes.md).
 
-Rows are long format {"step", "layer", "name", "value"} with mlx_gpt's names, so a torch run's
-probes/ parts read like an MLX run's and parity can compare them name by name.
+Rows are long format {"step", "layer", "name", "value"}, so a torch run's probes/ parts read like
+an MLX run's and parity compares them name by name. Grouping of parameters and the layer index
+of whole-model values come from mlx_gpt.probes itself.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .model import GPT, CausalSelfAttention
+from mlx_gpt.probes import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
+
+from .model import GPT, cross_entropy
 
 
-def attention_logits(attn: CausalSelfAttention, h: torch.Tensor) -> torch.Tensor:
-    """Pre-softmax scaled logits (B, nh, T, T) with non-causal entries at -inf."""
-    q, k, _ = attn.heads(h)
-    q, k = attn.normed(q, k)
-    logits = (q * attn.scale) @ k.transpose(-2, -1)
-    T = logits.shape[-1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=logits.device).tril()
-    return logits.masked_fill(~causal, float("-inf"))
+def rms(x: torch.Tensor) -> torch.Tensor:
+    return x.float().square().mean().sqrt()
 
 
-@torch.no_grad()
-def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
-    """Per layer: max attention logit, mean attention entropy (nats), entropy of the lowest head."""
-    rows = []
+def kurtosis(x: torch.Tensor) -> torch.Tensor:
+    """E[(x-mu)^4] / E[(x-mu)^2]^2 over all entries (3 for a Gaussian)."""
+    centred = x.float() - x.float().mean()
+    return centred.square().square().mean() / centred.square().mean().square()
+
+
+def outlier_share(x: torch.Tensor, sigmas: float = OUTLIER_SIGMAS) -> torch.Tensor:
+    """Share of entries with |x - mean| > sigmas * std (std over all entries, ddof 0)."""
+    centred = x.float() - x.float().mean()
+    std = centred.square().mean().sqrt()
+    return (centred.abs() > sigmas * std).float().mean()
+
+
+def attention_entropy(logits: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats of each query's attention distribution: (B, nh, T) from (B, nh, T, T)."""
+    masked = logits.masked_fill(~causal, float("-inf"))
+    log_p = masked - torch.logsumexp(masked, dim=-1, keepdim=True)
+    return -torch.where(causal, log_p.exp() * log_p, torch.zeros_like(log_p)).sum(dim=-1)
+
+
+def max_attention_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> torch.Tensor:
+    """max|g_q| * max|g_k| * sqrt(head_dim): the ceiling QK-norm puts on |logit|."""
+    return q_gain.abs().max() * k_gain.abs().max() * math.sqrt(q_gain.shape[-1])
+
+
+def _forward_with_probes(model: GPT, x: torch.Tensor, y: torch.Tensor):
+    """The forward with explicit attention: (loss, [(layer, name, value)]), values detached."""
+    values: list[tuple[int, str, torch.Tensor]] = []
+    T = x.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
     h = model.embed(x)
     for layer, block in enumerate(model.blocks):
-        logits = attention_logits(block.attn, block.ln1(h))
-        p = torch.softmax(logits, dim=-1)
-        plogp = torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))
-        per_head = (-plogp.sum(dim=-1)).mean(dim=(0, 2))  # (nh,)
-        values = {"max_attention_logit": logits.max(), "attention_entropy_mean": per_head.mean(),
-                  "attention_entropy_min_head": per_head.min()}
-        rows += [{"step": step, "layer": layer, "name": name, "value": float(value)}
-                 for name, value in values.items()]
-        h = block(h)
-    return rows
+        attn = block.attn
+        q, k, v = attn.heads(block.ln1(h))  # (B, nh, T, hs), before QK-norm
+        qn, kn = attn.normed(q, k)
+        logits = (qn * attn.scale) @ kn.transpose(-2, -1)  # (B, nh, T, T)
+        p = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
+        out = (p @ v).transpose(1, 2).reshape(h.shape)  # (B, T, nh*hs)
+        h = h + attn.proj(out)
+        h = h + block.mlp(block.ln2(h))
+
+        logits, q, k = (a.detach() for a in (logits, q, k))
+        entropy_per_head = attention_entropy(logits, causal).mean(dim=(0, 2))  # (nh,)
+        values += [
+            (layer, "max_attention_logit", logits.masked_fill(~causal, float("-inf")).max()),
+            (layer, "attention_entropy_mean", entropy_per_head.mean()),
+            (layer, "attention_entropy_min_head", entropy_per_head.min()),
+            (layer, "q_rms", rms(q)),
+            (layer, "k_rms", rms(k)),
+        ]
+        if attn.qk_norm != "none":
+            q_gain, k_gain = attn.q_norm.weight.detach(), attn.k_norm.weight.detach()
+            values += [
+                (layer, "q_rms_normed", rms(qn.detach())),
+                (layer, "k_rms_normed", rms(kn.detach())),
+                (layer, "q_norm_gain_max_abs", q_gain.abs().max()),
+                (layer, "k_norm_gain_max_abs", k_gain.abs().max()),
+                (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
+            ]
+        residual = h.detach()
+        residual_rms = rms(residual)
+        values += [
+            (layer, "residual_rms", residual_rms),
+            (layer, "residual_kurtosis", kurtosis(residual)),
+            (layer, "residual_max_abs_over_rms", residual.abs().max() / residual_rms),
+            (layer, "residual_outlier_share", outlier_share(residual)),
+        ]
+    out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab)
+    loss = cross_entropy(out_logits, y)
+    out_logits = out_logits.detach()
+    values += [
+        (WHOLE_MODEL, "loss", loss.detach()),
+        (WHOLE_MODEL, "output_logit_max", out_logits.max()),
+        (WHOLE_MODEL, "output_logsumexp_mean", torch.logsumexp(out_logits, dim=-1).mean()),
+    ]
+    return loss, values
+
+
+def _group_rms(tensors: dict[str, torch.Tensor]) -> list[tuple[int, str, torch.Tensor]]:
+    """(layer, group, RMS) per group in each layer and pooled over layers (layer -1)."""
+    sums: dict[tuple[int, str], list] = {}
+    for name, t in tensors.items():
+        group, layer = parameter_group(name)
+        square_sum = t.float().square().sum()
+        for key in {(layer, group), (WHOLE_MODEL, group)}:
+            entry = sums.setdefault(key, [0.0, 0])
+            entry[0] = entry[0] + square_sum
+            entry[1] += t.numel()
+    return [(layer, group, (total / count).sqrt())
+            for (layer, group), (total, count) in sorted(sums.items())]
+
+
+def _rows(step: int, values: list[tuple[int, str, torch.Tensor]]) -> list[dict]:
+    """One device sync for all values."""
+    numbers = torch.stack([v.float() for *_, v in values]).double().cpu().tolist()
+    return [{"step": step, "layer": layer, "name": name, "value": number}
+            for (layer, name, _), number in zip(values, numbers)]
+
+
+def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
+    """Every forward and gradient probe on the batch (x, y), for params after `step` updates.
+
+    Gradients come from torch.autograd.grad, so the parameters' .grad is left alone.
+    """
+    named = dict(model.named_parameters())
+    with torch.enable_grad():
+        loss, values = _forward_with_probes(model, x, y)
+        grads = dict(zip(named, torch.autograd.grad(loss, list(named.values()))))
+    grad_norm = torch.sqrt(sum(g.float().square().sum() for g in grads.values()))
+    values.append((WHOLE_MODEL, "grad_norm", grad_norm))
+    params = {k: p.detach() for k, p in named.items()}
+    for prefix, tensors in (("grad_rms", grads), ("param_rms", params)):
+        values += [(layer, f"{prefix}/{group}", v) for layer, group, v in _group_rms(tensors)]
+    return _rows(step, values)
+
+
+def snapshot(model: GPT) -> dict[str, torch.Tensor]:
+    """A copy of the parameters, for update_stats."""
+    return {k: p.detach().clone() for k, p in model.named_parameters()}
+
+
+def update_stats(step: int, before: dict[str, torch.Tensor],
+                 after: dict[str, torch.Tensor]) -> list[dict]:
+    """update_rms_ratio/<group>: RMS(after - before) / RMS(before) of update `step`, per group."""
+    update = _group_rms({name: after[name] - before[name] for name in before})
+    param = _group_rms(before)
+    return _rows(step, [(layer, f"update_rms_ratio/{group}", u / p)
+                        for (layer, group, u), (*_, p) in zip(update, param)])

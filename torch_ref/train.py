@@ -130,8 +130,12 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
     t_sync = time.perf_counter()
     for step in range(steps):
         measure(step)
+        probing = step % cfg.probe_every == 0
+        before = probe_lib.snapshot(model) if probing else None
         x, y = next(batches)
         loss, grad_norm, lr = train_step(model, opt, tensor(x), tensor(y))
+        if probing:
+            probe_rows.extend(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
         pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype)])))
         if (step + 1) % cfg.log_every and step + 1 != steps:
             continue

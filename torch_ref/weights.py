@@ -11,6 +11,7 @@ arbitrary unpickle.
 
 from __future__ import annotations
 
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -42,7 +43,10 @@ def read_tensors(path: str | Path, device: str = "cpu") -> dict[str, torch.Tenso
         raise UsageError(f"weights file {path} does not exist")
     if path.suffix == ".safetensors":
         return load_file(str(path), device=device)
-    state = torch.load(path, map_location=device, weights_only=True)
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UsageError(f"{path} holds more than tensors; refusing to unpickle it ({e})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UsageError(f"{path} does not hold a flat dict of named tensors")
     return state

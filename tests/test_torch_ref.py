@@ -1,0 +1,255 @@
+"""torch_ref against mlx_gpt: the parity matrix, the weight round trip, the optimizer, and a
+spot check of a tiny run on CPU that must read like the MLX run and follow its loss curve."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import mlx.core as mx
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+from mlx.utils import tree_flatten
+
+from mlx_gpt import runlog
+from mlx_gpt.errors import UsageError
+from mlx_gpt.train import build_model, model_args, run_dir_of, train
+from torch_ref import parity
+from torch_ref.__main__ import main
+from torch_ref.model import GPT as TorchGPT
+from torch_ref.optim import AdamW as TorchAdamW
+from torch_ref.optim import lr_schedule
+from torch_ref.spot_check import spot_check
+from torch_ref.weights import as_numpy, load_mlx, load_torch, save_mlx, save_torch
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models: one thread is as fast and does not spin against the other test workers."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokens() -> np.ndarray:
+    return parity.byte_tokens()
+
+
+def assert_within(rows: list[parity.Deviation]) -> None:
+    broken = [r for r in rows if not r.ok]
+    assert not broken, "\n" + parity.format_table(broken)
+
+
+@pytest.mark.parametrize("cfg", parity.step_cases(), ids=parity.case_name)
+def test_logits_loss_gradients_probes_match(cfg, tokens):
+    rows = parity.compare_step(cfg, tokens, 257)
+    assert_within(rows)
+    kinds = {r.quantity.split(" (")[0] for r in rows}
+    assert {"logits", "loss", "gradients", "probes"} <= kinds
+    assert all(r.value > 0 for r in rows if r.quantity in ("logits", "loss"))  # really two computations
+
+
+@pytest.mark.parametrize("cfg", parity.trajectory_cases(), ids=parity.case_name)
+def test_fifty_step_trajectory_matches(cfg, tokens):
+    assert_within(parity.compare_trajectory(cfg, tokens, 257))
+
+
+def test_parity_detects_a_wrong_model(tokens, monkeypatch):
+    """The tanh GELU (max error ~1e-3) instead of the exact one must break the tolerances."""
+    from torch_ref.model import MLP
+
+    monkeypatch.setattr(MLP, "forward",
+                        lambda self, x: self.proj(F.gelu(self.fc(x), approximate="tanh")))
+    cfg = dataclasses.replace(parity.BASE, depth=1)
+    rows = parity.compare_step(cfg, tokens, 257)
+    assert not next(r for r in rows if r.quantity == "logits").ok
+
+
+def test_parity_cli_exits_nonzero_on_a_broken_tolerance(monkeypatch, capsys):
+    broken = parity.Deviation("d1 none", "logits", "(1, 2, 3)", 3e-5, parity.LOGITS_RTOL)
+    monkeypatch.setattr(parity, "run_all", lambda: [broken])
+    assert main(["parity"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert main(["parity", "extra"]) == 2
+
+
+def test_weight_round_trip_mlx_torch_mlx_is_exact(tmp_path):
+    from mlx_gpt.config import TrainConfig
+
+    cfg = TrainConfig(depth=2, d_model=32, n_heads=2, block_size=16, bias=True, qk_norm="rmsnorm")
+    source = build_model(cfg, 257)
+    parity.perturb(source, 3)  # gains and biases away from 1 and 0
+    save_mlx(source, tmp_path / "mlx.safetensors")
+    torch_model = TorchGPT(model_args(cfg, 257))
+    load_torch(torch_model, tmp_path / "mlx.safetensors")
+    save_torch(torch_model, tmp_path / "torch.safetensors")
+    back = build_model(dataclasses.replace(cfg, seed=1), 257)
+    load_mlx(back, tmp_path / "torch.safetensors")
+
+    original, returned = as_numpy(source.parameters()), as_numpy(back.parameters())
+    assert original.keys() == returned.keys() == as_numpy(torch_model).keys()
+    for name in original:
+        assert original[name].dtype == returned[name].dtype == np.float32
+        assert np.array_equal(original[name], returned[name]), name
+
+    # a torch file is read with weights_only=True: plain tensors load, anything else is refused
+    torch.save({k: p.detach() for k, p in torch_model.named_parameters()}, tmp_path / "w.pt")
+    again = TorchGPT(model_args(cfg, 257))
+    load_torch(again, tmp_path / "w.pt")
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), torch_model.parameters()))
+    torch.save({"fn": print}, tmp_path / "code.pt")
+    with pytest.raises(UsageError, match="refusing to unpickle"):
+        load_torch(again, tmp_path / "code.pt")
+    torch.save({"weights": [1, 2]}, tmp_path / "list.pt")
+    with pytest.raises(UsageError, match="flat dict of named tensors"):
+        load_torch(again, tmp_path / "list.pt")
+
+
+def test_loading_checks_names_and_shapes(tmp_path):
+    from mlx_gpt.config import TrainConfig
+
+    cfg = TrainConfig(depth=1, d_model=32, n_heads=2, block_size=16)
+    save_mlx(build_model(cfg, 257), tmp_path / "a.safetensors")
+    with pytest.raises(UsageError, match="missing"):
+        load_torch(TorchGPT(model_args(dataclasses.replace(cfg, qk_norm="rmsnorm"), 257)),
+                   tmp_path / "a.safetensors")
+    with pytest.raises(UsageError, match="wrong shapes"):
+        load_torch(TorchGPT(model_args(dataclasses.replace(cfg, block_size=32), 257)),
+                   tmp_path / "a.safetensors")
+    with pytest.raises(UsageError, match="does not exist"):
+        load_torch(TorchGPT(model_args(cfg, 257)), tmp_path / "none.safetensors")
+
+
+def test_optimizer_equals_torch_adamw_and_mlx_schedule():
+    """With coupled decay and no clipping the mirror is torch.optim.AdamW with nanoGPT's groups,
+    and its learning rate is mlx_gpt.optim.lr_schedule's at every step."""
+    from mlx_gpt.config import TrainConfig
+    from mlx_gpt.optim import lr_schedule as mlx_lr_schedule
+
+    cfg = TrainConfig(lr=1e-2, warmup_steps=3, max_steps=12, grad_clip=0.0, weight_decay=0.1)
+    torch.manual_seed(0)
+    shapes = {"w": (5, 4), "b": (4,)}
+    ours = {k: torch.nn.Parameter(torch.randn(s)) for k, s in shapes.items()}
+    ref = {k: torch.nn.Parameter(p.detach().clone()) for k, p in ours.items()}
+    opt = TorchAdamW(cfg, ours)
+    reference = torch.optim.AdamW([{"params": [ref["w"]], "weight_decay": cfg.weight_decay},
+                                   {"params": [ref["b"]], "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    for step in range(cfg.steps):
+        grads = {k: torch.randn(s) for k, s in shapes.items()}
+        for k in shapes:
+            ours[k].grad, ref[k].grad = grads[k].clone(), grads[k].clone()
+        lr = lr_schedule(step, cfg).item()
+        assert lr == pytest.approx(mlx_lr_schedule(step, cfg).item(), rel=1e-7)
+        for group in reference.param_groups:
+            group["lr"] = lr
+        _, used = opt.update()
+        reference.step()
+        assert used.item() == lr
+        for k in shapes:
+            torch.testing.assert_close(ours[k], ref[k], rtol=1e-6, atol=1e-7)
+    assert not torch.equal(ref["b"], ref["w"][0])  # the parameters did move
+
+
+def test_clipping_scales_to_the_clip_norm():
+    from mlx_gpt.config import TrainConfig
+
+    cfg = TrainConfig(grad_clip=1.0)
+    params = {"w": torch.nn.Parameter(torch.zeros(2, 2))}
+    params["w"].grad = torch.full((2, 2), 3.0)  # norm 6
+    norm = TorchAdamW(cfg, params).clip()
+    assert norm.item() == pytest.approx(6.0)
+    assert params["w"].grad.norm().item() == pytest.approx(1.0 * 6.0 / (6.0 + 1e-6), rel=1e-6)
+
+
+def read_parts_schema(folder):
+    return pq.read_schema(min(folder.glob("part-*.parquet")))
+
+
+def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsys):
+    cfg = tiny_cfg(max_steps=50, probe_every=25, qk_norm="rmsnorm")
+    mlx_summary = train(cfg, verbose=False)
+    mlx_dir = run_dir_of(cfg)
+    out, summary = spot_check(mlx_dir, "cpu", verbose=False)
+
+    assert out == mlx_dir.parent / f"{cfg.run_id}-torch-cpu"
+    for name in ("config.json", "manifest.json", "summary.json", "final.safetensors",
+                 "init.safetensors", "comparison.json"):
+        assert (out / name).exists(), name
+    for folder, schema in (("metrics", runlog.METRICS_SCHEMA), ("probes", runlog.PROBES_SCHEMA)):
+        assert read_parts_schema(out / folder) == read_parts_schema(mlx_dir / folder)
+        assert read_parts_schema(out / folder).equals(schema)
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == summary
+    assert mlx_summary.keys() <= on_disk.keys()
+    assert on_disk["framework"] == "torch" and on_disk["device"] == "cpu"
+    assert on_disk["reference_run_id"] == cfg.run_id and on_disk["sweep"] == cfg.sweep
+    assert on_disk["status"] == "completed" and on_disk["steps"] == cfg.steps
+    for key in ("lr", "depth", "qk_norm", "seed", "tokens_seen", "params", "config"):
+        assert on_disk[key] == mlx_summary[key], key
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["framework"] == "torch" and manifest["device"] == "cpu"
+    config = json.loads((out / "config.json").read_text())
+    assert config["framework"] == "torch" and config["lr"] == cfg.lr
+
+    # the same rows, step for step, and the same curve within 1e-3 relative
+    mlx_rows = runlog.read_parts(mlx_dir / "metrics").to_pydict()
+    torch_rows = runlog.read_parts(out / "metrics").to_pydict()
+    assert torch_rows["step"] == mlx_rows["step"] == list(range(cfg.steps + 1))
+    # float32 cos of the two libraries may differ in the last bit
+    assert torch_rows["lr"][:-1] == pytest.approx(mlx_rows["lr"][:-1], rel=1e-6)
+    for column in ("train_loss", "val_loss"):
+        for a, b in zip(torch_rows[column], mlx_rows[column]):
+            assert (a is None) == (b is None)
+            if b is not None:
+                assert abs(a - b) <= 1e-3 * abs(b), (column, a, b)
+    assert on_disk["init_loss"] == pytest.approx(mlx_summary["init_loss"], rel=1e-5)
+    assert mlx_rows["train_loss"][-2] < mlx_rows["train_loss"][0] - 1.0  # the curve moves
+
+    # the same probe rows (step, layer, name)
+    mlx_probes = runlog.read_parts(mlx_dir / "probes").to_pylist()
+    torch_probes = runlog.read_parts(out / "probes").to_pylist()
+    keys = [sorted((r["step"], r["layer"], r["name"]) for r in rows)
+            for rows in (torch_probes, mlx_probes)]
+    assert keys[0] == keys[1]
+
+    # the init file is the MLX run's initial model, bit for bit
+    init = mx.load(str(out / "init.safetensors"))
+    rebuilt = dict(tree_flatten(build_model(cfg, 257).parameters()))
+    assert all(np.array_equal(np.array(init[k]), np.array(v)) for k, v in rebuilt.items())
+
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["same_data"] and comparison["steps_compared"] == cfg.steps + 1
+    assert comparison["train_loss"]["max_relative_deviation"] <= 1e-3
+
+    # finished: a second call skips, the CLI reports it
+    stamp = (out / "summary.json").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["spot-check", str(mlx_dir), "device=cpu"]) == 0
+    assert "skipping" in capsys.readouterr().out
+    assert (out / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_spot_check_usage_errors(tiny_cfg, tmp_path, capsys):
+    assert main(["spot-check", str(tmp_path)]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+    assert main(["spot-check"]) == 2
+    assert "usage" in capsys.readouterr().err
+    run = tmp_path / "runs" / "s" / "r"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({**tiny_cfg().identity(), "framework": "mlx"}))
+    assert main(["spot-check", str(run), "device=tpu"]) == 2
+    assert "device must be one of" in capsys.readouterr().err
+    assert main(["spot-check", str(run), "colour=red"]) == 2
+    assert "unknown option" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["spot-check", str(run), "device=cuda"]) == 2
+        assert "not available" in capsys.readouterr().err
+    assert main(["spot-check", str(run), "data=/nonexistent"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (run.parent / f"{run.name}-torch-cpu").exists()  # nothing half-written
