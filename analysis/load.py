@@ -93,6 +93,11 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def _integer(value: Any) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None else None
+
+
 def _run_folders(root: Path) -> list[Path]:
     """Folders holding a summary.json or config.json, skipping hidden folders."""
     found = {p.parent for name in ("summary.json", "config.json") for p in root.rglob(name)}
@@ -179,10 +184,10 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         "final_val_loss": _number(summary.get("final_val_loss")),
         "min_val_loss": _number(summary.get("min_val_loss")),
         "final_train_loss": _number(summary.get("final_train_loss")),
-        "diverged_step": _number(summary.get("diverged_step")),
+        "diverged_step": _integer(summary.get("diverged_step")),
         "diverged_reason": summary.get("diverged_reason"),
-        "steps": _number(summary.get("steps")),
-        "tokens_seen": _number(summary.get("tokens_seen")),
+        "steps": _integer(summary.get("steps")),
+        "tokens_seen": _integer(summary.get("tokens_seen")),
         "wall_seconds": _number(summary.get("wall_seconds")),
         "tokens_per_second": _number(summary.get("tokens_per_second")),
         "params_total": _number(params.get("total")),
@@ -199,8 +204,8 @@ RUN_SCHEMA = {
     "depth": pl.Int64, "qk_norm": pl.String, "lr": pl.Float64, "seed": pl.Int64,
     "data_seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
     "final_val_loss": pl.Float64, "min_val_loss": pl.Float64, "final_train_loss": pl.Float64,
-    "diverged_step": pl.Float64, "diverged_reason": pl.String, "steps": pl.Float64,
-    "tokens_seen": pl.Float64, "wall_seconds": pl.Float64, "tokens_per_second": pl.Float64,
+    "diverged_step": pl.Int64, "diverged_reason": pl.String, "steps": pl.Int64,
+    "tokens_seen": pl.Int64, "wall_seconds": pl.Float64, "tokens_per_second": pl.Float64,
     "params_total": pl.Float64, "refine": pl.Boolean, "identity": pl.String,
     "setting": pl.String, "run_dir": pl.String,
 }

@@ -414,8 +414,10 @@ def _h2(on: str, arms: pl.DataFrame) -> dict:
 
 
 def _interval(r: dict) -> str:
-    hi = _lr(r["threshold_hi"]) if r["threshold_hi"] is not None else f"> {_lr(r['lr_max'])}"
-    return f"[{_lr(r['threshold_lo'])}, {hi}]"
+    """The bootstrap interval; an end with no threshold reads "> the largest LR run"."""
+    above = f"> {_lr(r['lr_max'])}"
+    lo, hi = r["threshold_lo"], r["threshold_hi"]
+    return f"[{_lr(lo) if lo is not None else above}, {_lr(hi) if hi is not None else above}]"
 
 
 def _h3(on: str, thresholds: pl.DataFrame) -> dict:

@@ -94,9 +94,20 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
                      f"group ({_setting_label(setting, settings)}) are listed but left out "
                      f"of the study metrics")
     points = primary.filter(pl.col("setting") == setting)
+    unique = points.unique(subset="identity", keep="first", maintain_order=True)
+    if unique.height < points.height:
+        notes.append(f"{points.height - unique.height} runs repeat the configuration of another "
+                     f"run (same identity, another folder); the first of each is used")
+        points = unique
+    pairs = points.select("seed", "data_seed").unique()
+    if pairs.height > pairs["seed"].n_unique():
+        # replicates differ in data order as well as init: count each (seed, data_seed) pair
+        points = points.with_columns(
+            seed=(pl.struct("seed", "data_seed").rank("dense") - 1).cast(pl.Int64))
+        notes.append("seeds count as (seed, data_seed) pairs, numbered from 0 in the metrics")
     others = finished.filter((pl.col("framework") != framework) & (pl.col("setting") == setting))
     if others.height:
-        notes.append(f"{others.height} runs of framework "
+        notes.append(f"{others.height} run{'s' if others.height != 1 else ''} of framework "
                      f"{', '.join(sorted(others['framework'].unique()))} are overlaid on their "
                      f"{framework} twins, not mixed into the study metrics")
     study = options.study
@@ -152,7 +163,8 @@ def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
     the largest val loss difference over the eval steps both logged."""
     t = runs.table.select("run", "framework", "identity", "depth", "qk_norm", "lr", "seed",
                           "status", "final_val_loss")
-    base = t.filter(pl.col("framework") == framework)
+    base = t.filter(pl.col("framework") == framework).unique(subset="identity", keep="first",
+                                                                maintain_order=True)
     other = t.filter(pl.col("framework") != framework)
     pairs = other.join(base.select("identity", twin_run="run", twin_status="status",
                                    twin_final_val_loss="final_val_loss"), on="identity")

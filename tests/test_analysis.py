@@ -217,8 +217,8 @@ def _copy_run(src: Path, dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sweep(tiny_data, tmp_path_factory) -> Path:
-    """2 depths x 2 arms x 3 LRs x 2 seeds (+ 2 refinement runs), a torch twin of one run,
-    and three broken run folders."""
+    """2 depths x 2 arms x 3 LRs x 2 seeds (+ 2 refinement runs), a copy of one run in another
+    sweep folder, a torch twin of it, and three broken run folders."""
     from mlx_gpt.train import train
 
     runs = tmp_path_factory.mktemp("analysis") / "runs"
@@ -245,6 +245,7 @@ def sweep(tiny_data, tmp_path_factory) -> Path:
         if name == "summary.json":
             obj["final_val_loss"] += 0.01
         (twin / name).write_text(json.dumps(obj))
+    _copy_run(first, runs / "copied" / first.name)  # the same run merged in from elsewhere
     foreign = _copy_run(first, runs / "broken" / "foreign-schema")
     for part in (foreign / "metrics").glob("*.parquet"):
         pl.DataFrame({"iteration": [1, 2], "loss": [1.0, 2.0]}).write_parquet(part)
@@ -277,12 +278,13 @@ def test_report_from_tiny_sweep_has_every_section(report, sweep):
     for name in ("broken/foreign-schema", "broken/no-metrics", "broken/unfinished"):
         assert name in warnings and name in text
     assert "foreign schema" in warnings
-    assert study.points.height == 26 and study.framework == "mlx"
+    assert study.points.height == 26 and study.framework == "mlx"  # the copy counted once
+    assert any("repeat the configuration" in note for note in study.notes)
     assert study.others["framework"].to_list() == ["torch"]
     # tables: per-run (Parquet + CSV) with steps-to-threshold and probe summaries
     runs = pl.read_parquet(path.parent / "tables" / "runs.parquet")
-    assert runs.height == 27
-    assert pl.read_csv(path.parent / "tables" / "runs.csv").height == 27
+    assert runs.height == 28 and runs["in_study"].sum() == 26
+    assert pl.read_csv(path.parent / "tables" / "runs.csv").height == 28
     for column in ("final_val_ppl", "steps_to_threshold", "peak_max_attention_logit",
                    "final_max_attention_logit", "final_attention_entropy_mean", "diverged_step"):
         assert column in runs.columns, column
