@@ -96,9 +96,11 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
 
 # --- training curves --------------------------------------------------------------------------
 
-def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None) -> pl.DataFrame:
+def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None,
+               twins: pl.DataFrame | None = None) -> pl.DataFrame:
     """(depth, lr) pairs to draw curves for: the given LRs snapped to the nearest LR run, or
-    per depth the off arm's optimal LR, max stable LR and first divergent LR."""
+    per depth the off arm's optimal LR, max stable LR and first divergent LR, plus (up to two)
+    LRs of other-framework twins so their overlay is drawn."""
     run_lrs = points.select("depth", "lr").unique()
     picks = []
     for depth in sorted(run_lrs["depth"].unique().to_list()):
@@ -110,6 +112,8 @@ def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None
             row = off.row(0, named=True) if off.height else {}
             wanted = [row.get(k) for k in ("optimal_lr", "max_stable_lr", "first_divergent_lr")]
             wanted = [w for w in wanted if w] or [have[len(have) // 2]]
+            if twins is not None and twins.height:
+                wanted += sorted(twins.filter(pl.col("depth") == depth)["lr"].unique())[:2]
         snapped = {min(have, key=lambda h: abs(math.log(h / w))) for w in wanted}
         picks += [{"depth": depth, "lr": lr} for lr in sorted(snapped)]
     return pl.DataFrame(picks, schema={"depth": pl.Int64, "lr": pl.Float64})

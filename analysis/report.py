@@ -267,7 +267,7 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     probes = study.probe_steps.join(points.select("run"), on="run")
     found = sorted(probes["name"].unique().to_list())
     wanted = [n for n in options.probe_names if n in found] or C.other_probe_names(found)
-    picks = C.curve_runs(points, study.arms, list(options.curve_lrs) or None)
+    picks = C.curve_runs(points, study.arms, list(options.curve_lrs) or None, study.others)
     out = {
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
         "training_curves": C.training_curves_chart(shown, runs.metrics, picks),
