@@ -31,8 +31,9 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="build the study report from a runs folder")
     r.add_argument("runs_dir", nargs="?", default="runs",
                    help="a runs tree, one sweep folder or one run folder (default: runs)")
-    r.add_argument("--out", default=None,
-                   help="output folder (default: reports/<name of RUNS_DIR> beside RUNS_DIR)")
+    r.add_argument("--out", default=None, metavar="DIR",
+                   help="output folder (default: reports/<name of RUNS_DIR>, e.g. reports/demo "
+                        "for runs/demo)")
     r.add_argument("--threshold", type=float, default=None, metavar="LOSS",
                    help="val loss level for steps-to-threshold (default: per depth, the "
                         "worse of the two arms' best losses)")
@@ -43,9 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    default=(), metavar="NAME,NAME",
                    help="probe names for the 'other probes' chart (default: residual kurtosis "
                         "and a few others when present)")
-    r.add_argument("--noise-k", type=float, default=2.0,
+    r.add_argument("--noise-k", type=float, default=2.0, metavar="K",
                    help="off is 'worse' when the mean gap exceeds k x seed noise (default 2)")
-    r.add_argument("--bootstrap", type=int, default=1000,
+    r.add_argument("--bootstrap", type=int, default=1000, metavar="N",
                    help="bootstrap resamples for the necessity interval (default 1000)")
     return p
 
@@ -63,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         from .report import ReportOptions, build_report
 
         runs_dir = Path(args.runs_dir)
-        resolved = runs_dir.resolve()
-        out = Path(args.out) if args.out else resolved.parent / "reports" / resolved.name
+        out = Path(args.out) if args.out else Path("reports") / runs_dir.resolve().name
         options = ReportOptions(loss_threshold=args.threshold, curve_lrs=args.curve_lrs,
                                 probe_names=args.probes,
                                 study=metrics.Options(noise_k=args.noise_k,

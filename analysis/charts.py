@@ -221,8 +221,9 @@ def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
     data = probe_series(runs, probes, ["attention_entropy_mean", "attention_entropy_min_head"])
     if data.is_empty():
         return _empty("no attention entropy probe rows")
-    data = with_lr_label(data).with_columns(measure=pl.when(pl.col("name") == "attention_entropy_mean")
-                             .then(pl.lit("mean over heads")).otherwise(pl.lit("lowest head")))
+    mean = pl.col("name") == "attention_entropy_mean"
+    data = with_lr_label(data).with_columns(
+        measure=pl.when(mean).then(pl.lit("mean over heads")).otherwise(pl.lit("lowest head")))
     return (alt.Chart(values(data)).mark_line()
             .encode(x="step:Q", y=alt.Y("value:Q", title="attention entropy (nats)"),
                     color=_lr_color(data), detail="lr:Q",

@@ -1,4 +1,5 @@
-"""Study metrics in Polars: LR sensitivity, max stable LR, optimal LR, necessity threshold, verdicts.
+"""Study metrics in Polars: LR sensitivity, max stable LR, optimal LR, necessity threshold,
+verdicts.
 
 Every function takes a "points" frame with one row per finished run of one setting and one
 framework: depth, qk_norm, lr, seed, status (completed | diverged), init_loss, final_val_loss
@@ -120,8 +121,8 @@ def max_stable_lr_per_seed(points: pl.DataFrame) -> pl.DataFrame:
     first_div = pl.col("lr").filter(pl.col("diverged")).min()
     return (p.group_by(*ARM_KEYS, "seed")
             .agg(first_divergent_lr=first_div,
-                 max_stable_lr=pl.col("lr").filter(
-                     ~pl.col("diverged") & (first_div.is_null() | (pl.col("lr") < first_div))).max(),
+                 max_stable_lr=pl.col("lr").filter(~pl.col("diverged") & (
+                     first_div.is_null() | (pl.col("lr") < first_div))).max(),
                  lrs_run=pl.len())
             .with_columns(censored=pl.col("first_divergent_lr").is_null())
             .sort(*ARM_KEYS, "seed"))
@@ -143,7 +144,8 @@ def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
     and that best loss (mean and sd over seeds). Diverged runs count as +inf, never best."""
     p = with_losses(points).filter(pl.col("loss").is_finite())
     per_seed = (p.group_by(*ARM_KEYS, "seed")
-                .agg(optimal_lr=pl.col("lr").sort_by("loss").first(), best_loss=pl.col("loss").min()))
+                .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
+                     best_loss=pl.col("loss").min()))
     return (per_seed.group_by(ARM_KEYS)
             .agg(optimal_lr=_geo_mean("optimal_lr"), optimal_lr_lo=pl.col("optimal_lr").min(),
                  optimal_lr_hi=pl.col("optimal_lr").max(), best_loss=pl.col("best_loss").mean(),
@@ -218,7 +220,8 @@ def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFram
     noise = seed_noise(points)
     table = (gaps.group_by("depth", "on_kind", "lr")
              .agg(mean_gap=pl.col("gap").mean(), gap_sd=pl.col("gap").std(), pairs=pl.len(),
-                  off_diverged=pl.col("diverged_off").sum(), on_diverged=pl.col("diverged_on").sum(),
+                  off_diverged=pl.col("diverged_off").sum(),
+                  on_diverged=pl.col("diverged_on").sum(),
                   loss_off=pl.col("loss_off").mean(), loss_on=pl.col("loss_on").mean())
              .join(noise, on=["depth", "on_kind"], how="left"))
     beyond_noise = pl.col("mean_gap") > options.noise_k * pl.col("seed_noise")
@@ -329,7 +332,9 @@ def verdicts(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame
     somewhere; not enough data when off never diverged and was never worse (the grid did not
     reach the unstable region) or seed noise is unknown.
     H2 (QK-norm raises max stable LR and lowers LR sensitivity): judged per depth and part; a
-    max stable LR is not measurable when off never diverged (a lower bound only).
+    max stable LR is not measurable when off never diverged (a lower bound only); LR
+    sensitivity must drop by more than noise_k standard errors of the difference of the seed
+    means (so it needs >= 2 seeds per arm).
     H3 (the necessity LR falls with depth): the thresholds (none = above every LR run) never
     rise with depth and fall at least once; "firm" when the bootstrap intervals of the
     shallowest and deepest depth do not overlap.
@@ -339,7 +344,8 @@ def verdicts(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame
     arms = arm_table(points)
     rows = []
     for on in _on_kinds(points):
-        rows += [_h1(on, gaps, thresholds, options), _h2(on, arms), _h3(on, thresholds)]
+        rows += [_h1(on, gaps, thresholds, options), _h2(on, arms, options.noise_k),
+                 _h3(on, thresholds)]
     return pl.DataFrame(rows, schema={"hypothesis": pl.String, "on_kind": pl.String,
                                       "claim": pl.String, "verdict": pl.String,
                                       "measured": pl.String, "evidence": pl.String})
@@ -378,7 +384,7 @@ def _h1(on: str, gaps: pl.DataFrame, thresholds: pl.DataFrame, options: Options)
             "evidence": "; ".join(notes) or "no paired runs"}
 
 
-def _h2(on: str, arms: pl.DataFrame) -> dict:
+def _h2(on: str, arms: pl.DataFrame, noise_k: float) -> dict:
     parts, notes = [], []
     for d in sorted(arms["depth"].unique().to_list()):
         a = arms.filter(pl.col("depth") == d)
@@ -401,11 +407,19 @@ def _h2(on: str, arms: pl.DataFrame) -> dict:
         if off["lr_sensitivity"] is None or onr["lr_sensitivity"] is None:
             parts.append(NO_DATA)
             text.append("LR sensitivity undefined (base grid < 2 LRs or all diverged)")
-        else:
-            lowered = onr["lr_sensitivity"] < off["lr_sensitivity"]
-            parts.append(SUPPORTED if lowered else NOT_SUPPORTED)
+        elif min(off["sensitivity_seeds"], onr["sensitivity_seeds"]) < 2:
+            parts.append(NO_DATA)
             text.append(f"LR sensitivity off {off['lr_sensitivity']:.3g} vs on "
-                        f"{onr['lr_sensitivity']:.3g} over {off['grid_points']} grid LRs")
+                        f"{onr['lr_sensitivity']:.3g} from one seed (no spread to judge by)")
+        else:
+            # lowered by more than noise_k standard errors of the difference of seed means
+            se = math.sqrt(off["lr_sensitivity_sd"] ** 2 / off["sensitivity_seeds"]
+                           + onr["lr_sensitivity_sd"] ** 2 / onr["sensitivity_seeds"])
+            drop = off["lr_sensitivity"] - onr["lr_sensitivity"]
+            parts.append(SUPPORTED if drop > noise_k * se else NOT_SUPPORTED)
+            text.append(f"LR sensitivity off {off['lr_sensitivity']:.3g} vs on "
+                        f"{onr['lr_sensitivity']:.3g} (drop {drop:+.3g}, {noise_k:g} x se "
+                        f"{noise_k * se:.3g}) over {off['grid_points']} grid LRs")
         notes.append(f"depth {d}: " + ", ".join(text))
     return {"hypothesis": "H2", "on_kind": on,
             "claim": "QK-norm raises the max stable LR and lowers LR sensitivity",

@@ -214,8 +214,9 @@ def analysis_environment() -> dict[str, str]:
             return "?"
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], check=False,
-                                capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
+        git = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], check=False,
+                             capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent)
+        commit = git.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     return {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -396,7 +397,8 @@ and {study.points['seed'].n_unique()} seeds. Options: noise k = {o.noise_k:g},
     warn_items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
     sections.append(f"""
 <section id="warnings"><h2>Warnings</h2>
-{f'<ul class="warn">{warn_items}</ul>' if warn_items else '<p class="na">None: every run folder was complete.</p>'}
+{f'<ul class="warn">{warn_items}</ul>' if warn_items else
+ '<p class="na">None: every run folder was complete.</p>'}
 </section>""")
     sections.append(f"""
 <section id="verdicts"><h2>Verdicts</h2>
@@ -405,6 +407,8 @@ and {study.points['seed'].n_unique()} seeds. Options: noise k = {o.noise_k:g},
 or a single seed).</p>
 {_verdict_rows(study.verdicts)}
 </section>""")
+    per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
+                                               on=["depth", "qk_norm", "seed"])
     arm_cols = ["depth", "qk_norm", "runs", "seeds", "lrs", "diverged", "grid_points",
                 "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_sd",
                 "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo", "max_stable_lr_hi",
@@ -415,7 +419,7 @@ or a single seed).</p>
 <p>censored_seeds: seeds with no diverged LR, whose max stable LR is a lower bound.</p>
 {html_table(study.arms, arm_cols)}
 <h3>Per seed</h3>
-{html_table(study.sensitivity_per_seed.join(study.stable_per_seed, on=['depth', 'qk_norm', 'seed'], how='full', coalesce=True))}
+{html_table(per_seed)}
 </section>""")
     sections.append(f"""
 <section id="necessity"><h2>Necessity threshold per depth</h2>

@@ -338,7 +338,8 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
 
 # --- bad input --------------------------------------------------------------------------------
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default output folder is reports/<name> under here
     missing = tmp_path / "nope"
     assert main(["report", str(missing)]) == 2
     err = capsys.readouterr().err
