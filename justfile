@@ -26,3 +26,7 @@ train *args:
 # throughput, FLOP/s, share of sgemm peak, MLX vs PyTorch, probe/eval overhead, K runs at once
 bench *args:
     {{py}} -m mlx_gpt bench "$@"
+
+# tables, charts, verdicts and report.html: just report [RUNS_DIR] [--out DIR] ...
+report *args:
+    {{py}} -m analysis report "$@"
