@@ -37,7 +37,7 @@ def status_of(cfg) -> str | None:
 
 @pytest.fixture
 def no_calibration(monkeypatch):
-    monkeypatch.setattr(sweep, "calibrate", lambda cfg, vocab, steps=3: 1000.0)
+    monkeypatch.setattr(sweep, "calibrate", lambda cfg, vocab: (1000.0, 3))
 
 
 def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
@@ -67,6 +67,14 @@ def test_study_preset_is_the_studys_plan():
     params = sweep.param_counts(runs[0], 50257)
     assert 10e6 < params["total"] < 15e6
     assert sc.refine and sc.jobs == 1
+
+
+def test_demo_preset_spans_safe_to_divergent_in_5_lrs():
+    sc = sweep.parse_sweep_config(["preset=demo"])
+    assert sc.grid_lrs() == [1e-3, 5.62e-3, 3.16e-2, 1.78e-1, 1.0]
+    assert len(sweep.grid(sc)) == 10 and sc.name == "demo" and not sc.refine
+    assert sweep.parse_sweep_config(["preset=demo", "lr_max=0.1", "points_per_decade=2"]
+                                    ).grid_lrs() == [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
 
 
 def test_plan_size_and_order():
@@ -110,6 +118,7 @@ def test_overrides_reach_every_run():
     (["lr_min=1e-2", "lr_max=1e-3"], "lr_min=0.01 must be below lr_max=0.001"),
     (["lr_min=1e-2", "lr_max=1e-2"], "must be below"),
     (["lrs=,"], "lrs needs at least one value"),
+    (["lrs=1e-3", "lr_max=1"], "give lrs or lr_max, not both"),
     (["lrs=1e-3,fast"], "lrs: 'fast' is not a number"),
     (["depth=2.5"], "depth: '2.5' is not an integer"),
     (["qk_norms=none,l2"], "qk_norms: 'l2' is not one of"),
@@ -147,7 +156,7 @@ def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
     assert main(["sweep", *words, "--dry-run", "--calibrate"]) == 0
     out = capsys.readouterr().out
-    assert "tok/s (3 compiled steps)" in out and "estimate" in out
+    assert "tok/s (3 timed steps)" in out and "estimate" in out
 
 
 # --- boundary refinement ----------------------------------------------------------------------
@@ -343,7 +352,7 @@ WORKER = textwrap.dedent("""
         return real_locked(cfg, *args)
 
     trainer._train_locked = marked
-    sweep.calibrate = lambda cfg, vocab, steps=3: 1000.0
+    sweep.calibrate = lambda cfg, vocab: (1000.0, 3)
     (marks.parent / me).touch()
     while not (marks.parent / other).exists():  # start together
         time.sleep(0.01)
