@@ -391,18 +391,21 @@ def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) ->
         print(f"  estimate    {trainer.format_seconds(total)} for the {len(unfinished)} unfinished "
               f"grid runs" + (f", + up to {trainer.format_seconds(refine_max * per_refine)} "
                               f"of refinement" if refine_max else "")
-              + " (diverged runs stop early, so this is an upper bound)", flush=True)
+              + " (training and evaluation; diverged runs stop early; probes and checkpoints "
+              "not counted)", flush=True)
     return speeds
+
+
+def value_text(value: object) -> str:
+    """A value as `parse_train_config` reads it back exactly (repr round-trips floats)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def command_line(cfg: TrainConfig) -> str:
     """A standalone `train` command for this run: every field, so its run_id is the sweep's."""
-    words = []
-    for f in fields(TrainConfig):
-        value = getattr(cfg, f.name)
-        text = ("true" if value else "false") if isinstance(value, bool) else repr(value) \
-            if isinstance(value, float) else str(value)
-        words.append(shlex.quote(f"{f.name}={text}"))
+    words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)]
     return "python -m mlx_gpt train " + " ".join(words)
 
 

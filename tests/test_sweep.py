@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -354,7 +355,8 @@ WORKER = textwrap.dedent("""
     trainer._train_locked = marked
     sweep.calibrate = lambda cfg, vocab: (1000.0, 3)
     (marks.parent / me).touch()
-    while not (marks.parent / other).exists():  # start together
+    deadline = time.monotonic() + 60
+    while not (marks.parent / other).exists() and time.monotonic() < deadline:  # start together
         time.sleep(0.01)
     sys.exit(sweep.cli(sys.argv[4:]))
 """)
@@ -385,8 +387,17 @@ def test_jobs_2_runs_a_second_process_on_the_same_tree(monkeypatch, tiny_data, t
                        "max_steps=15", "ckpt_every=10", "jobs=2")
     trained_here = []
     real_locked = trainer._train_locked
-    monkeypatch.setattr(trainer, "_train_locked",
-                        lambda cfg, *a: trained_here.append(cfg.run_id) or real_locked(cfg, *a))
+    log_path = tmp_path / "runs" / "t" / "sweep-worker-1.log"
+
+    def marked(cfg, *args):
+        trained_here.append(cfg.run_id)
+        deadline = time.monotonic() + 60
+        while len(trained_here) == 1 and time.monotonic() < deadline and "[sweep" not in (
+                log_path.read_text() if log_path.exists() else ""):
+            time.sleep(0.05)  # hold the first run until the second process has started
+        return real_locked(cfg, *args)
+
+    monkeypatch.setattr(trainer, "_train_locked", marked)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
     assert main(["sweep", *words]) == 0
     runs = sweep.grid(sweep.parse_sweep_config(words))
@@ -396,7 +407,7 @@ def test_jobs_2_runs_a_second_process_on_the_same_tree(monkeypatch, tiny_data, t
     by_worker = {rid for rid, pid in lock_pid.items() if pid != os.getpid()}
     assert by_worker and trained_here  # both processes trained
     assert by_worker.isdisjoint(trained_here) and by_worker | set(trained_here) == set(lock_pid)
-    log = (tmp_path / "runs" / "t" / "sweep-worker-1.log").read_text()
+    log = log_path.read_text()
     assert sum(rid in log for rid in by_worker) == len(by_worker)
     assert "5 of 5 runs have a result (5 completed" in capsys.readouterr().out
 
