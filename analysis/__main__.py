@@ -19,7 +19,7 @@ def _lrs(text: str) -> tuple[float, ...]:
     try:
         lrs = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
     if not lrs or any(lr <= 0 for lr in lrs):
         raise argparse.ArgumentTypeError(f"learning rates must be > 0, got {text!r}")
     return lrs

@@ -20,11 +20,9 @@ import os
 import platform
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
@@ -32,6 +30,7 @@ from .config import TrainConfig, apply_overrides, split_key_values
 from .errors import UsageError
 from .model import GPT, ModelArgs, count_params, cross_entropy, init_weights
 from .optim import AdamW
+from .train import make_train_step
 
 GPT2_VOCAB = 50257
 SHAPES = {
@@ -99,15 +98,7 @@ def mlx_step_time(shape: dict, steps: int) -> dict:
     cfg, args = _shape_config(shape)
     model = GPT(args)
     init_weights(model, 0)
-    opt = AdamW(cfg, model.parameters())
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
-    state = [model.state, opt.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step(x, y):
-        loss, grads = loss_and_grad(model, x, y)
-        opt.update(model, grads)
-        return loss
+    step, state = make_train_step(model, AdamW(cfg, model.parameters()))
 
     x, y = (mx.array(a) for a in _batch(cfg, args.vocab_size))
     for _ in range(2):
@@ -160,7 +151,7 @@ def probe_cost(measured: dict, repeats: int = 3) -> dict:
     """Probe and eval cost per call, and as a share of training at the default intervals."""
     from . import probes
 
-    model, x, y, cfg = measured["model"], measured["x"], measured["y"], measured["cfg"]
+    model, x, y = measured["model"], measured["x"], measured["y"]
     defaults = TrainConfig()
     params = dict(tree_flatten(model.parameters()))
     probes.measure(model, x, y, 0)

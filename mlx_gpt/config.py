@@ -68,7 +68,7 @@ class TrainConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         checks = [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.depth >= 1, f"depth must be >= 1, got {self.depth}"),

@@ -41,7 +41,7 @@ PROBES_SCHEMA = pa.schema([
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
 def _tmp(path: Path) -> Path:

@@ -26,7 +26,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from functools import partial
 from pathlib import Path
 from typing import get_args
 
@@ -315,20 +314,11 @@ def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float =
     """(tokens/s, steps timed): compiled AdamW steps of this exact shape after one warm-up step
     (which compiles); up to `steps` of them, fewer once `max_seconds` have passed."""
     import mlx.core as mx
-    from mlx import nn
 
-    from .model import cross_entropy
     from .optim import AdamW
 
     model = trainer.build_model(cfg, vocab)
-    opt = AdamW(cfg, model.parameters())
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
-    state = [model.state, opt.state, mx.random.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x, y):
-        loss, grads = loss_and_grad(model, x, y)
-        return loss, *opt.update(model, grads)
+    step_fn, state = trainer.make_train_step(model, AdamW(cfg, model.parameters()))
 
     x = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
     y = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))

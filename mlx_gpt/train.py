@@ -56,6 +56,22 @@ def load_data(cfg: TrainConfig):
     return train_tokens, val_tokens, meta
 
 
+def make_train_step(model: GPT, opt: AdamW):
+    """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr), mutating model and opt.
+
+    Returns it with the state list to pass to mx.eval / mx.async_eval after each call."""
+    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
+    state = [model.state, opt.state]
+
+    @partial(mx.compile, inputs=state, outputs=state)
+    def step_fn(x: mx.array, y: mx.array):
+        loss, grads = loss_and_grad(model, x, y)
+        grad_norm, lr = opt.update(model, grads)
+        return loss, grad_norm, lr
+
+    return step_fn, state
+
+
 # --- checkpoints -----------------------------------------------------------------------------
 # A checkpoint holds weights, AdamW state and the step. The step is also the whole data and RNG
 # cursor: batch k is a pure function of (data_seed, k) and the step draws no random numbers
@@ -141,6 +157,9 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
     with run_lock(run_dir) as acquired:
         if not acquired:
             raise RunBusy(f"{run_dir} is being trained by another process")
+        done = runlog.read_json(run_dir / "summary.json")  # finished while we took the lock
+        if done and done.get("status") in runlog.FINISHED:
+            return done
         try:
             return _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
         except (KeyboardInterrupt, UsageError):
@@ -175,14 +194,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
         runlog.drop_parts_from(run_dir / folder, start)
     runlog.write_json(run_dir / "manifest.json", manifest)
 
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
-    state = [model.state, opt.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x, y):
-        loss, grads = loss_and_grad(model, x, y)
-        grad_norm, lr = opt.update(model, grads)
-        return loss, grad_norm, lr
+    step_fn, state = make_train_step(model, opt)
 
     @partial(mx.compile, inputs=model.state)
     def eval_fn(x, y):
@@ -274,7 +286,10 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             t_sync = time.perf_counter()
     except KeyboardInterrupt:
         # finish the dispatched steps, keep their rows, checkpoint where we are, then stop
+        logged = {r["step"] for r in metric_rows}
         for s, loss, grad_norm, lr in pending:
+            if s in logged:  # the interrupt came mid-sync, after this row was appended
+                continue
             metric_rows.append(row(s, loss.item(), grad_norm.item(), lr.item(),
                                    val_by_step.pop(s, None)))
         checkpoint(pending[-1][0] + 1 if pending else step)
