@@ -96,7 +96,20 @@ def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[flo
     if not (0 < lr_min < lr_max and points_per_decade > 0):
         return []
     n = math.floor(math.log10(lr_max / lr_min) * points_per_decade + 1e-9)
-    return [three_significant(lr_min * 10 ** (i / points_per_decade)) for i in range(n + 1)]
+    lrs = [three_significant(lr_min * 10 ** (i / points_per_decade)) for i in range(n + 1)]
+    if points_per_decade == 2:  # Wortsman et al.'s half-decades are written 1, 3, 10, 30, ...
+        lrs = [one_three(lr) for lr in lrs]
+    return lrs
+
+
+def one_three(lr: float) -> float:
+    """Snap a half-decade point to the 1-3-10 series when it lies within 6% of it."""
+    exponent = math.floor(math.log10(lr))
+    for mantissa in (1, 3, 10):
+        nice = float(f"{mantissa}e{exponent}")
+        if abs(lr / nice - 1) < 0.06:
+            return nice
+    return lr
 
 
 # The study's plan: a plain nanoGPT of ~12M parameters (depth 6) with the GPT-2 vocabulary and a
@@ -530,6 +543,28 @@ def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
               + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
+    print_peak_logits(sc, runs)
+
+
+def print_peak_logits(sc: SweepConfig, runs: list[TrainConfig]) -> None:
+    """Per depth and seed, each arm's peak max attention logit (any layer, any step) by LR."""
+    from .probes import peak_max_attention_logit
+
+    table: dict[tuple, dict[str, float]] = {}
+    for cfg in runs:
+        folder = trainer.run_dir_of(cfg)
+        if not (folder / "probes").is_dir():
+            continue
+        table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[cfg.qk_norm] = \
+            peak_max_attention_logit(folder)
+    if not table:
+        return
+    print("  peak max attention logit (max over layers and probe steps):")
+    print("    depth seed       lr  " + "".join(f"{qk:>12}" for qk in sc.qk_norms))
+    for (depth, seed, lr), arms in sorted(table.items()):
+        cells = "".join(f"{arms[qk]:>12,.1f}" if qk in arms else f"{'-':>12}"
+                        for qk in sc.qk_norms)
+        print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 
 def spawn_workers(words: list[str], sc: SweepConfig) -> list[subprocess.Popen]:

@@ -61,7 +61,7 @@ def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
 
 def test_study_preset_is_the_studys_plan():
     sc = sweep.parse_sweep_config([])
-    assert sc.grid_lrs() == [3e-4, 9.49e-4, 3e-3, 9.49e-3, 3e-2, 9.49e-2, 3e-1]
+    assert sc.grid_lrs() == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]  # half-decades as 1-3-10
     runs = sweep.grid(sc)
     assert len(runs) == 7 * 2 * 2
     assert runs[0].steps == 24_414 and runs[0].tokens_per_step == 4096
@@ -75,7 +75,7 @@ def test_demo_preset_spans_safe_to_divergent_in_5_lrs():
     assert sc.grid_lrs() == [1e-3, 5.62e-3, 3.16e-2, 1.78e-1, 1.0]
     assert len(sweep.grid(sc)) == 10 and sc.name == "demo" and not sc.refine
     assert sweep.parse_sweep_config(["preset=demo", "lr_max=0.1", "points_per_decade=2"]
-                                    ).grid_lrs() == [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
+                                    ).grid_lrs() == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
 
 def test_plan_size_and_order():
@@ -97,7 +97,7 @@ def test_plan_size_and_order():
 
 
 def test_log_grid():
-    assert sweep.log_grid(1e-3, 1e-1, 2) == [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
+    assert sweep.log_grid(1e-3, 1e-1, 2) == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
     assert sweep.log_grid(1e-3, 5e-2, 1) == [1e-3, 1e-2]
     assert sweep.log_grid(1e-3, 1e-2, 4) == [1e-3, 1.78e-3, 3.16e-3, 5.62e-3, 1e-2]
 
