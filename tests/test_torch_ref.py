@@ -253,3 +253,16 @@ def test_spot_check_usage_errors(tiny_cfg, tmp_path, capsys):
     assert main(["spot-check", str(run), "data=/nonexistent"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (run.parent / f"{run.name}-torch-cpu").exists()  # nothing half-written
+
+
+def test_spot_check_of_a_diverged_run_diverges_at_the_same_step(tiny_cfg):
+    cfg = tiny_cfg(lr=1.0, grad_clip=0.0, warmup_steps=2)
+    mlx_summary = train(cfg, verbose=False)
+    assert mlx_summary["status"] == "diverged"
+    _, summary = spot_check(run_dir_of(cfg), "cpu", verbose=False)
+    assert mlx_summary.keys() <= summary.keys()
+    assert summary["status"] == "diverged" and summary["final_val_loss"] is None
+    assert summary["diverged_step"] == mlx_summary["diverged_step"]
+    assert summary["steps"] == summary["diverged_step"] + 1
+    rows = runlog.read_parts(run_dir_of(cfg).parent / f"{cfg.run_id}-torch-cpu" / "metrics")
+    assert rows.column("step").to_pylist() == list(range(summary["diverged_step"] + 1))
