@@ -114,7 +114,7 @@ def _group_rms(tensors: dict[str, torch.Tensor]) -> list[tuple[int, str, torch.T
 
 def _rows(step: int, values: list[tuple[int, str, torch.Tensor]]) -> list[dict]:
     """One device sync for all values."""
-    numbers = torch.stack([v.float() for *_, v in values]).double().cpu().tolist()
+    numbers = torch.stack([v.float() for *_, v in values]).cpu().double().tolist()  # MPS: no float64
     return [{"step": step, "layer": layer, "name": name, "value": number}
             for (layer, name, _), number in zip(values, numbers)]
 

@@ -140,7 +140,7 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
         if (step + 1) % cfg.log_every and step + 1 != steps:
             continue
         # one device sync per log interval, as the MLX trainer
-        values = torch.stack([v for _, v in pending]).double().cpu().tolist()
+        values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS has no float64
         train_seconds += time.perf_counter() - t_sync
         for (s, _), (loss_v, norm_v, lr_v) in zip(pending, values):
             metric_rows.append(row(s, loss_v, norm_v, lr_v, val_by_step.pop(s, None)))
