@@ -17,7 +17,6 @@ import math
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
 
 import mlx.core as mx
 import numpy as np
@@ -34,7 +33,7 @@ from mlx_gpt.model import GPT as MlxGPT
 from mlx_gpt.model import cross_entropy as mlx_cross_entropy
 from mlx_gpt.optim import AdamW as MlxAdamW
 from mlx_gpt.tokenizer import ByteTokenizer
-from mlx_gpt.train import build_model, model_args
+from mlx_gpt.train import build_model, make_train_step, model_args
 
 from . import probes as torch_probes
 from .model import GPT as TorchGPT
@@ -200,21 +199,12 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
 def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     """(steps, 3) array of (loss, pre-clip grad norm, lr): the compiled step of mlx_gpt.train."""
     model = build_model(cfg, vocab_size)
-    opt = MlxAdamW(cfg, model.parameters())
-    loss_and_grad = nn.value_and_grad(model, lambda m, a, b: mlx_cross_entropy(m(a), b))
-    state = [model.state, opt.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x, y):
-        loss, grads = loss_and_grad(model, x, y)
-        grad_norm, lr = opt.update(model, grads)
-        return mx.stack([loss, grad_norm, lr])
-
+    step_fn, state = make_train_step(model, MlxAdamW(cfg, model.parameters()))
     out = []
     for step in range(cfg.steps):
         x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
-        out.append(step_fn(mx.array(x), mx.array(y)))
-        mx.eval(state)
+        out.append(mx.stack(step_fn(mx.array(x), mx.array(y))))
+        mx.eval(state, out[-1])
     return np.array(mx.stack(out))
 
 

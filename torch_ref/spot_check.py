@@ -85,6 +85,9 @@ def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = Non
     with run_lock(out) as acquired:
         if not acquired:
             raise UsageError(f"{out} is being trained by another process")
+        done = runlog.read_json(out / "summary.json")  # finished while we took the lock
+        if done and done.get("status") in runlog.FINISHED:
+            return out, done
         identity = {"run_id": out.name, "framework": "torch", "device": torch_device.type,
                     "reference_run_id": reference_id}
         runlog.write_json(out / "config.json", {**cfg.identity(), **identity})
