@@ -114,7 +114,32 @@ def mlx_step_time(shape: dict, steps: int) -> dict:
 
 
 def torch_step_time(shape: dict, steps: int) -> dict | None:
-    """Seconds per eager PyTorch step of the same model (torch_ref) with torch's AdamW."""
+    """Seconds per eager PyTorch step of the same model, measured in a fresh process.
+
+    The child runs with MLX_GPT_BLAS=none: OpenBLAS loaded into the global symbol scope would
+    also capture libtorch's own sgemm calls and slow PyTorch down 2-3x (torch_ref/__init__.py)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    previous = os.environ.get("MLX_GPT_BLAS")
+    os.environ["MLX_GPT_BLAS"] = "none"
+    try:
+        proc = ctx.Process(target=_torch_worker, args=(shape, steps, queue))
+        proc.start()
+    finally:
+        if previous is None:
+            del os.environ["MLX_GPT_BLAS"]
+        else:
+            os.environ["MLX_GPT_BLAS"] = previous
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def _torch_worker(shape: dict, steps: int, queue) -> None:
+    queue.put(_torch_step_time(shape, steps))
+
+
+def _torch_step_time(shape: dict, steps: int) -> dict | None:
     try:
         import torch
 
