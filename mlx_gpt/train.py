@@ -26,6 +26,7 @@ from .errors import UsageError
 from .locks import RunBusy, run_lock
 from .model import GPT, ModelArgs, count_params, cross_entropy, init_weights
 from .optim import AdamW
+from .recorder import Recorder, divergence  # noqa: F401  (divergence: part of this module's API)
 
 
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
@@ -139,10 +140,6 @@ def format_seconds(s: float) -> str:
 
 # --- the run ---------------------------------------------------------------------------------
 
-def finite(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
-
-
 def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
     """Run (or resume, or skip if finished) one config. Returns its summary."""
     cfg.validate()
@@ -186,13 +183,14 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
     opt = AdamW(cfg, model.parameters())
 
     ckpt_path = run_dir / "checkpoint.safetensors"
-    start, extra = 0, {"init_loss": None, "elapsed": 0.0, "train_seconds": 0.0}
+    start, clocks = 0, {}
     if ckpt_path.exists():
-        start, extra = load_checkpoint(ckpt_path, model, opt)
+        start, clocks = load_checkpoint(ckpt_path, model, opt)
         manifest["resumed_from_step"] = start
     for folder in ("metrics", "probes"):
         runlog.drop_parts_from(run_dir / folder, start)
     runlog.write_json(run_dir / "manifest.json", manifest)
+    rec = Recorder(cfg, run_dir, **clocks)
 
     step_fn, state = make_train_step(model, opt)
 
@@ -205,47 +203,23 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
     px, py = (mx.array(a) for a in
               probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
 
-    def evaluate() -> float:
-        return mx.stack([eval_fn(x, y) for x, y in val]).mean().item()
-
-    metric_rows: list[dict] = []
-    probe_rows: list[dict] = []
-    val_by_step: dict[int, float] = {}
-    display = Display(cfg.run_id, steps, verbose, prefix)
-    wall0 = time.perf_counter() - extra["elapsed"]
-    train_seconds = extra["train_seconds"]
-    init_loss = extra["init_loss"]
-    last_val: float | None = None
-    status, diverged_step, reason = "completed", None, None
-
     def measure(step: int) -> None:
         """Evaluation and probes at `step` (params after `step` updates); off the hot step."""
-        nonlocal init_loss, last_val
-        if step % cfg.eval_every == 0 or step == steps:
-            val_by_step[step] = last_val = evaluate()
-            if init_loss is None:
-                init_loss = val_by_step[step]
-        if step % cfg.probe_every == 0 or step == steps:
-            probe_rows.extend(probe_lib.measure(model, px, py, step))
-
-    def flush() -> None:
-        runlog.write_part(run_dir / "metrics", metric_rows, runlog.METRICS_SCHEMA)
-        runlog.write_part(run_dir / "probes", probe_rows, runlog.PROBES_SCHEMA)
-        metric_rows.clear()
-        probe_rows.clear()
+        if rec.eval_due(step):
+            rec.record_val(step, mx.stack([eval_fn(x, y) for x, y in val]).mean().item())
+        if rec.probe_due(step):
+            rec.record_probes(probe_lib.measure(model, px, py, step))
 
     def checkpoint(step: int) -> None:
-        flush()
-        save_checkpoint(ckpt_path, model, opt, step, {
-            "init_loss": init_loss, "elapsed": time.perf_counter() - wall0,
-            "train_seconds": train_seconds})
+        rec.flush()
+        save_checkpoint(ckpt_path, model, opt, step, rec.state())
 
-    def row(step, loss, grad_norm, lr, val_loss):
-        return {"step": step, "tokens": step * cfg.tokens_per_step, "lr": lr,
-                "train_loss": loss, "grad_norm": grad_norm, "val_loss": val_loss,
-                "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
-                "elapsed_s": time.perf_counter() - wall0}
+    def read(pending) -> list[tuple[int, float, float, float]]:
+        """One device sync for a whole log interval of (loss, grad norm, lr)."""
+        values = np.array(mx.stack([mx.stack([a, b, c]) for _, a, b, c in pending]))
+        return [(s, *v) for (s, *_), v in zip(pending, values.tolist())]
 
+    display = Display(cfg.run_id, steps, verbose, prefix)
     pending: list[tuple[int, mx.array, mx.array, mx.array]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
@@ -261,87 +235,48 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             mx.async_eval(state, loss, grad_norm)
             pending.append((step, loss, grad_norm, lr))
             if probing:
-                probe_rows.extend(probe_lib.update_stats(step, before,
+                rec.record_probes(probe_lib.update_stats(step, before,
                                                          dict(tree_flatten(model.parameters()))))
             if (step + 1) % cfg.log_every and step + 1 != steps:
                 continue
-            # one sync per log interval: read the pending losses, check for divergence
-            values = np.array(mx.stack([mx.stack([a, b, c]) for _, a, b, c in pending]))
-            train_seconds += time.perf_counter() - t_sync
-            for (s, *_), (loss_v, norm_v, lr_v) in zip(pending, values.tolist()):
-                metric_rows.append(row(s, loss_v, norm_v, lr_v, val_by_step.pop(s, None)))
-                reason = divergence(cfg, s, loss_v, norm_v, init_loss)
-                if reason:
-                    status, diverged_step = "diverged", s
-                    break
+            values = read(pending)
+            rec.train_seconds += time.perf_counter() - t_sync
             pending.clear()
-            done_steps = step + 1 - start
-            tok_s = done_steps * cfg.tokens_per_step / max(train_seconds, 1e-9)
-            display.update(step + 1, loss_v, tok_s,
-                           (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), last_val)
-            if status == "diverged":
+            diverged = rec.record_steps(values)
+            tok_s = (step + 1 - start) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
+            display.update(step + 1, values[-1][1], tok_s,
+                           (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9),
+                           rec.last_val)
+            if diverged:
                 break
             if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
                 checkpoint(step + 1)
             t_sync = time.perf_counter()
     except KeyboardInterrupt:
-        # finish the dispatched steps, keep their rows, checkpoint where we are, then stop
-        logged = {r["step"] for r in metric_rows}
-        for s, loss, grad_norm, lr in pending:
-            if s in logged:  # the interrupt came mid-sync, after this row was appended
-                continue
-            metric_rows.append(row(s, loss.item(), grad_norm.item(), lr.item(),
-                                   val_by_step.pop(s, None)))
-        checkpoint(pending[-1][0] + 1 if pending else step)
-        display.close(f"interrupted; checkpointed at step {pending[-1][0] + 1 if pending else step}")
+        # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
+        diverged = rec.record_steps(read(pending)) if pending else False
+        if not diverged:
+            at = pending[-1][0] + 1 if pending else step
+            checkpoint(at)
+            display.close(f"interrupted; checkpointed at step {at}")
+            raise
+        pending.clear()
+        summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
+        display.close(rec.closing_line(summary))
         raise
 
-    final_step = steps if status == "completed" else diverged_step + 1
-    measure(steps) if status == "completed" else None
-    if status == "completed":
-        metric_rows.append(row(steps, None, None, None, val_by_step.pop(steps)))
-    flush()
-    mx.save_safetensors(str(run_dir / "final.safetensors"), dict(tree_flatten(model.parameters())))
-    ckpt_path.unlink(missing_ok=True)
-
-    metrics = runlog.read_parts(run_dir / "metrics").to_pydict()
-    vals = [v for v in metrics["val_loss"] if v is not None]
-    finite_vals = [v for v in vals if math.isfinite(v)]
-    wall = time.perf_counter() - wall0
-    summary = {
-        **summary_base(cfg),
-        "status": status,
-        "init_loss": init_loss,
-        "final_val_loss": finite(vals[-1]) if status == "completed" and vals else None,
-        "min_val_loss": min(finite_vals) if finite_vals else None,
-        "final_train_loss": finite(metrics["train_loss"][-2 if status == "completed" else -1]),
-        "diverged_step": diverged_step,
-        "diverged_reason": reason,
-        "steps": final_step,
-        "tokens_seen": final_step * cfg.tokens_per_step,
-        "wall_seconds": wall,
-        "train_seconds": train_seconds,
-        "tokens_per_second": final_step * cfg.tokens_per_step / max(train_seconds, 1e-9),
-        "params": count_params(model),
-    }
-    manifest["ended"] = runlog.now()
-    runlog.write_json(run_dir / "manifest.json", manifest)
-    runlog.write_json(run_dir / "summary.json", summary)
-    display.close(f"{status} at step {final_step}: val {summary['final_val_loss'] or float('nan'):.4f}"
-                  if status == "completed" else f"diverged at step {diverged_step} ({reason})")
+    if rec.status == "completed":
+        measure(steps)
+    summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
+    display.close(rec.closing_line(summary))
     return summary
 
 
-def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
-               init_loss: float | None) -> str | None:
-    """Why this step counts as diverged, or None. Checked for every step at each sync."""
-    if not math.isfinite(loss):
-        return "non-finite loss"
-    if not math.isfinite(grad_norm):
-        return "non-finite gradient norm"
-    if init_loss is not None and step >= cfg.warmup_steps and loss > init_loss + cfg.divergence_margin:
-        return f"loss {loss:.3f} above initial loss {init_loss:.3f} + {cfg.divergence_margin:g}"
-    return None
+def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: Path) -> dict:
+    mx.save_safetensors(str(run_dir / "final.safetensors"), dict(tree_flatten(model.parameters())))
+    summary = rec.finish(summary_base(cfg), manifest, count_params(model))
+    ckpt_path.unlink(missing_ok=True)
+    return summary
 
 
 def cli(argv: list[str]) -> int:

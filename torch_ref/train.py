@@ -1,13 +1,12 @@
 """A PyTorch trainer that writes mlx_gpt's run-log schema: the engine of the spot check.
 
 Same batches (mlx_gpt.batches), same evaluation and probe steps, same metric rows, same
-divergence rules (mlx_gpt.train.divergence) and the same summary fields as mlx_gpt.train, with
+divergence rule and the same summary fields (one mlx_gpt.recorder.Recorder drives both), with
 framework "torch" and the device recorded. It starts from weights given as a safetensors file.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -18,7 +17,8 @@ from mlx_gpt import runlog
 from mlx_gpt.batches import probe_batch, train_stream, val_batches
 from mlx_gpt.config import TrainConfig
 from mlx_gpt.errors import UsageError
-from mlx_gpt.train import Display, divergence, finite, model_args
+from mlx_gpt.recorder import Recorder
+from mlx_gpt.train import Display, model_args
 
 from . import probes as probe_lib
 from .model import GPT, count_params, cross_entropy
@@ -94,36 +94,14 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
     def evaluate() -> float:
         return torch.stack([cross_entropy(model(x), y) for x, y in val]).mean().item()
 
-    metric_rows: list[dict] = []
-    probe_rows: list[dict] = []
-    val_by_step: dict[int, float] = {}
+    rec = Recorder(cfg, run_dir)
     display = Display(summary_extra["run_id"], steps, verbose)
-    wall0 = time.perf_counter()
-    train_seconds = 0.0
-    init_loss: float | None = None
-    last_val: float | None = None
-    status, diverged_step, reason = "completed", None, None
 
     def measure(step: int) -> None:
-        nonlocal init_loss, last_val
-        if step % cfg.eval_every == 0 or step == steps:
-            val_by_step[step] = last_val = evaluate()
-            if init_loss is None:
-                init_loss = val_by_step[step]
-        if step % cfg.probe_every == 0 or step == steps:
-            probe_rows.extend(probe_lib.measure(model, px, py, step))
-
-    def flush() -> None:
-        runlog.write_part(run_dir / "metrics", metric_rows, runlog.METRICS_SCHEMA)
-        runlog.write_part(run_dir / "probes", probe_rows, runlog.PROBES_SCHEMA)
-        metric_rows.clear()
-        probe_rows.clear()
-
-    def row(step, loss, grad_norm, lr, val_loss):
-        return {"step": step, "tokens": step * cfg.tokens_per_step, "lr": lr,
-                "train_loss": loss, "grad_norm": grad_norm, "val_loss": val_loss,
-                "val_ppl": math.exp(min(val_loss, 700.0)) if val_loss is not None else None,
-                "elapsed_s": time.perf_counter() - wall0}
+        if rec.eval_due(step):
+            rec.record_val(step, evaluate())
+        if rec.probe_due(step):
+            rec.record_probes(probe_lib.measure(model, px, py, step))
 
     pending: list[tuple[int, torch.Tensor]] = []
     batches = train_stream(train_tokens, cfg.data_seed, 0, steps, cfg.batch_size, cfg.block_size)
@@ -135,58 +113,27 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
         x, y = next(batches)
         loss, grad_norm, lr = train_step(model, opt, tensor(x), tensor(y))
         if probing:
-            probe_rows.extend(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
+            rec.record_probes(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
         pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype)])))
         if (step + 1) % cfg.log_every and step + 1 != steps:
             continue
         # one device sync per log interval, as the MLX trainer
         values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS has no float64
-        train_seconds += time.perf_counter() - t_sync
-        for (s, _), (loss_v, norm_v, lr_v) in zip(pending, values):
-            metric_rows.append(row(s, loss_v, norm_v, lr_v, val_by_step.pop(s, None)))
-            reason = divergence(cfg, s, loss_v, norm_v, init_loss)
-            if reason:
-                status, diverged_step = "diverged", s
-                break
+        rec.train_seconds += time.perf_counter() - t_sync
+        diverged = rec.record_steps((s, *v) for (s, _), v in zip(pending, values))
         pending.clear()
-        tok_s = (step + 1) * cfg.tokens_per_step / max(train_seconds, 1e-9)
-        display.update(step + 1, loss_v, tok_s,
-                       (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), last_val)
-        if status == "diverged":
+        tok_s = (step + 1) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
+        display.update(step + 1, values[-1][0], tok_s,
+                       (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), rec.last_val)
+        if diverged:
             break
         if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
-            flush()  # parts cover the same step ranges as the MLX run's
+            rec.flush()  # parts cover the same step ranges as the MLX run's
         t_sync = time.perf_counter()
 
-    final_step = steps if status == "completed" else diverged_step + 1
-    if status == "completed":
+    if rec.status == "completed":
         measure(steps)
-        metric_rows.append(row(steps, None, None, None, val_by_step.pop(steps)))
-    flush()
     save_torch(model, run_dir / "final.safetensors")
-
-    metrics = runlog.read_parts(run_dir / "metrics").to_pydict()
-    vals = [v for v in metrics["val_loss"] if v is not None]
-    finite_vals = [v for v in vals if math.isfinite(v)]
-    summary = {
-        **summary_extra,
-        "status": status,
-        "init_loss": init_loss,
-        "final_val_loss": finite(vals[-1]) if status == "completed" and vals else None,
-        "min_val_loss": min(finite_vals) if finite_vals else None,
-        "final_train_loss": finite(metrics["train_loss"][-2 if status == "completed" else -1]),
-        "diverged_step": diverged_step,
-        "diverged_reason": reason,
-        "steps": final_step,
-        "tokens_seen": final_step * cfg.tokens_per_step,
-        "wall_seconds": time.perf_counter() - wall0,
-        "train_seconds": train_seconds,
-        "tokens_per_second": final_step * cfg.tokens_per_step / max(train_seconds, 1e-9),
-        "params": count_params(model),
-    }
-    manifest["ended"] = runlog.now()
-    runlog.write_json(run_dir / "manifest.json", manifest)
-    runlog.write_json(run_dir / "summary.json", summary)
-    display.close(f"{status} at step {final_step}: val {summary['final_val_loss'] or float('nan'):.4f}"
-                  if status == "completed" else f"diverged at step {diverged_step} ({reason})")
+    summary = rec.finish(summary_extra, manifest, count_params(model))
+    display.close(rec.closing_line(summary))
     return summary

@@ -1,0 +1,142 @@
+"""The bookkeeping of one run, free of any framework: rows, evaluations, divergence, summary.
+
+mlx_gpt/train.py and torch_ref/train.py both drive a Recorder, so the two trainers write the
+same rows, apply the same divergence rule and finish with the same summary fields.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from . import runlog
+from .config import TrainConfig
+
+
+def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
+               init_loss: float | None) -> str | None:
+    """Why this step counts as diverged, or None. Checked for every step at each sync."""
+    if not math.isfinite(loss):
+        return "non-finite loss"
+    if not math.isfinite(grad_norm):
+        return "non-finite gradient norm"
+    if init_loss is not None and step >= cfg.warmup_steps and loss > init_loss + cfg.divergence_margin:
+        return f"loss {loss:.3f} above initial loss {init_loss:.3f} + {cfg.divergence_margin:g}"
+    return None
+
+
+def finite(x: float | None) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+class Recorder:
+    """Buffers a run's metric and probe rows and writes them as parts; judges divergence.
+
+    Step k's row holds the training loss of update k and, at eval steps, the validation loss of
+    the same parameters (after k updates); a last row at step == steps holds only the final
+    validation loss. `state()` goes into checkpoints so a resumed run continues the clocks.
+    """
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, *, init_loss: float | None = None,
+                 elapsed: float = 0.0, train_seconds: float = 0.0):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.metric_rows: list[dict] = []
+        self.probe_rows: list[dict] = []
+        self.val_by_step: dict[int, float] = {}
+        self.init_loss = init_loss
+        self.last_val: float | None = None
+        self.wall0 = time.perf_counter() - elapsed
+        self.train_seconds = train_seconds
+        self.status, self.diverged_step, self.reason = "completed", None, None
+
+    # when to measure ------------------------------------------------------------------------
+    def eval_due(self, step: int) -> bool:
+        return step % self.cfg.eval_every == 0 or step == self.cfg.steps
+
+    def probe_due(self, step: int) -> bool:
+        return step % self.cfg.probe_every == 0 or step == self.cfg.steps
+
+    # what was measured ----------------------------------------------------------------------
+    def record_val(self, step: int, loss: float) -> None:
+        self.val_by_step[step] = self.last_val = loss
+        if self.init_loss is None:
+            self.init_loss = loss
+
+    def record_probes(self, rows: Iterable[dict]) -> None:
+        self.probe_rows.extend(rows)
+
+    def record_steps(self, values: Iterable[tuple[int, float, float, float]]) -> bool:
+        """Append (step, loss, grad_norm, lr) rows up to the first diverged step; True if one
+        diverged. Steps already recorded are skipped (an interrupt may land mid-sync)."""
+        logged = {r["step"] for r in self.metric_rows}
+        for step, loss, grad_norm, lr in values:
+            if step in logged:
+                continue
+            self.metric_rows.append(self._row(step, loss, grad_norm, lr))
+            self.reason = divergence(self.cfg, step, loss, grad_norm, self.init_loss)
+            if self.reason:
+                self.status, self.diverged_step = "diverged", step
+                return True
+        return False
+
+    def _row(self, step: int, loss, grad_norm, lr) -> dict:
+        val = self.val_by_step.pop(step, None)
+        return {"step": step, "tokens": step * self.cfg.tokens_per_step, "lr": lr,
+                "train_loss": loss, "grad_norm": grad_norm, "val_loss": val,
+                "val_ppl": math.exp(min(val, 700.0)) if val is not None else None,
+                "elapsed_s": self.elapsed()}
+
+    # clocks ---------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.wall0
+
+    def state(self) -> dict:
+        return {"init_loss": self.init_loss, "elapsed": self.elapsed(),
+                "train_seconds": self.train_seconds}
+
+    # files ----------------------------------------------------------------------------------
+    def flush(self) -> None:
+        runlog.write_part(self.run_dir / "metrics", self.metric_rows, runlog.METRICS_SCHEMA)
+        runlog.write_part(self.run_dir / "probes", self.probe_rows, runlog.PROBES_SCHEMA)
+        self.metric_rows.clear()
+        self.probe_rows.clear()
+
+    def finish(self, summary_base: dict, manifest: dict, params: dict) -> dict:
+        """Write the last rows, the manifest's end time and summary.json (last). For a completed
+        run the final validation loss must have been recorded at step == steps."""
+        cfg = self.cfg
+        if self.status == "completed":
+            self.metric_rows.append(self._row(cfg.steps, None, None, None))
+        self.flush()
+        final_step = cfg.steps if self.status == "completed" else self.diverged_step + 1
+        metrics = runlog.read_parts(self.run_dir / "metrics").to_pydict()
+        vals = [v for v in metrics["val_loss"] if v is not None]
+        finite_vals = [v for v in vals if math.isfinite(v)]
+        summary = {
+            **summary_base,
+            "status": self.status,
+            "init_loss": self.init_loss,
+            "final_val_loss": finite(vals[-1]) if self.status == "completed" and vals else None,
+            "min_val_loss": min(finite_vals) if finite_vals else None,
+            "final_train_loss": finite(
+                metrics["train_loss"][-2 if self.status == "completed" else -1]),
+            "diverged_step": self.diverged_step,
+            "diverged_reason": self.reason,
+            "steps": final_step,
+            "tokens_seen": final_step * cfg.tokens_per_step,
+            "wall_seconds": self.elapsed(),
+            "train_seconds": self.train_seconds,
+            "tokens_per_second": final_step * cfg.tokens_per_step / max(self.train_seconds, 1e-9),
+            "params": params,
+        }
+        manifest["ended"] = runlog.now()
+        runlog.write_json(self.run_dir / "manifest.json", manifest)
+        runlog.write_json(self.run_dir / "summary.json", summary)
+        return summary
+
+    def closing_line(self, summary: dict) -> str:
+        if self.status == "completed":
+            return f"completed at step {summary['steps']}: val {summary['final_val_loss'] or math.nan:.4f}"
+        return f"diverged at step {self.diverged_step} ({self.reason})"
