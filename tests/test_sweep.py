@@ -29,7 +29,7 @@ def tiny_words(data: str, runs_dir: Path, *extra: str) -> list[str]:
     return ["preset=demo", f"data={data}", f"runs_dir={runs_dir}", "name=t", "depth=1",
             "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=20",
             "warmup_steps=5", "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5",
-            "ckpt_every=10", "qk_norms=none", *extra]
+            "ckpt_every=10", "qk_norms=none", "jobs=1", *extra]
 
 
 def status_of(cfg) -> str | None:
@@ -73,7 +73,7 @@ def test_study_preset_is_the_studys_plan():
 def test_demo_preset_spans_safe_to_divergent_in_5_lrs():
     sc = sweep.parse_sweep_config(["preset=demo"])
     assert sc.grid_lrs() == [1e-3, 5.62e-3, 3.16e-2, 1.78e-1, 1.0]
-    assert len(sweep.grid(sc)) == 10 and sc.name == "demo" and not sc.refine
+    assert len(sweep.grid(sc)) == 10 and sc.name == "demo" and not sc.refine and sc.jobs == 2
     assert sweep.parse_sweep_config(["preset=demo", "lr_max=0.1", "points_per_decade=2"]
                                     ).grid_lrs() == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
