@@ -570,6 +570,22 @@ def print_peak_logits(sc: SweepConfig, runs: list[TrainConfig]) -> None:
         print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 
+def declare_grid(sc: SweepConfig) -> None:
+    """Write <runs_dir>/<name>/sweep.json: the base LR grid (so the analysis can tell grid runs
+    from refinement runs) and the sweep's axes. Grids of earlier sweeps into the same folder
+    are kept (union)."""
+    folder = Path(sc.runs_dir) / sc.name
+    folder.mkdir(parents=True, exist_ok=True)
+    earlier = runlog.read_json(folder / "sweep.json") or {}
+    runlog.write_json(folder / "sweep.json", {
+        "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sc.grid_lrs())),
+        "preset": sc.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sc.depth)),
+        "seeds": sorted(set(earlier.get("seeds", [])) | set(sc.seeds)),
+        "qk_norms": sorted(set(earlier.get("qk_norms", [])) | set(sc.qk_norms)),
+        "refine": sc.refine, "refine_steps": sc.refine_steps, "refine_factor": sc.refine_factor,
+    })
+
+
 def spawn_workers(words: list[str], sc: SweepConfig) -> list[subprocess.Popen]:
     """jobs=K: K-1 more sweep processes on the same tree (run locks share the work between them)."""
     folder = Path(sc.runs_dir) / sc.name
@@ -630,6 +646,8 @@ def cli(argv: list[str]) -> int:
     if "--dry-run" in flags:
         return 0
 
+    if not worker:
+        declare_grid(sc)
     start = time.perf_counter()
     workers = spawn_workers(words, sc) if sc.jobs > 1 and not worker else []
     if workers:

@@ -416,3 +416,13 @@ def test_parse_errors_raise_usage_error_directly():
     with pytest.raises(UsageError, match="unknown key"):
         sweep.parse_sweep_config(["nope=1"])
     assert math.isclose(sweep.parse_sweep_config(["refine_factor=1.5"]).refine_factor, 1.5)
+
+
+def test_sweep_declares_its_base_grid_for_the_analysis(tiny_data, tmp_path):
+    runs = tmp_path / "runs"
+    assert main(["sweep", *tiny_words(tiny_data, runs, "lrs=1e-3,1e-2", "max_steps=5",
+                                      "ckpt_every=5", "eval_every=5", "probe_every=5")]) == 0
+    assert main(["sweep", *tiny_words(tiny_data, runs, "lrs=3e-3", "max_steps=5",
+                                      "ckpt_every=5", "eval_every=5", "probe_every=5")]) == 0
+    declared = json.loads((runs / "t" / "sweep.json").read_text())
+    assert declared["grid_lrs"] == [1e-3, 3e-3, 1e-2] and declared["qk_norms"] == ["none"]
