@@ -9,42 +9,42 @@ default:
 
 # create .venv and install the project (and, on Linux, OpenBLAS and Chromium)
 setup:
-    ./setup.sh
+    @./setup.sh
 
 # the test suite
 test *args:
-    {{py}} -m pytest "$@"
+    @{{py}} -m pytest "$@"
 
 # tokenise a corpus: just prepare synthetic|tinystories|fineweb-edu|PATH [tokenizer=gpt2|bytes] ...
 prepare *args:
-    {{py}} -m mlx_gpt prepare "$@"
+    @{{py}} -m mlx_gpt prepare "$@"
 
 # train one run: just train lr=3e-3 qk_norm=rmsnorm depth=6 ...
 train *args:
-    {{py}} -m mlx_gpt train "$@"
+    @{{py}} -m mlx_gpt train "$@"
 
 # QK-norm x LR grid x seeds: just sweep depth=6 | depth=2,4,8 [--dry-run --calibrate] [--emit-commands]
 sweep *args:
-    {{py}} -m mlx_gpt sweep "$@"
+    @{{py}} -m mlx_gpt sweep "$@"
 
 # a miniature of the study on the embedded synthetic corpus, then its report (~6 min on 2 cores)
 demo *args:
-    test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
-    {{py}} -m mlx_gpt sweep preset=demo "$@"
-    {{py}} -m analysis report runs/demo --out reports/demo
+    @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
+    @{{py}} -m mlx_gpt sweep preset=demo "$@"
+    @{{py}} -m analysis report runs/demo --out reports/demo
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
 parity *args:
-    {{py}} -m torch_ref parity "$@"
+    @{{py}} -m torch_ref parity "$@"
 
 # re-run one MLX run with the PyTorch reference: just spot-check RUN_DIR [device=cuda|mps|cpu]
 spot-check *args:
-    {{py}} -m torch_ref spot-check "$@"
+    @{{py}} -m torch_ref spot-check "$@"
 
 # throughput, FLOP/s, share of sgemm peak, MLX vs PyTorch, probe/eval overhead, K runs at once
 bench *args:
-    {{py}} -m mlx_gpt bench "$@"
+    @{{py}} -m mlx_gpt bench "$@"
 
 # tables, charts, verdicts and report.html: just report [RUNS_DIR] [--out DIR] ...
 report *args:
-    {{py}} -m analysis report "$@"
+    @{{py}} -m analysis report "$@"
