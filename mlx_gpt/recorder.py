@@ -70,6 +70,8 @@ class Recorder:
     def record_steps(self, values: Iterable[tuple[int, float, float, float]]) -> bool:
         """Append (step, loss, grad_norm, lr) rows up to the first diverged step; True if one
         diverged. Steps already recorded are skipped (an interrupt may land mid-sync)."""
+        if self.status == "diverged":  # nothing after the first diverged step is recorded
+            return True
         logged = {r["step"] for r in self.metric_rows}
         for step, loss, grad_norm, lr in values:
             if step in logged:

@@ -223,7 +223,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
     pending: list[tuple[int, mx.array, mx.array, mx.array]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
-    step = start
+    applied = start
     try:
         t_sync = time.perf_counter()
         for step in range(start, steps):
@@ -234,6 +234,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             loss, grad_norm, lr = step_fn(mx.array(x), mx.array(y))
             mx.async_eval(state, loss, grad_norm)
             pending.append((step, loss, grad_norm, lr))
+            applied = step + 1  # updates in the model state: where a checkpoint resumes
             if probing:
                 rec.record_probes(probe_lib.update_stats(step, before,
                                                          dict(tree_flatten(model.parameters()))))
@@ -241,8 +242,8 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
                 continue
             values = read(pending)
             rec.train_seconds += time.perf_counter() - t_sync
-            pending.clear()
             diverged = rec.record_steps(values)
+            pending.clear()
             tok_s = (step + 1 - start) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
             display.update(step + 1, values[-1][1], tok_s,
                            (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9),
@@ -254,15 +255,14 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             t_sync = time.perf_counter()
     except KeyboardInterrupt:
         # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
-        diverged = rec.record_steps(read(pending)) if pending else False
-        if not diverged:
-            at = pending[-1][0] + 1 if pending else step
-            checkpoint(at)
-            display.close(f"interrupted; checkpointed at step {at}")
-            raise
-        pending.clear()
-        summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
-        display.close(rec.closing_line(summary))
+        if pending:
+            rec.record_steps(read(pending))
+        if rec.status == "diverged":
+            summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
+            display.close(rec.closing_line(summary))
+        else:
+            checkpoint(applied)
+            display.close(f"interrupted; checkpointed at step {applied}")
         raise
 
     if rec.status == "completed":

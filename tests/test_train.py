@@ -246,3 +246,26 @@ def test_run_folder_is_content_addressed(tiny_cfg):
     cfg = tiny_cfg()
     assert run_dir_of(cfg) == Path(cfg.runs_dir) / "test" / cfg.run_id
     assert cfg.run_id.startswith("d2-noqk-lr0.003-s0-")
+
+
+def test_interrupt_during_a_sync_resumes_exactly(tiny_cfg, tmp_path, monkeypatch):
+    """Ctrl-C after a log interval's rows are recorded but before the loop moves on: the
+    checkpoint must hold exactly the updates applied, and the rows must not repeat."""
+    from mlx_gpt import train as trainer
+
+    reference = tiny_cfg()
+    train(reference, verbose=False)
+    interrupted = dataclasses.replace(reference, runs_dir=str(tmp_path / "interrupted"))
+    real_update = trainer.Display.update
+
+    def update_then_interrupt(self, step, *args):
+        if step == 15:  # a sync that is not a checkpoint (ckpt_every=10, log_every=5)
+            raise KeyboardInterrupt
+        return real_update(self, step, *args)
+
+    monkeypatch.setattr(trainer.Display, "update", update_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, verbose=False)
+    monkeypatch.setattr(trainer.Display, "update", real_update)
+    assert train(interrupted, verbose=False)["status"] == "completed"
+    assert rows(interrupted) == rows(reference)
