@@ -97,6 +97,16 @@ def read_parts(folder: Path) -> pa.Table | None:
     return pa.concat_tables(pq.read_table(p) for p in parts)
 
 
+def record_failure(run_dir: Path, summary_base: dict, error: BaseException) -> None:
+    """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
+    import traceback
+
+    (run_dir / "traceback.txt").write_text(
+        "".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    write_json(run_dir / "summary.json", {
+        **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}"})
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

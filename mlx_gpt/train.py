@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-import traceback
 from functools import partial
 from pathlib import Path
 
@@ -162,9 +161,7 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
         except (KeyboardInterrupt, UsageError):
             raise
         except Exception as e:
-            (run_dir / "traceback.txt").write_text(traceback.format_exc())
-            runlog.write_json(run_dir / "summary.json", {
-                **summary_base(cfg), "status": "failed", "error": f"{type(e).__name__}: {e}"})
+            runlog.record_failure(run_dir, summary_base(cfg), e)
             raise
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import traceback
 from pathlib import Path
 
 from mlx_gpt import runlog
@@ -101,9 +100,7 @@ def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = Non
         except (KeyboardInterrupt, UsageError):
             raise
         except Exception as e:
-            (out / "traceback.txt").write_text(traceback.format_exc())
-            runlog.write_json(out / "summary.json", {
-                **summary_extra, "status": "failed", "error": f"{type(e).__name__}: {e}"})
+            runlog.record_failure(out, summary_extra, e)
             raise
         comparison = compare(run_dir, out)
         runlog.write_json(out / "comparison.json", comparison)

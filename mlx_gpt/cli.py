@@ -1,0 +1,36 @@
+"""The command-line frame shared by `python -m mlx_gpt` and `python -m torch_ref`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from .errors import UsageError
+
+
+def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
+             missing: dict[str, str] | None = None) -> int:
+    """Run `<prog> <command> [args]`: commands maps a name to (module with `cli`, help line).
+    `missing` maps an optional package to the hint printed when importing it fails."""
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        width = max(map(len, commands)) + 1
+        print(f"usage: {prog} <command> [args]\n\ncommands:")
+        for name, (_, help_) in commands.items():
+            print(f"  {name:<{width}} {help_}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in commands:
+        print(f"error: unknown command {command!r}; expected one of {', '.join(commands)}",
+              file=sys.stderr)
+        return 2
+    try:
+        try:
+            module = importlib.import_module(commands[command][0])
+        except ModuleNotFoundError as e:
+            if e.name not in (missing or {}):
+                raise
+            raise UsageError(missing[e.name]) from None
+        return int(module.cli(rest) or 0)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
