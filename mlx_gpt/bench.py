@@ -260,6 +260,10 @@ def run(bench: BenchConfig) -> dict:
     return report
 
 
+def cell(entry: dict, key: str, fmt: str) -> str:
+    return fmt.format(entry[key]) if key in entry else "-"
+
+
 def markdown(report: dict) -> str:
     peak = report["sgemm_gflops"]
     lines = [f"Machine: {report['machine']['platform']}, {report['machine']['cpus']} CPUs, "
@@ -276,9 +280,9 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {name} | {e['params']['total'] / 1e6:.1f}M | {e['mlx_tokens_per_s']:,.0f} | "
             f"{e['mlx_gflops']:.1f} | {e['mlx_share_of_sgemm_peak']:.0%} | "
-            f"{e.get('torch_tokens_per_s', float('nan')):,.0f} | "
-            f"{e.get('mlx_over_torch', float('nan')):.2f}x | {e['peak_memory_gb']:.2f} GB | "
-            f"{e.get('probe_overhead', float('nan')):.1%} | {e.get('eval_overhead', float('nan')):.1%} |")
+            f"{cell(e, 'torch_tokens_per_s', '{:,.0f}')} | {cell(e, 'mlx_over_torch', '{:.2f}x')} | "
+            f"{e['peak_memory_gb']:.2f} GB | {cell(e, 'probe_overhead', '{:.1%}')} | "
+            f"{cell(e, 'eval_overhead', '{:.1%}')} |")
     if "k_at_once" in report:
         k = report["k_at_once"]
         lines += ["", f"{k['k']} demo runs at once: {k['tokens_per_s_k']:,.0f} tok/s in total "
