@@ -269,3 +269,18 @@ def test_interrupt_during_a_sync_resumes_exactly(tiny_cfg, tmp_path, monkeypatch
     monkeypatch.setattr(trainer.Display, "update", real_update)
     assert train(interrupted, verbose=False)["status"] == "completed"
     assert rows(interrupted) == rows(reference)
+
+
+def test_recorder_stops_at_the_first_diverged_step(tmp_path):
+    from mlx_gpt.recorder import Recorder
+
+    cfg = TrainConfig(warmup_steps=0, divergence_margin=1.0, log_every=5, eval_every=5)
+    rec = Recorder(cfg, tmp_path)
+    rec.record_val(0, 5.0)
+    steps = [(0, 4.0, 1.0, 0.1), (1, 4.5, 1.0, 0.1), (2, 6.5, 1.0, 0.1), (3, 3.0, 1.0, 0.1)]
+    assert rec.record_steps(steps[:2]) is False
+    assert rec.record_steps(steps) is True  # steps 0 and 1 are not recorded twice
+    assert [r["step"] for r in rec.metric_rows] == [0, 1, 2]
+    assert rec.metric_rows[0]["val_loss"] == 5.0 and rec.metric_rows[1]["val_loss"] is None
+    assert (rec.status, rec.diverged_step) == ("diverged", 2)
+    assert rec.record_steps([(4, 3.0, 1.0, 0.1)]) is True and len(rec.metric_rows) == 3
