@@ -85,10 +85,10 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.heads(x)
         q, k = self.normed(q, k)
-        if on_cpu():
-            T = x.shape[1]
+        if on_cpu():  # written out so the softmax uses the vectorisable exp
             causal = mx.triu(mx.full((T, T), -1e30, dtype=q.dtype), k=1)
-            y = kernels.softmax((q * self.scale) @ k.transpose(0, 1, 3, 2) + causal) @ v
+            scores = (q * self.scale) @ k.transpose(0, 1, 3, 2) + causal  # (B, nh, T, T)
+            y = kernels.softmax(scores) @ v
         else:
             y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
         return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))  # (B, T, nh*hs)
