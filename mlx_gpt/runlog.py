@@ -66,6 +66,12 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
+def finished(run_dir: Path) -> dict | None:
+    """The summary of a finished run (completed or diverged), else None (failed runs retry)."""
+    summary = read_json(run_dir / "summary.json")
+    return summary if summary and summary.get("status") in FINISHED else None
+
+
 def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
     """Write rows as one immutable part named by its step range; None if there are no rows."""
     if not rows:

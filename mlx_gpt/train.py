@@ -144,8 +144,8 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
     cfg.validate()
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
     run_dir = run_dir_of(cfg)
-    done = runlog.read_json(run_dir / "summary.json")
-    if done and done.get("status") in runlog.FINISHED:
+    done = runlog.finished(run_dir)
+    if done:
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
         return done
@@ -153,8 +153,8 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
     with run_lock(run_dir) as acquired:
         if not acquired:
             raise RunBusy(f"{run_dir} is being trained by another process")
-        done = runlog.read_json(run_dir / "summary.json")  # finished while we took the lock
-        if done and done.get("status") in runlog.FINISHED:
+        done = runlog.finished(run_dir)  # finished while we took the lock
+        if done:
             return done
         try:
             return _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)

@@ -72,8 +72,8 @@ def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = Non
     train_tokens, val_tokens, meta = load_data(cfg)  # every check before anything is written
     out = output_dir(run_dir, reference_id, torch_device.type)
 
-    done = runlog.read_json(out / "summary.json")
-    if done and done.get("status") in runlog.FINISHED:
+    done = runlog.finished(out)
+    if done:
         comparison = compare(run_dir, out)  # again: the MLX run may have moved on since
         runlog.write_json(out / "comparison.json", comparison)
         if verbose:
@@ -84,8 +84,8 @@ def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = Non
     with run_lock(out) as acquired:
         if not acquired:
             raise UsageError(f"{out} is being trained by another process")
-        done = runlog.read_json(out / "summary.json")  # finished while we took the lock
-        if done and done.get("status") in runlog.FINISHED:
+        done = runlog.finished(out)  # finished while we took the lock
+        if done:
             return out, done
         identity = {"run_id": out.name, "framework": "torch", "device": torch_device.type,
                     "reference_run_id": reference_id}
