@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
                         "for runs/demo)")
     r.add_argument("--threshold", type=float, default=None, metavar="LOSS",
                    help="val loss level for steps-to-threshold (default: per depth, the "
-                        "worse of the two arms' best losses)")
+                        "largest mid-training val loss of the arms' best runs)")
     r.add_argument("--curve-lrs", type=_lrs, default=(), metavar="LR,LR",
                    help="learning rates for the training-curve chart (default: per depth, "
                         "the off arm's optimal, max stable and first divergent LR)")
@@ -44,10 +44,9 @@ def parser() -> argparse.ArgumentParser:
                    default=(), metavar="NAME,NAME",
                    help="probe names for the 'other probes' chart (default: residual kurtosis "
                         "and a few others when present)")
-    r.add_argument("--noise-k", type=float, default=2.0, metavar="K",
-                   help="off is 'worse' when the mean gap exceeds k x seed noise (default 2)")
-    r.add_argument("--bootstrap", type=int, default=1000, metavar="N",
-                   help="bootstrap resamples for the necessity interval (default 1000)")
+    r.add_argument("--alpha", type=float, default=0.05, metavar="A",
+                   help="significance level of the one-sided paired t-tests over seeds "
+                        "(default 0.05)")
     return p
 
 
@@ -58,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser().print_help()
             return 0
-        if args.noise_k <= 0 or args.bootstrap < 1:
-            raise UsageError("--noise-k must be > 0 and --bootstrap >= 1")
+        if not 0 < args.alpha < 1:
+            raise UsageError(f"--alpha must be between 0 and 1, not {args.alpha:g}")
         from . import metrics
         from .report import ReportOptions, build_report
 
@@ -67,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else Path("reports") / runs_dir.resolve().name
         options = ReportOptions(loss_threshold=args.threshold, curve_lrs=args.curve_lrs,
                                 probe_names=args.probes,
-                                study=metrics.Options(noise_k=args.noise_k,
-                                                      n_boot=args.bootstrap))
+                                study=metrics.Options(alpha=args.alpha))
         t0 = time.perf_counter()
         path, study = build_report(runs_dir, out, options)
     except UsageError as e:

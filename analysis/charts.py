@@ -303,7 +303,8 @@ def gap_map_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
                                      scale=alt.Scale(scheme="redblue", reverse=True,
                                                      domain=[-limit, limit], domainMid=0)),
                      tooltip=[alt.Tooltip("lr:Q", format=".3g"), "depth:Q",
-                              alt.Tooltip("mean_gap:Q", format="+.4f"), "pairs:Q",
+                              alt.Tooltip("mean_gap:Q", format="+.4f"), "seed_gaps:N",
+                              "spread:N", alt.Tooltip("p_off_worse:Q", format=".2g"),
                               "off_diverged:Q", "on_diverged:Q", "needed:N"])
              .transform_filter(alt.datum.kind == "cell"))
     marks = (alt.Chart().mark_point(shape="cross", size=140, filled=True, color="black")
@@ -359,7 +360,8 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
 
 def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     """Per depth: optimal LR and max stable LR per arm (range over seeds), and the necessity
-    threshold with its bootstrap interval. Open triangles: max stable LR is a lower bound."""
+    threshold with its grid bracket (from the largest LR where it was not yet needed). Open
+    triangles: max stable LR is a lower bound."""
     a = arms.with_columns(arm_expr())
     frames = [
         a.select("depth", "arm", value="optimal_lr", lo="optimal_lr_lo", hi="optimal_lr_hi")
@@ -367,7 +369,8 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
         a.select("depth", "arm", value="max_stable_lr", lo="max_stable_lr_lo",
                  hi="max_stable_lr_hi", bound=pl.col("censored_seeds") > 0)
         .with_columns(measure=pl.lit("max stable LR")),
-        thresholds.select("depth", value="threshold_lr", lo="threshold_lo", hi="threshold_hi",
+        thresholds.select("depth", value="threshold_lr",
+                          lo=pl.coalesce("not_needed_below", "threshold_lr"), hi="threshold_lr",
                           arm=pl.format("necessity ({} vs off)", "on_kind"))
         .with_columns(measure=pl.lit("necessity threshold"), bound=pl.lit(False)),
     ]
@@ -406,8 +409,8 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
         [hollow] if data["bound"].any() else [])
     return (alt.layer(*layers, data=values(data))
             .properties(width=2 * PANEL_W, height=PANEL_H + 60,
-                        title="Learning-rate landmarks vs depth (bars: seed range or "
-                              "bootstrap interval)"))
+                        title="Learning-rate landmarks vs depth (bars: seed range; "
+                              "for the threshold, the grid bracket)"))
 
 
 def _empty(message: str) -> alt.Chart:

@@ -4,6 +4,8 @@ verdicts.
 Every function takes a "points" frame with one row per finished run of one setting and one
 framework: depth, qk_norm, lr, seed, status (completed | diverged), init_loss, final_val_loss
 (and optionally refine). `qk_norm == "none"` is the off arm; every other value is an on arm.
+The arms are paired: one seed shares its initial weights and its batches across arms and LRs,
+so arms are compared seed by seed. Every rule here is written out in docs/report.md.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from scipy import stats
 
 OFF = "none"
 ARM_KEYS = ("depth", "qk_norm")
@@ -24,26 +27,29 @@ ARM_KEYS = ("depth", "qk_norm")
 class Options:
     """Knobs of the study metrics (all visible in the report)."""
 
-    noise_k: float = 2.0  # "worse by more than seed noise": mean gap > noise_k * seed std
-    n_boot: int = 1000  # bootstrap resamples of the seeds for the necessity threshold
-    boot_seed: int = 0
-    interval: float = 0.95
+    alpha: float = 0.05  # one-sided paired t-tests over seeds: "off worse than on" etc.
 
+
+# --- scoring ------------------------------------------------------------------------------------
 
 def with_losses(points: pl.DataFrame) -> pl.DataFrame:
-    """Add `diverged`, `loss` (+inf for a diverged run) and `loss_clipped` = min(loss, init_loss).
+    """Add `diverged`, `loss` (+inf for a diverged run or a non-finite final loss) and
+    `loss_clipped` = min(loss, init_loss). No run is ever dropped.
 
     Wortsman et al. 2023 (arXiv:2309.14322, Sec. 2.2) clip each final loss at the loss at
-    initialisation, so a diverged run counts as init_loss. A run without its own init_loss
-    borrows the mean init_loss of its (depth, qk_norm) arm.
+    initialisation, so a diverged run counts as init_loss; so does a completed run whose final
+    loss is missing or not finite (`nonfinite_final`). A run without its own init_loss borrows
+    the mean init_loss of its (depth, qk_norm) arm, then of its depth.
     """
-    init = pl.coalesce(pl.col("init_loss"), pl.col("init_loss").mean().over(ARM_KEYS))
-    loss = (pl.when(pl.col("status") == "diverged").then(pl.lit(math.inf))
-            .otherwise(pl.col("final_val_loss").fill_nan(None)))
-    return (points.with_columns(diverged=pl.col("status") == "diverged", loss=loss,
-                                init_loss=init)
-            .with_columns(loss_clipped=pl.min_horizontal("loss", "init_loss"))
-            .filter(pl.col("loss").is_not_null()))
+    init = pl.coalesce(pl.col("init_loss"), pl.col("init_loss").mean().over(ARM_KEYS),
+                       pl.col("init_loss").mean().over("depth"))
+    final = pl.col("final_val_loss").cast(pl.Float64)
+    bad_final = final.is_null() | ~final.is_finite()
+    diverged = pl.col("status") == "diverged"
+    return (points.with_columns(diverged=diverged, nonfinite_final=~diverged & bad_final,
+                                loss=pl.when(diverged | bad_final).then(pl.lit(math.inf))
+                                .otherwise(final), init_loss=init)
+            .with_columns(loss_clipped=pl.min_horizontal("loss", "init_loss")))
 
 
 def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
@@ -95,10 +101,11 @@ def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def lr_sensitivity(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, qk_norm): LR sensitivity averaged over seeds, with its spread."""
+    """Per (depth, qk_norm): LR sensitivity averaged over seeds, with the seed range."""
     return (lr_sensitivity_per_seed(points).group_by(ARM_KEYS)
             .agg(lr_sensitivity=pl.col("lr_sensitivity").mean(),
-                 lr_sensitivity_sd=pl.col("lr_sensitivity").std(),
+                 lr_sensitivity_lo=pl.col("lr_sensitivity").min(),
+                 lr_sensitivity_hi=pl.col("lr_sensitivity").max(),
                  sensitivity_seeds=pl.col("lr_sensitivity").count(),
                  grid_points=pl.col("grid_points").max(),
                  grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max(),
@@ -115,33 +122,41 @@ def max_stable_lr_per_seed(points: pl.DataFrame) -> pl.DataFrame:
 
     first_divergent_lr: the smallest LR that diverged. max_stable_lr: the largest LR below it
     that did not diverge (so refinement runs between the last stable and first divergent grid
-    point tighten it). With no divergence it is the largest LR run, a lower bound (censored).
+    point tighten it). Two kinds of censoring, both kept:
+    - `censored` (above): no LR diverged; max_stable_lr is the largest LR run, a lower bound.
+    - `below_grid`: every LR run diverged; the true value lies below the smallest LR run, and
+      `max_stable_lr` holds that smallest LR as an upper bound (never left out).
     """
     p = with_losses(points)
     first_div = pl.col("lr").filter(pl.col("diverged")).min()
+    stable = pl.col("lr").filter(~pl.col("diverged") & (
+        first_div.is_null() | (pl.col("lr") < first_div))).max()
     return (p.group_by(*ARM_KEYS, "seed")
-            .agg(first_divergent_lr=first_div,
-                 max_stable_lr=pl.col("lr").filter(~pl.col("diverged") & (
-                     first_div.is_null() | (pl.col("lr") < first_div))).max(),
+            .agg(first_divergent_lr=first_div, _stable=stable, _lr_min=pl.col("lr").min(),
                  lrs_run=pl.len())
-            .with_columns(censored=pl.col("first_divergent_lr").is_null())
+            .with_columns(censored=pl.col("first_divergent_lr").is_null(),
+                          below_grid=pl.col("_stable").is_null(),
+                          max_stable_lr=pl.coalesce("_stable", "_lr_min"))
+            .drop("_stable", "_lr_min")
             .sort(*ARM_KEYS, "seed"))
 
 
 def max_stable_lr(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, qk_norm): geometric mean over seeds of max stable LR, its range, censoring."""
+    """Per (depth, qk_norm): geometric mean over seeds of max stable LR (bounds included, see
+    max_stable_lr_per_seed), the seed range, and how many seeds are censored either way."""
     return (max_stable_lr_per_seed(points).group_by(ARM_KEYS)
             .agg(max_stable_lr=_geo_mean("max_stable_lr"),
                  max_stable_lr_lo=pl.col("max_stable_lr").min(),
                  max_stable_lr_hi=pl.col("max_stable_lr").max(),
                  first_divergent_lr=_geo_mean("first_divergent_lr"),
-                 stable_seeds=pl.len(), censored_seeds=pl.col("censored").sum())
+                 stable_seeds=pl.len(), censored_seeds=pl.col("censored").sum(),
+                 below_grid_seeds=pl.col("below_grid").sum())
             .sort(ARM_KEYS))
 
 
 def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
     """Per (depth, qk_norm): the LR of lowest final loss per seed (geometric mean over seeds)
-    and that best loss (mean and sd over seeds). Diverged runs count as +inf, never best."""
+    and that best loss (mean and range over seeds). Diverged runs count as +inf, never best."""
     p = with_losses(points).filter(pl.col("loss").is_finite())
     per_seed = (p.group_by(*ARM_KEYS, "seed")
                 .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
@@ -149,7 +164,8 @@ def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
     return (per_seed.group_by(ARM_KEYS)
             .agg(optimal_lr=_geo_mean("optimal_lr"), optimal_lr_lo=pl.col("optimal_lr").min(),
                  optimal_lr_hi=pl.col("optimal_lr").max(), best_loss=pl.col("best_loss").mean(),
-                 best_loss_sd=pl.col("best_loss").std(), best_seeds=pl.len())
+                 best_loss_lo=pl.col("best_loss").min(), best_loss_hi=pl.col("best_loss").max(),
+                 best_seeds=pl.len())
             .sort(ARM_KEYS))
 
 
@@ -157,6 +173,7 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
     """One row per (depth, qk_norm): run counts, LR sensitivity, max stable LR, optimum."""
     p = with_losses(points)
     counts = p.group_by(ARM_KEYS).agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
+                                      nonfinite_final=pl.col("nonfinite_final").sum(),
                                       seeds=pl.col("seed").n_unique(), lrs=pl.col("lr").n_unique())
     out = counts
     for part in (lr_sensitivity(points), max_stable_lr(points), optimal_lr(points)):
@@ -164,27 +181,26 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
     return out.sort(ARM_KEYS)
 
 
-# --- QK-norm off minus on ---------------------------------------------------------------------
+# --- paired tests -------------------------------------------------------------------------------
 
-def seed_noise(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, on_kind): the median over (arm, LR) cells of the across-seed std of final loss.
+def paired_t(diffs: list[float] | np.ndarray) -> tuple[float | None, float | None]:
+    """One-sided paired t-test of mean(diffs) > 0: (t, p). (None, None) with fewer than 2
+    values. With no spread at all, p is 0 when the mean is positive and 1 otherwise."""
+    d = np.asarray([x for x in diffs if x is not None and math.isfinite(x)], dtype=float)
+    n = len(d)
+    if n < 2:
+        return None, None
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd <= 1e-12 * max(1.0, abs(mean)):
+        return (math.inf if mean > 0 else -math.inf if mean < 0 else 0.0,
+                0.0 if mean > 0 else 1.0)
+    t = mean / (sd / math.sqrt(n))
+    return t, float(stats.t.sf(t, df=n - 1))
 
-    Only cells with >= 2 seeds and no divergence count (a diverged run has no final loss).
-    This one yardstick per depth is steadier than a std from two or three seeds at one LR.
-    """
-    p = with_losses(points)
-    cells = (p.group_by("depth", "qk_norm", "lr")
-             .agg(sd=pl.col("loss").std(), n=pl.len(), div=pl.col("diverged").any())
-             .filter((pl.col("n") >= 2) & ~pl.col("div") & pl.col("sd").is_not_null()))
-    frames = []
-    for on in _on_kinds(p):
-        frames.append(cells.filter(pl.col("qk_norm").is_in([OFF, on]))
-                      .group_by("depth").agg(seed_noise=pl.col("sd").median(),
-                                             noise_cells=pl.len())
-                      .with_columns(on_kind=pl.lit(on)))
-    schema = {"depth": pl.Int64, "seed_noise": pl.Float64, "noise_cells": pl.UInt32,
-              "on_kind": pl.String}
-    return pl.concat(frames) if frames else pl.DataFrame(schema=schema)
+
+def seeds_label(n: int) -> str:
+    """How much a spread over n seeds can bear: a range for n < 3, never an interval."""
+    return f"range, n={n}" if n < 3 else f"n={n}"
 
 
 def _on_kinds(points: pl.DataFrame) -> list[str]:
@@ -210,254 +226,293 @@ def paired_gaps(points: pl.DataFrame) -> pl.DataFrame:
     return pl.concat(frames).sort("on_kind", "depth", "lr", "seed")
 
 
+GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs": pl.Int64,
+              "mean_gap": pl.Float64, "gap_sd": pl.Float64, "gap_lo": pl.Float64,
+              "gap_hi": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
+              "t": pl.Float64, "p_off_worse": pl.Float64, "p_on_worse": pl.Float64,
+              "off_diverged": pl.Int64, "on_diverged": pl.Int64, "loss_off": pl.Float64,
+              "loss_on": pl.Float64, "significant": pl.Boolean, "no_difference": pl.Boolean,
+              "both_diverged": pl.Boolean, "needed": pl.Boolean}
+
+
 def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """Per (depth, on_kind, lr): mean gap over paired seeds, divergence counts, and `needed`.
+    """Per (depth, on_kind, lr): the paired gaps over seeds and their one-sided paired t-test.
 
-    needed: off is worse than on by more than noise_k x seed noise, or off diverged (any seed)
-    while on diverged in none.
+    significant: off worse than on, p_off_worse < alpha (needs >= 2 paired seeds; null below).
+    no_difference: neither one-sided test is significant and neither arm diverged.
+    both_diverged: the on arm diverged in every seed, so the LR says nothing about necessity.
+    needed: at or above the depth's necessity threshold (see necessity_threshold).
     """
-    gaps = paired_gaps(points)
-    noise = seed_noise(points)
-    table = (gaps.group_by("depth", "on_kind", "lr")
-             .agg(mean_gap=pl.col("gap").mean(), gap_sd=pl.col("gap").std(), pairs=pl.len(),
-                  off_diverged=pl.col("diverged_off").sum(),
-                  on_diverged=pl.col("diverged_on").sum(),
-                  loss_off=pl.col("loss_off").mean(), loss_on=pl.col("loss_on").mean())
-             .join(noise, on=["depth", "on_kind"], how="left"))
-    beyond_noise = pl.col("mean_gap") > options.noise_k * pl.col("seed_noise")
-    only_off = (pl.col("off_diverged") > 0) & (pl.col("on_diverged") == 0)
-    return (table.with_columns(needed=(only_off | beyond_noise.fill_null(False))
-                               & pl.col("seed_noise").is_not_null())
-            .sort("on_kind", "depth", "lr"))
-
-
-def _threshold_from(lrs: np.ndarray, gap: np.ndarray, off_div: np.ndarray, on_div: np.ndarray,
-                    present: np.ndarray, limit: float) -> np.ndarray:
-    """Smallest needed LR along axis 0 (inf if none) for arrays (L, ..., n_seeds)."""
-    n = present.sum(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean_gap = np.where(present, gap, 0.0).sum(axis=-1) / n
-    needed = (n > 0) & (((off_div & present).any(axis=-1) & ~(on_div & present).any(axis=-1))
-                        | (mean_gap > limit))
-    first = np.argmax(needed, axis=0)
-    return np.where(needed.any(axis=0), lrs[first], np.inf)
-
-
-def necessity_threshold(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """Per (depth, on_kind): the smallest LR at which QK-norm is needed, with a bootstrap interval.
-
-    The bootstrap resamples the paired seeds with replacement (the seed noise yardstick stays
-    fixed: a resample that repeats one seed has no spread of its own) and recomputes the
-    threshold; "none" counts as +inf, above every LR run. Intervals use observed values only.
-    """
-    gaps = paired_gaps(points)
-    noise = seed_noise(points)
     rows = []
-    rng = np.random.default_rng(options.boot_seed)
-    for (on, depth), group in gaps.group_by("on_kind", "depth", maintain_order=True):
-        lrs = np.array(sorted(group["lr"].unique().to_list()))
-        seeds = sorted(group["seed"].unique().to_list())
-        n_seeds = len(seeds)
-        noise_row = noise.filter((pl.col("depth") == depth) & (pl.col("on_kind") == on))
-        sd = noise_row["seed_noise"][0] if noise_row.height else None
-        row = {"depth": depth, "on_kind": on, "seeds": n_seeds, "lrs": len(lrs),
-               "lr_min": float(lrs.min()), "lr_max": float(lrs.max()), "seed_noise": sd,
-               "noise_k": options.noise_k, "threshold_lr": None, "threshold_lo": None,
-               "threshold_hi": None, "found_fraction": None, "note": ""}
-        if sd is None or n_seeds < 2:
-            row["note"] = "not enough data: seed noise needs >= 2 seeds of a stable cell"
+    gaps = paired_gaps(points)
+    for (on, depth, lr), g in gaps.group_by("on_kind", "depth", "lr", maintain_order=True):
+        values = g.sort("seed")["gap"].to_list()
+        n = len(values)
+        t, p_off = paired_t(values)
+        _, p_on = paired_t([-v for v in values])
+        off_div, on_div = int(g["diverged_off"].sum()), int(g["diverged_on"].sum())
+        rows.append({
+            "depth": depth, "on_kind": on, "lr": lr, "pairs": n,
+            "mean_gap": float(np.mean(values)), "gap_sd": float(np.std(values, ddof=1))
+            if n > 1 else None, "gap_lo": min(values), "gap_hi": max(values),
+            "seed_gaps": ", ".join(f"{v:+.3g}" for v in values), "spread": seeds_label(n),
+            "t": t, "p_off_worse": p_off, "p_on_worse": p_on,
+            "off_diverged": off_div, "on_diverged": on_div,
+            "loss_off": float(g["loss_off"].mean()), "loss_on": float(g["loss_on"].mean()),
+            "significant": None if p_off is None else p_off < options.alpha,
+            "no_difference": None if p_off is None else (
+                p_off >= options.alpha and p_on >= options.alpha and off_div == on_div == 0),
+            "both_diverged": on_div == n, "needed": None})
+    table = pl.DataFrame(rows, schema=GAP_SCHEMA)
+    thresholds = necessity_threshold(points, options, table)
+    return (table.join(thresholds.select("depth", "on_kind", "threshold_lr"),
+                       on=["depth", "on_kind"], how="left")
+            .with_columns(needed=pl.when(pl.col("significant").is_not_null())
+                          .then(pl.col("threshold_lr").is_not_null()
+                                & (pl.col("lr") >= pl.col("threshold_lr"))
+                                & ~pl.col("both_diverged")))
+            .drop("threshold_lr").sort("on_kind", "depth", "lr"))
+
+
+THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
+                    "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
+                    "alpha": pl.Float64, "threshold_lr": pl.Float64,
+                    "not_needed_below": pl.Float64, "seed_gaps_at_threshold": pl.String,
+                    "spread": pl.String, "note": pl.String}
+
+
+def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
+                        gaps: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per (depth, on_kind): the smallest LR from which QK-norm is needed at every larger LR.
+
+    Needed at an LR = the one-sided paired t-test over seeds finds off worse than on
+    (p < alpha). LRs where the on arm diverged in every seed (both arms fail) are passed over:
+    they tell nothing about whether QK-norm is needed. The threshold is the smallest tested LR
+    x that is needed, with every larger tested LR needed too; `not_needed_below` is the
+    largest tested LR under it (the grid brackets the boundary: no interval is claimed).
+    Fewer than 2 paired seeds: no test, "not enough data".
+    """
+    if gaps is None:
+        gaps = gap_table(points, options)
+    rows = []
+    for (on, depth), g in gaps.sort("lr").group_by("on_kind", "depth", maintain_order=True):
+        tested = g.filter(pl.col("significant").is_not_null())
+        row = {"depth": depth, "on_kind": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
+               "lr_min": float(g["lr"].min()), "lr_max": float(g["lr"].max()),
+               "alpha": options.alpha, "threshold_lr": None, "not_needed_below": None,
+               "seed_gaps_at_threshold": None, "spread": seeds_label(int(g["pairs"].max())),
+               "note": ""}
+        if tested.is_empty():
+            row["note"] = "not enough data: the paired test needs >= 2 seeds in both arms"
             rows.append(row)
             continue
-        shape = (len(lrs), n_seeds)
-        gap, off_div, on_div = np.zeros(shape), np.zeros(shape, bool), np.zeros(shape, bool)
-        present = np.zeros(shape, bool)
-        li = {v: i for i, v in enumerate(lrs)}
-        si = {v: i for i, v in enumerate(seeds)}
-        for r in group.iter_rows(named=True):
-            i, j = li[r["lr"]], si[r["seed"]]
-            gap[i, j], off_div[i, j], on_div[i, j] = r["gap"], r["diverged_off"], r["diverged_on"]
-            present[i, j] = True
-        limit = options.noise_k * sd
-        point = float(_threshold_from(lrs, gap, off_div, on_div, present, limit))
-        idx = rng.integers(0, n_seeds, size=(options.n_boot, n_seeds))  # (B, n)
-        boot = _threshold_from(lrs, gap[:, idx], off_div[:, idx], on_div[:, idx],
-                               present[:, idx], limit)  # (B,)
-        tail = (1 - options.interval) / 2
-        lo = float(np.quantile(boot, tail, method="lower"))
-        hi = float(np.quantile(boot, 1 - tail, method="higher"))
-        row.update(threshold_lr=point if math.isfinite(point) else None,
-                   threshold_lo=lo if math.isfinite(lo) else None,
-                   threshold_hi=hi if math.isfinite(hi) else None,
-                   found_fraction=float(np.isfinite(boot).mean()))
-        if not math.isfinite(point):
-            row["note"] = f"off never worse beyond noise up to lr {lrs.max():.3g}"
-        elif not math.isfinite(hi):
-            row["note"] = f"upper end: none found in some resamples (> {lrs.max():.3g})"
+        informative = tested.filter(~pl.col("both_diverged"))
+        threshold = None
+        for r in reversed(informative.rows(named=True)):  # from the largest LR down
+            if not r["significant"]:
+                break
+            threshold = r
+        if threshold is None:
+            row["note"] = (f"off never consistently worse up to lr {row['lr_max']:.3g}"
+                           if informative.height else "the on arm diverged at every LR")
+        else:
+            below = tested.filter(pl.col("lr") < threshold["lr"])
+            row.update(threshold_lr=threshold["lr"], seed_gaps_at_threshold=threshold["seed_gaps"],
+                       spread=threshold["spread"],
+                       not_needed_below=float(below["lr"].max()) if below.height else None)
+            if not below.height:
+                row["note"] = "needed already at the smallest LR run"
         rows.append(row)
-    schema = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64, "lrs": pl.Int64,
-              "lr_min": pl.Float64, "lr_max": pl.Float64, "seed_noise": pl.Float64,
-              "noise_k": pl.Float64, "threshold_lr": pl.Float64, "threshold_lo": pl.Float64,
-              "threshold_hi": pl.Float64, "found_fraction": pl.Float64, "note": pl.String}
-    return pl.DataFrame(rows, schema=schema).sort("on_kind", "depth")
+    return pl.DataFrame(rows, schema=THRESHOLD_SCHEMA).sort("on_kind", "depth")
 
 
-# --- hypotheses -------------------------------------------------------------------------------
+# --- hypotheses ---------------------------------------------------------------------------------
 
-SUPPORTED, NOT_SUPPORTED, MIXED, NO_DATA = ("supported", "not supported", "mixed",
-                                            "not enough data")
+SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, MIXED, NO_DATA = (
+    "supported", "not supported", "inconclusive", "mixed", "not enough data")
+FOR, AGAINST, UNCLEAR = "for", "against", "unclear"
 
 
-def _combine(verdicts: list[str]) -> str:
-    """Parts that lack data are left out; the rest must agree, else "mixed"."""
-    known = {v for v in verdicts if v != NO_DATA}
-    if not known:
-        return NO_DATA
-    return known.pop() if len(known) == 1 else MIXED
+@dataclass(frozen=True)
+class Part:
+    """One per-depth judgement: which way the data point (for / against / unclear / no data),
+    on how many paired seeds, and the numbers behind it."""
+
+    direction: str
+    seeds: int
+    text: str
+
+
+def label(direction: str, seeds: int) -> str:
+    """The verdict a direction can bear on `seeds` paired seeds: with fewer than 3 seeds the
+    data only suggest, never support or refute."""
+    if direction == FOR:
+        return SUPPORTED if seeds >= 3 else f"suggestive (n={seeds})"
+    if direction == AGAINST:
+        return NOT_SUPPORTED if seeds >= 3 else f"suggestive against (n={seeds})"
+    return INCONCLUSIVE if direction == UNCLEAR else NO_DATA
+
+
+def combine(parts: list[Part]) -> str:
+    """Parts without data are left out; decided parts must agree, else "mixed"; if none is
+    decided, "inconclusive" (or "not enough data" when no part had data at all)."""
+    decided = [p for p in parts if p.direction in (FOR, AGAINST)]
+    ways = {p.direction for p in decided}
+    if len(ways) > 1:
+        return MIXED
+    if ways:
+        return label(ways.pop(), min(p.seeds for p in decided))
+    return INCONCLUSIVE if any(p.direction == UNCLEAR for p in parts) else NO_DATA
 
 
 def _lr(x: float | None) -> str:
     return "none" if x is None or not math.isfinite(x) else f"{x:.3g}"
 
 
-def _measured(parts: list[str]) -> str:
-    return f"{sum(p != NO_DATA for p in parts)} of {len(parts)}"
+def _p(p: float | None) -> str:
+    return "-" if p is None else ("< 1e-4" if p < 1e-4 else f"{p:.2g}")
 
 
 def verdicts(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """H1-H3 per on_kind, each with the per-depth numbers behind it.
+    """H1-H3 per on_kind, each with the per-depth numbers behind it (rules: docs/report.md).
 
-    H1 (effect is LR-conditional): at a depth, supported when a necessity threshold exists and
-    some lower LR shows no difference beyond noise; not supported when off is already worse at
-    every LR below the threshold (or at the lowest LR), or never worse although off diverged
-    somewhere; not enough data when off never diverged and was never worse (the grid did not
-    reach the unstable region) or seed noise is unknown.
-    H2 (QK-norm raises max stable LR and lowers LR sensitivity): judged per depth and part; a
-    max stable LR is not measurable when off never diverged (a lower bound only); LR
-    sensitivity must drop by more than noise_k standard errors of the difference of the seed
-    means (so it needs >= 2 seeds per arm).
-    H3 (the necessity LR falls with depth): the thresholds (none = above every LR run) never
-    rise with depth and fall at least once; "firm" when the bootstrap intervals of the
-    shallowest and deepest depth do not overlap.
-    "measured" says how many of the per-depth comparisons had the data to be judged.
+    H1 (the effect is LR-conditional): per depth, for when a necessity threshold exists and a
+    lower LR shows no difference; against when off is needed at every LR run; unclear when no
+    LR shows a consistent gap (or the grid starts above the threshold).
+    H2 (QK-norm raises the max stable LR and lowers LR sensitivity): per depth and part, a
+    one-sided paired t-test over seeds (log max stable LR on - off; sensitivity off - on).
+    H3 (the necessity LR falls with depth): the thresholds never rise with depth and fall at
+    least once. With fewer than 3 paired seeds a verdict is "suggestive (n=2)" at most.
     """
-    gaps, thresholds = gap_table(points, options), necessity_threshold(points, options)
-    arms = arm_table(points)
+    gaps = gap_table(points, options)
+    thresholds = necessity_threshold(points, options, gaps)
     rows = []
     for on in _on_kinds(points):
-        rows += [_h1(on, gaps, thresholds, options), _h2(on, arms, options.noise_k),
-                 _h3(on, thresholds)]
+        rows += [_h1(on, gaps, thresholds), _h2(on, points, options), _h3(on, thresholds)]
     return pl.DataFrame(rows, schema={"hypothesis": pl.String, "on_kind": pl.String,
                                       "claim": pl.String, "verdict": pl.String,
                                       "measured": pl.String, "evidence": pl.String})
 
 
-def _h1(on: str, gaps: pl.DataFrame, thresholds: pl.DataFrame, options: Options) -> dict:
-    per_depth, notes = [], []
+def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str) -> dict:
+    judged = sum(p.direction != NO_DATA for p in parts)
+    return {"hypothesis": hypothesis, "on_kind": on, "claim": claim, "verdict": combine(parts),
+            "measured": f"{judged} of {len(parts)} {unit}",
+            "evidence": "; ".join(p.text for p in parts) or "no paired runs"}
+
+
+def _h1(on: str, gaps: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
+    parts = []
     for t in thresholds.filter(pl.col("on_kind") == on).iter_rows(named=True):
         d = t["depth"]
-        g = gaps.filter((pl.col("on_kind") == on) & (pl.col("depth") == d)).sort("lr")
-        if t["seed_noise"] is None:
-            per_depth.append(NO_DATA)
-            notes.append(f"depth {d}: seed noise unknown (needs >= 2 seeds)")
+        g = gaps.filter((pl.col("on_kind") == on) & (pl.col("depth") == d)
+                        & pl.col("significant").is_not_null()).sort("lr")
+        if g.is_empty():
+            parts.append(Part(NO_DATA, t["seeds"], f"depth {d}: needs >= 2 paired seeds"))
             continue
-        limit = options.noise_k * t["seed_noise"]
-        low = g.row(0, named=True)
+        n = int(g["pairs"].min())
         if t["threshold_lr"] is None:
-            off_diverged = g["off_diverged"].sum() > 0
-            per_depth.append(NOT_SUPPORTED if off_diverged else NO_DATA)
-            notes.append(f"depth {d}: off never worse than on by > {limit:.3g} up to lr "
-                         f"{g['lr'].max():.3g}"
-                         + (" although off diverged" if off_diverged else
-                            "; off never diverged (grid too low)"))
+            off_div = g.filter(pl.col("off_diverged") == pl.col("pairs")).height > 0
+            parts.append(Part(UNCLEAR, n, f"depth {d}: off never consistently worse up to lr "
+                              f"{g['lr'].max():.3g}" + ("" if off_div else
+                                                         "; off never diverged (grid too low)")))
             continue
-        calm = g.filter((pl.col("lr") < t["threshold_lr"]) & (pl.col("mean_gap").abs() <= limit)
-                        & (pl.col("off_diverged") == 0) & (pl.col("on_diverged") == 0))
-        per_depth.append(SUPPORTED if calm.height else NOT_SUPPORTED)
-        notes.append(f"depth {d}: gap {low['mean_gap']:+.3g} at the lowest lr {low['lr']:.3g} "
-                     f"(noise limit {limit:.3g}); {calm.height} lower LRs within noise; "
-                     f"needed from lr {_lr(t['threshold_lr'])}; largest gap "
-                     f"{g['mean_gap'].max():+.3g}")
-    return {"hypothesis": "H1", "on_kind": on,
-            "claim": "QK-norm's effect on final loss is LR-conditional: none at low LR, "
-                     "large at high LR",
-            "verdict": _combine(per_depth), "measured": _measured(per_depth),
-            "evidence": "; ".join(notes) or "no paired runs"}
+        lower = g.filter(pl.col("lr") < t["threshold_lr"])
+        calm = lower.filter("no_difference")
+        if calm.height:
+            direction = FOR
+        elif lower.height and lower["significant"].all():
+            direction = AGAINST  # needed at every LR run, not only at high LR
+        else:
+            direction = UNCLEAR
+        if not lower.height:
+            direction = AGAINST
+        parts.append(Part(direction, n, (
+            f"depth {d}: needed from lr {_lr(t['threshold_lr'])} (gaps {t['seed_gaps_at_threshold']}, "
+            f"{t['spread']}); {calm.height} of {lower.height} lower LRs show no difference"
+            + (f" (lowest lr {lower['lr'][0]:.3g}: gaps {lower['seed_gaps'][0]})"
+               if lower.height else ""))))
+    return _row("H1", on, "QK-norm's effect on final loss is LR-conditional: none at low LR, "
+                "large at high LR", parts, "depths")
 
 
-def _h2(on: str, arms: pl.DataFrame, noise_k: float) -> dict:
-    parts, notes = [], []
-    for d in sorted(arms["depth"].unique().to_list()):
-        a = arms.filter(pl.col("depth") == d)
-        off, onr = a.filter(pl.col("qk_norm") == OFF), a.filter(pl.col("qk_norm") == on)
-        if not off.height or not onr.height:
+def _paired_values(per_seed: pl.DataFrame, on: str, depth: int, column: str) -> pl.DataFrame:
+    d = per_seed.filter(pl.col("depth") == depth)
+    off = d.filter(pl.col("qk_norm") == OFF).select("seed", off=column)
+    return off.join(d.filter(pl.col("qk_norm") == on).select("seed", on=column), on="seed")
+
+
+def _judge(diffs: list[float], alpha: float) -> tuple[str, float | None, float | None]:
+    """FOR when mean(diffs) > 0 is significant, AGAINST when < 0 is, else UNCLEAR."""
+    _, p_for = paired_t(diffs)
+    _, p_against = paired_t([-x for x in diffs])
+    if p_for is None:
+        return UNCLEAR, None, None
+    if p_for < alpha:
+        return FOR, p_for, p_against
+    return (AGAINST if p_against < alpha else UNCLEAR), p_for, p_against
+
+
+def _h2(on: str, points: pl.DataFrame, options: Options) -> dict:
+    stable = max_stable_lr_per_seed(points)
+    sensitivity = lr_sensitivity_per_seed(points)
+    parts = []
+    for d in sorted(points["depth"].unique().to_list()):
+        pairs = _paired_values(stable.with_columns(log_lr=pl.col("max_stable_lr").log()),
+                               on, d, "log_lr")
+        if pairs.is_empty():
             continue
-        off, onr = off.row(0, named=True), onr.row(0, named=True)
-        text = []
-        off_censored, on_censored = off["censored_seeds"] > 0, onr["censored_seeds"] > 0
-        if off["max_stable_lr"] is None or onr["max_stable_lr"] is None or off_censored:
-            parts.append(NO_DATA)
-            text.append("max stable LR not measurable (off "
-                        + ("never diverged)" if off_censored else "diverged at every LR)"))
+        n = pairs.height
+        off_censored = stable.filter((pl.col("depth") == d) & (pl.col("qk_norm") == OFF)
+                                     & pl.col("censored")).height
+        ratios = (pairs["on"] - pairs["off"]).exp().to_list()
+        values = ", ".join(f"x{r:.3g}" for r in ratios)
+        if n < 2:
+            parts.append(Part(NO_DATA, n, f"depth {d}: max stable LR on/off {values} from one "
+                              "seed (no spread to judge by)"))
+        elif off_censored:
+            parts.append(Part(UNCLEAR, n, f"depth {d}: max stable LR not measurable (off never "
+                              f"diverged in {off_censored} seeds: a lower bound only)"))
         else:
-            # an arm that never diverged is only bounded below, which is enough to say "raised"
-            raised = onr["max_stable_lr"] > off["max_stable_lr"]
-            parts.append(SUPPORTED if raised else NOT_SUPPORTED)
-            text.append(f"max stable LR off {off['max_stable_lr']:.3g} vs on "
-                        f"{'>= ' if on_censored else ''}{onr['max_stable_lr']:.3g}")
-        if off["lr_sensitivity"] is None or onr["lr_sensitivity"] is None:
-            parts.append(NO_DATA)
-            text.append("LR sensitivity undefined (base grid < 2 LRs or all diverged)")
-        elif min(off["sensitivity_seeds"], onr["sensitivity_seeds"]) < 2:
-            parts.append(NO_DATA)
-            text.append(f"LR sensitivity off {off['lr_sensitivity']:.3g} vs on "
-                        f"{onr['lr_sensitivity']:.3g} from one seed (no spread to judge by)")
-        else:
-            # lowered by more than noise_k standard errors of the difference of seed means
-            se = math.sqrt(off["lr_sensitivity_sd"] ** 2 / off["sensitivity_seeds"]
-                           + onr["lr_sensitivity_sd"] ** 2 / onr["sensitivity_seeds"])
-            drop = off["lr_sensitivity"] - onr["lr_sensitivity"]
-            parts.append(SUPPORTED if drop > noise_k * se else NOT_SUPPORTED)
-            text.append(f"LR sensitivity off {off['lr_sensitivity']:.3g} vs on "
-                        f"{onr['lr_sensitivity']:.3g} (drop {drop:+.3g}, {noise_k:g} x se "
-                        f"{noise_k * se:.3g}) over {off['grid_points']} grid LRs")
-        notes.append(f"depth {d}: " + ", ".join(text))
-    return {"hypothesis": "H2", "on_kind": on,
-            "claim": "QK-norm raises the max stable LR and lowers LR sensitivity",
-            "verdict": _combine(parts), "measured": _measured(parts),
-            "evidence": "; ".join(notes) or "no paired arms"}
-
-
-def _interval(r: dict) -> str:
-    """The bootstrap interval; an end with no threshold reads "> the largest LR run"."""
-    above = f"> {_lr(r['lr_max'])}"
-    lo, hi = r["threshold_lo"], r["threshold_hi"]
-    return f"[{_lr(lo) if lo is not None else above}, {_lr(hi) if hi is not None else above}]"
+            way, p, _ = _judge((pairs["on"] - pairs["off"]).to_list(), options.alpha)
+            parts.append(Part(way, n, f"depth {d}: max stable LR on/off per seed {values} "
+                              f"({seeds_label(n)}, p {_p(p)})"))
+        s = _paired_values(sensitivity, on, d, "lr_sensitivity").drop_nulls()
+        if s.height < 2:
+            parts.append(Part(NO_DATA, s.height, f"depth {d}: LR sensitivity needs >= 2 seeds "
+                              "with a defined value in both arms"))
+            continue
+        drops = (s["off"] - s["on"]).to_list()
+        way, p, _ = _judge(drops, options.alpha)
+        parts.append(Part(way, s.height, (
+            f"depth {d}: LR sensitivity off {s['off'].mean():.3g} vs on {s['on'].mean():.3g}, "
+            f"drop per seed {', '.join(f'{x:+.3g}' for x in drops)} "
+            f"({seeds_label(s.height)}, p {_p(p)})")))
+    return _row("H2", on, "QK-norm raises the max stable LR and lowers LR sensitivity", parts,
+                "parts")
 
 
 def _h3(on: str, thresholds: pl.DataFrame) -> dict:
-    t = thresholds.filter(pl.col("on_kind") == on).sort("depth")
-    usable = t.filter(pl.col("seed_noise").is_not_null())
-    row = {"hypothesis": "H3", "on_kind": on, "claim": "the necessity LR falls with depth",
-           "measured": f"{usable.height} of {t.height} depths"}
-    text = "; ".join(f"depth {r['depth']}: {_lr(r['threshold_lr'])} {_interval(r)}"
-                     for r in usable.iter_rows(named=True))
-    if usable.height < 2:
-        return {**row, "verdict": NO_DATA,
-                "evidence": (text + "; " if text else "") + "needs >= 2 depths with seed noise"}
-    values = [r if r is not None else math.inf for r in usable["threshold_lr"].to_list()]
-    if all(math.isinf(v) for v in values):
-        return {**row, "verdict": NO_DATA,
-                "evidence": text + "; no depth has a threshold within the LRs run"}
+    t = thresholds.filter((pl.col("on_kind") == on) & (pl.col("seeds") >= 2)).sort("depth")
+    claim = "the necessity LR falls with depth"
+    text = "; ".join(f"depth {r['depth']}: {_lr(r['threshold_lr'])} (not needed at "
+                     f"{_lr(r['not_needed_below'])}, {r['spread']})" for r in t.iter_rows(named=True))
+    if t.height < 2:
+        part = Part(NO_DATA, 0, (text + "; " if text else "")
+                    + "needs >= 2 depths with >= 2 paired seeds")
+        return _row("H3", on, claim, [part], "depth pairs")
+    n = int(t["seeds"].min())
+    values = [math.inf if v is None else v for v in t["threshold_lr"].to_list()]
     moves = [b - a for a, b in itertools.pairwise(values) if not (math.isinf(a) and math.isinf(b))]
-    if not (all(m <= 0 for m in moves) and any(m < 0 for m in moves)):
-        return {**row, "verdict": NOT_SUPPORTED, "evidence": text}
-    shallow, deep = usable.row(0, named=True), usable.row(-1, named=True)
-    deep_hi = deep["threshold_hi"] if deep["threshold_hi"] is not None else math.inf
-    shallow_lo = shallow["threshold_lo"] if shallow["threshold_lo"] is not None else math.inf
-    firm = deep_hi < shallow_lo
-    return {**row, "verdict": SUPPORTED,
-            "evidence": text + ("; firm: the intervals of the shallowest and deepest depth do "
-                                "not overlap" if firm else "; weak: the intervals overlap")}
+    if all(math.isinf(v) for v in values):
+        part = Part(UNCLEAR, n, text + "; no depth has a threshold within the LRs run")
+    elif any(m > 0 for m in moves):
+        part = Part(AGAINST, n, text + "; the threshold rises with depth somewhere")
+    elif any(m < 0 for m in moves):
+        part = Part(FOR, n, text + "; it never rises and falls at least once (grid resolution)")
+    else:
+        part = Part(UNCLEAR, n, text + "; equal at every depth on this grid")
+    return _row("H3", on, claim, [part], "depth pairs")
 
 
 # --- per-run extras ---------------------------------------------------------------------------
@@ -491,19 +546,37 @@ def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
     return reduced.select("run", "step", "name", value=pl.coalesce("whole", by_name))
 
 
-def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
-    """Per run: peak_max_attention_logit and final_<name> for every probe name found.
+# Worst value over training: (probe name, "min" or "max"). Attention entropy collapses towards 0,
+# the others grow; the step is when the worst value was reached.
+WORST = (("attention_entropy_min_head", "min"), ("attention_entropy_mean", "min"),
+         ("max_attention_logit", "max"), ("residual_kurtosis", "max"),
+         ("residual_max_abs_over_rms", "max"), ("output_logit_max", "max"))
 
-    `per_step` is `probe_over_layers(...)` collected; "final" is each run's last probe step.
+
+def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
+    """Per run: final_<name> for every probe name found (each run's last probe step), and the
+    worst value over training with its step for the names in WORST: worst_<name>,
+    worst_<name>_step (peak_max_attention_logit is worst_max_attention_logit).
+
+    `per_step` is `probe_over_layers(...)` collected.
     """
     if per_step.is_empty():
         return pl.DataFrame(schema={"run": pl.String})
-    final = (per_step.filter(pl.col("step") == pl.col("step").max().over("run", "name"))
-             .with_columns(pl.format("final_{}", "name").alias("column"))
-             .pivot(on="column", index="run", values="value"))
-    peak = (per_step.filter(pl.col("name") == "max_attention_logit").group_by("run")
-            .agg(peak_max_attention_logit=pl.col("value").max()))
-    return final.join(peak, on="run", how="left") if peak.height else final
+    out = (per_step.filter(pl.col("step") == pl.col("step").max().over("run", "name"))
+           .with_columns(pl.format("final_{}", "name").alias("column"))
+           .pivot(on="column", index="run", values="value"))
+    for name, way in WORST:
+        series = per_step.filter(pl.col("name") == name)
+        if series.is_empty():
+            continue
+        order = pl.col("value") if way == "min" else -pl.col("value")
+        worst = (series.sort("step").group_by("run")
+                 .agg(pl.col("value").sort_by(order).first().alias(f"worst_{name}"),
+                      pl.col("step").sort_by(order).first().alias(f"worst_{name}_step")))
+        out = out.join(worst, on="run", how="left")
+    if "worst_max_attention_logit" in out.columns:
+        out = out.with_columns(peak_max_attention_logit=pl.col("worst_max_attention_logit"))
+    return out
 
 
 def steps_to_threshold(metrics: pl.LazyFrame, runs: pl.DataFrame,
@@ -521,7 +594,24 @@ def steps_to_threshold(metrics: pl.LazyFrame, runs: pl.DataFrame,
             .collect())
 
 
-def default_loss_thresholds(arms: pl.DataFrame) -> pl.DataFrame:
-    """Per depth: the worse of the two arms' best losses, a level both arms reach at their best."""
-    return (arms.group_by("depth").agg(loss_threshold=pl.col("best_loss").max())
-            .filter(pl.col("loss_threshold").is_not_null()).sort("depth"))
+def default_loss_thresholds(points: pl.DataFrame, metrics: pl.LazyFrame) -> pl.DataFrame:
+    """Per depth, a loss level both arms reach well before the end of training.
+
+    For each arm and seed take its best run (lowest clipped final loss) and that run's val loss
+    at the first evaluation at or after half of its steps; the level is the largest of these.
+    Every arm's best run has reached it by mid-training, so steps-to-threshold compares how
+    fast the arms get there rather than whether they get there at all.
+    """
+    best = (with_losses(points).filter(pl.col("loss").is_finite())
+            .sort("loss").group_by("depth", "qk_norm", "seed").first()
+            .select("run", "depth", "steps"))
+    if best.is_empty():
+        return pl.DataFrame(schema={"depth": pl.Int64, "loss_threshold": pl.Float64})
+    half = (metrics.filter(pl.col("val_loss").is_not_null())
+            .join(best.lazy(), on="run")
+            .filter(pl.col("step") * 2 >= pl.col("steps"))
+            .sort("step").group_by("run").agg(pl.col("depth").first(),
+                                              half_loss=pl.col("val_loss").first())
+            .collect())
+    return (half.filter(pl.col("half_loss").is_finite()).group_by("depth")
+            .agg(loss_threshold=pl.col("half_loss").max()).sort("depth"))

@@ -119,7 +119,7 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
         loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
             .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))
     else:
-        loss_thresholds = M.default_loss_thresholds(arms)
+        loss_thresholds = M.default_loss_thresholds(points, runs.metrics)
     probe_steps = M.probe_over_layers(runs.probes).collect()
     per_run = per_run_table(runs, probe_steps, loss_thresholds, in_study=points["run"])
     grid = M.mark_base_grid(points).select("run", "in_grid")
@@ -251,13 +251,15 @@ CHARTS = {
                     "otherwise), seed mean. Every probe's final value is in the runs table.",
     "gap_map": "Seed-mean final-loss gap, off minus on, for every LR run in both arms at each "
                "depth: red means off is worse. Crosses: off diverged; circles: on diverged; "
-               "squares: both. The black bar is the necessity threshold of that depth.",
+               "squares: both. The black bar is the necessity threshold of that depth (from "
+               "there on the paired test finds off worse at every larger LR).",
     "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023) per depth: dots are seeds, the "
                       "line joins seed means. Lower means the final loss depends less on the "
                       "learning rate over the base grid.",
     "lr_landmarks": "Optimal LR (circles) and max stable LR (triangles; open when no run "
                     "diverged, so only a lower bound) per arm with the range over seeds, and "
-                    "the necessity threshold (diamonds) with its bootstrap interval.",
+                    "the necessity threshold (diamonds) with the grid bracket below it (the "
+                    "largest LR run where QK-norm was not yet needed).",
 }
 
 
@@ -326,6 +328,8 @@ td.na, p.na { color: #999; }
 .scroll { max-height: 520px; overflow: auto; }
 .verdict-supported { background: #e3f4e8; } .verdict-not-supported { background: #fbe4e1; }
 .verdict-mixed { background: #fff4d6; } .verdict-not-enough-data { background: #eee; }
+.verdict-inconclusive { background: #eee; } .verdict-suggestive { background: #eef6ff; }
+.verdict-suggestive-against { background: #fdf0ee; }
 figure { margin: 1.5em 0; } figcaption { max-width: 900px; color: #444; font-size: 14px; }
 .warn { background: #fff4d6; padding: 0.5em 1em; }
 code { background: #f3f3f3; padding: 0 3px; }
@@ -342,17 +346,22 @@ not marked <code>refine</code>, when such a marker exists); refinement LRs are l
 arms are scored on the same points.</dd>
 <dt>Max stable LR</dt><dd>Per seed: the largest LR below the smallest diverged LR, using every
 LR run (refinement points included); with no divergence it is the largest LR run and only a
-lower bound. Reported as the geometric mean over seeds with the seed range.</dd>
+lower bound (censored); when every LR diverged it is below the smallest LR run, which is kept
+as an upper bound (below_grid). Reported as the geometric mean over seeds with the seed
+range.</dd>
 <dt>Optimal LR, best loss</dt><dd>Per seed, the LR with the lowest final val loss and that
 loss; geometric mean of the LRs and mean of the losses over seeds.</dd>
-<dt>Necessity threshold</dt><dd>Per depth: the smallest LR at which QK-norm off is worse than
-on by more than k x seed noise (mean paired gap over seeds, clipped losses), or off diverges in
-some seed while on diverges in none. Seed noise is the median, over (arm, LR) cells with at
-least two seeds and no divergence, of the across-seed standard deviation of the final loss.
-The interval resamples the seeds with replacement (bootstrap); "none" (no such LR) counts as
-above every LR run.</dd>
+<dt>Paired test</dt><dd>One seed shares its initial weights and batches across arms and LRs,
+so arms are compared seed by seed: a one-sided paired t-test over seeds of the gap in clipped
+loss (off minus on), significant when p &lt; alpha. With fewer than 3 seeds a spread is shown
+as the seed range ("range, n=2"), never as an interval, and a verdict is at most
+"suggestive".</dd>
+<dt>Necessity threshold</dt><dd>Per depth: the smallest LR from which the paired test finds off
+worse than on at every larger LR run (LRs where the on arm diverged in every seed are passed
+over). not_needed_below is the largest LR run under it: the grid brackets the boundary.</dd>
 <dt>Steps to threshold</dt><dd>The first evaluation step at which the val loss is at or below
-the loss threshold of the run's depth.</dd>
+the loss threshold of the run's depth (by default: the largest, over arms and seeds, of the
+best run's val loss at mid-training, a level every arm reaches well before the end).</dd>
 </dl>
 """
 
@@ -362,7 +371,7 @@ def _verdict_rows(verdicts: pl.DataFrame) -> str:
         return '<p class="na">No on arm: every run has qk_norm=none.</p>'
     rows = []
     for r in verdicts.iter_rows(named=True):
-        css = "verdict-" + r["verdict"].replace(" ", "-")
+        css = "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-")
         rows.append(f'<tr class="{css}"><td>{r["hypothesis"]}</td><td>{html.escape(r["on_kind"])}'
                     f'</td><td>{html.escape(r["claim"])}</td><td><b>{r["verdict"]}</b></td>'
                     f'<td>{html.escape(r["measured"])}</td><td>{html.escape(r["evidence"])}</td>'
@@ -383,15 +392,16 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
     env = analysis_environment()
     o = options.study
     threshold_text = (f"{options.loss_threshold:g} for every depth" if options.loss_threshold
-                      is not None else "per depth, the worse of the two arms' best losses")
+                      is not None else "per depth, the largest mid-training loss of the arms' "
+                      "best runs")
     sections = []
     sections.append(f"""
 <section id="summary"><h2>Summary</h2>
 <p>{t.height} runs loaded from <code>{html.escape(str(runs.root))}</code> ({status});
 {study.points.height} finished <code>{html.escape(study.framework)}</code> runs enter the study
 metrics over depths {', '.join(str(d) for d in sorted(study.points['depth'].unique()))}
-and {study.points['seed'].n_unique()} seeds. Options: noise k = {o.noise_k:g},
-{o.n_boot} bootstrap resamples, {o.interval:.0%} intervals, loss threshold {threshold_text}.</p>
+and {study.points['seed'].n_unique()} seeds. Options: one-sided paired t-tests over seeds at
+alpha = {o.alpha:g}, loss threshold {threshold_text}.</p>
 {''.join(f'<p>{html.escape(n)}.</p>' for n in study.notes)}
 </section>""")
     warn_items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
@@ -402,30 +412,36 @@ and {study.points['seed'].n_unique()} seeds. Options: noise k = {o.noise_k:g},
 </section>""")
     sections.append(f"""
 <section id="verdicts"><h2>Verdicts</h2>
-<p>Each hypothesis is judged per depth; "measured" counts the comparisons that had the data.
-"not enough data" means the runs cannot answer it (for example no arm diverged within the grid,
-or a single seed).</p>
+<p>Each hypothesis is judged per depth with paired tests over seeds (alpha = {o.alpha:g});
+"measured" counts the comparisons that had the data. "supported" and "not supported" need at
+least 3 paired seeds; with 2 the data are "suggestive" either way. "inconclusive": the runs
+could answer but show no consistent difference (for example equal values on a coarse grid).
+"not enough data": the runs cannot answer (a single seed, or no paired runs).</p>
 {_verdict_rows(study.verdicts)}
 </section>""")
     per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
                                                on=["depth", "qk_norm", "seed"])
     arm_cols = ["depth", "qk_norm", "runs", "seeds", "lrs", "diverged", "grid_points",
-                "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_sd",
-                "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo", "max_stable_lr_hi",
-                "censored_seeds", "first_divergent_lr", "optimal_lr", "optimal_lr_lo",
-                "optimal_lr_hi", "best_loss", "best_loss_sd"]
+                "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo",
+                "lr_sensitivity_hi", "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo",
+                "max_stable_lr_hi", "censored_seeds", "below_grid_seeds", "first_divergent_lr",
+                "optimal_lr", "optimal_lr_lo", "optimal_lr_hi", "best_loss", "best_loss_lo",
+                "best_loss_hi", "nonfinite_final"]
     sections.append(f"""
 <section id="study-metrics"><h2>Study metrics per depth and arm</h2>
-<p>censored_seeds: seeds with no diverged LR, whose max stable LR is a lower bound.</p>
+<p>_lo and _hi are the range over seeds (not an interval). censored_seeds: seeds with no
+diverged LR, whose max stable LR is a lower bound; below_grid_seeds: seeds that diverged at
+every LR, counted at the smallest LR run (an upper bound); nonfinite_final: completed runs whose
+final loss was not finite, scored as their initial loss.</p>
 {html_table(study.arms, arm_cols)}
 <h3>Per seed</h3>
 {html_table(per_seed)}
 </section>""")
     sections.append(f"""
 <section id="necessity"><h2>Necessity threshold per depth</h2>
-<p>threshold_lo and threshold_hi bound the {o.interval:.0%} bootstrap interval over seeds (empty
-upper end: some resamples found no threshold below the largest LR); found_fraction is the share
-of resamples that found one.</p>
+<p>threshold_lr: the smallest LR from which off is worse than on at every larger LR (one-sided
+paired t-test, alpha = {o.alpha:g}); not_needed_below: the largest LR run under it;
+seed_gaps_at_threshold: each seed's gap there; spread: how many paired seeds.</p>
 {html_table(study.thresholds)}
 </section>""")
     figures = "".join(f"""
@@ -439,8 +455,10 @@ of resamples that found one.</p>
 </section>""")
     sections.append(f"""
 <section id="gaps"><h2>Off minus on, per depth and LR</h2>
-<p>mean_gap = mean over paired seeds of the clipped loss with QK-norm off minus on; needed marks
-the LRs that meet the necessity rule.</p>
+<p>mean_gap = mean over paired seeds of the clipped loss with QK-norm off minus on; seed_gaps
+lists each seed's; gap_lo/gap_hi are their range; p_off_worse and p_on_worse are the one-sided
+paired t-test p-values; significant: p_off_worse &lt; alpha; no_difference: neither test
+significant and no divergence; needed: at or above the depth's threshold.</p>
 {html_table(study.gaps)}
 </section>""")
     sections.append(f"""

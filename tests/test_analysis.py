@@ -117,66 +117,190 @@ def test_optimal_lr_and_best_loss_per_seed():
     assert row["best_loss"] == pytest.approx(2.25)
 
 
-# --- necessity threshold ----------------------------------------------------------------------
+# --- scoring: no run is ever dropped ---------------------------------------------------------
+
+def test_a_completed_run_with_a_nan_final_loss_counts_as_its_init_loss():
+    # Wortsman et al.: every grid point is scored, a non-finite loss as the initial loss. The
+    # NaN run must neither vanish nor take its LR out of the other arm's grid.
+    grid = [1e-3, 1e-2, 1e-1]
+    rows = [(2, "none", 1e-3, 0, 3.0, 5.0), (2, "none", 1e-2, 0, 2.5, 5.0),
+            (2, "none", 1e-1, 0, math.nan, 5.0)]
+    rows += [(2, "rmsnorm", lr, 0, loss, 5.0) for lr, loss in zip(grid, (3.0, 2.5, 2.4))]
+    table = points(rows)
+    scored = M.with_losses(table)
+    assert scored.height == 6
+    assert scored.filter(pl.col("nonfinite_final"))["loss_clipped"].to_list() == [5.0]
+    sens = {r["qk_norm"]: r for r in M.lr_sensitivity_per_seed(table).iter_rows(named=True)}
+    assert sens["none"]["grid_points"] == sens["rmsnorm"]["grid_points"] == 3
+    assert sens["none"]["lr_sensitivity"] == pytest.approx((3.0 + 2.5 + 5.0) / 3 - 2.5)
+    assert sens["rmsnorm"]["lr_sensitivity"] == pytest.approx((3.0 + 2.5 + 2.4) / 3 - 2.4)
+    assert M.arm_table(table).filter(pl.col("qk_norm") == "none")["nonfinite_final"][0] == 1
+
+
+# --- paired tests and the necessity threshold -----------------------------------------------
 
 GRID = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
-NOISE = [0.0, 0.01, -0.01]  # per-seed offsets: seed noise (std) 0.01
+NOISE = [0.0, 0.01, -0.01]  # per-seed offsets, shared by both arms of a seed (paired)
 
 
-def necessity_table(first_needed: dict[int, float]) -> pl.DataFrame:
+def necessity_table(first_needed: dict[int, float], seeds: int = 3) -> pl.DataFrame:
     """On arm at 3.0 everywhere; off equal below `first_needed[depth]`, 0.5 worse from it,
     diverged at the largest LR. Every seed agrees, so the answer is exact."""
     rows = []
     for depth, start in first_needed.items():
         for lr in GRID:
-            for seed, eps in enumerate(NOISE):
+            for seed, eps in enumerate(NOISE[:seeds]):
                 rows.append((depth, "rmsnorm", lr, seed, 3.0 + eps, 5.5))
                 off = None if lr == GRID[-1] else 3.0 + eps + (0.5 if lr >= start else 0.0)
                 rows.append((depth, "none", lr, seed, off, 5.5))
     return points(rows)
 
 
+def with_gaps(table: pl.DataFrame, lr: float, gaps: list[float]) -> pl.DataFrame:
+    """Add gaps[seed] to the off arm's loss at one LR."""
+    out = table
+    for seed, gap in enumerate(gaps):
+        hit = (pl.col("qk_norm") == "none") & (pl.col("lr") == lr) & (pl.col("seed") == seed)
+        out = out.with_columns(final_val_loss=pl.when(hit).then(pl.col("final_val_loss") + gap)
+                               .otherwise(pl.col("final_val_loss")))
+    return out
+
+
+def test_paired_t_known_values():
+    t, p = M.paired_t([0.5, 0.0, 0.0])  # one outlier seed: mean 0.167, sd 0.289
+    assert t == pytest.approx(1.0) and p == pytest.approx(0.2113, abs=1e-4)
+    t, p = M.paired_t([0.4, -0.2, 0.1])
+    assert t == pytest.approx(0.1 / (0.3 / math.sqrt(3))) and p > 0.05
+    assert M.paired_t([0.5, 0.5, 0.5]) == (math.inf, 0.0)  # no spread: decided by the sign
+    assert M.paired_t([0.0, 0.0]) == (0.0, 1.0)
+    assert M.paired_t([0.3]) == (None, None)
+
+
 def test_necessity_threshold_known_answer_and_verdicts():
     table = necessity_table({2: 3e-2, 4: 3e-3})
-    noise = M.seed_noise(table).sort("depth")
-    assert noise["seed_noise"].to_list() == pytest.approx([0.01, 0.01])
-    th = M.necessity_threshold(table, M.Options(n_boot=200)).sort("depth")
+    th = M.necessity_threshold(table).sort("depth")
     assert th["threshold_lr"].to_list() == [3e-2, 3e-3]
-    assert th["threshold_lo"].to_list() == [3e-2, 3e-3]
-    assert th["threshold_hi"].to_list() == [3e-2, 3e-3]
-    assert th["found_fraction"].to_list() == [1.0, 1.0]
+    assert th["not_needed_below"].to_list() == [1e-2, 1e-3]
+    assert th["spread"].to_list() == ["n=3", "n=3"]
     gaps = M.gap_table(table).filter(pl.col("depth") == 2)
     assert gaps["needed"].to_list() == [False, False, False, True, True]
+    assert gaps["significant"].to_list() == [False, False, False, True, True]
     assert gaps["mean_gap"].to_list()[:3] == pytest.approx([0, 0, 0])
-    v = {r["hypothesis"]: r for r in M.verdicts(table, M.Options(n_boot=200)).iter_rows(named=True)}
+    v = {r["hypothesis"]: r for r in M.verdicts(table).iter_rows(named=True)}
     assert v["H1"]["verdict"] == "supported"
     assert v["H2"]["verdict"] == "supported"  # off diverges at 0.1, on never; sensitivity lower
-    assert v["H3"]["verdict"] == "supported" and "firm" in v["H3"]["evidence"]
+    assert v["H3"]["verdict"] == "supported"
 
 
-def test_necessity_bootstrap_interval_covers_a_one_seed_effect():
-    table = necessity_table({4: 3e-3})
-    # only seed 0 makes off worse at the lowest LR: the mean gap (0.167) passes 2 x noise, but
-    # resamples without seed 0 put the threshold back at 3e-3
-    table = table.with_columns(final_val_loss=pl.when(
-        (pl.col("qk_norm") == "none") & (pl.col("lr") == 1e-3) & (pl.col("seed") == 0))
-        .then(pl.col("final_val_loss") + 0.5).otherwise(pl.col("final_val_loss")))
-    row = M.necessity_threshold(table, M.Options(n_boot=2000)).row(0, named=True)
-    assert row["threshold_lr"] == 1e-3
-    assert (row["threshold_lo"], row["threshold_hi"]) == (1e-3, 3e-3)
+def test_one_outlier_seed_does_not_make_an_lr_needed():
+    # gaps (0.5, 0, 0) at the lowest LR: the mean 0.167 is large, its spread larger
+    table = with_gaps(necessity_table({4: 3e-3}), 1e-3, [0.5, 0.0, 0.0])
+    row = M.gap_table(table).filter(pl.col("lr") == 1e-3).row(0, named=True)
+    assert row["mean_gap"] == pytest.approx(0.5 / 3) and not row["significant"]
+    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [3e-3]
 
 
-def test_not_enough_data_with_one_seed_or_no_divergence():
+def test_a_small_gap_with_a_large_spread_is_not_needed():
+    # gap mean 0.10 with sd 0.27 over three seeds at 1e-2, where off is otherwise equal
+    table = with_gaps(necessity_table({4: 3e-2}), 1e-2, [0.4, -0.2, 0.1])
+    row = M.gap_table(table).filter(pl.col("lr") == 1e-2).row(0, named=True)
+    assert row["mean_gap"] == pytest.approx(0.1) and row["gap_sd"] == pytest.approx(0.3)
+    assert not row["significant"] and not row["needed"]
+    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [3e-2]
+
+
+def test_threshold_needs_every_larger_lr_to_hold():
+    # a consistent gap at 1e-3 alone, none at 3e-3, then needed from 1e-2 on
+    table = with_gaps(necessity_table({4: 1e-2}), 1e-3, [0.5, 0.5, 0.5])
+    gaps = M.gap_table(table)
+    assert gaps["significant"].to_list() == [True, False, True, True, True]
+    assert gaps["needed"].to_list() == [False, False, True, True, True]
+    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [1e-2]
+
+
+def test_lrs_where_both_arms_diverge_do_not_block_the_threshold():
+    table = necessity_table({4: 3e-2}).with_columns(final_val_loss=pl.when(
+        pl.col("lr") == GRID[-1]).then(None).otherwise(pl.col("final_val_loss")),
+        status=pl.when(pl.col("lr") == GRID[-1]).then(pl.lit("diverged"))
+        .otherwise(pl.col("status")))
+    gaps = M.gap_table(table)
+    assert gaps.filter(pl.col("lr") == GRID[-1])["both_diverged"].to_list() == [True]
+    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [3e-2]
+
+
+def test_two_seeds_show_a_range_and_only_suggest():
+    table = necessity_table({2: 3e-2, 4: 3e-3}, seeds=2)
+    th = M.necessity_threshold(table)
+    assert th["spread"].to_list() == ["range, n=2", "range, n=2"]
+    assert "interval" not in " ".join(M.gap_table(table)["spread"].to_list())
+    v = {r["hypothesis"]: r for r in M.verdicts(table).iter_rows(named=True)}
+    assert {v[h]["verdict"] for h in ("H1", "H2", "H3")} == {"suggestive (n=2)"}
+    assert "range, n=2" in v["H3"]["evidence"]
+
+
+def test_not_enough_data_with_one_seed_and_inconclusive_without_divergence():
     one_seed = necessity_table({2: 3e-2, 4: 3e-3}).filter(pl.col("seed") == 0)
     th = M.necessity_threshold(one_seed)
     assert th["threshold_lr"].null_count() == 2 and th["note"][0].startswith("not enough data")
     v = {r["hypothesis"]: r["verdict"] for r in M.verdicts(one_seed).iter_rows(named=True)}
-    assert v["H1"] == v["H3"] == "not enough data"
+    assert v["H1"] == v["H2"] == v["H3"] == "not enough data"
     calm = points([(2, q, lr, s, 3.0 + NOISE[s], 5.5) for q in ("none", "rmsnorm")
                    for lr in GRID for s in range(3)])
     v = {r["hypothesis"]: r for r in M.verdicts(calm).iter_rows(named=True)}
-    assert v["H1"]["verdict"] == "not enough data"  # off never diverged: grid too low
+    assert v["H1"]["verdict"] == "inconclusive"  # off never diverged: grid too low
     assert "max stable LR not measurable" in v["H2"]["evidence"]
+
+
+def test_h2_max_stable_lr_is_judged_across_seeds():
+    def table(off_first_div: list[float], on_first_div: list[float]) -> pl.DataFrame:
+        rows = []
+        for seed, (a, b) in enumerate(zip(off_first_div, on_first_div)):
+            for lr in GRID:
+                rows.append((2, "none", lr, seed, None if lr >= a else 3.0, 5.5))
+                rows.append((2, "rmsnorm", lr, seed, None if lr >= b else 3.0, 5.5))
+        return points(rows)
+
+    def h2(t: pl.DataFrame) -> dict:
+        return M.verdicts(t).filter(pl.col("hypothesis") == "H2").row(0, named=True)
+
+    # on raises it by one grid step in every seed: supported by the max-stable-LR part
+    assert "p < 1e-4" in h2(table([3e-2] * 3, [1e-1] * 3))["evidence"]
+    # equal on a coarse grid: the max-stable-LR part is inconclusive, not "not supported"
+    same = h2(table([3e-2] * 3, [3e-2] * 3))
+    assert same["verdict"] == "inconclusive" and "x1, x1, x1" in same["evidence"]
+    # one seed of three disagrees: no consistent raise
+    assert "x3, x3, x0.3" in h2(table([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["evidence"]
+    assert h2(table([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["verdict"] == "inconclusive"
+    # a seed where off diverged at every LR counts at the grid minimum (an upper bound),
+    # never skipped by the geometric mean
+    t = table([1e-3, 3e-2, 3e-2], [1e-1] * 3)
+    off = M.max_stable_lr(t).filter(pl.col("qk_norm") == "none").row(0, named=True)
+    assert off["below_grid_seeds"] == 1
+    assert off["max_stable_lr"] == pytest.approx((1e-3 * 1e-2 * 1e-2) ** (1 / 3))
+
+
+def test_default_loss_threshold_is_reached_by_both_arms_mid_training():
+    runs = pl.DataFrame({"run": ["a", "b"], "depth": [2, 2], "qk_norm": ["none", "rmsnorm"],
+                         "lr": [0.01, 0.01], "seed": [0, 0], "status": ["completed"] * 2,
+                         "final_val_loss": [2.0, 1.8], "init_loss": [5.0, 5.0],
+                         "steps": [100, 100]})
+    metrics = pl.LazyFrame({"run": ["a"] * 3 + ["b"] * 3, "step": [0, 50, 100] * 2,
+                            "val_loss": [5.0, 2.6, 2.0, 5.0, 2.2, 1.8], "tokens": [0] * 6})
+    level = M.default_loss_thresholds(runs, metrics)
+    assert level.to_dicts() == [{"depth": 2, "loss_threshold": 2.6}]
+    reached = M.steps_to_threshold(metrics, runs, level).sort("run")
+    assert reached["steps_to_threshold"].to_list() == [50, 50]
+
+
+def test_worst_probe_values_over_training():
+    per_step = pl.DataFrame({"run": ["a"] * 6, "step": [0, 10, 20] * 2,
+                             "name": ["attention_entropy_min_head"] * 3 + ["residual_kurtosis"] * 3,
+                             "value": [2.0, 0.1, 0.5, 3.0, 40.0, 10.0]})
+    row = M.probe_summary(per_step).row(0, named=True)
+    assert (row["worst_attention_entropy_min_head"], row["worst_attention_entropy_min_head_step"]
+            ) == (0.1, 10)
+    assert (row["worst_residual_kurtosis"], row["worst_residual_kurtosis_step"]) == (40.0, 10)
+    assert row["final_residual_kurtosis"] == 10.0
 
 
 # --- charts -----------------------------------------------------------------------------------
@@ -190,7 +314,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def test_charts_render_to_png_of_real_size(tmp_path):
     table = necessity_table({2: 3e-2, 4: 3e-3})
     arms = M.arm_table(table)
-    gaps, th = M.gap_table(table), M.necessity_threshold(table, M.Options(n_boot=50))
+    gaps, th = M.gap_table(table), M.necessity_threshold(table)
     made = {"loss_vs_lr": C.loss_vs_lr_chart(table), "gap_map": C.gap_map_chart(gaps, th),
             "lr_sensitivity": C.sensitivity_chart(table),
             "lr_landmarks": C.landmarks_chart(arms, th)}
@@ -259,8 +383,7 @@ def sweep(tiny_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def report(sweep) -> tuple[Path, object]:
     out = sweep.parent / "report"
-    return build_report(sweep, out, ReportOptions(png_scale=1.0,
-                                                  study=M.Options(n_boot=200)))
+    return build_report(sweep, out, ReportOptions(png_scale=1.0))
 
 
 def test_report_from_tiny_sweep_has_every_section(report, sweep):
@@ -355,7 +478,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("error: no usable runs") and "sweep/run-a" in err
     assert not (tmp_path / "reports").exists()  # nothing half-written
-    assert main(["report", str(empty), "--noise-k", "-1"]) == 2
+    assert main(["report", str(empty), "--alpha", "1.5"]) == 2
     assert main(["report", str(empty), "--curve-lrs", "a,b"]) == 2
     assert capsys.readouterr().err.count("error:") == 2
     with pytest.raises(UsageError, match="does not exist"):
