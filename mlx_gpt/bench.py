@@ -28,7 +28,7 @@ from mlx.utils import tree_flatten
 
 from .config import TrainConfig, apply_overrides, split_key_values
 from .errors import UsageError
-from .model import GPT, ModelArgs, count_params, cross_entropy, init_weights
+from .model import GPT, ModelArgs, count_params, init_weights
 from .optim import AdamW
 from .train import make_train_step
 
@@ -183,7 +183,7 @@ def probe_cost(measured: dict, repeats: int = 3) -> dict:
     probe_s = min(_timed(lambda: (probes.measure(model, x, y, 0),
                                   probes.update_stats(0, params, params)))
                   for _ in range(repeats))
-    eval_fn = mx.compile(lambda a, b: cross_entropy(model(a), b), inputs=model.state)
+    eval_fn = mx.compile(model.loss, inputs=model.state)
     mx.eval(eval_fn(x, y))
     eval_s = min(_timed(lambda: mx.eval(eval_fn(x, y))) for _ in range(repeats))
     step_s = measured["step_s"]

@@ -26,6 +26,8 @@ class TrainConfig:
     block_size: int = 128
     bias: bool = False
     qk_norm: QKNorm = "none"  # the single independent variable
+    # cpu: mlx_gpt/kernels.py; library: MLX's own; auto: cpu on the CPU device. Same maths.
+    kernels: Literal["auto", "library", "cpu"] = "auto"
     # optimisation: AdamW, warmup + cosine, clipping; standard parametrisation
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -46,7 +48,11 @@ class TrainConfig:
     eval_every: int = 200
     eval_batches: int = 8
     probe_every: int = 200
-    divergence_margin: float = 1.0  # loss > init_loss + margin after warmup -> diverged
+    # diverged: loss or grad norm non-finite, or after warmup the median training loss of the
+    # last divergence_window steps is above init_loss + divergence_margin (a sustained excursion)
+    divergence_margin: float = 1.0
+    divergence_window: int = 50
+    spike_margin: float = 1.0  # a loss spike: train loss > its running minimum + spike_margin
     # logging and checkpoints (steps)
     log_every: int = 10
     ckpt_every: int = 500
@@ -86,6 +92,9 @@ class TrainConfig:
             (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.budget_tokens >= 0, f"budget_tokens must be >= 0, got {self.budget_tokens}"),
             (self.divergence_margin > 0, "divergence_margin must be > 0"),
+            (self.divergence_window >= 1,
+             f"divergence_window must be >= 1 step, got {self.divergence_window}"),
+            (self.spike_margin > 0, f"spike_margin must be > 0, got {self.spike_margin}"),
             (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
         ]
         for name in ("eval_every", "probe_every", "log_every", "ckpt_every"):
@@ -99,8 +108,8 @@ class TrainConfig:
                 raise UsageError(message)
         return self
 
-    # Fields that say where output goes, not what is computed: left out of the run id.
-    NON_IDENTITY = ("runs_dir", "sweep")
+    # Fields that say where output goes or how (not what) is computed: left out of the run id.
+    NON_IDENTITY = ("runs_dir", "sweep", "kernels")
 
     def identity(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY}

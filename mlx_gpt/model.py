@@ -7,20 +7,31 @@ Parameter names and shapes match torch_ref/model.py one to one (nn.Linear is (ou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import kernels
+from . import kernels as cpu_kernels
 
 NORM_EPS = 1e-5
 
 
-def on_cpu() -> bool:
-    """MLX's CPU backend computes exp/erf one element at a time; there we use `kernels`."""
-    return mx.default_device().type == mx.DeviceType.cpu
+KERNELS = ("auto", "library", "cpu")
+
+
+def resolve_kernels(kernels: str) -> str:
+    """'cpu' (mlx_gpt/kernels.py: exp/erf as multiply-adds, written-out attention) or 'library'
+    (mx.fast.scaled_dot_product_attention, nn.gelu, nn.losses.cross_entropy). 'auto' picks cpu
+    on MLX's CPU device, where the library computes exp/erf one element at a time, else library.
+    Both compute the same function (agreement within float32 rounding is tested)."""
+    if kernels == "auto":
+        return "cpu" if mx.default_device().type == mx.DeviceType.cpu else "library"
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
+    return kernels
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,7 @@ class ModelArgs:
     block_size: int = 128
     bias: bool = False
     qk_norm: str = "none"  # none | rmsnorm | layernorm
+    kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)
 
     @property
     def padded_vocab(self) -> int:
@@ -66,6 +78,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = HeadNorm(self.head_dim, args.qk_norm)
             self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
         self.qk_norm = args.qk_norm
+        self.kernels = args.kernels
         # The softmax scale stays 1/sqrt(head_dim) in every arm: QK-norm changes nothing else.
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
@@ -85,10 +98,10 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.heads(x)
         q, k = self.normed(q, k)
-        if on_cpu():  # written out so the softmax uses the vectorisable exp
+        if self.kernels == "cpu":  # written out so the softmax uses the vectorisable exp
             causal = mx.triu(mx.full((T, T), -1e30, dtype=q.dtype), k=1)
             scores = (q * self.scale) @ k.transpose(0, 1, 3, 2) + causal  # (B, nh, T, T)
-            y = kernels.softmax(scores) @ v
+            y = cpu_kernels.softmax(scores) @ v
         else:
             y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
         return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))  # (B, T, nh*hs)
@@ -99,9 +112,10 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(args.d_model, 4 * args.d_model, bias=args.bias)
         self.proj = nn.Linear(4 * args.d_model, args.d_model, bias=args.bias)
+        self.gelu = cpu_kernels.gelu if args.kernels == "cpu" else nn.gelu
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.proj((kernels.gelu if on_cpu() else nn.gelu)(self.fc(x)))
+        return self.proj(self.gelu(self.fc(x)))
 
 
 class Block(nn.Module):
@@ -120,7 +134,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = args
+        args = dataclasses.replace(args, kernels=resolve_kernels(args.kernels))
+        self.args, self.kernels = args, args.kernels
         self.wte = nn.Embedding(args.padded_vocab, args.d_model)
         self.wpe = nn.Embedding(args.block_size, args.d_model)
         self.blocks = [Block(args) for _ in range(args.depth)]
@@ -138,6 +153,10 @@ class GPT(nn.Module):
 
     def __call__(self, idx: mx.array) -> mx.array:
         return self.hidden(idx) @ self.wte.weight.T  # (B, T, padded_vocab)
+
+    def loss(self, idx: mx.array, targets: mx.array) -> mx.array:
+        """Mean next-token cross-entropy in nats of the batch idx -> targets."""
+        return cross_entropy(self(idx), targets, self.kernels)
 
 
 def init_weights(model: GPT, seed: int) -> None:
@@ -162,12 +181,12 @@ def init_weights(model: GPT, seed: int) -> None:
     model.update(tree_unflatten(new))
 
 
-def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
-    """Mean next-token cross-entropy in nats."""
-    if not on_cpu():
+def cross_entropy(logits: mx.array, targets: mx.array, kernels: str) -> mx.array:
+    """Mean next-token cross-entropy in nats; kernels: 'cpu' or 'library' (GPT.kernels)."""
+    if kernels == "library":
         return nn.losses.cross_entropy(logits, targets, reduction="mean")
     target_logits = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return mx.mean(kernels.logsumexp(logits, axis=-1) - target_logits)
+    return mx.mean(cpu_kernels.logsumexp(logits, axis=-1) - target_logits)
 
 
 def count_params(model: GPT) -> dict[str, int]:

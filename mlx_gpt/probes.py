@@ -147,7 +147,7 @@ def _forward_with_probes(model: GPT, x: mx.array, y: mx.array):
             (layer, "residual_outlier_share", outlier_share(residual)),
         ]
     out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab), as GPT.__call__
-    loss = cross_entropy(out_logits, y)
+    loss = cross_entropy(out_logits, y, model.kernels)
     out_logits = mx.stop_gradient(out_logits)
     values += [
         (WHOLE_MODEL, "loss", mx.stop_gradient(loss)),

@@ -23,7 +23,7 @@ from .batches import probe_batch, train_stream, val_batches
 from .config import TrainConfig, parse_train_config
 from .errors import UsageError
 from .locks import RunBusy, run_lock
-from .model import GPT, ModelArgs, count_params, cross_entropy, init_weights
+from .model import GPT, ModelArgs, count_params, init_weights
 from .optim import AdamW
 from .recorder import Recorder, divergence  # noqa: F401  (divergence: part of this module's API)
 
@@ -31,7 +31,7 @@ from .recorder import Recorder, divergence  # noqa: F401  (divergence: part of t
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
     return ModelArgs(vocab_size=vocab_size, depth=cfg.depth, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, block_size=cfg.block_size, bias=cfg.bias,
-                     qk_norm=cfg.qk_norm)
+                     qk_norm=cfg.qk_norm, kernels=cfg.kernels)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
@@ -60,7 +60,7 @@ def make_train_step(model: GPT, opt: AdamW):
     """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr), mutating model and opt.
 
     Returns it with the state list to pass to mx.eval / mx.async_eval after each call."""
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: cross_entropy(m(x), y))
+    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.loss(x, y))
     state = [model.state, opt.state]
 
     @partial(mx.compile, inputs=state, outputs=state)
@@ -193,7 +193,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
 
     @partial(mx.compile, inputs=model.state)
     def eval_fn(x, y):
-        return cross_entropy(model(x), y)
+        return model.loss(x, y)
 
     val = [(mx.array(x), mx.array(y)) for x, y in
            val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)]

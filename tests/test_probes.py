@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt import probes
 from mlx_gpt.batches import probe_batch
 from mlx_gpt.errors import UsageError
-from mlx_gpt.model import GPT, ModelArgs, cross_entropy, init_weights
+from mlx_gpt.model import GPT, ModelArgs, init_weights
 from mlx_gpt.runlog import read_parts
 from mlx_gpt.train import load_data, run_dir_of, train
 
@@ -229,7 +229,7 @@ def test_measure_matches_independent_recomputation(qk_norm, bias):
     T = x.shape[1]
     assert actual[(0, "attention_entropy_mean")] < 0.9 * np.mean(np.log(np.arange(1, T + 1)))
     # the probe forward is the model's forward
-    assert actual[(-1, "loss")] == pytest.approx(cross_entropy(model(x), y).item(), rel=1e-5)
+    assert actual[(-1, "loss")] == pytest.approx(model.loss(x, y).item(), rel=1e-5)
 
 
 def test_update_stats_matches_numpy():
@@ -404,7 +404,16 @@ def test_train_writes_documented_probe_parts(tiny_cfg):
     train(cfg, verbose=False)
     run_dir = run_dir_of(cfg)
     rows = probe_rows(cfg)
-    assert sorted(p.name for p in (run_dir / "probes").glob("*.parquet"))
+    # one part per checkpoint interval, each named by the first and last step it holds
+    import pyarrow.parquet as pq
+
+    parts = sorted((run_dir / "probes").glob("part-*.parquet"))
+    spans = []
+    for part in parts:
+        held = pq.read_table(part).column("step").to_pylist()
+        spans.append((min(held), max(held)))
+        assert part.name == f"part-{min(held):08d}-{max(held):08d}.parquet"
+    assert spans == [(0, 0), (10, 10), (20, 30)]
     assert {row_name_pattern(r["name"]) for r in rows} == documented_names()
     steps = {}
     for r in rows:

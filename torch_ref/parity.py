@@ -1,9 +1,11 @@
 """MLX vs PyTorch, numerically: `python -m torch_ref parity` (also `just parity`).
 
-For qk_norm none / rmsnorm / layernorm at depth 1 and 3, in float32, with the same weights
-(moved through safetensors) and the same batch, it compares logits, loss, every gradient and
-the attention probes; then it trains both for 50 steps with the same AdamW semantics and
-compares the loss at every step. It prints the largest deviation of each kind and exits 1
+For qk_norm none / rmsnorm / layernorm at depth 1 and 3, on both of mlx_gpt's kernel paths
+(kernels=cpu: mlx_gpt/kernels.py; kernels=library: MLX's fused attention, GELU and
+cross-entropy, the path Apple GPUs run), in float32, with the same weights (moved through
+safetensors) and the same batch, it compares logits, loss, every gradient and the attention
+probes; then it trains both for 50 steps with the same AdamW semantics and compares the loss
+at every step. It prints the largest deviation of each kind and exits 1
 when a tolerance is broken.
 
 Relative deviation, everywhere: max|a - b| / max|b|, with b the MLX value and the max taken
@@ -30,7 +32,6 @@ from mlx_gpt.batches import probe_batch, train_batch
 from mlx_gpt.config import TrainConfig
 from mlx_gpt.errors import UsageError
 from mlx_gpt.model import GPT as MlxGPT
-from mlx_gpt.model import cross_entropy as mlx_cross_entropy
 from mlx_gpt.optim import AdamW as MlxAdamW
 from mlx_gpt.tokenizer import ByteTokenizer
 from mlx_gpt.train import build_model, make_train_step, model_args
@@ -53,13 +54,14 @@ REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
 QK_NORMS = ("none", "rmsnorm", "layernorm")
 DEPTHS = (1, 3)
+KERNELS = ("cpu", "library")  # mlx_gpt's two kernel paths, both checked on any device
 # Small enough for a 2-core CPU, big enough for several heads and a padded vocab (257 -> 320).
 # The trajectory LR stays below the loss-spike regime: at lr >= 2e-3 this model spikes (grad
 # norm > 100) and a spike amplifies float32 rounding differences between any two kernels to
 # 1e-2 and more, which says nothing about semantics. clip 2.0 clips 12 of the 50 steps.
 BASE = TrainConfig(depth=1, d_model=64, n_heads=4, block_size=64, batch_size=4, lr=1e-3,
                    warmup_steps=10, max_steps=50, weight_decay=0.1, grad_clip=2.0,
-                   seed=0, data_seed=0)
+                   seed=0, data_seed=0, kernels="cpu")
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def twin_models(cfg: TrainConfig, vocab_size: int, perturbed: bool) -> tuple[Mlx
 def case_name(cfg: TrainConfig) -> str:
     extras = "".join(f" {k}={getattr(cfg, k)}" for k in ("bias", "independent_wd")
                      if getattr(cfg, k) != getattr(BASE, k))
-    return f"d{cfg.depth} {cfg.qk_norm}{extras}"
+    return f"d{cfg.depth} {cfg.qk_norm} {cfg.kernels}{extras}"
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
@@ -142,7 +144,7 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
     mx_x, mx_y = mx.array(x), mx.array(y)
     t_x, t_y = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
 
-    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: mlx_cross_entropy(m(a), b))
+    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: m.loss(a, b))
     mlx_logits = mlx_model(mx_x)
     mlx_loss, mlx_grads_tree = loss_and_grad(mlx_model, mx_x, mx_y)
     mx.eval(mlx_logits, mlx_loss, mlx_grads_tree)
@@ -230,13 +232,15 @@ def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) ->
 
 
 def step_cases() -> list[TrainConfig]:
-    return [dataclasses.replace(BASE, depth=d, qk_norm=q) for d in DEPTHS for q in QK_NORMS]
+    return [dataclasses.replace(BASE, depth=d, qk_norm=q, kernels=k)
+            for k in KERNELS for d in DEPTHS for q in QK_NORMS]
 
 
 def trajectory_cases() -> list[TrainConfig]:
-    """Each QK-norm kind at depth 3, plus independent decay and biases (ndim-1 params, no decay)."""
+    """Each QK-norm kind at depth 3 on each kernel path, plus independent decay and biases
+    (ndim-1 params, no decay)."""
     deep = dataclasses.replace(BASE, depth=3)
-    return [dataclasses.replace(deep, qk_norm=q) for q in QK_NORMS] + [
+    return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in QK_NORMS] + [
         dataclasses.replace(deep, qk_norm="rmsnorm", independent_wd=True, weight_decay=1e-3),
         dataclasses.replace(deep, qk_norm="layernorm", bias=True),
     ]
@@ -246,7 +250,9 @@ def run_all() -> list[Deviation]:
     torch.manual_seed(0)  # nothing here draws from torch's RNG; this only pins it
     tokens, vocab = byte_tokens(), ByteTokenizer.vocab_size
     rows: list[Deviation] = []
-    for cfg in step_cases() + [dataclasses.replace(BASE, depth=2, qk_norm="layernorm", bias=True)]:
+    biased = [dataclasses.replace(BASE, depth=2, qk_norm="layernorm", bias=True, kernels=k)
+              for k in KERNELS]
+    for cfg in step_cases() + biased:
         rows += compare_step(cfg.validate(), tokens, vocab)
     for cfg in trajectory_cases():
         rows += compare_trajectory(cfg.validate(), tokens, vocab)
