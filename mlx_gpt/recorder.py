@@ -7,8 +7,10 @@ same rows, apply the same divergence rule and finish with the same summary field
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from . import runlog
@@ -16,15 +18,70 @@ from .config import TrainConfig
 
 
 def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
-               init_loss: float | None) -> str | None:
-    """Why this step counts as diverged, or None. Checked for every step at each sync."""
+               init_loss: float | None, recent: Sequence[float]) -> str | None:
+    """Why this step counts as diverged, or None. Checked for every step at each sync.
+
+    A non-finite loss or gradient norm is fatal at once. Otherwise a run has diverged only when
+    the excursion is sustained: after warmup, the median training loss of the last
+    `divergence_window` steps (`recent`, this step included) is above init_loss +
+    divergence_margin (the lower median: more than half of the window is above). A transient
+    spike moves the median of 50 steps by one rank at most.
+    """
     if not math.isfinite(loss):
         return "non-finite loss"
     if not math.isfinite(grad_norm):
         return "non-finite gradient norm"
-    if init_loss is not None and step >= cfg.warmup_steps and loss > init_loss + cfg.divergence_margin:
-        return f"loss {loss:.3f} above initial loss {init_loss:.3f} + {cfg.divergence_margin:g}"
+    window = cfg.divergence_window
+    if init_loss is None or step < cfg.warmup_steps or len(recent) < window:
+        return None
+    smoothed = statistics.median_low(list(recent)[-window:])  # more than half above
+    if smoothed > init_loss + cfg.divergence_margin:
+        return (f"median loss {smoothed:.3f} of the last {window} steps above initial loss "
+                f"{init_loss:.3f} + {cfg.divergence_margin:g}")
     return None
+
+
+class Health:
+    """The training-loss history the divergence rule and the spike count need: the last
+    `divergence_window` losses, the running minimum and the spikes above it.
+
+    A spike is an excursion of the training loss more than `spike_margin` nats above its running
+    minimum (one count per excursion, however many steps it lasts); `max_spike` is the largest
+    excursion in nats and `max_spike_step` where it peaked. Kept in checkpoints, so a resumed
+    run judges divergence and counts spikes exactly as an uninterrupted one.
+    """
+
+    def __init__(self, cfg: TrainConfig, state: dict | None = None):
+        self.margin = cfg.spike_margin
+        state = state or {}
+        self.recent: deque[float] = deque(state.get("recent", ()), maxlen=cfg.divergence_window)
+        self.running_min: float | None = state.get("running_min")
+        self.loss_spikes: int = state.get("loss_spikes", 0)
+        self.in_spike: bool = state.get("in_spike", False)
+        self.max_spike: float = state.get("max_spike", 0.0)
+        self.max_spike_step: int | None = state.get("max_spike_step")
+
+    def observe(self, step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            return
+        self.recent.append(loss)
+        if self.running_min is not None:
+            excess = loss - self.running_min
+            if excess > self.max_spike:
+                self.max_spike, self.max_spike_step = excess, step
+            spiking = excess > self.margin
+            self.loss_spikes += spiking and not self.in_spike
+            self.in_spike = spiking
+        self.running_min = loss if self.running_min is None else min(self.running_min, loss)
+
+    def state(self) -> dict:
+        return {"recent": list(self.recent), "running_min": self.running_min,
+                "loss_spikes": self.loss_spikes, "in_spike": self.in_spike,
+                "max_spike": self.max_spike, "max_spike_step": self.max_spike_step}
+
+    def summary(self) -> dict:
+        return {"loss_spikes": self.loss_spikes, "max_spike": self.max_spike,
+                "max_spike_step": self.max_spike_step}
 
 
 def finite(x: float | None) -> float | None:
@@ -40,7 +97,7 @@ class Recorder:
     """
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, *, init_loss: float | None = None,
-                 elapsed: float = 0.0, train_seconds: float = 0.0):
+                 elapsed: float = 0.0, train_seconds: float = 0.0, health: dict | None = None):
         self.cfg, self.run_dir = cfg, run_dir
         self.metric_rows: list[dict] = []
         self.probe_rows: list[dict] = []
@@ -49,6 +106,7 @@ class Recorder:
         self.last_val: float | None = None
         self.wall0 = time.perf_counter() - elapsed
         self.train_seconds = train_seconds
+        self.health = Health(cfg, health)
         self.status, self.diverged_step, self.reason = "completed", None, None
 
     # when to measure ------------------------------------------------------------------------
@@ -77,7 +135,9 @@ class Recorder:
             if step in logged:
                 continue
             self.metric_rows.append(self._row(step, loss, grad_norm, lr))
-            self.reason = divergence(self.cfg, step, loss, grad_norm, self.init_loss)
+            self.health.observe(step, loss)
+            self.reason = divergence(self.cfg, step, loss, grad_norm, self.init_loss,
+                                     self.health.recent)
             if self.reason:
                 self.status, self.diverged_step = "diverged", step
                 return True
@@ -96,7 +156,7 @@ class Recorder:
 
     def state(self) -> dict:
         return {"init_loss": self.init_loss, "elapsed": self.elapsed(),
-                "train_seconds": self.train_seconds}
+                "train_seconds": self.train_seconds, "health": self.health.state()}
 
     # files ----------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -109,8 +169,14 @@ class Recorder:
         """Write the last rows, the manifest's end time and summary.json (last). For a completed
         run the final validation loss must have been recorded at step == steps."""
         cfg = self.cfg
-        if self.status == "completed":
+        last_row = self.status == "completed"  # a row at step == steps with only the val loss
+        if last_row:
+            final_val = self.val_by_step.get(cfg.steps)
             self.metric_rows.append(self._row(cfg.steps, None, None, None))
+            if final_val is not None and not math.isfinite(final_val):
+                # the last update broke the weights: checked like every other update
+                self.status, self.diverged_step = "diverged", cfg.steps - 1
+                self.reason = "non-finite validation loss after the last update"
         self.flush()
         final_step = cfg.steps if self.status == "completed" else self.diverged_step + 1
         metrics = runlog.read_parts(self.run_dir / "metrics").to_pydict()
@@ -121,9 +187,10 @@ class Recorder:
             "status": self.status,
             "init_loss": self.init_loss,
             "final_val_loss": finite(vals[-1]) if self.status == "completed" and vals else None,
+            **self.health.summary(),
             "min_val_loss": min(finite_vals) if finite_vals else None,
-            "final_train_loss": finite(
-                metrics["train_loss"][-2 if self.status == "completed" else -1]),
+            "final_train_loss": finite(metrics["train_loss"][
+                -2 if last_row else -1]),
             "diverged_step": self.diverged_step,
             "diverged_reason": self.reason,
             "steps": final_step,

@@ -116,7 +116,7 @@ def one_three(lr: float) -> float:
 # fixed budget of 100M tokens: 16 x 256 = 4,096 tokens a step, 24,414 steps.
 STUDY = SweepConfig(
     preset="study", name="study", depth=(6,), lr_min=3e-4, lr_max=3e-1, points_per_decade=2,
-    seeds=(0, 1), qk_norms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
+    seeds=(0, 1, 2), qk_norms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
     train=TrainConfig(
         data="data/tinystories-gpt2", d_model=192, n_heads=3, block_size=256, batch_size=16,
         budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
@@ -124,18 +124,20 @@ STUDY = SweepConfig(
 )
 
 # A miniature of the study on the synthetic byte corpus: 5 LRs from safe (1e-3) to divergent
-# (1: both arms blow up when warmup ends), both arms, one seed, 100 steps of 8 x 64 tokens.
+# (1: both arms blow up when warmup ends), both arms, two seeds (the least a paired comparison
+# needs: its verdicts can only be "suggestive"), 100 steps of 8 x 64 tokens, divergence judged
+# on a 30-step window (a third of the run).
 # QK-norm off shows attention-logit growth from 1e-2 up (docs/sweeps.md has the numbers).
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(4,), lr_min=1e-3, lr_max=1.0, points_per_decade=4 / 3,
-    seeds=(0,), qk_norms=("none", "rmsnorm"), refine=False,
+    seeds=(0, 1), qk_norms=("none", "rmsnorm"), refine=False,
     # a model this small leaves cores idle: two processes finished the demo 1.32x sooner than
     # one on a 2-core CPU (2m02s against 2m41s; `just bench` measured 1.44x in tokens/s)
     jobs=2,
     train=TrainConfig(
         data="data/synthetic-bytes", d_model=128, n_heads=4, block_size=64, batch_size=8,
         max_steps=100, warmup_steps=30, eval_every=25, eval_batches=4, probe_every=25,
-        log_every=10, ckpt_every=50),
+        log_every=10, ckpt_every=50, divergence_window=30),
 )
 
 PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO}

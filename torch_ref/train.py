@@ -125,7 +125,8 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
         tok_s = (step + 1) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
         display.update(step + 1, values[-1][0], tok_s,
                        (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), rec.last_val)
-        if diverged:
+        if diverged:  # probe the weights as they are when the run is declared diverged
+            rec.record_probes(probe_lib.measure(model, px, py, step + 1))
             break
         if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
             rec.flush()  # parts cover the same step ranges as the MLX run's
