@@ -25,11 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_words(data: str, runs_dir: Path, *extra: str) -> list[str]:
-    """A sweep of tiny runs (depth 1, d_model 32, 20 steps): about a second each here."""
-    return ["preset=demo", f"data={data}", f"runs_dir={runs_dir}", "name=t", "depth=1",
-            "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=20",
-            "warmup_steps=5", "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5",
-            "ckpt_every=10", "qk_norms=none", "jobs=1", *extra]
+    """A sweep of tiny runs (depth 1, d_model 32, 20 steps): about a second each here. `extra`
+    words replace the defaults of the same key (a key may be given once)."""
+    words = dict(w.split("=", 1) for w in (
+        "preset=demo", f"data={data}", f"runs_dir={runs_dir}", "name=t", "depth=1", "d_model=32",
+        "n_heads=2", "block_size=32", "batch_size=4", "max_steps=20", "warmup_steps=5",
+        "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5", "ckpt_every=10",
+        "qk_norms=none", "seeds=0", "jobs=1", "divergence_window=5"))
+    words.update(w.split("=", 1) for w in extra if "=" in w)
+    return [f"{k}={v}" for k, v in words.items()] + [w for w in extra if "=" not in w]
 
 
 def status_of(cfg) -> str | None:
@@ -38,7 +42,7 @@ def status_of(cfg) -> str | None:
 
 @pytest.fixture
 def no_calibration(monkeypatch):
-    monkeypatch.setattr(sweep, "calibrate", lambda cfg, vocab: (1000.0, 3))
+    monkeypatch.setattr(sweep.plan, "calibrate", lambda cfg, vocab: (1000.0, 3))
 
 
 def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
@@ -63,7 +67,7 @@ def test_study_preset_is_the_studys_plan():
     sc = sweep.parse_sweep_config([])
     assert sc.grid_lrs() == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1]  # half-decades as 1-3-10
     runs = sweep.grid(sc)
-    assert len(runs) == 7 * 2 * 2
+    assert len(runs) == 7 * 2 * 3  # LRs x arms x seeds
     assert runs[0].steps == 24_414 and runs[0].tokens_per_step == 4096
     params = sweep.param_counts(runs[0], 50257)
     assert 10e6 < params["total"] < 15e6
@@ -73,7 +77,7 @@ def test_study_preset_is_the_studys_plan():
 def test_demo_preset_spans_safe_to_divergent_in_5_lrs():
     sc = sweep.parse_sweep_config(["preset=demo"])
     assert sc.grid_lrs() == [1e-3, 5.62e-3, 3.16e-2, 1.78e-1, 1.0]
-    assert len(sweep.grid(sc)) == 10 and sc.name == "demo" and not sc.refine and sc.jobs == 2
+    assert len(sweep.grid(sc)) == 20 and sc.name == "demo" and not sc.refine and sc.jobs == 2
     assert sweep.parse_sweep_config(["preset=demo", "lr_max=0.1", "points_per_decade=2"]
                                     ).grid_lrs() == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 

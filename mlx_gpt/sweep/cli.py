@@ -1,0 +1,86 @@
+"""`python -m mlx_gpt sweep ...`: parse, print the plan or the commands, run, report."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from .. import train as trainer
+from ..errors import UsageError
+from .config import grid, parse_sweep_config
+from .plan import command_line, declare_grid, describe, remaining_runs
+from .refine import Outcome, verdict
+from .run import execute, report, spawn_workers
+
+USAGE = """usage: python -m mlx_gpt sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
+
+Trains qk_norm x LR grid x seeds (x depths) as independent, resumable runs, then refines each
+curve's stability boundary. Presets: preset=study (default) or preset=demo.
+sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
+            seeds=0,1  qk_norms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
+            name= (folder under runs_dir)  runs_dir=runs  jobs=1
+any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
+  --dry-run        print the plan and stop (add --calibrate to measure tokens/s and estimate time)
+  --emit-commands  print each remaining run as one `python -m mlx_gpt train ...` line"""
+
+FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--worker")
+
+
+def cli(argv: list[str]) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(USAGE)
+        return 0
+    flags = {a for a in argv if a.startswith("--")}
+    unknown = flags - set(FLAGS)
+    if unknown:
+        raise UsageError(f"unknown flag {min(unknown)}; flags: {', '.join(FLAGS[:3])}")
+    words = [a for a in argv if not a.startswith("--")]
+    sc = parse_sweep_config(words)
+    runs = [c.validate() for c in grid(sc)]  # every run's config is checked before anything runs
+
+    if "--emit-commands" in flags:
+        todo, refine = remaining_runs(sc)
+        for cfg in todo + refine:
+            print(command_line(cfg))
+        print(f"# {len(todo)} of {len(runs)} grid runs left, {len(refine)} refinement runs "
+              "called for by the results so far" + (" (run --emit-commands again once these "
+                                                    "finish and their folders are merged)"
+                                                    if sc.refine else ""), file=sys.stderr)
+        return 0
+    worker = "--worker" in flags
+    if not flags & {"--dry-run"} and not worker:
+        trainer.load_data(sc.train)  # the data must exist before anything is written
+    if worker:
+        speeds: Mapping[int, float] = {}
+    else:
+        speeds = describe(sc, runs, calibrate_speed="--dry-run" not in flags
+                          or "--calibrate" in flags)
+    if "--dry-run" in flags:
+        return 0
+
+    if not worker:
+        declare_grid(sc)
+    start = time.perf_counter()
+    workers = spawn_workers(words, sc) if sc.jobs > 1 and not worker else []
+    if workers:
+        print(f"started {len(workers)} more sweep processes (logs in "
+              f"{Path(sc.runs_dir) / sc.name}/sweep-worker-*.log)", flush=True)
+    tally = None
+    try:
+        tally = execute(sc, speeds, verbose=True)
+    except KeyboardInterrupt:
+        print(f"\nsweep {sc.name} interrupted; the current run is checkpointed. Run the same "
+              f"command again to resume: python -m mlx_gpt sweep {shlex.join(words)}",
+              file=sys.stderr, flush=True)
+        return 130
+    finally:
+        for w in workers:
+            w.wait()
+    if not worker:
+        if workers:  # the other processes may have finished runs this one passed over
+            tally.busy = [c for c in tally.busy if verdict(c) is Outcome.PENDING]
+        report(sc, tally, time.perf_counter() - start)
+    return 0

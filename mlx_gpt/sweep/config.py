@@ -1,0 +1,202 @@
+"""Sweep configuration: the SweepConfig dataclass, the LR grid, the presets and key=value
+parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import get_args
+
+from ..config import QKNorm, TrainConfig, apply_overrides, split_key_values
+from ..errors import UsageError
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What to sweep. Keys not named here are TrainConfig keys, forwarded into every run."""
+
+    preset: str = "study"
+    name: str = "study"  # the sweep folder: <runs_dir>/<name>/<run_id>
+    depth: tuple[int, ...] = (6,)
+    lrs: tuple[float, ...] = ()  # an explicit LR list; empty -> the log grid below
+    lr_min: float = 3e-4
+    lr_max: float = 3e-1
+    points_per_decade: float = 2.0  # Wortsman et al. 2023 sweep LRs in half-decades
+    seeds: tuple[int, ...] = (0, 1)
+    qk_norms: tuple[str, ...] = ("none", "rmsnorm")
+    refine: bool = True
+    refine_steps: int = 2  # bisection steps per (depth, qk_norm, seed)
+    refine_factor: float = 1.4  # stop once largest stable / smallest diverged LR are this close
+    runs_dir: str = "runs"
+    jobs: int = 1  # sweep processes on this machine (they share work through run locks)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> SweepConfig:
+        if self.preset not in PRESETS:
+            raise UsageError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+        checks = [
+            (bool(self.depth), "depth needs at least one value"),
+            (bool(self.seeds), "seeds needs at least one value"),
+            (bool(self.qk_norms), "qk_norms needs at least one value"),
+            (self.lr_min > 0, f"lr_min must be > 0, got {self.lr_min}"),
+            (self.lr_min < self.lr_max, f"lr_min={self.lr_min:g} must be below lr_max={self.lr_max:g}"),
+            (self.points_per_decade > 0, f"points_per_decade must be > 0, got {self.points_per_decade}"),
+            (all(lr > 0 for lr in self.lrs), "every value in lrs must be > 0"),
+            (self.refine_steps >= 0, f"refine_steps must be >= 0, got {self.refine_steps}"),
+            (self.refine_factor > 1, f"refine_factor must be > 1, got {self.refine_factor}"),
+            (self.jobs >= 1, f"jobs must be >= 1, got {self.jobs}"),
+            ("/" not in self.name and self.name not in ("", ".", ".."),
+             f"name must be a plain folder name, got {self.name!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UsageError(message)
+        return self
+
+    def grid_lrs(self) -> list[float]:
+        if self.lrs:
+            return sorted(set(self.lrs))
+        return log_grid(self.lr_min, self.lr_max, self.points_per_decade)
+
+
+def three_significant(x: float) -> float:
+    """Round to 3 significant digits so LRs read well in names and tables (3e-4, 9.49e-4)."""
+    return float(f"{x:.3g}")
+
+
+def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[float]:
+    """lr_min * 10**(i / points_per_decade) up to lr_max (inclusive), rounded to 3 digits."""
+    if not (0 < lr_min < lr_max and points_per_decade > 0):
+        return []
+    n = math.floor(math.log10(lr_max / lr_min) * points_per_decade + 1e-9)
+    lrs = [three_significant(lr_min * 10 ** (i / points_per_decade)) for i in range(n + 1)]
+    if points_per_decade == 2:  # Wortsman et al.'s half-decades are written 1, 3, 10, 30, ...
+        lrs = [one_three(lr) for lr in lrs]
+    return lrs
+
+
+def one_three(lr: float) -> float:
+    """Snap a half-decade point to the 1-3-10 series when it lies within 6% of it."""
+    exponent = math.floor(math.log10(lr))
+    for mantissa in (1, 3, 10):
+        nice = float(f"{mantissa}e{exponent}")
+        if abs(lr / nice - 1) < 0.06:
+            return nice
+    return lr
+
+
+# The study's plan: a plain nanoGPT of ~12M parameters (depth 6) with the GPT-2 vocabulary and a
+# fixed budget of 100M tokens: 16 x 256 = 4,096 tokens a step, 24,414 steps.
+STUDY = SweepConfig(
+    preset="study", name="study", depth=(6,), lr_min=3e-4, lr_max=3e-1, points_per_decade=2,
+    seeds=(0, 1, 2), qk_norms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
+    train=TrainConfig(
+        data="data/tinystories-gpt2", d_model=192, n_heads=3, block_size=256, batch_size=16,
+        budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
+        probe_every=250, log_every=10, ckpt_every=1000),
+)
+
+# A miniature of the study on the synthetic byte corpus: 5 LRs from safe (1e-3) to divergent
+# (1: both arms blow up when warmup ends), both arms, two seeds (the least a paired comparison
+# needs: its verdicts can only be "suggestive"), 100 steps of 8 x 64 tokens, divergence judged
+# on a 30-step window (a third of the run).
+# QK-norm off shows attention-logit growth from 1e-2 up (docs/sweeps.md has the numbers).
+DEMO = SweepConfig(
+    preset="demo", name="demo", depth=(4,), lr_min=1e-3, lr_max=1.0, points_per_decade=4 / 3,
+    seeds=(0, 1), qk_norms=("none", "rmsnorm"), refine=False,
+    # a model this small leaves cores idle: two processes finished the demo 1.32x sooner than
+    # one on a 2-core CPU (2m02s against 2m41s; `just bench` measured 1.44x in tokens/s)
+    jobs=2,
+    train=TrainConfig(
+        data="data/synthetic-bytes", d_model=128, n_heads=4, block_size=64, batch_size=8,
+        max_steps=100, warmup_steps=30, eval_every=25, eval_batches=4, probe_every=25,
+        log_every=10, ckpt_every=50, divergence_window=30),
+)
+
+PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO}
+
+LIST_KEYS = {"depth": int, "lrs": float, "seeds": int, "qk_norms": str}
+# TrainConfig keys the sweep sets itself, with the sweep key to use instead.
+GRID_KEYS = {"lr": "lrs (or lr_min, lr_max, points_per_decade)", "seed": "seeds",
+             "qk_norm": "qk_norms", "sweep": "name"}
+
+
+def parse_list(key: str, text: str, kind: type) -> tuple:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UsageError(f"{key} needs at least one value")
+    out = []
+    for item in items:
+        if kind is str:
+            choices = get_args(QKNorm)
+            if item not in choices:
+                raise UsageError(f"{key}: {item!r} is not one of {', '.join(choices)}")
+            out.append(item)
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise UsageError(f"{key}: {item!r} is not a number") from None
+        if kind is int:
+            if value != int(value):
+                raise UsageError(f"{key}: {item!r} is not an integer")
+            value = int(value)
+        out.append(value)
+    return tuple(out)
+
+
+def parse_sweep_config(words: list[str]) -> SweepConfig:
+    """Preset (preset=NAME, default study) crossed with key=value overrides, validated."""
+    pairs = split_key_values(words)
+    preset = pairs.pop("preset", "study")
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    base = PRESETS[preset]
+    sweep_keys = {f.name for f in fields(SweepConfig)} - {"train", "preset"}
+    train_keys = {f.name for f in fields(TrainConfig)}
+    for key in pairs:
+        if key in GRID_KEYS:
+            raise UsageError(f"{key} is set by the sweep grid; use {GRID_KEYS[key]}")
+        if key not in sweep_keys and key not in train_keys:
+            raise UsageError(f"unknown key {key!r}; sweep keys: {', '.join(sorted(sweep_keys))}; "
+                             f"run keys: {', '.join(sorted(train_keys - set(GRID_KEYS)))}")
+    range_keys = [k for k in ("lr_min", "lr_max", "points_per_decade") if k in pairs]
+    if range_keys and "lrs" in pairs:
+        raise UsageError(f"give lrs or {'/'.join(range_keys)}, not both")
+    lists = {k: parse_list(k, pairs.pop(k), kind) for k, kind in LIST_KEYS.items() if k in pairs}
+    if range_keys:
+        lists["lrs"] = ()  # a range given here replaces a preset's explicit list
+    scalars = {k: pairs.pop(k) for k in list(pairs) if k in sweep_keys}
+    sweep = apply_overrides(base, scalars)
+    train = apply_overrides(base.train, pairs)  # what is left: TrainConfig keys
+    return dataclasses.replace(sweep, train=train, **lists).validate()
+
+
+# --- expanding a sweep into runs ------------------------------------------------------------
+
+
+def run_config(sc: SweepConfig, depth: int, lr: float, qk_norm: str, seed: int) -> TrainConfig:
+    """One run of the sweep. data_seed follows the seed (offset by the base data_seed), so a seed
+    replicates all of training's randomness while every LR and arm of one seed is paired."""
+    return dataclasses.replace(
+        sc.train, depth=depth, lr=lr, qk_norm=qk_norm, seed=seed,
+        data_seed=sc.train.data_seed + seed, sweep=sc.name, runs_dir=sc.runs_dir)
+
+
+def grid(sc: SweepConfig) -> list[TrainConfig]:
+    """Grid runs in the order they are trained: seed, then depth, then LR (ascending), with the
+    two qk_norm arms of one LR adjacent. A partial night thus holds whole paired LR curves for
+    seed 0 at every depth before any run of seed 1 starts."""
+    return [run_config(sc, depth, lr, qk, seed)
+            for seed in sc.seeds for depth in sc.depth
+            for lr in sc.grid_lrs() for qk in sc.qk_norms]
+
+
+Group = tuple[int, str, int]  # (depth, qk_norm, seed): one LR curve, refined on its own
+
+
+def groups(sc: SweepConfig) -> list[Group]:
+    return [(depth, qk, seed) for seed in sc.seeds for depth in sc.depth for qk in sc.qk_norms]

@@ -1,0 +1,151 @@
+"""The plan of a sweep: its runs in training order, the curves refined on their own, the
+printed plan with calibrated time estimates, standalone commands and sweep.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+
+from .. import runlog
+from .. import train as trainer
+from ..config import TrainConfig
+from .config import SweepConfig, grid, groups, run_config
+from .refine import group_state, verdict
+
+# --- plan printing, calibration -----------------------------------------------------------------
+
+VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
+
+
+def vocab_size(data: str) -> tuple[int | None, str]:
+    """The data's vocabulary size and where it came from (meta.json, or the folder's name)."""
+    meta = runlog.read_json(Path(data) / "meta.json")
+    if meta and "vocab_size" in meta:
+        return int(meta["vocab_size"]), "meta.json"
+    suffix = Path(data).name.rsplit("-", 1)[-1]
+    if suffix in VOCAB_BY_SUFFIX:
+        return VOCAB_BY_SUFFIX[suffix], f"assumed from the name; {data} is not prepared yet"
+    return None, f"{data} is not prepared yet"
+
+
+def param_counts(cfg: TrainConfig, vocab: int) -> dict[str, int]:
+    from ..model import GPT, count_params
+
+    return count_params(GPT(trainer.model_args(cfg, vocab)))  # lazy arrays: nothing computed
+
+
+def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
+              ) -> tuple[float, int]:
+    """(tokens/s, steps timed): compiled AdamW steps of this exact shape after one warm-up step
+    (which compiles); up to `steps` of them, fewer once `max_seconds` have passed."""
+    import mlx.core as mx
+
+    from ..optim import AdamW
+
+    model = trainer.build_model(cfg, vocab)
+    step_fn, state = trainer.make_train_step(model, AdamW(cfg, model.parameters()))
+
+    x = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
+    y = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
+    mx.eval(step_fn(x, y), state)
+    start, timed = time.perf_counter(), 0
+    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
+        mx.eval(step_fn(x, y), state)
+        timed += 1
+    return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
+
+
+def run_cost_tokens(cfg: TrainConfig) -> float:
+    """Train tokens plus evaluation, counted as train-step equivalents (a forward ~ 1/3 step)."""
+    evals = cfg.steps // cfg.eval_every + 1
+    return cfg.tokens_per_step * (cfg.steps + evals * cfg.eval_batches / 3)
+
+
+def lr_text(lrs: Sequence[float]) -> str:
+    return " ".join(f"{lr:.3g}" for lr in lrs)
+
+
+def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) -> dict[int, float]:
+    """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
+    t = sc.train
+    vocab, vocab_from = vocab_size(t.data)
+    unfinished = [c for c in runs if not verdict(c).finished]
+    n_groups = len(groups(sc))
+    refine_max = n_groups * sc.refine_steps if sc.refine else 0
+    print(f"sweep {sc.name} (preset {sc.preset}): {len(runs)} grid runs = "
+          f"{len(sc.grid_lrs())} LRs x {len(sc.qk_norms)} qk_norm x {len(sc.seeds)} seeds x "
+          f"{len(sc.depth)} depths" + (f", + up to {refine_max} refinement runs "
+                                       f"({sc.refine_steps} per curve, to within x{sc.refine_factor:g})"
+                                       if refine_max else ", no refinement"))
+    print(f"  folder      {Path(sc.runs_dir) / sc.name}  ({len(runs) - len(unfinished)} of "
+          f"{len(runs)} grid runs already finished)")
+    print(f"  LRs         {lr_text(sc.grid_lrs())}")
+    print(f"  qk_norm     {', '.join(sc.qk_norms)};  seeds {', '.join(map(str, sc.seeds))}")
+    print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
+          f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
+          f"{vocab if vocab else '?'}, {vocab_from})")
+    print(f"  run         {t.steps:,} steps x {t.tokens_per_step:,} tokens = "
+          f"{t.steps * t.tokens_per_step:,} tokens; warmup {t.warmup_steps}, eval every "
+          f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
+    speeds: dict[int, float] = {}
+    for depth in sc.depth:
+        cfg = dataclasses.replace(t, depth=depth, qk_norm=sc.qk_norms[-1])
+        line = f"  depth {depth:<5} "
+        if vocab:
+            p = param_counts(cfg, vocab)
+            line += f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M non-embedding)"
+        if calibrate_speed and vocab:
+            speeds[depth], timed = calibrate(cfg, vocab)
+            line += (f"; {speeds[depth]:,.0f} tok/s ({timed} timed steps); "
+                     f"{trainer.format_seconds(run_cost_tokens(cfg) / speeds[depth])} a run")
+        print(line, flush=True)
+    if speeds:
+        total = sum(run_cost_tokens(c) / speeds[c.depth] for c in unfinished)
+        per_refine = sum(run_cost_tokens(run_config(sc, d, 1.0, "none", 0)) / speeds[d]
+                         for d in sc.depth) / len(sc.depth)
+        print(f"  estimate    {trainer.format_seconds(total)} for the {len(unfinished)} unfinished "
+              f"grid runs" + (f", + up to {trainer.format_seconds(refine_max * per_refine)} "
+                              f"of refinement" if refine_max else "")
+              + " (training and evaluation; diverged runs stop early; probes and checkpoints "
+              "not counted)", flush=True)
+    return speeds
+
+
+def value_text(value: object) -> str:
+    """A value as `parse_train_config` reads it back exactly (repr round-trips floats)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def command_line(cfg: TrainConfig) -> str:
+    """A standalone `train` command for this run: every field, so its run_id is the sweep's."""
+    words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)]
+    return "python -m mlx_gpt train " + " ".join(words)
+
+
+def remaining_runs(sc: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
+    """(grid runs without a finished result, refinement runs the results on disk now call for)."""
+    todo = [c for c in grid(sc) if not verdict(c).finished]
+    refine = [cfg for g in groups(sc) if (cfg := group_state(sc, g)[1]) is not None]
+    return todo, refine
+
+
+def declare_grid(sc: SweepConfig) -> None:
+    """Write <runs_dir>/<name>/sweep.json: the base LR grid (so the analysis can tell grid runs
+    from refinement runs) and the sweep's axes. Grids of earlier sweeps into the same folder
+    are kept (union)."""
+    folder = Path(sc.runs_dir) / sc.name
+    folder.mkdir(parents=True, exist_ok=True)
+    earlier = runlog.read_json(folder / "sweep.json") or {}
+    runlog.write_json(folder / "sweep.json", {
+        "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sc.grid_lrs())),
+        "preset": sc.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sc.depth)),
+        "seeds": sorted(set(earlier.get("seeds", [])) | set(sc.seeds)),
+        "qk_norms": sorted(set(earlier.get("qk_norms", [])) | set(sc.qk_norms)),
+        "refine": sc.refine, "refine_steps": sc.refine_steps, "refine_factor": sc.refine_factor,
+    })

@@ -1,0 +1,113 @@
+"""Boundary refinement: bisect in log space between the largest stable and the smallest
+diverged LR of each (depth, qk_norm, seed) curve, from the results on disk."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from .. import runlog
+from .. import train as trainer
+from ..config import TrainConfig
+from .config import Group, SweepConfig, run_config, three_significant
+
+# --- boundary refinement ----------------------------------------------------------------------
+
+
+def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float], steps: int,
+                  factor: float) -> float | None:
+    """The next LR to try, or None when the boundary is known well enough.
+
+    `results` maps every LR tried so far to True (stable), False (diverged) or None (failed,
+    no verdict). The bracket is [lo, hi]: hi = the smallest diverged LR, lo = the largest stable
+    LR below it. The next point is their geometric mean (bisection in log LR), until `steps`
+    points off the grid have been tried or hi / lo <= factor.
+    """
+    on_grid = set(grid_lrs)
+    if sum(1 for lr in results if lr not in on_grid) >= steps:
+        return None
+    diverged = [lr for lr, stable in results.items() if stable is False]
+    if not diverged:
+        return None
+    hi = min(diverged)
+    stable_below = [lr for lr, stable in results.items() if stable and lr < hi]
+    if not stable_below:
+        return None
+    lo = max(stable_below)
+    if hi / lo <= factor:
+        return None
+    mid = math.sqrt(lo * hi)
+    rounded = three_significant(mid)
+    mid = rounded if lo < rounded < hi else mid
+    return None if mid in results else mid
+
+
+def bisect_boundary(grid_lrs: Sequence[float], is_stable: Callable[[float], bool | None],
+                    steps: int, factor: float) -> dict[float, bool | None]:
+    """Run the whole refinement against a stability oracle; returns every LR asked, in order."""
+    results = {lr: is_stable(lr) for lr in grid_lrs}
+    while (lr := next_midpoint(results, grid_lrs, steps, factor)) is not None:
+        results[lr] = is_stable(lr)
+    return results
+
+
+class Outcome(Enum):
+    """What the runs tree holds for one run."""
+
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    FAILED = "failed"  # trained and raised: no verdict on stability; the next sweep retries it
+    PENDING = "pending"  # no result yet
+
+    @property
+    def stable(self) -> bool | None:
+        """True (completed) or False (diverged) for a refinement; None without a verdict."""
+        return {Outcome.COMPLETED: True, Outcome.DIVERGED: False}.get(self)
+
+    @property
+    def finished(self) -> bool:
+        return self in (Outcome.COMPLETED, Outcome.DIVERGED)
+
+
+def verdict(cfg: TrainConfig) -> Outcome:
+    """The run's outcome from its summary.json (PENDING when there is none or it is unreadable)."""
+    summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+    status = summary.get("status") if isinstance(summary, dict) else None
+    try:
+        return Outcome(status)
+    except ValueError:
+        return Outcome.PENDING
+
+
+def group_state(sc: SweepConfig, group: Group) -> tuple[dict[float, bool | None], TrainConfig | None]:
+    """Replay a group's refinement from the results on disk.
+
+    Returns (results so far, the next run to train or None). The next run is None when the
+    group is done or waits on a run without a result (for example one held by another process).
+    """
+    depth, qk, seed = group
+    grid_lrs = sc.grid_lrs()
+    results: dict[float, bool | None] = {}
+    for lr in grid_lrs:
+        v = verdict(run_config(sc, depth, lr, qk, seed))
+        if v is Outcome.PENDING:
+            return results, None
+        results[lr] = v.stable
+    while sc.refine and (lr := next_midpoint(results, grid_lrs, sc.refine_steps,
+                                             sc.refine_factor)) is not None:
+        cfg = run_config(sc, depth, lr, qk, seed)
+        v = verdict(cfg)
+        if v is Outcome.PENDING:
+            return results, cfg
+        results[lr] = v.stable
+    return results, None
+
+
+def boundary(results: Mapping[float, bool | None]) -> tuple[float | None, float | None]:
+    """(largest stable LR below the smallest diverged one, smallest diverged LR)."""
+    diverged = [lr for lr, stable in results.items() if stable is False]
+    hi = min(diverged) if diverged else None
+    stable = [lr for lr, s in results.items() if s and (hi is None or lr < hi)]
+    return (max(stable) if stable else None), hi

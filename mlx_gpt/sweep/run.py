@@ -1,0 +1,179 @@
+"""Running a sweep: train the planned runs one after another, pass over runs held by other
+processes, start worker processes (jobs=K), and report what was done."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import train as trainer
+from ..config import TrainConfig
+from ..errors import UsageError
+from ..locks import RunBusy
+from .config import SweepConfig, grid, groups, run_config
+from .plan import run_cost_tokens
+from .refine import boundary, group_state, verdict
+
+# --- running ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """What this process did, for the progress line and the closing report."""
+
+    total: int
+    trained: int = 0
+    skipped: int = 0
+    status: dict[str, int] = field(default_factory=lambda: {"completed": 0, "diverged": 0,
+                                                            "failed": 0})
+    busy: list[TrainConfig] = field(default_factory=list)  # held by another process
+    tokens: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return sum(self.status.values())
+
+
+def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
+            verbose: bool) -> None:
+    """Train one run (or skip it), recording the outcome; RunBusy and failures do not raise."""
+    attempted.add(cfg.run_id)
+    v = verdict(cfg)
+    if v.finished:
+        tally.skipped += 1
+        tally.status[v.value] += 1
+        return
+    rate = tally.tokens / tally.seconds if tally.seconds > 0 else speed
+    eta = trainer.format_seconds(queue_left / rate) if rate > 0 else "?"
+    position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
+    if verbose:
+        counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
+        print(f"[sweep {position}: {counts}, {len(tally.busy)} busy | ETA {eta}] "
+              f"lr {cfg.lr:.3g} qk_norm {cfg.qk_norm} depth {cfg.depth} seed {cfg.seed}",
+              flush=True)
+    start = time.perf_counter()
+    try:
+        summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ")
+    except RunBusy:
+        tally.busy.append(cfg)
+        if verbose:
+            print(f"[{position}] {cfg.run_id} is being trained by another process; passing over",
+                  flush=True)
+        return
+    except (KeyboardInterrupt, UsageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - one failed run must not stop the sweep
+        tally.status["failed"] += 1
+        tally.trained += 1
+        print(f"[{position}] {cfg.run_id} failed: {type(e).__name__}: {e} (traceback in "
+              f"{trainer.run_dir_of(cfg) / 'traceback.txt'})", flush=True)
+        return
+    tally.trained += 1
+    tally.seconds += time.perf_counter() - start
+    tally.tokens += summary.get("tokens_seen") or 0
+    tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
+
+
+def execute(sc: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
+    """Train the grid, then the refinement; runs held elsewhere are looked at again at the end."""
+    runs = grid(sc)
+    tally = Tally(total=len(runs))
+    attempted: set[str] = set()
+    finished = [c for c in runs if verdict(c).finished]
+    for cfg in finished:
+        run_one(cfg, tally, attempted, 0.0, 0.0, verbose=False)
+    if finished and verbose:
+        print(f"{len(finished)} of {len(runs)} grid runs already finished; skipping them",
+              flush=True)
+
+    def speed(cfg: TrainConfig) -> float:
+        return speeds.get(cfg.depth, 0.0)
+
+    queue = [c for c in runs if c.run_id not in attempted]
+    for i, cfg in enumerate(queue):
+        left = sum(run_cost_tokens(c) for c in queue[i:])
+        run_one(cfg, tally, attempted, speed(cfg), left, verbose)
+    # runs that were busy: finished by now (skipped), still busy, or free again (trained)
+    for cfg in list(tally.busy):
+        tally.busy.remove(cfg)
+        run_one(cfg, tally, attempted, speed(cfg), run_cost_tokens(cfg), verbose)
+    if not sc.refine:
+        return tally
+    while True:  # one round = at most one new point per curve, so every curve advances together
+        new = [cfg for g in groups(sc) if (cfg := group_state(sc, g)[1]) is not None
+               and cfg.run_id not in attempted]
+        if not new:
+            return tally
+        tally.total += len(new)
+        for i, cfg in enumerate(new):
+            left = sum(run_cost_tokens(c) for c in new[i:])
+            run_one(cfg, tally, attempted, speed(cfg), left, verbose)
+
+
+def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
+    """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
+    curves = {g: group_state(sc, g)[0] for g in groups(sc)}
+    on_grid = set(sc.grid_lrs())
+    runs = grid(sc) + [run_config(sc, depth, lr, qk, seed) for (depth, qk, seed), results
+                       in curves.items() for lr in results if lr not in on_grid]
+    counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
+    for cfg in runs:
+        counts[verdict(cfg).value] += 1
+    print(f"sweep {sc.name}: {len(runs) - counts['pending']} of {len(runs)} runs have a result "
+          f"({counts['completed']} completed, {counts['diverged']} diverged, "
+          f"{counts['failed']} failed); {tally.trained} trained by this process in "
+          f"{trainer.format_seconds(seconds)}; results in {Path(sc.runs_dir) / sc.name}")
+    if tally.busy:
+        print(f"  {len(tally.busy)} runs are held by another process: "
+              f"{', '.join(c.run_id for c in tally.busy)}. "
+              "Run the sweep again once it ends to finish any refinement that waits on them.")
+    if counts["failed"]:
+        print("  failed runs keep a traceback.txt in their folder; the next sweep retries them.")
+    print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
+    for (depth, qk, seed), results in curves.items():
+        lo, hi = boundary(results)
+        print(f"    depth {depth} qk_norm {qk:<9} seed {seed}:  "
+              f"{'-' if lo is None else f'{lo:.3g}'} < "
+              f"{'none diverged' if hi is None else f'{hi:.3g}'}"
+              + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
+    print_peak_logits(sc, runs)
+
+
+def print_peak_logits(sc: SweepConfig, runs: list[TrainConfig]) -> None:
+    """Per depth and seed, each arm's peak max attention logit (any layer, any step) by LR."""
+    from ..probes import peak_max_attention_logit
+
+    table: dict[tuple, dict[str, float]] = {}
+    for cfg in runs:
+        folder = trainer.run_dir_of(cfg)
+        if not (folder / "probes").is_dir():
+            continue
+        table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[cfg.qk_norm] = \
+            peak_max_attention_logit(folder)
+    if not table:
+        return
+    print("  peak max attention logit (max over layers and probe steps):")
+    print("    depth seed       lr  " + "".join(f"{qk:>12}" for qk in sc.qk_norms))
+    for (depth, seed, lr), arms in sorted(table.items()):
+        cells = "".join(f"{arms[qk]:>12,.1f}" if qk in arms else f"{'-':>12}"
+                        for qk in sc.qk_norms)
+        print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
+
+
+def spawn_workers(words: list[str], sc: SweepConfig) -> list[subprocess.Popen]:
+    """jobs=K: K-1 more sweep processes on the same tree (run locks share the work between them)."""
+    folder = Path(sc.runs_dir) / sc.name
+    folder.mkdir(parents=True, exist_ok=True)
+    workers = []
+    for i in range(1, sc.jobs):
+        log = open(folder / f"sweep-worker-{i}.log", "w")  # noqa: SIM115 - the child writes it
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "mlx_gpt", "sweep", *words, "jobs=1", "--worker"],
+            stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return workers
