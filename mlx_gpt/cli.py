@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from . import interrupts
 from .errors import UsageError
 
 
@@ -23,6 +24,7 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
         print(f"error: unknown command {command!r}; expected one of {', '.join(commands)}",
               file=sys.stderr)
         return 2
+    interrupts.terminate_as_interrupt()  # SIGTERM stops a command like Ctrl-C does
     try:
         try:
             module = importlib.import_module(commands[command][0])
@@ -34,3 +36,6 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print("interrupted", file=sys.stderr)
+        return interrupts.exit_code(e)

@@ -17,8 +17,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from . import interrupts, runlog
 from . import probes as probe_lib
-from . import runlog
 from .batches import probe_batch, train_stream, val_batches
 from .config import TrainConfig, parse_train_config
 from .errors import UsageError
@@ -77,29 +77,79 @@ def make_train_step(model: GPT, opt: AdamW):
 # cursor: batch k is a pure function of (data_seed, k) and the step draws no random numbers
 # (no dropout), so nothing else is needed for a bit-identical resume.
 
-def save_checkpoint(path: Path, model: GPT, opt: AdamW, step: int, extra: dict) -> None:
+def save_checkpoint(path: Path, model: GPT, opt: AdamW, extra: dict) -> int:
+    """Write weights, AdamW state and `extra` with a checksum; the previous checkpoint stays
+    until this one is written and verified. The step is the optimizer's own count of updates
+    applied (the only source of the step). Returns it."""
     arrays = {f"model.{k}": v for k, v in tree_flatten(model.parameters())}
     arrays.update({f"opt.m.{k}": v for k, v in opt.state["m"].items()})
     arrays.update({f"opt.v.{k}": v for k, v in opt.state["v"].items()})
     arrays["opt.step"] = opt.state["step"]
-    tmp = path.with_name(".checkpoint.tmp.safetensors")
-    mx.save_safetensors(str(tmp), arrays, metadata={"step": str(step), **{
-        k: repr(v) for k, v in extra.items()}})
-    tmp.replace(path)
+    host = {k: np.array(v) for k, v in arrays.items()}
+    step = int(host["opt.step"])
+    runlog.save_tensors(path, host, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
+    return step
+
+
+def read_checkpoint(path: Path, model: GPT) -> tuple[int, dict[str, np.ndarray], dict]:
+    """(step, arrays, extra) of a checkpoint, verified against its checksum and the model's
+    parameter names and shapes; runlog.DamagedFile if it fails."""
+    import ast
+
+    arrays, metadata = runlog.read_tensors(path)
+    want = {f"{group}{k}": v.shape for k, v in tree_flatten(model.parameters())
+            for group in ("model.", "opt.m.", "opt.v.")}
+    got = {k: v.shape for k, v in arrays.items() if k != "opt.step"}
+    step = int(arrays["opt.step"]) if arrays.get("opt.step", np.zeros(2)).size == 1 else None
+    if got != want or step is None or metadata.get("step") != str(step):
+        raise runlog.DamagedFile(f"{path.name} does not match this run's model and step")
+    try:
+        extra = {k: ast.literal_eval(v) for k, v in metadata.items() if k not in ("step", "sha256")}
+    except (ValueError, SyntaxError):
+        raise runlog.DamagedFile(f"{path.name} has unreadable metadata") from None
+    return step, arrays, extra
+
+
+def apply_checkpoint(arrays: dict[str, np.ndarray], model: GPT, opt: AdamW) -> None:
+    model.update(tree_unflatten([(k[6:], mx.array(v)) for k, v in arrays.items()
+                                 if k.startswith("model.")]))
+    for key in ("m", "v"):
+        prefix = f"opt.{key}."
+        opt.state[key].update({k[len(prefix):]: mx.array(v) for k, v in arrays.items()
+                               if k.startswith(prefix)})
+    opt.state["step"] = mx.array(arrays["opt.step"])
 
 
 def load_checkpoint(path: Path, model: GPT, opt: AdamW) -> tuple[int, dict]:
-    import ast
+    step, arrays, extra = read_checkpoint(path, model)
+    apply_checkpoint(arrays, model, opt)
+    return step, extra
 
-    arrays, metadata = mx.load(str(path), return_metadata=True)
-    model.update(tree_unflatten([(k[6:], v) for k, v in arrays.items() if k.startswith("model.")]))
-    for key in ("m", "v"):
-        prefix = f"opt.{key}."
-        opt.state[key].update({k[len(prefix):]: v for k, v in arrays.items()
-                               if k.startswith(prefix)})
-    opt.state["step"] = arrays["opt.step"]
-    extra = {k: ast.literal_eval(v) for k, v in metadata.items() if k != "step"}
-    return int(metadata["step"]), extra
+
+def resume_point(cfg: TrainConfig, run_dir: Path, model: GPT, opt: AdamW,
+                 warn) -> tuple[int, dict]:
+    """(step, recorder clocks) to start from: the checkpoint's, if it verifies and the rows on
+    disk agree with it; else step 0 (the checkpoint is removed so it is never tried again)."""
+    path = run_dir / "checkpoint.safetensors"
+    if path.exists():
+        try:
+            step, arrays, extra = read_checkpoint(path, model)
+            drop_parts_from(run_dir, step)
+            why = runlog.resume_problem(run_dir, step, cfg.probe_every)
+        except runlog.DamagedFile as e:
+            why = str(e)
+        if why is None:
+            apply_checkpoint(arrays, model, opt)
+            return step, extra
+        warn(f"warning: {run_dir.name}: {why}; restarting the run from step 0")
+        path.unlink()
+    drop_parts_from(run_dir, 0)
+    return 0, {}
+
+
+def drop_parts_from(run_dir: Path, step: int) -> None:
+    for folder in ("metrics", "probes"):
+        runlog.drop_parts_from(run_dir / folder, step)
 
 
 # --- display ---------------------------------------------------------------------------------
@@ -144,25 +194,62 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
     cfg.validate()
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
     run_dir = run_dir_of(cfg)
-    done = runlog.finished(run_dir)
+    done = finished_run(run_dir)
     if done:
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
         return done
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir, "run folder")
     with run_lock(run_dir) as acquired:
         if not acquired:
             raise RunBusy(f"{run_dir} is being trained by another process")
-        done = runlog.finished(run_dir)  # finished while we took the lock
+        done = finished_run(run_dir)  # finished while we took the lock
         if done:
             return done
-        try:
-            return _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
-        except (KeyboardInterrupt, UsageError):
-            raise
-        except Exception as e:
-            runlog.record_failure(run_dir, summary_base(cfg), e)
-            raise
+        # Ctrl-C and SIGTERM wait for the step in flight and its bookkeeping (interrupts.py)
+        with interrupts.Deferred() as guard:
+            try:
+                crashes = runlog.clean_leftovers(run_dir)
+                if crashes:
+                    error = RunCrashed("an earlier attempt died by a fatal signal: "
+                                       + crashes[-1].splitlines()[0])
+                    runlog.record_failure(run_dir, summary_base(cfg), error, crashes[-1],
+                                          fatal_signal=True)
+                    raise error
+                with runlog.fatal_signal_log(run_dir):
+                    return _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose,
+                                         prefix, guard)
+            except (KeyboardInterrupt, UsageError, RunCrashed):
+                raise
+            except Exception as e:
+                if runlog.disk_full(e):  # the last checkpoint stays: the run can resume
+                    raise UsageError(f"disk full while writing {run_dir}; free some space and run "
+                                     "the same command again to resume the run") from None
+                runlog.record_failure(run_dir, summary_base(cfg), e)
+                raise
+
+
+class RunCrashed(RuntimeError):
+    """The run's previous process died by a fatal signal (its traceback is in traceback.txt)."""
+
+
+def make_folder(path: Path, what: str) -> None:
+    """mkdir -p, or a one-line error saying why the folder cannot be made."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create {what} {path}: {e.strerror or e}") from None
+
+
+def finished_run(run_dir: Path) -> dict | None:
+    """The summary of a finished run whose files are intact, None if it is not finished, or
+    runlog.DamagedRun naming the damage and the repair."""
+    done = runlog.finished(run_dir)
+    why = done and runlog.finished_problem(run_dir, done)
+    if why:
+        raise runlog.DamagedRun(f"run {run_dir} is {done['status']} but damaged: {why}; to "
+                                f"retrain it: rm -r {run_dir} and run the same command again")
+    return done
 
 
 def summary_base(cfg: TrainConfig) -> dict:
@@ -171,7 +258,8 @@ def summary_base(cfg: TrainConfig) -> dict:
             "d_model": cfg.d_model, "sweep": cfg.sweep, "config": cfg.identity()}
 
 
-def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix) -> dict:
+def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
+                  guard: interrupts.Deferred | None = None) -> dict:
     steps = cfg.steps
     runlog.write_json(run_dir / "config.json", {**cfg.identity(), "run_id": cfg.run_id,
                                                 "framework": "mlx"})
@@ -180,12 +268,10 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
     opt = AdamW(cfg, model.parameters())
 
     ckpt_path = run_dir / "checkpoint.safetensors"
-    start, clocks = 0, {}
-    if ckpt_path.exists():
-        start, clocks = load_checkpoint(ckpt_path, model, opt)
+    start, clocks = resume_point(cfg, run_dir, model, opt,
+                                 lambda line: print(prefix + line, file=sys.stderr, flush=True))
+    if start:
         manifest["resumed_from_step"] = start
-    for folder in ("metrics", "probes"):
-        runlog.drop_parts_from(run_dir / folder, start)
     runlog.write_json(run_dir / "manifest.json", manifest)
     rec = Recorder(cfg, run_dir, **clocks)
 
@@ -207,9 +293,9 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
         if rec.probe_due(step):
             rec.record_probes(probe_lib.measure(model, px, py, step))
 
-    def checkpoint(step: int) -> None:
+    def checkpoint() -> int:
         rec.flush()
-        save_checkpoint(ckpt_path, model, opt, step, rec.state())
+        return save_checkpoint(ckpt_path, model, opt, rec.state())
 
     def read(pending) -> list[tuple[int, float, float, float]]:
         """One device sync for a whole log interval of (loss, grad norm, lr)."""
@@ -220,10 +306,11 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
     pending: list[tuple[int, mx.array, mx.array, mx.array]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
-    applied = start
     try:
         t_sync = time.perf_counter()
         for step in range(start, steps):
+            if guard is not None:  # the one place a signal stops the run: between steps
+                guard.check()
             measure(step)
             probing = step % cfg.probe_every == 0
             before = dict(tree_flatten(model.parameters())) if probing else None
@@ -231,7 +318,6 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             loss, grad_norm, lr = step_fn(mx.array(x), mx.array(y))
             mx.async_eval(state, loss, grad_norm)
             pending.append((step, loss, grad_norm, lr))
-            applied = step + 1  # updates in the model state: where a checkpoint resumes
             if probing:
                 rec.record_probes(probe_lib.update_stats(step, before,
                                                          dict(tree_flatten(model.parameters()))))
@@ -245,10 +331,11 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             display.update(step + 1, values[-1][1], tok_s,
                            (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9),
                            rec.last_val)
-            if diverged:
+            if diverged:  # probe the weights as they are when the run is declared diverged
+                rec.record_probes(probe_lib.measure(model, px, py, step + 1))
                 break
             if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
-                checkpoint(step + 1)
+                checkpoint()
             t_sync = time.perf_counter()
     except KeyboardInterrupt:
         # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
@@ -258,8 +345,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
             summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
             display.close(rec.closing_line(summary))
         else:
-            checkpoint(applied)
-            display.close(f"interrupted; checkpointed at step {applied}")
+            display.close(f"interrupted; checkpointed at step {checkpoint()}")
         raise
 
     if rec.status == "completed":
@@ -270,8 +356,10 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix)
 
 
 def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: Path) -> dict:
-    mx.save_safetensors(str(run_dir / "final.safetensors"), dict(tree_flatten(model.parameters())))
-    summary = rec.finish(summary_base(cfg), manifest, count_params(model))
+    weights = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    digest = runlog.save_tensors(run_dir / "final.safetensors", weights, {"run_id": cfg.run_id})
+    summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest}, manifest,
+                         count_params(model))
     ckpt_path.unlink(missing_ok=True)
     return summary
 
@@ -282,5 +370,9 @@ def cli(argv: list[str]) -> int:
         summary = train(cfg)
     except RunBusy as e:
         raise UsageError(str(e)) from None
+    except KeyboardInterrupt as e:
+        print(f"interrupted; run the same command again to resume {run_dir_of(cfg)}",
+              file=sys.stderr, flush=True)
+        return interrupts.exit_code(e)
     print(f"run folder: {run_dir_of(cfg)}  status: {summary['status']}")
     return 0
