@@ -14,8 +14,10 @@ from .config import grid, parse_sweep_config
 from .plan import command_line, declare_grid, describe, remaining_runs
 from .refine import Outcome, verdict
 from .run import execute, report, spawn_workers
+from . import slurm
 
 USAGE = """usage: python -m mlx_gpt sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
+                                [--slurm [--submit] [slurm_key=value ...]]
 
 Trains qk_norm x LR grid x seeds (x depths) as independent, resumable runs, then refines each
 curve's stability boundary. Presets: preset=study (default) or preset=demo.
@@ -24,20 +26,32 @@ sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= po
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan and stop (add --calibrate to measure tokens/s and estimate time)
-  --emit-commands  print each remaining run as one `python -m mlx_gpt train ...` line"""
+  --emit-commands  print each remaining run as one `python -m mlx_gpt train ...` line
+  --slurm          write a Slurm job array of the runs left (one run per task) under
+                   <runs_dir>/<name>/slurm/ and print its sbatch line; --submit also submits it.
+                   slurm_partition= slurm_time= slurm_cpus=1 slurm_gpus=0 slurm_max_parallel=K
+                   slurm_extra="--account=... --qos=..." (none of them changes a run)"""
 
-FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--worker")
+FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--worker")
 
 
 def cli(argv: list[str]) -> int:
     if any(a in ("-h", "--help", "help") for a in argv):
         print(USAGE)
         return 0
+    if argv[:1] == ["--slurm-task"]:  # one task of a job array written by --slurm
+        return slurm.run_task(argv[1:])
     flags = {a for a in argv if a.startswith("--")}
     unknown = flags - set(FLAGS)
     if unknown:
-        raise UsageError(f"unknown flag {min(unknown)}; flags: {', '.join(FLAGS[:3])}")
+        raise UsageError(f"unknown flag {min(unknown)}; flags: {', '.join(FLAGS[:5])}")
     words = [a for a in argv if not a.startswith("--")]
+    words, slurm_options = slurm.split_options(words, "--slurm" in flags)
+    if "--submit" in flags and "--slurm" not in flags:
+        raise UsageError("--submit goes with --slurm")
+    if "--slurm" in flags and flags & {"--dry-run", "--calibrate", "--emit-commands"}:
+        raise UsageError("--slurm writes the job array; give it without --dry-run, --calibrate "
+                         "or --emit-commands")
     sc = parse_sweep_config(words)
     runs = [c.validate() for c in grid(sc)]  # every run's config is checked before anything runs
 
@@ -53,6 +67,8 @@ def cli(argv: list[str]) -> int:
     worker = "--worker" in flags
     if not flags & {"--dry-run"} and not worker:
         trainer.load_data(sc.train)  # the data must exist before anything is written
+    if "--slurm" in flags:
+        return slurm.submit(sc, slurm_options, send="--submit" in flags)
     if worker:
         speeds: Mapping[int, float] = {}
     else:

@@ -1,0 +1,258 @@
+"""`python -m mlx_gpt sweep ... --slurm [--submit]`: a sweep as a Slurm job array.
+
+Each submission gets its own folder, <runs_dir>/<name>/slurm/<NNN>/, holding
+
+  tasks.txt        one standalone `train` command per run left (line i+1 is array task i)
+  submission.json  the runs (run_id, depth, lr, qk_norm, seed, steps), the job id once submitted
+  array.sbatch     the array script: `--array=0-(N-1)[%K]`, one run per task
+  task-<i>.log     each task's output
+
+Every array task trains one run (`sweep --slurm-task tasks.txt i`): a run already finished or
+held by another process is reported in one line and the task exits 0; SIGTERM (Slurm's time
+limit, preemption, scancel) checkpoints the run, and the next submission resumes it. Runs are
+content addressed, so submitting the same sweep again lists only what is left, including the
+boundary-refinement runs the results now call for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import interrupts, runlog
+from .. import train as trainer
+from ..config import TrainConfig, apply_overrides, parse_train_config, split_key_values
+from ..errors import UsageError
+from ..locks import RunBusy
+from .config import SweepConfig
+from .plan import command_line, declare_grid, remaining_runs
+from .refine import verdict
+
+# Slurm job states in which an array task still holds (or will soon hold) its run.
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+          "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
+TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}")  # sbatch --time: MM, MM:SS, H:M:S, D-H[:M[:S]]
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """sbatch settings (sweep keys slurm_*; they never enter a run's config or run_id)."""
+
+    partition: str = ""  # empty: the cluster's default partition
+    time: str = ""  # --time per task; empty: the partition's default
+    cpus: int = 1  # --cpus-per-task
+    gpus: int = 0  # --gres=gpu:N per task
+    max_parallel: int = 0  # the %K of --array=0-N%K; 0: no limit
+    extra: str = ""  # more sbatch options, e.g. "--account=lab --qos=normal"
+
+    def validate(self) -> SlurmOptions:
+        if self.time and not TIME.fullmatch(self.time):
+            raise UsageError(f"slurm_time={self.time!r} is not a Slurm time (MM, HH:MM:SS, "
+                             "D-HH:MM)")
+        for key, value, least in (("slurm_cpus", self.cpus, 1), ("slurm_gpus", self.gpus, 0),
+                                  ("slurm_max_parallel", self.max_parallel, 0)):
+            if value < least:
+                raise UsageError(f"{key} must be >= {least}, got {value}")
+        if re.search(r"\s", self.partition):
+            raise UsageError(f"slurm_partition={self.partition!r} holds whitespace")
+        try:
+            words = shlex.split(self.extra)
+        except ValueError as e:
+            raise UsageError(f"slurm_extra cannot be split into words: {e}") from None
+        bad = [w for w in words if not w.startswith("-")]
+        if bad:
+            raise UsageError(f"slurm_extra: {bad[0]!r} is not an sbatch option (write "
+                             "--option=value)")
+        return self
+
+    def sbatch_lines(self) -> list[str]:
+        lines = [f"--cpus-per-task={self.cpus}"]
+        lines += [f"--partition={self.partition}"] if self.partition else []
+        lines += [f"--time={self.time}"] if self.time else []
+        lines += [f"--gres=gpu:{self.gpus}"] if self.gpus else []
+        return lines + shlex.split(self.extra)
+
+
+KEYS = {f"slurm_{f.name}": f.name for f in dataclasses.fields(SlurmOptions)}
+
+
+def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOptions]:
+    """(the words that are not slurm_* keys, the SlurmOptions those keys give)."""
+    pairs = split_key_values([w for w in words if w.replace("-", "_").startswith("slurm_")])
+    unknown = sorted(set(pairs) - set(KEYS))
+    if unknown:
+        raise UsageError(f"unknown key {unknown[0]!r}; Slurm keys: {', '.join(KEYS)}")
+    if pairs and not enabled:
+        raise UsageError(f"{min(pairs)} is a Slurm setting; add --slurm")
+    rest = [w for w in words if not w.replace("-", "_").startswith("slurm_")]
+    options = apply_overrides(SlurmOptions(), {KEYS[k]: v for k, v in pairs.items()})
+    return rest, options.validate()
+
+
+# --- writing and submitting the array --------------------------------------------------------
+
+
+def train_command(cfg: TrainConfig) -> str:
+    """The run's standalone `train` command with this environment's interpreter."""
+    line = command_line(cfg)
+    assert line.startswith("python ")
+    return shlex.quote(sys.executable) + line[len("python"):]
+
+
+def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
+    """(folder, submission.json) of every earlier submission of this sweep, oldest first."""
+    root = sweep_dir / "slurm"
+    found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) if root.is_dir() else []
+    return [(p, runlog.read_json(p / "submission.json") or {}) for p in found]
+
+
+def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
+    """{(array job id, task index): state} of these jobs' tasks squeue lists, or None when
+    squeue is not available or fails."""
+    if not job_ids or shutil.which("squeue") is None:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "-o", "%F|%K|%T"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    states = {}
+    for line in out.stdout.splitlines():
+        job, _, rest = line.strip().partition("|")
+        task, _, state = rest.partition("|")
+        if job in job_ids and task.isdigit():
+            states[(job, int(task))] = state
+    return states
+
+
+def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
+    """(run ids whose array task of an earlier submission is still queued or running, the job
+    ids they belong to). Empty when squeue cannot be asked."""
+    earlier = [(s.get("job_id"), s.get("runs", [])) for _, s in submissions(sweep_dir)]
+    earlier = [(str(job), runs) for job, runs in earlier if job]
+    states = queue_states([job for job, _ in earlier]) or {}
+    active, jobs = set(), []
+    for job, runs in earlier:
+        for (j, task), state in states.items():
+            if j == job and state in ACTIVE and task < len(runs):
+                active.add(runs[task]["run_id"])
+                jobs += [] if job in jobs else [job]
+    return active, jobs
+
+
+def array_script(folder: Path, n: int, sc: SweepConfig, options: SlurmOptions) -> str:
+    limit = f"%{options.max_parallel}" if options.max_parallel else ""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sc.name}", f"#SBATCH --array=0-{n - 1}{limit}",
+             f"#SBATCH --output={folder}/task-%a.log"]
+    lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
+    lines += [
+        f"# Sweep {sc.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
+        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission resumes).",
+        f"cd {shlex.quote(str(Path.cwd()))}",
+        f"exec {shlex.quote(sys.executable)} -m mlx_gpt sweep --slurm-task "
+        f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
+    return "\n".join(lines)
+
+
+def submit(sc: SweepConfig, options: SlurmOptions, send: bool) -> int:
+    """Write the task list and array script of what is left (and sbatch it when `send`)."""
+    if send and shutil.which("sbatch") is None:
+        raise UsageError("--submit needs sbatch on PATH; without --submit the array script is "
+                         "written for you to submit")
+    sweep_dir = (Path(sc.runs_dir) / sc.name).absolute()
+    if re.search(r"\s", str(sweep_dir)) or re.search(r"\s", str(Path.cwd())):
+        raise UsageError(f"{sweep_dir} holds whitespace, which #SBATCH lines cannot hold")
+    todo, refine = remaining_runs(sc)
+    active, jobs = active_runs(sweep_dir)
+    runs = [c for c in todo + refine if c.run_id not in active]
+    n_grid = sum(1 for c in todo if c.run_id not in active)
+    held = (f"; {len(active)} more are still queued or running in job {', '.join(jobs)}"
+            if active else "")
+    if not runs:
+        print(f"sweep {sc.name}: nothing to submit: every run the results call for is finished"
+              f"{held}", flush=True)
+        return 0
+    declare_grid(sc)
+    number = max((int(p.name) for p, _ in submissions(sweep_dir)), default=0) + 1
+    folder = sweep_dir / "slurm" / f"{number:03d}"
+    folder.mkdir(parents=True)
+    runlog.write_text(folder / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
+    record = {"created": runlog.now(), "job_id": None, "sweep": sc.name,
+              "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "qk_norm": c.qk_norm,
+                        "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
+                       for c in runs]}
+    runlog.write_json(folder / "submission.json", record)
+    script = folder / "array.sbatch"
+    runlog.write_text(script, array_script(folder, len(runs), sc, options))
+    print(f"sweep {sc.name}: {len(runs)} runs to submit as one array: {n_grid} grid runs not "
+          f"finished (interrupted ones resume from their checkpoint), {len(runs) - n_grid} "
+          f"boundary-refinement runs the results so far call for{held}.", flush=True)
+    print(f"  task list {folder / 'tasks.txt'}\n  logs      {folder}/task-<i>.log")
+    line = f"sbatch {shlex.quote(str(script))}"
+    if not send:
+        print(f"submit with:\n  {line}")
+    else:
+        try:
+            out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                                 text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise UsageError(f"{line} failed: {e}") from None
+        if out.returncode != 0:
+            raise UsageError(f"{line} failed: {(out.stderr or out.stdout).strip()}")
+        job_id = out.stdout.strip().split(";")[0]
+        runlog.write_json(folder / "submission.json", {**record, "job_id": job_id})
+        print(f"{line}\nsubmitted job array {job_id} ({len(runs)} tasks)")
+    print("Once the array ends, run the same command again: it submits only what is left "
+          "(unfinished runs and the next round of boundary refinement). "
+          f"Progress: python -m mlx_gpt status {sweep_dir}", flush=True)
+    return 0
+
+
+# --- one array task ------------------------------------------------------------------------
+
+
+def run_task(args: list[str]) -> int:
+    """`sweep --slurm-task TASKS_FILE INDEX`: train the run on line INDEX+1 of TASKS_FILE."""
+    if len(args) != 2 or not args[1].isdigit():
+        raise UsageError("usage: python -m mlx_gpt sweep --slurm-task TASKS_FILE INDEX")
+    path, index = Path(args[0]), int(args[1])
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    if index >= len(lines):
+        raise UsageError(f"{path} has {len(lines)} tasks; there is no task {index}")
+    words = shlex.split(lines[index])
+    cfg = parse_train_config(words[words.index("train") + 1:])
+    label = f"task {index}: run {cfg.run_id}"
+    print(f"{label} on {os.uname().nodename}, pid {os.getpid()}", flush=True)
+    outcome = verdict(cfg)
+    if outcome.finished:
+        print(f"{label} is already {outcome.value}; nothing to do", flush=True)
+        return 0
+    try:
+        summary = trainer.train(cfg, verbose=True, prefix=f"[task {index}] ")
+    except RunBusy:
+        print(f"{label} is held by another process (its lock); nothing to do", flush=True)
+        return 0
+    except KeyboardInterrupt as e:
+        print(f"{label} stopped by {e or 'SIGINT'}; checkpointed, the next submission resumes it",
+              flush=True)
+        return interrupts.exit_code(e)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - train recorded it; the task says so and fails
+        print(f"{label} failed: {type(e).__name__}: {e} (traceback in "
+              f"{trainer.run_dir_of(cfg) / 'traceback.txt'})", flush=True)
+        return 1
+    print(f"{label} {summary['status']}", flush=True)
+    return 0
