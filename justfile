@@ -27,6 +27,14 @@ train *args:
 sweep *args:
     @{{py}} -m mlx_gpt sweep "$@"
 
+# every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR] [--watch]
+status *args:
+    @{{py}} -m mlx_gpt status "$@"
+
+# the real-Slurm test: a one-node cluster on this machine (Linux, root, slurm-wlm + munge)
+test-slurm *args:
+    @{{py}} -m pytest tests/test_slurm.py "$@"
+
 # a miniature of the study on the embedded synthetic corpus, then its report (~6 min on 2 cores)
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes

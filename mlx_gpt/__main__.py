@@ -10,6 +10,7 @@ COMMANDS = {
     "prepare": ("mlx_gpt.data", "tokenise a corpus into uint16 train/val files"),
     "train": ("mlx_gpt.train", "train one run (resumes if its folder has a checkpoint)"),
     "sweep": ("mlx_gpt.sweep", "qk_norm x learning rate x seed grid, resumable"),
+    "status": ("mlx_gpt.status", "every run of a sweep: state, progress, ETA (reads files only)"),
     "bench": ("mlx_gpt.bench", "throughput, FLOP/s and probe overhead, side by side"),
 }
 

@@ -1,0 +1,408 @@
+"""`python -m mlx_gpt status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
+
+One screen per sweep: every run with its state (completed, diverged at step N, failed with its
+error, running with step, loss and tok/s, interrupted at a checkpoint, waiting), the process
+that holds it, the Slurm task state beside it when the sweep was submitted with `--slurm`, and
+the sweep's progress and ETA. It only reads files (and asks squeue/sacct): it never takes a run
+lock, so it cannot make a sweep process pass over a run, and it never writes.
+
+Where the numbers come from: summary.json (finished and failed runs); the run lock (`.lock`:
+held or not, read from /proc/locks on Linux, else whether the pid written in it is alive);
+checkpoint.safetensors' header (step and training seconds, so steps advance once per
+checkpoint interval); the last metrics part (train loss); sweep.json (grid points with no
+folder yet are waiting); slurm/<NNN>/submission.json (runs submitted to Slurm).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import runlog
+from .errors import UsageError
+
+USAGE = """usage: python -m mlx_gpt status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
+
+Every run of a sweep (or of every sweep under RUNS_DIR, default runs/): completed, diverged at
+step N, failed (its error), running (step, loss, tok/s, the process holding it), interrupted at
+a checkpoint, or waiting; the sweep's progress and ETA; Slurm task states for a sweep submitted
+with --slurm. Reads files only. --watch redraws it every 5 s (or SECONDS) until Ctrl-C."""
+
+STATES = ("completed", "diverged", "failed", "running", "interrupted", "waiting")
+
+
+@dataclass
+class Run:
+    run_id: str
+    depth: int | None = None
+    lr: float | None = None
+    qk_norm: str = "?"
+    seed: int | None = None
+    steps: int | None = None
+    tokens_per_step: int | None = None
+    state: str = "waiting"
+    step: int = 0  # updates applied (as of the last checkpoint for a running run)
+    loss: float | None = None
+    tok_s: float | None = None
+    holder: int | None = None  # pid holding the run lock
+    detail: str = ""
+    slurm: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("completed", "diverged")
+
+    @property
+    def order(self) -> tuple:
+        return (self.seed if self.seed is not None else 1 << 30, self.depth or 0, self.lr or 0.0,
+                self.qk_norm, self.run_id)
+
+
+# --- reading one run ---------------------------------------------------------------------------
+
+
+def flock_holders() -> dict[tuple[int, int, int], int] | None:
+    """{(device major, minor, inode): pid} of every flock held on this machine (Linux's
+    /proc/locks), or None where that file does not exist."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    held = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":  # "->" marks a waiter, not a holder
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            held[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
+        except ValueError:
+            continue
+    return held
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_holder(run_dir: Path, held: dict | None) -> int | None:
+    """The pid holding the run's lock, or None. Never touches the lock itself."""
+    path = run_dir / ".lock"
+    try:
+        st = path.stat()
+        words = path.read_text().split()
+    except OSError:
+        return None
+    written = int(words[0]) if words and words[0].isdigit() else None
+    if held is not None:
+        return held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    return written if written and pid_alive(written) else None
+
+
+def checkpoint_info(path: Path) -> dict:
+    """The metadata of a checkpoint (step, train_seconds, ...), read from its header only."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n)) if n < 1 << 24 else {}
+        meta = header.get("__metadata__", {})
+        out = {"step": int(meta["step"])}
+        out["train_seconds"] = float(ast.literal_eval(meta.get("train_seconds", "0")))
+        return out
+    except (OSError, ValueError, KeyError, SyntaxError, struct.error, TypeError):
+        return {}
+
+
+def last_row(run_dir: Path) -> tuple[int | None, float | None]:
+    """(step, train loss) of the last metrics row written, or (None, None)."""
+    import pyarrow.parquet as pq
+
+    found = runlog.parts(run_dir / "metrics")
+    if not found:
+        return None, None
+    try:
+        table = pq.read_table(found[-1][1], columns=["step", "train_loss"])
+    except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
+        return None, None
+    if table.num_rows == 0:
+        return None, None
+    return int(table.column("step")[-1].as_py()), table.column("train_loss")[-1].as_py()
+
+
+def read_run(run_dir: Path, held: dict | None) -> Run:
+    config = runlog.read_json(run_dir / "config.json") or {}
+    summary = runlog.read_json(run_dir / "summary.json") or {}
+    steps = summary.get("steps")
+    if config.get("batch_size") and config.get("block_size"):
+        tps = config["batch_size"] * config["block_size"]
+        budget = config.get("budget_tokens") or 0
+        steps = max(1, budget // tps) if budget > 0 else config.get("max_steps", steps)
+    else:
+        tps = None
+    run = Run(run_dir.name, depth=config.get("depth", summary.get("depth")),
+              lr=config.get("lr", summary.get("lr")),
+              qk_norm=config.get("qk_norm", summary.get("qk_norm", "?")),
+              seed=config.get("seed", summary.get("seed")), steps=steps, tokens_per_step=tps)
+    run.holder = lock_holder(run_dir, held)
+    status = summary.get("status")
+    if status in ("completed", "diverged") and run.holder is None:
+        run.state = status
+        run.step = summary.get("steps") or run.steps or 0
+        run.tok_s = summary.get("tokens_per_second")
+        if status == "diverged":
+            run.step = summary.get("diverged_step") or run.step
+            run.detail = f"at step {run.step}"
+        elif isinstance(summary.get("final_val_loss"), (int, float)):
+            run.detail = f"val {summary['final_val_loss']:.4f}"
+        return run
+    ckpt = checkpoint_info(run_dir / "checkpoint.safetensors")
+    row_step, run.loss = last_row(run_dir)
+    run.step = ckpt.get("step", row_step + 1 if row_step is not None else 0)
+    if ckpt.get("train_seconds") and run.tokens_per_step:
+        run.tok_s = run.step * run.tokens_per_step / ckpt["train_seconds"]
+    if run.holder is not None:
+        run.state = "running"
+        run.detail = f"pid {run.holder}"
+    elif status == "failed":
+        run.state = "failed"
+        run.detail = str(summary.get("error", "")).splitlines()[0] if summary.get("error") else ""
+    elif ckpt:
+        run.state = "interrupted"
+        run.detail = f"checkpoint at step {run.step}; resumes"
+    return run
+
+
+# --- a sweep -----------------------------------------------------------------------------------
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.json").exists() or (path / "summary.json").exists()
+
+
+def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
+    """Every run of the sweep: its run folders, the grid points of sweep.json without a folder
+    and the runs submitted to Slurm without a folder (both waiting)."""
+    runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
+            if p.is_dir() and is_run_dir(p)}
+    for submission in sorted((sweep_dir / "slurm").glob("[0-9][0-9][0-9]*/submission.json")):
+        for r in (runlog.read_json(submission) or {}).get("runs", []):
+            if isinstance(r, dict) and r.get("run_id") and r["run_id"] not in runs:
+                runs[r["run_id"]] = Run(r["run_id"], r.get("depth"), r.get("lr"),
+                                        r.get("qk_norm", "?"), r.get("seed"), r.get("steps"),
+                                        r.get("tokens_per_step"))
+    plan = runlog.read_json(sweep_dir / "sweep.json") or {}
+    covered = {(r.depth, r.lr, r.qk_norm, r.seed) for r in runs.values()}
+    shapes = Counter((r.steps, r.tokens_per_step) for r in runs.values() if r.steps)
+    steps, tps = shapes.most_common(1)[0][0] if shapes else (None, None)
+    for seed in plan.get("seeds", []):
+        for depth in plan.get("depths", []):
+            for lr in plan.get("grid_lrs", []):
+                for qk in plan.get("qk_norms", []):
+                    if (depth, lr, qk, seed) not in covered:
+                        name = f"d{depth}-{'noqk' if qk == 'none' else 'qk' + qk}-lr{lr:.3g}-s{seed}"
+                        runs[name] = Run(name, depth, lr, qk, seed, steps, tps,
+                                         detail="(no folder yet)")
+    return sorted(runs.values(), key=lambda r: r.order)
+
+
+def slurm_tasks(sweep_dir: Path) -> dict[str, tuple[str | None, int, Path]]:
+    """{run_id: (job id or None if not submitted, task index, submission folder)}, the latest
+    submission of each run."""
+    tasks = {}
+    for folder in sorted(p for p in (sweep_dir / "slurm").glob("[0-9][0-9][0-9]*") if p.is_dir()):
+        record = runlog.read_json(folder / "submission.json") or {}
+        for i, r in enumerate(record.get("runs", [])):
+            if isinstance(r, dict) and r.get("run_id"):
+                tasks[r["run_id"]] = (record.get("job_id"), i, folder)
+    return tasks
+
+
+def sacct_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
+    """{(array job id, task index): state} from sacct, or None when it is not available."""
+    if not job_ids or shutil.which("sacct") is None:
+        return None
+    try:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j",
+                              ",".join(job_ids)], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    states = {}
+    for line in out.stdout.splitlines():
+        job, _, state = line.partition("|")
+        base, _, task = job.partition("_")
+        if task.isdigit():
+            states[(base, int(task))] = state.split()[0] if state else "?"
+    return states
+
+
+def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
+    """Fill each submitted run's `slurm` column; returns where the states came from."""
+    from .sweep.slurm import queue_states
+
+    tasks = slurm_tasks(sweep_dir)
+    if not tasks:
+        return None
+    jobs = sorted({job for job, _, _ in tasks.values() if job})
+    queued = queue_states(jobs) if jobs else None
+    ended = sacct_states(jobs) if jobs else None
+    for run in runs:
+        if run.run_id.split()[0] not in tasks:
+            continue
+        job, i, folder = tasks[run.run_id.split()[0]]
+        if job is None:
+            run.slurm = f"not submitted ({folder.name})"
+            continue
+        state = (queued or {}).get((job, i)) or (ended or {}).get((job, i))
+        if state is None:  # not in the queue (or no squeue): the task's log says if it ran
+            log = (folder / f"task-{i}.log").exists()
+            state = ("ended" if log else "not in queue") if queued is not None else (
+                "log written" if log else "submitted")
+        run.slurm = f"{job}_{i} {state}"
+    return ("squeue" if queued is not None else "") + (
+        (" + " if queued is not None else "") + "sacct" if ended is not None else "") or "files"
+
+
+# --- progress and ETA --------------------------------------------------------------------------
+
+
+def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
+    """Seconds left at `rate` tokens/s, None when nothing is being trained (rate 0)."""
+    if rate <= 0:
+        return None
+    return max(0.0, remaining_tokens) / rate
+
+
+def progress(runs: list[Run]) -> tuple[float, float, float, int]:
+    """(tokens done, tokens planned, combined tok/s of the runs being trained, their number).
+
+    A finished run counts in full (a diverged run stops early: nothing of it is left); a run in
+    progress counts its checkpointed steps. A running run without a measured rate yet is
+    counted at the mean rate of the sweep's finished runs."""
+    done = total = 0.0
+    for r in runs:
+        if not (r.steps and r.tokens_per_step):
+            continue
+        total += r.steps * r.tokens_per_step
+        done += r.steps * r.tokens_per_step if r.finished else min(r.step, r.steps) * r.tokens_per_step
+    finished_rates = [r.tok_s for r in runs if r.finished and r.tok_s]
+    typical = sum(finished_rates) / len(finished_rates) if finished_rates else 0.0
+    running = [r for r in runs if r.state == "running"]
+    rate = sum(r.tok_s or typical for r in running)
+    return done, total, rate, len(running)
+
+
+def format_seconds(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render(sweep_dir: Path, now: float | None = None) -> str:
+    held = flock_holders()
+    runs = sweep_runs(sweep_dir, held)
+    source = add_slurm_states(sweep_dir, runs)
+    counts = Counter(r.state for r in runs)
+    done, total, rate, n_running = progress(runs)
+    eta = eta_seconds(total - done, rate)
+    stamp = time.strftime("%H:%M:%S", time.localtime(now))
+    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {stamp}",
+             f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES)]
+    share = f"{done / total:.0%} of {total:,.0f} planned tokens" if total else "no planned tokens"
+    if eta is not None:
+        lines.append(f"progress {share} | ETA {format_seconds(eta)} at {rate:,.0f} tok/s "
+                     f"({n_running} run{'s' if n_running != 1 else ''} training)")
+    else:
+        lines.append(f"progress {share} | no run is being trained now"
+                     + ("" if counts["running"] else "; resume with the sweep's command"
+                        if counts["waiting"] + counts["interrupted"] + counts["failed"] else ""))
+    sweep_json = runlog.read_json(sweep_dir / "sweep.json") or {}
+    if sweep_json.get("refine"):
+        lines.append("(boundary-refinement runs join the plan as the grid's results come in)")
+    if source:
+        lines.append(f"Slurm task states from {source}")
+    width = max([len(r.run_id) for r in runs] + [3])
+    head = f"{'run':<{width}}  {'state':<34} {'step':>13} {'loss':>8} {'tok/s':>9}"
+    lines += ["", head + ("  slurm" if source else "")]
+    for r in runs:
+        state = f"{r.state} {r.detail}".strip()
+        state = state if len(state) <= 34 else state[:33] + "~"
+        step = f"{r.step:,}/{r.steps:,}" if r.steps and r.state != "waiting" else "-"
+        loss = f"{r.loss:.4f}" if r.loss is not None and r.state in ("running", "interrupted") \
+            else "-"
+        tok_s = f"{r.tok_s:,.0f}" if r.tok_s else "-"
+        lines.append(f"{r.run_id:<{width}}  {state:<34} {step:>13} {loss:>8} {tok_s:>9}"
+                     + (f"  {r.slurm}" if source else ""))
+    return "\n".join(lines)
+
+
+def sweep_dirs(path: Path) -> list[Path]:
+    """The sweep folders at `path`: itself when it holds runs or sweep.json, else its children
+    that do."""
+    def is_sweep(p: Path) -> bool:
+        return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
+            c.is_dir() and is_run_dir(c) for c in p.iterdir())
+
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
+    if is_run_dir(path):
+        raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
+    if is_sweep(path):
+        return [path]
+    found = sorted(p for p in path.iterdir() if p.is_dir() and is_sweep(p))
+    if not found:
+        raise UsageError(f"{path} holds no sweep (no run folders, no sweep.json)")
+    return found
+
+
+def cli(argv: list[str]) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print(USAGE)
+        return 0
+    watch = None
+    paths = []
+    for a in argv:
+        if a == "--watch" or a.startswith("--watch="):
+            text = a.partition("=")[2] or "5"
+            try:
+                watch = float(text)
+            except ValueError:
+                raise UsageError(f"--watch={text}: not a number of seconds") from None
+            if watch <= 0:
+                raise UsageError(f"--watch={text}: must be > 0 seconds")
+        elif a.startswith("-"):
+            raise UsageError(f"unknown flag {a}; flags: --watch[=SECONDS]")
+        else:
+            paths.append(a)
+    if len(paths) > 1:
+        raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
+    folders = sweep_dirs(Path(paths[0] if paths else "runs"))
+    if watch is None:
+        print("\n\n".join(render(f) for f in folders))
+        return 0
+    try:
+        while True:
+            screen = "\n\n".join(render(f) for f in folders)
+            sys.stdout.write("\033[H\033[2J" + screen + f"\n\n(refreshing every {watch:g} s; "
+                             "Ctrl-C stops)\n")
+            sys.stdout.flush()
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,172 @@
+"""`mlx_gpt status`: a fixture sweep with a run in every state, the ETA arithmetic, Slurm
+columns, read-only behaviour and the command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlx_gpt import runlog, status
+from mlx_gpt.__main__ import main
+from mlx_gpt.locks import run_lock
+from mlx_gpt.sweep import slurm
+
+TPS = 4 * 32  # tokens a step in the fixture
+
+
+def fake_run(sweep: Path, run_id: str, lr: float, qk: str = "none", *, summary: dict | None = None,
+             checkpoint: tuple[int, float] | None = None, rows: int = 0) -> Path:
+    """A run folder as train.py leaves it: config.json, optional summary.json, a checkpoint
+    (step, training seconds) and metrics rows 0..rows-1 (train loss 5 - step/100)."""
+    folder = sweep / run_id
+    folder.mkdir(parents=True)
+    runlog.write_json(folder / "config.json", {
+        "run_id": run_id, "depth": 1, "lr": lr, "qk_norm": qk, "seed": 0, "batch_size": 4,
+        "block_size": 32, "max_steps": 100, "budget_tokens": 0})
+    if summary is not None:
+        runlog.write_json(folder / "summary.json", {"run_id": run_id, "steps": 100, **summary})
+    if checkpoint is not None:
+        step, seconds = checkpoint
+        runlog.save_tensors(folder / "checkpoint.safetensors", {"opt.step": np.array(step)},
+                            {"step": str(step), "train_seconds": repr(seconds)})
+    if rows:
+        runlog.write_part(folder / "metrics", [
+            {"step": s, "tokens": s * TPS, "lr": lr, "train_loss": 5 - s / 100, "grad_norm": 1.0,
+             "val_loss": None, "val_ppl": None, "elapsed_s": float(s)} for s in range(rows)],
+            runlog.METRICS_SCHEMA)
+    return folder
+
+
+@pytest.fixture
+def sweep_dir(tmp_path) -> Path:
+    """Sweep `s`: grid LRs 1e-3, 1e-2, 1e-1, 1 x arms none, rmsnorm; one run in each state and
+    two grid points with no folder yet."""
+    sweep = tmp_path / "runs" / "s"
+    sweep.mkdir(parents=True)
+    runlog.write_json(sweep / "sweep.json", {"grid_lrs": [1e-3, 1e-2, 1e-1, 1.0], "depths": [1],
+                                             "seeds": [0], "qk_norms": ["none", "rmsnorm"],
+                                             "refine": False})
+    fake_run(sweep, "d1-noqk-lr0.001-s0-aaa", 1e-3, summary={
+        "status": "completed", "final_val_loss": 2.5, "tokens_per_second": 1000.0})
+    fake_run(sweep, "d1-qkrmsnorm-lr0.001-s0-bbb", 1e-3, "rmsnorm", summary={
+        "status": "completed", "final_val_loss": 2.4, "tokens_per_second": 3000.0})
+    fake_run(sweep, "d1-noqk-lr1-s0-ccc", 1.0, summary={"status": "diverged",
+                                                      "diverged_step": 37})
+    fake_run(sweep, "d1-qkrmsnorm-lr1-s0-ddd", 1.0, "rmsnorm", summary={
+        "status": "failed", "error": "RuntimeError: out of memory\nmore"})
+    fake_run(sweep, "d1-noqk-lr0.01-s0-eee", 1e-2, checkpoint=(40, 2.56), rows=40)  # running
+    stale = fake_run(sweep, "d1-qkrmsnorm-lr0.01-s0-fff", 1e-2, "rmsnorm", checkpoint=(20, 1.0),
+                     rows=20)
+    (stale / ".lock").write_text("999999999\n")  # a holder that is gone: interrupted
+    return sweep
+
+
+def row(text: str, run_id: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(run_id))
+
+
+def snapshot(folder: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")}
+
+
+def test_every_state_on_one_screen(sweep_dir):
+    running = sweep_dir / "d1-noqk-lr0.01-s0-eee"
+    with run_lock(running) as acquired:
+        assert acquired
+        before = snapshot(sweep_dir.parent)
+        text = status.render(sweep_dir)
+        assert snapshot(sweep_dir.parent) == before  # reads only: no file written or touched
+    assert "8 runs: 2 completed, 1 diverged, 1 failed, 1 running, 1 interrupted, 2 waiting" in text
+    assert "completed val 2.5000" in row(text, "d1-noqk-lr0.001-s0-aaa")
+    assert "diverged at step 37" in row(text, "d1-noqk-lr1-s0-ccc")
+    failed = row(text, "d1-qkrmsnorm-lr1-s0-ddd")
+    assert "failed RuntimeError: out of memory" in failed and "more" not in failed
+    live = row(text, "d1-noqk-lr0.01-s0-eee").split()
+    # step from the checkpoint, loss from the last metrics row, tok/s = 40 x 128 / 2.56 s
+    assert live[1:4] == ["running", "pid", str(os.getpid())]
+    assert live[4:7] == ["40/100", "4.6100", "2,000"]
+    assert "interrupted checkpoint at step 20" in row(text, "d1-qkrmsnorm-lr0.01-s0-fff")
+    for name in ("d1-noqk-lr0.1-s0", "d1-qkrmsnorm-lr0.1-s0"):
+        assert row(text, name).split()[1] == "waiting"
+    # done: 2 completed + 1 diverged in full (300 steps) + 40 + 20 steps of 8 x 100 planned
+    assert "progress 45% of 102,400 planned tokens" in text
+    # left: 440 steps x 128 tokens at the running run's 2,000 tok/s
+    assert f"ETA {status.format_seconds(440 * TPS / 2000)} at 2,000 tok/s (1 run training)" in text
+
+
+def test_lock_held_by_another_process_is_running(sweep_dir):
+    folder = sweep_dir / "d1-noqk-lr0.01-s0-eee"
+    code = ("import sys, time; from pathlib import Path; from mlx_gpt.locks import run_lock\n"
+            "with run_lock(Path(sys.argv[1])) as ok:\n    print(ok, flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "True"
+        runs = {r.run_id: r for r in status.sweep_runs(sweep_dir, status.flock_holders())}
+        assert (runs[folder.name].state, runs[folder.name].holder) == ("running", holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    runs = {r.run_id: r for r in status.sweep_runs(sweep_dir, status.flock_holders())}
+    assert runs[folder.name].state == "interrupted"  # its holder died: the lock is free
+
+
+def test_eta_arithmetic():
+    def run(state, step, tok_s=None):
+        return status.Run("r", steps=100, tokens_per_step=10, state=state, step=step,
+                          tok_s=tok_s)
+
+    runs = [run("completed", 100, 400.0), run("diverged", 30), run("running", 40, 50.0),
+            run("interrupted", 20), run("waiting", 0)]
+    done, total, rate, n = status.progress(runs)
+    assert (done, total, rate, n) == (1000 + 1000 + 400 + 200, 5000, 50.0, 1)
+    assert status.eta_seconds(total - done, rate) == 2400 / 50
+    # two processes add up; a run with no measured rate yet counts at the finished runs' mean
+    runs += [run("running", 0)]
+    assert status.progress(runs)[2:] == (450.0, 2)
+    assert status.eta_seconds(100, 0.0) is None and status.eta_seconds(-5, 10.0) == 0.0
+    assert status.format_seconds(3725) == "1h02m" and status.format_seconds(65) == "1m05s"
+
+
+def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
+    folder = sweep_dir / "slurm" / "001"
+    folder.mkdir(parents=True)
+    runs = [{"run_id": r, "depth": 1, "lr": 1e-2, "qk_norm": qk, "seed": 0, "steps": 100,
+             "tokens_per_step": TPS} for r, qk in (("d1-noqk-lr0.01-s0-eee", "none"),
+                                                    ("d1-qkrmsnorm-lr0.01-s0-fff", "rmsnorm"),
+                                                    ("d1-noqk-lr0.1-s0-ggg", "none"))]
+    runlog.write_json(folder / "submission.json", {"job_id": "77", "runs": runs})
+    (folder / "task-1.log").write_text("task 1: ...\n")
+    monkeypatch.setattr(slurm, "queue_states", lambda jobs: {("77", 0): "RUNNING"})
+    monkeypatch.setattr(status, "sacct_states", lambda jobs: None)
+    text = status.render(sweep_dir)
+    assert "Slurm task states from squeue" in text
+    assert row(text, "d1-noqk-lr0.01-s0-eee").endswith("77_0 RUNNING")
+    assert row(text, "d1-qkrmsnorm-lr0.01-s0-fff").endswith("77_1 ended")
+    # a submitted run with no folder yet is listed (waiting) with its task
+    assert row(text, "d1-noqk-lr0.1-s0-ggg").split()[1] == "waiting"
+    assert row(text, "d1-noqk-lr0.1-s0-ggg").endswith("77_2 not in queue")
+    monkeypatch.setattr(slurm, "queue_states", lambda jobs: None)  # no squeue: files only
+    text = status.render(sweep_dir)
+    assert "Slurm task states from files" in text
+    assert row(text, "d1-qkrmsnorm-lr0.01-s0-fff").endswith("77_1 log written")
+    assert row(text, "d1-noqk-lr0.1-s0-ggg").endswith("77_2 submitted")
+
+
+def test_command_line(sweep_dir, capsys, tmp_path):
+    assert main(["status", str(sweep_dir.parent)]) == 0  # a runs folder: each sweep in it
+    out = capsys.readouterr().out
+    assert out.startswith("sweep s ") and "d1-noqk-lr1-s0-ccc" in out
+    assert main(["status", str(sweep_dir / "d1-noqk-lr1-s0-ccc")]) == 2
+    assert "is a run folder; give its sweep folder" in capsys.readouterr().err
+    assert main(["status", str(tmp_path / "nowhere")]) == 2
+    assert main(["status", str(sweep_dir), "--watch=0"]) == 2
+    assert main(["status", str(sweep_dir), "--fast"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert [e.split(":")[0] for e in errors] == ["error"] * 3
+    assert main(["status", "--help"]) == 0 and "--watch" in capsys.readouterr().out
