@@ -18,9 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import struct
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -90,16 +88,6 @@ def flock_holders() -> dict[tuple[int, int, int], int] | None:
     return held
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def lock_holder(run_dir: Path, held: dict | None) -> int | None:
     """The pid holding the run's lock, or None. Never touches the lock itself."""
     path = run_dir / ".lock"
@@ -111,7 +99,7 @@ def lock_holder(run_dir: Path, held: dict | None) -> int | None:
     written = int(words[0]) if words and words[0].isdigit() else None
     if held is not None:
         return held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-    return written if written and pid_alive(written) else None
+    return written if written and runlog._alive(written) else None  # (never our own pid)
 
 
 def checkpoint_info(path: Path) -> dict:
@@ -232,36 +220,16 @@ def slurm_tasks(sweep_dir: Path) -> dict[str, tuple[str | None, int, Path]]:
     return tasks
 
 
-def sacct_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} from sacct, or None when it is not available."""
-    if not job_ids or shutil.which("sacct") is None:
-        return None
-    try:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j",
-                              ",".join(job_ids)], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    states = {}
-    for line in out.stdout.splitlines():
-        job, _, state = line.partition("|")
-        base, _, task = job.partition("_")
-        if task.isdigit():
-            states[(base, int(task))] = state.split()[0] if state else "?"
-    return states
-
-
 def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
     """Fill each submitted run's `slurm` column; returns where the states came from."""
-    from .sweep.slurm import queue_states
+    from .sweep import slurm
 
     tasks = slurm_tasks(sweep_dir)
     if not tasks:
         return None
     jobs = sorted({job for job, _, _ in tasks.values() if job})
-    queued = queue_states(jobs) if jobs else None
-    ended = sacct_states(jobs) if jobs else None
+    queued = slurm.queue_states(jobs)
+    ended = slurm.accounting_states(jobs)
     for run in runs:
         if run.run_id.split()[0] not in tasks:
             continue

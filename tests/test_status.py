@@ -143,7 +143,7 @@ def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
     runlog.write_json(folder / "submission.json", {"job_id": "77", "runs": runs})
     (folder / "task-1.log").write_text("task 1: ...\n")
     monkeypatch.setattr(slurm, "queue_states", lambda jobs: {("77", 0): "RUNNING"})
-    monkeypatch.setattr(status, "sacct_states", lambda jobs: None)
+    monkeypatch.setattr(slurm, "accounting_states", lambda jobs: None)
     text = status.render(sweep_dir)
     assert "Slurm task states from squeue" in text
     assert row(text, "d1-noqk-lr0.01-s0-eee").endswith("77_0 RUNNING")

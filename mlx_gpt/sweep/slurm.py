@@ -113,24 +113,45 @@ def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
     return [(p, runlog.read_json(p / "submission.json") or {}) for p in found]
 
 
+def ask(command: list[str]) -> str | None:
+    """The output of a Slurm client command, or None when it is not on PATH or fails."""
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
     """{(array job id, task index): state} of these jobs' tasks squeue lists, or None when
     squeue is not available or fails."""
-    if not job_ids or shutil.which("squeue") is None:
-        return None
-    try:
-        out = subprocess.run(["squeue", "-h", "-r", "-o", "%F|%K|%T"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
+    text = ask(["squeue", "-h", "-r", "-o", "%F|%K|%T"]) if job_ids else None
+    if text is None:
         return None
     states = {}
-    for line in out.stdout.splitlines():
+    for line in text.splitlines():
         job, _, rest = line.strip().partition("|")
         task, _, state = rest.partition("|")
         if job in job_ids and task.isdigit():
             states[(job, int(task))] = state
+    return states
+
+
+def accounting_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
+    """{(array job id, task index): state} from sacct (ended tasks too), or None when sacct
+    is not available (a cluster without accounting) or fails."""
+    text = ask(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]) \
+        if job_ids else None
+    if text is None:
+        return None
+    states = {}
+    for line in text.splitlines():
+        job, _, state = line.partition("|")
+        base, _, task = job.partition("_")
+        if task.isdigit():
+            states[(base, int(task))] = state.split()[0] if state else "?"
     return states
 
 
