@@ -184,6 +184,10 @@ def array_script(folder: Path, n: int, sc: SweepConfig, options: SlurmOptions) -
     return "\n".join(lines)
 
 
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def submit(sc: SweepConfig, options: SlurmOptions, send: bool) -> int:
     """Write the task list and array script of what is left (and sbatch it when `send`)."""
     if send and shutil.which("sbatch") is None:
@@ -214,9 +218,10 @@ def submit(sc: SweepConfig, options: SlurmOptions, send: bool) -> int:
     runlog.write_json(folder / "submission.json", record)
     script = folder / "array.sbatch"
     runlog.write_text(script, array_script(folder, len(runs), sc, options))
-    print(f"sweep {sc.name}: {len(runs)} runs to submit as one array: {n_grid} grid runs not "
-          f"finished (interrupted ones resume from their checkpoint), {len(runs) - n_grid} "
-          f"boundary-refinement runs the results so far call for{held}.", flush=True)
+    print(f"sweep {sc.name}: {plural(len(runs), 'run')} to submit as one array: "
+          f"{plural(n_grid, 'grid run')} not finished (interrupted ones resume from their "
+          f"checkpoint), {plural(len(runs) - n_grid, 'boundary-refinement run')} the results so "
+          f"far call for{held}.", flush=True)
     print(f"  task list {folder / 'tasks.txt'}\n  logs      {folder}/task-<i>.log")
     line = f"sbatch {shlex.quote(str(script))}"
     if not send:
@@ -231,7 +236,7 @@ def submit(sc: SweepConfig, options: SlurmOptions, send: bool) -> int:
             raise UsageError(f"{line} failed: {(out.stderr or out.stdout).strip()}")
         job_id = out.stdout.strip().split(";")[0]
         runlog.write_json(folder / "submission.json", {**record, "job_id": job_id})
-        print(f"{line}\nsubmitted job array {job_id} ({len(runs)} tasks)")
+        print(f"{line}\nsubmitted job array {job_id} ({plural(len(runs), 'task')})")
     print("Once the array ends, run the same command again: it submits only what is left "
           "(unfinished runs and the next round of boundary refinement). "
           f"Progress: python -m mlx_gpt status {sweep_dir}", flush=True)

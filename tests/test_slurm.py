@@ -1,0 +1,267 @@
+"""A sweep submitted to a real Slurm: a one-node cluster started on this machine.
+
+Needs Linux, root, and Debian's slurm-wlm and munge (setup.sh installs them on Linux); anywhere
+else every test here is skipped with the reason. The fixture writes a slurm.conf for this host
+(2 CPUs, state, spool, logs and the munge socket in a temporary folder, free ports), starts
+munged, slurmctld and slurmd, and stops them (by their pid files) at the end. Run it alone with
+`just test-slurm`; `just test` includes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mlx_gpt import runlog, status
+from mlx_gpt import train as trainer
+from mlx_gpt.__main__ import main
+from mlx_gpt.config import parse_train_config
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
+TIMEOUT = 120  # seconds any one wait on the cluster may take
+LOSS_COLUMNS = ["step", "tokens", "lr", "train_loss", "grad_norm", "val_loss"]
+
+
+def why_no_slurm() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return f"a Slurm cluster is started on Linux only (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return "starting slurmctld, slurmd and munged needs root"
+    missing = [d for d in DAEMONS if shutil.which(d) is None
+               and not Path(f"/usr/sbin/{d}").exists()]
+    if missing:
+        return f"{', '.join(missing)} not installed (Debian: apt-get install slurm-wlm munge)"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tool(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def stop(pid_file: Path) -> None:
+    """SIGTERM the daemon whose pid this file holds, and wait (bounded) until it is gone."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm")
+    host = socket.gethostname().split(".")[0]
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    conf = root / "slurm.conf"
+    conf.write_text(f"""ClusterName=qkt
+SlurmctldHost={host}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+AuthType=auth/munge
+AuthInfo=socket={root}/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/slurmctld.log
+SlurmdLogFile={root}/slurmd.log
+SlurmdParameters=config_overrides
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+KillWait=30
+NodeName={host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
+PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
+""")
+    for d in ("state", "spool"):
+        (root / d).mkdir()
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(conf)
+    started = []
+    try:
+        for command, pid_file in (
+                ([tool("munged"), "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
+                  f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
+                  f"--seed-file={root}/munged.seed"], root / "munged.pid"),
+                ([tool("slurmctld"), "-c", "-f", str(conf)], root / "slurmctld.pid"),
+                ([tool("slurmd"), "-f", str(conf)], root / "slurmd.pid")):
+            out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            started.append(pid_file)
+            if out.returncode != 0:
+                pytest.skip(f"{Path(command[0]).name} did not start: {out.stderr.strip()[-300:]}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+            if state == "idle":
+                break
+            time.sleep(0.3)
+        else:
+            logs = " | ".join((root / f).read_text()[-200:] for f in ("slurmctld.log",
+                                                                      "slurmd.log")
+                              if (root / f).exists())
+            pytest.skip(f"the one-node cluster did not come up within 30 s: {logs}")
+        yield root
+    finally:
+        subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=10)
+        for pid_file in reversed(started):
+            stop(pid_file)
+        if previous is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = previous
+
+
+def sweep_words(data: str, runs: Path, name: str, *extra: str) -> list[str]:
+    """A tiny sweep: depth 1, d_model 32, 30 steps of 4 x 32 tokens (a few seconds a run)."""
+    return ["preset=demo", f"data={data}", f"runs_dir={runs}", f"name={name}", "depth=1",
+            "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=30",
+            "warmup_steps=5", "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5",
+            "ckpt_every=10", "divergence_window=5", "seeds=0", "jobs=1", *extra]
+
+
+def submit(words: list[str], capsys) -> tuple[str | None, str]:
+    """Run `sweep ... --slurm --submit`; (the job id it printed or None, its output)."""
+    assert main(["sweep", *words, "--slurm", "--submit"]) == 0
+    out = capsys.readouterr().out
+    job = next((line.split()[3] for line in out.splitlines()
+                if line.startswith("submitted job array")), None)
+    return job, out
+
+
+def in_queue(job: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%F"], capture_output=True, text=True,
+                         timeout=10)
+    return job in out.stdout.split()
+
+
+def wait_for(job: str) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while in_queue(job):
+        assert time.monotonic() < deadline, f"job {job} still queued after {TIMEOUT} s"
+        time.sleep(0.5)
+
+
+def task_lines(folder: Path) -> list[str]:
+    return [line for log in sorted(folder.glob("task-*.log"))
+            for line in log.read_text().splitlines() if line.startswith("task ")]
+
+
+def test_sweep_as_a_job_array(cluster, tiny_data, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    words = sweep_words(tiny_data, runs, "s", "lrs=1e-3,1", "qk_norms=none,rmsnorm",
+                        "refine=true", "refine_steps=1", "slurm_max_parallel=2")
+    job, out = submit(words, capsys)
+    assert job and "4 runs to submit as one array: 4 grid runs not finished" in out
+    first = runs / "s" / "slurm" / "001"
+    script = (first / "array.sbatch").read_text()
+    assert "#SBATCH --array=0-3%2" in script and sys.executable in script
+    assert len((first / "tasks.txt").read_text().splitlines()) == 4
+    wait_for(job)
+
+    tasks = [line.split() for line in (first / "tasks.txt").read_text().splitlines()]
+    grid = [parse_train_config(t[t.index("train") + 1:]) for t in tasks]
+    for cfg in grid:  # finished, once: no resume, one task trained it, its rows once each
+        folder = trainer.run_dir_of(cfg)
+        summary = runlog.read_json(folder / "summary.json")
+        assert summary["status"] == ("completed" if cfg.lr < 0.5 else "diverged"), cfg.run_id
+        assert "resumed_from_step" not in runlog.read_json(folder / "manifest.json")
+        assert runlog.finished_problem(folder, summary) is None
+    lines = task_lines(first)
+    assert sorted(line.split()[3] for line in lines if line.endswith(("completed", "diverged"))
+                  ) == sorted(c.run_id for c in grid)
+
+    text = status.render(runs / "s")  # Slurm state beside run state
+    assert "4 runs: 2 completed, 2 diverged" in text and "Slurm task states from squeue" in text
+    assert all(f"{job}_{i} ended" in text for i in range(4))
+
+    # the results now call for one bisection point per arm; then nothing is left
+    job2, out = submit(words, capsys)
+    assert job2 and ("2 runs to submit as one array: 0 grid runs not finished (interrupted "
+                     "ones resume from their checkpoint), 2 boundary-refinement runs") in out
+    wait_for(job2)
+    refined = [line for line in task_lines(runs / "s" / "slurm" / "002")
+               if line.endswith(("completed", "diverged"))]
+    assert len(refined) == 2 and all("-lr0.0316-" in line for line in refined)
+    job3, out = submit(words, capsys)
+    assert job3 is None and "nothing to submit" in out
+    assert sorted(p.name for p in (runs / "s" / "slurm").iterdir()) == ["001", "002"]
+
+    report = subprocess.run([sys.executable, "-m", "analysis", "report", str(runs / "s"),
+                             "--out", str(tmp_path / "report")], capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (tmp_path / "report" / "report.html").exists()
+
+
+def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    words = sweep_words(tiny_data, runs, "c", "lrs=1e-3", "qk_norms=none", "max_steps=200",
+                        "eval_every=50", "probe_every=50")
+    job, out = submit(words, capsys)
+    assert job and "1 run to submit" in out
+    folder = runs / "c" / "slurm" / "001"
+    line = (folder / "tasks.txt").read_text().split()
+    cfg = parse_train_config(line[line.index("train") + 1:])
+    run_dir = trainer.run_dir_of(cfg)
+    deadline = time.monotonic() + TIMEOUT
+    while not (run_dir / "checkpoint.safetensors").exists():  # mid-run: the first checkpoint
+        assert time.monotonic() < deadline and in_queue(job), "the task never checkpointed"
+        time.sleep(0.05)
+    subprocess.run(["scancel", job], check=True, timeout=10)  # Slurm sends SIGTERM
+    wait_for(job)
+    log = (folder / "task-0.log").read_text()
+    assert "stopped by SIGTERM; checkpointed" in log, log[-2000:]
+    assert not (run_dir / "summary.json").exists()
+    stopped_at = int(runlog.read_tensors(run_dir / "checkpoint.safetensors")[1]["step"])
+    assert 0 < stopped_at < cfg.steps
+
+    job2, out = submit(words, capsys)  # the interrupted run again, resumed
+    assert job2 and "1 run to submit as one array: 1 grid run not finished" in out
+    wait_for(job2)
+    assert runlog.read_json(run_dir / "summary.json")["status"] == "completed"
+    assert runlog.read_json(run_dir / "manifest.json")["resumed_from_step"] == stopped_at
+
+    reference = dataclasses.replace(cfg, runs_dir=str(tmp_path / "reference"))
+    trainer.train(reference, verbose=False)  # the same run, never interrupted
+    got = runlog.read_parts(run_dir / "metrics").select(LOSS_COLUMNS).to_pydict()
+    want = runlog.read_parts(trainer.run_dir_of(reference) / "metrics").select(
+        LOSS_COLUMNS).to_pydict()
+    assert got == want
