@@ -16,6 +16,15 @@ if [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null; then
       || { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends "${need[@]}"; } \
       || echo "warning: could not install ${need[*]}; continuing without" >&2
   fi
+  # Slurm and munge: tests/test_slurm.py starts a one-node cluster on this machine (as root) and
+  # runs a sweep as a job array; without them that test is skipped.
+  if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/munged ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing slurm-wlm and munge (apt) for the Slurm test ..."
+    { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends slurm-wlm munge; } >/dev/null 2>&1 \
+      || echo "warning: could not install slurm-wlm and munge; the Slurm test will be skipped" >&2
+  fi
 fi
 
 python3 -m venv .venv
