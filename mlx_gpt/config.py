@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -25,7 +26,12 @@ class TrainConfig:
     n_heads: int = 4
     block_size: int = 128
     bias: bool = False
-    qk_norm: QKNorm = "none"  # the single independent variable
+    qk_norm: QKNorm = "none"  # the study's independent variable
+    # rival logit controls, each off (0) by default, so the core study stays QK-norm alone:
+    # attention logits (after the 1/sqrt(head_dim) scale) become C*tanh(logit/C) (Gemma 2)
+    attn_softcap: float = 0.0
+    # the objective adds W * mean(logsumexp(output logits)^2) (PaLM); logged losses stay the CE
+    z_loss: float = 0.0
     # cpu: mlx_gpt/kernels.py; library: MLX's own; auto: cpu on the CPU device. Same maths.
     kernels: Literal["auto", "library", "cpu"] = "auto"
     # optimisation: AdamW, warmup + cosine, clipping; standard parametrisation
@@ -97,6 +103,10 @@ class TrainConfig:
             (self.spike_margin > 0, f"spike_margin must be > 0, got {self.spike_margin}"),
             (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
         ]
+        for name in ("attn_softcap", "z_loss"):
+            value = getattr(self, name)
+            checks.append((math.isfinite(value) and value >= 0,
+                           f"{name} must be a finite number >= 0 (0 is off), got {value}"))
         for name in ("eval_every", "probe_every", "log_every", "ckpt_every"):
             checks.append((getattr(self, name) >= 1, f"{name} must be >= 1"))
         checks.append((self.ckpt_every % self.log_every == 0,
@@ -110,16 +120,33 @@ class TrainConfig:
 
     # Fields that say where output goes or how (not what) is computed: left out of the run id.
     NON_IDENTITY = ("runs_dir", "sweep", "kernels")
+    # Keys added after runs were made: left out of the identity while off, so every run made
+    # before them keeps its run_id (and a config.json without them reads back as off).
+    OFF_BY_DEFAULT = ("attn_softcap", "z_loss")
 
     def identity(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY
+                and not (k in self.OFF_BY_DEFAULT and v == 0)}
 
     @property
     def run_id(self) -> str:
         """Content address: a short hash of every field that changes what the run computes."""
         blob = json.dumps(self.identity(), sort_keys=True)
         tag = f"d{self.depth}-{'qk' + self.qk_norm if self.qk_norm != 'none' else 'noqk'}"
+        tag += f"-softcap{short_number(self.attn_softcap)}" if self.attn_softcap else ""
+        tag += f"-zloss{short_number(self.z_loss)}" if self.z_loss else ""
         return f"{tag}-lr{self.lr:.3g}-s{self.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+def short_number(x: float) -> str:
+    """50 -> '50', 2.5 -> '2.5', 1e-4 -> '1e-4', 3e-05 -> '3e-5': up to 6 significant digits,
+    plain between 1e-3 and 1e5, else mantissa and exponent without padding."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    exponent = math.floor(math.log10(abs(x)))
+    if -3 <= exponent < 5:
+        return f"{x:.6g}"
+    return f"{float(f'{x / 10 ** exponent:.6g}'):g}e{exponent}"
 
 
 def _coerce(name: str, hint: Any, text: str) -> Any:

@@ -71,6 +71,27 @@ def _gelu_vjp(primals, cotangent, output):
     return cotangent * (cdf + x * pdf)
 
 
+# tanh(x) = x * P(x^2) / Q(x^2) on [-7.9, 7.9] (beyond, tanh rounds to +-1 in float32): the
+# rational approximation of Eigen and XLA for float32 (max abs error 3.9e-7 measured here).
+_TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+           5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+           4.89352455891786e-03)
+_TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+           4.89352518554385e-03)
+
+
+@mx.custom_function
+def tanh(x: mx.array) -> mx.array:
+    x = mx.clip(x, -7.90531110763549805, 7.90531110763549805)
+    x2 = x * x
+    return x * _horner(_TANH_P, x2) / _horner(_TANH_Q, x2)
+
+
+@tanh.vjp
+def _tanh_vjp(primals, cotangent, output):
+    return cotangent * (1.0 - output * output)
+
+
 def softmax(x: mx.array, axis: int = -1) -> mx.array:
     e = exp(x - mx.stop_gradient(mx.max(x, axis=axis, keepdims=True)))
     return e / mx.sum(e, axis=axis, keepdims=True)

@@ -1,4 +1,5 @@
-"""A plain nanoGPT decoder in MLX, with QK-norm as its one switch.
+"""A plain nanoGPT decoder in MLX, with QK-norm as its switch (and two rival logit controls,
+off by default: attention-logit soft-capping and the z-loss term of GPT.objective).
 
 Token + learned position embeddings, pre-LN blocks (LayerNorm), causal multi-head attention,
 GELU MLP of width 4*d_model, final LayerNorm, tied input/output embeddings, no dropout.
@@ -43,6 +44,8 @@ class ModelArgs:
     block_size: int = 128
     bias: bool = False
     qk_norm: str = "none"  # none | rmsnorm | layernorm
+    attn_softcap: float = 0.0  # > 0: scaled attention logits become C*tanh(logit/C)
+    z_loss: float = 0.0  # > 0: GPT.objective adds z_loss * mean(logsumexp(logits)^2)
     kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)
 
     @property
@@ -79,6 +82,7 @@ class CausalSelfAttention(nn.Module):
             self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
         self.qk_norm = args.qk_norm
         self.kernels = args.kernels
+        self.softcap = args.attn_softcap
         # The softmax scale stays 1/sqrt(head_dim) in every arm: QK-norm changes nothing else.
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
@@ -94,14 +98,25 @@ class CausalSelfAttention(nn.Module):
             return q, k
         return self.q_norm(q), self.k_norm(k)
 
+    def capped(self, scores: mx.array) -> mx.array:
+        """Soft-capping (Gemma 2): C*tanh(scores/C), so every |logit| < C; identity when off."""
+        if not self.softcap:
+            return scores
+        tanh = cpu_kernels.tanh if self.kernels == "cpu" else mx.tanh
+        return self.softcap * tanh(scores * (1.0 / self.softcap))
+
     def __call__(self, x: mx.array) -> mx.array:
         B, T, C = x.shape
         q, k, v = self.heads(x)
         q, k = self.normed(q, k)
         if self.kernels == "cpu":  # written out so the softmax uses the vectorisable exp
             causal = mx.triu(mx.full((T, T), -1e30, dtype=q.dtype), k=1)
-            scores = (q * self.scale) @ k.transpose(0, 1, 3, 2) + causal  # (B, nh, T, T)
-            y = cpu_kernels.softmax(scores) @ v
+            scores = self.capped((q * self.scale) @ k.transpose(0, 1, 3, 2)) + causal
+            y = cpu_kernels.softmax(scores) @ v  # scores: (B, nh, T, T)
+        elif self.softcap:  # the fused kernel has no soft-cap: the same maths written out
+            causal = mx.triu(mx.full((T, T), -mx.inf, dtype=q.dtype), k=1)
+            scores = self.capped((q * self.scale) @ k.transpose(0, 1, 3, 2)) + causal
+            y = mx.softmax(scores, axis=-1, precise=True) @ v
         else:
             y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
         return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))  # (B, T, nh*hs)
@@ -158,6 +173,18 @@ class GPT(nn.Module):
         """Mean next-token cross-entropy in nats of the batch idx -> targets."""
         return cross_entropy(self(idx), targets, self.kernels)
 
+    def objective(self, idx: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        """(training objective, cross-entropy, z-loss term) of the batch idx -> targets.
+
+        The objective is the cross-entropy plus, with z_loss = W > 0, the z-loss term
+        W * mean over positions of logsumexp(logits)^2 (Chowdhery et al. 2022; Wortsman et al.
+        2023); with z_loss off it is the cross-entropy alone and the term is 0.
+        """
+        if not self.args.z_loss:
+            ce = self.loss(idx, targets)
+            return ce, ce, mx.zeros((), dtype=ce.dtype)
+        return objective_terms(self(idx), targets, self.args.z_loss, self.kernels)
+
 
 def init_weights(model: GPT, seed: int) -> None:
     """nanoGPT init: N(0, 0.02) everywhere, residual projections N(0, 0.02/sqrt(2*depth)),
@@ -187,6 +214,17 @@ def cross_entropy(logits: mx.array, targets: mx.array, kernels: str) -> mx.array
         return nn.losses.cross_entropy(logits, targets, reduction="mean")
     target_logits = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     return mx.mean(cpu_kernels.logsumexp(logits, axis=-1) - target_logits)
+
+
+def objective_terms(logits: mx.array, targets: mx.array, z_loss: float,
+                    kernels: str) -> tuple[mx.array, mx.array, mx.array]:
+    """(cross-entropy + z-loss term, cross-entropy, z-loss term): one log-sum-exp serves both."""
+    lse = (cpu_kernels.logsumexp(logits, axis=-1) if kernels == "cpu"
+           else mx.logsumexp(logits, axis=-1))
+    target_logits = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    ce = mx.mean(lse - target_logits)
+    z = z_loss * mx.mean(mx.square(lse))
+    return ce + z, ce, z
 
 
 def count_params(model: GPT) -> dict[str, int]:

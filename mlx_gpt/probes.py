@@ -19,7 +19,7 @@ from mlx import nn
 from mlx.utils import tree_flatten
 
 from .errors import UsageError
-from .model import GPT, cross_entropy
+from .model import GPT, cross_entropy, objective_terms
 
 WHOLE_MODEL = -1
 OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 2024 use far more)
@@ -27,6 +27,7 @@ OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 20
 # Names that `measure` and `update_stats` write (before the `/<group>` suffix where there is one).
 ATTENTION_NAMES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head",
                    "q_rms", "k_rms")
+SOFTCAP_NAMES = ("max_attention_logit_capped",)  # attn_softcap > 0
 QK_NORM_NAMES = ("q_rms_normed", "k_rms_normed", "q_norm_gain_max_abs", "k_norm_gain_max_abs",
                  "max_attention_logit_bound")
 RESIDUAL_NAMES = ("residual_rms", "residual_kurtosis", "residual_max_abs_over_rms",
@@ -102,10 +103,12 @@ def max_attention_logit_bound(q_gain: mx.array, k_gain: mx.array) -> mx.array:
 # --- measure -------------------------------------------------------------------------------------
 
 def _forward_with_probes(model: GPT, x: mx.array, y: mx.array):
-    """The model's forward written out with explicit attention, returning (loss, probe values).
+    """The model's forward written out with explicit attention, returning (objective, probe
+    values).
 
     Same arithmetic as GPT.__call__ (the softmax is explicit instead of the fused kernel), so the
-    loss and its gradient are the model's; probe values are taken under stop_gradient.
+    objective (GPT.objective: the cross-entropy, plus the z-loss term when z_loss > 0) and its
+    gradient are the model's; probe values are taken under stop_gradient.
     """
     values: list[tuple[int, str, mx.array]] = []
     causal = causal_mask(x.shape[1])
@@ -114,14 +117,18 @@ def _forward_with_probes(model: GPT, x: mx.array, y: mx.array):
         attn = block.attn
         q, k, v = attn.heads(block.ln1(h))  # (B, nh, T, hs), before QK-norm
         qn, kn = attn.normed(q, k)
-        logits = (qn * attn.scale) @ kn.transpose(0, 1, 3, 2)  # (B, nh, T, T)
-        p = mx.softmax(mx.where(causal, logits, -mx.inf), axis=-1)
+        logits = (qn * attn.scale) @ kn.transpose(0, 1, 3, 2)  # (B, nh, T, T), before any cap
+        capped = attn.capped(logits)  # what the softmax sees
+        p = mx.softmax(mx.where(causal, capped, -mx.inf), axis=-1)
         out = (p @ v).transpose(0, 2, 1, 3).reshape(h.shape)  # (B, T, nh*hs)
         h = h + attn.proj(out)
         h = h + block.mlp(block.ln2(h))
 
-        logits, q, k = (mx.stop_gradient(a) for a in (logits, q, k))
-        entropy_per_head = attention_entropy(logits, causal).mean(axis=(0, 2))  # (nh,)
+        logits, capped, q, k = (mx.stop_gradient(a) for a in (logits, capped, q, k))
+        entropy_per_head = attention_entropy(capped, causal).mean(axis=(0, 2))  # (nh,)
+        if attn.softcap:
+            values.append((layer, "max_attention_logit_capped",
+                           mx.max(mx.where(causal, capped, -mx.inf))))
         values += [
             (layer, "max_attention_logit", mx.max(mx.where(causal, logits, -mx.inf))),
             (layer, "attention_entropy_mean", entropy_per_head.mean()),
@@ -147,14 +154,17 @@ def _forward_with_probes(model: GPT, x: mx.array, y: mx.array):
             (layer, "residual_outlier_share", outlier_share(residual)),
         ]
     out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab), as GPT.__call__
-    loss = cross_entropy(out_logits, y, model.kernels)
+    if model.args.z_loss:
+        objective, loss, _ = objective_terms(out_logits, y, model.args.z_loss, model.kernels)
+    else:
+        objective = loss = cross_entropy(out_logits, y, model.kernels)
     out_logits = mx.stop_gradient(out_logits)
     values += [
         (WHOLE_MODEL, "loss", mx.stop_gradient(loss)),
         (WHOLE_MODEL, "output_logit_max", mx.max(out_logits)),
         (WHOLE_MODEL, "output_logsumexp_mean", mx.mean(mx.logsumexp(out_logits, axis=-1))),
     ]
-    return loss, [value for *_, value in values], [label for *label, _ in values]
+    return objective, [value for *_, value in values], [label for *label, _ in values]
 
 
 def _group_rms(arrays: dict[str, mx.array]) -> list[tuple[int, str, mx.array]]:

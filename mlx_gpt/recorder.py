@@ -125,16 +125,17 @@ class Recorder:
     def record_probes(self, rows: Iterable[dict]) -> None:
         self.probe_rows.extend(rows)
 
-    def record_steps(self, values: Iterable[tuple[int, float, float, float]]) -> bool:
-        """Append (step, loss, grad_norm, lr) rows up to the first diverged step; True if one
-        diverged. Steps already recorded are skipped (an interrupt may land mid-sync)."""
+    def record_steps(self, values: Iterable[tuple]) -> bool:
+        """Append (step, loss, grad_norm, lr[, z_loss]) rows up to the first diverged step; True
+        if one diverged. Steps already recorded are skipped (an interrupt may land mid-sync).
+        z_loss is the z-loss term of the objective (None, or left out, when it is off)."""
         if self.status == "diverged":  # nothing after the first diverged step is recorded
             return True
         logged = {r["step"] for r in self.metric_rows}
-        for step, loss, grad_norm, lr in values:
+        for step, loss, grad_norm, lr, *z_loss in values:
             if step in logged:
                 continue
-            self.metric_rows.append(self._row(step, loss, grad_norm, lr))
+            self.metric_rows.append(self._row(step, loss, grad_norm, lr, *z_loss))
             self.health.observe(step, loss)
             self.reason = divergence(self.cfg, step, loss, grad_norm, self.init_loss,
                                      self.health.recent)
@@ -143,12 +144,12 @@ class Recorder:
                 return True
         return False
 
-    def _row(self, step: int, loss, grad_norm, lr) -> dict:
+    def _row(self, step: int, loss, grad_norm, lr, z_loss=None) -> dict:
         val = self.val_by_step.pop(step, None)
         return {"step": step, "tokens": step * self.cfg.tokens_per_step, "lr": lr,
                 "train_loss": loss, "grad_norm": grad_norm, "val_loss": val,
                 "val_ppl": math.exp(min(val, 700.0)) if val is not None else None,
-                "elapsed_s": self.elapsed()}
+                "elapsed_s": self.elapsed(), "z_loss": z_loss}
 
     # clocks ---------------------------------------------------------------------------------
     def elapsed(self) -> float:

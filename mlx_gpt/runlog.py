@@ -46,6 +46,7 @@ METRICS_SCHEMA = pa.schema([
     ("step", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
     ("train_loss", pa.float64()), ("grad_norm", pa.float64()),
     ("val_loss", pa.float64()), ("val_ppl", pa.float64()), ("elapsed_s", pa.float64()),
+    ("z_loss", pa.float64()),  # the objective's z-loss term; null when z_loss is off
 ])
 PROBES_SCHEMA = pa.schema([
     ("step", pa.int64()), ("layer", pa.int64()), ("name", pa.string()), ("value", pa.float64()),
@@ -273,7 +274,8 @@ def read_parts(folder: Path) -> pa.Table | None:
     found = parts(folder)
     if not found:
         return None
-    return pa.concat_tables(pq.read_table(p) for _, p in found)
+    # parts written before a column was added lack it: it reads back as null there
+    return pa.concat_tables((pq.read_table(p) for _, p in found), promote_options="default")
 
 
 def part_steps(folder: Path) -> tuple[list[int], str | None]:

@@ -31,7 +31,8 @@ from .recorder import Recorder, divergence  # noqa: F401  (divergence: part of t
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
     return ModelArgs(vocab_size=vocab_size, depth=cfg.depth, d_model=cfg.d_model,
                      n_heads=cfg.n_heads, block_size=cfg.block_size, bias=cfg.bias,
-                     qk_norm=cfg.qk_norm, kernels=cfg.kernels)
+                     qk_norm=cfg.qk_norm, attn_softcap=cfg.attn_softcap, z_loss=cfg.z_loss,
+                     kernels=cfg.kernels)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
@@ -57,17 +58,19 @@ def load_data(cfg: TrainConfig):
 
 
 def make_train_step(model: GPT, opt: AdamW):
-    """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr), mutating model and opt.
+    """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr, z-loss term), mutating
+    model and opt. The gradient is that of GPT.objective (cross-entropy plus the z-loss term
+    when z_loss > 0); `loss` is the cross-entropy alone, so every arm logs the same quantity.
 
     Returns it with the state list to pass to mx.eval / mx.async_eval after each call."""
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.loss(x, y))
+    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.objective(x, y))
     state = [model.state, opt.state]
 
     @partial(mx.compile, inputs=state, outputs=state)
     def step_fn(x: mx.array, y: mx.array):
-        loss, grads = loss_and_grad(model, x, y)
+        (_, loss, z), grads = loss_and_grad(model, x, y)
         grad_norm, lr = opt.update(model, grads)
-        return loss, grad_norm, lr
+        return loss, grad_norm, lr, z
 
     return step_fn, state
 
@@ -297,13 +300,14 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
         rec.flush()
         return save_checkpoint(ckpt_path, model, opt, rec.state())
 
-    def read(pending) -> list[tuple[int, float, float, float]]:
-        """One device sync for a whole log interval of (loss, grad norm, lr)."""
-        values = np.array(mx.stack([mx.stack([a, b, c]) for _, a, b, c in pending]))
-        return [(s, *v) for (s, *_), v in zip(pending, values.tolist())]
+    def read(pending) -> list[tuple[int, float, float, float, float | None]]:
+        """One device sync for a whole log interval of (loss, grad norm, lr, z-loss term)."""
+        values = np.array(mx.stack([mx.stack(list(v)) for _, *v in pending]))
+        return [(s, a, b, c, z if cfg.z_loss else None)
+                for (s, *_), (a, b, c, z) in zip(pending, values.tolist())]
 
     display = Display(cfg.run_id, steps, verbose, prefix)
-    pending: list[tuple[int, mx.array, mx.array, mx.array]] = []
+    pending: list[tuple[int, mx.array, mx.array, mx.array, mx.array]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
     try:
@@ -315,9 +319,9 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
             probing = step % cfg.probe_every == 0
             before = dict(tree_flatten(model.parameters())) if probing else None
             x, y = next(batches)
-            loss, grad_norm, lr = step_fn(mx.array(x), mx.array(y))
+            loss, grad_norm, lr, z = step_fn(mx.array(x), mx.array(y))
             mx.async_eval(state, loss, grad_norm)
-            pending.append((step, loss, grad_norm, lr))
+            pending.append((step, loss, grad_norm, lr, z))
             if probing:
                 rec.record_probes(probe_lib.update_stats(step, before,
                                                          dict(tree_flatten(model.parameters()))))

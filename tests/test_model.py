@@ -100,3 +100,104 @@ def test_training_on_either_kernel_path_gives_the_same_curve(tiny_cfg):
         pairs = [(a, b) for a, b in zip(cpu[column], library[column]) if b is not None]
         assert pairs and all(abs(a - b) <= 1e-5 * abs(b) for a, b in pairs), column
     assert library["train_loss"][-2] < library["train_loss"][0] - 0.5  # it trained
+
+
+# --- rival logit controls: attention soft-cap and z-loss -------------------------------------
+
+@pytest.mark.parametrize("kernels", ["cpu", "library"])
+def test_softcap_bounds_every_attention_logit_by_c(kernels):
+    """C*tanh(logit/C): every logit the softmax sees lies within (-C, C), however large the raw
+    logit; small logits pass nearly unchanged. The sharpened model's raw logits exceed C, so
+    the bound is not met by chance."""
+    from mlx_gpt import probes
+
+    cap = 1.0
+    args = ModelArgs(vocab_size=257, depth=2, d_model=64, n_heads=4, block_size=32,
+                     attn_softcap=cap, kernels=kernels)
+    model = sharpened(GPT(args), 2)
+    raw = mx.concatenate([mx.linspace(-1e6, 1e6, 10001), mx.linspace(-30, 30, 10001)])
+    capped = model.blocks[0].attn.capped(raw)
+    assert mx.max(mx.abs(capped)).item() <= cap
+    assert mx.all(capped[1:10001] >= capped[:10000]).item()  # monotone: order is kept
+    small = mx.array([1e-3, -0.01, 0.03])
+    assert np.allclose(model.blocks[0].attn.capped(small), small, rtol=1e-3)
+
+    rng = np.random.default_rng(0)
+    x, y = (mx.array(rng.integers(0, 257, (4, 32)), dtype=mx.int32) for _ in range(2))
+    rows = {(r["layer"], r["name"]): r["value"] for r in probes.measure(model, x, y, 0)}
+    for layer in range(args.depth):
+        assert rows[(layer, "max_attention_logit")] > 2 * cap  # before the cap
+        assert rows[(layer, "max_attention_logit_capped")] <= cap  # after it
+        # every logit of the layer, not only the max: the probe forward's scores, capped
+        block = model.blocks[layer]
+        h = model.embed(x)
+        for b in model.blocks[:layer]:
+            h = b(h)
+        q, k, _ = block.attn.heads(block.ln1(h))
+        scores = block.attn.capped((q * block.attn.scale) @ k.transpose(0, 1, 3, 2))
+        assert mx.max(mx.abs(scores)).item() <= cap
+    uncapped = GPT(dataclasses.replace(args, attn_softcap=0.0))
+    uncapped.update(model.parameters())
+    assert relative(model(x), uncapped(x)) > 1e-2  # the cap changes the model's output
+
+
+@pytest.mark.parametrize("kernels", ["cpu", "library"])
+def test_z_loss_adds_the_hand_derived_gradient_to_the_output_logits(kernels):
+    """d/dz_i of W * mean_n lse_n^2 is W * 2 lse_n softmax(z_n)_i / N for position n's logits:
+    the objective's gradient is the cross-entropy's plus exactly that; the loss is unchanged."""
+    from mlx_gpt.model import cross_entropy, objective_terms
+
+    weight = 1e-2
+    rng = np.random.default_rng(3)
+    logits = mx.array(rng.normal(0, 4, (2, 5, 64)).astype(np.float32))
+    targets = mx.array(rng.integers(0, 64, (2, 5)), dtype=mx.int32)
+    total, ce, z = objective_terms(logits, targets, weight, kernels)
+    lse = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))  # (2, 5)
+    assert ce.item() == pytest.approx(cross_entropy(logits, targets, kernels).item(), rel=1e-6)
+    assert z.item() == pytest.approx(weight * np.mean(lse ** 2), rel=1e-5)
+    assert total.item() == pytest.approx(ce.item() + z.item(), rel=1e-6)
+
+    g_total = mx.grad(lambda a: objective_terms(a, targets, weight, kernels)[0])(logits)
+    g_ce = mx.grad(lambda a: cross_entropy(a, targets, kernels))(logits)
+    n = lse.size
+    softmax = np.exp(np.asarray(logits, np.float64) - lse[..., None])
+    by_hand = weight * 2 * lse[..., None] * softmax / n
+    assert np.abs(by_hand).max() > 1e-4  # a visible change, not rounding
+    np.testing.assert_allclose(np.asarray(g_total - g_ce), by_hand, rtol=1e-4, atol=1e-8)
+
+
+def test_rival_controls_agree_across_kernel_paths():
+    """Soft-cap and z-loss: the cpu and library paths give one objective and one gradient."""
+    args = ModelArgs(vocab_size=257, depth=2, d_model=64, n_heads=4, block_size=32,
+                     attn_softcap=4.0, z_loss=1e-2)
+    cpu = sharpened(GPT(dataclasses.replace(args, kernels="cpu")), 4)
+    library = GPT(dataclasses.replace(args, kernels="library"))
+    library.update(cpu.parameters())
+    rng = np.random.default_rng(1)
+    x, y = (mx.array(rng.integers(0, 257, (4, 32)), dtype=mx.int32) for _ in range(2))
+    out = {}
+    for name, model in (("cpu", cpu), ("library", library)):
+        (total, ce, z), grads = nn.value_and_grad(model, lambda m, a, b: m.objective(a, b))(
+            model, x, y)
+        mx.eval(total, grads)
+        out[name] = total.item(), ce.item(), z.item(), dict(tree_flatten(grads))
+    (t_c, ce_c, z_c, g_c), (t_l, ce_l, z_l, g_l) = out["cpu"], out["library"]
+    assert z_l > 1e-3 * ce_l  # the z-loss term is in play
+    for a, b in ((t_c, t_l), (ce_c, ce_l), (z_c, z_l)):
+        assert abs(a - b) <= LOSS_RTOL * 10 * abs(b)
+    worst = max(g_l, key=lambda k: relative(g_c[k], g_l[k]))
+    assert relative(g_c[worst], g_l[worst]) <= GRAD_RTOL, worst
+
+
+def test_rival_keys_validate_and_leave_old_run_ids_alone():
+    # run ids computed before attn_softcap and z_loss existed: off, they are not in the identity
+    assert TrainConfig().run_id == "d4-noqk-lr0.003-s0-b079cdd2a4"
+    assert TrainConfig(qk_norm="rmsnorm", lr=0.01, depth=6, seed=2).run_id == \
+        "d6-qkrmsnorm-lr0.01-s2-a74a45eb18"
+    capped, z = TrainConfig(attn_softcap=50), TrainConfig(z_loss=1e-4)
+    assert capped.run_id.startswith("d4-noqk-softcap50-lr0.003-s0-")
+    assert z.run_id.startswith("d4-noqk-zloss1e-4-lr0.003-s0-")
+    assert capped.identity()["attn_softcap"] == 50 and "attn_softcap" not in z.identity()
+    for bad in ("attn_softcap=-1", "z_loss=nan", "z_loss=inf", "attn_softcap=-0.5"):
+        with pytest.raises(UsageError, match="must be a finite number >= 0"):
+            parse_train_config([bad])

@@ -315,3 +315,30 @@ def test_recorder_stops_at_the_first_diverged_step(tmp_path):
     assert rec.metric_rows[0]["val_loss"] == 5.0 and rec.metric_rows[1]["val_loss"] is None
     assert (rec.status, rec.diverged_step) == ("diverged", 2)
     assert rec.record_steps([(4, 3.0, 1.0, 0.1)]) is True and len(rec.metric_rows) == 3
+
+
+def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
+    """Every arm logs train_loss = the plain cross-entropy: at step 0 (same init, same batch)
+    the off, soft-cap and z-loss arms log the same loss. z_loss is its own column, null when
+    off; the z-loss term changes the updates, so later losses differ."""
+    curves = {}
+    for name, extra in (("off", {}), ("softcap", {"attn_softcap": 0.5}), ("zloss", {"z_loss": 0.05})):
+        cfg = tiny_cfg(max_steps=20, **extra)
+        assert train(cfg, verbose=False)["status"] == "completed"
+        curves[name] = runlog.read_parts(run_dir_of(cfg) / "metrics").to_pydict()
+        if extra:
+            assert cfg.run_id != tiny_cfg(max_steps=20).run_id
+    off, capped, z = curves["off"], curves["softcap"], curves["zloss"]
+    assert z["train_loss"][0] == pytest.approx(off["train_loss"][0], rel=1e-6)
+    assert all(v is None for v in off["z_loss"]) and all(v is None for v in capped["z_loss"])
+    terms = [v for v in z["z_loss"][:-1]]
+    assert all(v is not None and v > 0 for v in terms)
+    # the term is W * mean(lse^2): with the init's near-uniform logits lse ~ ln(padded vocab)
+    assert terms[0] == pytest.approx(0.05 * math.log(320) ** 2, rel=0.05)
+    assert z["train_loss"][10] != pytest.approx(off["train_loss"][10], rel=1e-5)
+    # a soft-cap changes the logits even at init (tiny logits pass almost unchanged, so close)
+    assert capped["train_loss"][0] == pytest.approx(off["train_loss"][0], rel=1e-3)
+    assert capped["train_loss"][-2] != off["train_loss"][-2]
+    probe_names = set(probes.read_probes(run_dir_of(tiny_cfg(max_steps=20, attn_softcap=0.5)))
+                      .column("name").to_pylist())
+    assert {"max_attention_logit", "max_attention_logit_capped"} <= probe_names

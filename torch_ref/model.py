@@ -1,7 +1,7 @@
 """The mlx_gpt decoder in PyTorch: same architecture, same parameter names and shapes.
 
 Token + learned position embeddings, pre-LN blocks, causal multi-head attention with optional
-QK-norm, exact-erf GELU MLP of width 4*d_model, final LayerNorm, tied head over the vocab padded
+QK-norm and soft-capped logits, exact-erf GELU MLP of width 4*d_model, final LayerNorm, tied head over the vocab padded
 to a multiple of 64, no dropout. Every norm uses eps 1e-5, as mlx_gpt/model.py does.
 """
 
@@ -15,7 +15,7 @@ from torch import nn
 
 from mlx_gpt.model import NORM_EPS, ModelArgs
 
-__all__ = ["GPT", "HeadNorm", "ModelArgs", "cross_entropy"]
+__all__ = ["GPT", "HeadNorm", "ModelArgs", "cross_entropy", "objective_terms"]
 
 
 class HeadNorm(nn.Module):
@@ -46,6 +46,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = HeadNorm(self.head_dim, args.qk_norm)
             self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
         self.qk_norm = args.qk_norm
+        self.softcap = args.attn_softcap
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,11 +60,22 @@ class CausalSelfAttention(nn.Module):
             return q, k
         return self.q_norm(q), self.k_norm(k)
 
+    def capped(self, scores: torch.Tensor) -> torch.Tensor:
+        """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
+        if not self.softcap:
+            return scores
+        return self.softcap * torch.tanh(scores * (1.0 / self.softcap))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.heads(x)
         q, k = self.normed(q, k)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        if self.softcap:  # scaled_dot_product_attention has no soft-cap: written out
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            scores = self.capped((q * self.scale) @ k.transpose(-2, -1))  # (B, nh, T, T)
+            y = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, nh*hs)
 
 
@@ -117,6 +129,17 @@ class GPT(nn.Module):
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in nats over the padded vocab, as mlx_gpt.model."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+def objective_terms(logits: torch.Tensor, targets: torch.Tensor, z_loss: float
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cross-entropy + z-loss term, cross-entropy, z-loss term), as mlx_gpt GPT.objective:
+    the term is z_loss * mean over positions of logsumexp(logits)^2 (0 when z_loss is 0)."""
+    ce = cross_entropy(logits, targets)
+    if not z_loss:
+        return ce, ce, torch.zeros((), dtype=ce.dtype, device=ce.device)
+    z = z_loss * torch.logsumexp(logits, dim=-1).square().mean()
+    return ce + z, ce, z
 
 
 def count_params(model: GPT) -> dict[str, int]:

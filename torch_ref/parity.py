@@ -1,6 +1,7 @@
 """MLX vs PyTorch, numerically: `python -m torch_ref parity` (also `just parity`).
 
-For qk_norm none / rmsnorm / layernorm at depth 1 and 3, on both of mlx_gpt's kernel paths
+For qk_norm none / rmsnorm / layernorm and the rival arms (attention soft-cap, z-loss) at
+depth 1 and 3, on both of mlx_gpt's kernel paths
 (kernels=cpu: mlx_gpt/kernels.py; kernels=library: MLX's fused attention, GELU and
 cross-entropy, the path Apple GPUs run), in float32, with the same weights (moved through
 safetensors) and the same batch, it compares logits, loss, every gradient and the attention
@@ -38,7 +39,7 @@ from mlx_gpt.train import build_model, make_train_step, model_args
 
 from . import probes as torch_probes
 from .model import GPT as TorchGPT
-from .model import cross_entropy as torch_cross_entropy
+from .model import objective_terms as torch_objective_terms
 from .optim import AdamW as TorchAdamW
 from .train import train_step
 from .weights import as_numpy, mlx_to_torch
@@ -53,6 +54,12 @@ TRAJECTORY_RTOL = 1e-4
 REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
 QK_NORMS = ("none", "rmsnorm", "layernorm")
+# The rival arms, each one change against qk_norm=none. The cap is far below the study's 50 and
+# the weight far above its 1e-4 so that both change these small models' numbers: at C = 5 the
+# perturbed models' sharp logits are bent by the tanh (from init, over 50 steps at lr 1e-3, the
+# logits stay small and the cap is near the identity); at W = 1e-2 the z-loss term is about 6%
+# of the objective and changes which steps are clipped.
+RIVALS = ({"attn_softcap": 5.0}, {"z_loss": 1e-2})
 DEPTHS = (1, 3)
 KERNELS = ("cpu", "library")  # mlx_gpt's two kernel paths, both checked on any device
 # Small enough for a 2-core CPU, big enough for several heads and a padded vocab (257 -> 320).
@@ -130,7 +137,9 @@ def twin_models(cfg: TrainConfig, vocab_size: int, perturbed: bool) -> tuple[Mlx
 
 
 def case_name(cfg: TrainConfig) -> str:
-    extras = "".join(f" {k}={getattr(cfg, k)}" for k in ("bias", "independent_wd")
+    extras = "".join(f" {k}={getattr(cfg, k):g}" if isinstance(getattr(cfg, k), float)
+                     else f" {k}={getattr(cfg, k)}"
+                     for k in ("bias", "independent_wd", "attn_softcap", "z_loss")
                      if getattr(cfg, k) != getattr(BASE, k))
     return f"d{cfg.depth} {cfg.qk_norm} {cfg.kernels}{extras}"
 
@@ -144,14 +153,15 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
     mx_x, mx_y = mx.array(x), mx.array(y)
     t_x, t_y = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
 
-    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: m.loss(a, b))
+    # gradients of the training objective (the cross-entropy, plus the z-loss term when on)
+    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: m.objective(a, b))
     mlx_logits = mlx_model(mx_x)
-    mlx_loss, mlx_grads_tree = loss_and_grad(mlx_model, mx_x, mx_y)
-    mx.eval(mlx_logits, mlx_loss, mlx_grads_tree)
+    (_, mlx_loss, mlx_z), mlx_grads_tree = loss_and_grad(mlx_model, mx_x, mx_y)
+    mx.eval(mlx_logits, mlx_loss, mlx_z, mlx_grads_tree)
 
     torch_logits = torch_model(t_x)
-    torch_loss = torch_cross_entropy(torch_logits, t_y)
-    torch_loss.backward()
+    torch_total, torch_loss, torch_z = torch_objective_terms(torch_logits, t_y, cfg.z_loss)
+    torch_total.backward()
     torch_grads = {k: p.grad.numpy().copy() for k, p in torch_model.named_parameters()}
     mlx_grads = as_numpy(mlx_grads_tree)
     if torch_grads.keys() != mlx_grads.keys():
@@ -170,11 +180,14 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
     torch_rows += torch_probes.update_stats(0, torch_before, torch_probes.snapshot(torch_model))
     probes = probe_pairs(mlx_rows, torch_rows, cfg.depth)
     unported = sorted({r["name"] for r in mlx_rows} - {r["name"] for r in torch_rows})
+    z_term = [Deviation(case, "z-loss term", f"{mlx_z.item():.6f}",
+                        relative(torch_z.item(), mlx_z.item()), LOSS_RTOL)] if cfg.z_loss else []
     return [
         Deviation(case, "logits", f"{tuple(mlx_logits.shape)}",
                   relative(torch_logits.detach().numpy(), np.array(mlx_logits)), LOGITS_RTOL),
         Deviation(case, "loss", f"{mlx_loss.item():.6f}",
                   relative(torch_loss.item(), mlx_loss.item()), LOSS_RTOL),
+        *z_term,
         worst(case, "gradients", ((k, relative(torch_grads[k], mlx_grads[k])) for k in mlx_grads),
               GRAD_RTOL),
         worst(case, f"probes ({len(probes)} values)", probes, PROBE_RTOL),
@@ -199,7 +212,8 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
 
 
 def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """(steps, 3) array of (loss, pre-clip grad norm, lr): the compiled step of mlx_gpt.train."""
+    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term): the compiled step of
+    mlx_gpt.train."""
     model = build_model(cfg, vocab_size)
     step_fn, state = make_train_step(model, MlxAdamW(cfg, model.parameters()))
     out = []
@@ -217,9 +231,8 @@ def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> n
     out = []
     for step in range(cfg.steps):
         x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
-        loss, grad_norm, lr = train_step(model, opt, torch.from_numpy(x.astype(np.int64)),
-                                         torch.from_numpy(y.astype(np.int64)))
-        out.append(torch.stack([loss, grad_norm, lr]))
+        out.append(torch.stack(train_step(model, opt, torch.from_numpy(x.astype(np.int64)),
+                                          torch.from_numpy(y.astype(np.int64)))))
     return torch.stack(out).numpy()
 
 
@@ -233,14 +246,17 @@ def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) ->
 
 def step_cases() -> list[TrainConfig]:
     return [dataclasses.replace(BASE, depth=d, qk_norm=q, kernels=k)
-            for k in KERNELS for d in DEPTHS for q in QK_NORMS]
+            for k in KERNELS for d in DEPTHS for q in QK_NORMS] + [
+        dataclasses.replace(BASE, depth=d, kernels=k, **rival)
+        for k in KERNELS for d in DEPTHS for rival in RIVALS]
 
 
 def trajectory_cases() -> list[TrainConfig]:
-    """Each QK-norm kind at depth 3 on each kernel path, plus independent decay and biases
-    (ndim-1 params, no decay)."""
+    """Each QK-norm kind and each rival arm at depth 3 on each kernel path, plus independent
+    decay and biases (ndim-1 params, no decay)."""
     deep = dataclasses.replace(BASE, depth=3)
     return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in QK_NORMS] + [
+        dataclasses.replace(deep, kernels=k, **rival) for k in KERNELS for rival in RIVALS] + [
         dataclasses.replace(deep, qk_norm="rmsnorm", independent_wd=True, weight_decay=1e-3),
         dataclasses.replace(deep, qk_norm="layernorm", bias=True),
     ]

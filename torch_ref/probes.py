@@ -13,7 +13,7 @@ import torch
 
 from mlx_gpt.probes import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
 
-from .model import GPT, cross_entropy
+from .model import GPT, objective_terms
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -46,7 +46,8 @@ def max_attention_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> tor
 
 
 def _forward_with_probes(model: GPT, x: torch.Tensor, y: torch.Tensor):
-    """The forward with explicit attention: (loss, [(layer, name, value)]), values detached."""
+    """The forward with explicit attention: (objective, [(layer, name, value)]), values
+    detached; the objective is the cross-entropy plus the z-loss term when z_loss > 0."""
     values: list[tuple[int, str, torch.Tensor]] = []
     T = x.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
@@ -55,14 +56,18 @@ def _forward_with_probes(model: GPT, x: torch.Tensor, y: torch.Tensor):
         attn = block.attn
         q, k, v = attn.heads(block.ln1(h))  # (B, nh, T, hs), before QK-norm
         qn, kn = attn.normed(q, k)
-        logits = (qn * attn.scale) @ kn.transpose(-2, -1)  # (B, nh, T, T)
-        p = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
+        logits = (qn * attn.scale) @ kn.transpose(-2, -1)  # (B, nh, T, T), before any cap
+        capped = attn.capped(logits)  # what the softmax sees
+        p = torch.softmax(capped.masked_fill(~causal, float("-inf")), dim=-1)
         out = (p @ v).transpose(1, 2).reshape(h.shape)  # (B, T, nh*hs)
         h = h + attn.proj(out)
         h = h + block.mlp(block.ln2(h))
 
-        logits, q, k = (a.detach() for a in (logits, q, k))
-        entropy_per_head = attention_entropy(logits, causal).mean(dim=(0, 2))  # (nh,)
+        logits, capped, q, k = (a.detach() for a in (logits, capped, q, k))
+        entropy_per_head = attention_entropy(capped, causal).mean(dim=(0, 2))  # (nh,)
+        if attn.softcap:
+            values.append((layer, "max_attention_logit_capped",
+                           capped.masked_fill(~causal, float("-inf")).max()))
         values += [
             (layer, "max_attention_logit", logits.masked_fill(~causal, float("-inf")).max()),
             (layer, "attention_entropy_mean", entropy_per_head.mean()),
@@ -88,14 +93,14 @@ def _forward_with_probes(model: GPT, x: torch.Tensor, y: torch.Tensor):
             (layer, "residual_outlier_share", outlier_share(residual)),
         ]
     out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab)
-    loss = cross_entropy(out_logits, y)
+    objective, loss, _ = objective_terms(out_logits, y, model.args.z_loss)
     out_logits = out_logits.detach()
     values += [
         (WHOLE_MODEL, "loss", loss.detach()),
         (WHOLE_MODEL, "output_logit_max", out_logits.max()),
         (WHOLE_MODEL, "output_logsumexp_mean", torch.logsumexp(out_logits, dim=-1).mean()),
     ]
-    return loss, values
+    return objective, values
 
 
 def _group_rms(tensors: dict[str, torch.Tensor]) -> list[tuple[int, str, torch.Tensor]]:

@@ -21,7 +21,7 @@ from mlx_gpt.recorder import Recorder
 from mlx_gpt.train import Display, model_args
 
 from . import probes as probe_lib
-from .model import GPT, count_params, cross_entropy
+from .model import GPT, count_params, cross_entropy, objective_terms
 from .optim import AdamW
 from .weights import load_torch, save_torch
 
@@ -54,12 +54,13 @@ def full_float32() -> None:
 
 
 def train_step(model: GPT, opt: AdamW, x: torch.Tensor, y: torch.Tensor):
-    """Forward, backward, clip, AdamW. Returns (loss, pre-clip grad norm, lr) as 0-d tensors."""
+    """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW. Returns
+    (cross-entropy, pre-clip grad norm, lr, z-loss term) as 0-d tensors, as mlx_gpt's step."""
     model.zero_grad(set_to_none=True)
-    loss = cross_entropy(model(x), y)
-    loss.backward()
+    total, loss, z = objective_terms(model(x), y, model.args.z_loss)
+    total.backward()
     grad_norm, lr = opt.update()
-    return loss.detach(), grad_norm, lr
+    return loss.detach(), grad_norm, lr, z.detach()
 
 
 def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch.device,
@@ -111,16 +112,17 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
         probing = step % cfg.probe_every == 0
         before = probe_lib.snapshot(model) if probing else None
         x, y = next(batches)
-        loss, grad_norm, lr = train_step(model, opt, tensor(x), tensor(y))
+        loss, grad_norm, lr, z = train_step(model, opt, tensor(x), tensor(y))
         if probing:
             rec.record_probes(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
-        pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype)])))
+        pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype), z])))
         if (step + 1) % cfg.log_every and step + 1 != steps:
             continue
         # one device sync per log interval, as the MLX trainer
         values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS has no float64
         rec.train_seconds += time.perf_counter() - t_sync
-        diverged = rec.record_steps((s, *v) for (s, _), v in zip(pending, values))
+        diverged = rec.record_steps((s, a, b, c, z if cfg.z_loss else None)
+                                    for (s, _), (a, b, c, z) in zip(pending, values))
         pending.clear()
         tok_s = (step + 1) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
         display.update(step + 1, values[-1][0], tok_s,
