@@ -265,3 +265,42 @@ def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys):
     want = runlog.read_parts(trainer.run_dir_of(reference) / "metrics").select(
         LOSS_COLUMNS).to_pydict()
     assert got == want
+
+
+# --- without a cluster: the files --slurm writes, and bad input -------------------------------
+
+
+def test_task_list_is_the_sweeps_runs(tiny_data, tmp_path, capsys, monkeypatch):
+    from mlx_gpt import sweep
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no sbatch, no squeue here
+    runs = tmp_path / "runs"
+    words = sweep_words(tiny_data, runs, "f", "lrs=1e-3,1e-2", "qk_norms=none,rmsnorm")
+    for bad, message in ((["slurm_cpus=2"], "slurm_cpus is a Slurm setting; add --slurm"),
+                         (["slurm_time=soon", "--slurm"], "slurm_time='soon' is not a Slurm time"),
+                         (["slurm_gpu=1", "--slurm"], "unknown key 'slurm_gpu'"),
+                         (["slurm_extra=qos", "--slurm"], "'qos' is not an sbatch option"),
+                         (["--submit"], "--submit goes with --slurm"),
+                         (["--slurm", "--submit"], "--submit needs sbatch on PATH"),
+                         (["--slurm", "--dry-run"], "give it without --dry-run")):
+        assert main(["sweep", *words, *bad]) == 2, bad
+        assert message in capsys.readouterr().err, bad
+    assert not runs.exists()  # nothing written by bad input
+
+    assert main(["sweep", *words, "--slurm", "slurm_max_parallel=3", "slurm_gpus=1",
+                 "slurm_extra=--account=lab --qos=low"]) == 0
+    out = capsys.readouterr().out
+    folder = runs / "f" / "slurm" / "001"
+    assert f"sbatch {folder / 'array.sbatch'}" in out
+    lines = (folder / "tasks.txt").read_text().splitlines()
+    assert all(line.startswith(f"{sys.executable} -m mlx_gpt train ") for line in lines)
+    planned = [parse_train_config(line.split()[4:]) for line in lines]
+    grid = sweep.grid(sweep.parse_sweep_config(words))
+    assert [c.run_id for c in planned] == [c.run_id for c in grid]  # exactly the sweep's runs
+    assert [r["run_id"] for r in runlog.read_json(folder / "submission.json")["runs"]] == \
+        [c.run_id for c in grid]
+    script = (folder / "array.sbatch").read_text().splitlines()
+    for option in ("--array=0-3%3", "--gres=gpu:1", "--account=lab", "--qos=low",
+                   f"--output={folder}/task-%a.log"):
+        assert f"#SBATCH {option}" in script
+    assert script[-1].endswith(f"--slurm-task {folder / 'tasks.txt'} \"$SLURM_ARRAY_TASK_ID\"")
