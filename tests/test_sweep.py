@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -127,6 +128,14 @@ def test_overrides_reach_every_run():
     (["lrs=1e-3,fast"], "lrs: 'fast' is not a number"),
     (["depth=2.5"], "depth: '2.5' is not an integer"),
     (["qk_norms=none,l2"], "qk_norms: 'l2' is not one of"),
+    (["qk_norms=none,softcap50"], "qk_norms: 'softcap50' is not one of"),
+    (["arms=none,cap50"], "unknown arm 'cap50'; arms are: none, rmsnorm, layernorm, softcap<C>"),
+    (["arms=softcap0"], "softcap needs a number > 0 after it"),
+    (["arms=zloss-1e-4"], "zloss needs a number > 0 after it"),
+    (["arms=softcap50,softcap50.0"], "arms: softcap50 given more than once"),
+    (["arms=none", "qk_norms=none"], "give arms or qk_norms"),
+    (["attn_softcap=50"], "attn_softcap is set by the sweep grid; use arms (softcap<C>)"),
+    (["z_loss=1e-4"], "use arms (zloss<W>)"),
     (["lr=1e-3"], "lr is set by the sweep grid; use lrs"),
     (["seed=1"], "use seeds"),
     (["refine_factor=1"], "refine_factor must be > 1"),
@@ -155,7 +164,7 @@ def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
     words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "qk_norms=none,rmsnorm")
     assert main(["sweep", *words, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "4 grid runs = 2 LRs x 2 qk_norm x 1 seeds x 1 depths" in out
+    assert "4 grid runs = 2 LRs x 2 arms x 1 seeds x 1 depths" in out
     assert "20 steps x 128 tokens = 2,560 tokens" in out
     assert "parameters" in out and "tok/s" not in out
     assert not (tmp_path / "runs").exists()
@@ -224,8 +233,8 @@ def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_pa
     assert calls[0][1] == "[1/20] " and calls[-1][1] == "[28/28] "
     out = capsys.readouterr().out
     assert "[sweep 1/20: 0 completed, 0 diverged, 0 failed, 0 busy | ETA" in out
-    assert "qk_norm none      seed 0:  0.01 < 0.0133" in out
-    assert "qk_norm rmsnorm   seed 1:  0.0421 < 0.0562" in out
+    assert "arm none    seed 0:  0.01 < 0.0133" in out
+    assert "arm rmsnorm seed 1:  0.0421 < 0.0562" in out
     calls.clear()  # again: everything is finished, nothing is trained
     assert main(["sweep", *words]) == 0
     assert calls == []
@@ -430,3 +439,35 @@ def test_sweep_declares_its_base_grid_for_the_analysis(tiny_data, tmp_path):
                                       "ckpt_every=5", "eval_every=5", "probe_every=5")]) == 0
     declared = json.loads((runs / "t" / "sweep.json").read_text())
     assert declared["grid_lrs"] == [1e-3, 3e-3, 1e-2] and declared["qk_norms"] == ["none"]
+    assert declared["arms"] == ["none"]
+
+
+def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
+    """arms=none,rmsnorm,softcap50,zloss1e-4: per seed, every arm is the off arm's config with
+    one key changed (so the same init weights and batches), and run ids are distinct."""
+    from mlx_gpt.sweep.arms import arm_name, canonical
+
+    sc = sweep.parse_sweep_config(["preset=demo", "arms=none,rmsnorm,softcap50.0,zloss0.0001",
+                                   "seeds=0,1", "lrs=1e-3"])
+    assert sc.arms == ("none", "rmsnorm", "softcap50", "zloss1e-4")
+    runs = sweep.grid(sc)
+    assert [arm_name(c) for c in runs] == list(sc.arms) * 2
+    assert [c.seed for c in runs] == [0] * 4 + [1] * 4
+    for seed in (0, 1):
+        off, *others = [c for c in runs if c.seed == seed]
+        for cfg in others:
+            changed = {k for k, v in cfg.identity().items() if off.identity().get(k) != v}
+            changed |= set(off.identity()) - set(cfg.identity())
+            assert len(changed) == 1, changed
+            assert (cfg.seed, cfg.data_seed) == (off.seed, off.data_seed)
+    assert len({c.run_id for c in runs}) == 8
+    assert [c.attn_softcap for c in runs[:4]] == [0, 0, 50.0, 0]
+    assert [c.z_loss for c in runs[:4]] == [0, 0, 0, 1e-4]
+    # the older key still works for QK-norm kinds, and means the same runs
+    alias = sweep.parse_sweep_config(["qk_norms=none,layernorm"])
+    assert alias.arms == ("none", "layernorm")
+    assert sweep.PRESETS["study"].arms == sweep.PRESETS["demo"].arms == ("none", "rmsnorm")
+    assert canonical("zloss3e-05") == "zloss3e-5" and canonical("softcap7.5") == "softcap7.5"
+    # a base config with a control on does not leak into the off arm
+    on = dataclasses.replace(sc, train=dataclasses.replace(sc.train, attn_softcap=9.0))
+    assert sweep.run_config(on, 4, 1e-3, "none", 0).attn_softcap == 0

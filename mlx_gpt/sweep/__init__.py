@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt sweep [key=value ...]`: QK-norm x learning rate x seed (x depth) grids.
+"""`python -m mlx_gpt sweep [key=value ...]`: arms (QK-norm and rival logit controls) x learning rate x seed (x depth) grids.
 
 A sweep is a preset (a frozen `SweepConfig`) crossed with key=value overrides. It expands to a
 list of independent `TrainConfig`s, each content addressed by its run_id, and trains them one
@@ -9,7 +9,7 @@ after another under <runs_dir>/<name>/<run_id>/:
   several sweep processes on one runs/ tree share the work and never train a run twice;
 - a run that raises is recorded as failed by train.train and the sweep goes on;
 - after the grid, boundary refinement bisects (in log space) between the largest stable and the
-  smallest diverged LR of each (depth, qk_norm, seed), so the max stable LR is known to within
+  smallest diverged LR of each (depth, arm, seed), so the max stable LR is known to within
   `refine_factor`. Every refinement point is a pure function of the results before it, so any
   process (or machine) that sees the same results asks for the same next run.
 

@@ -19,10 +19,12 @@ from . import slurm
 USAGE = """usage: python -m mlx_gpt sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
                                 [--slurm [--submit] [slurm_key=value ...]]
 
-Trains qk_norm x LR grid x seeds (x depths) as independent, resumable runs, then refines each
+Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
 curve's stability boundary. Presets: preset=study (default) or preset=demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
-            seeds=0,1  qk_norms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
+            seeds=0,1  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
+            (arms: none, rmsnorm, layernorm, softcap<C>, zloss<W>; qk_norms= is arms= for
+            QK-norm kinds only)
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan and stop (add --calibrate to measure tokens/s and estimate time)

@@ -10,6 +10,7 @@ from typing import get_args
 
 from ..config import QKNorm, TrainConfig, apply_overrides, split_key_values
 from ..errors import UsageError
+from .arms import apply_arm, parse_arms
 
 # --- configuration -----------------------------------------------------------------------------
 
@@ -26,9 +27,10 @@ class SweepConfig:
     lr_max: float = 3e-1
     points_per_decade: float = 2.0  # Wortsman et al. 2023 sweep LRs in half-decades
     seeds: tuple[int, ...] = (0, 1)
-    qk_norms: tuple[str, ...] = ("none", "rmsnorm")
+    # named logit controls (sweep/arms.py): none, rmsnorm, layernorm, softcap<C>, zloss<W>
+    arms: tuple[str, ...] = ("none", "rmsnorm")
     refine: bool = True
-    refine_steps: int = 2  # bisection steps per (depth, qk_norm, seed)
+    refine_steps: int = 2  # bisection steps per (depth, arm, seed)
     refine_factor: float = 1.4  # stop once largest stable / smallest diverged LR are this close
     runs_dir: str = "runs"
     jobs: int = 1  # sweep processes on this machine (they share work through run locks)
@@ -40,7 +42,7 @@ class SweepConfig:
         checks = [
             (bool(self.depth), "depth needs at least one value"),
             (bool(self.seeds), "seeds needs at least one value"),
-            (bool(self.qk_norms), "qk_norms needs at least one value"),
+            (bool(self.arms), "arms needs at least one value"),
             (self.lr_min > 0, f"lr_min must be > 0, got {self.lr_min}"),
             (self.lr_min < self.lr_max, f"lr_min={self.lr_min:g} must be below lr_max={self.lr_max:g}"),
             (self.points_per_decade > 0, f"points_per_decade must be > 0, got {self.points_per_decade}"),
@@ -92,7 +94,7 @@ def one_three(lr: float) -> float:
 # fixed budget of 100M tokens: 16 x 256 = 4,096 tokens a step, 24,414 steps.
 STUDY = SweepConfig(
     preset="study", name="study", depth=(6,), lr_min=3e-4, lr_max=3e-1, points_per_decade=2,
-    seeds=(0, 1, 2), qk_norms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
+    seeds=(0, 1, 2), arms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
     train=TrainConfig(
         data="data/tinystories-gpt2", d_model=192, n_heads=3, block_size=256, batch_size=16,
         budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
@@ -106,7 +108,7 @@ STUDY = SweepConfig(
 # QK-norm off shows attention-logit growth from 1e-2 up (docs/sweeps.md has the numbers).
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(4,), lr_min=1e-3, lr_max=1.0, points_per_decade=4 / 3,
-    seeds=(0, 1), qk_norms=("none", "rmsnorm"), refine=False,
+    seeds=(0, 1), arms=("none", "rmsnorm"), refine=False,
     # a model this small leaves cores idle: two processes finished the demo 1.32x sooner than
     # one on a 2-core CPU (2m02s against 2m41s; `just bench` measured 1.44x in tokens/s)
     jobs=2,
@@ -118,10 +120,11 @@ DEMO = SweepConfig(
 
 PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO}
 
-LIST_KEYS = {"depth": int, "lrs": float, "seeds": int, "qk_norms": str}
+LIST_KEYS = {"depth": int, "lrs": float, "seeds": int, "arms": "arm"}
 # TrainConfig keys the sweep sets itself, with the sweep key to use instead.
 GRID_KEYS = {"lr": "lrs (or lr_min, lr_max, points_per_decade)", "seed": "seeds",
-             "qk_norm": "qk_norms", "sweep": "name"}
+             "qk_norm": "arms", "attn_softcap": "arms (softcap<C>)",
+             "z_loss": "arms (zloss<W>)", "sweep": "name"}
 
 
 def parse_list(key: str, text: str, kind: type) -> tuple:
@@ -129,6 +132,8 @@ def parse_list(key: str, text: str, kind: type) -> tuple:
     if not items:
         raise UsageError(f"{key} needs at least one value")
     out = []
+    if kind == "arm":
+        return parse_arms(key, text)
     for item in items:
         if kind is str:
             choices = get_args(QKNorm)
@@ -155,6 +160,11 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     base = PRESETS[preset]
+    if "qk_norms" in pairs:  # the older name of arms, for QK-norm kinds only
+        if "arms" in pairs:
+            raise UsageError("give arms or qk_norms (its older name), not both")
+        parse_list("qk_norms", pairs["qk_norms"], str)
+        pairs["arms"] = pairs.pop("qk_norms")
     sweep_keys = {f.name for f in fields(SweepConfig)} - {"train", "preset"}
     train_keys = {f.name for f in fields(TrainConfig)}
     for key in pairs:
@@ -178,25 +188,26 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
 # --- expanding a sweep into runs ------------------------------------------------------------
 
 
-def run_config(sc: SweepConfig, depth: int, lr: float, qk_norm: str, seed: int) -> TrainConfig:
-    """One run of the sweep. data_seed follows the seed (offset by the base data_seed), so a seed
-    replicates all of training's randomness while every LR and arm of one seed is paired."""
-    return dataclasses.replace(
-        sc.train, depth=depth, lr=lr, qk_norm=qk_norm, seed=seed,
-        data_seed=sc.train.data_seed + seed, sweep=sc.name, runs_dir=sc.runs_dir)
+def run_config(sc: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
+    """One run of the sweep: arm `arm` (its one change against none, sweep/arms.py). data_seed
+    follows the seed (offset by the base data_seed), so a seed replicates all of training's
+    randomness while every LR and arm of one seed is paired (same init weights, same batches)."""
+    return apply_arm(dataclasses.replace(
+        sc.train, depth=depth, lr=lr, seed=seed, data_seed=sc.train.data_seed + seed,
+        sweep=sc.name, runs_dir=sc.runs_dir), arm)
 
 
 def grid(sc: SweepConfig) -> list[TrainConfig]:
     """Grid runs in the order they are trained: seed, then depth, then LR (ascending), with the
-    two qk_norm arms of one LR adjacent. A partial night thus holds whole paired LR curves for
-    seed 0 at every depth before any run of seed 1 starts."""
-    return [run_config(sc, depth, lr, qk, seed)
+    arms of one LR adjacent. A partial night thus holds whole paired LR curves for seed 0 at
+    every depth before any run of seed 1 starts."""
+    return [run_config(sc, depth, lr, arm, seed)
             for seed in sc.seeds for depth in sc.depth
-            for lr in sc.grid_lrs() for qk in sc.qk_norms]
+            for lr in sc.grid_lrs() for arm in sc.arms]
 
 
-Group = tuple[int, str, int]  # (depth, qk_norm, seed): one LR curve, refined on its own
+Group = tuple[int, str, int]  # (depth, arm, seed): one LR curve, refined on its own
 
 
 def groups(sc: SweepConfig) -> list[Group]:
-    return [(depth, qk, seed) for seed in sc.seeds for depth in sc.depth for qk in sc.qk_norms]
+    return [(depth, arm, seed) for seed in sc.seeds for depth in sc.depth for arm in sc.arms]

@@ -3,7 +3,6 @@ printed plan with calibrated time estimates, standalone commands and sweep.json.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import time
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from pathlib import Path
 from .. import runlog
 from .. import train as trainer
 from ..config import TrainConfig
+from .arms import arm_changes
 from .config import SweepConfig, grid, groups, run_config
 from .refine import group_state, verdict
 
@@ -77,14 +77,14 @@ def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) ->
     n_groups = len(groups(sc))
     refine_max = n_groups * sc.refine_steps if sc.refine else 0
     print(f"sweep {sc.name} (preset {sc.preset}): {len(runs)} grid runs = "
-          f"{len(sc.grid_lrs())} LRs x {len(sc.qk_norms)} qk_norm x {len(sc.seeds)} seeds x "
+          f"{len(sc.grid_lrs())} LRs x {len(sc.arms)} arms x {len(sc.seeds)} seeds x "
           f"{len(sc.depth)} depths" + (f", + up to {refine_max} refinement runs "
                                        f"({sc.refine_steps} per curve, to within x{sc.refine_factor:g})"
                                        if refine_max else ", no refinement"))
     print(f"  folder      {Path(sc.runs_dir) / sc.name}  ({len(runs) - len(unfinished)} of "
           f"{len(runs)} grid runs already finished)")
     print(f"  LRs         {lr_text(sc.grid_lrs())}")
-    print(f"  qk_norm     {', '.join(sc.qk_norms)};  seeds {', '.join(map(str, sc.seeds))}")
+    print(f"  arms        {', '.join(sc.arms)};  seeds {', '.join(map(str, sc.seeds))}")
     print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
           f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
           f"{vocab if vocab else '?'}, {vocab_from})")
@@ -93,7 +93,7 @@ def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) ->
           f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
     speeds: dict[int, float] = {}
     for depth in sc.depth:
-        cfg = dataclasses.replace(t, depth=depth, qk_norm=sc.qk_norms[-1])
+        cfg = run_config(sc, depth, t.lr, sc.arms[-1], 0)
         line = f"  depth {depth:<5} "
         if vocab:
             p = param_counts(cfg, vocab)
@@ -146,6 +146,9 @@ def declare_grid(sc: SweepConfig) -> None:
         "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sc.grid_lrs())),
         "preset": sc.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sc.depth)),
         "seeds": sorted(set(earlier.get("seeds", [])) | set(sc.seeds)),
-        "qk_norms": sorted(set(earlier.get("qk_norms", [])) | set(sc.qk_norms)),
+        "arms": sorted(set(earlier.get("arms", [])) | set(sc.arms)),
+        # the arms that change qk_norm alone, by their qk_norm (what sweep.json held before arms)
+        "qk_norms": sorted(set(earlier.get("qk_norms", []))
+                           | {a for a in sc.arms if set(arm_changes(a)) <= {"qk_norm"}}),
         "refine": sc.refine, "refine_steps": sc.refine_steps, "refine_factor": sc.refine_factor,
     })

@@ -1,5 +1,5 @@
 """Boundary refinement: bisect in log space between the largest stable and the smallest
-diverged LR of each (depth, qk_norm, seed) curve, from the results on disk."""
+diverged LR of each (depth, arm, seed) curve, from the results on disk."""
 
 from __future__ import annotations
 
@@ -87,17 +87,17 @@ def group_state(sc: SweepConfig, group: Group) -> tuple[dict[float, bool | None]
     Returns (results so far, the next run to train or None). The next run is None when the
     group is done or waits on a run without a result (for example one held by another process).
     """
-    depth, qk, seed = group
+    depth, arm, seed = group
     grid_lrs = sc.grid_lrs()
     results: dict[float, bool | None] = {}
     for lr in grid_lrs:
-        v = verdict(run_config(sc, depth, lr, qk, seed))
+        v = verdict(run_config(sc, depth, lr, arm, seed))
         if v is Outcome.PENDING:
             return results, None
         results[lr] = v.stable
     while sc.refine and (lr := next_midpoint(results, grid_lrs, sc.refine_steps,
                                              sc.refine_factor)) is not None:
-        cfg = run_config(sc, depth, lr, qk, seed)
+        cfg = run_config(sc, depth, lr, arm, seed)
         v = verdict(cfg)
         if v is Outcome.PENDING:
             return results, cfg

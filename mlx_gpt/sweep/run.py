@@ -14,6 +14,7 @@ from .. import train as trainer
 from ..config import TrainConfig
 from ..errors import UsageError
 from ..locks import RunBusy
+from .arms import arm_name
 from .config import SweepConfig, grid, groups, run_config
 from .plan import run_cost_tokens
 from .refine import boundary, group_state, verdict
@@ -54,7 +55,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     if verbose:
         counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
         print(f"[sweep {position}: {counts}, {len(tally.busy)} busy | ETA {eta}] "
-              f"lr {cfg.lr:.3g} qk_norm {cfg.qk_norm} depth {cfg.depth} seed {cfg.seed}",
+              f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}",
               flush=True)
     start = time.perf_counter()
     try:
@@ -119,7 +120,7 @@ def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
     """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
     curves = {g: group_state(sc, g)[0] for g in groups(sc)}
     on_grid = set(sc.grid_lrs())
-    runs = grid(sc) + [run_config(sc, depth, lr, qk, seed) for (depth, qk, seed), results
+    runs = grid(sc) + [run_config(sc, depth, lr, arm, seed) for (depth, arm, seed), results
                        in curves.items() for lr in results if lr not in on_grid]
     counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
     for cfg in runs:
@@ -135,9 +136,10 @@ def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
     if counts["failed"]:
         print("  failed runs keep a traceback.txt in their folder; the next sweep retries them.")
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
-    for (depth, qk, seed), results in curves.items():
+    width = max(len(a) for a in sc.arms)
+    for (depth, arm, seed), results in curves.items():
         lo, hi = boundary(results)
-        print(f"    depth {depth} qk_norm {qk:<9} seed {seed}:  "
+        print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
               + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
@@ -153,15 +155,15 @@ def print_peak_logits(sc: SweepConfig, runs: list[TrainConfig]) -> None:
         folder = trainer.run_dir_of(cfg)
         if not (folder / "probes").is_dir():
             continue
-        table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[cfg.qk_norm] = \
+        table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = \
             peak_max_attention_logit(folder)
     if not table:
         return
-    print("  peak max attention logit (max over layers and probe steps):")
-    print("    depth seed       lr  " + "".join(f"{qk:>12}" for qk in sc.qk_norms))
+    print("  peak max attention logit before any cap (max over layers and probe steps):")
+    print("    depth seed       lr  " + "".join(f"{arm:>12}" for arm in sc.arms))
     for (depth, seed, lr), arms in sorted(table.items()):
-        cells = "".join(f"{arms[qk]:>12,.1f}" if qk in arms else f"{'-':>12}"
-                        for qk in sc.qk_norms)
+        cells = "".join(f"{arms[arm]:>12,.1f}" if arm in arms else f"{'-':>12}"
+                        for arm in sc.arms)
         print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 

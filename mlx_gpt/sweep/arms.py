@@ -1,0 +1,80 @@
+"""The arms of a sweep: named logit controls, each exactly one config change against `none`.
+
+    none           every control off (the off arm every other arm is compared with)
+    rmsnorm        qk_norm=rmsnorm
+    layernorm      qk_norm=layernorm
+    softcap<C>     attn_softcap=C, e.g. softcap50 (Gemma 2's attention cap)
+    zloss<W>       z_loss=W, e.g. zloss1e-4 (PaLM; Wortsman et al. 2023)
+
+C and W are numbers > 0; a name is written back in one spelling (softcap50.0 -> softcap50,
+zloss0.0001 -> zloss1e-4), the one analysis/load.py derives from a run's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from ..config import TrainConfig, short_number
+from ..errors import UsageError
+
+OFF = "none"
+QK_NORM_ARMS = ("rmsnorm", "layernorm")
+# Every key an arm may set, with its off value: each run of a sweep starts from these.
+CONTROLS: dict[str, Any] = {"qk_norm": "none", "attn_softcap": 0.0, "z_loss": 0.0}
+VOCABULARY = "none, rmsnorm, layernorm, softcap<C> (e.g. softcap50), zloss<W> (e.g. zloss1e-4)"
+_NUMBERED = re.compile(r"(softcap|zloss)(.+)")
+_KEY_OF = {"softcap": "attn_softcap", "zloss": "z_loss"}
+
+
+def arm_changes(name: str) -> dict[str, Any]:
+    """The one config change arm `name` makes against `none` ({} for none itself)."""
+    if name == OFF:
+        return {}
+    if name in QK_NORM_ARMS:
+        return {"qk_norm": name}
+    match = _NUMBERED.fullmatch(name)
+    if match:
+        try:
+            value = float(match.group(2))
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value > 0:
+            return {_KEY_OF[match.group(1)]: value}
+        raise UsageError(f"arm {name!r}: {match.group(1)} needs a number > 0 after it "
+                         f"(e.g. {'softcap50' if match.group(1) == 'softcap' else 'zloss1e-4'})")
+    raise UsageError(f"unknown arm {name!r}; arms are: {VOCABULARY}")
+
+
+def arm_name(cfg: TrainConfig) -> str:
+    """The arm a config belongs to; a config with more than one control on is no single arm
+    and is named by all of them joined with '+'."""
+    parts = [] if cfg.qk_norm == "none" else [cfg.qk_norm]
+    if cfg.attn_softcap:
+        parts.append(f"softcap{short_number(cfg.attn_softcap)}")
+    if cfg.z_loss:
+        parts.append(f"zloss{short_number(cfg.z_loss)}")
+    return "+".join(parts) or OFF
+
+
+def canonical(name: str) -> str:
+    """The one spelling of an arm name (softcap50.0 -> softcap50); UsageError if unknown."""
+    return arm_name(dataclasses.replace(TrainConfig(), **arm_changes(name)))
+
+
+def parse_arms(key: str, text: str) -> tuple[str, ...]:
+    """'none,rmsnorm,softcap50' -> the canonical names, each once."""
+    names = [canonical(t.strip()) for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"{key} needs at least one value")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UsageError(f"{key}: {', '.join(twice)} given more than once")
+    return tuple(names)
+
+
+def apply_arm(cfg: TrainConfig, name: str) -> TrainConfig:
+    """cfg with every control off, then arm `name`'s one change."""
+    return dataclasses.replace(cfg, **{**CONTROLS, **arm_changes(name)})
