@@ -5,7 +5,7 @@ py := if path_exists(".venv/bin/python") == "true" { ".venv/bin/python" } else {
 
 # list the recipes
 default:
-    @just --list
+    @{{just_executable()}} --list --justfile {{justfile()}}
 
 # create .venv and install the project (and, on Linux, OpenBLAS and Chromium)
 setup:
@@ -40,6 +40,12 @@ demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
     @{{py}} -m mlx_gpt sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo --out reports/demo
+
+# the smallest study that decides H1-H3: depths 2,4,8 x both arms x 7 LRs x 3 seeds, then its report
+mini *args:
+    @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
+    @{{py}} -m mlx_gpt sweep preset=mini "$@"
+    @{{py}} -m analysis report runs/mini --out reports/mini
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
 parity *args:

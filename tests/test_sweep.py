@@ -75,6 +75,15 @@ def test_study_preset_is_the_studys_plan():
     assert sc.refine and sc.jobs == 1
 
 
+def test_mini_preset_can_decide_every_hypothesis():
+    sc = sweep.parse_sweep_config(["preset=mini"])
+    assert len(sc.depth) >= 3 and len(sc.seeds) >= 3 and sc.refine  # H3 needs depths, H1-H3 seeds
+    assert len(sc.grid_lrs()) >= 6 and sc.grid_lrs()[-1] / sc.grid_lrs()[0] >= 1e3
+    runs = sweep.grid(sc)
+    assert len(runs) == len(sc.depth) * len(sc.grid_lrs()) * 2 * 3
+    assert runs[0].data == "data/synthetic-bytes"  # the embedded corpus: no download
+
+
 def test_demo_preset_spans_safe_to_divergent_in_5_lrs():
     sc = sweep.parse_sweep_config(["preset=demo"])
     assert sc.grid_lrs() == [1e-3, 5.62e-3, 3.16e-2, 1.78e-1, 1.0]

@@ -118,7 +118,22 @@ DEMO = SweepConfig(
         log_every=10, ckpt_every=50, divergence_window=30),
 )
 
-PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO}
+# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): three depths, both arms,
+# three seeds, 7 half-decade LRs from 3e-3 (stable) to 3 (every arm diverges), one bisection step
+# per curve between its last stable and first diverged LR; 300 steps of 16 x 64 byte tokens on a
+# d_model-64 model (head_dim 32). Calibrated at depth 4: QK-norm off vs on final val loss 2.60 vs
+# 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max attention logit 114 vs 6 and 6,571 vs 12.
+MINI = SweepConfig(
+    preset="mini", name="mini", depth=(2, 4, 8), lr_min=3e-3, lr_max=3.0, points_per_decade=2,
+    seeds=(0, 1, 2), arms=("none", "rmsnorm"), refine=True, refine_steps=1, refine_factor=1.4,
+    jobs=2,
+    train=TrainConfig(
+        data="data/synthetic-bytes", d_model=64, n_heads=2, block_size=64, batch_size=16,
+        max_steps=300, warmup_steps=30, eval_every=50, eval_batches=4, probe_every=50,
+        log_every=10, ckpt_every=100, divergence_window=50),
+)
+
+PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO, "mini": MINI}
 
 LIST_KEYS = {"depth": int, "lrs": float, "seeds": int, "arms": "arm"}
 # TrainConfig keys the sweep sets itself, with the sweep key to use instead.
