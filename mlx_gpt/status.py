@@ -43,7 +43,7 @@ class Run:
     run_id: str
     depth: int | None = None
     lr: float | None = None
-    qk_norm: str = "?"
+    arm: str = "?"  # none, rmsnorm, softcap50, ... (mlx_gpt/sweep/arms.py)
     seed: int | None = None
     steps: int | None = None
     tokens_per_step: int | None = None
@@ -62,7 +62,7 @@ class Run:
     @property
     def order(self) -> tuple:
         return (self.seed if self.seed is not None else 1 << 30, self.depth or 0, self.lr or 0.0,
-                self.qk_norm, self.run_id)
+                self.arm, self.run_id)
 
 
 # --- reading one run ---------------------------------------------------------------------------
@@ -132,6 +132,20 @@ def last_row(run_dir: Path) -> tuple[int | None, float | None]:
     return int(table.column("step")[-1].as_py()), table.column("train_loss")[-1].as_py()
 
 
+def arm_of(config: dict) -> str:
+    """The arm of a run from its config.json ("?" when it cannot be told)."""
+    from dataclasses import fields
+
+    from .config import TrainConfig
+    from .sweep.arms import arm_name
+
+    try:
+        return arm_name(TrainConfig(**{f.name: config[f.name] for f in fields(TrainConfig)
+                                       if f.name in config}))
+    except (TypeError, ValueError):
+        return "?"
+
+
 def read_run(run_dir: Path, held: dict | None) -> Run:
     config = runlog.read_json(run_dir / "config.json") or {}
     summary = runlog.read_json(run_dir / "summary.json") or {}
@@ -144,7 +158,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
         tps = None
     run = Run(run_dir.name, depth=config.get("depth", summary.get("depth")),
               lr=config.get("lr", summary.get("lr")),
-              qk_norm=config.get("qk_norm", summary.get("qk_norm", "?")),
+              arm=arm_of(config),
               seed=config.get("seed", summary.get("seed")), steps=steps, tokens_per_step=tps)
     run.holder = lock_holder(run_dir, held)
     status = summary.get("status")
@@ -191,19 +205,19 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
         for r in (runlog.read_json(submission) or {}).get("runs", []):
             if isinstance(r, dict) and r.get("run_id") and r["run_id"] not in runs:
                 runs[r["run_id"]] = Run(r["run_id"], r.get("depth"), r.get("lr"),
-                                        r.get("qk_norm", "?"), r.get("seed"), r.get("steps"),
+                                        r.get("arm", "?"), r.get("seed"), r.get("steps"),
                                         r.get("tokens_per_step"))
     plan = runlog.read_json(sweep_dir / "sweep.json") or {}
-    covered = {(r.depth, r.lr, r.qk_norm, r.seed) for r in runs.values()}
+    covered = {(r.depth, r.lr, r.arm, r.seed) for r in runs.values()}
     shapes = Counter((r.steps, r.tokens_per_step) for r in runs.values() if r.steps)
     steps, tps = shapes.most_common(1)[0][0] if shapes else (None, None)
     for seed in plan.get("seeds", []):
         for depth in plan.get("depths", []):
             for lr in plan.get("grid_lrs", []):
-                for qk in plan.get("qk_norms", []):
-                    if (depth, lr, qk, seed) not in covered:
-                        name = f"d{depth}-{'noqk' if qk == 'none' else 'qk' + qk}-lr{lr:.3g}-s{seed}"
-                        runs[name] = Run(name, depth, lr, qk, seed, steps, tps,
+                for arm in plan.get("arms") or plan.get("qk_norms", []):
+                    if (depth, lr, arm, seed) not in covered:
+                        name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
+                        runs[name] = Run(name, depth, lr, arm, seed, steps, tps,
                                          detail="(no folder yet)")
     return sorted(runs.values(), key=lambda r: r.order)
 

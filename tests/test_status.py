@@ -49,7 +49,7 @@ def sweep_dir(tmp_path) -> Path:
     sweep = tmp_path / "runs" / "s"
     sweep.mkdir(parents=True)
     runlog.write_json(sweep / "sweep.json", {"grid_lrs": [1e-3, 1e-2, 1e-1, 1.0], "depths": [1],
-                                             "seeds": [0], "qk_norms": ["none", "rmsnorm"],
+                                             "seeds": [0], "arms": ["none", "rmsnorm"],
                                              "refine": False})
     fake_run(sweep, "d1-noqk-lr0.001-s0-aaa", 1e-3, summary={
         "status": "completed", "final_val_loss": 2.5, "tokens_per_second": 1000.0})
@@ -91,7 +91,7 @@ def test_every_state_on_one_screen(sweep_dir):
     assert live[1:4] == ["running", "pid", str(os.getpid())]
     assert live[4:7] == ["40/100", "4.6100", "2,000"]
     assert "interrupted checkpoint at step 20" in row(text, "d1-qkrmsnorm-lr0.01-s0-fff")
-    for name in ("d1-noqk-lr0.1-s0", "d1-qkrmsnorm-lr0.1-s0"):
+    for name in ("d1-none-lr0.1-s0", "d1-rmsnorm-lr0.1-s0"):
         assert row(text, name).split()[1] == "waiting"
     # done: 2 completed + 1 diverged in full (300 steps) + 40 + 20 steps of 8 x 100 planned
     assert "progress 45% of 102,400 planned tokens" in text
@@ -136,7 +136,7 @@ def test_eta_arithmetic():
 def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
     folder = sweep_dir / "slurm" / "001"
     folder.mkdir(parents=True)
-    runs = [{"run_id": r, "depth": 1, "lr": 1e-2, "qk_norm": qk, "seed": 0, "steps": 100,
+    runs = [{"run_id": r, "depth": 1, "lr": 1e-2, "arm": qk, "seed": 0, "steps": 100,
              "tokens_per_step": TPS} for r, qk in (("d1-noqk-lr0.01-s0-eee", "none"),
                                                     ("d1-qkrmsnorm-lr0.01-s0-fff", "rmsnorm"),
                                                     ("d1-noqk-lr0.1-s0-ggg", "none"))]

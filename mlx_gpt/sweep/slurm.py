@@ -3,7 +3,7 @@
 Each submission gets its own folder, <runs_dir>/<name>/slurm/<NNN>/, holding
 
   tasks.txt        one standalone `train` command per run left (line i+1 is array task i)
-  submission.json  the runs (run_id, depth, lr, qk_norm, seed, steps), the job id once submitted
+  submission.json  the runs (run_id, depth, lr, arm, seed, steps), the job id once submitted
   array.sbatch     the array script: `--array=0-(N-1)[%K]`, one run per task
   task-<i>.log     each task's output
 
@@ -31,6 +31,7 @@ from .. import train as trainer
 from ..config import TrainConfig, apply_overrides, parse_train_config, split_key_values
 from ..errors import UsageError
 from ..locks import RunBusy
+from .arms import arm_name
 from .config import SweepConfig
 from .plan import command_line, declare_grid, remaining_runs
 from .refine import verdict
@@ -212,7 +213,7 @@ def submit(sc: SweepConfig, options: SlurmOptions, send: bool) -> int:
     folder.mkdir(parents=True)
     runlog.write_text(folder / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
     record = {"created": runlog.now(), "job_id": None, "sweep": sc.name,
-              "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "qk_norm": c.qk_norm,
+              "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "arm": arm_name(c),
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
     runlog.write_json(folder / "submission.json", record)
