@@ -2,8 +2,10 @@
 
 Everything is measured in one invocation on one machine so that the ratios mean something:
 the machine's sgemm peak (numpy/OpenBLAS and MLX), the MLX train step against a PyTorch eager
-step of the same model (torch_ref), probe and evaluation cost at the default intervals, and K
-runs at once against K runs one after another. Results print as a table and are written to
+step of the same model (`python -m torch_ref bench-step`, in its own process), probe and
+evaluation cost at the default intervals, and, at the small shapes, MLX's plain CPU build
+against the tuned one (mlx_gpt/cpu_jit.py) and one training process against K at once, in
+interleaved rounds of fresh processes. Results print as tables and are written to
 reports/bench.json and reports/bench.md.
 
 Model FLOPs per token follow the PaLM appendix (Chowdhery et al. 2022, app. B):
@@ -13,19 +15,23 @@ embedding counts once, as the output head) and L, H, Q, T layers, heads, head di
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing as mp
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from . import cpu_jit, runlog
 from .config import TrainConfig, apply_overrides, split_key_values
 from .errors import UsageError
 from .model import GPT, ModelArgs, count_params, init_weights
@@ -37,22 +43,69 @@ SHAPES = {
     # the reference shape of the performance targets
     "reference": dict(depth=6, d_model=256, n_heads=4, block_size=256, batch_size=8,
                       vocab=GPT2_VOCAB),
-    # the study preset's model (mlx_gpt/sweep.py, preset `study`)
+    # the study preset's model (mlx_gpt/sweep/config.py, preset `study`)
     "study": dict(depth=6, d_model=192, n_heads=3, block_size=256, batch_size=16,
                   vocab=GPT2_VOCAB),
     # the demo's model on the bytes tokenizer
     "demo": dict(depth=4, d_model=128, n_heads=4, block_size=64, batch_size=8, vocab=257),
+    # a small study on the bytes tokenizer: wide enough for attention-logit growth in a few
+    # hundred steps, small enough for sweeps on a laptop CPU
+    "mini": dict(depth=4, d_model=128, n_heads=4, block_size=128, batch_size=16, vocab=257),
 }
+SHAPE_KEYS = ("depth", "d_model", "n_heads", "block_size", "batch_size", "vocab")
+BUILDS = ("plain", "native")  # MLX_GPT_CPU_JIT values: MLX's own JIT build, and -march=native
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    shapes: str = "reference,study"
+    shapes: str = "reference,study"  # the train-step table (MLX, PyTorch, FLOP/s, memory)
     steps: int = 5  # timed steps per measurement (after 2 warm-up steps)
     torch: bool = True  # PyTorch eager baseline (needs the torch extra)
-    parallel: int = 2  # K for "K runs at once"; 1 skips the measurement
     probes: bool = True
+    cpu_shapes: str = "demo,mini"  # the CPU table: plain vs tuned build, 1 vs K processes
+    parallel: int = 2  # K for "K processes at once"; 1 leaves that comparison out
+    builds: bool = True  # compare the plain and the tuned CPU build (Linux x86-64 only)
+    rounds: int = 2  # interleaved rounds of the CPU table; the median is reported
+    quick: bool = False  # demo shape only, 2 steps, 1 round: a smoke test
     out: str = "reports"
+
+    def resolved(self) -> BenchConfig:
+        if not self.quick:
+            return self
+        return dataclasses.replace(self, shapes="demo", cpu_shapes="demo", rounds=1,
+                                   steps=min(self.steps, 2))
+
+
+def shape_names(text: str, key: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    for name in names:
+        if name not in SHAPES:
+            raise UsageError(f"unknown shape {name!r} in {key}; known: {', '.join(SHAPES)}")
+    return names
+
+
+def validate(bench: BenchConfig) -> tuple[list[str], list[str], Path]:
+    """Every check that can fail, before anything is measured: (shapes, cpu_shapes, out)."""
+    if bench.steps < 1:
+        raise UsageError(f"steps must be >= 1, got {bench.steps}")
+    if bench.parallel < 1:
+        raise UsageError(f"parallel must be >= 1 (1 leaves the comparison out), got {bench.parallel}")
+    if bench.rounds < 1:
+        raise UsageError(f"rounds must be >= 1, got {bench.rounds}")
+    shapes, cpu_shapes = shape_names(bench.shapes, "shapes"), shape_names(bench.cpu_shapes,
+                                                                           "cpu_shapes")
+    if not shapes and not cpu_shapes:
+        raise UsageError(f"nothing to measure: shapes and cpu_shapes are empty; known shapes: "
+                         f"{', '.join(SHAPES)}")
+    out = Path(bench.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".bench-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    return shapes, cpu_shapes, out
 
 
 def flops_per_token(args: ModelArgs) -> float:
@@ -78,7 +131,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def _shape_config(shape: dict) -> tuple[TrainConfig, ModelArgs]:
+def shape_config(shape: dict) -> tuple[TrainConfig, ModelArgs]:
     cfg = TrainConfig(depth=shape["depth"], d_model=shape["d_model"], n_heads=shape["n_heads"],
                       block_size=shape["block_size"], batch_size=shape["batch_size"],
                       warmup_steps=10, max_steps=10_000)
@@ -87,22 +140,25 @@ def _shape_config(shape: dict) -> tuple[TrainConfig, ModelArgs]:
     return cfg, args
 
 
-def _batch(cfg: TrainConfig, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def random_batch(cfg: TrainConfig, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, vocab, (cfg.batch_size, cfg.block_size + 1), dtype=np.int32)
     return tokens[:, :-1], tokens[:, 1:]
 
 
-def mlx_step_time(shape: dict, steps: int) -> dict:
-    """Seconds per compiled train step (the trainer's own step), and peak memory."""
-    cfg, args = _shape_config(shape)
+def mlx_step_time(shape: dict, steps: int, ready=None) -> dict:
+    """Seconds per compiled train step (the trainer's own step), and peak memory. `ready`, a
+    multiprocessing barrier, lines up the timed steps of processes measured together."""
+    cfg, args = shape_config(shape)
     model = GPT(args)
     init_weights(model, 0)
     step, state = make_train_step(model, AdamW(cfg, model.parameters()))
 
-    x, y = (mx.array(a) for a in _batch(cfg, args.vocab_size))
+    x, y = (mx.array(a) for a in random_batch(cfg, args.vocab_size))
     for _ in range(2):
         mx.eval(step(x, y), state)
+    if ready is not None:
+        ready.wait()
     mx.reset_peak_memory()
     times = []
     for _ in range(steps):
@@ -113,63 +169,34 @@ def mlx_step_time(shape: dict, steps: int) -> dict:
             "model": model, "x": x, "y": y, "cfg": cfg}
 
 
-def torch_step_time(shape: dict, steps: int) -> dict | None:
-    """Seconds per eager PyTorch step of the same model, measured in a fresh process.
-
-    The child runs with MLX_GPT_BLAS=none: OpenBLAS loaded into the global symbol scope would
-    also capture libtorch's own sgemm calls and slow PyTorch down 2-3x (torch_ref/__init__.py)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    previous = os.environ.get("MLX_GPT_BLAS")
-    os.environ["MLX_GPT_BLAS"] = "none"
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """os.environ with `values` set, for the child processes started inside."""
+    previous = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        proc = ctx.Process(target=_torch_worker, args=(shape, steps, queue))
-        proc.start()
+        yield
     finally:
-        if previous is None:
-            del os.environ["MLX_GPT_BLAS"]
-        else:
-            os.environ["MLX_GPT_BLAS"] = previous
-    result = queue.get()
-    proc.join()
-    return result
+        for k, v in previous.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
-def _torch_worker(shape: dict, steps: int, queue) -> None:
-    queue.put(_torch_step_time(shape, steps))
-
-
-def _torch_step_time(shape: dict, steps: int) -> dict | None:
-    try:
-        import torch
-
-        from torch_ref.model import GPT as TorchGPT
-    except ImportError:
+def torch_step_time(shape: dict, steps: int) -> dict | None:
+    """Seconds per eager PyTorch step of the same model (torch_ref/bench.py), in a fresh
+    process without the OpenBLAS preload; None when PyTorch is not installed."""
+    words = [f"{k}={shape[k]}" for k in SHAPE_KEYS] + [f"steps={steps}"]
+    with environment(MLX_GPT_BLAS="none"):
+        done = subprocess.run([sys.executable, "-m", "torch_ref", "bench-step", *words],
+                              capture_output=True, text=True)
+    if done.returncode != 0:
+        if "PyTorch is not installed" not in done.stderr:
+            print(f"warning: the PyTorch step failed: {done.stderr.strip()[-500:]}",
+                  file=sys.stderr)
         return None
-    torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
-    cfg, args = _shape_config(shape)
-    model = TorchGPT(args)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    x, y = (torch.from_numpy(a).long() for a in _batch(cfg, args.vocab_size))
-
-    def step():
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
-
-    for _ in range(2):
-        step()
-    times = [_timed(step) for _ in range(steps)]
-    return {"step_s": float(np.median(times)), "threads": torch.get_num_threads()}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def probe_cost(measured: dict, repeats: int = 3) -> dict:
@@ -195,46 +222,70 @@ def probe_cost(measured: dict, repeats: int = 3) -> dict:
     }
 
 
-def _parallel_worker(shape: dict, steps: int, queue) -> None:
-    result = mlx_step_time(shape, steps)
-    queue.put(result["step_s"])
+def _process_worker(shape: dict, steps: int, ready, queue) -> None:
+    queue.put(mlx_step_time(shape, steps, ready)["step_s"])
 
 
-def k_at_once(shape: dict, steps: int, k: int) -> dict:
-    """Aggregate tokens/s of K training processes at once against one process alone."""
+def processes_tokens_per_s(shape: dict, steps: int, n: int, build: str) -> float:
+    """Total tokens/s of n fresh training processes at once, each on MLX's `build` CPU JIT
+    (MLX_GPT_CPU_JIT); their timed steps start together, after compilation and warm-up."""
     ctx = mp.get_context("spawn")
-    tokens = shape["batch_size"] * shape["block_size"]
-    out = {}
-    for n in (1, k):
-        queue = ctx.Queue()
-        procs = [ctx.Process(target=_parallel_worker, args=(shape, steps, queue)) for _ in range(n)]
+    queue, ready = ctx.Queue(), ctx.Barrier(n)
+    with environment(MLX_GPT_CPU_JIT=build):
+        procs = [ctx.Process(target=_process_worker, args=(shape, steps, ready, queue))
+                 for _ in range(n)]
         for p in procs:
             p.start()
-        step_times = [queue.get() for _ in procs]
+    try:
+        step_times = [queue.get(timeout=3600) for _ in procs]
+    finally:
         for p in procs:
             p.join()
-        out[n] = sum(tokens / s for s in step_times)
-    return {"k": k, "tokens_per_s_1": out[1], "tokens_per_s_k": out[k],
-            "speedup": out[k] / out[1]}
+    return sum(shape["batch_size"] * shape["block_size"] / s for s in step_times)
+
+
+def cpu_table(names: list[str], bench: BenchConfig) -> dict:
+    """tok/s of each (build, processes) pair at each shape: the median of bench.rounds rounds,
+    each round measuring every pair once in the same order (plain and tuned interleaved)."""
+    builds = list(BUILDS) if bench.builds and cpu_jit.supported() else ["plain"]
+    counts = sorted({1, bench.parallel})
+    out = {}
+    for name in names:
+        shape = SHAPES[name]
+        samples: dict[str, list[float]] = {}
+        for r in range(bench.rounds):
+            for n in counts:
+                for build in builds:
+                    print(f"measuring {name}: {build} build, {n} process(es), round {r + 1} ...",
+                          flush=True)
+                    samples.setdefault(f"{build}_{n}", []).append(
+                        processes_tokens_per_s(shape, bench.steps * 4, n, build))
+        entry = {key: float(np.median(v)) for key, v in samples.items()}
+        entry["samples"] = samples
+        best = max((k for k in entry if k != "samples"), key=lambda k: entry[k])
+        entry["fastest"] = best
+        out[name] = entry
+    return {"shapes": out, "builds": builds, "parallel": bench.parallel, "rounds": bench.rounds}
 
 
 def run(bench: BenchConfig) -> dict:
-    names = [s for s in bench.shapes.split(",") if s]
-    for name in names:
-        if name not in SHAPES:
-            raise UsageError(f"unknown shape {name!r}; known: {', '.join(SHAPES)}")
+    bench = bench.resolved()
+    names, cpu_names, _ = validate(bench)
     from .blas import loaded as blas
 
     report: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                                 "device": str(mx.default_device()), "blas": blas,
-                                "mlx": mx.__version__}}
+                                "mlx": mx.__version__, "cpu": cpu_jit.cpu_model(),
+                                "load_average": _load_average(),
+                                "cpu_jit": "native" if cpu_jit.active else "plain"},
+                    "config": dataclasses.asdict(bench)}
     print("measuring sgemm peak ...", flush=True)
     report["sgemm_gflops"] = sgemm_peak()
     peak = report["sgemm_gflops"]["numpy"]
     for name in names:
         shape = SHAPES[name]
         print(f"measuring shape {name} ...", flush=True)
-        cfg, args = _shape_config(shape)
+        cfg, args = shape_config(shape)
         fpt = flops_per_token(args)
         tokens = cfg.batch_size * cfg.block_size
         m = mlx_step_time(shape, bench.steps)
@@ -247,6 +298,7 @@ def run(bench: BenchConfig) -> dict:
         entry["mlx_share_of_sgemm_peak"] = entry["mlx_gflops"] / peak
         if bench.probes:
             entry.update(probe_cost(m))
+        del m
         if bench.torch:
             t = torch_step_time(shape, max(2, bench.steps // 2))
             if t:
@@ -254,53 +306,81 @@ def run(bench: BenchConfig) -> dict:
                 entry["torch_gflops"] = fpt * tokens / t["step_s"] / 1e9
                 entry["mlx_over_torch"] = entry["mlx_tokens_per_s"] / entry["torch_tokens_per_s"]
         report[name] = entry
-    if bench.parallel > 1:
-        print(f"measuring {bench.parallel} runs at once ...", flush=True)
-        report["k_at_once"] = k_at_once(SHAPES["demo"], bench.steps * 4, bench.parallel)
+    if cpu_names and (bench.parallel > 1 or (bench.builds and cpu_jit.supported())):
+        report["cpu"] = cpu_table(cpu_names, bench)
+    report["machine"]["load_average_after"] = _load_average()
     return report
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def cell(entry: dict, key: str, fmt: str) -> str:
     return fmt.format(entry[key]) if key in entry else "-"
 
 
+def ratio(entry: dict, a: str, b: str) -> str:
+    return f"{entry[a] / entry[b]:.2f}x" if a in entry and b in entry else "-"
+
+
+def cpu_markdown(cpu: dict) -> list[str]:
+    k = cpu["parallel"]
+    label = {"plain": "plain", "native": "tuned"}
+    lines = ["", f"CPU builds and processes (tokens/s in total; median of {cpu['rounds']} "
+                 f"interleaved round(s), each measurement in fresh processes; tuned = MLX's "
+                 f"CPU kernels built with -march=native, MLX_GPT_CPU_JIT=native):", "",
+             f"| shape | plain, 1 process | tuned, 1 process | tuned / plain | plain, {k} at "
+             f"once | tuned, {k} at once | {k} / 1 process (plain) | {k} / 1 process (tuned) "
+             f"| fastest |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in cpu["shapes"].items():
+        build, n = e["fastest"].split("_")
+        lines.append(
+            f"| {name} | {cell(e, 'plain_1', '{:,.0f}')} | {cell(e, 'native_1', '{:,.0f}')} | "
+            f"{ratio(e, 'native_1', 'plain_1')} | {cell(e, f'plain_{k}', '{:,.0f}')} | "
+            f"{cell(e, f'native_{k}', '{:,.0f}')} | {ratio(e, f'plain_{k}', 'plain_1')} | "
+            f"{ratio(e, f'native_{k}', 'native_1')} | {label[build]}, {n} process(es) |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     peak = report["sgemm_gflops"]
-    lines = [f"Machine: {report['machine']['platform']}, {report['machine']['cpus']} CPUs, "
-             f"MLX {report['machine']['mlx']} on {report['machine']['device']}, BLAS "
-             f"{report['machine']['blas']}. sgemm 2048^3: numpy {peak['numpy']:.0f} GFLOP/s, "
-             f"MLX {peak['mlx']:.0f} GFLOP/s.", "",
-             "| shape | params | MLX tok/s | MLX GFLOP/s | share of sgemm peak | PyTorch eager "
-             "tok/s | MLX / PyTorch | peak memory | probe overhead | eval overhead |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name in SHAPES:
-        e = report.get(name)
-        if not e:
-            continue
+    machine = report["machine"]
+    load = machine.get("load_average")
+    lines = [f"Machine: {machine['platform']}, {machine['cpu'] or 'CPU unknown'}, "
+             f"{machine['cpus']} CPUs, MLX {machine['mlx']} on {machine['device']}, BLAS "
+             f"{machine['blas']}, CPU JIT {machine['cpu_jit']}"
+             + (f", load average {load[0]:.1f} at the start" if load else "")
+             + f". sgemm 2048^3: numpy {peak['numpy']:.0f} GFLOP/s, MLX {peak['mlx']:.0f} GFLOP/s."]
+    rows = [(name, report[name]) for name in SHAPES if name in report]
+    if rows:
+        lines += ["", "| shape | params | MLX tok/s | MLX GFLOP/s | share of sgemm peak | "
+                      "PyTorch eager tok/s | MLX / PyTorch | peak memory | probe overhead | "
+                      "eval overhead |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in rows:
         lines.append(
             f"| {name} | {e['params']['total'] / 1e6:.1f}M | {e['mlx_tokens_per_s']:,.0f} | "
             f"{e['mlx_gflops']:.1f} | {e['mlx_share_of_sgemm_peak']:.0%} | "
             f"{cell(e, 'torch_tokens_per_s', '{:,.0f}')} | {cell(e, 'mlx_over_torch', '{:.2f}x')} | "
             f"{e['peak_memory_gb']:.2f} GB | {cell(e, 'probe_overhead', '{:.1%}')} | "
             f"{cell(e, 'eval_overhead', '{:.1%}')} |")
-    if "k_at_once" in report:
-        k = report["k_at_once"]
-        lines += ["", f"{k['k']} demo runs at once: {k['tokens_per_s_k']:,.0f} tok/s in total "
-                      f"against {k['tokens_per_s_1']:,.0f} tok/s for one run alone "
-                      f"({k['speedup']:.2f}x)."]
+    if "cpu" in report:
+        lines += cpu_markdown(report["cpu"])
     return "\n".join(lines)
 
 
 def cli(argv: list[str]) -> int:
     bench = apply_overrides(BenchConfig(), split_key_values(argv))
-    if bench.steps < 1:
-        raise UsageError("steps must be >= 1")
     report = run(bench)
     text = markdown(report)
     print(text)
     out = Path(bench.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out / "bench.md").write_text(text + "\n")
+    runlog.write_json(out / "bench.json", report)
+    runlog.write_text(out / "bench.md", text + "\n")
     print(f"written: {out / 'bench.md'}, {out / 'bench.json'}", file=sys.stderr)
     return 0

@@ -1,0 +1,136 @@
+"""Build MLX's fused CPU kernels for this CPU (Linux x86-64), in a cache of their own.
+
+MLX's Linux CPU backend compiles each fused elementwise kernel at run time by running
+`g++ -std=c++17 -O3 -Wall -fPIC -shared ...` (found on PATH) for baseline x86-64, and caches the
+library under `$TMPDIR/mlx/<version>/cpu/` by kernel name only. Before mlx is imported this
+module puts a `g++` wrapper first on PATH that appends `-march=native` (so the kernels use the
+CPU's AVX2/AVX-512 and FMA units), and points TMPDIR at a folder keyed by this CPU's identity
+(model name and feature flags), the compiler and the flags: a library built with other flags,
+or for another CPU, is never loaded. Python's own temporary folder is left where it was.
+
+Opt out with MLX_GPT_CPU_JIT=plain (MLX's own build and cache). Elsewhere (macOS, other
+architectures, no g++ on PATH) nothing changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ENV = "MLX_GPT_CPU_JIT"  # native | plain
+DEFAULT = "plain"
+FLAGS = "-march=native"
+ORIGINAL_TMPDIR = "MLX_GPT_ORIGINAL_TMPDIR"  # TMPDIR before this module changed it
+
+# The wrapper MLX runs (through the shell) as `g++ --version` and `g++ <flags> -I <include>
+# <dir>/tmp_<id>.cpp -o <dir>/tmp_<id>.so`; MLX renames the library to its kernel name itself.
+WRAPPER = """#!/bin/sh
+# Written by mlx_gpt/cpu_jit.py: MLX's CPU JIT compiler, with {flags}.
+exec '{gxx}' "$@" {flags}
+"""
+
+active: str | None = None  # the cache folder in use, recorded in each run's manifest
+
+
+def cpu_identity() -> str:
+    """The CPU's model name and feature flags, as /proc/cpuinfo gives them for the first core."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "model name", "flags") and key not in fields:
+                    fields[key] = " ".join(value.split())
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        return ""
+    return "\n".join(f"{k}: {fields[k]}" for k in sorted(fields))
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mlx_gpt" / "cpu-jit"
+
+
+def cache_key(identity: str, gxx: str) -> str:
+    stat = os.stat(gxx)
+    blob = "\n".join([identity, FLAGS, WRAPPER, os.path.realpath(gxx), str(stat.st_size),
+                      str(stat.st_mtime_ns)])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def supported() -> bool:
+    """Linux on x86-64, where MLX's CPU backend compiles its kernels with g++."""
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+
+
+def cpu_model() -> str | None:
+    for line in cpu_identity().splitlines():
+        if line.startswith("model name: "):
+            return line.removeprefix("model name: ")
+    return platform.processor() or None
+
+
+def wanted() -> bool:
+    mode = os.environ.get(ENV, DEFAULT)
+    if mode not in ("native", "plain"):
+        print(f"warning: {ENV}={mode!r} is neither native nor plain; using plain", file=sys.stderr)
+        return False
+    return mode == "native" and supported()
+
+
+def _without_inherited() -> list[str]:
+    """Undo what a parent process's ensure_native_jit put in the environment (a child running
+    plain must not compile into, or load from, the tuned cache). Returns PATH without it."""
+    root = str(cache_root())
+    if os.environ.get("TMPDIR", "").startswith(root) and ORIGINAL_TMPDIR in os.environ:
+        os.environ["TMPDIR"] = os.environ[ORIGINAL_TMPDIR]
+        tempfile.tempdir = None
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if not p.startswith(root)]
+    os.environ["PATH"] = os.pathsep.join(path)
+    return path
+
+
+def ensure_native_jit() -> str | None:
+    """Route MLX's CPU JIT through the -march=native wrapper. Returns the cache folder, or None."""
+    global active
+    if active or "mlx.core" in sys.modules:
+        return active  # once mlx is imported it is too late to change where MLX compiles
+    path = _without_inherited()
+    if not wanted():
+        return None
+    gxx = shutil.which("g++", path=os.pathsep.join(path))
+    identity = cpu_identity()
+    if not gxx or not identity:
+        return None
+    folder = cache_root() / cache_key(identity, gxx)
+    bin_dir = folder / "bin"
+    try:
+        bin_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        wrapper = bin_dir / "g++"
+        text = WRAPPER.format(gxx=gxx, flags=FLAGS)
+        if not wrapper.exists() or wrapper.read_text() != text:
+            tmp = bin_dir / f".g++.{os.getpid()}"
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            os.replace(tmp, wrapper)
+        (folder / "cpu.txt").write_text(identity + f"\ncompiler: {gxx} {FLAGS}\n")
+    except OSError as exc:
+        print(f"warning: cannot set up the tuned CPU JIT cache in {folder} ({exc}); MLX builds "
+              f"its kernels for baseline x86-64", file=sys.stderr)
+        return None
+    # Python's temporary files stay where they were, in this process and in its children.
+    original = os.environ.get(ORIGINAL_TMPDIR, tempfile.gettempdir())
+    tempfile.tempdir = original
+    os.environ[ORIGINAL_TMPDIR] = original
+    os.environ["TMPDIR"] = str(folder)  # MLX caches under $TMPDIR/mlx/<version>/cpu
+    os.environ["PATH"] = os.pathsep.join([str(bin_dir), *path])
+    active = str(folder)
+    return active
