@@ -289,11 +289,15 @@ def part_steps(folder: Path) -> tuple[list[int], str | None]:
     return steps, None
 
 
-def _coverage(folder: Path, expected: list[int]) -> str | None:
-    """None if the folder's rows hold exactly the steps `expected` once each, else what is off."""
+def _coverage(folder: Path, expected: list[int], once: bool = True) -> str | None:
+    """None if the folder's rows hold exactly the steps `expected` (once each, or with
+    `once=False` any number of rows per step, as probes/ has one row per layer and name), else
+    what is off."""
     steps, why = part_steps(folder)
     if why:
         return why
+    if not once:
+        steps = sorted(set(steps))
     if sorted(steps) == expected:
         return None
     missing = sorted(set(expected) - set(steps))
@@ -308,7 +312,7 @@ def resume_problem(run_dir: Path, step: int, probe_every: int) -> str | None:
     """Why the rows on disk do not match a checkpoint at `step` (metrics rows 0..step-1 once
     each, probe rows at every probe step below it), or None."""
     return (_coverage(run_dir / "metrics", list(range(step)))
-            or _coverage(run_dir / "probes", list(range(0, step, probe_every))))
+            or _coverage(run_dir / "probes", list(range(0, step, probe_every)), once=False))
 
 
 def finished_problem(run_dir: Path, summary: dict) -> str | None:

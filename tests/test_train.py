@@ -342,3 +342,18 @@ def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
     probe_names = set(probes.read_probes(run_dir_of(tiny_cfg(max_steps=20, attn_softcap=0.5)))
                       .column("name").to_pylist())
     assert {"max_attention_logit", "max_attention_logit_capped"} <= probe_names
+
+
+def test_resume_check_counts_probe_steps_not_probe_rows(tmp_path):
+    """probes/ holds one row per (layer, name) at each probe step: a checkpoint at step 20 with
+    probes every 10 matches steps {0, 10} however many rows each has."""
+    from mlx_gpt import runlog
+
+    metric = {name: None for name in runlog.METRICS_SCHEMA.names}
+    runlog.write_part(tmp_path / "metrics", [{**metric, "step": s} for s in range(20)],
+                      runlog.METRICS_SCHEMA)
+    probes = [{"step": s, "layer": layer, "name": "max_attention_logit", "value": 1.0}
+              for s in (0, 10) for layer in range(3)]
+    runlog.write_part(tmp_path / "probes", probes, runlog.PROBES_SCHEMA)
+    assert runlog.resume_problem(tmp_path, 20, probe_every=10) is None
+    assert "lacks step 20" in runlog.resume_problem(tmp_path, 30, probe_every=10)
