@@ -1,33 +1,74 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: system libraries on Linux, then .venv with the project and its dev extra.
+# Set up a fresh machine: system packages on Linux, then .venv with the project and its dev extra.
+# Quiet but alive: one line per stage (dots while it waits), the full output in .setup.log, and
+# at the end what is and is not installed and what a missing piece costs.
 set -euo pipefail
 cd "$(dirname "$0")"
+LOG=.setup.log
+: >"$LOG"
+
+# run "$@" with its output in the log, printing a dot every 5 s; returns its exit status
+quietly() {
+  "$@" >>"$LOG" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do sleep 5; kill -0 "$pid" 2>/dev/null && printf '.'; done
+  wait "$pid"
+}
+stage() { printf '%s ' "$1"; }
 
 if [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  apt_install() {
+    quietly $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends "$@" \
+      || { quietly $sudo apt-get update -qq \
+           && quietly $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+                --no-install-recommends "$@"; }
+  }
   # OpenBLAS: MLX's Linux wheel ships the reference BLAS (~50x slower matmuls); mlx_gpt loads
-  # OpenBLAS automatically when it is present. Chromium: the report's headless render test.
+  # OpenBLAS when present. g++: MLX's CPU backend compiles its fused kernels at run time.
+  # Chromium: the report's headless page test.
   need=()
   ldconfig -p 2>/dev/null | grep -q libopenblas.so.0 || need+=(libopenblas0-pthread)
+  command -v g++ >/dev/null || need+=(g++)
   command -v chromium >/dev/null || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    # Neither is required: without OpenBLAS MLX is slow, without Chromium one test is skipped.
-    $sudo apt-get install -y --no-install-recommends "${need[@]}" \
-      || { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends "${need[@]}"; } \
-      || echo "warning: could not install ${need[*]}; continuing without" >&2
+    stage "system packages (${need[*]})"
+    if apt_install "${need[@]}"; then echo " done"; else echo " FAILED (see $LOG)"; fi
   fi
   # Slurm and munge: tests/test_slurm.py starts a one-node cluster on this machine (as root) and
   # runs a sweep as a job array; without them that test is skipped.
   if ! [ -x /usr/sbin/slurmctld ] || ! [ -x /usr/sbin/munged ]; then
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    echo "installing slurm-wlm and munge (apt) for the Slurm test ..."
-    { $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends slurm-wlm munge; } >/dev/null 2>&1 \
-      || echo "warning: could not install slurm-wlm and munge; the Slurm test will be skipped" >&2
+    stage "slurm-wlm and munge (for the Slurm test)"
+    if apt_install slurm-wlm munge; then echo " done"; else echo " FAILED (see $LOG)"; fi
   fi
 fi
 
-python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[dev]"
-echo "ready: .venv (try: .venv/bin/just --list)"
+stage "python environment .venv"
+if quietly python3 -m venv .venv && quietly .venv/bin/python -m pip install --upgrade pip; then
+  echo " done"
+else
+  echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+fi
+stage "the project with its dev extra (MLX, PyTorch, Polars, Altair, pytest, just; minutes)"
+if quietly .venv/bin/python -m pip install -e ".[dev]"; then
+  echo " done"
+else
+  echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+fi
+
+# what is there, and what a missing piece costs
+row() { printf '  %-10s %s\n' "$1" "$2"; }
+echo "installed:"
+if [ "$(uname -s)" = Linux ]; then
+  if ldconfig -p 2>/dev/null | grep -q libopenblas.so.0; then row OpenBLAS yes
+  else row OpenBLAS "NO: MLX's CPU matmuls run ~50x slower (apt-get install libopenblas0-pthread)"; fi
+  if command -v g++ >/dev/null; then row g++ yes
+  else row g++ "NO: MLX cannot compile its CPU kernels, training fails (apt-get install g++)"; fi
+  if command -v chromium >/dev/null; then row Chromium yes
+  else row Chromium "NO: the report page test is skipped (apt-get install chromium)"; fi
+  if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; then row Slurm yes
+  else row Slurm "NO: the Slurm test is skipped (apt-get install slurm-wlm munge)"; fi
+fi
+row .venv "$(.venv/bin/python -c 'import mlx.core as mx, torch; print(f"mlx {mx.__version__}, torch {torch.__version__}")')"
+echo "ready: .venv/bin/just --list (full set-up log: $LOG)"
