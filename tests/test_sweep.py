@@ -173,7 +173,7 @@ def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
     words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "qk_norms=none,rmsnorm")
     assert main(["sweep", *words, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "4 grid runs = 2 LRs x 2 arms x 1 seeds x 1 depths" in out
+    assert "4 grid runs = 2 LRs x 2 arms x 1 seed x 1 depth" in out
     assert "20 steps x 128 tokens = 2,560 tokens" in out
     assert "parameters" in out and "tok/s" not in out
     assert not (tmp_path / "runs").exists()
@@ -241,7 +241,7 @@ def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_pa
                          (1.33e-2, "none", 1), (4.21e-2, "rmsnorm", 1)]
     assert calls[0][1] == "[1/20] " and calls[-1][1] == "[28/28] "
     out = capsys.readouterr().out
-    assert "[sweep 1/20: 0 completed, 0 diverged, 0 failed, 0 busy | ETA" in out
+    assert "[sweep 1/20: 0 completed, 0 diverged, 0 failed, 0 passed over (held elsewhere) | ETA" in out
     assert "arm none    seed 0:  0.01 < 0.0133" in out
     assert "arm rmsnorm seed 1:  0.0421 < 0.0562" in out
     calls.clear()  # again: everything is finished, nothing is trained
@@ -260,9 +260,12 @@ def test_emit_commands_are_standalone_and_follow_the_results(monkeypatch, tiny_d
     assert len(lines) == 3 and "3 of 3 grid runs left, 0 refinement" in captured.err
     for line, cfg in zip(lines, sweep.grid(sc)):
         words_ = shlex.split(line)
-        assert words_[:4] == ["python", "-m", "mlx_gpt", "train"]
+        assert words_[:4] == [sys.executable, "-m", "mlx_gpt", "train"]  # this environment's
         again = parse_train_config(words_[4:])
         assert again == cfg and again.run_id == cfg.run_id
+    # only what the run does: the study's token budget, not the max_steps it overrides
+    study = shlex.split(sweep.plan.command_line(sweep.grid(sweep.parse_sweep_config([]))[0]))
+    assert "budget_tokens=100000000" in study and not any(w.startswith("max_steps=") for w in study)
     # once the grid's results are in (merged from elsewhere), the refinement point appears
     fake_trainer(monkeypatch, {"none": 0.05}, [])
     for cfg in sweep.grid(sc):
@@ -293,8 +296,8 @@ def test_busy_runs_are_passed_over_and_retried_at_the_end(monkeypatch, tiny_data
     assert main(["sweep", *words]) == 0
     assert [c.lr for c, _ in calls] == [1e-2, 1e-3]  # 1e-3 came back free, 3e-3 never did
     out = capsys.readouterr().out
-    assert "is being trained by another process; passing over" in out
-    assert "1 runs are held by another process" in out and "lr0.003" in out
+    assert "is held by another process; passing over" in out
+    assert "1 run is held by another process" in out and "lr0.003" in out
 
 
 def test_a_crashing_run_does_not_stop_the_sweep(monkeypatch, tiny_data, tmp_path, capsys,
@@ -480,3 +483,17 @@ def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
     # a base config with a control on does not leak into the off arm
     on = dataclasses.replace(sc, train=dataclasses.replace(sc.train, attn_softcap=9.0))
     assert sweep.run_config(on, 4, 1e-3, "none", 0).attn_softcap == 0
+
+
+def test_eta_starts_from_calibration_and_moves_smoothly():
+    from mlx_gpt.sweep.run import Tally
+
+    tally = Tally(total=10)
+    assert tally.eta(1000, speed=100, first_cost=100) == pytest.approx(10.0)  # calibration only
+    tally.tokens, tally.seconds = 100, 2.0  # one measured run at half the calibrated speed
+    assert tally.eta(1000, speed=100, first_cost=100) == pytest.approx(15.0)  # not a jump to 20
+    tally.tokens, tally.seconds = 1000, 20.0  # the measurements take over
+    assert tally.eta(1000, speed=100, first_cost=100) == pytest.approx(1000 / (1100 / 21))
+    two = Tally(total=10, processes=2)  # each of 2 processes gets ~1.35/2 of one alone
+    assert two.eta(1000, speed=100, first_cost=100) == pytest.approx(1000 / (2 * 67.5))
+    assert math.isinf(Tally(total=1).eta(1000, speed=0.0, first_cost=100))  # unknown: "?"

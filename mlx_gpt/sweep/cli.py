@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import shlex
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from .. import runlog
 from .. import train as trainer
 from ..errors import UsageError
 from .config import grid, parse_sweep_config
-from .plan import command_line, declare_grid, describe, remaining_runs
+from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, verdict
 from .run import execute, report, spawn_workers
 from . import slurm
@@ -29,15 +34,27 @@ sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= po
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan and stop (add --calibrate to measure tokens/s and estimate time)
   --emit-commands  print each remaining run as one `python -m mlx_gpt train ...` line
+  --no-notify      no terminal bell and desktop notification when the sweep ends
   --slurm          write a Slurm job array of the runs left (one run per task) under
                    <runs_dir>/<name>/slurm/ and print its sbatch line; --submit also submits it.
                    slurm_partition= slurm_time= slurm_cpus=1 slurm_gpus=0 slurm_max_parallel=K
                    slurm_extra="--account=... --qos=..." (none of them changes a run)"""
 
-FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--worker")
+FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--no-notify",
+         "--worker")
 
 
 def cli(argv: list[str]) -> int:
+    stdout = sys.stdout
+    try:
+        return _cli(argv)
+    finally:
+        if isinstance(sys.stdout, _Tee):
+            sys.stdout.file.close()
+        sys.stdout = stdout
+
+
+def _cli(argv: list[str]) -> int:
     if any(a in ("-h", "--help", "help") for a in argv):
         print(USAGE)
         return 0
@@ -71,6 +88,9 @@ def cli(argv: list[str]) -> int:
         trainer.load_data(sc.train)  # the data must exist before anything is written
     if "--slurm" in flags:
         return slurm.submit(sc, slurm_options, send="--submit" in flags)
+    start = time.perf_counter()
+    if not worker and "--dry-run" not in flags:
+        log_to(Path(sc.runs_dir) / sc.name / "sweep.log")
     if worker:
         speeds: Mapping[int, float] = {}
     else:
@@ -81,11 +101,10 @@ def cli(argv: list[str]) -> int:
 
     if not worker:
         declare_grid(sc)
-    start = time.perf_counter()
     workers = spawn_workers(words, sc) if sc.jobs > 1 and not worker else []
     if workers:
-        print(f"started {len(workers)} more sweep processes (logs in "
-              f"{Path(sc.runs_dir) / sc.name}/sweep-worker-*.log)", flush=True)
+        print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
+              f"(logs in {Path(sc.runs_dir) / sc.name}/sweep-worker-*.log)", flush=True)
     tally = None
     try:
         tally = execute(sc, speeds, verbose=True)
@@ -101,4 +120,51 @@ def cli(argv: list[str]) -> int:
         if workers:  # the other processes may have finished runs this one passed over
             tally.busy = [c for c in tally.busy if verdict(c) is Outcome.PENDING]
         report(sc, tally, time.perf_counter() - start)
+        if "--no-notify" not in flags:
+            failed = tally.status["failed"]
+            notify(f"sweep {sc.name} finished", f"{tally.done} runs have a result"
+                   + (f", {failed} failed" if failed else ""))
     return 0
+
+
+class _Tee:
+    """stdout that also appends to a log file (the main sweep process's sweep.log)."""
+
+    def __init__(self, stream, path: Path):
+        self.stream, self.file = stream, open(path, "a", buffering=1)  # noqa: SIM115
+
+    def write(self, text: str) -> int:
+        self.file.write(text.replace("\r\033[K", "\n"))
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.file.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+
+def log_to(path: Path) -> None:
+    """Everything this process prints also goes to `path` (appended), like the workers' logs."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout = _Tee(sys.stdout, path)
+    print(f"--- sweep started {runlog.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
+
+
+def notify(title: str, message: str) -> None:
+    """Ring the terminal bell and post a desktop notification where one is available
+    (osascript on macOS, notify-send on Linux); never fails the sweep."""
+    if sys.stdout.isatty():
+        print("\a", end="", flush=True)
+    if sys.platform == "darwin" and shutil.which("osascript"):
+        command = ["osascript", "-e", f"display notification {json.dumps(message)} "
+                                      f"with title {json.dumps(title)}"]
+    elif shutil.which("notify-send"):
+        command = ["notify-send", title, message]
+    else:
+        return
+    try:
+        subprocess.run(command, timeout=10, check=False, capture_output=True)
+    except (OSError, subprocess.SubprocessError):
+        pass
