@@ -16,25 +16,29 @@ import vl_convert as vlc
 from . import metrics as M
 
 PANEL_W, PANEL_H = 230, 170
-OFF_LABEL = "QK-norm off"
+OFF_LABEL = M.arm_words(M.OFF)
 ATTENTION_PROBES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head")
+# Off is always the warm orange, QK-norm arms greens/purples, rival controls further colours.
+ARM_COLORS = {M.OFF: "#d95f02", "rmsnorm": "#1b9e77", "layernorm": "#7570b3"}
+MORE_COLORS = ("#e7298a", "#1f78b4", "#66a61e", "#e6ab02", "#a6761d", "#666666")
 
 
-def arm_label(qk_norm: str) -> str:
-    return OFF_LABEL if qk_norm == M.OFF else f"QK-norm on ({qk_norm})"
+def arm_label(arm: str) -> str:
+    """The legend entry of an arm: the arm in words (metrics.arm_words)."""
+    return M.arm_words(arm)
 
 
 def arm_expr() -> pl.Expr:
-    return (pl.when(pl.col("qk_norm") == M.OFF).then(pl.lit(OFF_LABEL))
-            .otherwise(pl.format("QK-norm on ({})", "qk_norm")).alias("arm"))
+    """The `arm` column (an arm name) as its legend label."""
+    return pl.col(M.ARM).map_elements(arm_label, return_dtype=pl.String).alias(M.ARM)
 
 
-def arm_scale(qk_norms: list[str]) -> alt.Scale:
-    """Off is always the warm colour, on arms cool ones, in every chart."""
-    colors = {M.OFF: "#d95f02", "rmsnorm": "#1b9e77", "layernorm": "#7570b3"}
-    kinds = sorted(set(qk_norms), key=lambda k: (k != M.OFF, k))
-    return alt.Scale(domain=[arm_label(k) for k in kinds],
-                     range=[colors.get(k, "#666666") for k in kinds])
+def arm_scale(arms: list[str]) -> alt.Scale:
+    """One colour per arm, the same in every chart: off first, then the arms by name."""
+    names = sorted(set(arms), key=lambda k: (k != M.OFF, k not in ARM_COLORS, k))
+    rest = iter(MORE_COLORS * (1 + len(names) // len(MORE_COLORS)))
+    return alt.Scale(domain=[arm_label(k) for k in names],
+                     range=[ARM_COLORS.get(k) or next(rest) for k in names])
 
 
 def values(df: pl.DataFrame) -> alt.Data:
@@ -54,6 +58,7 @@ def _log_x(title: str = "learning rate (log)") -> alt.X:
 def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) -> alt.FacetChart:
     """Final val loss vs LR per depth: seed mean line, min-max band, diverged runs as crosses
     at their init loss (Wortsman clipping), other-framework runs as open diamonds."""
+    points = M.with_arm(points)
     p = M.with_losses(points).with_columns(arm_expr())
     cells = (p.group_by("depth", "arm", "lr")
              .agg(loss=pl.col("loss_clipped").mean(), lo=pl.col("loss_clipped").min(),
@@ -64,12 +69,12 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
              .with_columns(kind=pl.lit("diverged")))
     frames = [cells, marks]
     if twins is not None and twins.height:
-        other = (M.with_losses(twins).with_columns(arm_expr())
+        other = (M.with_losses(M.with_arm(twins)).with_columns(arm_expr())
                  .select("depth", "arm", "lr", "framework", loss="loss_clipped", seed="seed")
                  .with_columns(kind=pl.lit("other framework")))
         frames.append(other)
     data = pl.concat(frames, how="diagonal_relaxed").sort("depth", "arm", "lr")
-    color = alt.Color("arm:N", scale=arm_scale(points["qk_norm"].unique().to_list()), title=None)
+    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()), title=None)
     title = "final val loss (clipped at init)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
     base = alt.Chart().encode(x=_log_x(), color=color)
@@ -108,7 +113,7 @@ def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None
         if lrs:
             wanted = lrs
         else:
-            off = arms.filter((pl.col("depth") == depth) & (pl.col("qk_norm") == M.OFF))
+            off = M.with_arm(arms).filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF))
             row = off.row(0, named=True) if off.height else {}
             wanted = [row.get(k) for k in ("optimal_lr", "max_stable_lr", "first_divergent_lr")]
             wanted = [w for w in wanted if w] or [have[len(have) // 2]]
@@ -123,6 +128,7 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
                           max_points: int = 60) -> alt.Chart:
     """Train loss (binned to <= max_points per run) and val loss vs step for the picked LRs;
     one line per run (seed, framework), colour by arm, dashes for a second framework."""
+    runs = M.with_arm(runs)
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
         "run", "depth", "lr", "seed", "framework", "arm", "init_loss")
     m = metrics.join(chosen.lazy().select("run"), on="run")
@@ -145,7 +151,7 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
     top = float(data["init_loss"].max() or data["loss"].max()) * 1.05
     bottom = float(data.filter(pl.col("loss").is_finite())["loss"].min()) * 0.97
     scale = alt.Scale(domain=[bottom, top], zero=False, clamp=True)
-    color = alt.Color("arm:N", scale=arm_scale(runs["qk_norm"].unique().to_list()), title=None)
+    color = alt.Color("arm:N", scale=arm_scale(runs[M.ARM].unique().to_list()), title=None)
     dash = alt.StrokeDash("framework:N", title="framework")
     train_l = (alt.Chart().mark_line(opacity=0.55, clip=True)
                .encode(x=alt.X("step:Q"), y=alt.Y("loss:Q", scale=scale, title="loss"),
@@ -167,19 +173,22 @@ def probe_series(runs: pl.DataFrame, probe_steps: pl.DataFrame, names: list[str]
     """(depth, arm, lr, name, step) -> probe value (already reduced over layers), seed mean.
 
     `probe_steps` is `metrics.probe_over_layers(...)` collected; only `runs` are kept."""
-    keyed = runs.select("run", "depth", "qk_norm", "lr")
+    keyed = M.with_arm(runs).select("run", "depth", M.ARM, "lr")
     return (probe_steps.filter(pl.col("name").is_in(names)).join(keyed, on="run")
-            .group_by("depth", "qk_norm", "lr", "name", "step")
+            .group_by("depth", M.ARM, "lr", "name", "step")
             .agg(value=pl.col("value").mean(), seeds=pl.len())
             .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step"))
 
 
-# Probes drawn in the "other probes" chart when the runs have them (the rest are in the tables).
-OTHER_PROBES = ("residual_kurtosis", "residual_max_abs_over_rms", "output_logit_max", "q_rms",
-                "k_rms", "max_attention_logit_bound")
+# Probes drawn in the "other probes" chart when the runs have them (the rest are in the tables):
+# the output log-sum-exp is what z-loss pulls towards 0, the capped max logit what soft-capping
+# bounds.
+OTHER_PROBES = ("residual_kurtosis", "output_logsumexp_mean", "max_attention_logit_capped",
+                "residual_max_abs_over_rms", "output_logit_max", "q_rms", "k_rms",
+                "max_attention_logit_bound")
 
 
-def other_probe_names(found: list[str], limit: int = 6) -> list[str]:
+def other_probe_names(found: list[str], limit: int = 8) -> list[str]:
     """The preferred probes present, plus any other kurtosis; else the first few found."""
     extra = [n for n in found if n not in ATTENTION_PROBES]
     chosen = [n for n in OTHER_PROBES if n in extra]
@@ -342,7 +351,8 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
                       means.with_columns(kind=pl.lit("mean"))], how="diagonal_relaxed")
     if data["lr_sensitivity"].drop_nulls().is_empty():
         return _empty("LR sensitivity undefined (base grid < 2 LRs)")
-    color = alt.Color("arm:N", scale=arm_scale(points["qk_norm"].unique().to_list()), title=None)
+    color = alt.Color("arm:N", scale=arm_scale(M.with_arm(points)[M.ARM].unique().to_list()),
+                      title=None)
     depths = sorted(points["depth"].unique().to_list())
     x = alt.X("depth:Q", axis=alt.Axis(values=depths, format="d"),
               scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
@@ -362,6 +372,7 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     """Per depth: optimal LR and max stable LR per arm (range over seeds), and the necessity
     threshold with its grid bracket (from the largest LR where it was not yet needed). Open
     triangles: max stable LR is a lower bound."""
+    arms = M.with_arm(arms)
     a = arms.with_columns(arm_expr())
     frames = [
         a.select("depth", "arm", value="optimal_lr", lo="optimal_lr_lo", hi="optimal_lr_hi")
@@ -378,8 +389,7 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     if data.is_empty():
         return _empty("no learning-rate landmarks")
     depths = sorted(arms["depth"].unique().to_list())
-    qk = arms["qk_norm"].unique().to_list()
-    scale = arm_scale(qk)
+    scale = arm_scale(arms[M.ARM].unique().to_list())
     kinds = thresholds["on_kind"].unique().to_list()
     scale = alt.Scale(domain=list(scale.domain) + [f"necessity ({k} vs off)" for k in kinds],
                       range=list(scale.range) + ["#000000"] * len(kinds))

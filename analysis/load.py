@@ -26,8 +26,10 @@ METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
 PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value": pl.Float64}
 SUMMARY_KEYS = ("status", "lr", "depth", "qk_norm", "seed", "init_loss")
 STATUSES = ("completed", "diverged", "failed")
-# Identity fields that define a point of the study design rather than its setting.
-DESIGN_KEYS = ("lr", "qk_norm", "seed", "data_seed", "depth")
+# Identity fields that define a point of the study design rather than its setting (the arm's
+# logit controls are design: the arms of one study share everything else).
+DESIGN_KEYS = ("lr", "qk_norm", "attn_softcap", "z_loss", "seed", "data_seed", "depth")
+OFF_ARM = "none"
 # Keys never part of a run's identity (where it was written, which trainer ran it).
 NON_IDENTITY = ("run_id", "framework", "runs_dir", "sweep", "refine")
 
@@ -115,6 +117,27 @@ def _sweep_grid(sweep_folder: Path) -> frozenset[float] | None:
     return frozenset(lr_key(float(x)) for x in lrs)
 
 
+def _short(x: float) -> str:
+    """The spelling of a number in an arm name, as mlx_gpt.config.short_number writes it
+    (50, 2.5, 1e-4, 3e-5): this file format is read here without importing the trainer."""
+    exponent = math.floor(math.log10(abs(x)))
+    if -3 <= exponent < 5:
+        return f"{x:.6g}"
+    return f"{float(f'{x / 10 ** exponent:.6g}'):g}e{exponent}"
+
+
+def arm_of(identity: dict, qk_norm: str) -> str:
+    """A run's arm from its identity: none, the QK-norm kind, softcap<C> or zloss<W> (names
+    as the sweep's arms= takes them); a run with several controls on joins them with '+'.
+    A run written before the rival controls existed has none of their keys: its qk_norm."""
+    parts = [] if qk_norm == OFF_ARM else [qk_norm]
+    for key, prefix in (("attn_softcap", "softcap"), ("z_loss", "zloss")):
+        value = _number(identity.get(key))
+        if value:
+            parts.append(prefix + _short(value))
+    return "+".join(parts) or OFF_ARM
+
+
 def _identity(summary: dict, config: dict | None) -> dict:
     ident = summary.get("config") if isinstance(summary.get("config"), dict) else None
     if ident is None and config is not None:
@@ -176,6 +199,7 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         "framework": str(framework),
         "depth": int(depth),
         "qk_norm": summary["qk_norm"],
+        "arm": arm_of(identity, summary["qk_norm"]),
         "lr": lr_key(lr),
         "seed": int(seed),
         "data_seed": int(_number(summary.get("data_seed")) or 0),
@@ -201,7 +225,8 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
 
 RUN_SCHEMA = {
     "run": pl.String, "sweep": pl.String, "run_id": pl.String, "framework": pl.String,
-    "depth": pl.Int64, "qk_norm": pl.String, "lr": pl.Float64, "seed": pl.Int64,
+    "depth": pl.Int64, "qk_norm": pl.String, "arm": pl.String, "lr": pl.Float64,
+    "seed": pl.Int64,
     "data_seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
     "final_val_loss": pl.Float64, "min_val_loss": pl.Float64, "final_train_loss": pl.Float64,
     "diverged_step": pl.Int64, "diverged_reason": pl.String, "steps": pl.Int64,
@@ -261,7 +286,7 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"no usable runs under {root}: "
                          + "; ".join(w.removeprefix("run ") for w in warnings[:3])
                          + (f"; and {len(warnings) - 3} more" if len(warnings) > 3 else ""))
-    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "qk_norm", "lr", "seed",
+    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "arm", "lr", "seed",
                                                        "framework")
     return Runs(root=root, table=table, metrics=_scan(metric_parts, METRICS_COLUMNS),
                 probes=_scan(probe_parts, PROBES_COLUMNS), manifests=manifests,

@@ -2,8 +2,10 @@
 verdicts.
 
 Every function takes a "points" frame with one row per finished run of one setting and one
-framework: depth, qk_norm, lr, seed, status (completed | diverged), init_loss, final_val_loss
-(and optionally refine). `qk_norm == "none"` is the off arm; every other value is an on arm.
+framework: depth, arm, lr, seed, status (completed | diverged), init_loss, final_val_loss
+(and optionally refine). `arm == "none"` is the off arm (every logit control off); every other
+arm (a QK-norm kind, softcap<C>, zloss<W>: analysis/load.py) is compared with it by the same
+rules. A frame without an `arm` column takes its arms from `qk_norm`.
 The arms are paired: one seed shares its initial weights and its batches across arms and LRs,
 so arms are compared seed by seed. Every rule here is written out in docs/report.md.
 """
@@ -20,7 +22,37 @@ import polars as pl
 from scipy import stats
 
 OFF = "none"
-ARM_KEYS = ("depth", "qk_norm")
+ARM = "arm"
+ARM_KEYS = ("depth", ARM)
+QK_NORM_KINDS = ("rmsnorm", "layernorm")
+
+
+def with_arm(points: pl.DataFrame) -> pl.DataFrame:
+    """`points` with an `arm` column: kept if present, else the `qk_norm` column."""
+    return points if ARM in points.columns else points.with_columns(pl.col("qk_norm").alias(ARM))
+
+
+def arm_words(arm: str) -> str:
+    """An arm in words, for legends and claims: "QK-norm off", "QK-norm on (rmsnorm)",
+    "attention soft-cap 50", "z-loss 1e-4" (several controls: joined by " + ")."""
+    if arm == OFF:
+        return "QK-norm off"
+    words = []
+    for part in arm.split("+"):
+        if part in QK_NORM_KINDS:
+            words.append(f"QK-norm on ({part})")
+        elif part.startswith("softcap"):
+            words.append(f"attention soft-cap {part.removeprefix('softcap')}")
+        elif part.startswith("zloss"):
+            words.append(f"z-loss {part.removeprefix('zloss')}")
+        else:
+            words.append(part)
+    return " + ".join(words)
+
+
+def control_words(arm: str) -> str:
+    """The compared arm as the subject of a claim: "QK-norm", "attention soft-cap 50", ..."""
+    return "QK-norm" if arm in QK_NORM_KINDS else arm_words(arm)
 
 
 @dataclass(frozen=True)
@@ -39,8 +71,9 @@ def with_losses(points: pl.DataFrame) -> pl.DataFrame:
     Wortsman et al. 2023 (arXiv:2309.14322, Sec. 2.2) clip each final loss at the loss at
     initialisation, so a diverged run counts as init_loss; so does a completed run whose final
     loss is missing or not finite (`nonfinite_final`). A run without its own init_loss borrows
-    the mean init_loss of its (depth, qk_norm) arm, then of its depth.
+    the mean init_loss of its (depth, arm) arm, then of its depth.
     """
+    points = with_arm(points)
     init = pl.coalesce(pl.col("init_loss"), pl.col("init_loss").mean().over(ARM_KEYS),
                        pl.col("init_loss").mean().over("depth"))
     final = pl.col("final_val_loss").cast(pl.Float64)
@@ -58,14 +91,15 @@ def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
     Refinement runs are extra LRs between the last stable and first divergent grid point; they
     must not enter LR sensitivity, and both arms must be scored on the same points. In order:
     - "marked": some run carries a `refine` flag (config.json, summary.json, or the sweep
-      folder's sweep.json grid): unmarked LRs run for every (qk_norm, seed) of the depth;
-    - "common": LRs run for every (depth, qk_norm, seed) of the study, which also makes LR
+      folder's sweep.json grid): unmarked LRs run for every (arm, seed) of the depth;
+    - "common": LRs run for every (depth, arm, seed) of the study, which also makes LR
       sensitivity comparable across depths (needs >= 2 such LRs);
-    - "per depth": otherwise, LRs run for every (qk_norm, seed) of that depth.
+    - "per depth": otherwise, LRs run for every (arm, seed) of that depth.
     """
+    points = with_arm(points)
     marked = "refine" in points.columns and points["refine"].is_not_null().any()
     candidate = ~pl.col("refine").fill_null(False) if marked else pl.lit(True)
-    pairs, triples = pl.struct("qk_norm", "seed"), pl.struct("depth", "qk_norm", "seed")
+    pairs, triples = pl.struct(ARM, "seed"), pl.struct("depth", ARM, "seed")
     p = points.with_columns(
         _per_depth=candidate & (pairs.filter(candidate).n_unique().over("depth", "lr")
                                 == pairs.n_unique().over("depth")),
@@ -83,7 +117,7 @@ def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
     """Wortsman et al. 2023, Sec. 2.2: LR sensitivity = E_lr[min(loss(lr), init_loss)] - loss*.
 
     The expectation is the mean over the base-grid LRs (divide by the number of grid points) and
-    loss* = min over the grid of loss(lr), computed for each (depth, qk_norm, seed). Null when
+    loss* = min over the grid of loss(lr), computed for each (depth, arm, seed). Null when
     every grid point diverged (loss* undefined) or the grid has fewer than two points.
     """
     grid = with_losses(points)
@@ -101,7 +135,7 @@ def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def lr_sensitivity(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, qk_norm): LR sensitivity averaged over seeds, with the seed range."""
+    """Per (depth, arm): LR sensitivity averaged over seeds, with the seed range."""
     return (lr_sensitivity_per_seed(points).group_by(ARM_KEYS)
             .agg(lr_sensitivity=pl.col("lr_sensitivity").mean(),
                  lr_sensitivity_lo=pl.col("lr_sensitivity").min(),
@@ -118,7 +152,7 @@ def _geo_mean(col: str) -> pl.Expr:
 
 
 def max_stable_lr_per_seed(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, qk_norm, seed), over every LR run (grid and refinement points).
+    """Per (depth, arm, seed), over every LR run (grid and refinement points).
 
     first_divergent_lr: the smallest LR that diverged. max_stable_lr: the largest LR below it
     that did not diverge (so refinement runs between the last stable and first divergent grid
@@ -142,7 +176,7 @@ def max_stable_lr_per_seed(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def max_stable_lr(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, qk_norm): geometric mean over seeds of max stable LR (bounds included, see
+    """Per (depth, arm): geometric mean over seeds of max stable LR (bounds included, see
     max_stable_lr_per_seed), the seed range, and how many seeds are censored either way."""
     return (max_stable_lr_per_seed(points).group_by(ARM_KEYS)
             .agg(max_stable_lr=_geo_mean("max_stable_lr"),
@@ -155,7 +189,7 @@ def max_stable_lr(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, qk_norm): the LR of lowest final loss per seed (geometric mean over seeds)
+    """Per (depth, arm): the LR of lowest final loss per seed (geometric mean over seeds)
     and that best loss (mean and range over seeds). Diverged runs count as +inf, never best."""
     p = with_losses(points).filter(pl.col("loss").is_finite())
     per_seed = (p.group_by(*ARM_KEYS, "seed")
@@ -170,7 +204,7 @@ def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def arm_table(points: pl.DataFrame) -> pl.DataFrame:
-    """One row per (depth, qk_norm): run counts, LR sensitivity, max stable LR, optimum."""
+    """One row per (depth, arm): run counts, LR sensitivity, max stable LR, optimum."""
     p = with_losses(points)
     counts = p.group_by(ARM_KEYS).agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
                                       nonfinite_final=pl.col("nonfinite_final").sum(),
@@ -204,16 +238,16 @@ def seeds_label(n: int) -> str:
 
 
 def _on_kinds(points: pl.DataFrame) -> list[str]:
-    return sorted(k for k in points["qk_norm"].unique().to_list() if k != OFF)
+    return sorted(k for k in with_arm(points)[ARM].unique().to_list() if k != OFF)
 
 
 def paired_gaps(points: pl.DataFrame) -> pl.DataFrame:
     """One row per (depth, on_kind, lr, seed) run in both arms: gap = off - on (clipped losses)."""
-    p = with_losses(points).select("depth", "qk_norm", "lr", "seed", "loss_clipped", "diverged")
-    off = p.filter(pl.col("qk_norm") == OFF).drop("qk_norm")
+    p = with_losses(points).select("depth", ARM, "lr", "seed", "loss_clipped", "diverged")
+    off = p.filter(pl.col(ARM) == OFF).drop(ARM)
     frames = []
     for on in _on_kinds(p):
-        on_runs = p.filter(pl.col("qk_norm") == on).drop("qk_norm")
+        on_runs = p.filter(pl.col(ARM) == on).drop(ARM)
         frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
                       .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
                                "diverged": "diverged_off"})
@@ -374,7 +408,8 @@ def _p(p: float | None) -> str:
 
 
 def verdicts(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """H1-H3 per on_kind, each with the per-depth numbers behind it (rules: docs/report.md).
+    """H1-H3 per on_kind (every arm but the off arm, each against the off arm by the same
+    rules), each with the per-depth numbers behind it (rules: docs/report.md).
 
     H1 (the effect is LR-conditional): per depth, for when a necessity threshold exists and a
     lower LR shows no difference; against when off is needed at every LR run; unclear when no
@@ -432,14 +467,14 @@ def _h1(on: str, gaps: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
             f"{t['spread']}); {calm.height} of {lower.height} lower LRs show no difference"
             + (f" (lowest lr {lower['lr'][0]:.3g}: gaps {lower['seed_gaps'][0]})"
                if lower.height else ""))))
-    return _row("H1", on, "QK-norm's effect on final loss is LR-conditional: none at low LR, "
-                "large at high LR", parts, "depths")
+    return _row("H1", on, f"{control_words(on)}'s effect on final loss is LR-conditional: none "
+                "at low LR, large at high LR", parts, "depths")
 
 
 def _paired_values(per_seed: pl.DataFrame, on: str, depth: int, column: str) -> pl.DataFrame:
     d = per_seed.filter(pl.col("depth") == depth)
-    off = d.filter(pl.col("qk_norm") == OFF).select("seed", off=column)
-    return off.join(d.filter(pl.col("qk_norm") == on).select("seed", on=column), on="seed")
+    off = d.filter(pl.col(ARM) == OFF).select("seed", off=column)
+    return off.join(d.filter(pl.col(ARM) == on).select("seed", on=column), on="seed")
 
 
 def _judge(diffs: list[float], alpha: float) -> tuple[str, float | None, float | None]:
@@ -463,7 +498,7 @@ def _h2(on: str, points: pl.DataFrame, options: Options) -> dict:
         if pairs.is_empty():
             continue
         n = pairs.height
-        off_censored = stable.filter((pl.col("depth") == d) & (pl.col("qk_norm") == OFF)
+        off_censored = stable.filter((pl.col("depth") == d) & (pl.col(ARM) == OFF)
                                      & pl.col("censored")).height
         ratios = (pairs["on"] - pairs["off"]).exp().to_list()
         values = ", ".join(f"x{r:.3g}" for r in ratios)
@@ -488,7 +523,8 @@ def _h2(on: str, points: pl.DataFrame, options: Options) -> dict:
             f"depth {d}: LR sensitivity off {s['off'].mean():.3g} vs on {s['on'].mean():.3g}, "
             f"drop per seed {', '.join(f'{x:+.3g}' for x in drops)} "
             f"({seeds_label(s.height)}, p {_p(p)})")))
-    return _row("H2", on, "QK-norm raises the max stable LR and lowers LR sensitivity", parts,
+    return _row("H2", on, f"{control_words(on)} raises the max stable LR and lowers LR "
+                "sensitivity", parts,
                 "parts")
 
 
@@ -603,7 +639,7 @@ def default_loss_thresholds(points: pl.DataFrame, metrics: pl.LazyFrame) -> pl.D
     fast the arms get there rather than whether they get there at all.
     """
     best = (with_losses(points).filter(pl.col("loss").is_finite())
-            .sort("loss").group_by("depth", "qk_norm", "seed").first()
+            .sort("loss").group_by("depth", ARM, "seed").first()
             .select("run", "depth", "steps"))
     if best.is_empty():
         return pl.DataFrame(schema={"depth": pl.Int64, "loss_threshold": pl.Float64})

@@ -139,7 +139,7 @@ def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.Dat
     t = runs.table
     reached = M.steps_to_threshold(runs.metrics, t, loss_thresholds)
     probes = M.probe_summary(probe_steps)
-    first = ["run", "sweep", "run_id", "framework", "depth", "qk_norm", "lr", "seed",
+    first = ["run", "sweep", "run_id", "framework", "depth", "arm", "qk_norm", "lr", "seed",
              "data_seed", "status", "init_loss", "final_val_loss", "final_val_ppl",
              "min_val_loss", "final_train_loss", "diverged_step", "diverged_reason", "steps",
              "tokens_seen", "loss_threshold", "steps_to_threshold", "tokens_to_threshold",
@@ -154,14 +154,14 @@ def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.Dat
             out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(name))
     probe_cols = sorted(c for c in out.columns if c.startswith("final_") and c not in first)
     rest = [c for c in out.columns if c not in first and c not in probe_cols]
-    return out.select(first + probe_cols + rest).sort("depth", "qk_norm", "lr", "seed",
+    return out.select(first + probe_cols + rest).sort("depth", "arm", "lr", "seed",
                                                       "framework")
 
 
 def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
     """Runs of another framework next to their twin (same identity) of the primary one, with
     the largest val loss difference over the eval steps both logged."""
-    t = runs.table.select("run", "framework", "identity", "depth", "qk_norm", "lr", "seed",
+    t = runs.table.select("run", "framework", "identity", "depth", "arm", "lr", "seed",
                           "status", "final_val_loss")
     base = t.filter(pl.col("framework") == framework).unique(subset="identity", keep="first",
                                                                 maintain_order=True)
@@ -181,7 +181,7 @@ def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
               .collect())
     return (pairs.join(curves, on="run", how="left")
             .with_columns(final_loss_diff=pl.col("final_val_loss") - pl.col("twin_final_val_loss"))
-            .drop("identity").sort("depth", "qk_norm", "lr", "seed"))
+            .drop("identity").sort("depth", "arm", "lr", "seed"))
 
 
 def provenance(runs: Runs) -> pl.DataFrame:
@@ -232,25 +232,28 @@ CHARTS = {
     "loss_vs_lr": "Final validation loss against learning rate, one panel per depth. The line is "
                   "the seed mean of the clipped loss (a diverged run counts as its initial loss), "
                   "the band spans the seeds, crosses mark diverged runs and open diamonds runs of "
-                  "another framework. Where the off curve rises above the on curve is where "
-                  "QK-norm starts to matter.",
+                  "another framework; one colour per arm. Where the off curve rises above "
+                  "an arm's curve is where that control starts to matter.",
     "training_curves": "Train loss (binned) and validation loss against step for a few learning "
                        "rates per depth: by default the off arm's optimal, max stable and first "
                        "divergent LR. One line per seed and framework.",
     "max_attention_logit": "The largest pre-softmax attention logit (over heads and layers) on a "
-                           "fixed probe batch, seed mean, log scale. Logit growth without "
-                           "QK-norm is the instability QK-norm removes (Dehghani et al. 2023; "
-                           "Wortsman et al. 2023).",
+                           "fixed probe batch, before any soft-cap, seed mean, log scale, one "
+                           "row per arm. Logit growth without QK-norm is the instability "
+                           "QK-norm removes (Dehghani et al. 2023; Wortsman et al. 2023).",
     "attention_entropy": "Attention entropy on the probe batch: mean over heads and layers "
                          "(solid) and the lowest head (dashed). Entropy collapse towards 0 "
                          "goes with logit growth (Zhai et al. 2023).",
     "other_probes": "Further probes found in the runs (by default residual kurtosis, "
-                    "max |activation| / rms, output logit max, q and k rms when present; "
+                    "output log-sum-exp (what z-loss pulls towards 0), the soft-capped max "
+                    "attention logit, max |activation| / rms, output logit max, q and k rms "
+                    "when present; dashes tell the arms apart; "
                     "--probes chooses), reduced over layers (the whole-model value where there "
                     "is one, else max for peaks and outlier measures, min for minima, mean "
                     "otherwise), seed mean. Every probe's final value is in the runs table.",
-    "gap_map": "Seed-mean final-loss gap, off minus on, for every LR run in both arms at each "
-               "depth: red means off is worse. Crosses: off diverged; circles: on diverged; "
+    "gap_map": "Seed-mean final-loss gap, off minus the compared arm (one row per arm), for "
+               "every LR run in both arms at each depth: red means off is worse. Crosses: off "
+               "diverged; circles: the compared arm diverged; "
                "squares: both. The black bar is the necessity threshold of that depth (from "
                "there on the paired test finds off worse at every larger LR).",
     "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023) per depth: dots are seeds, the "
@@ -259,7 +262,7 @@ CHARTS = {
     "lr_landmarks": "Optimal LR (circles) and max stable LR (triangles; open when no run "
                     "diverged, so only a lower bound) per arm with the range over seeds, and "
                     "the necessity threshold (diamonds) with the grid bracket below it (the "
-                    "largest LR run where QK-norm was not yet needed).",
+                    "largest LR run where the compared arm was not yet needed).",
 }
 
 
@@ -341,7 +344,7 @@ DEFINITIONS = """
 its initial loss (Wortsman et al. 2023, arXiv:2309.14322, Sec. 2.2).</dd>
 <dt>LR sensitivity</dt><dd>Wortsman et al. 2023, Sec. 2.2: the mean over the base LR grid of
 the clipped loss minus the best loss on the grid, per seed, then averaged over seeds. The base
-grid of a depth is the set of LRs run for every (qk_norm, seed) pair at that depth (or the runs
+grid of a depth is the set of LRs run for every (arm, seed) pair at that depth (or the runs
 not marked <code>refine</code>, when such a marker exists); refinement LRs are left out so both
 arms are scored on the same points.</dd>
 <dt>Max stable LR</dt><dd>Per seed: the largest LR below the smallest diverged LR, using every
@@ -368,15 +371,16 @@ best run's val loss at mid-training, a level every arm reaches well before the e
 
 def _verdict_rows(verdicts: pl.DataFrame) -> str:
     if verdicts.is_empty():
-        return '<p class="na">No on arm: every run has qk_norm=none.</p>'
+        return '<p class="na">No arm to compare: every run is in the off arm (none).</p>'
     rows = []
     for r in verdicts.iter_rows(named=True):
         css = "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-")
-        rows.append(f'<tr class="{css}"><td>{r["hypothesis"]}</td><td>{html.escape(r["on_kind"])}'
+        arm = f'{r["on_kind"]} ({M.arm_words(r["on_kind"])})'
+        rows.append(f'<tr class="{css}"><td>{r["hypothesis"]}</td><td>{html.escape(arm)}'
                     f'</td><td>{html.escape(r["claim"])}</td><td><b>{r["verdict"]}</b></td>'
                     f'<td>{html.escape(r["measured"])}</td><td>{html.escape(r["evidence"])}</td>'
                     f"</tr>")
-    return ("<table><thead><tr><th>hypothesis</th><th>on arm</th><th>claim</th><th>verdict</th>"
+    return ("<table><thead><tr><th>hypothesis</th><th>arm vs off</th><th>claim</th><th>verdict</th>"
             "<th>measured</th><th>evidence</th></tr></thead><tbody>" + "".join(rows)
             + "</tbody></table>")
 
@@ -420,8 +424,8 @@ could answer but show no consistent difference (for example equal values on a co
 {_verdict_rows(study.verdicts)}
 </section>""")
     per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
-                                               on=["depth", "qk_norm", "seed"])
-    arm_cols = ["depth", "qk_norm", "runs", "seeds", "lrs", "diverged", "grid_points",
+                                               on=["depth", "arm", "seed"])
+    arm_cols = ["depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points",
                 "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo",
                 "lr_sensitivity_hi", "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo",
                 "max_stable_lr_hi", "censored_seeds", "below_grid_seeds", "first_divergent_lr",
@@ -455,7 +459,8 @@ seed_gaps_at_threshold: each seed's gap there; spread: how many paired seeds.</p
 </section>""")
     sections.append(f"""
 <section id="gaps"><h2>Off minus on, per depth and LR</h2>
-<p>mean_gap = mean over paired seeds of the clipped loss with QK-norm off minus on; seed_gaps
+<p>One row per compared arm (on_kind), depth and LR. mean_gap = mean over paired seeds of
+the clipped loss of the off arm minus that of the compared arm; seed_gaps
 lists each seed's; gap_lo/gap_hi are their range; p_off_worse and p_on_worse are the one-sided
 paired t-test p-values; significant: p_off_worse &lt; alpha; no_difference: neither test
 significant and no divergence; needed: at or above the depth's threshold.</p>

@@ -96,13 +96,13 @@ def test_max_stable_lr_uses_refinement_runs_and_first_divergence():
         (4, "rmsnorm", 0.01, 0, 3.0, 5.0), (4, "rmsnorm", 1.0, 0, 3.2, 5.0),
     ]
     per_seed = M.max_stable_lr_per_seed(points(rows))
-    got = {(r["qk_norm"], r["seed"]): r for r in per_seed.iter_rows(named=True)}
+    got = {(r["arm"], r["seed"]): r for r in per_seed.iter_rows(named=True)}
     assert got[("none", 0)]["max_stable_lr"] == 0.3
     assert got[("none", 0)]["first_divergent_lr"] == 0.5
     assert got[("none", 1)]["max_stable_lr"] == 0.03
     assert got[("none", 1)]["first_divergent_lr"] == 0.1
     assert got[("rmsnorm", 0)]["max_stable_lr"] == 1.0 and got[("rmsnorm", 0)]["censored"]
-    arms = M.max_stable_lr(points(rows)).filter(pl.col("qk_norm") == "none").row(0, named=True)
+    arms = M.max_stable_lr(points(rows)).filter(pl.col("arm") == "none").row(0, named=True)
     assert arms["max_stable_lr"] == pytest.approx(math.sqrt(0.3 * 0.03))
     assert (arms["max_stable_lr_lo"], arms["max_stable_lr_hi"]) == (0.03, 0.3)
     assert arms["censored_seeds"] == 0
@@ -130,11 +130,11 @@ def test_a_completed_run_with_a_nan_final_loss_counts_as_its_init_loss():
     scored = M.with_losses(table)
     assert scored.height == 6
     assert scored.filter(pl.col("nonfinite_final"))["loss_clipped"].to_list() == [5.0]
-    sens = {r["qk_norm"]: r for r in M.lr_sensitivity_per_seed(table).iter_rows(named=True)}
+    sens = {r["arm"]: r for r in M.lr_sensitivity_per_seed(table).iter_rows(named=True)}
     assert sens["none"]["grid_points"] == sens["rmsnorm"]["grid_points"] == 3
     assert sens["none"]["lr_sensitivity"] == pytest.approx((3.0 + 2.5 + 5.0) / 3 - 2.5)
     assert sens["rmsnorm"]["lr_sensitivity"] == pytest.approx((3.0 + 2.5 + 2.4) / 3 - 2.4)
-    assert M.arm_table(table).filter(pl.col("qk_norm") == "none")["nonfinite_final"][0] == 1
+    assert M.arm_table(table).filter(pl.col("arm") == "none")["nonfinite_final"][0] == 1
 
 
 # --- paired tests and the necessity threshold -----------------------------------------------
@@ -274,7 +274,7 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
     # a seed where off diverged at every LR counts at the grid minimum (an upper bound),
     # never skipped by the geometric mean
     t = table([1e-3, 3e-2, 3e-2], [1e-1] * 3)
-    off = M.max_stable_lr(t).filter(pl.col("qk_norm") == "none").row(0, named=True)
+    off = M.max_stable_lr(t).filter(pl.col("arm") == "none").row(0, named=True)
     assert off["below_grid_seeds"] == 1
     assert off["max_stable_lr"] == pytest.approx((1e-3 * 1e-2 * 1e-2) ** (1 / 3))
 
@@ -349,7 +349,7 @@ def sweep(tiny_data, tmp_path_factory) -> Path:
     base = TrainConfig(data=tiny_data, n_heads=2, d_model=32, block_size=32, batch_size=4,
                        max_steps=30, warmup_steps=5, eval_every=10, eval_batches=2,
                        probe_every=10, log_every=5, ckpt_every=10, runs_dir=str(runs),
-                       sweep="tiny")
+                       sweep="tiny", divergence_window=10)  # a window that fits in 30 steps
     grid = [(lr, seed) for lr in (3e-3, 3e-2, 1.0) for seed in (0, 1)] + [(0.3, 0)]
     first = None
     for depth in (1, 2):
@@ -492,3 +492,70 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_report(sweep, tmp_path, cap
     assert main(["report", str(sweep), "--out", str(precious)]) == 2
     assert "not a report folder" in capsys.readouterr().err
     assert (precious / "notes.txt").read_text() == "keep me"
+
+
+# --- rival arms ---------------------------------------------------------------------------------
+
+def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
+    """Four arms in one table: each compared arm gets the verdicts, gaps and thresholds it gets
+    when it is the only arm beside off (an arm is only a key; no rule knows its kind)."""
+    base = necessity_table({2: 3e-2, 4: 3e-3})
+    on = base.filter(pl.col("qk_norm") == "rmsnorm")
+    # the soft-cap arm: the on arm's losses; the z-loss arm: as good as off (never needed)
+    rival_cap = on.with_columns(arm=pl.lit("softcap50"))
+    off = base.filter(pl.col("qk_norm") == "none")
+    rival_z = off.with_columns(arm=pl.lit("zloss1e-4"), final_val_loss=pl.col("final_val_loss")
+                               .fill_null(3.0) - 0.01)
+    four = pl.concat([base.with_columns(arm=pl.col("qk_norm")), rival_cap, rival_z])
+    v = M.verdicts(four)
+    assert v.height == 3 * 3  # one row per (hypothesis, compared arm)
+    assert sorted(set(v["on_kind"])) == ["rmsnorm", "softcap50", "zloss1e-4"]
+    alone = M.verdicts(pl.concat([off.with_columns(arm=pl.col("qk_norm")), rival_cap]))
+    both = v.filter(pl.col("on_kind") == "softcap50")
+    assert both.select("hypothesis", "verdict", "evidence").rows() == \
+        alone.select("hypothesis", "verdict", "evidence").rows()
+    same_as_rms = v.filter(pl.col("on_kind") == "rmsnorm")["verdict"].to_list()
+    assert both["verdict"].to_list() == same_as_rms == ["supported"] * 3
+    assert "attention soft-cap 50 raises the max stable LR" in both["claim"][1]
+    assert "QK-norm raises" in v.filter(pl.col("on_kind") == "rmsnorm")["claim"][1]
+    z = v.filter(pl.col("on_kind") == "zloss1e-4")
+    # off is 0.01 worse at every LR, also the lowest: the effect is not LR-conditional (H1)
+    assert z["verdict"][0] == "not supported"
+    th = M.necessity_threshold(four).filter(pl.col("on_kind") == "softcap50").sort("depth")
+    assert th["threshold_lr"].to_list() == [3e-2, 3e-3]
+    arms = M.arm_table(four)
+    assert sorted(set(arms["arm"])) == ["none", "rmsnorm", "softcap50", "zloss1e-4"]
+    # a table without an arm column takes its arms from qk_norm (runs before the rivals)
+    assert M.verdicts(base).height == 3
+
+
+def test_load_names_each_run_by_its_arm_as_the_sweep_does():
+    from analysis.load import arm_of
+    from mlx_gpt.sweep.arms import arm_name, canonical
+
+    for name in ("none", "rmsnorm", "layernorm", "softcap50", "softcap7.5", "zloss1e-4",
+                 "zloss3e-5", "zloss0.01"):
+        cfg = sweep_arm_config(name)
+        assert arm_of(cfg.identity(), cfg.qk_norm) == arm_name(cfg) == canonical(name) == name
+    assert arm_of({"lr": 0.1, "qk_norm": "rmsnorm"}, "rmsnorm") == "rmsnorm"  # an older run
+    both = TrainConfig(qk_norm="layernorm", z_loss=1e-4)
+    assert arm_of(both.identity(), "layernorm") == "layernorm+zloss1e-4"
+    assert M.arm_words("layernorm+zloss1e-4") == "QK-norm on (layernorm) + z-loss 1e-4"
+
+
+def sweep_arm_config(name: str) -> TrainConfig:
+    from mlx_gpt.sweep.arms import apply_arm
+
+    return apply_arm(TrainConfig(), name)
+
+
+def test_chart_legend_names_each_arm_in_words_with_its_own_colour():
+    arms = ["zloss1e-4", "none", "softcap50", "rmsnorm"]
+    scale = C.arm_scale(arms)
+    assert list(scale.domain) == ["QK-norm off", "QK-norm on (rmsnorm)", "attention soft-cap 50",
+                                  "z-loss 1e-4"]
+    assert len(set(scale.range)) == 4 and scale.range[0] == C.ARM_COLORS["none"]
+    found = ["residual_kurtosis", "output_logsumexp_mean", "max_attention_logit_capped", "q_rms",
+             "max_attention_logit"]
+    assert {"output_logsumexp_mean", "max_attention_logit_capped"} <= set(
+        C.other_probe_names(found))
