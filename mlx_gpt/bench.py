@@ -32,6 +32,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from . import cpu_jit, runlog
+from .cli import keys_usage
 from .config import TrainConfig, apply_overrides, split_key_values
 from .errors import UsageError
 from .model import GPT, ModelArgs, count_params, init_weights
@@ -372,6 +373,15 @@ def markdown(report: dict) -> str:
     if "cpu" in report:
         lines += cpu_markdown(report["cpu"])
     return "\n".join(lines)
+
+
+USAGE = keys_usage(
+    "python -m mlx_gpt bench [key=value ...]",
+    "Measures, side by side in one invocation: the train step (MLX and PyTorch eager) per shape,\n"
+    "FLOP/s and share of the sgemm peak, peak memory, probe and eval overhead, and on the CPU\n"
+    "the plain against the tuned kernel build and one against K processes. Writes\n"
+    "<out>/bench.md and <out>/bench.json.",
+    BenchConfig)
 
 
 def cli(argv: list[str]) -> int:

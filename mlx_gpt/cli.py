@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
+import textwrap
 
 from . import interrupts
 from .errors import UsageError
+
+
+HELP = ("-h", "--help", "help")
+
+
+def keys_usage(usage: str, what: str, config: type) -> str:
+    """A command's help in the common style: the usage line, what it does, then every key of
+    its config dataclass with its default (key=value words override them)."""
+    words = [f"{f.name}={f.default}" for f in dataclasses.fields(config)]
+    keys = textwrap.fill("  ".join(words), width=96, initial_indent="  ",
+                         subsequent_indent="  ", break_on_hyphens=False)
+    return f"usage: {usage}\n\n{what}\n\nkeys (defaults shown):\n{keys}"
 
 
 def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
@@ -24,15 +38,18 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
         print(f"error: unknown command {command!r}; expected one of {', '.join(commands)}",
               file=sys.stderr)
         return 2
-    interrupts.terminate_as_interrupt()  # SIGTERM stops a command like Ctrl-C does
     try:
-        try:
-            module = importlib.import_module(commands[command][0])
-        except ModuleNotFoundError as e:
-            if e.name not in (missing or {}):
-                raise
-            raise UsageError(missing[e.name]) from None
-        return int(module.cli(rest) or 0)
+        with interrupts.raising():  # SIGTERM stops a command like Ctrl-C does
+            try:
+                module = importlib.import_module(commands[command][0])
+            except ModuleNotFoundError as e:
+                if e.name not in (missing or {}):
+                    raise
+                raise UsageError(missing[e.name]) from None
+            if any(a in HELP for a in rest) and hasattr(module, "USAGE"):
+                print(module.USAGE)
+                return 0
+            return int(module.cli(rest) or 0)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from . import interrupts, runlog
 from . import probes as probe_lib
 from .batches import probe_batch, train_stream, val_batches
+from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
 from .errors import UsageError
 from .locks import RunBusy, run_lock
@@ -366,6 +367,13 @@ def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: 
                          count_params(model))
     ckpt_path.unlink(missing_ok=True)
     return summary
+
+
+USAGE = keys_usage(
+    "python -m mlx_gpt train [key=value ...]",
+    "Trains one run into <runs_dir>/<sweep>/<run_id>/ (run_id: a hash of the config). The same\n"
+    "command again resumes an interrupted run from its checkpoint and skips a finished one.",
+    TrainConfig)
 
 
 def cli(argv: list[str]) -> int:

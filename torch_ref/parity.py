@@ -286,6 +286,13 @@ def format_table(rows: list[Deviation]) -> str:
     return "\n".join(out)
 
 
+USAGE = """usage: python -m torch_ref parity
+
+Checks in float32 on the CPU that MLX (both kernel paths) and PyTorch agree on logits, loss,
+gradients, every probe and a 50-step AdamW trajectory for each arm; prints the largest
+deviations and exits non-zero when a tolerance is broken. Takes no arguments."""
+
+
 def cli(argv: list[str]) -> int:
     if argv:
         raise UsageError(f"parity takes no arguments; got {' '.join(argv)}")

@@ -182,6 +182,13 @@ def format_comparison(comparison: dict) -> str:
     return "\n".join(lines)
 
 
+USAGE = """usage: python -m torch_ref spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]
+
+Re-trains the MLX run in RUN_DIR with the PyTorch reference from the same initial weights and
+batches into RUN_DIR-torch-<device>/ (same run-log schema, plus comparison.json) and judges the
+agreement against stated tolerances. data= points at the corpus when it moved."""
+
+
 def cli(argv: list[str]) -> int:
     if not argv or "=" in argv[0]:
         raise UsageError("usage: python -m torch_ref spot-check RUN_DIR "

@@ -25,7 +25,7 @@ USAGE = """usage: python -m mlx_gpt sweep [key=value ...] [--dry-run [--calibrat
                                 [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
-curve's stability boundary. Presets: preset=study (default) or preset=demo.
+curve's stability boundary. Presets: preset=study (default), preset=mini or preset=demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
             seeds=0,1  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
             (arms: none, rmsnorm, layernorm, softcap<C>, zloss<W>; qk_norms= is arms= for

@@ -1,0 +1,32 @@
+"""Every command answers --help in one style (usage line first, exit 0) and writes nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlx_gpt.__main__ import main as mlx_main
+from torch_ref.__main__ import main as torch_main
+
+COMMANDS = [(mlx_main, c) for c in ("prepare", "train", "sweep", "bench", "status")] + [
+    (torch_main, c) for c in ("parity", "spot-check")]
+
+
+@pytest.mark.parametrize("main,command", COMMANDS, ids=[c for _, c in COMMANDS])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_command_has_help(main, command, flag, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([command, flag]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m ") and f" {command}" in out.splitlines()[0]
+    assert list(tmp_path.iterdir()) == []  # help writes nothing
+
+
+def test_train_help_lists_every_key_with_its_default(capsys):
+    from dataclasses import fields
+
+    from mlx_gpt.config import TrainConfig
+
+    assert mlx_main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for f in fields(TrainConfig):
+        assert f"{f.name}={f.default}" in out, f.name
