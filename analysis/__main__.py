@@ -74,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for warning in study.runs.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    verdicts = ", ".join(f"{r['hypothesis']} {r['verdict']}"
-                         for r in study.verdicts.iter_rows(named=True))
+    several = study.verdicts["on_kind"].n_unique() > 1  # name the arm when there are several
+
+    def verdict_text(r: dict) -> str:
+        arm = f" ({r['on_kind']})" if several else ""
+        return f"{r['hypothesis']}{arm} {r['verdict']}"
+
+    verdicts = ", ".join(verdict_text(r) for r in study.verdicts.iter_rows(named=True))
     print(f"report: {path} ({study.runs.table.height} runs, {study.points.height} in the study; "
           f"{verdicts or 'no verdicts'}; {time.perf_counter() - t0:.0f} s)")
     return 0
