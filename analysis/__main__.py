@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--alpha", type=float, default=0.05, metavar="A",
                    help="significance level of the one-sided paired t-tests over seeds "
                         "(default 0.05)")
+    r.add_argument("--min-gap", type=float, default=0.02, metavar="NATS",
+                   help="the smallest loss gap that counts as a difference (default 0.02 nats, "
+                        "2%% perplexity)")
     return p
 
 
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command is None:
             parser().print_help()
             return 0
+        if not args.min_gap >= 0:
+            raise UsageError(f"--min-gap must be >= 0 nats, not {args.min_gap:g}")
         if not 0 < args.alpha < 1:
             raise UsageError(f"--alpha must be between 0 and 1, not {args.alpha:g}")
         from . import metrics
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else Path("reports") / runs_dir.resolve().name
         options = ReportOptions(loss_threshold=args.threshold, curve_lrs=args.curve_lrs,
                                 probe_names=args.probes,
-                                study=metrics.Options(alpha=args.alpha))
+                                study=metrics.Options(alpha=args.alpha,
+                                                      min_gap=args.min_gap))
         t0 = time.perf_counter()
         path, study = build_report(runs_dir, out, options)
     except UsageError as e:

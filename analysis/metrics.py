@@ -60,6 +60,9 @@ class Options:
     """Knobs of the study metrics (all visible in the report)."""
 
     alpha: float = 0.05  # one-sided paired t-tests over seeds: "off worse than on" etc.
+    # the smallest gap in nats that counts as a difference at all (0.02 nats = 2% perplexity):
+    # a consistent but tinier gap is "no difference", never "needed"
+    min_gap: float = 0.02
 
 
 # --- scoring ------------------------------------------------------------------------------------
@@ -265,7 +268,8 @@ GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs"
               "gap_hi": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
               "t": pl.Float64, "p_off_worse": pl.Float64, "p_on_worse": pl.Float64,
               "off_diverged": pl.Int64, "on_diverged": pl.Int64, "loss_off": pl.Float64,
-              "loss_on": pl.Float64, "significant": pl.Boolean, "no_difference": pl.Boolean,
+              "loss_on": pl.Float64, "significant": pl.Boolean, "worse": pl.Boolean,
+              "no_difference": pl.Boolean,
               "both_diverged": pl.Boolean, "needed": pl.Boolean}
 
 
@@ -273,7 +277,8 @@ def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFram
     """Per (depth, on_kind, lr): the paired gaps over seeds and their one-sided paired t-test.
 
     significant: off worse than on, p_off_worse < alpha (needs >= 2 paired seeds; null below).
-    no_difference: neither one-sided test is significant and neither arm diverged.
+    worse: significant and the mean gap is at least min_gap (a difference that matters).
+    no_difference: |mean gap| < min_gap and neither arm diverged (practically equal).
     both_diverged: the on arm diverged in every seed, so the LR says nothing about necessity.
     needed: at or above the depth's necessity threshold (see necessity_threshold).
     """
@@ -283,25 +288,28 @@ def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFram
         values = g.sort("seed")["gap"].to_list()
         n = len(values)
         t, p_off = paired_t(values)
+        mean = float(np.mean(values))
         _, p_on = paired_t([-v for v in values])
         off_div, on_div = int(g["diverged_off"].sum()), int(g["diverged_on"].sum())
         rows.append({
             "depth": depth, "on_kind": on, "lr": lr, "pairs": n,
-            "mean_gap": float(np.mean(values)), "gap_sd": float(np.std(values, ddof=1))
+            "mean_gap": mean, "gap_sd": float(np.std(values, ddof=1))
             if n > 1 else None, "gap_lo": min(values), "gap_hi": max(values),
             "seed_gaps": ", ".join(f"{v:+.3g}" for v in values), "spread": seeds_label(n),
             "t": t, "p_off_worse": p_off, "p_on_worse": p_on,
             "off_diverged": off_div, "on_diverged": on_div,
             "loss_off": float(g["loss_off"].mean()), "loss_on": float(g["loss_on"].mean()),
             "significant": None if p_off is None else p_off < options.alpha,
+            "worse": None if p_off is None else (p_off < options.alpha
+                                                 and mean >= options.min_gap),
             "no_difference": None if p_off is None else (
-                p_off >= options.alpha and p_on >= options.alpha and off_div == on_div == 0),
+                abs(mean) < options.min_gap and off_div == on_div == 0),
             "both_diverged": on_div == n, "needed": None})
     table = pl.DataFrame(rows, schema=GAP_SCHEMA)
     thresholds = necessity_threshold(points, options, table)
     return (table.join(thresholds.select("depth", "on_kind", "threshold_lr"),
                        on=["depth", "on_kind"], how="left")
-            .with_columns(needed=pl.when(pl.col("significant").is_not_null())
+            .with_columns(needed=pl.when(pl.col("worse").is_not_null())
                           .then(pl.col("threshold_lr").is_not_null()
                                 & (pl.col("lr") >= pl.col("threshold_lr"))
                                 & ~pl.col("both_diverged")))
@@ -310,7 +318,7 @@ def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFram
 
 THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
                     "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
-                    "alpha": pl.Float64, "threshold_lr": pl.Float64,
+                    "alpha": pl.Float64, "min_gap": pl.Float64, "threshold_lr": pl.Float64,
                     "not_needed_below": pl.Float64, "seed_gaps_at_threshold": pl.String,
                     "spread": pl.String, "note": pl.String}
 
@@ -320,7 +328,7 @@ def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
     """Per (depth, on_kind): the smallest LR from which QK-norm is needed at every larger LR.
 
     Needed at an LR = the one-sided paired t-test over seeds finds off worse than on
-    (p < alpha). LRs where the on arm diverged in every seed (both arms fail) are passed over:
+    (p < alpha) by a mean gap of at least min_gap nats. LRs where the on arm diverged in every seed (both arms fail) are passed over:
     they tell nothing about whether QK-norm is needed. The threshold is the smallest tested LR
     x that is needed, with every larger tested LR needed too; `not_needed_below` is the
     largest tested LR under it (the grid brackets the boundary: no interval is claimed).
@@ -333,7 +341,8 @@ def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
         tested = g.filter(pl.col("significant").is_not_null())
         row = {"depth": depth, "on_kind": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
                "lr_min": float(g["lr"].min()), "lr_max": float(g["lr"].max()),
-               "alpha": options.alpha, "threshold_lr": None, "not_needed_below": None,
+               "alpha": options.alpha, "min_gap": options.min_gap, "threshold_lr": None,
+               "not_needed_below": None,
                "seed_gaps_at_threshold": None, "spread": seeds_label(int(g["pairs"].max())),
                "note": ""}
         if tested.is_empty():
@@ -343,7 +352,7 @@ def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
         informative = tested.filter(~pl.col("both_diverged"))
         threshold = None
         for r in reversed(informative.rows(named=True)):  # from the largest LR down
-            if not r["significant"]:
+            if not r["worse"]:
                 break
             threshold = r
         if threshold is None:
@@ -388,14 +397,19 @@ def label(direction: str, seeds: int) -> str:
 
 
 def combine(parts: list[Part]) -> str:
-    """Parts without data are left out; decided parts must agree, else "mixed"; if none is
-    decided, "inconclusive" (or "not enough data" when no part had data at all)."""
+    """Parts without data are left out; decided parts must agree, else "mixed". A claim that
+    holds in some parts while others are unclear is only "partly" supported; one part against
+    it is enough for "not supported". If none is decided, "inconclusive" (or "not enough data"
+    when no part had data at all)."""
     decided = [p for p in parts if p.direction in (FOR, AGAINST)]
     ways = {p.direction for p in decided}
     if len(ways) > 1:
         return MIXED
     if ways:
-        return label(ways.pop(), min(p.seeds for p in decided))
+        way = ways.pop()
+        verdict = label(way, min(p.seeds for p in decided))
+        unclear = any(p.direction == UNCLEAR for p in parts)
+        return f"partly {verdict}" if way == FOR and unclear else verdict
     return INCONCLUSIVE if any(p.direction == UNCLEAR for p in parts) else NO_DATA
 
 
@@ -431,8 +445,9 @@ def verdicts(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame
 
 def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str) -> dict:
     judged = sum(p.direction != NO_DATA for p in parts)
+    decided = sum(p.direction in (FOR, AGAINST) for p in parts)
     return {"hypothesis": hypothesis, "on_kind": on, "claim": claim, "verdict": combine(parts),
-            "measured": f"{judged} of {len(parts)} {unit}",
+            "measured": f"{decided} of {len(parts)} {unit} decided ({judged} had the data)",
             "evidence": "; ".join(p.text for p in parts) or "no paired runs"}
 
 
@@ -456,7 +471,7 @@ def _h1(on: str, gaps: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
         calm = lower.filter("no_difference")
         if calm.height:
             direction = FOR
-        elif lower.height and lower["significant"].all():
+        elif lower.height and lower["worse"].all():
             direction = AGAINST  # needed at every LR run, not only at high LR
         else:
             direction = UNCLEAR
@@ -477,15 +492,20 @@ def _paired_values(per_seed: pl.DataFrame, on: str, depth: int, column: str) -> 
     return off.join(d.filter(pl.col(ARM) == on).select("seed", on=column), on="seed")
 
 
-def _judge(diffs: list[float], alpha: float) -> tuple[str, float | None, float | None]:
-    """FOR when mean(diffs) > 0 is significant, AGAINST when < 0 is, else UNCLEAR."""
+def _judge(diffs: list[float], alpha: float, min_effect: float = 0.0
+           ) -> tuple[str, float | None, float | None]:
+    """FOR when mean(diffs) > 0 is significant and at least min_effect, AGAINST when the same
+    holds for < 0, else UNCLEAR."""
     _, p_for = paired_t(diffs)
     _, p_against = paired_t([-x for x in diffs])
     if p_for is None:
         return UNCLEAR, None, None
-    if p_for < alpha:
+    mean = float(np.mean(diffs))
+    if p_for < alpha and mean >= min_effect:
         return FOR, p_for, p_against
-    return (AGAINST if p_against < alpha else UNCLEAR), p_for, p_against
+    if p_against < alpha and -mean >= min_effect:
+        return AGAINST, p_for, p_against
+    return UNCLEAR, p_for, p_against
 
 
 def _h2(on: str, points: pl.DataFrame, options: Options) -> dict:
@@ -518,7 +538,7 @@ def _h2(on: str, points: pl.DataFrame, options: Options) -> dict:
                               "with a defined value in both arms"))
             continue
         drops = (s["off"] - s["on"]).to_list()
-        way, p, _ = _judge(drops, options.alpha)
+        way, p, _ = _judge(drops, options.alpha, options.min_gap)
         parts.append(Part(way, s.height, (
             f"depth {d}: LR sensitivity off {s['off'].mean():.3g} vs on {s['on'].mean():.3g}, "
             f"drop per seed {', '.join(f'{x:+.3g}' for x in drops)} "

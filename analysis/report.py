@@ -356,11 +356,11 @@ range.</dd>
 loss; geometric mean of the LRs and mean of the losses over seeds.</dd>
 <dt>Paired test</dt><dd>One seed shares its initial weights and batches across arms and LRs,
 so arms are compared seed by seed: a one-sided paired t-test over seeds of the gap in clipped
-loss (off minus on), significant when p &lt; alpha. With fewer than 3 seeds a spread is shown
-as the seed range ("range, n=2"), never as an interval, and a verdict is at most
-"suggestive".</dd>
+loss (off minus on), significant when p &lt; alpha. A gap counts only when its mean is at least
+min_gap nats; a smaller one is no difference. With fewer than 3 seeds a spread is shown as the
+seed range ("range, n=2"), never as an interval, and a verdict is at most "suggestive".</dd>
 <dt>Necessity threshold</dt><dd>Per depth: the smallest LR from which the paired test finds off
-worse than on at every larger LR run (LRs where the on arm diverged in every seed are passed
+worse than on, by at least min_gap, at every larger LR run (LRs where the on arm diverged in every seed are passed
 over). not_needed_below is the largest LR run under it: the grid brackets the boundary.</dd>
 <dt>Steps to threshold</dt><dd>The first evaluation step at which the val loss is at or below
 the loss threshold of the run's depth (by default: the largest, over arms and seeds, of the
@@ -405,7 +405,8 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
 {study.points.height} finished <code>{html.escape(study.framework)}</code> runs enter the study
 metrics over depths {', '.join(str(d) for d in sorted(study.points['depth'].unique()))}
 and {study.points['seed'].n_unique()} seeds. Options: one-sided paired t-tests over seeds at
-alpha = {o.alpha:g}, loss threshold {threshold_text}.</p>
+alpha = {o.alpha:g}, smallest gap that counts {o.min_gap:g} nats, loss threshold
+{threshold_text}.</p>
 {''.join(f'<p>{html.escape(n)}.</p>' for n in study.notes)}
 </section>""")
     warn_items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
@@ -417,10 +418,12 @@ alpha = {o.alpha:g}, loss threshold {threshold_text}.</p>
     sections.append(f"""
 <section id="verdicts"><h2>Verdicts</h2>
 <p>Each hypothesis is judged per depth with paired tests over seeds (alpha = {o.alpha:g});
-"measured" counts the comparisons that had the data. "supported" and "not supported" need at
-least 3 paired seeds; with 2 the data are "suggestive" either way. "inconclusive": the runs
-could answer but show no consistent difference (for example equal values on a coarse grid).
-"not enough data": the runs cannot answer (a single seed, or no paired runs).</p>
+"measured" says how many per-depth parts the data decided and how many had the data at all.
+"supported" and "not supported" need at least 3 paired seeds; with 2 the data are "suggestive"
+either way; "partly": the claim holds in some parts while the others are undecided.
+"inconclusive": the runs could answer but show no consistent difference (for example equal
+values on a coarse grid). "not enough data": the runs cannot answer (a single seed, or no
+paired runs).</p>
 {_verdict_rows(study.verdicts)}
 </section>""")
     per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
@@ -444,7 +447,7 @@ final loss was not finite, scored as their initial loss.</p>
     sections.append(f"""
 <section id="necessity"><h2>Necessity threshold per depth</h2>
 <p>threshold_lr: the smallest LR from which off is worse than on at every larger LR (one-sided
-paired t-test, alpha = {o.alpha:g}); not_needed_below: the largest LR run under it;
+paired t-test, alpha = {o.alpha:g}, mean gap at least {o.min_gap:g} nats); not_needed_below: the largest LR run under it;
 seed_gaps_at_threshold: each seed's gap there; spread: how many paired seeds.</p>
 {html_table(study.thresholds)}
 </section>""")
@@ -462,8 +465,9 @@ seed_gaps_at_threshold: each seed's gap there; spread: how many paired seeds.</p
 <p>One row per compared arm (on_kind), depth and LR. mean_gap = mean over paired seeds of
 the clipped loss of the off arm minus that of the compared arm; seed_gaps
 lists each seed's; gap_lo/gap_hi are their range; p_off_worse and p_on_worse are the one-sided
-paired t-test p-values; significant: p_off_worse &lt; alpha; no_difference: neither test
-significant and no divergence; needed: at or above the depth's threshold.</p>
+paired t-test p-values; significant: p_off_worse &lt; alpha; worse: significant with a mean
+gap of at least min_gap; no_difference: |mean gap| &lt; min_gap and no divergence; needed: at
+or above the depth's threshold.</p>
 {html_table(study.gaps)}
 </section>""")
     sections.append(f"""
