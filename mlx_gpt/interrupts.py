@@ -4,14 +4,18 @@ Inside `with Deferred() as guard:` SIGINT and SIGTERM only note that they arrive
 `guard.check()` raises `Interrupted` at the points the caller marks safe (the top of a training
 step, where the optimizer's step, the rows written and the probes taken all agree). Leaving the
 block raises it too if a signal arrived and was never raised, so a run that finishes while the
-user presses Ctrl-C still stops the sweep around it. Outside such a block `terminate_as_interrupt`
-makes SIGTERM raise like Ctrl-C (Slurm and other schedulers send SIGTERM before they kill).
+user presses Ctrl-C still stops the sweep around it. Outside such a block `raising()` makes
+SIGINT and SIGTERM raise at once (Slurm and other schedulers send SIGTERM before they kill) and
+remembers the signal, so one that C code swallows (during an import, say) is still honoured by
+the next `Deferred` block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -29,14 +33,28 @@ def exit_code(error: KeyboardInterrupt) -> int:
     return 128 + getattr(error, "signum", signal.SIGINT)
 
 
+_pending: list[int] = []  # signals raised by `raising` and not yet seen by a Deferred block
+
+
 def _raise(signum, frame):
+    _pending.append(signum)
     raise Interrupted(signum)
 
 
-def terminate_as_interrupt() -> None:
-    """SIGTERM raises Interrupted like Ctrl-C raises KeyboardInterrupt (main thread only)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise)
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def raising() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Interrupted here (SIGTERM like Ctrl-C); restored on exit."""
+    previous = {s: signal.signal(s, _raise) for s in SIGNALS} if _main_thread() else {}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        _pending.clear()
 
 
 class Deferred:
@@ -51,9 +69,12 @@ class Deferred:
             self.signum = signum
 
     def __enter__(self) -> Deferred:
-        if threading.current_thread() is threading.main_thread():  # handlers live there only
+        if _main_thread():  # handlers live there only
             for s in SIGNALS:
                 self.previous[s] = signal.signal(s, self._note)
+        if _pending:  # raised earlier but swallowed before it could stop anything
+            self.signum = _pending[0]
+            _pending.clear()
         return self
 
     def check(self) -> None:

@@ -226,6 +226,8 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
             except (KeyboardInterrupt, UsageError, RunCrashed):
                 raise
             except Exception as e:
+                if guard.signum is not None:  # e.g. Ctrl-C also killed MLX's kernel compiler:
+                    raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
                 if runlog.disk_full(e):  # the last checkpoint stays: the run can resume
                     raise UsageError(f"disk full while writing {run_dir}; free some space and run "
                                      "the same command again to resume the run") from None
