@@ -44,7 +44,7 @@ demo *args:
 # the smallest study that decides H1-H3: depths 2,4,8 x both arms x 7 LRs x 3 seeds, then its report
 mini *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
-    @{{py}} -m mlx_gpt sweep preset=mini "$@"
+    @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m mlx_gpt sweep preset=mini "$@"
     @{{py}} -m analysis report runs/mini --out reports/mini
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
