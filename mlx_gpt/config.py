@@ -11,7 +11,15 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args, get_origin
 
+import numpy as np
+
 from .errors import UsageError
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
+INDEPENDENT_WD_DEFAULT = 1e-4
+# Keys a run's config.json holds beside the TrainConfig fields
+CONFIG_FILE_EXTRAS = ("run_id", "framework", "device", "reference_run_id")
 
 QKNorm = Literal["none", "rmsnorm", "layernorm"]
 
@@ -81,20 +89,33 @@ class TrainConfig:
         return self.d_model // self.n_heads
 
     def validate(self) -> TrainConfig:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):  # the step computes in float32: every number must fit it
+            value = getattr(self, f.name)
+            if hints[f.name] in (float, int) and not (
+                    isinstance(value, (int, float)) and abs(value) <= FLOAT32_MAX):
+                raise UsageError(f"{f.name} must be a finite number of at most "
+                                 f"{FLOAT32_MAX:.3g} in size, got {value}")
         checks = [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.depth >= 1, f"depth must be >= 1, got {self.depth}"),
             (self.d_model >= 1 and self.n_heads >= 1, "d_model and n_heads must be >= 1"),
-            (self.d_model % self.n_heads == 0,
+            (self.n_heads >= 1 and self.d_model % self.n_heads == 0,
              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"),
             (self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}"),
             (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.steps >= 1, f"max_steps must be >= 1, got {self.max_steps}"),
+            (self.batch_size < 1 or self.block_size < 2 or self.steps >= 1,
+             f"max_steps must be >= 1, got {self.max_steps}"),
             (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
             (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)"),
-            (self.eps > 0, f"eps must be > 0, got {self.eps}"),
+            (self.eps > 0 and float(np.float32(self.eps)) > 0,
+             f"eps must be > 0 in float32, got {self.eps}"),
+            (not self.independent_wd or self.weight_decay < 1e-2,
+             f"independent_wd=true needs weight_decay < 1e-2 (got {self.weight_decay:g}: the decay "
+             f"is not scaled by the LR, so it would shrink weights by that share every step); "
+             f"leave weight_decay out for the default {INDEPENDENT_WD_DEFAULT:g}"),
             (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
             (self.budget_tokens >= 0, f"budget_tokens must be >= 0, got {self.budget_tokens}"),
             (self.divergence_margin > 0, "divergence_margin must be > 0"),
@@ -170,14 +191,17 @@ def _coerce(name: str, hint: Any, text: str) -> Any:
             value = float(text) if any(c in text for c in ".eE") else int(text)
         except ValueError:
             raise UsageError(f"{name} must be an integer; got {text!r}") from None
-        if float(value) != int(value):
+        if not math.isfinite(value) or float(value) != int(value):
             raise UsageError(f"{name} must be an integer; got {text!r}")
         return int(value)
     if hint is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise UsageError(f"{name} must be a number; got {text!r}") from None
+        if not math.isfinite(value):
+            raise UsageError(f"{name} must be a finite number; got {text!r}")
+        return value
     return text
 
 
@@ -188,7 +212,10 @@ def split_key_values(words: list[str]) -> dict[str, str]:
         key, sep, value = word.partition("=")
         if not sep or not key:
             raise UsageError(f"expected key=value, got {word!r}")
-        out[key.strip().replace("-", "_")] = value.strip()
+        key = key.strip().replace("-", "_")
+        if key in out:
+            raise UsageError(f"{key} is given twice ({key}={out[key]} and {key}={value.strip()})")
+        out[key] = value.strip()
     return out
 
 
@@ -201,6 +228,9 @@ def apply_overrides(base: Any, overrides: dict[str, str]) -> Any:
         if key not in names:
             raise UsageError(f"unknown key {key!r}; known keys: {', '.join(sorted(names))}")
         changes[key] = _coerce(key, hints[key], text)
+    if changes.get("independent_wd") and "weight_decay" not in changes and hasattr(
+            base, "weight_decay"):
+        changes["weight_decay"] = INDEPENDENT_WD_DEFAULT
     return dataclasses.replace(base, **changes)
 
 
@@ -208,8 +238,37 @@ def parse_train_config(words: list[str], base: TrainConfig | None = None) -> Tra
     return apply_overrides(base or TrainConfig(), split_key_values(words)).validate()
 
 
+def _value_ok(hint: Any, value: Any) -> bool:
+    if get_origin(hint) is Literal:
+        return value in get_args(hint)
+    if hint is bool or hint is str:
+        return isinstance(value, hint)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
 def load_config(path: str) -> TrainConfig:
-    with open(path) as f:
-        raw = json.load(f)
-    known = {f.name for f in fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in raw.items() if k in known})
+    """A run's config.json as a validated TrainConfig; UsageError naming what is wrong."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path} is not readable JSON ({type(e).__name__})") from None
+    if not isinstance(raw, dict):
+        raise UsageError(f"{path} holds a JSON {type(raw).__name__}, not an object")
+    hints = typing.get_type_hints(TrainConfig)
+    unknown = sorted(raw.keys() - hints.keys() - set(CONFIG_FILE_EXTRAS))
+    if unknown:
+        raise UsageError(f"{path} has unknown keys {', '.join(unknown)} (written by another "
+                         "version of mlx_gpt?)")
+    wrong = [k for k in hints.keys() & raw.keys() if not _value_ok(hints[k], raw[k])]
+    if wrong:
+        raise UsageError(f"{path}: {wrong[0]}={raw[wrong[0]]!r} is not a valid value")
+    cfg = TrainConfig(**{k: raw[k] for k in hints.keys() & raw.keys()})
+    try:
+        return cfg.validate()
+    except UsageError as e:
+        raise UsageError(f"{path}: {e}") from None

@@ -23,6 +23,7 @@ replaced only once the new one is complete.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -53,6 +54,8 @@ FINEWEB_FOLDER = "sample/10BT"
 FINEWEB_DEFAULT_CAP = 100_000_000
 BATCH_CHARS = 1 << 22  # ~4 MB of text per encode_batch call: enough work for tiktoken's threads
 READ_CHARS = 1 << 23
+MAX_SYNTHETIC_MB = 10_000.0  # the generator writes ~10-20 MB/s: this is already minutes
+KNOWN_VOCAB = {"gpt2": 50257, "bytes": 257}
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,9 @@ class PrepareConfig:
             raise UsageError(f"val_fraction must be in (0, 0.5]; got {self.val_fraction}")
         if self.max_tokens is not None and self.max_tokens < 0:
             raise UsageError(f"max_tokens must be >= 0 (0 = no cap); got {self.max_tokens}")
-        if not self.size_mb > 0:
-            raise UsageError(f"size_mb must be > 0; got {self.size_mb}")
+        if not 0 < self.size_mb <= MAX_SYNTHETIC_MB:
+            raise UsageError(f"size_mb must be > 0 and at most {MAX_SYNTHETIC_MB:g} "
+                             f"({MAX_SYNTHETIC_MB / 1000:g} GB of text); got {self.size_mb}")
         return self
 
 
@@ -251,6 +255,7 @@ class _Split:
         self.file = file
         self.tokens = 0
         self.documents = 0
+        self.max_id = -1
 
     def write(self, docs: list[list[int]], eot: int) -> None:
         if not docs:
@@ -262,6 +267,7 @@ class _Split:
             ids[pos + 1:pos + 1 + len(doc)] = doc
             pos += 1 + len(doc)
         self.file.write(ids.tobytes())
+        self.max_id = max(self.max_id, int(ids.max()))
         self.tokens += len(ids)
         self.documents += len(docs)
 
@@ -380,6 +386,9 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
         if train.documents + val.documents == 0:
             raise UsageError(f"source {source} has no documents (it is empty or only whitespace)")
         for split_name, split in (("train", train), ("val", val)):
+            if split.max_id >= tok.vocab_size:
+                raise UsageError(f"tokenizer {tok.name} produced id {split.max_id}, outside its "
+                                 f"vocabulary of {tok.vocab_size}")
             if split.tokens < MIN_SPLIT_TOKENS:
                 raise UsageError(
                     f"{split_name} split of {source} has {split.tokens} tokens; need at least "
@@ -418,6 +427,14 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         meta = json.loads((folder / "meta.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UsageError(f"{folder / 'meta.json'} is not valid JSON; prepare it again") from None
+    vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
+        raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
+                         f"vocab_size <= 65536 is expected); prepare the folder again: `{hint}`")
+    if meta.get("tokenizer") in KNOWN_VOCAB and vocab != KNOWN_VOCAB[meta["tokenizer"]]:
+        raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
+                         f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
+                         f"prepare the folder again: `{hint}`")
     arrays = []
     for split in ("train", "val"):
         path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
@@ -426,8 +443,25 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         if not isinstance(expected, int) or path.stat().st_size != 2 * expected or expected == 0:
             raise UsageError(f"{path} holds {path.stat().st_size // 2} tokens but meta.json says "
                              f"{expected}; prepare the folder again")
-        arrays.append(np.memmap(path, dtype="<u2", mode="r"))
+        tokens = np.memmap(path, dtype="<u2", mode="r")
+        largest = _max_id(path, tokens)
+        if largest >= vocab:  # an id past the vocabulary would index outside the embedding
+            raise UsageError(f"{path} holds token id {largest}, outside the vocabulary of "
+                             f"{vocab} in meta.json; prepare the folder again: `{hint}`")
+        arrays.append(tokens)
     return arrays[0], arrays[1], meta
+
+
+_max_ids: dict[tuple, int] = {}
+
+
+def _max_id(path: Path, tokens: np.ndarray) -> int:
+    """The largest id in a token file, computed once per file version in this process."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _max_ids:
+        _max_ids[key] = int(tokens.max())
+    return _max_ids[key]
 
 
 # ---------------------------------------------------------------- command line
@@ -447,7 +481,13 @@ def cli(argv: list[str]) -> int:
     if "=" in source and not Path(source).exists():
         raise UsageError(f"prepare needs SOURCE first, before key=value words; got {source!r}")
     cfg = apply_overrides(PrepareConfig(), split_key_values(words))
-    out, meta = prepare(source, cfg)
+    try:
+        out, meta = prepare(source, cfg)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:  # the staging folder is already removed
+            raise UsageError(f"disk full while preparing {source}; nothing was kept. Free some "
+                             "space and run the same command again") from None
+        raise
     m = meta
     print(f"prepared {out}: train {m['train_tokens']:,} tokens ({m['train_documents']:,} docs), "
           f"val {m['val_tokens']:,} tokens ({m['val_documents']:,} docs), {m['tokenizer']}")

@@ -104,7 +104,7 @@ def load_object(path: Path) -> tuple[dict | None, str | None]:
     try:
         with open(path) as f:
             obj = json.load(f)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None, "is missing"
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
         return None, f"is not valid JSON ({type(e).__name__})"
