@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import shlex
+import shutil
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import runlog
+from .. import interrupts, runlog
 from .. import train as trainer
 from ..errors import UsageError
 from .config import grid, parse_sweep_config
@@ -108,14 +109,17 @@ def _cli(argv: list[str]) -> int:
     tally = None
     try:
         tally = execute(sc, speeds, verbose=True)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(f"\nsweep {sc.name} interrupted; the current run is checkpointed. Run the same "
               f"command again to resume: python -m mlx_gpt sweep {shlex.join(words)}",
               file=sys.stderr, flush=True)
-        return 130
+        return interrupts.exit_code(e)
     finally:
         for w in workers:
-            w.wait()
+            if w.wait() < 0 and -w.returncode not in interrupts.SIGNALS:
+                print(f"sweep worker {w.pid} died by signal {signal.Signals(-w.returncode).name};"
+                      " the run it held resumes from its checkpoint (or, after a fatal signal, is "
+                      "recorded as failed) when the sweep runs again", file=sys.stderr, flush=True)
     if not worker:
         if workers:  # the other processes may have finished runs this one passed over
             tally.busy = [c for c in tally.busy if verdict(c) is Outcome.PENDING]
@@ -147,7 +151,7 @@ class _Tee:
 
 def log_to(path: Path) -> None:
     """Everything this process prints also goes to `path` (appended), like the workers' logs."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    trainer.make_folder(path.parent, "sweep folder")
     sys.stdout = _Tee(sys.stdout, path)
     print(f"--- sweep started {runlog.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
 

@@ -46,6 +46,11 @@ class SweepConfig:
             (self.lr_min > 0, f"lr_min must be > 0, got {self.lr_min}"),
             (self.lr_min < self.lr_max, f"lr_min={self.lr_min:g} must be below lr_max={self.lr_max:g}"),
             (self.points_per_decade > 0, f"points_per_decade must be > 0, got {self.points_per_decade}"),
+            (self.lr_min <= 0 or self.lr_max <= self.lr_min or self.lrs or math.log10(
+                self.lr_max / self.lr_min) * self.points_per_decade < MAX_GRID_LRS,
+             f"lr_min={self.lr_min:g} to lr_max={self.lr_max:g} at points_per_decade="
+             f"{self.points_per_decade:g} is more than {MAX_GRID_LRS} learning rates"),
+            (len(self.lrs) <= MAX_GRID_LRS, f"lrs has more than {MAX_GRID_LRS} values"),
             (all(lr > 0 for lr in self.lrs), "every value in lrs must be > 0"),
             (self.refine_steps >= 0, f"refine_steps must be >= 0, got {self.refine_steps}"),
             (self.refine_factor > 1, f"refine_factor must be > 1, got {self.refine_factor}"),
@@ -135,6 +140,8 @@ MINI = SweepConfig(
 
 PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO, "mini": MINI}
 
+MAX_GRID_LRS = 1000  # a sanity bound: a grid this size is already years of training
+
 LIST_KEYS = {"depth": int, "lrs": float, "seeds": int, "arms": "arm"}
 # TrainConfig keys the sweep sets itself, with the sweep key to use instead.
 GRID_KEYS = {"lr": "lrs (or lr_min, lr_max, points_per_decade)", "seed": "seeds",
@@ -160,6 +167,8 @@ def parse_list(key: str, text: str, kind: type) -> tuple:
             value = float(item)
         except ValueError:
             raise UsageError(f"{key}: {item!r} is not a number") from None
+        if not math.isfinite(value):
+            raise UsageError(f"{key}: {item!r} is not a finite number")
         if kind is int:
             if value != int(value):
                 raise UsageError(f"{key}: {item!r} is not an integer")

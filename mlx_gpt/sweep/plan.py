@@ -156,7 +156,7 @@ def declare_grid(sc: SweepConfig) -> None:
     from refinement runs) and the sweep's axes. Grids of earlier sweeps into the same folder
     are kept (union)."""
     folder = Path(sc.runs_dir) / sc.name
-    folder.mkdir(parents=True, exist_ok=True)
+    trainer.make_folder(folder, "sweep folder")
     earlier = runlog.read_json(folder / "sweep.json") or {}
     runlog.write_json(folder / "sweep.json", {
         "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sc.grid_lrs())),

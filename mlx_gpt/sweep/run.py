@@ -20,7 +20,7 @@ from ..locks import RunBusy
 from .arms import arm_name
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted, run_cost_tokens
-from .refine import boundary, group_state, verdict
+from .refine import Outcome, boundary, group_state, verdict
 
 # --- running ------------------------------------------------------------------------------------
 
@@ -35,39 +35,59 @@ class Tally:
     status: dict[str, int] = field(default_factory=lambda: {"completed": 0, "diverged": 0,
                                                             "failed": 0})
     busy: list[TrainConfig] = field(default_factory=list)  # held by another process
+    damaged: list[str] = field(default_factory=list)  # a line per damaged run: what, and the repair
     processes: int = 1  # sweep processes sharing the queue (jobs=K)
-    tokens: float = 0.0  # run_cost_tokens of the runs trained, after this process's first
+    planned: float = 0.0  # calibrated seconds of the runs trained, after this process's first
     seconds: float = 0.0  # their wall time (the first run pays the cold kernel compile)
 
     @property
     def done(self) -> int:
         return sum(self.status.values())
 
-    def eta(self, queue_left: float, speed: float, first_cost: float) -> float:
-        """Seconds until `queue_left` (in run_cost_tokens) is trained by all processes.
+    def eta(self, left: float, first: float) -> float:
+        """Seconds until the queue is trained by all processes. `left` is the queue's cost in
+        calibrated seconds (run_cost_tokens / the calibrated tokens/s of each run's depth),
+        `first` that of the run about to start.
 
-        The rate blends one run's worth of the calibrated speed (steps only, one process) with
-        the wall time of the runs this process trained since its first, so the estimate starts
-        from calibration and moves smoothly as runs finish. With K processes on the machine each
-        gets about 1.35/K of one alone (two processes on 2 cores measured 1.32-1.44x).
+        Calibration times steps alone in one process; a run also evaluates, probes, compiles and
+        shares the cores with K - 1 other processes (two on 2 cores measured 1.32-1.44x the
+        throughput of one, so each gets about 1.35/K). The ratio of wall to calibrated time
+        starts there, counted as one run, and is pulled towards the measured ratio as runs
+        finish, so the estimate moves smoothly instead of jumping.
         """
-        prior_rate = speed * min(1.0, 1.35 / self.processes)
-        prior_s = first_cost / prior_rate if prior_rate > 0 else 0.0
-        seconds = prior_s + self.seconds
-        rate = (first_cost * (prior_s > 0) + self.tokens) / seconds if seconds > 0 else 0.0
-        return queue_left / (rate * self.processes) if rate > 0 else math.inf
+        if left <= 0 or first <= 0:
+            return math.inf if left > 0 else 0.0
+        prior = 1.0 / min(1.0, 1.35 / self.processes)
+        ratio = (first * prior + self.seconds) / (first + self.planned)
+        return left * ratio / self.processes
 
 
 def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
             verbose: bool) -> None:
-    """Train one run (or skip it), recording the outcome; RunBusy and failures do not raise."""
+    """Train one run (or skip it), recording the outcome; RunBusy and failures do not raise.
+    `speed` is the calibrated tokens/s of this run's depth (0: unknown), `queue_left` the
+    calibrated seconds of the queue from this run on."""
     attempted.add(cfg.run_id)
     v = verdict(cfg)
     if v.finished:
+        try:
+            trainer.finished_run(trainer.run_dir_of(cfg))  # its files must be intact
+        except runlog.DamagedRun as e:
+            tally.damaged.append(str(e))
+            print(f"damaged: {e}", flush=True)
+            return
         tally.skipped += 1
         tally.status[v.value] += 1
         return
-    eta = trainer.format_seconds(tally.eta(queue_left, speed, run_cost_tokens(cfg)))
+    summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+    if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
+        tally.status["failed"] += 1
+        if verbose:
+            print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
+                  f"Remove {trainer.run_dir_of(cfg) / 'summary.json'} to retry it", flush=True)
+        return
+    planned = run_cost_tokens(cfg) / speed if speed > 0 else 0.0
+    eta = trainer.format_seconds(tally.eta(queue_left, planned))
     position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
     if verbose:
         counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
@@ -84,6 +104,10 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
             print(f"[{position}] {cfg.run_id} is held by another process; passing over",
                   flush=True)
         return
+    except runlog.DamagedRun as e:
+        tally.damaged.append(str(e))
+        print(f"[{position}] damaged: {e}", flush=True)
+        return
     except (KeyboardInterrupt, UsageError):
         raise
     except Exception as e:  # noqa: BLE001 - one failed run must not stop the sweep
@@ -93,9 +117,9 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
               f"{trainer.run_dir_of(cfg) / 'traceback.txt'})", flush=True)
         return
     tally.trained += 1
-    if tally.trained > 1:  # the first run of a process pays the cold compile: not a rate
+    if tally.trained > 1 and planned > 0:  # the first run pays the cold compile: not a rate
         tally.seconds += time.perf_counter() - start
-        tally.tokens += run_cost_tokens(cfg) * min(1.0, (summary.get("steps") or 0) / cfg.steps)
+        tally.planned += planned * min(1.0, (summary.get("steps") or 0) / cfg.steps)
     tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
 
 
@@ -114,14 +138,17 @@ def execute(sc: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) 
     def speed(cfg: TrainConfig) -> float:
         return speeds.get(cfg.depth, 0.0)
 
+    def cost(cfgs: list[TrainConfig]) -> float:
+        """Calibrated seconds of these runs (0 when a depth was not calibrated)."""
+        return sum(run_cost_tokens(c) / speed(c) if speed(c) > 0 else 0.0 for c in cfgs)
+
     queue = [c for c in runs if c.run_id not in attempted]
     for i, cfg in enumerate(queue):
-        left = sum(run_cost_tokens(c) for c in queue[i:])
-        run_one(cfg, tally, attempted, speed(cfg), left, verbose)
+        run_one(cfg, tally, attempted, speed(cfg), cost(queue[i:]), verbose)
     # runs that were busy: finished by now (skipped), still busy, or free again (trained)
     for cfg in list(tally.busy):
         tally.busy.remove(cfg)
-        run_one(cfg, tally, attempted, speed(cfg), run_cost_tokens(cfg), verbose)
+        run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
     if not sc.refine:
         return tally
     while True:  # one round = at most one new point per curve, so every curve advances together
@@ -131,8 +158,7 @@ def execute(sc: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) 
             return tally
         tally.total += len(new)
         for i, cfg in enumerate(new):
-            left = sum(run_cost_tokens(c) for c in new[i:])
-            run_one(cfg, tally, attempted, speed(cfg), left, verbose)
+            run_one(cfg, tally, attempted, speed(cfg), cost(new[i:]), verbose)
 
 
 def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
@@ -154,7 +180,10 @@ def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
               f"{', '.join(c.run_id for c in tally.busy)}. "
               "Run the sweep again once it ends to finish any refinement that waits on them.")
     if counts["failed"]:
-        print("  failed runs keep a traceback.txt in their folder; the next sweep retries them.")
+        print("  failed runs keep a traceback.txt in their folder; the next sweep retries them "
+              "(except runs that killed their process by a fatal signal).")
+    for line in tally.damaged:
+        print(f"  damaged: {line}")
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
     width = max(len(a) for a in sc.arms)
     for (depth, arm, seed), results in curves.items():
