@@ -488,12 +488,13 @@ def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
 def test_eta_starts_from_calibration_and_moves_smoothly():
     from mlx_gpt.sweep.run import Tally
 
-    tally = Tally(total=10)
-    assert tally.eta(1000, speed=100, first_cost=100) == pytest.approx(10.0)  # calibration only
-    tally.tokens, tally.seconds = 100, 2.0  # one measured run at half the calibrated speed
-    assert tally.eta(1000, speed=100, first_cost=100) == pytest.approx(15.0)  # not a jump to 20
-    tally.tokens, tally.seconds = 1000, 20.0  # the measurements take over
-    assert tally.eta(1000, speed=100, first_cost=100) == pytest.approx(1000 / (1100 / 21))
+    tally = Tally(total=10)  # the queue: 100 calibrated seconds; the next run: 10
+    assert tally.eta(100, first=10) == pytest.approx(100.0)  # calibration only
+    tally.planned, tally.seconds = 10, 20.0  # one run took twice its calibrated time
+    assert tally.eta(100, first=10) == pytest.approx(150.0)  # pulled towards 2x, no jump
+    tally.planned, tally.seconds = 100, 200.0  # the measurements take over
+    assert tally.eta(100, first=10) == pytest.approx(100 * 210 / 110)
     two = Tally(total=10, processes=2)  # each of 2 processes gets ~1.35/2 of one alone
-    assert two.eta(1000, speed=100, first_cost=100) == pytest.approx(1000 / (2 * 67.5))
-    assert math.isinf(Tally(total=1).eta(1000, speed=0.0, first_cost=100))  # unknown: "?"
+    assert two.eta(100, first=10) == pytest.approx(100 / 0.675 / 2)
+    assert math.isinf(Tally(total=1).eta(100, first=0.0))  # not calibrated: "?"
+    assert Tally(total=1).eta(0.0, first=0.0) == 0.0

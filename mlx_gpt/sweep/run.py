@@ -227,7 +227,8 @@ def spawn_workers(words: list[str], sc: SweepConfig) -> list[subprocess.Popen]:
         log.write(f"--- sweep worker {i} started {runlog.now()} by process {os.getpid()}\n")
         log.flush()
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "mlx_gpt", "sweep", *words, "jobs=1", "--worker"],
+            [sys.executable, "-m", "mlx_gpt", "sweep",
+             *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
             stdout=log, stderr=subprocess.STDOUT))
         log.close()
     return workers
