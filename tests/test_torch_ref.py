@@ -246,6 +246,10 @@ def test_spot_check_usage_errors(tiny_cfg, tmp_path, capsys):
     run = tmp_path / "runs" / "s" / "r"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({**tiny_cfg().identity(), "framework": "mlx"}))
+    assert main(["spot-check", str(run), "device=cpu"]) == 2  # folder "r" is not its run_id
+    assert "rebuilds run_id" in capsys.readouterr().err
+    (run / "config.json").write_text(json.dumps({**tiny_cfg().identity(), "framework": "mlx",
+                                                 "run_id": tiny_cfg().run_id}))
     assert main(["spot-check", str(run), "device=tpu"]) == 2
     assert "device must be one of" in capsys.readouterr().err
     assert main(["spot-check", str(run), "colour=red"]) == 2

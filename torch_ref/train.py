@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlx_gpt import runlog
+from mlx_gpt import interrupts, runlog
 from mlx_gpt.batches import probe_batch, train_stream, val_batches
 from mlx_gpt.config import TrainConfig
 from mlx_gpt.errors import UsageError
@@ -106,37 +106,41 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
 
     pending: list[tuple[int, torch.Tensor]] = []
     batches = train_stream(train_tokens, cfg.data_seed, 0, steps, cfg.batch_size, cfg.block_size)
-    t_sync = time.perf_counter()
-    for step in range(steps):
-        measure(step)
-        probing = step % cfg.probe_every == 0
-        before = probe_lib.snapshot(model) if probing else None
-        x, y = next(batches)
-        loss, grad_norm, lr, z = train_step(model, opt, tensor(x), tensor(y))
-        if probing:
-            rec.record_probes(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
-        pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype), z])))
-        if (step + 1) % cfg.log_every and step + 1 != steps:
-            continue
-        # one device sync per log interval, as the MLX trainer
-        values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS has no float64
-        rec.train_seconds += time.perf_counter() - t_sync
-        diverged = rec.record_steps((s, a, b, c, z if cfg.z_loss else None)
-                                    for (s, _), (a, b, c, z) in zip(pending, values))
-        pending.clear()
-        tok_s = (step + 1) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
-        display.update(step + 1, values[-1][0], tok_s,
-                       (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), rec.last_val)
-        if diverged:  # probe the weights as they are when the run is declared diverged
-            rec.record_probes(probe_lib.measure(model, px, py, step + 1))
-            break
-        if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
-            rec.flush()  # parts cover the same step ranges as the MLX run's
+    # Ctrl-C and SIGTERM stop between steps (a torch run restarts from step 0 anyway)
+    with interrupts.Deferred() as guard:
         t_sync = time.perf_counter()
+        for step in range(steps):
+            guard.check()
+            measure(step)
+            probing = step % cfg.probe_every == 0
+            before = probe_lib.snapshot(model) if probing else None
+            x, y = next(batches)
+            loss, grad_norm, lr, z = train_step(model, opt, tensor(x), tensor(y))
+            if probing:
+                rec.record_probes(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
+            pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype), z])))
+            if (step + 1) % cfg.log_every and step + 1 != steps:
+                continue
+            # one device sync per log interval, as the MLX trainer
+            values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS has no float64
+            rec.train_seconds += time.perf_counter() - t_sync
+            diverged = rec.record_steps((s, a, b, c, z if cfg.z_loss else None)
+                                        for (s, _), (a, b, c, z) in zip(pending, values))
+            pending.clear()
+            tok_s = (step + 1) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
+            display.update(step + 1, values[-1][0], tok_s,
+                           (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), rec.last_val)
+            if diverged:  # probe the weights as they are when the run is declared diverged
+                rec.record_probes(probe_lib.measure(model, px, py, step + 1))
+                break
+            if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
+                rec.flush()  # parts cover the same step ranges as the MLX run's
+            t_sync = time.perf_counter()
 
     if rec.status == "completed":
         measure(steps)
-    save_torch(model, run_dir / "final.safetensors")
-    summary = rec.finish(summary_extra, manifest, count_params(model))
+    digest = save_torch(model, run_dir / "final.safetensors")
+    summary = rec.finish({**summary_extra, "final_weights_sha256": digest}, manifest,
+                         count_params(model))
     display.close(rec.closing_line(summary))
     return summary

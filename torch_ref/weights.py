@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 import torch
 from mlx.utils import tree_flatten, tree_unflatten
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from mlx_gpt.errors import UsageError
 
@@ -82,11 +82,14 @@ def load_mlx(model, path: str | Path) -> None:
 
 # --- torch side --------------------------------------------------------------------------
 
-def save_torch(model: torch.nn.Module, path: str | Path) -> None:
-    """Write a torch_ref GPT's parameters as safetensors in MLX layout (readable by load_mlx)."""
-    tensors = {name: relayout(name, p.detach().to("cpu").contiguous())
-               for name, p in model.named_parameters()}
-    save_file(tensors, str(path), metadata={"framework": "torch"})
+def save_torch(model: torch.nn.Module, path: str | Path) -> str:
+    """Write a torch_ref GPT's parameters as safetensors in MLX layout (readable by load_mlx),
+    atomically and with a checksum (mlx_gpt.runlog.save_tensors). Returns the checksum."""
+    from mlx_gpt import runlog
+
+    arrays = {name: relayout(name, p.detach().to("cpu").contiguous()).numpy()
+              for name, p in model.named_parameters()}
+    return runlog.save_tensors(Path(path), arrays, {"framework": "torch"})
 
 
 def load_torch(model: torch.nn.Module, path: str | Path) -> None:
