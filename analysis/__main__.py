@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,6 +56,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_writable(out: Path) -> None:
+    """UsageError unless the report folder can be made and written; leaves nothing behind."""
+    made = [p for p in [out, *out.parents] if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    finally:
+        for folder in made:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -74,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
                                 study=metrics.Options(alpha=args.alpha,
                                                       min_gap=args.min_gap))
         t0 = time.perf_counter()
-        path, study = build_report(runs_dir, out, options)
+        check_writable(out)
+        try:
+            path, study = build_report(runs_dir, out, options)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise UsageError(f"disk full while writing the report to {out}; free some space "
+                                 "and run the same command again") from None
+            raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

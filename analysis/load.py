@@ -89,6 +89,20 @@ def _check_parts(folder: Path, columns: dict[str, pl.DataType]
     return checked, None
 
 
+def _step_gap(parts: list[tuple[Path, tuple]]) -> str | None:
+    """How a run's metric rows fail to cover steps 0..last once each, or None."""
+    try:
+        steps = sorted(pl.concat([pl.read_parquet(p, columns=["step"]) for p, _ in parts])
+                       ["step"].to_list()) if parts else []
+    except (pl.exceptions.PolarsError, OSError) as e:
+        return f"are unreadable ({type(e).__name__})"
+    if steps == list(range(len(steps))):
+        return None
+    missing = sorted(set(range(steps[-1] + 1)) - set(steps))
+    return (f"lack step {missing[0]} ({len(missing)} steps missing)" if missing
+            else "repeat a step")
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -155,7 +169,9 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     if summary is None:
         hint = " (unfinished or still running)" if why and why.endswith("missing") else ""
         return None, [], [], {}, [f"run {name}: {why}{hint}; skipped"]
-    missing = [k for k in SUMMARY_KEYS if k not in summary]
+    # a failed run's summary has no losses: it is listed with its error line
+    missing = [k for k in SUMMARY_KEYS if k not in summary
+               and not (k == "init_loss" and summary.get("status") == "failed")]
     if missing:
         return None, [], [], {}, [(f"run {name}: summary.json has a foreign schema "
                                    f"(no key {', '.join(missing)}); skipped")]
@@ -173,6 +189,10 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     metric_parts, why = _check_parts(folder / "metrics", METRICS_COLUMNS)
     if why and status != "failed":
         return None, [], [], {}, [f"run {name}: {why}; skipped"]
+    gap = _step_gap(metric_parts) if status != "failed" else None
+    if gap:
+        warnings.append(f"run {name}: its metrics {gap}; retrain it (rm -r {folder} and run the "
+                        "same command again)")
     probe_parts, why = _check_parts(folder / "probes", PROBES_COLUMNS)
     if why and status != "failed":
         warnings.append(f"run {name}: {why}; its probe columns are empty")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mlx_gpt import runlog
+from mlx_gpt.errors import UsageError
 from mlx_gpt.sweep.plan import command_line
 from mlx_gpt.train import run_dir_of
 
@@ -107,13 +108,13 @@ def _probe_rows(folder: Path) -> list[dict]:
 
 
 def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path):
-    cfg = tiny_cfg(max_steps=60, ckpt_every=20, log_every=5, eval_every=10, probe_every=10,
+    cfg = tiny_cfg(max_steps=40, ckpt_every=20, log_every=5, eval_every=10, probe_every=10,
                    runs_dir=str(tmp_path / "unused"))
     words = command_line(cfg).split()[4:]  # every key=value, so the run_id is this config's
     words = [w for w in words if not w.startswith("runs_dir=")]
     script = tmp_path / "fork_server.py"
     script.write_text(FORK_SERVER)
-    trials = 24
+    trials = 20
     out = subprocess.run([sys.executable, str(script), json.dumps(words), str(tmp_path), str(trials),
                           "12"], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -125,7 +126,7 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
     ref_rows, ref_probes = _metric_rows(ref), _probe_rows(ref)
     ref_weights, _ = runlog.read_tensors(ref / "final.safetensors")
     ref_summary = json.loads((ref / "summary.json").read_text())
-    assert [r["step"] for r in ref_rows] == list(range(61))
+    assert [r["step"] for r in ref_rows] == list(range(41))
     again = tmp_path / "reference-again" / reference
     assert _metric_rows(again) == ref_rows and _probe_rows(again) == ref_probes  # a fair bar
 
@@ -178,3 +179,280 @@ def test_deferred_signal_waits_for_the_safe_point():
     with pytest.raises(Interrupted), Deferred():  # raised when the block ends, if never checked
         os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+# --- damaged files -------------------------------------------------------------------------------
+
+def _interrupted_at_10(cfg, monkeypatch):
+    """Train `cfg` and stop it by Ctrl-C at step 10 (a checkpoint there)."""
+    from mlx_gpt import train as trainer
+
+    real = trainer.Display.update
+
+    def update(self, step, *args):
+        if step == 10:
+            raise KeyboardInterrupt
+        return real(self, step, *args)
+
+    monkeypatch.setattr(trainer.Display, "update", update)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(cfg, verbose=False)
+    monkeypatch.setattr(trainer.Display, "update", real)
+    assert (run_dir_of(cfg) / "checkpoint.safetensors").exists()
+
+
+@pytest.fixture
+def reference(tiny_cfg):
+    from mlx_gpt.train import train
+
+    cfg = tiny_cfg(max_steps=20, ckpt_every=10)
+    train(cfg, verbose=False)
+    return cfg
+
+
+def _same_as(cfg, ref) -> None:
+    assert _metric_rows(run_dir_of(cfg)) == _metric_rows(run_dir_of(ref))
+    assert _probe_rows(run_dir_of(cfg)) == _probe_rows(run_dir_of(ref))
+
+
+@pytest.mark.parametrize("damage", ["flip a tensor byte", "truncate", "garbage",
+                                    "drop a metrics part", "truncate a probes part"])
+def test_damage_found_at_resume_restarts_from_step_0(reference, tmp_path, monkeypatch, capsys,
+                                                     damage):
+    import dataclasses
+
+    from mlx_gpt.train import train
+
+    cfg = dataclasses.replace(reference, runs_dir=str(tmp_path / "damaged"))
+    _interrupted_at_10(cfg, monkeypatch)
+    folder = run_dir_of(cfg)
+    ckpt = folder / "checkpoint.safetensors"
+    data = bytearray(ckpt.read_bytes())
+    if damage == "flip a tensor byte":
+        data[-5] ^= 0x40
+        ckpt.write_bytes(bytes(data))
+    elif damage == "truncate":
+        ckpt.write_bytes(bytes(data[: len(data) // 2]))
+    elif damage == "garbage":
+        ckpt.write_bytes(b"not a checkpoint")
+    elif damage == "drop a metrics part":
+        runlog.parts(folder / "metrics")[0][1].unlink()
+    else:
+        part = runlog.parts(folder / "probes")[0][1]
+        part.write_bytes(part.read_bytes()[:100])
+    capsys.readouterr()
+    assert train(cfg, verbose=False)["status"] == "completed"
+    err = capsys.readouterr().err
+    assert "restarting the run from step 0" in err and err.count("\n") == 1, err
+    assert "resumed_from_step" not in json.loads((folder / "manifest.json").read_text())
+    _same_as(cfg, reference)
+
+
+def test_finished_run_with_a_damaged_part_is_reported_with_its_repair(reference, capsys):
+    from mlx_gpt.__main__ import main
+
+    folder = run_dir_of(reference)
+    part = runlog.parts(folder / "metrics")[-1][1]
+    intact = part.read_bytes()
+    part.write_bytes(intact[:50])
+    words = command_line(reference).split()[4:]
+    assert main(["train", *words]) == 2
+    err = capsys.readouterr().err
+    assert "completed but damaged" in err and f"rm -r {folder}" in err and err.count("\n") == 1
+    (folder / "final.safetensors").write_bytes(b"x")  # final weights are checked too
+    part.write_bytes(intact)
+    assert main(["train", *words]) == 2
+    assert "final.safetensors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{\"status\": 3}", "{not json", "\"completed\""])
+def test_summary_that_is_not_a_summary_is_one_line(reference, capsys, content):
+    from mlx_gpt.__main__ import main
+
+    path = run_dir_of(reference) / "summary.json"
+    path.write_text(content)
+    assert main(["train", *command_line(reference).split()[4:]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(path) in err and "rm " in err and err.count("\n") == 1
+
+
+def test_disk_full_is_one_line_and_the_run_resumes(reference, tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import errno
+
+    from mlx_gpt.__main__ import main
+
+    cfg = dataclasses.replace(reference, runs_dir=str(tmp_path / "full"))
+    real = runlog.save_tensors
+
+    def full(path, *args):
+        if path.name == "final.safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args)
+
+    monkeypatch.setattr(runlog, "save_tensors", full)
+    words = command_line(cfg).split()[4:]
+    assert main(["train", *words]) == 2
+    err = capsys.readouterr().err
+    assert "disk full" in err and err.count("\n") == 1
+    folder = run_dir_of(cfg)
+    assert (folder / "checkpoint.safetensors").exists() and not (folder / "summary.json").exists()
+    monkeypatch.setattr(runlog, "save_tensors", real)
+    assert main(["train", *words]) == 0
+    _same_as(cfg, reference)
+
+
+def test_leftover_temp_files_of_dead_processes_are_removed(tiny_cfg):
+    from mlx_gpt.train import train
+
+    cfg = tiny_cfg(max_steps=10)
+    folder = run_dir_of(cfg)
+    (folder / "metrics").mkdir(parents=True)
+    dead = 2**22 + 17  # above the default pid_max: no such process
+    leftovers = [folder / ".checkpoint.tmp.safetensors", folder / f".manifest.json.tmp-{dead}",
+                 folder / "metrics" / f".part-00000000-00000009.parquet.tmp-{dead}"]
+    alive = folder / f".summary.json.tmp-{os.getppid()}"  # a live process's file stays
+    for path in [*leftovers, alive]:
+        path.write_bytes(b"x" * 100)
+    assert train(cfg, verbose=False)["status"] == "completed"
+    assert not any(p.exists() for p in leftovers) and alive.exists()
+    assert runlog.read_tensors(folder / "final.safetensors")[1]["sha256"] == json.loads(
+        (folder / "summary.json").read_text())["final_weights_sha256"]
+
+
+CRASH = textwrap.dedent("""
+    import faulthandler, sys
+    import mlx_gpt
+    from mlx_gpt import train as trainer
+    trainer.resume_point = lambda *args: faulthandler._sigsegv()  # inside a run, not calibration
+    from mlx_gpt.__main__ import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_a_run_that_kills_its_process_is_recorded_failed_and_not_retried(tiny_data, tmp_path,
+                                                                         capsys):
+    from mlx_gpt import sweep
+    from mlx_gpt.__main__ import main
+
+    words = ["preset=demo", f"data={tiny_data}", f"runs_dir={tmp_path / 'runs'}", "name=t",
+             "depth=1", "d_model=16", "n_heads=2", "block_size=16", "batch_size=2",
+             "max_steps=5", "warmup_steps=1", "eval_every=5", "eval_batches=1", "probe_every=5",
+             "log_every=5", "ckpt_every=5", "arms=none", "seeds=0", "lrs=1e-3,1e-2", "jobs=1",
+             "--no-notify"]
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH)
+    out = subprocess.run([sys.executable, str(script), "sweep", *words], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == -signal.SIGSEGV
+    crashed, fine = sweep.grid(sweep.parse_sweep_config(words[:-1]))
+    assert main(["sweep", *words]) == 0  # the next sweep records it failed and goes on
+    summary = json.loads((run_dir_of(crashed) / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["fatal_signal"]
+    assert "Segmentation fault" in summary["error"]
+    assert "Segmentation fault" in (run_dir_of(crashed) / "traceback.txt").read_text()
+    assert json.loads((run_dir_of(fine) / "summary.json").read_text())["status"] == "completed"
+    capsys.readouterr()
+    assert main(["sweep", *words]) == 0  # and does not retry it
+    assert "not retried" in capsys.readouterr().out
+
+
+# --- token ids, run files, bad input -----------------------------------------------------------
+
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsys):
+    import shutil
+
+    from mlx_gpt.__main__ import main
+    from mlx_gpt.data import load_tokens
+
+    for bad in (300, 257):  # 257..319 is the padding of the bytes vocabulary: also refused
+        folder = tmp_path / f"bad{bad}-bytes"
+        shutil.copytree(tiny_data, folder)
+        tokens = np.memmap(folder / "train.bin", dtype="<u2", mode="r+")
+        tokens[1234] = bad
+        tokens.flush()
+        del tokens
+        with pytest.raises(UsageError, match=f"holds token id {bad}, outside the vocabulary"):
+            load_tokens(folder)
+    assert main(["train", f"data={folder}", f"runs_dir={tmp_path / 'runs'}"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "runs").exists()
+    (folder / "meta.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="no valid vocab_size"):
+        load_tokens(folder)
+
+
+@pytest.mark.parametrize("words, message", [
+    (["train", "n_heads=0"], "n_heads must be >= 1"),
+    (["train", "depth=1e400"], "depth must be an integer"),
+    (["train", "depth=nan"], "depth must be an integer"),
+    (["train", "lr=inf"], "lr must be a finite number"),
+    (["train", "lr=1e400"], "lr must be a finite number"),
+    (["train", "lr=1e300"], "at most 3.4e+38"),
+    (["train", "weight_decay=inf"], "weight_decay must be a finite number"),
+    (["train", "eps=inf"], "eps must be a finite number"),
+    (["train", "eps=1e-50"], "eps must be > 0 in float32"),
+    (["train", "lr=1e-3", "lr=2e-3"], "lr is given twice"),
+    (["train", "independent_wd=true", "weight_decay=0.01"], "independent_wd=true needs"),
+    (["prepare", "synthetic", "size_mb=inf"], "size_mb must be a finite number"),
+    (["prepare", "synthetic", "size_mb=1e12"], "size_mb must be > 0 and at most"),
+    (["prepare", "synthetic", "seed=1", "seed=2"], "seed is given twice"),
+    (["sweep", "preset=demo", "lr_max=inf", "--dry-run"], "lr_max must be a finite number"),
+    (["sweep", "preset=demo", "depth=nan"], "depth: 'nan' is not a finite number"),
+    (["sweep", "preset=demo", "depth=1e400"], "is not a finite number"),
+    (["sweep", "preset=demo", "lrs=inf"], "lrs: 'inf' is not a finite number"),
+    (["sweep", "preset=demo", "points_per_decade=1e9", "--dry-run"], "more than 1000"),
+    (["sweep", "preset=demo", "seeds=0", "seeds=1"], "seeds is given twice"),
+])
+def test_bad_values_are_one_line_exit_2(words, message, capsys, tmp_path, monkeypatch):
+    from mlx_gpt.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(words) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_unwritable_output_folders_are_one_line(tiny_data, tmp_path, capsys):
+    from analysis.__main__ import main as analysis_main
+    from mlx_gpt.__main__ import main
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for runs_dir in ("/proc/x", str(a_file)):
+        assert main(["train", f"data={tiny_data}", f"runs_dir={runs_dir}", "max_steps=1"]) == 2
+        err = capsys.readouterr().err
+        assert "cannot create run folder" in err and err.count("\n") == 1, err
+    assert analysis_main(["report", str(tmp_path), "--out", "/proc/x"]) == 2
+    assert "cannot write the report to /proc/x" in capsys.readouterr().err
+
+
+def test_independent_wd_defaults_to_1e_4_and_load_config_is_strict(tmp_path):
+    from mlx_gpt.config import TrainConfig, load_config, parse_train_config
+
+    assert parse_train_config(["independent_wd=true"]).weight_decay == 1e-4
+    assert parse_train_config([]).weight_decay == 0.1
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TrainConfig().identity(), "run_id": "x", "colour": "red"}))
+    with pytest.raises(UsageError, match="unknown keys colour"):
+        load_config(str(path))
+    path.write_text(json.dumps({**TrainConfig().identity(), "depth": "six"}))
+    with pytest.raises(UsageError, match="depth='six' is not a valid value"):
+        load_config(str(path))
+    path.write_text(json.dumps({**TrainConfig().identity(), "run_id": "x"}))
+    assert load_config(str(path)) == TrainConfig()
+
+
+def test_failed_runs_are_listed_by_the_analysis(reference, tmp_path):
+    from analysis.load import load_runs
+    from mlx_gpt.train import summary_base
+
+    failed = run_dir_of(reference).parent / "d2-noqk-lr0.1-s0-failedrun"
+    failed.mkdir()
+    cfg = reference.__class__(**{**reference.__dict__, "lr": 0.1})
+    runlog.record_failure(failed, {**summary_base(cfg), "run_id": failed.name},
+                          RuntimeError("boom"))
+    runs = load_runs(run_dir_of(reference).parent)
+    row = runs.table.filter(runs.table["status"] == "failed").to_dicts()
+    assert len(row) == 1 and row[0]["lr"] == 0.1
+    assert any("RuntimeError: boom" in w for w in runs.warnings)
