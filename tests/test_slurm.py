@@ -150,11 +150,14 @@ PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
 
 
 def sweep_words(data: str, runs: Path, name: str, *extra: str) -> list[str]:
-    """A tiny sweep: depth 1, d_model 32, 30 steps of 4 x 32 tokens (a few seconds a run)."""
-    return ["preset=demo", f"data={data}", f"runs_dir={runs}", f"name={name}", "depth=1",
-            "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=30",
-            "warmup_steps=5", "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5",
-            "ckpt_every=10", "divergence_window=5", "seeds=0", "jobs=1", *extra]
+    """A tiny sweep: depth 1, d_model 32, 30 steps of 4 x 32 tokens (a few seconds a run).
+    `extra` words replace the defaults of the same key (a key may be given once)."""
+    words = dict(w.split("=", 1) for w in (
+        "preset=demo", f"data={data}", f"runs_dir={runs}", f"name={name}", "depth=1",
+        "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=30",
+        "warmup_steps=5", "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5",
+        "ckpt_every=10", "divergence_window=5", "seeds=0", "jobs=1", *extra))
+    return [f"{k}={v}" for k, v in words.items()]
 
 
 def submit(words: list[str], capsys) -> tuple[str | None, str]:

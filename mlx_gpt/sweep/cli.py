@@ -72,45 +72,45 @@ def _cli(argv: list[str]) -> int:
     if "--slurm" in flags and flags & {"--dry-run", "--calibrate", "--emit-commands"}:
         raise UsageError("--slurm writes the job array; give it without --dry-run, --calibrate "
                          "or --emit-commands")
-    sc = parse_sweep_config(words)
-    runs = [c.validate() for c in grid(sc)]  # every run's config is checked before anything runs
+    sweep = parse_sweep_config(words)
+    runs = [c.validate() for c in grid(sweep)]  # every run's config is checked before anything runs
 
     if "--emit-commands" in flags:
-        todo, refine = remaining_runs(sc)
+        todo, refine = remaining_runs(sweep)
         for cfg in todo + refine:
             print(command_line(cfg))
         print(f"# {len(todo)} of {len(runs)} grid runs left, {len(refine)} refinement runs "
               "called for by the results so far" + (" (run --emit-commands again once these "
                                                     "finish and their folders are merged)"
-                                                    if sc.refine else ""), file=sys.stderr)
+                                                    if sweep.refine else ""), file=sys.stderr)
         return 0
     worker = "--worker" in flags
     if not flags & {"--dry-run"} and not worker:
-        trainer.load_data(sc.train)  # the data must exist before anything is written
+        trainer.load_data(sweep.train)  # the data must exist before anything is written
     if "--slurm" in flags:
-        return slurm.submit(sc, slurm_options, send="--submit" in flags)
+        return slurm.submit(sweep, slurm_options, send="--submit" in flags)
     start = time.perf_counter()
     if not worker and "--dry-run" not in flags:
-        log_to(Path(sc.runs_dir) / sc.name / "sweep.log")
+        log_to(Path(sweep.runs_dir) / sweep.name / "sweep.log")
     if worker:
         speeds: Mapping[int, float] = {}
     else:
-        speeds = describe(sc, runs, calibrate_speed="--dry-run" not in flags
+        speeds = describe(sweep, runs, calibrate_speed="--dry-run" not in flags
                           or "--calibrate" in flags)
     if "--dry-run" in flags:
         return 0
 
     if not worker:
-        declare_grid(sc)
-    workers = spawn_workers(words, sc) if sc.jobs > 1 and not worker else []
+        declare_grid(sweep)
+    workers = spawn_workers(words, sweep) if sweep.jobs > 1 and not worker else []
     if workers:
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
-              f"(logs in {Path(sc.runs_dir) / sc.name}/sweep-worker-*.log)", flush=True)
+              f"(logs in {Path(sweep.runs_dir) / sweep.name}/sweep-worker-*.log)", flush=True)
     tally = None
     try:
-        tally = execute(sc, speeds, verbose=True)
+        tally = execute(sweep, speeds, verbose=True)
     except KeyboardInterrupt as e:
-        print(f"\nsweep {sc.name} interrupted; the current run is checkpointed. Run the same "
+        print(f"\nsweep {sweep.name} interrupted; the current run is checkpointed. Run the same "
               f"command again to resume: python -m mlx_gpt sweep {shlex.join(words)}",
               file=sys.stderr, flush=True)
         return interrupts.exit_code(e)
@@ -123,10 +123,10 @@ def _cli(argv: list[str]) -> int:
     if not worker:
         if workers:  # the other processes may have finished runs this one passed over
             tally.busy = [c for c in tally.busy if verdict(c) is Outcome.PENDING]
-        report(sc, tally, time.perf_counter() - start)
+        report(sweep, tally, time.perf_counter() - start)
         if "--no-notify" not in flags:
             failed = tally.status["failed"]
-            notify(f"sweep {sc.name} finished", f"{tally.done} runs have a result"
+            notify(f"sweep {sweep.name} finished", f"{tally.done} runs have a result"
                    + (f", {failed} failed" if failed else ""))
     return 0
 

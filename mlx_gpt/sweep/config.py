@@ -212,26 +212,26 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
 # --- expanding a sweep into runs ------------------------------------------------------------
 
 
-def run_config(sc: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
+def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
     """One run of the sweep: arm `arm` (its one change against none, sweep/arms.py). data_seed
     follows the seed (offset by the base data_seed), so a seed replicates all of training's
     randomness while every LR and arm of one seed is paired (same init weights, same batches)."""
     return apply_arm(dataclasses.replace(
-        sc.train, depth=depth, lr=lr, seed=seed, data_seed=sc.train.data_seed + seed,
-        sweep=sc.name, runs_dir=sc.runs_dir), arm)
+        sweep.train, depth=depth, lr=lr, seed=seed, data_seed=sweep.train.data_seed + seed,
+        sweep=sweep.name, runs_dir=sweep.runs_dir), arm)
 
 
-def grid(sc: SweepConfig) -> list[TrainConfig]:
+def grid(sweep: SweepConfig) -> list[TrainConfig]:
     """Grid runs in the order they are trained: seed, then depth, then LR (ascending), with the
     arms of one LR adjacent. A partial night thus holds whole paired LR curves for seed 0 at
     every depth before any run of seed 1 starts."""
-    return [run_config(sc, depth, lr, arm, seed)
-            for seed in sc.seeds for depth in sc.depth
-            for lr in sc.grid_lrs() for arm in sc.arms]
+    return [run_config(sweep, depth, lr, arm, seed)
+            for seed in sweep.seeds for depth in sweep.depth
+            for lr in sweep.grid_lrs() for arm in sweep.arms]
 
 
 Group = tuple[int, str, int]  # (depth, arm, seed): one LR curve, refined on its own
 
 
-def groups(sc: SweepConfig) -> list[Group]:
-    return [(depth, arm, seed) for seed in sc.seeds for depth in sc.depth for arm in sc.arms]
+def groups(sweep: SweepConfig) -> list[Group]:
+    return [(depth, arm, seed) for seed in sweep.seeds for depth in sweep.depth for arm in sweep.arms]

@@ -75,23 +75,23 @@ def lr_text(lrs: Sequence[float]) -> str:
     return " ".join(f"{lr:.3g}" for lr in lrs)
 
 
-def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) -> dict[int, float]:
+def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) -> dict[int, float]:
     """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
-    t = sc.train
+    t = sweep.train
     vocab, vocab_from = vocab_size(t.data)
     unfinished = [c for c in runs if not verdict(c).finished]
-    n_groups = len(groups(sc))
-    refine_max = n_groups * sc.refine_steps if sc.refine else 0
-    print(f"sweep {sc.name} (preset {sc.preset}): {counted(len(runs), 'grid run')} = "
-          f"{counted(len(sc.grid_lrs()), 'LR')} x {counted(len(sc.arms), 'arm')} x "
-          f"{counted(len(sc.seeds), 'seed')} x {counted(len(sc.depth), 'depth')}"
+    n_groups = len(groups(sweep))
+    refine_max = n_groups * sweep.refine_steps if sweep.refine else 0
+    print(f"sweep {sweep.name} (preset {sweep.preset}): {counted(len(runs), 'grid run')} = "
+          f"{counted(len(sweep.grid_lrs()), 'LR')} x {counted(len(sweep.arms), 'arm')} x "
+          f"{counted(len(sweep.seeds), 'seed')} x {counted(len(sweep.depth), 'depth')}"
           + (f", + up to {counted(refine_max, 'refinement run')} "
-                                       f"({sc.refine_steps} per curve, to within x{sc.refine_factor:g})"
+                                       f"({sweep.refine_steps} per curve, to within x{sweep.refine_factor:g})"
                                        if refine_max else ", no refinement"))
-    print(f"  folder      {Path(sc.runs_dir) / sc.name}  ({len(runs) - len(unfinished)} of "
+    print(f"  folder      {Path(sweep.runs_dir) / sweep.name}  ({len(runs) - len(unfinished)} of "
           f"{len(runs)} grid runs already finished)")
-    print(f"  LRs         {lr_text(sc.grid_lrs())}")
-    print(f"  arms        {', '.join(sc.arms)};  seeds {', '.join(map(str, sc.seeds))}")
+    print(f"  LRs         {lr_text(sweep.grid_lrs())}")
+    print(f"  arms        {', '.join(sweep.arms)};  seeds {', '.join(map(str, sweep.seeds))}")
     print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
           f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
           f"{vocab if vocab else '?'}, {vocab_from})")
@@ -99,8 +99,8 @@ def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) ->
           f"{t.steps * t.tokens_per_step:,} tokens; warmup {t.warmup_steps}, eval every "
           f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
     speeds: dict[int, float] = {}
-    for depth in sc.depth:
-        cfg = run_config(sc, depth, t.lr, sc.arms[-1], 0)
+    for depth in sweep.depth:
+        cfg = run_config(sweep, depth, t.lr, sweep.arms[-1], 0)
         line = f"  depth {depth:<5} "
         if vocab:
             p = param_counts(cfg, vocab)
@@ -115,12 +115,12 @@ def describe(sc: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) ->
         print(line, flush=True)
     if speeds:
         total = sum(run_cost_tokens(c) / speeds[c.depth] for c in unfinished)
-        per_refine = sum(run_cost_tokens(run_config(sc, d, 1.0, "none", 0)) / speeds[d]
-                         for d in sc.depth) / len(sc.depth)
+        per_refine = sum(run_cost_tokens(run_config(sweep, d, 1.0, "none", 0)) / speeds[d]
+                         for d in sweep.depth) / len(sweep.depth)
         print(f"  estimate    {trainer.format_seconds(total)} for the "
               f"{counted(len(unfinished), 'unfinished grid run')} in one process"
-              + (f" (jobs={sc.jobs} shares them out: 2 processes on 2 cores measured 1.3-1.4x "
-                 "sooner)" if sc.jobs > 1 else "")
+              + (f" (jobs={sweep.jobs} shares them out: 2 processes on 2 cores measured 1.3-1.4x "
+                 "sooner)" if sweep.jobs > 1 else "")
               + (f", + up to {trainer.format_seconds(refine_max * per_refine)} "
                               f"of refinement" if refine_max else "")
               + " (training and evaluation; diverged runs stop early; probes and checkpoints "
@@ -144,27 +144,27 @@ def command_line(cfg: TrainConfig) -> str:
     return f"{shlex.quote(sys.executable)} -m mlx_gpt train " + " ".join(words)
 
 
-def remaining_runs(sc: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
+def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
     """(grid runs without a finished result, refinement runs the results on disk now call for)."""
-    todo = [c for c in grid(sc) if not verdict(c).finished]
-    refine = [cfg for g in groups(sc) if (cfg := group_state(sc, g)[1]) is not None]
+    todo = [c for c in grid(sweep) if not verdict(c).finished]
+    refine = [cfg for g in groups(sweep) if (cfg := group_state(sweep, g)[1]) is not None]
     return todo, refine
 
 
-def declare_grid(sc: SweepConfig) -> None:
+def declare_grid(sweep: SweepConfig) -> None:
     """Write <runs_dir>/<name>/sweep.json: the base LR grid (so the analysis can tell grid runs
     from refinement runs) and the sweep's axes. Grids of earlier sweeps into the same folder
     are kept (union)."""
-    folder = Path(sc.runs_dir) / sc.name
+    folder = Path(sweep.runs_dir) / sweep.name
     trainer.make_folder(folder, "sweep folder")
     earlier = runlog.read_json(folder / "sweep.json") or {}
     runlog.write_json(folder / "sweep.json", {
-        "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sc.grid_lrs())),
-        "preset": sc.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sc.depth)),
-        "seeds": sorted(set(earlier.get("seeds", [])) | set(sc.seeds)),
-        "arms": sorted(set(earlier.get("arms", [])) | set(sc.arms)),
+        "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sweep.grid_lrs())),
+        "preset": sweep.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sweep.depth)),
+        "seeds": sorted(set(earlier.get("seeds", [])) | set(sweep.seeds)),
+        "arms": sorted(set(earlier.get("arms", [])) | set(sweep.arms)),
         # the arms that change qk_norm alone, by their qk_norm (what sweep.json held before arms)
         "qk_norms": sorted(set(earlier.get("qk_norms", []))
-                           | {a for a in sc.arms if set(arm_changes(a)) <= {"qk_norm"}}),
-        "refine": sc.refine, "refine_steps": sc.refine_steps, "refine_factor": sc.refine_factor,
+                           | {a for a in sweep.arms if set(arm_changes(a)) <= {"qk_norm"}}),
+        "refine": sweep.refine, "refine_steps": sweep.refine_steps, "refine_factor": sweep.refine_factor,
     })

@@ -81,23 +81,23 @@ def verdict(cfg: TrainConfig) -> Outcome:
         return Outcome.PENDING
 
 
-def group_state(sc: SweepConfig, group: Group) -> tuple[dict[float, bool | None], TrainConfig | None]:
+def group_state(sweep: SweepConfig, group: Group) -> tuple[dict[float, bool | None], TrainConfig | None]:
     """Replay a group's refinement from the results on disk.
 
     Returns (results so far, the next run to train or None). The next run is None when the
     group is done or waits on a run without a result (for example one held by another process).
     """
     depth, arm, seed = group
-    grid_lrs = sc.grid_lrs()
+    grid_lrs = sweep.grid_lrs()
     results: dict[float, bool | None] = {}
     for lr in grid_lrs:
-        v = verdict(run_config(sc, depth, lr, arm, seed))
+        v = verdict(run_config(sweep, depth, lr, arm, seed))
         if v is Outcome.PENDING:
             return results, None
         results[lr] = v.stable
-    while sc.refine and (lr := next_midpoint(results, grid_lrs, sc.refine_steps,
-                                             sc.refine_factor)) is not None:
-        cfg = run_config(sc, depth, lr, arm, seed)
+    while sweep.refine and (lr := next_midpoint(results, grid_lrs, sweep.refine_steps,
+                                             sweep.refine_factor)) is not None:
+        cfg = run_config(sweep, depth, lr, arm, seed)
         v = verdict(cfg)
         if v is Outcome.PENDING:
             return results, cfg

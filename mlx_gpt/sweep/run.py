@@ -123,10 +123,10 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
 
 
-def execute(sc: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
+def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
     """Train the grid, then the refinement; runs held elsewhere are looked at again at the end."""
-    runs = grid(sc)
-    tally = Tally(total=len(runs), processes=sc.jobs)
+    runs = grid(sweep)
+    tally = Tally(total=len(runs), processes=sweep.jobs)
     attempted: set[str] = set()
     finished = [c for c in runs if verdict(c).finished]
     for cfg in finished:
@@ -149,10 +149,10 @@ def execute(sc: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) 
     for cfg in list(tally.busy):
         tally.busy.remove(cfg)
         run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
-    if not sc.refine:
+    if not sweep.refine:
         return tally
     while True:  # one round = at most one new point per curve, so every curve advances together
-        new = [cfg for g in groups(sc) if (cfg := group_state(sc, g)[1]) is not None
+        new = [cfg for g in groups(sweep) if (cfg := group_state(sweep, g)[1]) is not None
                and cfg.run_id not in attempted]
         if not new:
             return tally
@@ -161,20 +161,20 @@ def execute(sc: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) 
             run_one(cfg, tally, attempted, speed(cfg), cost(new[i:]), verbose)
 
 
-def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
+def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
-    curves = {g: group_state(sc, g)[0] for g in groups(sc)}
-    on_grid = set(sc.grid_lrs())
-    runs = grid(sc) + [run_config(sc, depth, lr, arm, seed) for (depth, arm, seed), results
+    curves = {g: group_state(sweep, g)[0] for g in groups(sweep)}
+    on_grid = set(sweep.grid_lrs())
+    runs = grid(sweep) + [run_config(sweep, depth, lr, arm, seed) for (depth, arm, seed), results
                        in curves.items() for lr in results if lr not in on_grid]
     counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
     for cfg in runs:
         counts[verdict(cfg).value] += 1
-    print(f"sweep {sc.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
+    print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "
           f"time {trainer.format_seconds(seconds)} (plan and calibration included); results in "
-          f"{Path(sc.runs_dir) / sc.name}")
+          f"{Path(sweep.runs_dir) / sweep.name}")
     if tally.busy:
         print(f"  {counted(len(tally.busy), 'run is', 'runs are')} held by another process: "
               f"{', '.join(c.run_id for c in tally.busy)}. "
@@ -185,17 +185,17 @@ def report(sc: SweepConfig, tally: Tally, seconds: float) -> None:
     for line in tally.damaged:
         print(f"  damaged: {line}")
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
-    width = max(len(a) for a in sc.arms)
+    width = max(len(a) for a in sweep.arms)
     for (depth, arm, seed), results in curves.items():
         lo, hi = boundary(results)
         print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
               + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
-    print_peak_logits(sc, runs)
+    print_peak_logits(sweep, runs)
 
 
-def print_peak_logits(sc: SweepConfig, runs: list[TrainConfig]) -> None:
+def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
     """Per depth and seed, each arm's peak max attention logit (any layer, any step) by LR."""
     from ..probes import peak_max_attention_logit
 
@@ -209,19 +209,19 @@ def print_peak_logits(sc: SweepConfig, runs: list[TrainConfig]) -> None:
     if not table:
         return
     print("  peak max attention logit before any cap (max over layers and probe steps):")
-    print("    depth seed       lr  " + "".join(f"{arm:>12}" for arm in sc.arms))
+    print("    depth seed       lr  " + "".join(f"{arm:>12}" for arm in sweep.arms))
     for (depth, seed, lr), arms in sorted(table.items()):
         cells = "".join(f"{arms[arm]:>12,.1f}" if arm in arms else f"{'-':>12}"
-                        for arm in sc.arms)
+                        for arm in sweep.arms)
         print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 
-def spawn_workers(words: list[str], sc: SweepConfig) -> list[subprocess.Popen]:
+def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen]:
     """jobs=K: K-1 more sweep processes on the same tree (run locks share the work between them)."""
-    folder = Path(sc.runs_dir) / sc.name
+    folder = Path(sweep.runs_dir) / sweep.name
     folder.mkdir(parents=True, exist_ok=True)
     workers = []
-    for i in range(1, sc.jobs):
+    for i in range(1, sweep.jobs):
         # appended, never truncated: a worker of an earlier, interrupted sweep may still write
         log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
         log.write(f"--- sweep worker {i} started {runlog.now()} by process {os.getpid()}\n")

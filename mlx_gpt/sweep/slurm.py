@@ -102,9 +102,7 @@ def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOpti
 
 def train_command(cfg: TrainConfig) -> str:
     """The run's standalone `train` command with this environment's interpreter."""
-    line = command_line(cfg)
-    assert line.startswith("python ")
-    return shlex.quote(sys.executable) + line[len("python"):]
+    return command_line(cfg)
 
 
 def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
@@ -171,13 +169,13 @@ def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
     return active, jobs
 
 
-def array_script(folder: Path, n: int, sc: SweepConfig, options: SlurmOptions) -> str:
+def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions) -> str:
     limit = f"%{options.max_parallel}" if options.max_parallel else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sc.name}", f"#SBATCH --array=0-{n - 1}{limit}",
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}", f"#SBATCH --array=0-{n - 1}{limit}",
              f"#SBATCH --output={folder}/task-%a.log"]
     lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
     lines += [
-        f"# Sweep {sc.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
+        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
         "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission resumes).",
         f"cd {shlex.quote(str(Path.cwd()))}",
         f"exec {shlex.quote(sys.executable)} -m mlx_gpt sweep --slurm-task "
@@ -189,37 +187,37 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def submit(sc: SweepConfig, options: SlurmOptions, send: bool) -> int:
+def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     """Write the task list and array script of what is left (and sbatch it when `send`)."""
     if send and shutil.which("sbatch") is None:
         raise UsageError("--submit needs sbatch on PATH; without --submit the array script is "
                          "written for you to submit")
-    sweep_dir = (Path(sc.runs_dir) / sc.name).absolute()
+    sweep_dir = (Path(sweep.runs_dir) / sweep.name).absolute()
     if re.search(r"\s", str(sweep_dir)) or re.search(r"\s", str(Path.cwd())):
         raise UsageError(f"{sweep_dir} holds whitespace, which #SBATCH lines cannot hold")
-    todo, refine = remaining_runs(sc)
+    todo, refine = remaining_runs(sweep)
     active, jobs = active_runs(sweep_dir)
     runs = [c for c in todo + refine if c.run_id not in active]
     n_grid = sum(1 for c in todo if c.run_id not in active)
     held = (f"; {len(active)} more are still queued or running in job {', '.join(jobs)}"
             if active else "")
     if not runs:
-        print(f"sweep {sc.name}: nothing to submit: every run the results call for is finished"
+        print(f"sweep {sweep.name}: nothing to submit: every run the results call for is finished"
               f"{held}", flush=True)
         return 0
-    declare_grid(sc)
+    declare_grid(sweep)
     number = max((int(p.name) for p, _ in submissions(sweep_dir)), default=0) + 1
     folder = sweep_dir / "slurm" / f"{number:03d}"
     folder.mkdir(parents=True)
     runlog.write_text(folder / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
-    record = {"created": runlog.now(), "job_id": None, "sweep": sc.name,
+    record = {"created": runlog.now(), "job_id": None, "sweep": sweep.name,
               "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "arm": arm_name(c),
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
     runlog.write_json(folder / "submission.json", record)
     script = folder / "array.sbatch"
-    runlog.write_text(script, array_script(folder, len(runs), sc, options))
-    print(f"sweep {sc.name}: {plural(len(runs), 'run')} to submit as one array: "
+    runlog.write_text(script, array_script(folder, len(runs), sweep, options))
+    print(f"sweep {sweep.name}: {plural(len(runs), 'run')} to submit as one array: "
           f"{plural(n_grid, 'grid run')} not finished (interrupted ones resume from their "
           f"checkpoint), {plural(len(runs) - n_grid, 'boundary-refinement run')} the results so "
           f"far call for{held}.", flush=True)
