@@ -2,14 +2,16 @@
 
 MLX's Linux CPU backend compiles each fused elementwise kernel at run time by running
 `g++ -std=c++17 -O3 -Wall -fPIC -shared ...` (found on PATH) for baseline x86-64, and caches the
-library under `$TMPDIR/mlx/<version>/cpu/` by kernel name only. Before mlx is imported this
-module puts a `g++` wrapper first on PATH that appends `-march=native` (so the kernels use the
-CPU's AVX2/AVX-512 and FMA units), and points TMPDIR at a folder keyed by this CPU's identity
-(model name and feature flags), the compiler and the flags: a library built with other flags,
-or for another CPU, is never loaded. Python's own temporary folder is left where it was.
+library under `$TMPDIR/mlx/<version>/cpu/` by kernel name only. With MLX_GPT_CPU_JIT=native,
+before mlx is imported, this module puts a `g++` wrapper first on PATH that appends
+`-march=native` (so the kernels use the CPU's AVX2/AVX-512 and FMA units), and points TMPDIR at
+a folder keyed by this CPU's identity (model name and feature flags), the compiler and the
+flags: a library built with other flags, or for another CPU, is never loaded. Python's own
+temporary folder is left where it was.
 
-Opt out with MLX_GPT_CPU_JIT=plain (MLX's own build and cache). Elsewhere (macOS, other
-architectures, no g++ on PATH) nothing changes.
+The default, MLX_GPT_CPU_JIT=plain, is MLX's own build and cache (the tuned build measured
+1.02-1.04x on a 2-core AMD EPYC: docs/performance.md). Elsewhere (macOS, other architectures,
+no g++ on PATH) nothing changes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -31,10 +34,10 @@ ORIGINAL_TMPDIR = "MLX_GPT_ORIGINAL_TMPDIR"  # TMPDIR before this module changed
 # <dir>/tmp_<id>.cpp -o <dir>/tmp_<id>.so`; MLX renames the library to its kernel name itself.
 WRAPPER = """#!/bin/sh
 # Written by mlx_gpt/cpu_jit.py: MLX's CPU JIT compiler, with {flags}.
-exec '{gxx}' "$@" {flags}
+exec {gxx} "$@" {flags}
 """
 
-active: str | None = None  # the cache folder in use, recorded in each run's manifest
+active: str | None = None  # the cache folder in use, or None (MLX's own build)
 
 
 def cpu_identity() -> str:
@@ -86,6 +89,16 @@ def wanted() -> bool:
     return mode == "native" and supported()
 
 
+def _write_once(path: Path, text: str, mode: int) -> None:
+    """Write `path` unless it already holds `text`; atomically, as other processes may read it."""
+    if path.exists() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+
+
 def _without_inherited() -> list[str]:
     """Undo what a parent process's ensure_native_jit put in the environment (a child running
     plain must not compile into, or load from, the tuned cache). Returns PATH without it."""
@@ -114,14 +127,8 @@ def ensure_native_jit() -> str | None:
     bin_dir = folder / "bin"
     try:
         bin_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        wrapper = bin_dir / "g++"
-        text = WRAPPER.format(gxx=gxx, flags=FLAGS)
-        if not wrapper.exists() or wrapper.read_text() != text:
-            tmp = bin_dir / f".g++.{os.getpid()}"
-            tmp.write_text(text)
-            tmp.chmod(0o755)
-            os.replace(tmp, wrapper)
-        (folder / "cpu.txt").write_text(identity + f"\ncompiler: {gxx} {FLAGS}\n")
+        _write_once(bin_dir / "g++", WRAPPER.format(gxx=shlex.quote(gxx), flags=FLAGS), 0o755)
+        _write_once(folder / "cpu.txt", identity + f"\ncompiler: {gxx} {FLAGS}\n", 0o644)
     except OSError as exc:
         print(f"warning: cannot set up the tuned CPU JIT cache in {folder} ({exc}); MLX builds "
               f"its kernels for baseline x86-64", file=sys.stderr)
