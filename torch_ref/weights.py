@@ -2,8 +2,7 @@
 
 Parameter names are identical in both models (wte.weight, blocks.0.attn.qkv.weight, ...).
 MLX's nn.Linear stores its weight as (out, in) like torch.nn.Linear, and nn.Embedding as
-(num, dim) like torch.nn.Embedding, so no parameter needs a transpose today. If a layout ever
-differs, name its suffix in TRANSPOSED_SUFFIXES: that is the only place the rule lives.
+(num, dim) like torch.nn.Embedding: tensors move as they are, checked by name and shape.
 
 Loading accepts safetensors, or a torch file through torch.load(weights_only=True): never an
 arbitrary unpickle.
@@ -22,19 +21,6 @@ from mlx.utils import tree_flatten, tree_unflatten
 from safetensors.torch import load_file
 
 from mlx_gpt.errors import UsageError
-
-# Parameter-name suffixes stored (in, out) on one side and (out, in) on the other.
-TRANSPOSED_SUFFIXES: tuple[str, ...] = ()
-
-
-def transposed(name: str) -> bool:
-    return name.endswith(TRANSPOSED_SUFFIXES)
-
-
-def relayout(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """MLX layout <-> torch layout for one parameter (a transpose is its own inverse)."""
-    return tensor.T.contiguous() if transposed(name) else tensor
-
 
 def read_tensors(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     """Named tensors of a .safetensors file, or of a torch file loaded with weights_only=True."""
@@ -87,14 +73,14 @@ def save_torch(model: torch.nn.Module, path: str | Path) -> str:
     atomically and with a checksum (mlx_gpt.runlog.save_tensors). Returns the checksum."""
     from mlx_gpt import runlog
 
-    arrays = {name: relayout(name, p.detach().to("cpu").contiguous()).numpy()
+    arrays = {name: p.detach().to("cpu").contiguous().numpy()
               for name, p in model.named_parameters()}
     return runlog.save_tensors(Path(path), arrays, {"framework": "torch"})
 
 
 def load_torch(model: torch.nn.Module, path: str | Path) -> None:
     """Load a weights file in MLX layout into a torch_ref GPT, checking names and shapes."""
-    tensors = {k: relayout(k, v) for k, v in read_tensors(path).items()}
+    tensors = read_tensors(path)
     want = {name: tuple(p.shape) for name, p in model.named_parameters()}
     _check_names_and_shapes(path, {k: tuple(v.shape) for k, v in tensors.items()}, want)
     with torch.no_grad():
