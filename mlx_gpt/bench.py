@@ -59,11 +59,11 @@ BUILDS = ("plain", "native")  # MLX_GPT_CPU_JIT values: MLX's own JIT build, and
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    shapes: str = "reference,study"  # the train-step table (MLX, PyTorch, FLOP/s, memory)
+    shapes: str = "reference,study"  # the train-step table (MLX, PyTorch, FLOP/s, memory); none
     steps: int = 5  # timed steps per measurement (after 2 warm-up steps)
     torch: bool = True  # PyTorch eager baseline (needs the torch extra)
     probes: bool = True
-    cpu_shapes: str = "demo,mini"  # the CPU table: plain vs tuned build, 1 vs K processes
+    cpu_shapes: str = "demo,mini"  # the CPU table: plain vs tuned build, 1 vs K processes; none
     parallel: int = 2  # K for "K processes at once"; 1 leaves that comparison out
     builds: bool = True  # compare the plain and the tuned CPU build (Linux x86-64 only)
     rounds: int = 2  # interleaved rounds of the CPU table; the median is reported
@@ -78,7 +78,13 @@ class BenchConfig:
 
 
 def shape_names(text: str, key: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    """Comma-separated shape names; `none` leaves that table out."""
+    if text.strip() == "none":
+        return []
+    names = [s.strip() for s in text.split(",")]
+    if not all(names):
+        raise UsageError(f"{key} has an empty shape name ({text!r}); give names from "
+                         f"{', '.join(SHAPES)}, or none to leave that table out")
     for name in names:
         if name not in SHAPES:
             raise UsageError(f"unknown shape {name!r} in {key}; known: {', '.join(SHAPES)}")
@@ -96,8 +102,7 @@ def validate(bench: BenchConfig) -> tuple[list[str], list[str], Path]:
     shapes, cpu_shapes = shape_names(bench.shapes, "shapes"), shape_names(bench.cpu_shapes,
                                                                            "cpu_shapes")
     if not shapes and not cpu_shapes:
-        raise UsageError(f"nothing to measure: shapes and cpu_shapes are empty; known shapes: "
-                         f"{', '.join(SHAPES)}")
+        raise UsageError("nothing to measure: shapes and cpu_shapes are both none")
     out = Path(bench.out)
     try:
         out.mkdir(parents=True, exist_ok=True)

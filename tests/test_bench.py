@@ -47,7 +47,9 @@ def test_bench_writes_its_table(tmp_path, capsys):
 @pytest.mark.parametrize("words, message", [
     (["shapes=huge"], "unknown shape 'huge' in shapes"),
     (["cpu_shapes=demo,tiny"], "unknown shape 'tiny' in cpu_shapes"),
-    (["shapes=", "cpu_shapes="], "nothing to measure"),
+    (["shapes="], "shapes has an empty shape name"),
+    (["cpu_shapes=demo,"], "cpu_shapes has an empty shape name"),
+    (["shapes=none", "cpu_shapes=none"], "nothing to measure"),
     (["parallel=0"], "parallel must be >= 1"),
     (["steps=0"], "steps must be >= 1"),
     (["rounds=0"], "rounds must be >= 1"),
