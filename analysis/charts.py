@@ -6,6 +6,7 @@ as PNG and SVG through vl-convert and as a self-contained interactive HTML page.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -15,7 +16,12 @@ import vl_convert as vlc
 
 from . import metrics as M
 
-PANEL_W, PANEL_H = 230, 170
+PANEL_W, PANEL_H = 230, 200  # the smallest panel width; the height of a small-multiple panel
+# A chart is sized to fill a report page (content up to ~1460 px wide) at full size: PAGE_W is
+# the width a chart may take with its axes and legend; the page scales it down on narrow screens.
+PAGE_W = 1360
+LEGEND_W, AXIS_W, SPACING = 200, 70, 20
+MAX_PANEL_W = 1000
 OFF_LABEL = M.arm_words(M.OFF)
 ATTENTION_PROBES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head")
 # Off is always the warm orange, QK-norm arms greens/purples, rival controls further colours.
@@ -41,6 +47,84 @@ def arm_scale(arms: list[str]) -> alt.Scale:
                      range=[ARM_COLORS.get(k) or next(rest) for k in names])
 
 
+def panel_width(columns: int, legend: bool = True, total: int = PAGE_W) -> int:
+    """The width of one plot area when `columns` panels side by side (with one y axis and a
+    legend) span `total` pixels; never below PANEL_W (the page then scales the chart down)."""
+    spare = total - (LEGEND_W if legend else 0) - AXIS_W - (max(columns, 1) - 1) * SPACING
+    return int(max(PANEL_W, min(MAX_PANEL_W, spare / max(columns, 1))))
+
+
+LR_LABEL_PX = 46  # room for one LR tick label ("0.0003", "1.73e-5")
+
+
+def lr_ticks(lrs: list[float], width: float, label_px: float = LR_LABEL_PX) -> list[float]:
+    """Tick values for a log LR axis `width` pixels wide: the LRs run when their labels fit,
+    else the powers of ten in range, else every k-th LR run (labels never collide)."""
+    lrs = sorted({float(v) for v in lrs if v and v > 0})
+    if not lrs:
+        return []
+    span = math.log10(lrs[-1] / lrs[0]) or 1.0
+
+    def fits(ticks: list[float]) -> bool:
+        gaps = [width * math.log10(b / a) / span for a, b in zip(ticks, ticks[1:])]
+        return all(g >= label_px for g in gaps)
+
+    if fits(lrs):
+        return lrs
+    decades = [10.0 ** k for k in range(math.floor(math.log10(lrs[0])),
+                                        math.ceil(math.log10(lrs[-1])) + 1)
+               if lrs[0] / 1.0001 <= 10.0 ** k <= lrs[-1] * 1.0001]
+    if len(decades) >= 2 and fits(decades):
+        return decades
+    for k in range(2, len(lrs) + 1):
+        thinned = lrs[::k]
+        if fits(thinned):
+            return thinned
+    return lrs[:1]
+
+
+def lr_axis(lrs: list[float], width: float, title: str | None = "learning rate (log)"
+            ) -> alt.Axis:
+    """A log LR axis with labels that never collide ("3e-3", "1.73e-2")."""
+    return alt.Axis(values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
+                    title=title, labelFlush=False)
+
+
+def lr_scale(lrs: list[float], pad: float = 1.3) -> alt.Scale:
+    """A log LR scale over the LRs run (a little margin, no empty decade added by nice)."""
+    lrs = [v for v in lrs if v and v > 0]
+    return alt.Scale(type="log", nice=False, domain=[min(lrs) / pad, max(lrs) * pad])
+
+
+def finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
+    """Shared look: readable fonts, headers that are not cut, labels that do not overlap."""
+    return (chart.configure_axis(labelFontSize=11, titleFontSize=12, labelOverlap="greedy",
+                                 titleLimit=0)
+            .configure_header(labelFontSize=12, titleFontSize=12, labelLimit=0)
+            .configure_legend(labelFontSize=11, titleFontSize=12, labelLimit=0)
+            .configure_title(fontSize=15, anchor="start", limit=0))
+
+
+PROBE_WORDS = {
+    "max_attention_logit": "max attention logit",
+    "max_attention_logit_capped": "max attention logit after the soft-cap",
+    "max_attention_logit_bound": "QK-norm logit bound",
+    "attention_entropy_mean": "attention entropy (mean over heads)",
+    "attention_entropy_min_head": "attention entropy (lowest head)",
+    "residual_kurtosis": "residual kurtosis",
+    "residual_max_abs_over_rms": "residual max |x| / rms",
+    "output_logsumexp_mean": "output log-sum-exp (mean)",
+    "output_logit_max": "output logit max",
+    "q_rms": "q rms",
+    "k_rms": "k rms",
+}
+
+
+def probe_words(name: str) -> str:
+    """A probe's name as a readable title ("residual_kurtosis" -> "residual kurtosis")."""
+    return PROBE_WORDS.get(name) or name.replace("_", " ")
+
+
 def values(df: pl.DataFrame) -> alt.Data:
     """Inline data with NaN and +-inf as null (JSON has neither)."""
     floats = [c for c, t in df.schema.items() if t.is_float()]
@@ -49,11 +133,15 @@ def values(df: pl.DataFrame) -> alt.Data:
     return alt.Data(values=clean.to_dicts())
 
 
-def _log_x(title: str = "learning rate (log)") -> alt.X:
-    return alt.X("lr:Q", scale=alt.Scale(type="log"), title=title, axis=alt.Axis(format=".0e"))
+def _log_x(lrs: list[float], width: float, title: str = "learning rate (log)") -> alt.X:
+    return alt.X("lr:Q", scale=lr_scale(lrs), axis=lr_axis(lrs, width, title))
 
 
 # --- final loss vs LR -------------------------------------------------------------------------
+
+MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
+                                       "another framework's run")
+
 
 def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) -> alt.FacetChart:
     """Final val loss vs LR per depth: seed mean line, min-max band, diverged runs as crosses
@@ -64,39 +152,50 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
              .agg(loss=pl.col("loss_clipped").mean(), lo=pl.col("loss_clipped").min(),
                   hi=pl.col("loss_clipped").max(), seeds=pl.len(),
                   diverged=pl.col("diverged").sum())
-             .with_columns(kind=pl.lit("mean")))
+             .with_columns(kind=pl.lit("mean"), marker=pl.lit(MEAN_MARK)))
     marks = (p.filter("diverged").select("depth", "arm", "lr", loss="loss_clipped", seed="seed")
-             .with_columns(kind=pl.lit("diverged")))
+             .with_columns(kind=pl.lit("diverged"), marker=pl.lit(DIVERGED_MARK)))
     frames = [cells, marks]
     if twins is not None and twins.height:
         other = (M.with_losses(M.with_arm(twins)).with_columns(arm_expr())
                  .select("depth", "arm", "lr", "framework", loss="loss_clipped", seed="seed")
-                 .with_columns(kind=pl.lit("other framework")))
+                 .with_columns(kind=pl.lit("other framework"), marker=pl.lit(OTHER_MARK)))
         frames.append(other)
     data = pl.concat(frames, how="diagonal_relaxed").sort("depth", "arm", "lr")
-    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()), title=None)
-    title = "final val loss (clipped at init)"
+    width = panel_width(data["depth"].n_unique())
+    colors = arm_scale(points[M.ARM].unique().to_list())
+    color = alt.Color("arm:N", scale=colors, title="arm", legend=alt.Legend(symbolOpacity=1))
+    shown = [MEAN_MARK] + ([DIVERGED_MARK] if marks.height else []) + (
+        [OTHER_MARK] if len(frames) == 3 else [])
+    shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
+        domain=shown, range=["circle", "cross", "diamond"][:len(shown)]))
+    title = "final val loss (clipped)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
-    base = alt.Chart().encode(x=_log_x(), color=color)
-    band = base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=title), y2="hi:Q") \
+    base = alt.Chart().encode(x=_log_x(data["lr"].to_list(), width), color=color)
+    band = base.mark_area(opacity=0.18).encode(
+        y=alt.Y("lo:Q", title=title), y2="hi:Q") \
         .transform_filter(alt.datum.kind == "mean")
-    line = base.mark_line(point=True).encode(
-        y=y, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"),
-                      alt.Tooltip("loss:Q", format=".4f"), "seeds:Q", "diverged:Q"]) \
+    line = base.mark_line().encode(y=y).transform_filter(alt.datum.kind == "mean")
+    mean = base.mark_point(filled=True, size=40).encode(
+        y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"),
+                                   alt.Tooltip("loss:Q", format=".4f"), "seeds:Q", "diverged:Q"]) \
         .transform_filter(alt.datum.kind == "mean")
-    div = base.mark_point(shape="cross", size=110, filled=True, strokeWidth=1).encode(
-        y=y, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "seed:N"]) \
+    div = base.mark_point(size=110, filled=True, strokeWidth=1).encode(
+        y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "seed:N"]) \
         .transform_filter(alt.datum.kind == "diverged")
     # a layer whose filtered data is empty makes Vega warn about infinite extents
-    layers = [band, line] + ([div] if marks.height else [])
+    layers = [band, line, mean] + ([div] if marks.height else [])
     if len(frames) == 3:
-        layers.append(base.mark_point(shape="diamond", size=90, filled=False, strokeWidth=2)
-                      .encode(y=y, tooltip=["framework:N", "arm:N", "seed:N",
-                                            alt.Tooltip("loss:Q", format=".4f")])
+        layers.append(base.mark_point(size=90, filled=False, strokeWidth=2)
+                      .encode(y=y, shape=shape,
+                              tooltip=["framework:N", "arm:N", "seed:N",
+                                       alt.Tooltip("loss:Q", format=".4f")])
                       .transform_filter(alt.datum.kind == "other framework"))
-    return (alt.layer(*layers, data=values(data)).properties(width=PANEL_W, height=PANEL_H)
-            .facet(column=alt.Column("depth:O", title="depth"))
-            .properties(title="Final loss vs learning rate (band: seed range; x: diverged)"))
+    return finish(alt.layer(*layers, data=values(data))
+                  .properties(width=width, height=PANEL_H + 60)
+                  .facet(column=alt.Column("depth:O", title="depth"))
+                  .properties(title="Final loss vs learning rate (line: seed mean, "
+                                    "band: seed range)"))
 
 
 # --- training curves --------------------------------------------------------------------------
@@ -124,13 +223,24 @@ def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None
     return pl.DataFrame(picks, schema={"depth": pl.Int64, "lr": pl.Float64})
 
 
+VAL_MARK, ABOVE_MARK, DIVERGED_AT = ("val loss", "leaves the axis (loss above its top)",
+                                     "diverged (last step)")
+
+
 def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame,
-                          max_points: int = 60) -> alt.Chart:
+                          max_points: int = 60, columns: int = 3) -> alt.Chart:
     """Train loss (binned to <= max_points per run) and val loss vs step for the picked LRs;
-    one line per run (seed, framework), colour by arm, dashes for a second framework."""
+    one line per run (seed, framework), colour by arm, dashes for a second framework.
+
+    The y axis stops a little above the initial loss: losses beyond it (a run blowing up) are
+    drawn as triangles on the top edge, and a diverged run's last step as a cross there, so the
+    panel of a diverged LR still shows every arm. Each panel has its own step axis."""
     runs = M.with_arm(runs)
+    if "diverged_step" not in runs.columns:
+        runs = runs.with_columns(diverged_step=pl.lit(None, dtype=pl.Int64))
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
-        "run", "depth", "lr", "seed", "framework", "arm", "init_loss")
+        "run", "depth", "lr", "seed", "framework", "arm", "init_loss", "status",
+        "diverged_step")
     m = metrics.join(chosen.lazy().select("run"), on="run")
     steps = m.group_by("run").agg(last=pl.col("step").max())
     train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
@@ -148,23 +258,58 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
             .sort("run", "series", "step").collect())
     if data.is_empty():
         return _empty("no metrics rows for the chosen learning rates")
-    top = float(data["init_loss"].max() or data["loss"].max()) * 1.05
-    bottom = float(data.filter(pl.col("loss").is_finite())["loss"].min()) * 0.97
-    scale = alt.Scale(domain=[bottom, top], zero=False, clamp=True)
-    color = alt.Color("arm:N", scale=arm_scale(runs[M.ARM].unique().to_list()), title=None)
-    dash = alt.StrokeDash("framework:N", title="framework")
+    finite = data.filter(pl.col("loss").is_finite())
+    top = float(data["init_loss"].max() or finite["loss"].max()) * 1.08
+    bottom = float(finite["loss"].min()) * 0.97
+    # what is beyond the top edge (or not finite) is drawn on it, as a marker
+    above = ~pl.col("loss").is_finite() | (pl.col("loss") > top)
+    first_above = above & (pl.col("step") == pl.col("step").filter(above).min()
+                           .over("run", "series"))
+    data = data.with_columns(
+        marker=pl.when((pl.col("series") == "val") & ~above).then(pl.lit(VAL_MARK))
+        .when(first_above).then(pl.lit(ABOVE_MARK)),
+        y_edge=pl.lit(top))
+    ends = (chosen.filter(pl.col("status") == "diverged")
+            .join(data.group_by("run").agg(last=pl.col("step").max()), on="run")
+            .select("run", "depth", "lr", "seed", "framework", "arm",
+                    step=pl.coalesce("diverged_step", "last"))
+            .join(data.select("run", "panel", "line").unique(), on="run")
+            .with_columns(series=pl.lit("end"), marker=pl.lit(DIVERGED_AT), y_edge=pl.lit(top)))
+    data = pl.concat([data, ends], how="diagonal_relaxed").with_columns(
+        y_plot=pl.when(pl.col("marker") == VAL_MARK).then(pl.col("loss")).otherwise("y_edge"))
+    markers = [k for k in (VAL_MARK, ABOVE_MARK, DIVERGED_AT) if (data["marker"] == k).any()]
+    shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
+        domain=markers, range=[{VAL_MARK: "circle", ABOVE_MARK: "triangle-up",
+                                DIVERGED_AT: "cross"}[k] for k in markers]))
+    panels = data["panel"].n_unique()
+    width = panel_width(min(columns, panels))
+    scale = alt.Scale(domain=[bottom, top], zero=False, nice=False)
+    color = alt.Color("arm:N", scale=arm_scale(runs[M.ARM].unique().to_list()), title="arm")
+    frameworks = data["framework"].drop_nulls().n_unique()
+    dash = alt.StrokeDash("framework:N", title="framework",
+                          legend=alt.Legend() if frameworks > 1 else None)
+    x = alt.X("step:Q", title="step")
     train_l = (alt.Chart().mark_line(opacity=0.55, clip=True)
-               .encode(x=alt.X("step:Q"), y=alt.Y("loss:Q", scale=scale, title="loss"),
+               .encode(x=x, y=alt.Y("loss:Q", scale=scale, title="loss (nats)"),
                        color=color, strokeDash=dash, detail="line:N")
                .transform_filter(alt.datum.series == "train"))
-    val_p = (alt.Chart().mark_point(size=25, filled=True, clip=True)
-             .encode(x="step:Q", y=alt.Y("loss:Q", scale=scale), color=color, detail="line:N",
-                     tooltip=["line:N", "step:Q", alt.Tooltip("loss:Q", format=".4f")])
-             .transform_filter(alt.datum.series == "val"))
-    return (alt.layer(train_l, val_p, data=values(data)).properties(width=PANEL_W, height=PANEL_H)
-            .facet(facet=alt.Facet("panel:N", title=None, sort=alt.SortField("depth")),
-                   columns=3)
-            .properties(title="Training curves (lines: train loss, dots: val loss)"))
+    # one point layer for val dots and edge markers: a layer that is empty in some panel makes
+    # Vega warn about an infinite step extent there (the step axes are per panel)
+    points = (alt.Chart().mark_point(filled=True, clip=False)
+              .encode(x=x, y=alt.Y("y_plot:Q", scale=scale), color=color, detail="line:N",
+                      shape=shape,
+                      size=alt.condition(f"datum.marker == '{VAL_MARK}'", alt.value(25),
+                                         alt.value(90)),
+                      tooltip=["line:N", "marker:N", "step:Q",
+                               alt.Tooltip("loss:Q", format=".4g")])
+              .transform_filter("datum.marker != null"))
+    layers = [train_l, points]
+    return finish(alt.layer(*layers, data=values(data))
+                  .properties(width=width, height=PANEL_H + 40)
+                  .facet(facet=alt.Facet("panel:N", title=None, sort=alt.SortField("depth")),
+                         columns=columns)
+                  .resolve_scale(x="independent")
+                  .properties(title="Training curves (lines: train loss, dots: val loss)"))
 
 
 # --- probes vs step ---------------------------------------------------------------------------
@@ -208,21 +353,35 @@ def _lr_color(df: pl.DataFrame) -> alt.Color:
                      legend=alt.Legend(title="learning rate"))
 
 
+def _step_panels(data: pl.DataFrame) -> tuple[int, alt.Row, alt.Column]:
+    """Width and facets of a probe-vs-step chart: rows by arm, columns by depth."""
+    width = panel_width(data["depth"].n_unique())
+    return (width, alt.Row("arm:N", title=None, header=ROW_HEADER),
+            alt.Column("depth:O", title="depth"))
+
+
+# Row headers read horizontally, above their row (a rotated label is cut at a short panel).
+ROW_HEADER = alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start",
+                        labelFontWeight="bold", labelPadding=4)
+
+
 def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
     """Largest pre-softmax attention logit (max over layers and heads) vs step, log y."""
     data = with_lr_label(probe_series(runs, probes, ["max_attention_logit"])
                          .filter(pl.col("value") > 0))
     if data.is_empty():
         return _empty("no max_attention_logit probe rows")
-    return (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12))
-            .encode(x="step:Q",
-                    y=alt.Y("value:Q", scale=alt.Scale(type="log"), title="max attention logit"),
-                    color=_lr_color(data), detail="lr:Q",
-                    tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
-                             alt.Tooltip("value:Q", format=".3g"), "seeds:Q"])
-            .properties(width=PANEL_W, height=PANEL_H)
-            .facet(row=alt.Row("arm:N", title=None), column=alt.Column("depth:O", title="depth"))
-            .properties(title="Max attention logit vs step (seed mean; log scale)"))
+    width, row, column = _step_panels(data)
+    return finish(alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12))
+                  .encode(x="step:Q",
+                          y=alt.Y("value:Q", scale=alt.Scale(type="log"),
+                                  title="max attention logit"),
+                          color=_lr_color(data), detail="lr:Q",
+                          tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
+                                   alt.Tooltip("value:Q", format=".3g"), "seeds:Q"])
+                  .properties(width=width, height=PANEL_H)
+                  .facet(row=row, column=column)
+                  .properties(title="Max attention logit vs step (seed mean; log scale)"))
 
 
 def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
@@ -233,34 +392,41 @@ def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
     mean = pl.col("name") == "attention_entropy_mean"
     data = with_lr_label(data).with_columns(
         measure=pl.when(mean).then(pl.lit("mean over heads")).otherwise(pl.lit("lowest head")))
-    return (alt.Chart(values(data)).mark_line()
-            .encode(x="step:Q", y=alt.Y("value:Q", title="attention entropy (nats)"),
-                    color=_lr_color(data), detail="lr:Q",
-                    strokeDash=alt.StrokeDash("measure:N", title=None,
-                                              sort=["mean over heads", "lowest head"]),
-                    tooltip=["arm:N", "measure:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
-                             alt.Tooltip("value:Q", format=".3f")])
-            .properties(width=PANEL_W, height=PANEL_H)
-            .facet(row=alt.Row("arm:N", title=None), column=alt.Column("depth:O", title="depth"))
-            .properties(title="Attention entropy vs step (seed mean)"))
+    width, row, column = _step_panels(data)
+    return finish(alt.Chart(values(data)).mark_line()
+                  .encode(x="step:Q", y=alt.Y("value:Q", title="attention entropy (nats)"),
+                          color=_lr_color(data), detail="lr:Q",
+                          strokeDash=alt.StrokeDash("measure:N", title="line",
+                                                    sort=["mean over heads", "lowest head"]),
+                          tooltip=["arm:N", "measure:N", alt.Tooltip("lr:Q", format=".3g"),
+                                   "step:Q", alt.Tooltip("value:Q", format=".3f")])
+                  .properties(width=width, height=PANEL_H)
+                  .facet(row=row, column=column)
+                  .properties(title="Attention entropy vs step (seed mean)"))
 
 
 def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str]) -> alt.Chart:
     """Other probes (e.g. residual kurtosis), reduced over layers, vs step; `probes` as in
-    `probe_series`."""
+    `probe_series`. One row per probe, titled in words."""
     data = with_lr_label(probe_series(runs, probes, names))
     if data.is_empty():
         return _empty("no other probe rows")
-    return (alt.Chart(values(data)).mark_line()
-            .encode(x="step:Q", y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-                    color=_lr_color(data), detail="lr:Q",
-                    strokeDash=alt.StrokeDash("arm:N", title=None),
-                    tooltip=["arm:N", "name:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
-                             alt.Tooltip("value:Q", format=".4g")])
-            .properties(width=PANEL_W, height=PANEL_H)
-            .facet(row=alt.Row("name:N", title=None), column=alt.Column("depth:O", title="depth"))
-            .resolve_scale(y="independent")
-            .properties(title="Other probes vs step (reduced over layers, seed mean)"))
+    order = [probe_words(n) for n in names]
+    data = data.with_columns(probe=pl.col("name").map_elements(probe_words,
+                                                               return_dtype=pl.String))
+    width = panel_width(data["depth"].n_unique())
+    return finish(alt.Chart(values(data)).mark_line()
+                  .encode(x="step:Q", y=alt.Y("value:Q", title=None,
+                                              scale=alt.Scale(zero=False)),
+                          color=_lr_color(data), detail="lr:Q",
+                          strokeDash=alt.StrokeDash("arm:N", title="arm"),
+                          tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"),
+                                   "step:Q", alt.Tooltip("value:Q", format=".4g")])
+                  .properties(width=width, height=PANEL_H - 40)
+                  .facet(row=alt.Row("probe:N", title=None, sort=order, header=ROW_HEADER),
+                         column=alt.Column("depth:O", title="depth"))
+                  .resolve_scale(y="independent")
+                  .properties(title="Other probes vs step (reduced over layers, seed mean)"))
 
 
 # --- off minus on map -------------------------------------------------------------------------
@@ -279,64 +445,115 @@ def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
                            .otherwise(pl.col("lr") * ratio))
              .with_columns(x_lo=pl.col("x_lo").fill_null(pl.col("lr") / 1.5),
                            x_hi=pl.col("x_hi").fill_null(pl.col("lr") * 1.5),
-                           y_lo=pl.col("depth") - 0.45, y_hi=pl.col("depth") + 0.45,
+                           row=(pl.col("depth").rank("dense") - 1).cast(pl.Int64))
+             .with_columns(y_lo=pl.col("row") - 0.45, y_hi=pl.col("row") + 0.45,
                            divergence=pl.when((pl.col("off_diverged") > 0)
                                               & (pl.col("on_diverged") > 0))
                            .then(pl.lit("both diverged"))
                            .when(pl.col("off_diverged") > 0).then(pl.lit("off diverged"))
                            .when(pl.col("on_diverged") > 0).then(pl.lit("on diverged")),
+                           tested=pl.col("pairs") >= 2,
+                           outcome=pl.when(pl.col("pairs") < 2).then(None)
+                           .when(pl.col("worse")).then(pl.lit("off worse"))
+                           .when(pl.col("no_difference")).then(pl.lit("no difference")),
+                           compared=pl.format("off minus {}", pl.col("on_kind").map_elements(
+                               M.arm_words, return_dtype=pl.String)),
                            kind=pl.lit("cell")))
     boundary = (cells.join(thresholds.select("depth", "on_kind", lr="threshold_lr"),
                            on=["depth", "on_kind", "lr"])
-                .select("depth", "on_kind", "lr", "x_lo", "y_lo", "y_hi")
-                .with_columns(kind=pl.lit("boundary"), y_lo=pl.col("depth") - 0.5,
-                              y_hi=pl.col("depth") + 0.5))
+                .select("depth", "row", "on_kind", "compared", "lr", "x_lo", "y_lo", "y_hi")
+                .with_columns(kind=pl.lit("boundary"), y_lo=pl.col("row") - 0.5,
+                              y_hi=pl.col("row") + 0.5))
     return pl.concat([cells.drop("prev", "next"), boundary], how="diagonal_relaxed")
+
+
+# The gap map's markers, in the legend's words; divergence sits low in a cell, the paired
+# test's outcome high, so a cell can show both.
+GAP_MARKERS = {"off worse": ("off worse (paired test, gap >= min gap)", "triangle-up", 0.22),
+               "no difference": ("no difference (|gap| < min gap)", "stroke", 0.22),
+               "off diverged": ("off diverged", "cross", -0.22),
+               "on diverged": ("compared arm diverged", "circle", -0.22),
+               "both diverged": ("both diverged", "square", -0.22)}
+UNTESTED_GREY = "#d4d4d4"
+GAP_COLOR_FLOOR = 0.1  # nats (five times the default min_gap)
 
 
 def gap_map_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     """LR x depth map of the seed-mean gap (off minus on, clipped losses): red = off worse.
-    Crosses mark divergence; the black bar is the necessity threshold of each depth."""
+    Cells without a paired test (fewer than 2 paired seeds) are grey with their n; markers
+    show where the paired test found off worse or no difference, and where runs diverged;
+    the black bar is the necessity threshold of each depth."""
     data = gap_map_data(gaps, thresholds)
     if data.is_empty():
         return _empty("no LR run in both arms")
     depths = sorted(gaps["depth"].unique().to_list())
-    limit = max(abs(x) for x in data["mean_gap"].drop_nulls().to_list() or [1.0]) or 1.0
-    x = alt.X("x_lo:Q", scale=alt.Scale(type="log"), axis=alt.Axis(format=".0e"),
-              title="learning rate (log)")
-    y = alt.Y("y_lo:Q", title="depth", axis=alt.Axis(values=depths, format="d"),
-              scale=alt.Scale(domain=[min(depths) - 0.6, max(depths) + 0.6], nice=False))
+    tested = data.filter(pl.col("kind") == "cell").filter(pl.col("tested"))
+    # the colour saturates at the largest tested gap, but never below GAP_COLOR_FLOOR: a gap
+    # smaller than that is never drawn in a colour that looks decisive
+    limit = max([abs(x) for x in tested["mean_gap"].drop_nulls().to_list()] + [GAP_COLOR_FLOOR])
+    width = panel_width(1)
+    xs = alt.Scale(type="log", nice=False, domain=[float(data["x_lo"].min()),
+                                                   float(data["x_hi"].max())])
+    x = alt.X("x_lo:Q", axis=lr_axis(gaps["lr"].to_list(), width), scale=xs)
+    # one evenly spaced row per depth (depths 2, 4, 8 get rows 0, 1, 2)
+    names = json.dumps([str(d) for d in depths])
+    y = alt.Y("y_lo:Q", title="depth", scale=alt.Scale(domain=[-0.6, len(depths) - 0.4],
+                                                         nice=False),
+              axis=alt.Axis(values=list(range(len(depths))), labelExpr=f"{names}[datum.value]",
+                            grid=False))
+    color = alt.Color("mean_gap:Q", title=["off - compared", "loss (nats)"],
+                      scale=alt.Scale(scheme="redblue", reverse=True, domain=[-limit, limit],
+                                      domainMid=0))
+    tooltip = [alt.Tooltip("lr:Q", format=".3g"), "depth:Q", "pairs:Q",
+               alt.Tooltip("mean_gap:Q", format="+.4f"), "seed_gaps:N", "spread:N",
+               alt.Tooltip("p_off_worse:Q", format=".2g"), "worse:N", "no_difference:N",
+               "off_diverged:Q", "on_diverged:Q", "needed:N"]
     cells = (alt.Chart().mark_rect(stroke="white", strokeWidth=0.5)
              .encode(x=x, x2="x_hi:Q", y=y, y2="y_hi:Q",
-                     color=alt.Color("mean_gap:Q", title="off - on loss",
-                                     scale=alt.Scale(scheme="redblue", reverse=True,
-                                                     domain=[-limit, limit], domainMid=0)),
-                     tooltip=[alt.Tooltip("lr:Q", format=".3g"), "depth:Q",
-                              alt.Tooltip("mean_gap:Q", format="+.4f"), "seed_gaps:N",
-                              "spread:N", alt.Tooltip("p_off_worse:Q", format=".2g"),
-                              "off_diverged:Q", "on_diverged:Q", "needed:N"])
+                     color=alt.condition("datum.tested", color, alt.value(UNTESTED_GREY)),
+                     tooltip=tooltip)
              .transform_filter(alt.datum.kind == "cell"))
-    marks = (alt.Chart().mark_point(shape="cross", size=140, filled=True, color="black")
-             .encode(x=alt.X("lr:Q", scale=alt.Scale(type="log")),
-                     y=alt.Y("depth:Q"),
-                     shape=alt.Shape("divergence:N", title="divergence",
-                                     scale=alt.Scale(domain=["off diverged", "on diverged",
-                                                             "both diverged"],
-                                                     range=["cross", "circle", "square"])))
-             .transform_filter("datum.kind == 'cell' && datum.divergence != null"))
+    cell = data.filter(pl.col("kind") == "cell")
+    present = [k for k in GAP_MARKERS
+               if (cell["divergence"] == k).any() or (cell["outcome"] == k).any()]
+    marked = pl.concat([
+        cell.filter(pl.col(col).is_not_null())
+        .with_columns(marker=pl.col(col).replace_strict(
+            {k: v[0] for k, v in GAP_MARKERS.items()}, default=None),
+            y_mark=pl.col("row") + pl.col(col).replace_strict(
+                {k: v[2] for k, v in GAP_MARKERS.items()}, default=0.0))
+        for col in ("divergence", "outcome")], how="diagonal_relaxed").select(
+            "on_kind", "compared", "depth", "row", "lr", "y_mark", "marker",
+            kind=pl.lit("marker"))
+    shape = alt.Shape("marker:N", title="markers", scale=alt.Scale(
+        domain=[GAP_MARKERS[k][0] for k in present], range=[GAP_MARKERS[k][1] for k in present]))
+    marks = (alt.Chart().mark_point(size=110, filled=False, strokeWidth=2, color="black")
+             .encode(x=alt.X("lr:Q", scale=xs), y=alt.Y("y_mark:Q"),
+                     shape=shape)
+             .transform_filter(alt.datum.kind == "marker"))
+    untested = (alt.Chart().mark_text(fontSize=11, color="#444")
+                .encode(x=alt.X("lr:Q", scale=xs), y=alt.Y("row:Q"),
+                        text="untested:N")
+                .transform_filter("datum.kind == 'cell' && !datum.tested")
+                .transform_calculate(untested="'n=' + datum.pairs"))
     edge = (alt.Chart().mark_rule(color="black", strokeWidth=3)
             .encode(x="x_lo:Q", y="y_lo:Q", y2="y_hi:Q")
             .transform_filter(alt.datum.kind == "boundary"))
     layers = [cells]
-    if data["divergence"].drop_nulls().len():
+    if present:
         layers.append(marks)
+    if not cell["tested"].all():
+        layers.append(untested)
     if (data["kind"] == "boundary").any():
         layers.append(edge)
-    chart = alt.layer(*layers, data=values(data)).properties(
-        width=3 * PANEL_W, height=max(90, 60 * len(depths)))
-    return (chart.facet(row=alt.Row("on_kind:N", title="on arm"))
-            .properties(title="QK-norm off minus on: final loss gap (black bar: necessity "
-                              "threshold)"))
+    chart = alt.layer(*layers, data=values(pl.concat([data, marked], how="diagonal_relaxed")))
+    chart = chart.properties(width=width, height=max(110, 70 * len(depths)))
+    title = "Off minus each compared arm: seed-mean final-loss gap per depth and LR"
+    subtitle = ["red: off is worse; grey: no paired test (fewer than 2 paired seeds)"]
+    if (data["kind"] == "boundary").any():
+        subtitle[0] += "; black bar: necessity threshold"
+    return finish(chart.facet(row=alt.Row("compared:N", title=None, header=ROW_HEADER))
+                  .properties(title=alt.TitleParams(title, subtitle=subtitle)))
 
 
 # --- per depth summaries ----------------------------------------------------------------------
@@ -363,9 +580,13 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
             .transform_filter(alt.datum.kind == "seed"))
     line = (alt.Chart().mark_line(point=True).encode(x=x, y="mean:Q", color=color)
             .transform_filter(alt.datum.kind == "mean"))
-    return (alt.layer(dots, line, data=values(data)).properties(width=2 * PANEL_W,
-                                                                  height=PANEL_H + 40)
-            .properties(title="LR sensitivity vs depth (Wortsman et al. 2023)"))
+    return finish(alt.layer(dots, line, data=values(data))
+                  .properties(width=panel_width(1), height=PANEL_H + 60,
+                              title="LR sensitivity vs depth (open dots: seeds; line: seed "
+                                    "mean; Wortsman et al. 2023)"))
+
+
+MEASURED, LOWER_BOUND = "measured", "lower bound (no run diverged)"
 
 
 def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
@@ -412,21 +633,25 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     tooltip = ["measure:N", "arm:N", "depth:Q", alt.Tooltip("value:Q", format=".3g"),
                alt.Tooltip("lo:Q", format=".3g"), alt.Tooltip("hi:Q", format=".3g"),
                alt.Tooltip("bound:N", title="lower bound only")]
-    dots = alt.Chart().encode(x=x, y=y, color=color, shape=shape, tooltip=tooltip)
-    solid = dots.mark_point(size=80, filled=True).transform_filter("!datum.bound")
-    hollow = dots.mark_point(size=80, filled=False, strokeWidth=2).transform_filter("datum.bound")
-    layers = [rules] + ([solid] if (~data["bound"]).any() else []) + (
-        [hollow] if data["bound"].any() else [])
-    return (alt.layer(*layers, data=values(data))
-            .properties(width=2 * PANEL_W, height=PANEL_H + 60,
-                        title="Learning-rate landmarks vs depth (bars: seed range; "
-                              "for the threshold, the grid bracket)"))
+    kinds = [MEASURED, LOWER_BOUND] if data["bound"].any() else [MEASURED]
+    fill = alt.FillOpacity("value_kind:O", title="value", sort=kinds, scale=alt.Scale(
+        domain=kinds, range=[1, 0][:len(kinds)]))
+    data = data.with_columns(value_kind=pl.when("bound").then(pl.lit(LOWER_BOUND))
+                             .otherwise(pl.lit(MEASURED)))
+    dots = (alt.Chart().mark_point(size=80, filled=True, strokeWidth=2)
+            .encode(x=x, y=y, color=color, stroke=color, shape=shape, fillOpacity=fill,
+                    tooltip=tooltip))
+    return finish(alt.layer(rules, dots, data=values(data))
+                  .properties(width=panel_width(1), height=PANEL_H + 100,
+                              title="Learning-rate landmarks vs depth (bars: seed range; "
+                                    "for the threshold, the grid bracket)"))
 
 
 def _empty(message: str) -> alt.Chart:
     """A small chart that says why there is nothing to draw (so a report never breaks)."""
     return (alt.Chart(alt.Data(values=[{"message": message}])).mark_text(size=14)
-            .encode(text="message:N").properties(width=2 * PANEL_W, height=40))
+            .encode(text="message:N").properties(width=panel_width(1), height=40))
+
 
 
 # --- saving -----------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from importlib import metadata
 from pathlib import Path
 
 import altair as alt
+import jinja2
+import markupsafe
 import polars as pl
 import vl_convert as vlc
 
@@ -236,7 +238,10 @@ CHARTS = {
                   "an arm's curve is where that control starts to matter.",
     "training_curves": "Train loss (binned) and validation loss against step for a few learning "
                        "rates per depth: by default the off arm's optimal, max stable and first "
-                       "divergent LR. One line per seed and framework.",
+                       "divergent LR. One line per seed and framework; each panel has its own "
+                       "step axis. The loss axis ends a little above the initial loss: a "
+                       "triangle on the top edge marks where a run's loss leaves it, a cross "
+                       "where a diverged run stopped.",
     "max_attention_logit": "The largest pre-softmax attention logit (over heads and layers) on a "
                            "fixed probe batch, before any soft-cap, seed mean, log scale, one "
                            "row per arm. Logit growth without QK-norm is the instability "
@@ -252,10 +257,14 @@ CHARTS = {
                     "is one, else max for peaks and outlier measures, min for minima, mean "
                     "otherwise), seed mean. Every probe's final value is in the runs table.",
     "gap_map": "Seed-mean final-loss gap, off minus the compared arm (one row per arm), for "
-               "every LR run in both arms at each depth: red means off is worse. Crosses: off "
-               "diverged; circles: the compared arm diverged; "
-               "squares: both. The black bar is the necessity threshold of that depth (from "
-               "there on the paired test finds off worse at every larger LR).",
+               "every LR run in both arms at each depth: red means off is worse, blue that "
+               "it is better. Grey cells (labelled with their n) had fewer than 2 paired "
+               "seeds, so the paired test could not run and the colour would say nothing "
+               "about seed noise. Triangles: the paired test finds off worse (by at least "
+               "min_gap); dashes: no difference (|gap| < min_gap, no divergence). Crosses: "
+               "off diverged; circles: the compared arm diverged; squares: both. The black "
+               "bar is the necessity threshold of that depth (from there on the paired test "
+               "finds off worse at every larger LR).",
     "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023) per depth: dots are seeds, the "
                       "line joins seed means. Lower means the final loss depends less on the "
                       "learning rate over the base grid.",
@@ -318,26 +327,6 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
            f'</tbody></table></div>{more}'
 
 
-STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1500px; color: #222;
-       padding: 0 1em; }
-h1 { margin-bottom: 0.2em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: 0.2em;
-margin-top: 2em; }
-table { border-collapse: collapse; font-size: 13px; }
-th, td { border: 1px solid #ddd; padding: 3px 6px; vertical-align: top; }
-th { background: #f3f3f3; position: sticky; top: 0; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.na, p.na { color: #999; }
-.scroll { max-height: 520px; overflow: auto; }
-.verdict-supported { background: #e3f4e8; } .verdict-not-supported { background: #fbe4e1; }
-.verdict-mixed { background: #fff4d6; } .verdict-not-enough-data { background: #eee; }
-.verdict-inconclusive { background: #eee; } .verdict-suggestive { background: #eef6ff; }
-.verdict-suggestive-against { background: #fdf0ee; }
-figure { margin: 1.5em 0; } figcaption { max-width: 900px; color: #444; font-size: 14px; }
-.warn { background: #fff4d6; padding: 0.5em 1em; }
-code { background: #f3f3f3; padding: 0 3px; }
-"""
-
 DEFINITIONS = """
 <dl>
 <dt>Clipped loss</dt><dd>min(final val loss, loss at initialisation); a diverged run counts as
@@ -369,20 +358,19 @@ best run's val loss at mid-training, a level every arm reaches well before the e
 """
 
 
-def _verdict_rows(verdicts: pl.DataFrame) -> str:
-    if verdicts.is_empty():
-        return '<p class="na">No arm to compare: every run is in the off arm (none).</p>'
-    rows = []
-    for r in verdicts.iter_rows(named=True):
-        css = "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-")
-        arm = f'{r["on_kind"]} ({M.arm_words(r["on_kind"])})'
-        rows.append(f'<tr class="{css}"><td>{r["hypothesis"]}</td><td>{html.escape(arm)}'
-                    f'</td><td>{html.escape(r["claim"])}</td><td><b>{r["verdict"]}</b></td>'
-                    f'<td>{html.escape(r["measured"])}</td><td>{html.escape(r["evidence"])}</td>'
-                    f"</tr>")
-    return ("<table><thead><tr><th>hypothesis</th><th>arm vs off</th><th>claim</th><th>verdict</th>"
-            "<th>measured</th><th>evidence</th></tr></thead><tbody>" + "".join(rows)
-            + "</tbody></table>")
+MEASURED_HELP = ("measured: in how many of a hypothesis's parts (one per depth, and for H2 "
+                 "its two measures per depth) the data decided for or against, out of the "
+                 "parts in total, and in brackets how many parts had the data at all (enough "
+                 "paired seeds and runs in both arms). \"2 of 3 depths decided (3 had the data)"
+                 "\": every depth could be judged, at 2 the result was decided, at 1 it was "
+                 "undecided.")
+
+
+def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
+    """The verdict table's rows for the template (text is escaped there)."""
+    return [{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
+             "arm": M.arm_words(r["on_kind"])}
+            for r in verdicts.iter_rows(named=True)]
 
 
 def _script_json(obj) -> str:
@@ -390,42 +378,25 @@ def _script_json(obj) -> str:
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
+def _templates() -> jinja2.Environment:
+    """The report's templates (analysis/templates), HTML-escaped unless marked safe."""
+    return jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                              autoescape=True, undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True)
+
+
+# Columns of the runs table the HTML leaves out (every one is in tables/runs.*): run_id repeats
+# the run's folder name, which `run` already shows.
+HIDDEN_RUN_COLUMNS = ("identity", "setting", "run_dir", "run_id")
+
+
 def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
     runs, t = study.runs, study.runs.table
-    status = ", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows())
     env = analysis_environment()
     o = options.study
     threshold_text = (f"{options.loss_threshold:g} for every depth" if options.loss_threshold
                       is not None else "per depth, the largest mid-training loss of the arms' "
                       "best runs")
-    sections = []
-    sections.append(f"""
-<section id="summary"><h2>Summary</h2>
-<p>{t.height} runs loaded from <code>{html.escape(str(runs.root))}</code> ({status});
-{study.points.height} finished <code>{html.escape(study.framework)}</code> runs enter the study
-metrics over depths {', '.join(str(d) for d in sorted(study.points['depth'].unique()))}
-and {study.points['seed'].n_unique()} seeds. Options: one-sided paired t-tests over seeds at
-alpha = {o.alpha:g}, smallest gap that counts {o.min_gap:g} nats, loss threshold
-{threshold_text}.</p>
-{''.join(f'<p>{html.escape(n)}.</p>' for n in study.notes)}
-</section>""")
-    warn_items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
-    sections.append(f"""
-<section id="warnings"><h2>Warnings</h2>
-{f'<ul class="warn">{warn_items}</ul>' if warn_items else
- '<p class="na">None: every run folder was complete.</p>'}
-</section>""")
-    sections.append(f"""
-<section id="verdicts"><h2>Verdicts</h2>
-<p>Each hypothesis is judged per depth with paired tests over seeds (alpha = {o.alpha:g});
-"measured" says how many per-depth parts the data decided and how many had the data at all.
-"supported" and "not supported" need at least 3 paired seeds; with 2 the data are "suggestive"
-either way; "partly": the claim holds in some parts while the others are undecided.
-"inconclusive": the runs could answer but show no consistent difference (for example equal
-values on a coarse grid). "not enough data": the runs cannot answer (a single seed, or no
-paired runs).</p>
-{_verdict_rows(study.verdicts)}
-</section>""")
     per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
                                                on=["depth", "arm", "seed"])
     arm_cols = ["depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points",
@@ -434,104 +405,30 @@ paired runs).</p>
                 "max_stable_lr_hi", "censored_seeds", "below_grid_seeds", "first_divergent_lr",
                 "optimal_lr", "optimal_lr_lo", "optimal_lr_hi", "best_loss", "best_loss_lo",
                 "best_loss_hi", "nonfinite_final"]
-    sections.append(f"""
-<section id="study-metrics"><h2>Study metrics per depth and arm</h2>
-<p>_lo and _hi are the range over seeds (not an interval). censored_seeds: seeds with no
-diverged LR, whose max stable LR is a lower bound; below_grid_seeds: seeds that diverged at
-every LR, counted at the smallest LR run (an upper bound); nonfinite_final: completed runs whose
-final loss was not finite, scored as their initial loss.</p>
-{html_table(study.arms, arm_cols)}
-<h3>Per seed</h3>
-{html_table(per_seed)}
-</section>""")
-    sections.append(f"""
-<section id="necessity"><h2>Necessity threshold per depth</h2>
-<p>threshold_lr: the smallest LR from which off is worse than on at every larger LR (one-sided
-paired t-test, alpha = {o.alpha:g}, mean gap at least {o.min_gap:g} nats); not_needed_below: the largest LR run under it;
-seed_gaps_at_threshold: each seed's gap there; spread: how many paired seeds.</p>
-{html_table(study.thresholds)}
-</section>""")
-    figures = "".join(f"""
-<figure id="figure-{name}"><div class="chart" id="chart-{name}"></div>
-<figcaption>{html.escape(CHARTS[name])} Files: <code>charts/{name}.png</code>,
-<code>.svg</code>, <code>.html</code>.</figcaption></figure>""" for name in specs)
-    sections.append(f"""
-<section id="charts"><h2>Charts</h2>
-<p id="render-status">Charts are drawn by the Vega-Lite script embedded in this page.</p>
-{figures}
-</section>""")
-    sections.append(f"""
-<section id="gaps"><h2>Off minus on, per depth and LR</h2>
-<p>One row per compared arm (on_kind), depth and LR. mean_gap = mean over paired seeds of
-the clipped loss of the off arm minus that of the compared arm; seed_gaps
-lists each seed's; gap_lo/gap_hi are their range; p_off_worse and p_on_worse are the one-sided
-paired t-test p-values; significant: p_off_worse &lt; alpha; worse: significant with a mean
-gap of at least min_gap; no_difference: |mean gap| &lt; min_gap and no divergence; needed: at
-or above the depth's threshold.</p>
-{html_table(study.gaps)}
-</section>""")
-    sections.append(f"""
-<section id="twins"><h2>Framework twins</h2>
-<p>Runs made with another framework (for example the PyTorch reference) next to their
-{html.escape(study.framework)} twin: same configuration identity.</p>
-{html_table(study.twins)}
-</section>""")
     # the HTML shows the attention and kurtosis probes; every final_<probe> is in the files
     shown_probes = [f"final_{n}" for n in C.ATTENTION_PROBES] + [
         c for c in study.per_run.columns if c.startswith("final_") and "kurtosis" in c]
-    run_cols = [c for c in study.per_run.columns if c not in ("identity", "setting", "run_dir")
+    run_cols = [c for c in study.per_run.columns if c not in HIDDEN_RUN_COLUMNS
                 and (not c.startswith("final_") or c in shown_probes
                      or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
-    sections.append(f"""
-<section id="runs"><h2>Runs</h2>
-<p>All runs, including failed ones and runs outside the study metrics (in_study). Also written
-as <code>tables/runs.parquet</code> and <code>tables/runs.csv</code>.</p>
-{html_table(study.per_run, run_cols)}
-</section>""")
-    env_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                       for k, v in env.items())
-    sections.append(f"""
-<section id="provenance"><h2>Provenance</h2>
-<p>From each run's manifest.json: code commit, library versions and hardware.</p>
-{html_table(provenance(runs))}
-<h3>This report</h3><table>{env_rows}</table>
-</section>""")
-    sections.append(f"""
-<section id="definitions"><h2>Definitions</h2>{DEFINITIONS}</section>""")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>QK-norm study report</title>
-<style>{STYLE}</style>
-<script>
-// vega, vega-lite and vega-embed (vl-convert {html.escape(env['vl-convert-python'])} bundle): the
-// page needs no network.
-{vlc.javascript_bundle()}
-</script>
-</head><body>
-<h1>When does a small language model need QK-norm?</h1>
-<p>Report generated {env['generated']} from <code>{html.escape(str(runs.root))}</code>.</p>
-{''.join(sections)}
-<script>
-const specs = {_script_json(specs)};
-const chartErrors = [];
-window.addEventListener("error", (e) => chartErrors.push(String(e.message)));
-Promise.allSettled(Object.entries(specs).map(([name, spec]) =>
-    vegaEmbed("#chart-" + name, spec,
-              {{renderer: "svg", actions: {{export: true, source: false, compiled: false,
-                                            editor: false}}}})))
-  .then((results) => {{
-    results.forEach((r) => {{ if (r.status === "rejected") chartErrors.push(String(r.reason)); }});
-    const drawn = results.filter((r) => r.status === "fulfilled").length;
-    document.body.dataset.chartsDrawn = String(drawn);
-    document.body.dataset.chartErrors = String(chartErrors.length);
-    document.getElementById("render-status").textContent = chartErrors.length
-      ? "Chart errors: " + chartErrors.join("; ")
-      : drawn + " charts drawn.";
-    if (chartErrors.length) console.error("chart errors: " + chartErrors.join("; "));
-  }});
-</script>
-</body></html>
-"""
+    safe = markupsafe.Markup
+    return _templates().get_template("report.html.j2").render(
+        env=env, root=str(runs.root), n_runs=t.height,
+        status=", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows()),
+        n_points=study.points.height, framework=study.framework,
+        depths=", ".join(str(d) for d in sorted(study.points["depth"].unique())),
+        n_seeds=study.points["seed"].n_unique(), alpha=f"{o.alpha:g}", min_gap=f"{o.min_gap:g}",
+        threshold_text=threshold_text, notes=study.notes, warnings=runs.warnings,
+        verdicts=_verdict_rows(study.verdicts), measured_help=MEASURED_HELP,
+        arms_table=safe(html_table(study.arms, arm_cols)),
+        per_seed_table=safe(html_table(per_seed)),
+        necessity_table=safe(html_table(study.thresholds)),
+        figures=[(name, CHARTS[name]) for name in specs],
+        gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
+        runs_table=safe(html_table(study.per_run, run_cols)),
+        provenance_table=safe(html_table(provenance(runs))),
+        definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
+        javascript_bundle=safe(vlc.javascript_bundle()))
 
 
 # --- writing ----------------------------------------------------------------------------------

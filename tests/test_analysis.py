@@ -4,6 +4,7 @@ from a tiny real sweep (rendered in headless Chromium when it is installed)."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import math
 import re
@@ -353,6 +354,95 @@ def test_charts_render_to_png_of_real_size(tmp_path):
     assert boundary["x_lo"][0] == pytest.approx(math.sqrt(1e-2 * 3e-2))
 
 
+def test_panels_fill_the_page_and_lr_tick_labels_never_collide():
+    one, three = C.panel_width(1), C.panel_width(3)
+    assert one >= 900 and 3 * three + 2 * C.SPACING + C.AXIS_W + C.LEGEND_W <= C.PAGE_W
+    assert 3 * three >= 0.8 * one  # three panels take about the width one does
+    assert C.panel_width(12) == C.PANEL_W  # never narrower: the page scales the chart instead
+    lrs = [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 1.73, 3.0]
+    assert C.lr_ticks(lrs, 1000) == [3e-3, 1e-2, 3e-2, 1e-1, 0.3, 1.0, 3.0] or \
+        C.lr_ticks(lrs, 1000) == sorted(lrs)
+    for width in (150, 230, 400, 1000):
+        ticks = C.lr_ticks(lrs, width)
+        span = math.log10(lrs[-1] / lrs[0])
+        gaps = [width * math.log10(b / a) / span for a, b in zip(ticks, ticks[1:])]
+        assert ticks and all(g >= C.LR_LABEL_PX for g in gaps), (width, ticks)
+    assert C.lr_ticks(lrs, 230) == [1e-2, 1e-1, 1.0]  # powers of ten when the LRs do not fit
+
+
+def test_gap_map_greys_untested_cells_and_marks_the_paired_outcome():
+    table = necessity_table({2: 3e-2, 4: 3e-3})
+    one_seed = table.filter(~((pl.col("depth") == 4) & (pl.col("seed") > 0)))
+    big = (pl.col("depth") == 4) & (pl.col("lr") == 1e-2) & (pl.col("qk_norm") == "none")
+    one_seed = one_seed.with_columns(  # an untested gap of 4 nats must not set the colour scale
+        final_val_loss=pl.when(big).then(pl.col("final_val_loss") + 4.0)
+        .otherwise(pl.col("final_val_loss")))
+    gaps, th = M.gap_table(one_seed), M.necessity_threshold(one_seed)
+    cells = C.gap_map_data(gaps, th).filter(pl.col("kind") == "cell").sort("depth", "lr")
+    deep, shallow = cells.filter(pl.col("depth") == 4), cells.filter(pl.col("depth") == 2)
+    assert not deep["tested"].any() and deep["outcome"].is_null().all()  # n=1: no test
+    assert shallow["tested"].all()
+    assert shallow["outcome"].to_list() == ["no difference"] * 3 + ["off worse"] * 2
+    spec = C.gap_map_chart(gaps, th).to_dict()
+    text = json.dumps(spec)
+    assert "off minus QK-norm on (rmsnorm)" in text and "on_kind" not in spec["facet"]["row"]
+    layer = spec["spec"]["layer"]
+    colour = layer[0]["encoding"]["color"]
+    assert colour["value"] == C.UNTESTED_GREY and colour["condition"]["test"] == "datum.tested"
+    # the saturated end of the scale comes from the tested cells only
+    assert colour["condition"]["scale"]["domain"] == [-2.5, 2.5]
+    legend = next(la["encoding"]["shape"]["scale"] for la in layer if "shape" in la["encoding"])
+    assert legend["domain"] == ["off worse (paired test, gap >= min gap)",
+                                "no difference (|gap| < min gap)", "off diverged"]
+    untested = [la for la in layer if la["mark"]["type"] == "text"]
+    assert untested and "n=" in json.dumps(untested)
+    title = spec["title"]
+    assert "necessity threshold" in title["subtitle"][0]  # drawn: depth 2 has one
+    no_threshold = C.gap_map_chart(gaps, th.with_columns(threshold_lr=pl.lit(None, pl.Float64)))
+    assert "necessity" not in json.dumps(no_threshold.to_dict()["title"])
+
+
+def test_legends_name_every_marker_and_probes_read_as_words():
+    table = necessity_table({2: 3e-2})
+    spec = C.loss_vs_lr_chart(table).to_dict()
+    shapes = [la["encoding"]["shape"] for la in spec["spec"]["layer"] if "shape" in la["encoding"]]
+    assert shapes and shapes[0]["scale"]["domain"] == [C.MEAN_MARK, C.DIVERGED_MARK]
+    assert shapes[0]["scale"]["range"] == ["circle", "cross"]
+    probes = pl.DataFrame({"run": ["r"] * 4, "step": [0, 10] * 2,
+                           "name": ["residual_kurtosis"] * 2 + ["output_logsumexp_mean"] * 2,
+                           "value": [3.0, 9.0, 1.0, 2.0]})
+    runs = pl.DataFrame({"run": ["r"], "depth": [2], "qk_norm": ["none"], "lr": [0.01]})
+    chart = C.other_probes_chart(runs, probes, ["residual_kurtosis", "output_logsumexp_mean"])
+    spec = chart.to_dict()
+    names = {row["probe"] for row in spec["data"]["values"]}
+    assert names == {"residual kurtosis", "output log-sum-exp (mean)"}
+    assert spec["facet"]["row"]["field"] == "probe"
+    assert C.probe_words("some_new_probe") == "some new probe"
+
+
+def test_training_curves_keep_both_arms_of_a_diverged_lr(report):
+    _, study = report
+    lr = 1.0  # every run diverges there in the tiny sweep
+    shown = pl.concat([study.points, study.others])
+    picks = pl.DataFrame({"depth": [1], "lr": [lr]})
+    spec = C.training_curves_chart(shown, study.runs.metrics, picks).to_dict()
+    rows = pl.DataFrame(spec["data"]["values"], infer_schema_length=None)
+    top = rows["y_edge"].max()
+    assert set(rows["arm"]) == {C.OFF_LABEL, "QK-norm on (rmsnorm)"}
+    ends = rows.filter(pl.col("marker") == C.DIVERGED_AT)
+    assert set(ends["arm"]) == set(rows["arm"]) and ends["step"].null_count() == 0
+    # at most one "leaves the axis" marker per run and series, drawn at the top edge
+    left = rows.filter(pl.col("marker") == C.ABOVE_MARK)
+    assert left.group_by("run", "series").len()["len"].max() == 1
+    assert all(la["encoding"]["y"]["scale"]["domain"][1] == top for la in spec["spec"]["layer"])
+    legend = spec["spec"]["layer"][0]["encoding"]["strokeDash"]
+    assert legend["legend"] is None  # one framework: no framework legend
+    two = C.training_curves_chart(shown, study.runs.metrics,
+                                  C.curve_runs(study.points, study.arms, None, study.others))
+    assert two.to_dict()["spec"]["layer"][0]["encoding"]["strokeDash"].get("legend", {}) \
+        is not None
+
+
 # --- a tiny real sweep ------------------------------------------------------------------------
 
 def _copy_run(src: Path, dest: Path) -> Path:
@@ -448,22 +538,64 @@ def test_report_from_tiny_sweep_has_every_section(report, sweep):
     assert arms.filter(pl.col("depth") == 1)["lrs"].to_list() == [4, 4]
 
 
+def test_report_tables_explain_measured_and_show_each_run_once(report):
+    path, study = report
+    text = path.read_text()
+    verdicts = text.split('<section id="verdicts">', 1)[1].split("</section>", 1)[0]
+    assert 'id="measured-help"' in verdicts and "had the data at all" in verdicts
+    for row in study.verdicts.iter_rows(named=True):
+        assert html.escape(row["measured"]) in verdicts
+    runs = text.split('<section id="runs">', 1)[1].split("</section>", 1)[0]
+    header = re.findall(r"<th>([^<]*)</th>", runs.split("</thead>", 1)[0])
+    assert "run" in header and "run_id" not in header
+    assert "run_id" in pl.read_parquet(path.parent / "tables" / "runs.parquet").columns
+
+
 def study_charts(path: Path) -> list[str]:
     names = re.findall(r'id="chart-([a-z_]+)"', path.read_text())
     assert set(names) <= set(CHARTS) and len(names) >= 7
     return names
 
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                  "--virtual-time-budget=20000"]
+
+# Appended to a copy of the report: once the charts are drawn, it writes the page's scroll
+# width and the boxes of the verdict table and of every chart into the DOM.
+LAYOUT_PROBE = """<script>
+(function probe() {
+  if (!document.body.dataset.chartsDrawn) { setTimeout(probe, 100); return; }
+  const box = (el) => { const r = el.getBoundingClientRect();
+                        return {left: r.left, right: r.right, width: r.width}; };
+  const out = {innerWidth: window.innerWidth,
+               scrollWidth: document.documentElement.scrollWidth,
+               verdicts: box(document.querySelector("table.verdicts")), charts: {}};
+  document.querySelectorAll(".chart").forEach((c) => {
+    const svg = c.querySelector("svg");
+    out.charts[c.id] = {box: box(c), svg: svg && box(svg),
+                        viewBox: svg && svg.getAttribute("viewBox")};
+  });
+  const pre = document.createElement("pre");
+  pre.id = "layout-probe";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>"""
+
+
+def chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
 def test_report_renders_in_headless_chromium(report, tmp_path):
     path, _ = report
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--no-first-run", "--hide-scrollbars", "--virtual-time-budget=20000"]
     url = path.resolve().as_uri()
-    dom = subprocess.run([*flags, f"--user-data-dir={tmp_path / 'profile-dom'}",
-                          "--enable-logging=stderr", "--v=0", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120, check=False)
+    dom = chromium(["--enable-logging=stderr", "--v=0", "--dump-dom", url],
+                   tmp_path / "profile-dom")
     charts = study_charts(path)
     assert f'data-charts-drawn="{len(charts)}"' in dom.stdout, dom.stderr[-2000:]
     assert 'data-chart-errors="0"' in dom.stdout
@@ -472,12 +604,43 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
         assert 'class="marks"' in block, name
     console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
     assert not console, console  # the page logs nothing when every chart draws cleanly
-    shot = path.parent / "report-screenshot.png"
-    subprocess.run([*flags, f"--user-data-dir={tmp_path / 'profile-shot'}",
-                    "--window-size=1400,3000", f"--screenshot={shot}", url],
-                   capture_output=True, timeout=120, check=False)
-    assert png_size(shot) == (1400, 3000)
-    print(f"screenshot kept at {shot}")
+    for width in (1400, 800):
+        shot = path.parent / f"report-screenshot-{width}.png"
+        chromium([f"--window-size={width},3000", f"--screenshot={shot}", url],
+                 tmp_path / f"profile-shot-{width}")
+        assert png_size(shot) == (width, 3000)
+        print(f"screenshot kept at {shot}")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+@pytest.mark.parametrize("width", [1400, 800])
+def test_report_page_has_no_horizontal_scroll(report, tmp_path, width):
+    """At a wide and a narrow window the verdict table and every chart fit the page: the
+    charts scale down (their SVG keeps its viewBox), only data tables scroll in their box."""
+    path, _ = report
+    head, tail = path.read_text().rsplit("</body>", 1)
+    probe = path.parent / f"layout-probe-{width}.html"
+    probe.write_text(head + LAYOUT_PROBE + "</body>" + tail)
+    try:
+        dom = chromium([f"--window-size={width},2000", "--dump-dom", probe.resolve().as_uri()],
+                       tmp_path / "profile")
+    finally:
+        probe.unlink()
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom.stdout, re.S)
+    assert found, dom.stderr[-2000:]
+    layout = json.loads(html.unescape(found.group(1)))
+    assert layout["innerWidth"] == width
+    assert layout["scrollWidth"] <= width, layout
+    assert layout["verdicts"]["right"] <= width and layout["verdicts"]["left"] >= 0
+    assert set(layout["charts"]) == {f"chart-{n}" for n in study_charts(path)}
+    for name, chart in layout["charts"].items():
+        assert chart["svg"] and chart["viewBox"], name
+        assert chart["svg"]["right"] <= width and chart["box"]["right"] <= width, (name, chart)
+        drawn = float(chart["viewBox"].split()[2])
+        if width == 1400:  # a chart uses the page: at least 2/3 of it, at full size
+            assert chart["svg"]["width"] >= 0.66 * (width - 32), (name, chart)
+        else:  # drawn wider than the window: shrunk to fit, not cut
+            assert drawn > width and chart["svg"]["width"] < drawn, (name, chart)
 
 
 # --- bad input --------------------------------------------------------------------------------
