@@ -89,13 +89,6 @@ class TrainConfig:
         return self.d_model // self.n_heads
 
     def validate(self) -> TrainConfig:
-        hints = typing.get_type_hints(type(self))
-        for f in fields(self):  # the step computes in float32: every number must fit it
-            value = getattr(self, f.name)
-            if hints[f.name] in (float, int) and not (
-                    isinstance(value, (int, float)) and abs(value) <= FLOAT32_MAX):
-                raise UsageError(f"{f.name} must be a finite number of at most "
-                                 f"{FLOAT32_MAX:.3g} in size, got {value}")
         checks = [
             (self.lr > 0, f"lr must be > 0, got {self.lr}"),
             (self.depth >= 1, f"depth must be >= 1, got {self.depth}"),
@@ -137,6 +130,13 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):  # the step computes in float32: every number must fit it
+            value = getattr(self, f.name)
+            if hints[f.name] in (float, int) and not (
+                    isinstance(value, (int, float)) and abs(value) <= FLOAT32_MAX):
+                raise UsageError(f"{f.name} must be a finite number of at most "
+                                 f"{FLOAT32_MAX:.3g} in size, got {value}")
         return self
 
     # Fields that say where output goes or how (not what) is computed: left out of the run id.
@@ -157,6 +157,32 @@ class TrainConfig:
         tag += f"-softcap{short_number(self.attn_softcap)}" if self.attn_softcap else ""
         tag += f"-zloss{short_number(self.z_loss)}" if self.z_loss else ""
         return f"{tag}-lr{self.lr:.3g}-s{self.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The model's shape and switches (mlx_gpt.model.GPT and torch_ref.model.GPT take it)."""
+    vocab_size: int
+    depth: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    block_size: int = 128
+    bias: bool = False
+    qk_norm: str = "none"  # none | rmsnorm | layernorm
+    attn_softcap: float = 0.0  # > 0: scaled attention logits become C*tanh(logit/C)
+    z_loss: float = 0.0  # > 0: GPT.objective adds z_loss * mean(logsumexp(logits)^2)
+    kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)
+
+    @property
+    def padded_vocab(self) -> int:
+        return -(-self.vocab_size // 64) * 64  # a multiple of 64 keeps the head matmul aligned
+
+
+def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
+    return ModelArgs(vocab_size=vocab_size, depth=cfg.depth, d_model=cfg.d_model,
+                     n_heads=cfg.n_heads, block_size=cfg.block_size, bias=cfg.bias,
+                     qk_norm=cfg.qk_norm, attn_softcap=cfg.attn_softcap, z_loss=cfg.z_loss,
+                     kernels=cfg.kernels)
 
 
 def short_number(x: float) -> str:
@@ -199,9 +225,7 @@ def _coerce(name: str, hint: Any, text: str) -> Any:
             value = float(text)
         except ValueError:
             raise UsageError(f"{name} must be a number; got {text!r}") from None
-        if not math.isfinite(value):
-            raise UsageError(f"{name} must be a finite number; got {text!r}")
-        return value
+        return value  # finiteness and range: each config's validate()
     return text
 
 

@@ -427,14 +427,9 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         meta = json.loads((folder / "meta.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise UsageError(f"{folder / 'meta.json'} is not valid JSON; prepare it again") from None
-    vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
-    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
-        raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
-                         f"vocab_size <= 65536 is expected); prepare the folder again: `{hint}`")
-    if meta.get("tokenizer") in KNOWN_VOCAB and vocab != KNOWN_VOCAB[meta["tokenizer"]]:
-        raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
-                         f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
-                         f"prepare the folder again: `{hint}`")
+    if not isinstance(meta, dict):
+        raise UsageError(f"{folder / 'meta.json'} is not a JSON object; prepare the folder "
+                         f"again: `{hint}`")
     arrays = []
     for split in ("train", "val"):
         path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
@@ -443,6 +438,16 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         if not isinstance(expected, int) or path.stat().st_size != 2 * expected or expected == 0:
             raise UsageError(f"{path} holds {path.stat().st_size // 2} tokens but meta.json says "
                              f"{expected}; prepare the folder again")
+    vocab = meta.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
+        raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
+                         f"vocab_size <= 65536 is expected); prepare the folder again: `{hint}`")
+    if meta.get("tokenizer") in KNOWN_VOCAB and vocab != KNOWN_VOCAB[meta["tokenizer"]]:
+        raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
+                         f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
+                         f"prepare the folder again: `{hint}`")
+    for split in ("train", "val"):
+        path = folder / f"{split}.bin"
         tokens = np.memmap(path, dtype="<u2", mode="r")
         largest = _max_id(path, tokens)
         if largest >= vocab:  # an id past the vocabulary would index outside the embedding

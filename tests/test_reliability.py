@@ -377,7 +377,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsy
     assert main(["train", f"data={folder}", f"runs_dir={tmp_path / 'runs'}"]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "runs").exists()
     (folder / "meta.json").write_text("[1, 2]")
-    with pytest.raises(UsageError, match="no valid vocab_size"):
+    with pytest.raises(UsageError, match="not a JSON object"):
         load_tokens(folder)
 
 
@@ -393,10 +393,10 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsy
     (["train", "eps=1e-50"], "eps must be > 0 in float32"),
     (["train", "lr=1e-3", "lr=2e-3"], "lr is given twice"),
     (["train", "independent_wd=true", "weight_decay=0.01"], "independent_wd=true needs"),
-    (["prepare", "synthetic", "size_mb=inf"], "size_mb must be a finite number"),
+    (["prepare", "synthetic", "size_mb=inf"], "size_mb must be > 0 and at most"),
     (["prepare", "synthetic", "size_mb=1e12"], "size_mb must be > 0 and at most"),
     (["prepare", "synthetic", "seed=1", "seed=2"], "seed is given twice"),
-    (["sweep", "preset=demo", "lr_max=inf", "--dry-run"], "lr_max must be a finite number"),
+    (["sweep", "preset=demo", "lr_max=inf", "--dry-run"], "points_per_decade and refine_factor must be finite"),
     (["sweep", "preset=demo", "depth=nan"], "depth: 'nan' is not a finite number"),
     (["sweep", "preset=demo", "depth=1e400"], "is not a finite number"),
     (["sweep", "preset=demo", "lrs=inf"], "lrs: 'inf' is not a finite number"),

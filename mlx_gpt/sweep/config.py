@@ -43,6 +43,9 @@ class SweepConfig:
             (bool(self.depth), "depth needs at least one value"),
             (bool(self.seeds), "seeds needs at least one value"),
             (bool(self.arms), "arms needs at least one value"),
+            (all(math.isfinite(getattr(self, k)) for k in (
+                "lr_min", "lr_max", "points_per_decade", "refine_factor")),
+             "lr_min, lr_max, points_per_decade and refine_factor must be finite numbers"),
             (self.lr_min > 0, f"lr_min must be > 0, got {self.lr_min}"),
             (self.lr_min < self.lr_max, f"lr_min={self.lr_min:g} must be below lr_max={self.lr_max:g}"),
             (self.points_per_decade > 0, f"points_per_decade must be > 0, got {self.points_per_decade}"),
