@@ -36,7 +36,7 @@ from .cli import keys_usage
 from .config import TrainConfig, apply_overrides, split_key_values
 from .errors import UsageError
 from .model import GPT, ModelArgs, count_params, init_weights
-from .optim import AdamW
+from .optim import make_optimizer
 from .train import make_train_step
 
 GPT2_VOCAB = 50257
@@ -158,7 +158,7 @@ def mlx_step_time(shape: dict, steps: int, ready=None) -> dict:
     cfg, args = shape_config(shape)
     model = GPT(args)
     init_weights(model, 0)
-    step, state = make_train_step(model, AdamW(cfg, model.parameters()))
+    step, state = make_train_step(model, make_optimizer(cfg, model.parameters()), cfg.grad_clip)
 
     x, y = (mx.array(a) for a in random_batch(cfg, args.vocab_size))
     for _ in range(2):

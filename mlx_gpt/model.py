@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from . import kernels as cpu_kernels
+from .config import ModelArgs
 
 NORM_EPS = 1e-5
 
@@ -33,24 +33,6 @@ def resolve_kernels(kernels: str) -> str:
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
     return kernels
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    vocab_size: int
-    depth: int = 4
-    d_model: int = 128
-    n_heads: int = 4
-    block_size: int = 128
-    bias: bool = False
-    qk_norm: str = "none"  # none | rmsnorm | layernorm
-    attn_softcap: float = 0.0  # > 0: scaled attention logits become C*tanh(logit/C)
-    z_loss: float = 0.0  # > 0: GPT.objective adds z_loss * mean(logsumexp(logits)^2)
-    kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)
-
-    @property
-    def padded_vocab(self) -> int:
-        return -(-self.vocab_size // 64) * 64  # a multiple of 64 keeps the head matmul aligned
 
 
 class HeadNorm(nn.Module):

@@ -1,26 +1,30 @@
-"""AdamW with PyTorch semantics, written out so every term is visible and matches torch_ref.
+"""The optimizer: MLX's own AdamW with PyTorch semantics, and the learning-rate schedule.
 
-- bias correction ON (MLX's own AdamW defaults it off);
-- decoupled weight decay on weight matrices (ndim >= 2) only, never on norms' gains or biases;
-- `independent_wd` (Wortsman et al. 2023, sec. 3.2.2): the decay is multiplied by the schedule
-  factor lr_t / lr instead of lr_t, so weight decay does not shrink as the peak LR shrinks;
-- linear warmup, cosine decay to min_lr_ratio * lr; global gradient-norm clipping.
-The state is flat dicts keyed by parameter name, so it checkpoints and compiles simply.
+- `mlx.optimizers.AdamW(bias_correction=True)` (MLX defaults it off; torch.optim.AdamW has it on);
+- decoupled weight decay on every parameter with ndim >= 2 (the embeddings wte and wpe and every
+  linear weight), never on norms' gains or biases: two AdamW groups in a `MultiOptimizer`;
+- `independent_wd` (Wortsman et al. 2023, sec. 3.2.2): the decay multiplies lr_t / lr instead of
+  lr_t, i.e. AdamW's weight_decay is weight_decay / lr, so it does not shrink with the peak LR;
+- linear warmup, cosine decay to min_lr_ratio * lr (`lr_schedule`, the one hand-written part);
+- global gradient-norm clipping with `mlx.optimizers.clip_grad_norm` (grad_clip=0: none).
+The state is the library's (`opt.state`); its step counts the updates applied.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_unflatten
+import mlx.optimizers as optim
 
 from .config import TrainConfig
 
 
 def lr_schedule(step: mx.array | int, cfg: TrainConfig) -> mx.array:
-    """Learning rate for update number `step` (0-based): warmup then cosine, as nanoGPT."""
-    step = mx.array(step, dtype=mx.float32)
+    """Learning rate for update number `step` (0-based): warmup then cosine, as nanoGPT.
+    MLX's optimizer calls it with its step count before incrementing it."""
+    step = mx.array(step).astype(mx.float32)
     warmup = float(cfg.warmup_steps)
     decay_steps = max(1.0, float(cfg.steps - cfg.warmup_steps))
     min_lr = cfg.lr * cfg.min_lr_ratio
@@ -31,49 +35,36 @@ def lr_schedule(step: mx.array | int, cfg: TrainConfig) -> mx.array:
 
 
 def decays(name: str, param: mx.array) -> bool:
+    """Whether weight decay applies: every parameter with ndim >= 2 (as nanoGPT)."""
     return param.ndim >= 2
 
 
-class AdamW:
-    def __init__(self, cfg: TrainConfig, params: dict):
-        self.cfg = cfg
-        flat = dict(tree_flatten(params))
-        self.decay = {name: decays(name, p) for name, p in flat.items()}
-        self.state = {
-            "step": mx.array(0, dtype=mx.int32),
-            "m": {name: mx.zeros_like(p) for name, p in flat.items()},
-            "v": {name: mx.zeros_like(p) for name, p in flat.items()},
-        }
+def decay_coefficient(cfg: TrainConfig) -> float:
+    """AdamW's weight_decay: the decay per step is lr_t times this."""
+    return cfg.weight_decay / cfg.lr if cfg.independent_wd else cfg.weight_decay
 
-    def clip(self, grads: dict[str, mx.array]) -> tuple[dict[str, mx.array], mx.array]:
-        """Global-norm clipping as torch.nn.utils.clip_grad_norm_; returns the pre-clip norm."""
-        norm = mx.sqrt(sum(mx.sum(g.astype(mx.float32) ** 2) for g in grads.values()))
-        if self.cfg.grad_clip <= 0:
-            return grads, norm
-        coef = mx.minimum(self.cfg.grad_clip / (norm + 1e-6), 1.0)
-        return {k: g * coef for k, g in grads.items()}, norm
 
-    def update(self, model, grads_tree: dict) -> tuple[mx.array, mx.array]:
-        """One AdamW step on `model` in place. Returns (pre-clip grad norm, lr used)."""
-        cfg, state = self.cfg, self.state
-        grads, norm = self.clip(dict(tree_flatten(grads_tree)))
-        params = dict(tree_flatten(model.parameters()))
-        step = state["step"]
-        lr = lr_schedule(step, cfg)
-        t = (step + 1).astype(mx.float32)
-        bias1 = 1.0 - cfg.beta1**t
-        bias2 = 1.0 - cfg.beta2**t
-        decay_rate = (lr / cfg.lr if cfg.independent_wd else lr) * cfg.weight_decay
-        new = []
-        for name, p in params.items():
-            g = grads[name]
-            m = cfg.beta1 * state["m"][name] + (1.0 - cfg.beta1) * g
-            v = cfg.beta2 * state["v"][name] + (1.0 - cfg.beta2) * mx.square(g)
-            state["m"][name], state["v"][name] = m, v
-            if self.decay[name] and cfg.weight_decay > 0:
-                p = p * (1.0 - decay_rate)
-            p = p - (lr / bias1) * m / (mx.sqrt(v) / mx.sqrt(bias2) + cfg.eps)
-            new.append((name, p))
-        model.update(tree_unflatten(new))
-        state["step"] = step + 1
-        return norm, lr
+def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
+    """AdamW over `params` (a model's parameter tree), its state initialised."""
+    def adamw(weight_decay: float) -> optim.AdamW:
+        return optim.AdamW(learning_rate=partial(lr_schedule, cfg=cfg),
+                           betas=[cfg.beta1, cfg.beta2], eps=cfg.eps,
+                           weight_decay=weight_decay, bias_correction=True)
+
+    opt = optim.MultiOptimizer([adamw(decay_coefficient(cfg)), adamw(0.0)], [decays])
+    opt.init(params)
+    return opt
+
+
+def update(opt: optim.MultiOptimizer, model, grads: dict, grad_clip: float
+           ) -> tuple[mx.array, mx.array]:
+    """Clip the gradients to global norm `grad_clip` (0: no clipping) and apply one step to
+    `model` in place. Returns (pre-clip gradient norm, learning rate used)."""
+    clipped, norm = optim.clip_grad_norm(grads, grad_clip if grad_clip > 0 else math.inf)
+    opt.update(model, clipped if grad_clip > 0 else grads)
+    return norm, opt.learning_rate
+
+
+def step_count(state: dict) -> mx.array:
+    """The updates applied, from an optimizer state (`opt.state`): every group counts them."""
+    return state["states"][0]["step"]

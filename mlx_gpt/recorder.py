@@ -116,6 +116,20 @@ class Recorder:
     def probe_due(self, step: int) -> bool:
         return step % self.cfg.probe_every == 0 or step == self.cfg.steps
 
+    # the cadence of the loop, for update `step` (0-based) ----------------------------------
+    def update_probe_due(self, step: int) -> bool:
+        """Whether update `step` is measured (parameters before and after it)."""
+        return step % self.cfg.probe_every == 0
+
+    def sync_due(self, step: int) -> bool:
+        """Whether the values of the updates up to `step` are read back now (one device sync
+        per `log_every` updates, and after the last)."""
+        return (step + 1) % self.cfg.log_every == 0 or step + 1 == self.cfg.steps
+
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether the rows (and, in mlx_gpt, a checkpoint) are written after update `step`."""
+        return (step + 1) % self.cfg.ckpt_every == 0 and step + 1 != self.cfg.steps
+
     # what was measured ----------------------------------------------------------------------
     def record_val(self, step: int, loss: float) -> None:
         self.val_by_step[step] = self.last_val = loss

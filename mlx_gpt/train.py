@@ -6,7 +6,6 @@ checkpoint; a finished run (summary.json says completed or diverged) is not re-r
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from functools import partial
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
@@ -21,19 +21,13 @@ from . import interrupts, runlog
 from . import probes as probe_lib
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
-from .config import TrainConfig, parse_train_config
+from .config import TrainConfig, model_args, parse_train_config
+from .display import Display, format_seconds  # noqa: F401  (format_seconds: the sweep's)
 from .errors import UsageError
 from .locks import RunBusy, run_lock
-from .model import GPT, ModelArgs, count_params, init_weights
-from .optim import AdamW
+from .model import GPT, count_params, init_weights
+from .optim import make_optimizer, step_count, update
 from .recorder import Recorder, divergence  # noqa: F401  (divergence: part of this module's API)
-
-
-def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
-    return ModelArgs(vocab_size=vocab_size, depth=cfg.depth, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, block_size=cfg.block_size, bias=cfg.bias,
-                     qk_norm=cfg.qk_norm, attn_softcap=cfg.attn_softcap, z_loss=cfg.z_loss,
-                     kernels=cfg.kernels)
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
@@ -58,10 +52,11 @@ def load_data(cfg: TrainConfig):
     return train_tokens, val_tokens, meta
 
 
-def make_train_step(model: GPT, opt: AdamW):
+def make_train_step(model: GPT, opt: optim.MultiOptimizer, grad_clip: float):
     """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr, z-loss term), mutating
-    model and opt. The gradient is that of GPT.objective (cross-entropy plus the z-loss term
-    when z_loss > 0); `loss` is the cross-entropy alone, so every arm logs the same quantity.
+    model and opt (optim.make_optimizer's). The gradient is that of GPT.objective (cross-entropy
+    plus the z-loss term when z_loss > 0); `loss` is the cross-entropy alone, so every arm logs
+    the same quantity.
 
     Returns it with the state list to pass to mx.eval / mx.async_eval after each call."""
     loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.objective(x, y))
@@ -70,41 +65,55 @@ def make_train_step(model: GPT, opt: AdamW):
     @partial(mx.compile, inputs=state, outputs=state)
     def step_fn(x: mx.array, y: mx.array):
         (_, loss, z), grads = loss_and_grad(model, x, y)
-        grad_norm, lr = opt.update(model, grads)
+        grad_norm, lr = update(opt, model, grads, grad_clip)
         return loss, grad_norm, lr, z
 
     return step_fn, state
 
 
 # --- checkpoints -----------------------------------------------------------------------------
-# A checkpoint holds weights, AdamW state and the step. The step is also the whole data and RNG
-# cursor: batch k is a pure function of (data_seed, k) and the step draws no random numbers
-# (no dropout), so nothing else is needed for a bit-identical resume.
+# A checkpoint holds the weights ("model.<name>") and the optimizer's whole state ("opt.<key>"
+# of tree_flatten(opt.state): moments, learning rate and step). The optimizer's step is also the
+# whole data and RNG cursor: batch k is a pure function of (data_seed, k) and the step draws no
+# random numbers (no dropout), so nothing else is needed for a bit-identical resume.
 
-def save_checkpoint(path: Path, model: GPT, opt: AdamW, extra: dict) -> int:
-    """Write weights, AdamW state and `extra` with a checksum; the previous checkpoint stays
+def checkpoint_arrays(model: GPT, opt: optim.MultiOptimizer) -> dict[str, mx.array]:
+    arrays = {f"model.{k}": v for k, v in tree_flatten(model.parameters())}
+    arrays.update({f"opt.{k}": v for k, v in tree_flatten(opt.state)})
+    return arrays
+
+
+def save_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer, extra: dict) -> int:
+    """Write weights, optimizer state and `extra` with a checksum; the previous checkpoint stays
     until this one is written and verified. The step is the optimizer's own count of updates
     applied (the only source of the step). Returns it."""
-    arrays = {f"model.{k}": v for k, v in tree_flatten(model.parameters())}
-    arrays.update({f"opt.m.{k}": v for k, v in opt.state["m"].items()})
-    arrays.update({f"opt.v.{k}": v for k, v in opt.state["v"].items()})
-    arrays["opt.step"] = opt.state["step"]
-    host = {k: np.array(v) for k, v in arrays.items()}
-    step = int(host["opt.step"])
+    host = {k: np.array(v) for k, v in checkpoint_arrays(model, opt).items()}
+    step = int(step_count(opt.state))
     runlog.save_tensors(path, host, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
     return step
 
 
-def read_checkpoint(path: Path, model: GPT) -> tuple[int, dict[str, np.ndarray], dict]:
-    """(step, arrays, extra) of a checkpoint, verified against its checksum and the model's
-    parameter names and shapes; runlog.DamagedFile if it fails."""
+def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
+    """The updates applied, from a checkpoint's arrays; None unless every optimizer group holds
+    one and the same count."""
+    steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
+    if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
+        return None
+    return int(steps[0])
+
+
+def read_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer
+                    ) -> tuple[int, dict[str, np.ndarray], dict]:
+    """(step, arrays, extra) of a checkpoint, verified against its checksum and the names,
+    shapes and dtypes of this model's parameters and optimizer state; runlog.DamagedFile if it
+    fails."""
     import ast
 
     arrays, metadata = runlog.read_tensors(path)
-    want = {f"{group}{k}": v.shape for k, v in tree_flatten(model.parameters())
-            for group in ("model.", "opt.m.", "opt.v.")}
-    got = {k: v.shape for k, v in arrays.items() if k != "opt.step"}
-    step = int(arrays["opt.step"]) if arrays.get("opt.step", np.zeros(2)).size == 1 else None
+    want = {k: (tuple(v.shape), np.dtype(str(v.dtype).split(".")[-1]))
+            for k, v in checkpoint_arrays(model, opt).items()}
+    got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
+    step = checkpoint_step(arrays)
     if got != want or step is None or metadata.get("step") != str(step):
         raise runlog.DamagedFile(f"{path.name} does not match this run's model and step")
     try:
@@ -114,30 +123,30 @@ def read_checkpoint(path: Path, model: GPT) -> tuple[int, dict[str, np.ndarray],
     return step, arrays, extra
 
 
-def apply_checkpoint(arrays: dict[str, np.ndarray], model: GPT, opt: AdamW) -> None:
+def apply_checkpoint(arrays: dict[str, np.ndarray], model: GPT, opt: optim.MultiOptimizer) -> None:
+    """Load the weights and the optimizer state. Before make_train_step: the compiled step
+    holds the optimizer's state dicts."""
     model.update(tree_unflatten([(k[6:], mx.array(v)) for k, v in arrays.items()
                                  if k.startswith("model.")]))
-    for key in ("m", "v"):
-        prefix = f"opt.{key}."
-        opt.state[key].update({k[len(prefix):]: mx.array(v) for k, v in arrays.items()
-                               if k.startswith(prefix)})
-    opt.state["step"] = mx.array(arrays["opt.step"])
+    opt.state = tree_unflatten([(k[4:], mx.array(v)) for k, v in arrays.items()
+                                if k.startswith("opt.")])
+    opt.init(model.parameters())  # marks it initialised; every entry is already there
 
 
-def load_checkpoint(path: Path, model: GPT, opt: AdamW) -> tuple[int, dict]:
-    step, arrays, extra = read_checkpoint(path, model)
+def load_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer) -> tuple[int, dict]:
+    step, arrays, extra = read_checkpoint(path, model, opt)
     apply_checkpoint(arrays, model, opt)
     return step, extra
 
 
-def resume_point(cfg: TrainConfig, run_dir: Path, model: GPT, opt: AdamW,
+def resume_point(cfg: TrainConfig, run_dir: Path, model: GPT, opt: optim.MultiOptimizer,
                  warn) -> tuple[int, dict]:
     """(step, recorder clocks) to start from: the checkpoint's, if it verifies and the rows on
     disk agree with it; else step 0 (the checkpoint is removed so it is never tried again)."""
     path = run_dir / "checkpoint.safetensors"
     if path.exists():
         try:
-            step, arrays, extra = read_checkpoint(path, model)
+            step, arrays, extra = read_checkpoint(path, model, opt)
             drop_parts_from(run_dir, step)
             why = runlog.resume_problem(run_dir, step, cfg.probe_every)
         except runlog.DamagedFile as e:
@@ -154,41 +163,6 @@ def resume_point(cfg: TrainConfig, run_dir: Path, model: GPT, opt: AdamW,
 def drop_parts_from(run_dir: Path, step: int) -> None:
     for folder in ("metrics", "probes"):
         runlog.drop_parts_from(run_dir / folder, step)
-
-
-# --- display ---------------------------------------------------------------------------------
-
-class Display:
-    """One live line on a terminal; plain periodic lines (every ~30 s) otherwise."""
-
-    def __init__(self, run_id: str, steps: int, enabled: bool = True, prefix: str = ""):
-        self.run_id, self.steps, self.enabled, self.prefix = run_id, steps, enabled, prefix
-        self.tty = sys.stdout.isatty()
-        self.last_print = 0.0
-
-    def update(self, step: int, loss: float, tok_s: float, eta_s: float, val: float | None) -> None:
-        if not self.enabled:
-            return
-        val_text = f" val {val:.3f}" if val is not None else ""
-        line = (f"{self.prefix}{self.run_id} step {step}/{self.steps} loss {loss:.4f}{val_text} "
-                f"{tok_s:,.0f} tok/s ETA {format_seconds(eta_s)}")
-        if self.tty:
-            print("\r\033[K" + line, end="", flush=True)
-        elif time.monotonic() - self.last_print > 30:
-            print(line, flush=True)
-            self.last_print = time.monotonic()
-
-    def close(self, message: str) -> None:
-        if self.enabled:
-            print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
-                  flush=True)
-
-
-def format_seconds(s: float) -> str:
-    if not math.isfinite(s):
-        return "?"
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -271,7 +245,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
                                                 "framework": "mlx"})
     manifest = runlog.manifest(cfg.data, "mlx", f"{mx.default_device()}")
     model = build_model(cfg, meta["vocab_size"])
-    opt = AdamW(cfg, model.parameters())
+    opt = make_optimizer(cfg, model.parameters())
 
     ckpt_path = run_dir / "checkpoint.safetensors"
     start, clocks = resume_point(cfg, run_dir, model, opt,
@@ -281,7 +255,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
     runlog.write_json(run_dir / "manifest.json", manifest)
     rec = Recorder(cfg, run_dir, **clocks)
 
-    step_fn, state = make_train_step(model, opt)
+    step_fn, state = make_train_step(model, opt, cfg.grad_clip)
 
     @partial(mx.compile, inputs=model.state)
     def eval_fn(x, y):
@@ -309,7 +283,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
         return [(s, a, b, c, z if cfg.z_loss else None)
                 for (s, *_), (a, b, c, z) in zip(pending, values.tolist())]
 
-    display = Display(cfg.run_id, steps, verbose, prefix)
+    display = Display(cfg.run_id, steps, cfg.tokens_per_step, start, verbose, prefix)
     pending: list[tuple[int, mx.array, mx.array, mx.array, mx.array]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
@@ -319,7 +293,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
             if guard is not None:  # the one place a signal stops the run: between steps
                 guard.check()
             measure(step)
-            probing = step % cfg.probe_every == 0
+            probing = rec.update_probe_due(step)
             before = dict(tree_flatten(model.parameters())) if probing else None
             x, y = next(batches)
             loss, grad_norm, lr, z = step_fn(mx.array(x), mx.array(y))
@@ -328,20 +302,17 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
             if probing:
                 rec.record_probes(probe_lib.update_stats(step, before,
                                                          dict(tree_flatten(model.parameters()))))
-            if (step + 1) % cfg.log_every and step + 1 != steps:
+            if not rec.sync_due(step):
                 continue
             values = read(pending)
             rec.train_seconds += time.perf_counter() - t_sync
             diverged = rec.record_steps(values)
             pending.clear()
-            tok_s = (step + 1 - start) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
-            display.update(step + 1, values[-1][1], tok_s,
-                           (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9),
-                           rec.last_val)
+            display.update(step + 1, values[-1][1], rec.train_seconds, rec.last_val)
             if diverged:  # probe the weights as they are when the run is declared diverged
                 rec.record_probes(probe_lib.measure(model, px, py, step + 1))
                 break
-            if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
+            if rec.checkpoint_due(step):
                 checkpoint()
             t_sync = time.perf_counter()
     except KeyboardInterrupt:

@@ -16,12 +16,12 @@ from mlx.utils import tree_flatten
 
 from mlx_gpt import runlog
 from mlx_gpt.errors import UsageError
-from mlx_gpt.train import build_model, model_args, run_dir_of, train
+from mlx_gpt.config import model_args
+from mlx_gpt.train import build_model, run_dir_of, train
 from torch_ref import parity
 from torch_ref.__main__ import main
 from torch_ref.model import GPT as TorchGPT
-from torch_ref.optim import AdamW as TorchAdamW
-from torch_ref.optim import lr_schedule
+from torch_ref import optim as torch_optim
 from torch_ref.spot_check import spot_check
 from torch_ref.weights import as_numpy, load_mlx, load_torch, save_mlx, save_torch
 
@@ -126,48 +126,79 @@ def test_loading_checks_names_and_shapes(tmp_path):
         load_torch(TorchGPT(model_args(cfg, 257)), tmp_path / "none.safetensors")
 
 
-def test_optimizer_equals_torch_adamw_and_mlx_schedule():
-    """With coupled decay and no clipping the mirror is torch.optim.AdamW with nanoGPT's groups,
-    and its learning rate is mlx_gpt.optim.lr_schedule's at every step."""
-    from mlx_gpt.config import TrainConfig
-    from mlx_gpt.optim import lr_schedule as mlx_lr_schedule
+@pytest.mark.parametrize("independent_wd", [False, True])
+def test_mlx_and_torch_adamw_agree_with_warmup_cosine_and_clipping(independent_wd):
+    """mlx.optimizers.AdamW in its MultiOptimizer and torch.optim.AdamW with LambdaLR take the
+    same steps from the same gradients: every parameter, the learning rate and the pre-clip
+    norm, over a schedule that warms up and decays, clipping every other step."""
+    from mlx import nn
+    from mlx.utils import tree_unflatten
 
-    cfg = TrainConfig(lr=1e-2, warmup_steps=3, max_steps=12, grad_clip=0.0, weight_decay=0.1)
-    torch.manual_seed(0)
-    shapes = {"w": (5, 4), "b": (4,)}
-    ours = {k: torch.nn.Parameter(torch.randn(s)) for k, s in shapes.items()}
-    ref = {k: torch.nn.Parameter(p.detach().clone()) for k, p in ours.items()}
-    start = {k: p.detach().clone() for k, p in ours.items()}
-    opt = TorchAdamW(cfg, ours)
-    reference = torch.optim.AdamW([{"params": [ref["w"]], "weight_decay": cfg.weight_decay},
-                                   {"params": [ref["b"]], "weight_decay": 0.0}],
-                                  lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    from mlx_gpt import optim as mlx_optim
+    from mlx_gpt.config import TrainConfig
+
+    cfg = TrainConfig(lr=1e-2, warmup_steps=3, max_steps=12, grad_clip=3.0,
+                      weight_decay=1e-3 if independent_wd else 0.1, independent_wd=independent_wd)
+    rng = np.random.default_rng(0)
+    shapes = {"w": (5, 4), "emb": (7, 4), "b": (4,)}
+    start = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    ours = {k: torch.nn.Parameter(torch.from_numpy(v.copy())) for k, v in start.items()}
+    opt, schedule = torch_optim.make_optimizer(cfg, ours)
+
+    mlx_params = nn.Module()
+    for k, v in start.items():
+        setattr(mlx_params, k, mx.array(v))
+    mlx_opt = mlx_optim.make_optimizer(cfg, mlx_params.parameters())
+    clipped = 0
     for step in range(cfg.steps):
-        grads = {k: torch.randn(s) for k, s in shapes.items()}
+        scale = 1.0 if step % 2 else 0.3  # global norm ~7 (clipped to 3) or ~2 (not clipped)
+        grads = {k: (scale * rng.normal(size=s)).astype(np.float32) for k, s in shapes.items()}
         for k in shapes:
-            ours[k].grad, ref[k].grad = grads[k].clone(), grads[k].clone()
-        lr = lr_schedule(step, cfg).item()
-        assert lr == pytest.approx(mlx_lr_schedule(step, cfg).item(), rel=1e-7)
-        for group in reference.param_groups:
-            group["lr"] = lr
-        _, used = opt.update()
-        reference.step()
-        assert used.item() == lr
+            ours[k].grad = torch.from_numpy(grads[k].copy())
+        norm, lr = torch_optim.update(opt, schedule, cfg.grad_clip)
+        mlx_norm, mlx_lr = mlx_optim.update(mlx_opt, mlx_params, tree_unflatten(
+            [(k, mx.array(v)) for k, v in grads.items()]), cfg.grad_clip)
+        clipped += norm.item() > cfg.grad_clip
+        assert lr.item() == pytest.approx(torch_optim.lr_schedule(step, cfg), rel=1e-7)
+        assert lr.item() == pytest.approx(mlx_lr.item(), rel=1e-6)  # MLX: float32 cosine
+        assert norm.item() == pytest.approx(mlx_norm.item(), rel=1e-6)
         for k in shapes:
-            torch.testing.assert_close(ours[k], ref[k], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(ours[k].detach().numpy(), np.array(mlx_params[k]),
+                                       rtol=1e-6, atol=1e-7, err_msg=f"{k} at step {step}")
+    assert 0 < clipped < cfg.steps  # clipping happened on some steps, not all
     for k in shapes:  # the parameters did move, so the comparison above was not vacuous
-        assert (ours[k] - start[k]).abs().max().item() > 1e-3, k
+        assert np.abs(ours[k].detach().numpy() - start[k]).max() > 1e-3, k
+    # the schedule reached its floor after the cosine
+    assert torch_optim.lr_schedule(cfg.steps, cfg) == pytest.approx(cfg.lr * cfg.min_lr_ratio)
 
 
-def test_clipping_scales_to_the_clip_norm():
+def test_weight_decay_groups_name_the_embeddings_and_linear_weights():
+    from test_train import DECAYED
+
     from mlx_gpt.config import TrainConfig
 
-    cfg = TrainConfig(grad_clip=1.0)
+    cfg = TrainConfig(depth=1, d_model=8, n_heads=2, block_size=4, bias=True,
+                      qk_norm="layernorm")
+    model = TorchGPT(model_args(cfg, 64))
+    opt, _ = torch_optim.make_optimizer(cfg, dict(model.named_parameters()))
+    names = {id(p): name for name, p in model.named_parameters()}
+    decay, other = opt.param_groups
+    assert [names[id(p)] for p in decay["params"]] == DECAYED
+    assert decay["weight_decay"] == cfg.weight_decay and other["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(other["params"]) == len(names)
+
+
+@pytest.mark.parametrize("grad_clip, expected", [(1.0, 1.0 * 6.0 / (6.0 + 1e-6)), (0.0, 6.0)])
+def test_clipping_scales_to_the_clip_norm(grad_clip, expected):
+    from mlx_gpt.config import TrainConfig
+
+    cfg = TrainConfig(grad_clip=grad_clip)
     params = {"w": torch.nn.Parameter(torch.zeros(2, 2))}
     params["w"].grad = torch.full((2, 2), 3.0)  # norm 6
-    norm = TorchAdamW(cfg, params).clip()
+    opt, schedule = torch_optim.make_optimizer(cfg, params)
+    norm, _ = torch_optim.update(opt, schedule, cfg.grad_clip)
     assert norm.item() == pytest.approx(6.0)
-    assert params["w"].grad.norm().item() == pytest.approx(1.0 * 6.0 / (6.0 + 1e-6), rel=1e-6)
+    assert params["w"].grad.norm().item() == pytest.approx(expected, rel=1e-6)
 
 
 def read_parts_schema(folder):
@@ -263,7 +294,7 @@ def test_spot_check_usage_errors(tiny_cfg, tmp_path, capsys):
 
 
 def test_spot_check_of_a_diverged_run_diverges_at_the_same_step(tiny_cfg):
-    cfg = tiny_cfg(lr=1.0, grad_clip=0.0, warmup_steps=2)
+    cfg = tiny_cfg(lr=1.0, grad_clip=0.0, warmup_steps=2, divergence_window=5)
     mlx_summary = train(cfg, verbose=False)
     assert mlx_summary["status"] == "diverged"
     _, summary = spot_check(run_dir_of(cfg), "cpu", verbose=False)

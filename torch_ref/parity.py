@@ -5,9 +5,9 @@ depth 1 and 3, on both of mlx_gpt's kernel paths
 (kernels=cpu: mlx_gpt/kernels.py; kernels=library: MLX's fused attention, GELU and
 cross-entropy, the path Apple GPUs run), in float32, with the same weights (moved through
 safetensors) and the same batch, it compares logits, loss, every gradient and the attention
-probes; then it trains both for 50 steps with the same AdamW semantics and compares the loss
-at every step. It prints the largest deviation of each kind and exits 1
-when a tolerance is broken.
+probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
+torch.optim.AdamW) under the same settings, and compares the loss at every step. It prints
+the largest deviation of each kind and exits 1 when a tolerance is broken.
 
 Relative deviation, everywhere: max|a - b| / max|b|, with b the MLX value and the max taken
 over the elements of one tensor (logits, one gradient) or, for a scalar, |a - b| / |b|.
@@ -30,17 +30,17 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt import probes as mlx_probes
 from mlx_gpt import synthetic
 from mlx_gpt.batches import probe_batch, train_batch
-from mlx_gpt.config import TrainConfig
+from mlx_gpt import optim as mlx_optim
+from mlx_gpt.config import TrainConfig, model_args
 from mlx_gpt.errors import UsageError
 from mlx_gpt.model import GPT as MlxGPT
-from mlx_gpt.optim import AdamW as MlxAdamW
 from mlx_gpt.tokenizer import ByteTokenizer
-from mlx_gpt.train import build_model, make_train_step, model_args
+from mlx_gpt.train import build_model, make_train_step
 
 from . import probes as torch_probes
 from .model import GPT as TorchGPT
 from .model import objective_terms as torch_objective_terms
-from .optim import AdamW as TorchAdamW
+from . import optim as torch_optim
 from .train import train_step
 from .weights import as_numpy, mlx_to_torch
 
@@ -173,10 +173,12 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
                                       torch.from_numpy(py.astype(np.int64)), 0)
     # one AdamW update from these gradients on each side, for the update probes
     mlx_before = dict(tree_flatten(mlx_model.parameters()))
-    MlxAdamW(cfg, mlx_model.parameters()).update(mlx_model, mlx_grads_tree)
+    mlx_optim.update(mlx_optim.make_optimizer(cfg, mlx_model.parameters()), mlx_model,
+                     mlx_grads_tree, cfg.grad_clip)
     mlx_rows += mlx_probes.update_stats(0, mlx_before, dict(tree_flatten(mlx_model.parameters())))
     torch_before = torch_probes.snapshot(torch_model)
-    TorchAdamW(cfg, dict(torch_model.named_parameters())).update()
+    torch_optim.update(*torch_optim.make_optimizer(cfg, dict(torch_model.named_parameters())),
+                       cfg.grad_clip)
     torch_rows += torch_probes.update_stats(0, torch_before, torch_probes.snapshot(torch_model))
     probes = probe_pairs(mlx_rows, torch_rows, cfg.depth)
     unported = sorted({r["name"] for r in mlx_rows} - {r["name"] for r in torch_rows})
@@ -215,7 +217,8 @@ def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.
     """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term): the compiled step of
     mlx_gpt.train."""
     model = build_model(cfg, vocab_size)
-    step_fn, state = make_train_step(model, MlxAdamW(cfg, model.parameters()))
+    step_fn, state = make_train_step(model, mlx_optim.make_optimizer(cfg, model.parameters()),
+                                     cfg.grad_clip)
     out = []
     for step in range(cfg.steps):
         x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
@@ -227,11 +230,12 @@ def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.
 def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     """The same as mlx_trajectory with torch_ref, from the same MLX initial weights."""
     _, model = twin_models(cfg, vocab_size, perturbed=False)
-    opt = TorchAdamW(cfg, dict(model.named_parameters()))
+    opt, schedule = torch_optim.make_optimizer(cfg, dict(model.named_parameters()))
     out = []
     for step in range(cfg.steps):
         x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
-        out.append(torch.stack(train_step(model, opt, torch.from_numpy(x.astype(np.int64)),
+        out.append(torch.stack(train_step(model, opt, schedule, cfg.grad_clip,
+                                          torch.from_numpy(x.astype(np.int64)),
                                           torch.from_numpy(y.astype(np.int64)))))
     return torch.stack(out).numpy()
 

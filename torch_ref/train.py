@@ -12,17 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from mlx_gpt import interrupts, runlog
 from mlx_gpt.batches import probe_batch, train_stream, val_batches
-from mlx_gpt.config import TrainConfig
+from mlx_gpt.config import TrainConfig, model_args
+from mlx_gpt.display import Display
 from mlx_gpt.errors import UsageError
 from mlx_gpt.recorder import Recorder
-from mlx_gpt.train import Display, model_args
 
 from . import probes as probe_lib
 from .model import GPT, count_params, cross_entropy, objective_terms
-from .optim import AdamW
+from .optim import make_optimizer, update
 from .weights import load_torch, save_torch
 
 
@@ -53,13 +54,15 @@ def full_float32() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def train_step(model: GPT, opt: AdamW, x: torch.Tensor, y: torch.Tensor):
-    """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW. Returns
-    (cross-entropy, pre-clip grad norm, lr, z-loss term) as 0-d tensors, as mlx_gpt's step."""
+def train_step(model: GPT, opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float,
+               x: torch.Tensor, y: torch.Tensor):
+    """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW (from
+    optim.make_optimizer). Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) as 0-d
+    tensors, as mlx_gpt's step."""
     model.zero_grad(set_to_none=True)
     total, loss, z = objective_terms(model(x), y, model.args.z_loss)
     total.backward()
-    grad_norm, lr = opt.update()
+    grad_norm, lr = update(opt, schedule, grad_clip)
     return loss.detach(), grad_norm, lr, z.detach()
 
 
@@ -81,7 +84,7 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
 
     model = GPT(model_args(cfg, meta["vocab_size"])).to(device)
     load_torch(model, init_weights)
-    opt = AdamW(cfg, dict(model.named_parameters()))
+    opt, schedule = make_optimizer(cfg, dict(model.named_parameters()))
 
     def tensor(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(device)
@@ -96,13 +99,19 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
         return torch.stack([cross_entropy(model(x), y) for x, y in val]).mean().item()
 
     rec = Recorder(cfg, run_dir)
-    display = Display(summary_extra["run_id"], steps, verbose)
+    display = Display(summary_extra["run_id"], steps, cfg.tokens_per_step, 0, verbose)
 
     def measure(step: int) -> None:
         if rec.eval_due(step):
             rec.record_val(step, evaluate())
         if rec.probe_due(step):
             rec.record_probes(probe_lib.measure(model, px, py, step))
+
+    def read(pending) -> list[tuple[int, float, float, float, float | None]]:
+        """One device sync for a whole log interval of (loss, grad norm, lr, z-loss term)."""
+        values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS: no float64
+        return [(s, a, b, c, z if cfg.z_loss else None)
+                for (s, _), (a, b, c, z) in zip(pending, values)]
 
     pending: list[tuple[int, torch.Tensor]] = []
     batches = train_stream(train_tokens, cfg.data_seed, 0, steps, cfg.batch_size, cfg.block_size)
@@ -112,28 +121,25 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
         for step in range(steps):
             guard.check()
             measure(step)
-            probing = step % cfg.probe_every == 0
+            probing = rec.update_probe_due(step)
             before = probe_lib.snapshot(model) if probing else None
             x, y = next(batches)
-            loss, grad_norm, lr, z = train_step(model, opt, tensor(x), tensor(y))
+            loss, grad_norm, lr, z = train_step(model, opt, schedule, cfg.grad_clip,
+                                                tensor(x), tensor(y))
+            pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype), z])))
             if probing:
                 rec.record_probes(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
-            pending.append((step, torch.stack([loss, grad_norm, lr.to(loss.dtype), z])))
-            if (step + 1) % cfg.log_every and step + 1 != steps:
+            if not rec.sync_due(step):
                 continue
-            # one device sync per log interval, as the MLX trainer
-            values = torch.stack([v for _, v in pending]).cpu().double().tolist()  # MPS has no float64
+            values = read(pending)
             rec.train_seconds += time.perf_counter() - t_sync
-            diverged = rec.record_steps((s, a, b, c, z if cfg.z_loss else None)
-                                        for (s, _), (a, b, c, z) in zip(pending, values))
+            diverged = rec.record_steps(values)
             pending.clear()
-            tok_s = (step + 1) * cfg.tokens_per_step / max(rec.train_seconds, 1e-9)
-            display.update(step + 1, values[-1][0], tok_s,
-                           (steps - step - 1) * cfg.tokens_per_step / max(tok_s, 1e-9), rec.last_val)
+            display.update(step + 1, values[-1][1], rec.train_seconds, rec.last_val)
             if diverged:  # probe the weights as they are when the run is declared diverged
                 rec.record_probes(probe_lib.measure(model, px, py, step + 1))
                 break
-            if (step + 1) % cfg.ckpt_every == 0 and step + 1 != steps:
+            if rec.checkpoint_due(step):
                 rec.flush()  # parts cover the same step ranges as the MLX run's
             t_sync = time.perf_counter()
 

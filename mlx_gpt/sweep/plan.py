@@ -45,10 +45,11 @@ def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float =
     (which compiles); up to `steps` of them, fewer once `max_seconds` have passed."""
     import mlx.core as mx
 
-    from ..optim import AdamW
+    from ..optim import make_optimizer
 
     model = trainer.build_model(cfg, vocab)
-    step_fn, state = trainer.make_train_step(model, AdamW(cfg, model.parameters()))
+    step_fn, state = trainer.make_train_step(model, make_optimizer(cfg, model.parameters()),
+                                             cfg.grad_clip)
 
     x = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
     y = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))

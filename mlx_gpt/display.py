@@ -1,0 +1,48 @@
+"""The progress line of a training run, free of any framework (both trainers show it)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+
+class Display:
+    """One live line on a terminal; plain periodic lines (every ~30 s) otherwise. Throughput
+    and ETA come from the training seconds of the steps taken since `start` (a resumed run's
+    first step)."""
+
+    def __init__(self, run_id: str, steps: int, tokens_per_step: int, start: int = 0,
+                 enabled: bool = True, prefix: str = ""):
+        self.run_id, self.steps, self.enabled, self.prefix = run_id, steps, enabled, prefix
+        self.tokens_per_step, self.start = tokens_per_step, start
+        self.tty = sys.stdout.isatty()
+        self.last_print = 0.0
+
+    def update(self, step: int, loss: float, train_seconds: float, val: float | None) -> None:
+        """After `step` updates: the last training loss, the training seconds of the updates
+        since `start`, the last validation loss."""
+        if not self.enabled:
+            return
+        tok_s = (step - self.start) * self.tokens_per_step / max(train_seconds, 1e-9)
+        eta_s = (self.steps - step) * self.tokens_per_step / max(tok_s, 1e-9)
+        val_text = f" val {val:.3f}" if val is not None else ""
+        line = (f"{self.prefix}{self.run_id} step {step}/{self.steps} loss {loss:.4f}{val_text} "
+                f"{tok_s:,.0f} tok/s ETA {format_seconds(eta_s)}")
+        if self.tty:
+            print("\r\033[K" + line, end="", flush=True)
+        elif time.monotonic() - self.last_print > 30:
+            print(line, flush=True)
+            self.last_print = time.monotonic()
+
+    def close(self, message: str) -> None:
+        if self.enabled:
+            print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
+                  flush=True)
+
+
+def format_seconds(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
