@@ -27,10 +27,10 @@ import torch
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+from mlx_gpt import optim as mlx_optim
 from mlx_gpt import probes as mlx_probes
 from mlx_gpt import synthetic
 from mlx_gpt.batches import probe_batch, train_batch
-from mlx_gpt import optim as mlx_optim
 from mlx_gpt.config import TrainConfig, model_args
 from mlx_gpt.errors import UsageError
 from mlx_gpt.model import GPT as MlxGPT
