@@ -90,10 +90,14 @@ FORK_SERVER = textwrap.dedent("""
         steps = None
         if ckpt:
             arrays, meta = runlog.read_tensors(ckpt[0])
-            steps = [int(meta["step"]), int(arrays["opt.step"])]
+            counts = {int(v) for k, v in arrays.items() if k.startswith("opt.")
+                      and k.split(".")[-1] == "step"}  # the optimizer's step (one per group)
+            steps = [int(meta["step"]), *counts]
         resume_rc, _, _ = run(runs_dir)
+        manifest = json.loads(next(runs_dir.glob("*/*/manifest.json")).read_text())
         print(json.dumps({"trial": trial, "delay": delay, "signal": signum, "rc": rc,
                           "sent_before_return": in_time,
+                          "resumed_from": manifest.get("resumed_from_step", 0),
                           "checkpoint_steps": steps, "resume_rc": resume_rc}), flush=True)
 """)
 
@@ -141,8 +145,9 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
         lost += result["sent_before_return"] and result["rc"] == 0
         assert result["resume_rc"] == 0, (result, log)
         if result["checkpoint_steps"]:
-            meta_step, opt_step = result["checkpoint_steps"]
+            meta_step, opt_step = result["checkpoint_steps"]  # one optimizer count only
             assert meta_step == opt_step, result  # the checkpoint's step is the updates applied
+            assert result["resumed_from"] == opt_step, result  # resumed there, not from 0
             interrupted_mid_run += 0 < opt_step < cfg.steps
             early += opt_step <= cfg.log_every
         assert _metric_rows(folder) == ref_rows, result
