@@ -132,7 +132,7 @@ DEMO = SweepConfig(
 # d_model-64 model (head_dim 32). Calibrated at depth 4: QK-norm off vs on final val loss 2.60 vs
 # 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max attention logit 114 vs 6 and 6,571 vs 12.
 MINI = SweepConfig(
-    preset="mini", name="mini", depth=(2, 4, 8), lr_min=1e-3, lr_max=3.0, points_per_decade=2,
+    preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
     seeds=(0, 1, 2), arms=("none", "rmsnorm"), refine=True, refine_steps=1, refine_factor=1.4,
     jobs=2,
     train=TrainConfig(
