@@ -104,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if study is None:
+        print(f"report: {path} (no finished runs: every run failed; the page lists them)")
+        return 0
     for warning in study.runs.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    for note in study.notes:
+        print(f"note: {note}", file=sys.stderr)
     several = study.verdicts["on_kind"].n_unique() > 1  # name the arm when there are several
 
     def verdict_text(r: dict) -> str:

@@ -447,7 +447,8 @@ def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str) -> 
     judged = sum(p.direction != NO_DATA for p in parts)
     decided = sum(p.direction in (FOR, AGAINST) for p in parts)
     return {"hypothesis": hypothesis, "on_kind": on, "claim": claim, "verdict": combine(parts),
-            "measured": f"{decided} of {len(parts)} {unit} decided ({judged} had the data)",
+            "measured": f"{decided} of {len(parts)} {unit if len(parts) != 1 else unit[:-1]} "
+                        f"decided ({judged} had the data)",
             "evidence": "; ".join(p.text for p in parts) or "no paired runs"}
 
 

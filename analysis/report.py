@@ -92,9 +92,11 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
     settings = primary["setting"].unique().to_list()
     if len(settings) > 1:
         left = primary.filter(pl.col("setting") != setting)
-        notes.append(f"{left.height} {framework} runs with another setting than the largest "
-                     f"group ({_setting_label(setting, settings)}) are listed but left out "
-                     f"of the study metrics")
+        chosen = primary.height - left.height
+        notes.append(f"the study metrics use the largest group of {framework} runs that share "
+                     f"one setting: {chosen} runs with {_setting_label(setting, settings)}; the "
+                     f"other {left.height} runs differ in that setting and are listed but left "
+                     f"out of the metrics (give their sweep folder to report them)")
     points = primary.filter(pl.col("setting") == setting)
     unique = points.unique(subset="identity", keep="first", maintain_order=True)
     if unique.height < points.height:
@@ -464,12 +466,37 @@ def _swap_in(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _failed_only(runs: Runs, out: Path) -> Path:
+    """The report of a folder where no run finished: it says so and lists every failed run with
+    its error line (and the runs table), instead of metrics that cannot exist."""
+    tmp = _prepare_out(out)
+    try:
+        (tmp / "tables").mkdir()
+        write_table(runs.table, tmp / "tables", "runs")
+        items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
+        (tmp / "report.html").write_text(
+            "<!doctype html><html><head><meta charset='utf-8'><title>QK-norm study: no finished "
+            f"runs</title></head><body><h1>No finished runs</h1><p>All {runs.table.height} runs "
+            f"under <code>{html.escape(str(runs.root))}</code> failed, so there are no study "
+            "metrics, charts or verdicts. Each failed run keeps its traceback.txt; the next "
+            f"sweep retries it.</p><ul>{items}</ul></body></html>\n")
+        (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_in(tmp, out)
+    return out / "report.html"
+
+
 def build_report(runs_dir: str | Path, out: str | Path,
-                 options: ReportOptions = ReportOptions()) -> tuple[Path, Study]:
-    """Load, analyse, draw and write everything; returns the report.html path and the study."""
+                 options: ReportOptions = ReportOptions()) -> tuple[Path, Study | None]:
+    """Load, analyse, draw and write everything; returns the report.html path and the study
+    (None when no run finished: the page then lists the failed runs)."""
     out = Path(out)
     _check_out(out)
     runs = load_runs(runs_dir)
+    if runs.table.filter(pl.col("status").is_in(FINISHED)).is_empty():
+        return _failed_only(runs, out), None
     study = analyse(runs, options)
     tmp = _prepare_out(out)
     try:

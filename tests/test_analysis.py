@@ -743,3 +743,41 @@ def test_chart_legend_names_each_arm_in_words_with_its_own_colour():
              "max_attention_logit"]
     assert {"output_logsumexp_mean", "max_attention_logit_capped"} <= set(
         C.other_probe_names(found))
+
+
+def test_a_folder_of_only_failed_runs_gives_a_report_that_says_so(tiny_cfg, tmp_path,
+                                                                   monkeypatch, capsys):
+    from mlx_gpt import train as trainer
+
+    cfg = tiny_cfg()
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("the model could not be built")
+
+    monkeypatch.setattr(trainer, "build_model", boom)
+    with pytest.raises(RuntimeError):
+        trainer.train(cfg, verbose=False)
+    out = tmp_path / "failed-report"
+    assert main(["report", str(trainer.run_dir_of(cfg).parent), "--out", str(out)]) == 0
+    assert "no finished runs" in capsys.readouterr().out
+    page = (out / "report.html").read_text()
+    assert "All 1 runs" in page and "the model could not be built" in page
+    assert pl.read_csv(out / "tables" / "runs.csv")["status"].to_list() == ["failed"]
+
+
+def test_the_chosen_group_of_settings_is_named_with_why(report):
+    from analysis.report import analyse
+
+    _, study = report
+    runs = study.runs
+    wider = json.dumps({**json.loads(runs.table["setting"][0]), "d_model": 48}, sort_keys=True)
+    table = runs.table.with_columns(setting=pl.when(pl.col("depth") == 2).then(pl.lit(wider))
+                                    .otherwise(pl.col("setting")))
+    mlx = table.filter(pl.col("status").is_in(["completed", "diverged"])
+                       & (pl.col("framework") == "mlx"))
+    chosen, left = (mlx.filter(pl.col("depth") == d).height for d in (1, 2))
+    assert chosen > left  # depth 1 also holds a refinement run
+    other = analyse(dataclasses.replace(runs, table=table))
+    note = next(n for n in other.notes if "largest group" in n)
+    assert f"{chosen} runs with d_model=32" in note and f"other {left} runs" in note
+    assert set(other.points["depth"].to_list()) == {1}
