@@ -35,6 +35,13 @@ class Display:
             print(line, flush=True)
             self.last_print = time.monotonic()
 
+    def begin(self, message: str, always: bool = False) -> None:
+        """What the run does before its first step: a live line on a terminal (the first update
+        replaces it); elsewhere a plain line only when `always` (a resumed run says so)."""
+        if self.enabled and (self.tty or always):
+            print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
+                  end="" if self.tty else "\n", flush=True)
+
     def close(self, message: str) -> None:
         if self.enabled:
             print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",

@@ -284,6 +284,9 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
                 for (s, *_), (a, b, c, z) in zip(pending, values.tolist())]
 
     display = Display(cfg.run_id, steps, cfg.tokens_per_step, start, verbose, prefix)
+    display.begin((f"resuming from step {start} of {steps}; " if start else "")
+                  + "compiling the train step (a first run on this machine also builds MLX's "
+                    "kernels: up to a minute)", always=bool(start))
     pending: list[tuple[int, mx.array, mx.array, mx.array, mx.array]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
@@ -323,7 +326,8 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
             summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
             display.close(rec.closing_line(summary))
         else:
-            display.close(f"interrupted; checkpointed at step {checkpoint()}")
+            display.close(f"interrupted; checkpointed at step {checkpoint()} of {steps}: the "
+                          "same command resumes it")
         raise
 
     if rec.status == "completed":
@@ -355,9 +359,7 @@ def cli(argv: list[str]) -> int:
         summary = train(cfg)
     except RunBusy as e:
         raise UsageError(str(e)) from None
-    except KeyboardInterrupt as e:
-        print(f"interrupted; run the same command again to resume {run_dir_of(cfg)}",
-              file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume
         return interrupts.exit_code(e)
     print(f"run folder: {run_dir_of(cfg)}  status: {summary['status']}")
     return 0

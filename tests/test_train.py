@@ -453,3 +453,26 @@ def test_resume_check_counts_probe_steps_not_probe_rows(tmp_path):
     runlog.write_part(tmp_path / "probes", probes, runlog.PROBES_SCHEMA)
     assert runlog.resume_problem(tmp_path, 20, probe_every=10) is None
     assert "lacks step 20" in runlog.resume_problem(tmp_path, 30, probe_every=10)
+
+
+def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, capsys):
+    from mlx_gpt import train as trainer
+
+    cfg = tiny_cfg(max_steps=30)
+    real_update = trainer.Display.update
+
+    def update_then_interrupt(self, step, *args):
+        real_update(self, step, *args)
+        if step == 20:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.Display, "update", update_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, verbose=True)
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "interrupted" in line]
+    assert said == [f"{cfg.run_id} interrupted; checkpointed at step 20 of 30: the same command "
+                    "resumes it"]
+    monkeypatch.setattr(trainer.Display, "update", real_update)
+    assert train(cfg, verbose=True)["status"] == "completed"
+    assert f"{cfg.run_id} resuming from step 20 of 30; compiling" in capsys.readouterr().out
