@@ -218,6 +218,23 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
     return out.sort(ARM_KEYS)
 
 
+def spike_table(points: pl.DataFrame) -> pl.DataFrame:
+    """Per (depth, arm, LR): how unstable training was short of diverging. loss_spikes in
+    summary.json counts excursions of the training loss more than spike_margin above its running
+    minimum; max_spike is the largest in nats. Runs written before spikes were counted give
+    nulls (`counted` says how many runs had the count)."""
+    has = "loss_spikes" in points.columns
+    p = points if has else points.with_columns(loss_spikes=pl.lit(None, pl.Int64),
+                                               max_spike=pl.lit(None, pl.Float64))
+    return (with_losses(p).group_by("depth", ARM, "lr")
+            .agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
+                 counted=pl.col("loss_spikes").count(),
+                 runs_with_spikes=(pl.col("loss_spikes") > 0).sum(),
+                 loss_spikes=pl.col("loss_spikes").sum(),
+                 max_spike=pl.col("max_spike").max())
+            .sort("depth", ARM, "lr"))
+
+
 # --- paired tests -------------------------------------------------------------------------------
 
 def paired_t(diffs: list[float] | np.ndarray) -> tuple[float | None, float | None]:

@@ -56,6 +56,7 @@ class Study:
     stable_per_seed: pl.DataFrame
     gaps: pl.DataFrame
     thresholds: pl.DataFrame
+    spikes: pl.DataFrame
     verdicts: pl.DataFrame
     twins: pl.DataFrame
     loss_thresholds: pl.DataFrame
@@ -133,7 +134,8 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
                  probe_steps=probe_steps, per_run=per_run, arms=arms,
                  sensitivity_per_seed=M.lr_sensitivity_per_seed(points),
                  stable_per_seed=M.max_stable_lr_per_seed(points), gaps=gaps,
-                 thresholds=thresholds, verdicts=verdicts, twins=twins,
+                 thresholds=thresholds, spikes=M.spike_table(points), verdicts=verdicts,
+                 twins=twins,
                  loss_thresholds=loss_thresholds, notes=notes)
 
 
@@ -427,6 +429,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
         necessity_table=safe(html_table(study.thresholds)),
         figures=[(name, CHARTS[name]) for name in specs],
         gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
+        spikes_table=safe(html_table(study.spikes)),
         runs_table=safe(html_table(study.per_run, run_cols)),
         provenance_table=safe(html_table(provenance(runs))),
         definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
@@ -508,6 +511,7 @@ def build_report(runs_dir: str | Path, out: str | Path,
         write_table(study.stable_per_seed, tables, "max_stable_lr_per_seed")
         write_table(study.gaps, tables, "gaps")
         write_table(study.thresholds, tables, "necessity")
+        write_table(study.spikes, tables, "spikes")
         write_table(study.verdicts, tables, "verdicts")
         write_table(study.twins, tables, "twins")
         specs = {}

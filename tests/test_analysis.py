@@ -501,7 +501,7 @@ def test_report_from_tiny_sweep_has_every_section(report, sweep):
     path, study = report
     text = path.read_text()
     for section in ("summary", "warnings", "verdicts", "study-metrics", "necessity", "charts",
-                    "gaps", "twins", "runs", "provenance", "definitions"):
+                    "gaps", "spikes", "twins", "runs", "provenance", "definitions"):
         assert f'<section id="{section}">' in text, section
     for name in study_charts(path):
         assert f'id="chart-{name}"' in text
@@ -781,3 +781,15 @@ def test_the_chosen_group_of_settings_is_named_with_why(report):
     note = next(n for n in other.notes if "largest group" in n)
     assert f"{chosen} runs with d_model=32" in note and f"other {left} runs" in note
     assert set(other.points["depth"].to_list()) == {1}
+
+
+def test_spikes_are_summed_per_arm_and_lr():
+    table = points([(2, "none", 0.1, s, 3.0, 5.0) for s in range(3)]
+                   + [(2, "rmsnorm", 0.1, s, 2.9, 5.0) for s in range(3)])
+    table = table.with_columns(loss_spikes=pl.Series([2, 0, 1, 0, 0, 0]),
+                               max_spike=pl.Series([1.5, 0.2, 3.0, 0.1, 0.1, 0.2]))
+    rows = {r["arm"]: r for r in M.spike_table(table).iter_rows(named=True)}
+    assert (rows["none"]["runs_with_spikes"], rows["none"]["loss_spikes"],
+            rows["none"]["max_spike"]) == (2, 3, 3.0)
+    assert (rows["rmsnorm"]["runs_with_spikes"], rows["rmsnorm"]["loss_spikes"]) == (0, 0)
+    assert M.spike_table(points([(2, "none", 0.1, 0, 3.0, 5.0)]))["counted"].to_list() == [0]
