@@ -228,33 +228,3 @@ def read_probes(run_dir: str | Path):
     if table is None:
         raise UsageError(f"{run_dir} has no probe rows (no probes/part-*.parquet)")
     return table
-
-
-def peak_max_attention_logit(run_dir: str | Path) -> float:
-    """Largest max_attention_logit over every probed step and layer of a run (NaN rows ignored;
-    +inf if the logits overflowed)."""
-    return summarize_probes(run_dir)["peak_max_attention_logit"]
-
-
-def summarize_probes(run_dir: str | Path) -> dict:
-    """A few headline numbers of a run's probes: the peak max attention logit with its step and
-    layer, and the final step's lowest attention entropy and largest residual kurtosis."""
-    table = read_probes(run_dir).to_pydict()
-    rows = list(zip(table["step"], table["layer"], table["name"], table["value"]))
-    final_step = max(table["step"])
-
-    def at_final(name: str) -> list[float]:
-        return [v for s, _, n, v in rows if n == name and s == final_step and not math.isnan(v)]
-
-    logits = [(v, s, layer) for s, layer, n, v in rows
-              if n == "max_attention_logit" and not math.isnan(v)]
-    peak, peak_step, peak_layer = max(logits) if logits else (math.nan, None, None)
-    entropies, kurtoses = at_final("attention_entropy_min_head"), at_final("residual_kurtosis")
-    return {
-        "peak_max_attention_logit": peak,
-        "peak_step": peak_step,
-        "peak_layer": peak_layer,
-        "final_step": final_step,
-        "final_min_attention_entropy": min(entropies) if entropies else math.nan,
-        "final_max_residual_kurtosis": max(kurtoses) if kurtoses else math.nan,
-    }

@@ -427,16 +427,18 @@ def test_train_writes_documented_probe_parts(tiny_cfg):
     for r in rows:
         assert math.isfinite(r["value"]), r
 
-    logits = [r["value"] for r in rows if r["name"] == "max_attention_logit"]
-    assert probes.peak_max_attention_logit(run_dir) == max(logits)
-    summary = probes.summarize_probes(run_dir)
-    assert summary["peak_max_attention_logit"] == max(logits)
-    peak_row = next(r for r in rows if r["name"] == "max_attention_logit" and
-                    r["value"] == max(logits))
-    assert (summary["peak_step"], summary["peak_layer"]) == (peak_row["step"], peak_row["layer"])
-    assert summary["final_step"] == 30
-    assert summary["final_min_attention_entropy"] == min(
-        r["value"] for r in rows if r["name"] == "attention_entropy_min_head" and r["step"] == 30)
+    # read back by the analysis, the one reader of probe rows
+    from analysis import metrics
+    from analysis.load import load_runs
 
+    per_step = metrics.probe_over_layers(load_runs(run_dir).probes).collect()
+    summary = metrics.probe_summary(per_step).row(0, named=True)
+    logits = [r["value"] for r in rows if r["name"] == "max_attention_logit"]
+    assert summary["peak_max_attention_logit"] == pytest.approx(max(logits))
+    entropies = [(r["value"], r["step"]) for r in rows if r["name"] == "attention_entropy_min_head"]
+    assert (summary["worst_attention_entropy_min_head"],
+            summary["worst_attention_entropy_min_head_step"]) == min(entropies)
+    assert summary["final_attention_entropy_min_head"] == min(
+        v for v, step in entropies if step == 30)
     with pytest.raises(UsageError, match="no probe rows"):
-        probes.peak_max_attention_logit(run_dir / "metrics")
+        probes.read_probes(run_dir / "metrics")

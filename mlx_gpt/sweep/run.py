@@ -196,16 +196,26 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
-    """Per depth and seed, each arm's peak max attention logit (any layer, any step) by LR."""
-    from ..probes import peak_max_attention_logit
+    """Per depth and seed, each arm's peak max attention logit (any layer, any step) by LR, as
+    the analysis reads it back (analysis.metrics.probe_summary: the one reader of probe rows)."""
+    from analysis import metrics
+    from analysis.errors import UsageError as AnalysisError
+    from analysis.load import load_runs
 
+    try:
+        loaded = load_runs(Path(sweep.runs_dir) / sweep.name)
+    except AnalysisError:
+        return
+    summary = metrics.probe_summary(metrics.probe_over_layers(loaded.probes).collect())
+    if "peak_max_attention_logit" not in summary.columns:
+        return
+    run_ids = dict(zip(loaded.table["run"], loaded.table["run_id"]))
+    peaks = {run_ids[r["run"]]: r["peak_max_attention_logit"]
+             for r in summary.iter_rows(named=True) if r["peak_max_attention_logit"] is not None}
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
-        folder = trainer.run_dir_of(cfg)
-        if not (folder / "probes").is_dir():
-            continue
-        table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = \
-            peak_max_attention_logit(folder)
+        if cfg.run_id in peaks:
+            table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = peaks[cfg.run_id]
     if not table:
         return
     print("  peak max attention logit before any cap (max over layers and probe steps):")
