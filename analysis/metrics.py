@@ -569,8 +569,14 @@ def _h2(on: str, points: pl.DataFrame, options: Options) -> dict:
 def _h3(on: str, thresholds: pl.DataFrame) -> dict:
     t = thresholds.filter((pl.col("on_kind") == on) & (pl.col("seeds") >= 2)).sort("depth")
     claim = "the necessity LR falls with depth"
-    text = "; ".join(f"depth {r['depth']}: {_lr(r['threshold_lr'])} (not needed at "
-                     f"{_lr(r['not_needed_below'])}, {r['spread']})" for r in t.iter_rows(named=True))
+    def one(r: dict) -> str:
+        if r["threshold_lr"] is None:
+            return f"depth {r['depth']}: no threshold up to lr {_lr(r['lr_max'])} ({r['spread']})"
+        below = (f"not needed at {_lr(r['not_needed_below'])}" if r["not_needed_below"]
+                 else "needed from the smallest LR")
+        return f"depth {r['depth']}: {_lr(r['threshold_lr'])} ({below}, {r['spread']})"
+
+    text = "; ".join(one(r) for r in t.iter_rows(named=True))
     if t.height < 2:
         part = Part(NO_DATA, 0, (text + "; " if text else "")
                     + "needs >= 2 depths with >= 2 paired seeds")
