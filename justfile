@@ -35,13 +35,13 @@ status *args:
 test-slurm *args:
     @{{py}} -m pytest tests/test_slurm.py "$@"
 
-# a miniature of the study on the embedded synthetic corpus, then its report (~6 min on 2 cores)
+# a miniature of the study on the embedded synthetic corpus, then its report (1m50s on 2 idle cores)
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
     @{{py}} -m mlx_gpt sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo --out reports/demo
 
-# the smallest study that decides H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds, then its report
+# the smallest study that decides H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds, then its report (33 min on 2 idle cores)
 mini *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
     @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m mlx_gpt sweep preset=mini "$@"
