@@ -41,7 +41,10 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
     try:
         with interrupts.raising():  # SIGTERM stops a command like Ctrl-C does
             try:
-                module = importlib.import_module(commands[command][0])
+                # a signal during the import (MLX's C extension initialising) is held and raised
+                # once the import is done: interrupted there, the extension aborts the process
+                with interrupts.Deferred():
+                    module = importlib.import_module(commands[command][0])
             except ModuleNotFoundError as e:
                 if e.name not in (missing or {}):
                     raise
@@ -56,3 +59,11 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
     except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)
         return interrupts.exit_code(e)
+    except ImportError as e:
+        # Ctrl-C while a C extension initialises (import mlx.core) surfaces as an ImportError
+        # caused by the interrupt: it is an interrupt, not a broken installation
+        signal_error = interrupts.caused_by_interrupt(e)
+        if signal_error is None:
+            raise
+        print("interrupted", file=sys.stderr)
+        return interrupts.exit_code(signal_error)

@@ -33,6 +33,17 @@ def exit_code(error: KeyboardInterrupt) -> int:
     return 128 + getattr(error, "signum", signal.SIGINT)
 
 
+def caused_by_interrupt(error: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt in `error`'s chain of causes, if a signal is what broke it."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 _pending: list[int] = []  # signals raised by `raising` and not yet seen by a Deferred block
 
 

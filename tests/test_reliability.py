@@ -55,8 +55,18 @@ FORK_SERVER = textwrap.dedent("""
                 code = main(["train", *words, f"runs_dir={runs_dir}"])
             except KeyboardInterrupt as e:  # a signal that came after the CLI had returned
                 code = interrupts.exit_code(e)
+            except BaseException:  # anything else escaping the CLI is a failure: say what
+                import traceback
+                traceback.print_exc()
             finally:
-                Path(f"{runs_dir}.returned").write_text(repr(time.monotonic()))
+                # the harness's own bookkeeping: a signal landing here must not cut it short
+                while True:
+                    try:
+                        signal.pthread_sigmask(signal.SIG_BLOCK, interrupts.SIGNALS)
+                        Path(f"{runs_dir}.returned").write_text(repr(time.monotonic()))
+                        break
+                    except KeyboardInterrupt as e:
+                        code = code if code != 99 else interrupts.exit_code(e)
                 os._exit(code)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, interrupts.SIGNALS)
         try:
@@ -461,3 +471,30 @@ def test_failed_runs_are_listed_by_the_analysis(reference, tmp_path):
     row = runs.table.filter(runs.table["status"] == "failed").to_dicts()
     assert len(row) == 1 and row[0]["lr"] == 0.1
     assert any("RuntimeError: boom" in w for w in runs.warnings)
+
+
+def test_ctrl_c_while_an_extension_initialises_is_an_interrupt(monkeypatch, capsys):
+    """Ctrl-C during `import mlx.core` surfaces as an ImportError caused by the interrupt: the
+    command says "interrupted" and exits 130, no traceback."""
+    import importlib
+
+    from mlx_gpt import interrupts
+    from mlx_gpt.__main__ import main
+
+    real_import = importlib.import_module
+
+    def import_interrupted(name, *args):
+        if name == "mlx_gpt.train":
+            try:
+                raise interrupts.Interrupted()
+            except KeyboardInterrupt as e:
+                raise ImportError("Encountered an error while initializing the extension.") from e
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", import_interrupted)
+    assert main(["train"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: (_ for _ in ()).throw(
+        ImportError("a broken installation")))
+    with pytest.raises(ImportError, match="broken installation"):
+        main(["train"])
