@@ -23,6 +23,7 @@ import vl_convert as vlc
 
 from . import charts as C
 from . import metrics as M
+from . import verdicts as V
 from .errors import UsageError
 from .load import Runs, load_runs
 
@@ -119,7 +120,7 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
     arms = M.arm_table(points)
     gaps = M.gap_table(points, study)
     thresholds = M.necessity_threshold(points, study)
-    verdicts = M.verdicts(points, study)
+    verdicts = V.verdicts(points, study)
     if options.loss_threshold is not None:
         loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
             .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))

@@ -18,6 +18,7 @@ import pytest
 
 from analysis import charts as C
 from analysis import metrics as M
+from analysis import verdicts as V
 from analysis.__main__ import main
 from analysis.errors import UsageError
 from analysis.load import load_runs
@@ -179,13 +180,13 @@ def test_a_tiny_consistent_gap_is_no_difference():
 
 
 def test_a_claim_with_undecided_parts_is_only_partly_supported():
-    parts = [M.Part(M.FOR, 3, "a"), M.Part(M.UNCLEAR, 3, "b")]
-    assert M.combine(parts) == "partly supported"
-    assert M.combine([M.Part(M.FOR, 2, "a"), M.Part(M.UNCLEAR, 2, "b")]) == \
+    parts = [V.Part(V.FOR, 3, "a"), V.Part(V.UNCLEAR, 3, "b")]
+    assert V.combine(parts) == "partly supported"
+    assert V.combine([V.Part(V.FOR, 2, "a"), V.Part(V.UNCLEAR, 2, "b")]) == \
         "partly suggestive (n=2)"
-    assert M.combine([M.Part(M.AGAINST, 3, "a"), M.Part(M.UNCLEAR, 3, "b")]) == "not supported"
-    assert M.combine([M.Part(M.FOR, 3, "a"), M.Part(M.AGAINST, 3, "b")]) == "mixed"
-    assert M.combine([M.Part(M.NO_DATA, 1, "a")]) == "not enough data"
+    assert V.combine([V.Part(V.AGAINST, 3, "a"), V.Part(V.UNCLEAR, 3, "b")]) == "not supported"
+    assert V.combine([V.Part(V.FOR, 3, "a"), V.Part(V.AGAINST, 3, "b")]) == "mixed"
+    assert V.combine([V.Part(V.NO_DATA, 1, "a")]) == "not enough data"
 
 
 def test_paired_t_known_values():
@@ -208,7 +209,7 @@ def test_necessity_threshold_known_answer_and_verdicts():
     assert gaps["needed"].to_list() == [False, False, False, True, True]
     assert gaps["significant"].to_list() == [False, False, False, True, True]
     assert gaps["mean_gap"].to_list()[:3] == pytest.approx([0, 0, 0])
-    v = {r["hypothesis"]: r for r in M.verdicts(table).iter_rows(named=True)}
+    v = {r["hypothesis"]: r for r in V.verdicts(table).iter_rows(named=True)}
     assert v["H1"]["verdict"] == "supported"
     assert v["H2"]["verdict"] == "supported"  # off diverges at 0.1, on never; sensitivity lower
     assert v["H3"]["verdict"] == "supported"
@@ -255,7 +256,7 @@ def test_two_seeds_show_a_range_and_only_suggest():
     th = M.necessity_threshold(table)
     assert th["spread"].to_list() == ["range, n=2", "range, n=2"]
     assert "interval" not in " ".join(M.gap_table(table)["spread"].to_list())
-    v = {r["hypothesis"]: r for r in M.verdicts(table).iter_rows(named=True)}
+    v = {r["hypothesis"]: r for r in V.verdicts(table).iter_rows(named=True)}
     assert {v[h]["verdict"] for h in ("H1", "H2", "H3")} == {"suggestive (n=2)"}
     assert "range, n=2" in v["H3"]["evidence"]
 
@@ -264,11 +265,11 @@ def test_not_enough_data_with_one_seed_and_inconclusive_without_divergence():
     one_seed = necessity_table({2: 3e-2, 4: 3e-3}).filter(pl.col("seed") == 0)
     th = M.necessity_threshold(one_seed)
     assert th["threshold_lr"].null_count() == 2 and th["note"][0].startswith("not enough data")
-    v = {r["hypothesis"]: r["verdict"] for r in M.verdicts(one_seed).iter_rows(named=True)}
+    v = {r["hypothesis"]: r["verdict"] for r in V.verdicts(one_seed).iter_rows(named=True)}
     assert v["H1"] == v["H2"] == v["H3"] == "not enough data"
     calm = points([(2, q, lr, s, 3.0 + NOISE[s], 5.5) for q in ("none", "rmsnorm")
                    for lr in GRID for s in range(3)])
-    v = {r["hypothesis"]: r for r in M.verdicts(calm).iter_rows(named=True)}
+    v = {r["hypothesis"]: r for r in V.verdicts(calm).iter_rows(named=True)}
     assert v["H1"]["verdict"] == "inconclusive"  # off never diverged: grid too low
     assert "max stable LR not measurable" in v["H2"]["evidence"]
 
@@ -283,7 +284,7 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
         return points(rows)
 
     def h2(t: pl.DataFrame) -> dict:
-        return M.verdicts(t).filter(pl.col("hypothesis") == "H2").row(0, named=True)
+        return V.verdicts(t).filter(pl.col("hypothesis") == "H2").row(0, named=True)
 
     # on raises it by one grid step in every seed: supported by the max-stable-LR part
     assert "p < 1e-4" in h2(table([3e-2] * 3, [1e-1] * 3))["evidence"]
@@ -691,10 +692,10 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     rival_z = off.with_columns(arm=pl.lit("zloss1e-4"), final_val_loss=pl.col("final_val_loss")
                                .fill_null(3.0) - 0.05)
     four = pl.concat([base.with_columns(arm=pl.col("qk_norm")), rival_cap, rival_z])
-    v = M.verdicts(four)
+    v = V.verdicts(four)
     assert v.height == 3 * 3  # one row per (hypothesis, compared arm)
     assert sorted(set(v["on_kind"])) == ["rmsnorm", "softcap50", "zloss1e-4"]
-    alone = M.verdicts(pl.concat([off.with_columns(arm=pl.col("qk_norm")), rival_cap]))
+    alone = V.verdicts(pl.concat([off.with_columns(arm=pl.col("qk_norm")), rival_cap]))
     both = v.filter(pl.col("on_kind") == "softcap50")
     assert both.select("hypothesis", "verdict", "evidence").rows() == \
         alone.select("hypothesis", "verdict", "evidence").rows()
@@ -710,7 +711,7 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     arms = M.arm_table(four)
     assert sorted(set(arms["arm"])) == ["none", "rmsnorm", "softcap50", "zloss1e-4"]
     # a table without an arm column takes its arms from qk_norm (runs before the rivals)
-    assert M.verdicts(base).height == 3
+    assert V.verdicts(base).height == 3
 
 
 def test_load_names_each_run_by_its_arm_as_the_sweep_does():
