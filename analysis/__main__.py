@@ -94,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
                                                       min_gap=args.min_gap))
         t0 = time.perf_counter()
         check_writable(out)
-        print(f"building the report of {runs_dir} in {out} (tables, charts, page) ...",
-              file=sys.stderr, flush=True)
         try:
             path, study = build_report(runs_dir, out, options)
         except OSError as e:

@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -501,6 +502,8 @@ def build_report(runs_dir: str | Path, out: str | Path,
     runs = load_runs(runs_dir)
     if runs.table.filter(pl.col("status").is_in(FINISHED)).is_empty():
         return _failed_only(runs, out), None
+    print(f"building the report of {runs.table.height} runs in {out} (tables, charts, page) ...",
+          file=sys.stderr, flush=True)
     study = analyse(runs, options)
     tmp = _prepare_out(out)
     try:
