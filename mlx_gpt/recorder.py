@@ -139,6 +139,15 @@ class Recorder:
     def record_probes(self, rows: Iterable[dict]) -> None:
         self.probe_rows.extend(rows)
 
+    def sync(self, values: list[tuple], since: float, display) -> bool:
+        """The bookkeeping of one sync, the same in both trainers: the interval's training
+        seconds (from `since`, a perf_counter time), its rows, the progress line. True if a step
+        of it diverged."""
+        self.train_seconds += time.perf_counter() - since
+        diverged = self.record_steps(values)
+        display.update(values[-1][0] + 1, values[-1][1], self.train_seconds, self.last_val)
+        return diverged
+
     def record_steps(self, values: Iterable[tuple]) -> bool:
         """Append (step, loss, grad_norm, lr[, z_loss]) rows up to the first diverged step; True
         if one diverged. Steps already recorded are skipped (an interrupt may land mid-sync).

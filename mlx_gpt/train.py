@@ -307,11 +307,8 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
                                                          dict(tree_flatten(model.parameters()))))
             if not rec.sync_due(step):
                 continue
-            values = read(pending)
-            rec.train_seconds += time.perf_counter() - t_sync
-            diverged = rec.record_steps(values)
+            diverged = rec.sync(read(pending), t_sync, display)
             pending.clear()
-            display.update(step + 1, values[-1][1], rec.train_seconds, rec.last_val)
             if diverged:  # probe the weights as they are when the run is declared diverged
                 rec.record_probes(probe_lib.measure(model, px, py, step + 1))
                 break

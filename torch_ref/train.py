@@ -131,11 +131,8 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
                 rec.record_probes(probe_lib.update_stats(step, before, probe_lib.snapshot(model)))
             if not rec.sync_due(step):
                 continue
-            values = read(pending)
-            rec.train_seconds += time.perf_counter() - t_sync
-            diverged = rec.record_steps(values)
+            diverged = rec.sync(read(pending), t_sync, display)
             pending.clear()
-            display.update(step + 1, values[-1][1], rec.train_seconds, rec.last_val)
             if diverged:  # probe the weights as they are when the run is declared diverged
                 rec.record_probes(probe_lib.measure(model, px, py, step + 1))
                 break
