@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy import stats
+
+from . import stats as S
 
 OFF = "none"
 ARM = "arm"
@@ -56,19 +58,32 @@ def control_words(arm: str) -> str:
 
 @dataclass(frozen=True)
 class Options:
-    """Knobs of the study metrics (all visible in the report)."""
+    """Knobs of the study metrics and verdicts (all visible in the report; docs/report.md)."""
 
-    alpha: float = 0.05  # one-sided paired t-tests over seeds: "off worse than on" etc.
-    # the smallest gap in nats that counts as a difference at all (0.02 nats = 2% perplexity):
-    # a consistent but tinier gap is "no difference", never "needed"
+    alpha: float = 0.05  # each hypothesis's family: Benjamini-Hochberg at this level
+    # the smallest gap in nats that counts as a difference (0.02 nats = 2% perplexity), and the
+    # equivalence margin: "no difference" needs TOST to place the mean gap inside +-min_gap
     min_gap: float = 0.02
+    # a stable run whose final loss is above the training data's unigram entropy minus this
+    # learned no more than token frequencies: "degraded" (both arms degraded says nothing)
+    degraded_margin: float = 0.2
+    # max stable LR: on/off ratios within this factor either way are "equal" (TOST on log ratio)
+    lr_ratio_margin: float = 1.5
+    # H3: two depths' thresholds within this many decades are "equal" (a half-decade grid step)
+    threshold_margin: float = 0.5
+    bootstrap: int = 2000  # resamples of seeds for threshold intervals (fixed generator seed)
 
 
 # --- scoring ------------------------------------------------------------------------------------
 
-def with_losses(points: pl.DataFrame) -> pl.DataFrame:
-    """Add `diverged`, `loss` (+inf for a diverged run or a non-finite final loss) and
-    `loss_clipped` = min(loss, init_loss). No run is ever dropped.
+def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_margin
+                ) -> pl.DataFrame:
+    """Add `diverged`, `degraded`, `loss` (+inf for a diverged run or a non-finite final loss)
+    and `loss_clipped` = min(loss, init_loss). No run is ever dropped.
+
+    degraded: a stable run whose final loss is above unigram_entropy - degraded_margin (it
+    learned token frequencies and little more); False where the unigram entropy is unknown
+    (runs written before summary.json kept it).
 
     Wortsman et al. 2023 (arXiv:2309.14322, Sec. 2.2) clip each final loss at the loss at
     initialisation, so a diverged run counts as init_loss; so does a completed run whose final
@@ -81,7 +96,12 @@ def with_losses(points: pl.DataFrame) -> pl.DataFrame:
     final = pl.col("final_val_loss").cast(pl.Float64)
     bad_final = final.is_null() | ~final.is_finite()
     diverged = pl.col("status") == "diverged"
+    if "unigram_entropy" not in points.columns:
+        points = points.with_columns(unigram_entropy=pl.lit(None, pl.Float64))
+    degraded = (~diverged & ~bad_final & (final > pl.col("unigram_entropy") - degraded_margin)
+                ).fill_null(False)
     return (points.with_columns(diverged=diverged, nonfinite_final=~diverged & bad_final,
+                                degraded=degraded,
                                 loss=pl.when(diverged | bad_final).then(pl.lit(math.inf))
                                 .otherwise(final), init_loss=init)
             .with_columns(loss_clipped=pl.min_horizontal("loss", "init_loss")))
@@ -153,7 +173,7 @@ def _geo_mean(col: str) -> pl.Expr:
     return pl.col(col).log().mean().exp()
 
 
-def max_stable_lr_per_seed(points: pl.DataFrame) -> pl.DataFrame:
+def max_stable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
     """Per (depth, arm, seed), over every LR run (grid and refinement points).
 
     first_divergent_lr: the smallest LR that diverged. max_stable_lr: the largest LR below it
@@ -162,18 +182,27 @@ def max_stable_lr_per_seed(points: pl.DataFrame) -> pl.DataFrame:
     - `censored` (above): no LR diverged; max_stable_lr is the largest LR run, a lower bound.
     - `below_grid`: every LR run diverged; the true value lies below the smallest LR run, and
       `max_stable_lr` holds that smallest LR as an upper bound (never left out).
+    max_usable_lr: the same with "diverged or degraded" in place of "diverged" (a run that
+    trained into a collapsed state is stable but not usable), censored the same way.
     """
-    p = with_losses(points)
+    p = with_losses(points, options.degraded_margin)
     first_div = pl.col("lr").filter(pl.col("diverged")).min()
     stable = pl.col("lr").filter(~pl.col("diverged") & (
         first_div.is_null() | (pl.col("lr") < first_div))).max()
+    broken = pl.col("diverged") | pl.col("degraded")
+    first_bad = pl.col("lr").filter(broken).min()
+    usable = pl.col("lr").filter(~broken & (first_bad.is_null() | (pl.col("lr") < first_bad))).max()
     return (p.group_by(*ARM_KEYS, "seed")
             .agg(first_divergent_lr=first_div, _stable=stable, _lr_min=pl.col("lr").min(),
+                 _usable=usable, first_degraded_lr=pl.col("lr").filter(pl.col("degraded")).min(),
                  lrs_run=pl.len())
             .with_columns(censored=pl.col("first_divergent_lr").is_null(),
                           below_grid=pl.col("_stable").is_null(),
-                          max_stable_lr=pl.coalesce("_stable", "_lr_min"))
-            .drop("_stable", "_lr_min")
+                          max_stable_lr=pl.coalesce("_stable", "_lr_min"),
+                          max_usable_lr=pl.coalesce("_usable", "_lr_min"),
+                          usable_censored=pl.col("first_divergent_lr").is_null()
+                          & pl.col("first_degraded_lr").is_null())
+            .drop("_stable", "_lr_min", "_usable")
             .sort(*ARM_KEYS, "seed"))
 
 
@@ -185,6 +214,7 @@ def max_stable_lr(points: pl.DataFrame) -> pl.DataFrame:
                  max_stable_lr_lo=pl.col("max_stable_lr").min(),
                  max_stable_lr_hi=pl.col("max_stable_lr").max(),
                  first_divergent_lr=_geo_mean("first_divergent_lr"),
+                 max_usable_lr=_geo_mean("max_usable_lr"),
                  stable_seeds=pl.len(), censored_seeds=pl.col("censored").sum(),
                  below_grid_seeds=pl.col("below_grid").sum())
             .sort(ARM_KEYS))
@@ -236,151 +266,278 @@ def spike_table(points: pl.DataFrame) -> pl.DataFrame:
 
 # --- paired tests -------------------------------------------------------------------------------
 
-def paired_t(diffs: list[float] | np.ndarray) -> tuple[float | None, float | None]:
-    """One-sided paired t-test of mean(diffs) > 0: (t, p). (None, None) with fewer than 2
-    values. With no spread at all, p is 0 when the mean is positive and 1 otherwise."""
-    d = np.asarray([x for x in diffs if x is not None and math.isfinite(x)], dtype=float)
-    n = len(d)
-    if n < 2:
-        return None, None
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
-    if sd <= 1e-12 * max(1.0, abs(mean)):
-        return (math.inf if mean > 0 else -math.inf if mean < 0 else 0.0,
-                0.0 if mean > 0 else 1.0)
-    t = mean / (sd / math.sqrt(n))
-    return t, float(stats.t.sf(t, df=n - 1))
-
-
 def seeds_label(n: int) -> str:
-    """How much a spread over n seeds can bear: a range for n < 3, never an interval."""
-    return f"range, n={n}" if n < 3 else f"n={n}"
+    """How many paired seeds a number rests on."""
+    return f"n={n}"
 
 
 def on_kinds(points: pl.DataFrame) -> list[str]:
     return sorted(k for k in with_arm(points)[ARM].unique().to_list() if k != OFF)
 
 
-def paired_gaps(points: pl.DataFrame) -> pl.DataFrame:
-    """One row per (depth, on_kind, lr, seed) run in both arms: gap = off - on (clipped losses)."""
-    p = with_losses(points).select("depth", ARM, "lr", "seed", "loss_clipped", "diverged")
+def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
+    """One row per (depth, on_kind, lr, seed) run in both arms: gap = off - on (clipped losses),
+    with each arm's divergence and degradation."""
+    p = with_losses(points, options.degraded_margin).select(
+        "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
     off = p.filter(pl.col(ARM) == OFF).drop(ARM)
     frames = []
     for on in on_kinds(p):
         on_runs = p.filter(pl.col(ARM) == on).drop(ARM)
         frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
                       .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
-                               "diverged": "diverged_off"})
+                               "diverged": "diverged_off", "degraded": "degraded_off"})
                       .with_columns(on_kind=pl.lit(on), gap=pl.col("loss_off") - pl.col("loss_on")))
     if not frames:
         return pl.DataFrame(schema={"depth": pl.Int64, "lr": pl.Float64, "seed": pl.Int64,
                                     "loss_off": pl.Float64, "diverged_off": pl.Boolean,
-                                    "loss_on": pl.Float64, "diverged_on": pl.Boolean,
+                                    "degraded_off": pl.Boolean, "loss_on": pl.Float64,
+                                    "diverged_on": pl.Boolean, "degraded_on": pl.Boolean,
                                     "on_kind": pl.String, "gap": pl.Float64})
     return pl.concat(frames).sort("on_kind", "depth", "lr", "seed")
 
 
+# The outcome of one (depth, LR) cell, decided on the family-adjusted tests (docs/report.md)
+OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
+    "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
+
 GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs": pl.Int64,
-              "mean_gap": pl.Float64, "gap_sd": pl.Float64, "gap_lo": pl.Float64,
-              "gap_hi": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
-              "t": pl.Float64, "p_off_worse": pl.Float64, "p_on_worse": pl.Float64,
-              "off_diverged": pl.Int64, "on_diverged": pl.Int64, "loss_off": pl.Float64,
-              "loss_on": pl.Float64, "significant": pl.Boolean, "worse": pl.Boolean,
-              "no_difference": pl.Boolean,
+              "mean_gap": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
+              "gap_sd": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
+              "p_off_worse": pl.Float64, "p_on_worse": pl.Float64, "p_equivalent": pl.Float64,
+              "q_off_worse": pl.Float64, "q_on_worse": pl.Float64, "q_equivalent": pl.Float64,
+              "family_size": pl.Int64, "decision": pl.String, "informative": pl.Boolean,
+              "off_diverged": pl.Int64, "on_diverged": pl.Int64, "off_degraded": pl.Int64,
+              "on_degraded": pl.Int64, "loss_off": pl.Float64, "loss_on": pl.Float64,
+              "significant": pl.Boolean, "worse": pl.Boolean, "no_difference": pl.Boolean,
               "both_diverged": pl.Boolean, "needed": pl.Boolean}
+
+BEST_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "pairs": pl.Int64,
+               "best_loss_off": pl.Float64, "best_loss_on": pl.Float64, "mean_gap": pl.Float64,
+               "ci_lo": pl.Float64, "ci_hi": pl.Float64, "seed_gaps": pl.String,
+               "p_off_worse": pl.Float64, "q_off_worse": pl.Float64, "family_size": pl.Int64,
+               "decision": pl.String}
+
+
+def _cell(g: pl.DataFrame, options: Options) -> dict:
+    """One (depth, on_kind, lr) cell's gaps with their interval and raw one-sided p-values.
+    A cell where no run of either arm learned (each diverged or degraded) is uninformative:
+    it tells nothing about whether the control is needed and is not tested."""
+    values = g.sort("seed")["gap"].to_list()
+    n = len(values)
+    failed = (g["diverged_off"] | g["degraded_off"]).all() and (
+        g["diverged_on"] | g["degraded_on"]).all()
+    tested = n >= 2 and not failed
+    lo, hi = S.interval(values) if n >= 2 else (None, None)
+    return {
+        "pairs": n, "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
+        "gap_sd": float(np.std(values, ddof=1)) if n > 1 else None,
+        "seed_gaps": ", ".join(f"{v:+.3g}" for v in values), "spread": seeds_label(n),
+        "p_off_worse": S.p_greater(values) if tested else None,
+        "p_on_worse": S.p_less(values) if tested else None,
+        "p_equivalent": S.p_equivalent(values, options.min_gap) if tested else None,
+        "informative": not failed,
+        "off_diverged": int(g["diverged_off"].sum()), "on_diverged": int(g["diverged_on"].sum()),
+        "off_degraded": int(g["degraded_off"].sum()), "on_degraded": int(g["degraded_on"].sum()),
+        "loss_off": float(g["loss_off"].mean()), "loss_on": float(g["loss_on"].mean()),
+        "both_diverged": int(g["diverged_on"].sum()) == n}
+
+
+def _decide(cell: dict, options: Options) -> str:
+    if cell["pairs"] < 2:
+        return TOO_FEW
+    if not cell["informative"]:
+        return UNINFORMATIVE
+    a, m = options.alpha, options.min_gap
+    if cell["q_off_worse"] is not None and cell["q_off_worse"] < a and cell["mean_gap"] >= m:
+        return OFF_WORSE
+    if cell["q_on_worse"] is not None and cell["q_on_worse"] < a and -cell["mean_gap"] >= m:
+        return ON_WORSE
+    if cell["q_equivalent"] is not None and cell["q_equivalent"] < a:
+        return NO_DIFFERENCE
+    return UNDETERMINED
+
+
+def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
+    """Per (depth, on_kind, seed): each arm's best final loss over every LR run (its own optimal
+    LR) and gap = off - on. Seeds where either arm never finished with a finite loss are out."""
+    p = with_losses(points).filter(pl.col("loss").is_finite())
+    best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
+    off = best.filter(pl.col(ARM) == OFF).drop(ARM)
+    frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],
+                       suffix="_on").with_columns(on_kind=pl.lit(on))
+              for on in on_kinds(points)]
+    schema = {"depth": pl.Int64, "seed": pl.Int64, "best": pl.Float64, "best_on": pl.Float64,
+              "on_kind": pl.String}
+    return (pl.concat(frames) if frames else pl.DataFrame(schema=schema)).sort(
+        "on_kind", "depth", "seed")
+
+
+def h1_tests(points: pl.DataFrame, options: Options = Options()
+             ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(gap cells, best-loss gaps): every test of H1's family, adjusted together per on_kind.
+
+    Per (depth, on_kind, lr) cell, three claims fixed in advance, each one-directional: off
+    worse (one-sided t, mean gap > 0), on worse (one-sided t, mean gap < 0), no difference
+    (TOST, |mean gap| < min_gap). Per depth, one more: off's best loss (at its own optimal LR)
+    is worse than on's. The family is all of these for one on_kind; Benjamini-Hochberg gives the
+    q-values the decisions use (analysis.stats)."""
+    gaps = paired_gaps(points, options)
+    bests = best_loss_gaps(points)
+    cells, best_rows = [], []
+    for (on, depth, lr), g in gaps.group_by("on_kind", "depth", "lr", maintain_order=True):
+        cells.append({"depth": depth, "on_kind": on, "lr": lr, **_cell(g, options)})
+    for (on, depth), g in bests.group_by("on_kind", "depth", maintain_order=True):
+        values = (g["best"] - g["best_on"]).to_list()
+        lo, hi = S.interval(values)
+        best_rows.append({"depth": depth, "on_kind": on, "pairs": len(values),
+                          "best_loss_off": float(g["best"].mean()),
+                          "best_loss_on": float(g["best_on"].mean()),
+                          "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
+                          "seed_gaps": ", ".join(f"{v:+.3g}" for v in values),
+                          "p_off_worse": S.p_greater(values)})
+    for on in {c["on_kind"] for c in cells} | {b["on_kind"] for b in best_rows}:
+        mine = [c for c in cells if c["on_kind"] == on]
+        theirs = [b for b in best_rows if b["on_kind"] == on]
+        keys = [(c, k) for c in mine for k in ("p_off_worse", "p_on_worse", "p_equivalent")]
+        keys += [(b, "p_off_worse") for b in theirs]
+        qs = S.adjust([row[k] for row, k in keys], options.alpha)
+        size = sum(q is not None for q in qs)
+        for (row, k), q in zip(keys, qs):
+            row["q" + k[1:]] = q
+            row["family_size"] = size
+    for c in cells:
+        c["decision"] = _decide(c, options)
+        c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,
+                 worse=c["decision"] == OFF_WORSE, no_difference=c["decision"] == NO_DIFFERENCE,
+                 needed=None)
+    for b in best_rows:
+        b["decision"] = (TOO_FEW if b["pairs"] < 2 else OFF_WORSE if (
+            b["q_off_worse"] is not None and b["q_off_worse"] < options.alpha) else UNDETERMINED)
+    table = pl.DataFrame(cells, schema=GAP_SCHEMA)
+    thresholds = necessity_threshold(points, options, table)
+    table = (table.join(thresholds.select("depth", "on_kind", "threshold_lr", "censored"),
+                        on=["depth", "on_kind"], how="left")
+             .with_columns(needed=(pl.col("decision") == OFF_WORSE)
+                           & ((pl.col("censored") == "below")
+                              | (pl.col("lr") >= pl.col("threshold_lr")).fill_null(False)))
+             .drop("threshold_lr", "censored").sort("on_kind", "depth", "lr"))
+    return table, pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("on_kind", "depth")
 
 
 def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """Per (depth, on_kind, lr): the paired gaps over seeds and their one-sided paired t-test.
-
-    significant: off worse than on, p_off_worse < alpha (needs >= 2 paired seeds; null below).
-    worse: significant and the mean gap is at least min_gap (a difference that matters).
-    no_difference: |mean gap| < min_gap and neither arm diverged (practically equal).
-    both_diverged: the on arm diverged in every seed, so the LR says nothing about necessity.
-    needed: at or above the depth's necessity threshold (see necessity_threshold).
-    """
-    rows = []
-    gaps = paired_gaps(points)
-    for (on, depth, lr), g in gaps.group_by("on_kind", "depth", "lr", maintain_order=True):
-        values = g.sort("seed")["gap"].to_list()
-        n = len(values)
-        t, p_off = paired_t(values)
-        mean = float(np.mean(values))
-        _, p_on = paired_t([-v for v in values])
-        off_div, on_div = int(g["diverged_off"].sum()), int(g["diverged_on"].sum())
-        rows.append({
-            "depth": depth, "on_kind": on, "lr": lr, "pairs": n,
-            "mean_gap": mean, "gap_sd": float(np.std(values, ddof=1))
-            if n > 1 else None, "gap_lo": min(values), "gap_hi": max(values),
-            "seed_gaps": ", ".join(f"{v:+.3g}" for v in values), "spread": seeds_label(n),
-            "t": t, "p_off_worse": p_off, "p_on_worse": p_on,
-            "off_diverged": off_div, "on_diverged": on_div,
-            "loss_off": float(g["loss_off"].mean()), "loss_on": float(g["loss_on"].mean()),
-            "significant": None if p_off is None else p_off < options.alpha,
-            "worse": None if p_off is None else (p_off < options.alpha
-                                                 and mean >= options.min_gap),
-            "no_difference": None if p_off is None else (
-                abs(mean) < options.min_gap and off_div == on_div == 0),
-            "both_diverged": on_div == n, "needed": None})
-    table = pl.DataFrame(rows, schema=GAP_SCHEMA)
-    thresholds = necessity_threshold(points, options, table)
-    return (table.join(thresholds.select("depth", "on_kind", "threshold_lr"),
-                       on=["depth", "on_kind"], how="left")
-            .with_columns(needed=pl.when(pl.col("worse").is_not_null())
-                          .then(pl.col("threshold_lr").is_not_null()
-                                & (pl.col("lr") >= pl.col("threshold_lr"))
-                                & ~pl.col("both_diverged")))
-            .drop("threshold_lr").sort("on_kind", "depth", "lr"))
+    """Per (depth, on_kind, lr): the paired gaps, their 95% interval, the three tests and the
+    cell's decision (see h1_tests)."""
+    return h1_tests(points, options)[0]
 
 
 THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
                     "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
-                    "alpha": pl.Float64, "min_gap": pl.Float64, "threshold_lr": pl.Float64,
-                    "not_needed_below": pl.Float64, "seed_gaps_at_threshold": pl.String,
-                    "spread": pl.String, "note": pl.String}
+                    "min_gap": pl.Float64, "threshold_lr": pl.Float64, "censored": pl.String,
+                    "ci_lo": pl.Float64, "ci_hi": pl.Float64, "threshold": pl.String,
+                    "bracket_lo": pl.Float64, "bracket_hi": pl.Float64,
+                    "not_needed_below": pl.Float64, "note": pl.String}
+
+
+def threshold_rule(log_lrs: np.ndarray, means: np.ndarray, min_gap: float) -> np.ndarray:
+    """log10 of the necessity threshold for each row of `means` (resamples x LRs, ascending):
+    from the largest LR down, the LRs whose mean gap is >= min_gap; the threshold is where the
+    mean gap, linear in log LR, crosses min_gap below the last of them. +inf when the largest
+    LR's gap is under min_gap (censored above: not needed within the grid), -inf when every
+    LR's is at least min_gap (censored below: needed already at the smallest LR)."""
+    above = means >= min_gap
+    out = np.full(means.shape[0], np.inf)
+    top = above[:, -1]
+    below_idx = np.where(~above, np.arange(means.shape[1]), -1).max(axis=1)  # last LR under
+    out[top & (below_idx < 0)] = -np.inf
+    rows = np.flatnonzero(top & (below_idx >= 0))
+    k = below_idx[rows]
+    lo, hi = means[rows, k], means[rows, k + 1]
+    t = np.clip((min_gap - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0, 1.0)
+    out[rows] = log_lrs[k] + t * (log_lrs[k + 1] - log_lrs[k])
+    return out
+
+
+def threshold_draws(gaps_by_seed: pl.DataFrame, cells: pl.DataFrame, options: Options
+                    ) -> dict[tuple[str, int], tuple[float, np.ndarray, list[float]]]:
+    """Per (on_kind, depth): (point estimate, bootstrap draws, informative LRs), thresholds in
+    log10 LR. A parametric bootstrap over seeds: each informative LR's seed-mean gap is drawn
+    as mean + se * T with T from Student's t on n - 1 degrees of freedom (independently per LR;
+    a generator seeded from the on_kind and depth, so reports are reproducible). Resampling
+    3 seeds with replacement has 10 distinct outcomes and too narrow a spread (its variance is
+    (n - 1) / n of the t-interval's); the t draws carry the small-sample uncertainty the
+    t-interval of each gap carries, and the rule turns them into threshold draws."""
+    out = {}
+    informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
+    for (on, depth), c in informative.sort("lr").group_by("on_kind", "depth",
+                                                          maintain_order=True):
+        lrs = c["lr"].to_list()
+        g = gaps_by_seed.filter((pl.col("on_kind") == on) & (pl.col("depth") == depth))
+        rng = np.random.default_rng(zlib.crc32(f"{on}/{depth}".encode()))
+        means, draws = [], []
+        for lr in lrs:
+            v = g.filter(pl.col("lr") == lr)["gap"].to_numpy()
+            means.append(v.mean())
+            se = v.std(ddof=1) / math.sqrt(len(v))
+            draws.append(v.mean() + se * rng.standard_t(len(v) - 1, size=options.bootstrap))
+        log_lrs = np.log10(lrs)
+        point = float(threshold_rule(log_lrs, np.array([means]), options.min_gap)[0])
+        out[(on, depth)] = (point, threshold_rule(log_lrs, np.stack(draws, axis=1),
+                                                  options.min_gap), lrs)
+    return out
+
+
+def _lr_text(log_lr: float) -> str:
+    return f"{10 ** log_lr:.3g}"
 
 
 def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
                         gaps: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per (depth, on_kind): the smallest LR from which QK-norm is needed at every larger LR.
+    """Per (depth, on_kind): the LR from which QK-norm is needed, with a 95% bootstrap interval.
 
-    Needed at an LR = the one-sided paired t-test over seeds finds off worse than on
-    (p < alpha) by a mean gap of at least min_gap nats. LRs where the on arm diverged in every seed (both arms fail) are passed over:
-    they tell nothing about whether QK-norm is needed. The threshold is the smallest tested LR
-    x that is needed, with every larger tested LR needed too; `not_needed_below` is the
-    largest tested LR under it (the grid brackets the boundary: no interval is claimed).
-    Fewer than 2 paired seeds: no test, "not enough data".
+    The rule (threshold_rule) reads the seed-mean gaps of the informative LRs (uninformative
+    ones, where neither arm learned, are passed over). censored: "above" (not needed within the
+    grid: shown as "> largest LR"), "below" (needed from the smallest LR: "<= smallest LR"),
+    null when the threshold lies inside the grid. A censored threshold is never a number:
+    threshold_lr is null. bracket_lo/hi: the LRs run either side of the crossing (where the
+    sweep bisects). not_needed_below: the largest LR under the threshold whose cell is "no
+    difference" by TOST.
     """
     if gaps is None:
         gaps = gap_table(points, options)
+    draws = threshold_draws(paired_gaps(points, options), gaps, options)
     rows = []
     for (on, depth), g in gaps.sort("lr").group_by("on_kind", "depth", maintain_order=True):
-        tested = g.filter(pl.col("significant").is_not_null())
         row = {"depth": depth, "on_kind": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
                "lr_min": float(g["lr"].min()), "lr_max": float(g["lr"].max()),
-               "alpha": options.alpha, "min_gap": options.min_gap, "threshold_lr": None,
-               "not_needed_below": None,
-               "seed_gaps_at_threshold": None, "spread": seeds_label(int(g["pairs"].max())),
-               "note": ""}
-        if tested.is_empty():
-            row["note"] = "not enough data: the paired test needs >= 2 seeds in both arms"
+               "min_gap": options.min_gap, "threshold_lr": None, "censored": None,
+               "ci_lo": None, "ci_hi": None, "threshold": None, "bracket_lo": None,
+               "bracket_hi": None, "not_needed_below": None, "note": ""}
+        if (on, depth) not in draws:
+            row["note"] = ("not enough data: needs >= 2 paired seeds" if g["pairs"].max() < 2
+                           else "no informative LR: neither arm learned at any LR")
             rows.append(row)
             continue
-        informative = tested.filter(~pl.col("both_diverged"))
-        threshold = None
-        for r in reversed(informative.rows(named=True)):  # from the largest LR down
-            if not r["worse"]:
-                break
-            threshold = r
-        if threshold is None:
-            row["note"] = (f"off never consistently worse up to lr {row['lr_max']:.3g}"
-                           if informative.height else "the on arm diverged at every LR")
+        point, boot, lrs = draws[(on, depth)]
+        lo, hi = np.percentile(boot, [2.5, 97.5], method="inverted_cdf")
+        row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
+                   ci_hi=10 ** hi if np.isfinite(hi) else None)
+        interval = (f"[{'< ' + _lr_text(np.log10(lrs[0])) if lo == -np.inf else _lr_text(lo)}, "
+                    f"{'> ' + _lr_text(np.log10(lrs[-1])) if hi == np.inf else _lr_text(hi)}]")
+        if point == np.inf:
+            row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
+                       note=f"off not worse by min_gap at the largest informative LR {lrs[-1]:.3g}")
+        elif point == -np.inf:
+            row.update(censored="below", threshold=f"<= {lrs[0]:.3g} {interval}",
+                       note="needed already at the smallest informative LR")
         else:
-            below = tested.filter(pl.col("lr") < threshold["lr"])
-            row.update(threshold_lr=threshold["lr"], seed_gaps_at_threshold=threshold["seed_gaps"],
-                       spread=threshold["spread"],
-                       not_needed_below=float(below["lr"].max()) if below.height else None)
-            if not below.height:
-                row["note"] = "needed already at the smallest LR run"
+            k = max(i for i, lr in enumerate(lrs) if np.log10(lr) <= point)
+            row.update(threshold_lr=10 ** point, threshold=f"{_lr_text(point)} {interval}",
+                       bracket_lo=lrs[k], bracket_hi=lrs[min(k + 1, len(lrs) - 1)])
+        limit = row["threshold_lr"] if row["threshold_lr"] is not None else (
+            math.inf if point == np.inf else -math.inf)
+        calm = g.filter((pl.col("decision") == NO_DIFFERENCE) & (pl.col("lr") < limit))
+        row["not_needed_below"] = float(calm["lr"].max()) if calm.height else None
         rows.append(row)
     return pl.DataFrame(rows, schema=THRESHOLD_SCHEMA).sort("on_kind", "depth")
 

@@ -402,6 +402,8 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
             "source": corpus.description, "inputs": corpus.inputs,
             "split": split_rule, "val_fraction": None if own_val else cfg.val_fraction,
             "max_tokens": cap, "text_bytes": timer.text_bytes,
+            "unigram_entropy": round(token_stats(tmp / "train.bin", np.memmap(
+                tmp / "train.bin", dtype="<u2", mode="r"))[1], 6),
             "tokenize_mb_per_s": round(timer.text_bytes / 1e6 / max(timer.seconds, 1e-9), 2),
             "prepare_seconds": round(time.perf_counter() - start, 2),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -449,7 +451,9 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
     for split in ("train", "val"):
         path = folder / f"{split}.bin"
         tokens = np.memmap(path, dtype="<u2", mode="r")
-        largest = _max_id(path, tokens)
+        largest, entropy = token_stats(path, tokens)
+        if split == "train":  # computed, not trusted from meta.json (older folders lack it)
+            meta["unigram_entropy"] = round(entropy, 6)
         if largest >= vocab:  # an id past the vocabulary would index outside the embedding
             raise UsageError(f"{path} holds token id {largest}, outside the vocabulary of "
                              f"{vocab} in meta.json; prepare the folder again: `{hint}`")
@@ -457,16 +461,22 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
     return arrays[0], arrays[1], meta
 
 
-_max_ids: dict[tuple, int] = {}
+_token_stats: dict[tuple, tuple[int, float]] = {}
 
 
-def _max_id(path: Path, tokens: np.ndarray) -> int:
-    """The largest id in a token file, computed once per file version in this process."""
+def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float]:
+    """(largest id, unigram entropy in nats per token) of a token file, from one bincount,
+    computed once per file version in this process.
+
+    The unigram entropy is the loss of a model that learned token frequencies and nothing else:
+    a stable run whose final loss stays near it is "degraded" (docs/report.md)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if key not in _max_ids:
-        _max_ids[key] = int(tokens.max())
-    return _max_ids[key]
+    if key not in _token_stats:
+        counts = np.bincount(np.asarray(tokens), minlength=1)
+        p = counts[counts > 0] / counts.sum()
+        _token_stats[key] = (int(np.flatnonzero(counts)[-1]), float(-(p * np.log(p)).sum()))
+    return _token_stats[key]
 
 
 # ---------------------------------------------------------------- command line

@@ -320,7 +320,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
         if pending:
             rec.record_steps(read(pending))
         if rec.status == "diverged":
-            summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
+            summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path, meta)
             display.close(rec.closing_line(summary))
         else:
             display.close(f"interrupted; checkpointed at step {checkpoint()} of {steps}: the "
@@ -329,15 +329,17 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
 
     if rec.status == "completed":
         measure(steps)
-    summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path)
+    summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path, meta)
     display.close(rec.closing_line(summary))
     return summary
 
 
-def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: Path) -> dict:
+def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: Path,
+            meta: dict) -> dict:
     weights = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
     digest = runlog.save_tensors(run_dir / "final.safetensors", weights, {"run_id": cfg.run_id})
-    summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest}, manifest,
+    summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest,
+                          "unigram_entropy": meta["unigram_entropy"]}, manifest,
                          count_params(model))
     ckpt_path.unlink(missing_ok=True)
     return summary

@@ -143,7 +143,8 @@ def train_run(cfg: TrainConfig, run_dir: Path, init_weights: Path, device: torch
     if rec.status == "completed":
         measure(steps)
     digest = save_torch(model, run_dir / "final.safetensors")
-    summary = rec.finish({**summary_extra, "final_weights_sha256": digest}, manifest,
+    summary = rec.finish({**summary_extra, "final_weights_sha256": digest,
+                          "unigram_entropy": meta["unigram_entropy"]}, manifest,
                          count_params(model))
     display.close(rec.closing_line(summary))
     return summary

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import get_args
 
-from ..config import QKNorm, TrainConfig, apply_overrides, split_key_values
+from ..config import INDEPENDENT_WD_DEFAULT, QKNorm, TrainConfig, apply_overrides, split_key_values
 from ..errors import UsageError
 from .arms import apply_arm, parse_arms
 
@@ -98,6 +98,12 @@ def one_three(lr: float) -> float:
     return lr
 
 
+# Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): nanoGPT's 0.1
+# scaled by the LR shrinks every matrix by 10% a step at LR 1, which bounds the off arm's q/k
+# weights and acts as an extra LR on QK-norm's scale-invariant q/k weights, so the divergence
+# boundary would partly measure weight decay. The coupled setting is the ablation mini-coupled-wd.
+INDEPENDENT_WD = {"independent_wd": True, "weight_decay": INDEPENDENT_WD_DEFAULT}
+
 # The study's plan: a plain nanoGPT of ~12M parameters (depth 6) with the GPT-2 vocabulary and a
 # fixed budget of 100M tokens: 16 x 256 = 4,096 tokens a step, 24,414 steps.
 STUDY = SweepConfig(
@@ -106,7 +112,7 @@ STUDY = SweepConfig(
     train=TrainConfig(
         data="data/tinystories-gpt2", d_model=192, n_heads=3, block_size=256, batch_size=16,
         budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
-        probe_every=250, log_every=10, ckpt_every=1000),
+        probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD),
 )
 
 # A miniature of the study on the synthetic byte corpus: 5 LRs from safe (1e-3) to divergent
@@ -139,10 +145,16 @@ MINI = SweepConfig(
     train=TrainConfig(
         data="data/synthetic-bytes", d_model=64, n_heads=2, block_size=64, batch_size=16,
         max_steps=300, warmup_steps=30, eval_every=50, eval_batches=4, probe_every=50,
-        log_every=10, ckpt_every=100, divergence_window=50),
+        log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD),
 )
 
-PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO, "mini": MINI}
+# The ablation: the mini with nanoGPT's coupled decay (0.1, scaled by the LR).
+MINI_COUPLED_WD = dataclasses.replace(
+    MINI, preset="mini-coupled-wd", name="mini-coupled-wd",
+    train=dataclasses.replace(MINI.train, independent_wd=False, weight_decay=0.1))
+
+PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO, "mini": MINI,
+                                   "mini-coupled-wd": MINI_COUPLED_WD}
 
 MAX_GRID_LRS = 1000  # a sanity bound: a grid this size is already years of training
 
