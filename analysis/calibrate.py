@@ -73,7 +73,7 @@ def supported(verdict: str) -> bool:
     return verdict.startswith("supported") or verdict.startswith("partly supported")
 
 
-def calibrate(studies: int, seed_counts: tuple[int, ...], options: Options = Options(),
+def calibrate(studies: int, seed_counts: tuple[int, ...], options: Options | None = None,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), base_seed: int = 0
               ) -> pl.DataFrame:
     """Per (scenario, seeds, hypothesis): the share of simulated studies called supported,
@@ -84,7 +84,7 @@ def calibrate(studies: int, seed_counts: tuple[int, ...], options: Options = Opt
             rng = np.random.default_rng([base_seed, n, list(SCENARIOS).index(scenario)])
             counts = {"H1": 0, "H2": 0, "H3": 0}
             for _ in range(studies):
-                table = study_verdicts(simulate(scenario, n, rng), options)[0]
+                table = study_verdicts(simulate(scenario, n, rng), options or Options())[0]
                 for r in table.iter_rows(named=True):
                     counts[r["hypothesis"]] += supported(r["verdict"])
             for h, c in counts.items():

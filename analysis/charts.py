@@ -459,8 +459,10 @@ def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
                            compared=pl.format("off minus {}", pl.col("on_kind").map_elements(
                                M.arm_words, return_dtype=pl.String)),
                            kind=pl.lit("cell")))
-    boundary = (cells.join(thresholds.select("depth", "on_kind", lr="threshold_lr"),
-                           on=["depth", "on_kind", "lr"])
+    boundary = (cells.select("depth", "on_kind", "row", "compared").unique()
+                .join(thresholds.filter(pl.col("threshold_lr").is_not_null())
+                      .select("depth", "on_kind", lr="threshold_lr"), on=["depth", "on_kind"])
+                .with_columns(x_lo=pl.col("lr"), y_lo=pl.lit(0.0), y_hi=pl.lit(0.0))
                 .select("depth", "row", "on_kind", "compared", "lr", "x_lo", "y_lo", "y_hi")
                 .with_columns(kind=pl.lit("boundary"), y_lo=pl.col("row") - 0.5,
                               y_hi=pl.col("row") + 0.5))
@@ -470,7 +472,7 @@ def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
 # The gap map's markers, in the legend's words; divergence sits low in a cell, the paired
 # test's outcome high, so a cell can show both.
 GAP_MARKERS = {"off worse": ("off worse (paired test, gap >= min gap)", "triangle-up", 0.22),
-               "no difference": ("no difference (|gap| < min gap)", "stroke", 0.22),
+               "no difference": ("no difference (equivalence test)", "stroke", 0.22),
                "off diverged": ("off diverged", "cross", -0.22),
                "on diverged": ("compared arm diverged", "circle", -0.22),
                "both diverged": ("both diverged", "square", -0.22)}
@@ -591,7 +593,7 @@ MEASURED, LOWER_BOUND = "measured", "lower bound (no run diverged)"
 
 def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     """Per depth: optimal LR and max stable LR per arm (range over seeds), and the necessity
-    threshold with its grid bracket (from the largest LR where it was not yet needed). Open
+    threshold with its 95% bootstrap interval (a censored threshold has no point). Open
     triangles: max stable LR is a lower bound."""
     arms = M.with_arm(arms)
     a = arms.with_columns(arm_expr())
@@ -602,7 +604,8 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
                  hi="max_stable_lr_hi", bound=pl.col("censored_seeds") > 0)
         .with_columns(measure=pl.lit("max stable LR")),
         thresholds.select("depth", value="threshold_lr",
-                          lo=pl.coalesce("not_needed_below", "threshold_lr"), hi="threshold_lr",
+                          lo=pl.coalesce("ci_lo", "threshold_lr"),
+                          hi=pl.coalesce("ci_hi", "threshold_lr"),
                           arm=pl.format("necessity ({} vs off)", "on_kind"))
         .with_columns(measure=pl.lit("necessity threshold"), bound=pl.lit(False)),
     ]
@@ -644,7 +647,7 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     return finish(alt.layer(rules, dots, data=values(data))
                   .properties(width=panel_width(1), height=PANEL_H + 100,
                               title="Learning-rate landmarks vs depth (bars: seed range; "
-                                    "for the threshold, the grid bracket)"))
+                                    "for the threshold, its 95% interval)"))
 
 
 def _empty(message: str) -> alt.Chart:

@@ -131,6 +131,17 @@ def _sweep_grid(sweep_folder: Path) -> frozenset[float] | None:
     return frozenset(lr_key(float(x)) for x in lrs)
 
 
+@functools.cache
+def _sweep_seeds(sweep_folder: Path) -> frozenset[int] | None:
+    """The base seeds a sweep folder declares in sweep.json ("seeds"); a run of another seed
+    was added to single cells by adaptive sampling (sweep/adaptive.py)."""
+    obj, _ = _read_json(sweep_folder / "sweep.json")
+    seeds = (obj or {}).get("seeds")
+    if not isinstance(seeds, list) or not all(isinstance(x, int) for x in seeds):
+        return None
+    return frozenset(seeds)
+
+
 def _short(x: float) -> str:
     """The spelling of a number in an arm name, as mlx_gpt.config.short_number writes it
     (50, 2.5, 1e-4, 3e-5): this file format is read here without importing the trainer."""
@@ -232,6 +243,7 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         "diverged_reason": summary.get("diverged_reason"),
         "loss_spikes": _integer(summary.get("loss_spikes")),
         "max_spike": _number(summary.get("max_spike")),
+        "unigram_entropy": _number(summary.get("unigram_entropy")),
         "max_spike_step": _integer(summary.get("max_spike_step")),
         "steps": _integer(summary.get("steps")),
         "tokens_seen": _integer(summary.get("tokens_seen")),
@@ -239,6 +251,8 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         "tokens_per_second": _number(summary.get("tokens_per_second")),
         "params_total": _number(params.get("total")),
         "refine": refine if isinstance(refine, bool) else None,
+        "added_seed": (None if (base := _sweep_seeds(folder.parent)) is None
+                       else int(seed) not in base),
         "identity": json.dumps(identity, sort_keys=True, default=str),
         "setting": json.dumps(setting, sort_keys=True, default=str),
         "run_dir": str(folder),
@@ -253,9 +267,9 @@ RUN_SCHEMA = {
     "data_seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
     "final_val_loss": pl.Float64, "min_val_loss": pl.Float64, "final_train_loss": pl.Float64,
     "diverged_step": pl.Int64, "diverged_reason": pl.String, "loss_spikes": pl.Int64,
-    "max_spike": pl.Float64, "max_spike_step": pl.Int64, "steps": pl.Int64,
+    "max_spike": pl.Float64, "unigram_entropy": pl.Float64, "max_spike_step": pl.Int64, "steps": pl.Int64,
     "tokens_seen": pl.Int64, "wall_seconds": pl.Float64, "tokens_per_second": pl.Float64,
-    "params_total": pl.Float64, "refine": pl.Boolean, "identity": pl.String,
+    "params_total": pl.Float64, "refine": pl.Boolean, "added_seed": pl.Boolean, "identity": pl.String,
     "setting": pl.String, "run_dir": pl.String,
 }
 
@@ -292,6 +306,7 @@ def load_runs(root: str | Path) -> Runs:
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder")
     _sweep_grid.cache_clear()  # sweep.json may have changed since an earlier load
+    _sweep_seeds.cache_clear()
     folders = _run_folders(root)
     if not folders:
         raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/summary.json)")

@@ -107,6 +107,19 @@ def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_
             .with_columns(loss_clipped=pl.min_horizontal("loss", "init_loss")))
 
 
+def full_curves(points: pl.DataFrame) -> pl.DataFrame:
+    """The runs of the sweep's base seeds, which ran the whole grid (`added_seed` false).
+
+    Adaptive seeds (sweep/adaptive.py) add a seed to single (depth, LR) cells; such a seed has
+    no LR curve, so the per-seed curve metrics (LR sensitivity, max stable LR, optimal LR and
+    best loss) leave it out, while the per-cell gaps use every seed. load.py marks them from
+    the seeds sweep.json declares."""
+    points = with_arm(points)
+    if "added_seed" not in points.columns:
+        return points
+    return points.filter(~pl.col("added_seed").fill_null(False))
+
+
 def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
     """Add `in_grid` (the LR belongs to the base grid used by LR sensitivity) and `grid_rule`.
 
@@ -120,19 +133,23 @@ def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
     """
     points = with_arm(points)
     marked = "refine" in points.columns and points["refine"].is_not_null().any()
-    candidate = ~pl.col("refine").fill_null(False) if marked else pl.lit(True)
+    indexed = points.with_row_index("_row")
+    full = full_curves(indexed)["_row"].implode()
+    p = indexed.with_columns(_full=pl.col("_row").is_in(full))
+    candidate = pl.col("_full") & (~pl.col("refine").fill_null(False) if marked else True)
     pairs, triples = pl.struct(ARM, "seed"), pl.struct("depth", ARM, "seed")
-    p = points.with_columns(
+    p = p.with_columns(
         _per_depth=candidate & (pairs.filter(candidate).n_unique().over("depth", "lr")
-                                == pairs.n_unique().over("depth")),
-        _common=triples.n_unique().over("lr") == triples.n_unique())
+                                == pairs.filter("_full").n_unique().over("depth")),
+        _common=pl.col("_full") & (triples.filter("_full").n_unique().over("lr")
+                                   == triples.filter("_full").n_unique()))
+    scratch = ("_row", "_full", "_per_depth", "_common")
     if marked:
-        return p.with_columns(in_grid="_per_depth", grid_rule=pl.lit("marked")).drop(
-            "_per_depth", "_common")
+        return p.with_columns(in_grid="_per_depth", grid_rule=pl.lit("marked")).drop(scratch)
     common = p.filter("_common")["lr"].n_unique() >= 2
     return (p.with_columns(in_grid="_common" if common else "_per_depth",
                            grid_rule=pl.lit("common" if common else "per depth"))
-            .drop("_per_depth", "_common"))
+            .drop(scratch))
 
 
 def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
@@ -142,7 +159,7 @@ def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
     loss* = min over the grid of loss(lr), computed for each (depth, arm, seed). Null when
     every grid point diverged (loss* undefined) or the grid has fewer than two points.
     """
-    grid = with_losses(points)
+    grid = with_losses(full_curves(points))
     if "in_grid" not in grid.columns:
         grid = mark_base_grid(grid)
     best = pl.col("loss").min()
@@ -185,7 +202,7 @@ def max_stable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -
     max_usable_lr: the same with "diverged or degraded" in place of "diverged" (a run that
     trained into a collapsed state is stable but not usable), censored the same way.
     """
-    p = with_losses(points, options.degraded_margin)
+    p = with_losses(full_curves(points), options.degraded_margin)
     first_div = pl.col("lr").filter(pl.col("diverged")).min()
     stable = pl.col("lr").filter(~pl.col("diverged") & (
         first_div.is_null() | (pl.col("lr") < first_div))).max()
@@ -223,7 +240,7 @@ def max_stable_lr(points: pl.DataFrame) -> pl.DataFrame:
 def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
     """Per (depth, arm): the LR of lowest final loss per seed (geometric mean over seeds)
     and that best loss (mean and range over seeds). Diverged runs count as +inf, never best."""
-    p = with_losses(points).filter(pl.col("loss").is_finite())
+    p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     per_seed = (p.group_by(*ARM_KEYS, "seed")
                 .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
                      best_loss=pl.col("loss").min()))
@@ -361,7 +378,7 @@ def _decide(cell: dict, options: Options) -> str:
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
     """Per (depth, on_kind, seed): each arm's best final loss over every LR run (its own optimal
     LR) and gap = off - on. Seeds where either arm never finished with a finite loss are out."""
-    p = with_losses(points).filter(pl.col("loss").is_finite())
+    p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
     off = best.filter(pl.col(ARM) == OFF).drop(ARM)
     frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],

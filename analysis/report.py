@@ -60,6 +60,9 @@ class Study:
     thresholds: pl.DataFrame
     spikes: pl.DataFrame
     verdicts: pl.DataFrame
+    best_gaps: pl.DataFrame  # H1: off's best loss minus on's, each at its own optimal LR
+    h2_tests: pl.DataFrame  # H2: max stable LR ratio and LR sensitivity drop per depth
+    h3_tests: pl.DataFrame  # H3: the threshold's shift between each pair of depths
     twins: pl.DataFrame
     loss_thresholds: pl.DataFrame
     notes: list[str]
@@ -120,8 +123,8 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
     study = options.study
     arms = M.arm_table(points)
     gaps = M.gap_table(points, study)
-    thresholds = M.necessity_threshold(points, study)
-    verdicts = V.verdicts(points, study)
+    thresholds = M.necessity_threshold(points, study, gaps)
+    verdicts, best_gaps, h2_tests, h3_tests = V.study_verdicts(points, study)
     if options.loss_threshold is not None:
         loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
             .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))
@@ -135,8 +138,9 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
     return Study(runs=runs, framework=framework, setting=setting, points=points, others=others,
                  probe_steps=probe_steps, per_run=per_run, arms=arms,
                  sensitivity_per_seed=M.lr_sensitivity_per_seed(points),
-                 stable_per_seed=M.max_stable_lr_per_seed(points), gaps=gaps,
+                 stable_per_seed=M.max_stable_lr_per_seed(points, study), gaps=gaps,
                  thresholds=thresholds, spikes=M.spike_table(points), verdicts=verdicts,
+                 best_gaps=best_gaps, h2_tests=h2_tests, h3_tests=h3_tests,
                  twins=twins,
                  loss_thresholds=loss_thresholds, notes=notes)
 
@@ -266,18 +270,18 @@ CHARTS = {
                "every LR run in both arms at each depth: red means off is worse, blue that "
                "it is better. Grey cells (labelled with their n) had fewer than 2 paired "
                "seeds, so the paired test could not run and the colour would say nothing "
-               "about seed noise. Triangles: the paired test finds off worse (by at least "
-               "min_gap); dashes: no difference (|gap| < min_gap, no divergence). Crosses: "
+               "about seed noise. Triangles: off worse (family-adjusted paired test, gap at "
+               "least min_gap); dashes: no difference (equivalence test within min_gap). Crosses: "
                "off diverged; circles: the compared arm diverged; squares: both. The black "
-               "bar is the necessity threshold of that depth (from there on the paired test "
-               "finds off worse at every larger LR).",
+               "bar is the necessity threshold of that depth (from there on the seed-mean gap "
+               "is at least min_gap at every larger informative LR).",
     "lr_sensitivity": "LR sensitivity (Wortsman et al. 2023) per depth: dots are seeds, the "
                       "line joins seed means. Lower means the final loss depends less on the "
                       "learning rate over the base grid.",
     "lr_landmarks": "Optimal LR (circles) and max stable LR (triangles; open when no run "
                     "diverged, so only a lower bound) per arm with the range over seeds, and "
-                    "the necessity threshold (diamonds) with the grid bracket below it (the "
-                    "largest LR run where the compared arm was not yet needed).",
+                    "the necessity threshold (diamonds) with its 95% bootstrap interval (a "
+                    "censored threshold has no diamond).",
 }
 
 
@@ -349,14 +353,22 @@ as an upper bound (below_grid). Reported as the geometric mean over seeds with t
 range.</dd>
 <dt>Optimal LR, best loss</dt><dd>Per seed, the LR with the lowest final val loss and that
 loss; geometric mean of the LRs and mean of the losses over seeds.</dd>
-<dt>Paired test</dt><dd>One seed shares its initial weights and batches across arms and LRs,
-so arms are compared seed by seed: a one-sided paired t-test over seeds of the gap in clipped
-loss (off minus on), significant when p &lt; alpha. A gap counts only when its mean is at least
-min_gap nats; a smaller one is no difference. With fewer than 3 seeds a spread is shown as the
-seed range ("range, n=2"), never as an interval, and a verdict is at most "suggestive".</dd>
-<dt>Necessity threshold</dt><dd>Per depth: the smallest LR from which the paired test finds off
-worse than on, by at least min_gap, at every larger LR run (LRs where the on arm diverged in every seed are passed
-over). not_needed_below is the largest LR run under it: the grid brackets the boundary.</dd>
+<dt>Degraded run</dt><dd>A run that did not diverge but whose final loss is above the
+training data's unigram entropy minus degraded_margin: it learned token frequencies and little
+more. A (depth, LR) cell where every run of both arms diverged or degraded is uninformative and
+is not tested.</dd>
+<dt>Paired tests</dt><dd>One seed shares its initial weights and batches across arms and LRs,
+so arms are compared seed by seed. Every gap is shown with its two-sided 95% t-interval over
+seeds. Each cell has three claims fixed in advance: off worse (one-sided t-test), on worse
+(one-sided t-test) and no difference (TOST against +-min_gap). Each hypothesis is one family
+of tests, adjusted by Benjamini-Hochberg (q-values); a claim needs q &lt; alpha, and a worse
+arm also a mean gap of at least min_gap. "Undetermined": none of the three claims passed.</dd>
+<dt>Necessity threshold</dt><dd>Per depth: from the largest informative LR down, the LRs whose
+seed-mean gap is at least min_gap; the threshold is where the gap, linear in log LR, crosses
+min_gap below the last of them. Its 95% interval comes from a parametric bootstrap over seeds
+(each LR's mean gap drawn from its t distribution). A depth whose largest informative LR is
+under min_gap is censored ("&gt; largest LR"), one needed at every LR is "&lt;= smallest LR":
+a censored threshold is never a number.</dd>
 <dt>Steps to threshold</dt><dd>The first evaluation step at which the val loss is at or below
 the loss threshold of the run's depth (by default: the largest, over arms and seeds, of the
 best run's val loss at mid-training, a level every arm reaches well before the end).</dd>
@@ -429,6 +441,10 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
         arms_table=safe(html_table(study.arms, arm_cols)),
         per_seed_table=safe(html_table(per_seed)),
         necessity_table=safe(html_table(study.thresholds)),
+        best_table=safe(html_table(study.best_gaps)),
+        h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
+        degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",
+        threshold_margin=f"{o.threshold_margin:g}",
         figures=[(name, CHARTS[name]) for name in specs],
         gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
         spikes_table=safe(html_table(study.spikes)),
@@ -517,6 +533,9 @@ def build_report(runs_dir: str | Path, out: str | Path,
         write_table(study.thresholds, tables, "necessity")
         write_table(study.spikes, tables, "spikes")
         write_table(study.verdicts, tables, "verdicts")
+        write_table(study.best_gaps, tables, "h1_best_loss")
+        write_table(study.h2_tests, tables, "h2_tests")
+        write_table(study.h3_tests, tables, "h3_tests")
         write_table(study.twins, tables, "twins")
         specs = {}
         for name, chart in build_charts(study, options).items():

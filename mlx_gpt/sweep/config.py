@@ -32,6 +32,11 @@ class SweepConfig:
     refine: bool = True
     refine_steps: int = 2  # bisection steps per (depth, arm, seed)
     refine_factor: float = 1.4  # stop once largest stable / smallest diverged LR are this close
+    # after the grid (sweep/adaptive.py): bisection steps of each depth's necessity threshold,
+    # and seeds added one at a time, up to max_seeds, to the (depth, LR) cells still undecided
+    threshold_steps: int = 2
+    max_seeds: int = 6
+    min_gap: float = 0.02  # nats: the gap that counts (the analysis's default min_gap)
     runs_dir: str = "runs"
     jobs: int = 1  # sweep processes on this machine (they share work through run locks)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -57,6 +62,11 @@ class SweepConfig:
             (all(lr > 0 for lr in self.lrs), "every value in lrs must be > 0"),
             (self.refine_steps >= 0, f"refine_steps must be >= 0, got {self.refine_steps}"),
             (self.refine_factor > 1, f"refine_factor must be > 1, got {self.refine_factor}"),
+            (self.threshold_steps >= 0,
+             f"threshold_steps must be >= 0, got {self.threshold_steps}"),
+            (self.max_seeds >= 0, f"max_seeds must be >= 0, got {self.max_seeds}"),
+            (math.isfinite(self.min_gap) and self.min_gap > 0,
+             f"min_gap must be a number > 0 (nats), got {self.min_gap}"),
             (self.jobs >= 1, f"jobs must be >= 1, got {self.jobs}"),
             ("/" not in self.name and self.name not in ("", ".", ".."),
              f"name must be a plain folder name, got {self.name!r}"),
@@ -122,7 +132,7 @@ STUDY = SweepConfig(
 # QK-norm off shows attention-logit growth from 1e-2 up (docs/sweeps.md has the numbers).
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(4,), lr_min=1e-3, lr_max=1.0, points_per_decade=4 / 3,
-    seeds=(0, 1), arms=("none", "rmsnorm"), refine=False,
+    seeds=(0, 1), arms=("none", "rmsnorm"), refine=False, max_seeds=2,
     # a model this small leaves cores idle: two processes finished the demo 1.32x sooner than
     # one on a 2-core CPU (measured on its one-seed version: 2m02s against 2m41s; `just bench`
     # measured 1.44x in tokens/s)

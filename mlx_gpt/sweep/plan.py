@@ -15,7 +15,8 @@ from .. import train as trainer
 from ..config import TrainConfig
 from .arms import arm_changes
 from .config import SweepConfig, grid, groups, run_config
-from .refine import group_state, verdict
+from .adaptive import compared_arms, extra_runs, extra_seeds
+from .refine import verdict
 
 # --- plan printing, calibration -----------------------------------------------------------------
 
@@ -76,6 +77,21 @@ def lr_text(lrs: Sequence[float]) -> str:
     return " ".join(f"{lr:.3g}" for lr in lrs)
 
 
+def extras_text(sweep: SweepConfig) -> str:
+    """What the sweep may add once the grid is done, with upper bounds (sweep/adaptive.py)."""
+    compared = len(compared_arms(sweep)) * len(sweep.depth)
+    threshold = compared * sweep.threshold_steps * len(sweep.seeds) * 2 if sweep.refine else 0
+    cells = compared * (len(sweep.grid_lrs()) + (sweep.threshold_steps if sweep.refine else 0))
+    seeds = cells * len(extra_seeds(sweep)) * 2
+    parts = [f"threshold bisection: up to {counted(threshold, 'run')} "
+             f"({sweep.threshold_steps} steps per depth, every seed, both arms)" if threshold
+             else "no threshold bisection",
+             f"adaptive seeds: up to {counted(seeds, 'run')} (seeds "
+             f"{', '.join(map(str, extra_seeds(sweep)))}, only for (depth, LR) cells still "
+             f"undecided, up to max_seeds={sweep.max_seeds})" if seeds else "no adaptive seeds"]
+    return "; ".join(parts)
+
+
 def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) -> dict[int, float]:
     """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
     t = sweep.train
@@ -92,6 +108,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     print(f"  folder      {Path(sweep.runs_dir) / sweep.name}  ({len(runs) - len(unfinished)} of "
           f"{len(runs)} grid runs already finished)")
     print(f"  LRs         {lr_text(sweep.grid_lrs())}")
+    print(f"  after grid  {extras_text(sweep)}")
     print(f"  arms        {', '.join(sweep.arms)};  seeds {', '.join(map(str, sweep.seeds))}")
     print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
           f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
@@ -146,10 +163,10 @@ def command_line(cfg: TrainConfig) -> str:
 
 
 def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
-    """(grid runs without a finished result, refinement runs the results on disk now call for)."""
+    """(grid runs without a finished result, the runs the results on disk now call for once the
+    grid is done: boundary or threshold refinement, adaptive seeds; sweep/adaptive.py)."""
     todo = [c for c in grid(sweep) if not verdict(c).finished]
-    refine = [cfg for g in groups(sweep) if (cfg := group_state(sweep, g)[1]) is not None]
-    return todo, refine
+    return todo, extra_runs(sweep, groups(sweep)) if not todo else []
 
 
 def declare_grid(sweep: SweepConfig) -> None:
@@ -168,4 +185,6 @@ def declare_grid(sweep: SweepConfig) -> None:
         "qk_norms": sorted(set(earlier.get("qk_norms", []))
                            | {a for a in sweep.arms if set(arm_changes(a)) <= {"qk_norm"}}),
         "refine": sweep.refine, "refine_steps": sweep.refine_steps, "refine_factor": sweep.refine_factor,
+        "threshold_steps": sweep.threshold_steps, "max_seeds": sweep.max_seeds,
+        "min_gap": sweep.min_gap,
     })

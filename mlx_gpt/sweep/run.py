@@ -20,6 +20,7 @@ from ..locks import RunBusy
 from .arms import arm_name
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted, run_cost_tokens
+from .adaptive import extra_runs
 from .refine import Outcome, boundary, group_state, verdict
 
 # --- running ------------------------------------------------------------------------------------
@@ -124,7 +125,8 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
 
 
 def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
-    """Train the grid, then the refinement; runs held elsewhere are looked at again at the end."""
+    """Train the grid, then what its results call for (sweep/adaptive.py: boundary and threshold
+    refinement, adaptive seeds); runs held elsewhere are looked at again after the grid."""
     runs = grid(sweep)
     tally = Tally(total=len(runs), processes=sweep.jobs)
     attempted: set[str] = set()
@@ -149,11 +151,8 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     for cfg in list(tally.busy):
         tally.busy.remove(cfg)
         run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
-    if not sweep.refine:
-        return tally
-    while True:  # one round = at most one new point per curve, so every curve advances together
-        new = [cfg for g in groups(sweep) if (cfg := group_state(sweep, g)[1]) is not None
-               and cfg.run_id not in attempted]
+    while True:  # one round = at most one new point per curve, cell or threshold, together
+        new = [cfg for cfg in extra_runs(sweep, groups(sweep)) if cfg.run_id not in attempted]
         if not new:
             return tally
         tally.total += len(new)

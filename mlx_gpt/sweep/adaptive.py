@@ -1,0 +1,176 @@
+"""The runs a sweep's results call for after its grid, replayed from the results on disk (so
+every stage is resumable and a Slurm re-submission finds the same runs):
+
+1. boundary refinement (refine.py): bisection of each curve's divergence boundary;
+2. threshold refinement: per (depth, compared arm), bisection in log LR between the largest LR
+   where the seed-mean gap (off minus on) is under min_gap and the LR above it, from where it is
+   at least min_gap at every larger informative LR, with every base seed in both arms;
+3. adaptive seeds: one more seed at a time (both arms), up to max_seeds, for the (depth, LR)
+   cells whose decision is still open.
+
+These are design rules (where to spend runs), read off summary.json alone; the claims are made
+by the analysis on every run (docs/report.md). A cell is open unless its gaps' 95% t-interval
+lies above 0 with a mean of at least min_gap (off worse), below 0 with a mean of at most
+-min_gap (on worse), or its 90% t-interval inside +-min_gap (no difference: TOST at 5%); cells
+where no run of either arm learned are never open.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from scipy import stats
+
+from .. import runlog
+from .. import train as trainer
+from ..config import TrainConfig
+from .config import SweepConfig, run_config, three_significant
+from .refine import group_state, verdict
+
+OFF = "none"
+# A stable run within this many nats of the corpus's unigram entropy learned token frequencies
+# and little more (the analysis's default degraded_margin, analysis.metrics.Options).
+DEGRADED_MARGIN = 0.2
+
+Cell = tuple[float, bool]  # (gap off - on in clipped loss, both arms failed to learn)
+
+
+def _pair(cfg_off: TrainConfig, cfg_on: TrainConfig) -> Cell | None:
+    """The seed's paired gap and whether neither run learned, or None until both finished."""
+    out = []
+    for cfg in (cfg_off, cfg_on):
+        if not verdict(cfg).finished:
+            return None
+        s = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+        init, final = s.get("init_loss"), s.get("final_val_loss")
+        if not isinstance(init, (int, float)):
+            return None
+        diverged = s.get("status") != "completed" or not isinstance(final, (int, float)) \
+            or not math.isfinite(final)
+        loss = init if diverged else min(final, init)
+        entropy = s.get("unigram_entropy")
+        degraded = (not diverged and isinstance(entropy, (int, float))
+                    and final > entropy - DEGRADED_MARGIN)
+        out.append((loss, diverged or degraded))
+    return out[0][0] - out[1][0], out[0][1] and out[1][1]
+
+
+def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[int]
+         ) -> tuple[list[float], bool, list[TrainConfig]]:
+    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished)."""
+    gaps, failed, pending = [], True, []
+    for seed in seeds:
+        off, on = (run_config(sweep, depth, lr, a, seed) for a in (OFF, arm))
+        pair = _pair(off, on)
+        if pair is None:
+            pending += [c for c in (off, on) if not verdict(c).finished]
+            continue
+        gaps.append(pair[0])
+        failed = failed and pair[1]
+    return gaps, failed and bool(gaps), pending
+
+
+def is_open(gaps: list[float], min_gap: float) -> bool:
+    """Whether a cell's decision is still open (see the module docstring)."""
+    n = len(gaps)
+    if n < 2:
+        return True
+    mean = sum(gaps) / n
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (n - 1))
+    se = sd / math.sqrt(n)
+    t95, t90 = stats.t.ppf(0.975, n - 1), stats.t.ppf(0.95, n - 1)
+    if mean - t95 * se > 0 and mean >= min_gap:
+        return False
+    if mean + t95 * se < 0 and mean <= -min_gap:
+        return False
+    return not (-min_gap < mean - t90 * se and mean + t90 * se < min_gap)
+
+
+def compared_arms(sweep: SweepConfig) -> list[str]:
+    return [a for a in sweep.arms if a != OFF] if OFF in sweep.arms else []
+
+
+def threshold_state(sweep: SweepConfig, depth: int, arm: str
+                    ) -> tuple[dict[float, float], list[TrainConfig]]:
+    """Replay one (depth, arm)'s threshold bisection: (seed-mean gap per informative LR so far,
+    the runs to train next: empty when done or when a base run has no result yet)."""
+    means: dict[float, float] = {}
+    for lr in sweep.grid_lrs():
+        gaps, failed, pending = cell(sweep, depth, lr, arm, sweep.seeds)
+        if pending:
+            return means, []  # the grid first (the sweep trains it before any extra)
+        if not failed and gaps:
+            means[lr] = sum(gaps) / len(gaps)
+    for _ in range(sweep.threshold_steps):
+        bracket = threshold_bracket(means, sweep.min_gap)
+        if bracket is None or bracket[1] / bracket[0] <= sweep.refine_factor:
+            return means, []
+        mid = three_significant(math.sqrt(bracket[0] * bracket[1]))
+        if not bracket[0] < mid < bracket[1]:
+            return means, []
+        gaps, failed, pending = cell(sweep, depth, mid, arm, sweep.seeds)
+        if pending:
+            return means, pending
+        if failed or not gaps:
+            return means, []
+        means[mid] = sum(gaps) / len(gaps)
+    return means, []
+
+
+def threshold_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:
+    """(largest LR under min_gap, the LR above it) from the top down, or None when the largest
+    LR is under min_gap (no threshold within the grid) or every LR is at least min_gap."""
+    lrs = sorted(means)
+    if not lrs or means[lrs[-1]] < min_gap:
+        return None
+    for lo, hi in zip(reversed(lrs[:-1]), reversed(lrs[1:])):
+        if means[lo] < min_gap:
+            return lo, hi
+    return None
+
+
+def extra_seeds(sweep: SweepConfig) -> list[int]:
+    """The seeds adaptive sampling may add: after the largest base seed, up to max_seeds."""
+    top = max(sweep.seeds)
+    return list(range(top + 1, top + 1 + max(0, sweep.max_seeds - len(sweep.seeds))))
+
+
+def seed_state(sweep: SweepConfig, depth: int, arm: str, lrs: Iterable[float]
+               ) -> list[TrainConfig]:
+    """Adaptive seeds for one (depth, arm): per cell, the next seed's runs while the cell is
+    open and has fewer than max_seeds; nothing while a cell waits on a run."""
+    todo = []
+    for lr in lrs:
+        seeds = list(sweep.seeds)
+        for extra in [*extra_seeds(sweep), None]:
+            gaps, failed, pending = cell(sweep, depth, lr, arm, seeds)
+            if pending:
+                todo += pending
+                break
+            if failed or extra is None or not is_open(gaps, sweep.min_gap):
+                break
+            seeds.append(extra)
+    return todo
+
+
+def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
+    """The next runs the results call for, stage by stage: boundary refinement, then threshold
+    refinement, then adaptive seeds. A later stage starts only when the earlier one is done."""
+    if sweep.refine:
+        boundary = [cfg for g in groups if (cfg := group_state(sweep, g)[1]) is not None]
+        if boundary:
+            return boundary
+    out: list[TrainConfig] = []
+    for depth in sweep.depth:
+        for arm in compared_arms(sweep):
+            means, pending = (threshold_state(sweep, depth, arm) if sweep.refine
+                              else ({}, []))
+            if pending:
+                out += pending
+                continue
+            if sweep.max_seeds > len(sweep.seeds):
+                lrs = sorted(set(sweep.grid_lrs()) | set(means))
+                out += seed_state(sweep, depth, arm, lrs)
+    unique = {c.run_id: c for c in out if not verdict(c).finished}
+    return list(unique.values())
