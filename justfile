@@ -59,6 +59,10 @@ spot-check *args:
 bench *args:
     @{{py}} -m mlx_gpt bench "$@"
 
+# the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
+bench-memory *args:
+    @{{py}} -m mlx_gpt.memory_bench "$@"
+
 # tables, charts, verdicts and report.html: just report [RUNS_DIR] [--out DIR] ...
 report *args:
     @{{py}} -m analysis report "$@"

@@ -17,7 +17,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from . import interrupts, runlog
+from . import interrupts, memory, runlog
 from . import probes as probe_lib
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
@@ -42,9 +42,13 @@ def run_dir_of(cfg: TrainConfig) -> Path:
 
 
 def load_data(cfg: TrainConfig):
+    """(train tokens, val tokens, meta) after every check that needs the data, the memory
+    estimate included, so train and the sweep refuse before anything is written."""
     from .data import load_tokens
 
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
+    # an allocation MLX cannot satisfy kills the process by SIGSEGV: refuse such a config here
+    memory.check(cfg, meta["vocab_size"])
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) < cfg.block_size + 2:
             raise UsageError(f"block_size={cfg.block_size} is above the {split} data of {cfg.data} "

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from .. import runlog
+from .. import memory, runlog
 from .. import train as trainer
 from ..config import TrainConfig
 from .arms import arm_changes
@@ -96,6 +96,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
     t = sweep.train
     vocab, vocab_from = vocab_size(t.data)
+    memory_needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
     unfinished = [c for c in runs if not verdict(c).finished]
     n_groups = len(groups(sweep))
     refine_max = n_groups * sweep.refine_steps if sweep.refine else 0
@@ -123,6 +124,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
         if vocab:
             p = param_counts(cfg, vocab)
             line += f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M non-embedding)"
+            line += f"; memory ~{memory.format_bytes(memory_needs[depth])} a run"
         if calibrate_speed and vocab:
             print(line + "; calibrating (compile, then up to 10 s of steps) ...", end="",
                   flush=True)
@@ -144,6 +146,18 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
               + " (training and evaluation; diverged runs stop early; probes and checkpoints "
               "not counted)", flush=True)
     return speeds
+
+
+def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
+    """Each depth's estimated peak bytes a run (mlx_gpt/memory.py); UsageError, before the first
+    run and before calibration, when `jobs` runs of a depth at once would not fit."""
+    if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
+        return {}
+    limit = memory.available()
+    return {depth: memory.check(run_config(sweep, depth, sweep.train.lr, sweep.arms[-1], 0),
+                                vocab, runs_at_once=sweep.jobs, limit=limit,
+                                prefix=f"sweep {sweep.name}, depth {depth}: ").total
+            for depth in sweep.depth}
 
 
 def value_text(value: object) -> str:

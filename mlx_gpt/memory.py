@@ -1,0 +1,187 @@
+"""How much memory one training step needs, checked before anything trains.
+
+An allocation MLX cannot satisfy ends the process with SIGSEGV and no message (Linux CPU), so a
+config that cannot fit is refused up front with one line naming what takes the memory. This
+module imports neither MLX nor PyTorch: the estimate is arithmetic on the config, and the
+memory there is comes from the operating system (or from the caller, for a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from .config import TrainConfig, model_args
+from .errors import UsageError
+
+FLOAT32 = 4
+HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
+
+# Copies of each tensor family alive at the step's peak, float32. Measured with mx.get_peak_memory
+# on MLX 0.32's CPU backend (kernels=cpu, the Linux default) at 15 shapes (docs/performance.md:
+# a least-squares fit gave 5.4, 17.4, 2.0, 4.6, 80 and 7.9) and rounded up, so the estimate is
+# an upper-ish bound there; MLX's library kernels (Metal's) measured lower.
+PARAM_COPIES = 7  # weights, gradients, AdamW's two moments, and the new weights and moments the
+#                   update writes before the old ones are freed
+LAYER_RESIDUAL_COPIES = 20  # per layer, kept for the backward, each batch x block x d_model: the
+#                   two layer norms' outputs, q, k, v, the scaled q, the attention output and its
+#                   projection, the residual sums, and the MLP hidden (4 x d_model) before and
+#                   after GELU
+LAYER_SCORE_COPIES = 3  # per layer, kept, each batch x heads x block^2: scores, their
+#                   exponentials and the probabilities
+BACKWARD_SCORE_COPIES = 5  # one layer's backward at a time: gradients of probabilities and
+#                   scores and the softmax's temporaries (batch x heads x block^2)
+BACKWARD_RESIDUAL_COPIES = 84  # one block's backward at a time: GELU's derivative and the MLP's
+#                   gradients at width 4 x d_model, evaluated unfused (batch x block x d_model)
+LOGIT_COPIES = 8  # batch x block x padded vocabulary: the logits, the log-sum-exp's exponentials
+#                   and temporaries, and the logits' gradient
+
+TERMS = {  # term -> (what it is, in a sentence; the knobs that shrink it)
+    "state": ("the parameters, gradients and AdamW state", "lower d_model or depth"),
+    "activations": ("the activations", "lower batch_size, block_size or d_model"),
+    "attention": ("the attention scores", "lower block_size or batch_size"),
+    "logits": ("the output logits", "lower batch_size or block_size"),
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Bytes of one training step at its peak, by term (TERMS)."""
+
+    cfg: TrainConfig
+    vocab_size: int
+    parameters: int
+    terms: dict[str, float]
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def dominant(self) -> str:
+        return max(self.terms, key=self.terms.__getitem__)
+
+    def subject(self) -> str:
+        """The config's knobs behind the dominant term, as the user wrote them."""
+        c = self.cfg
+        return {"state": f"{format_count(self.parameters)} parameters (depth {c.depth}, "
+                         f"d_model {c.d_model})",
+                "activations": f"batch_size {c.batch_size} x block_size {c.block_size} x "
+                               f"d_model {c.d_model} x depth {c.depth}",
+                "attention": f"block_size {c.block_size}",
+                "logits": f"batch_size {c.batch_size} x block_size {c.block_size} x vocabulary "
+                          f"{self.vocab_size}"}[self.dominant]
+
+
+def parameter_count(cfg: TrainConfig, vocab_size: int) -> int:
+    """The model's parameters (mlx_gpt/model.py's GPT, counted without building it)."""
+    args = model_args(cfg, vocab_size)
+    c, bias = cfg.d_model, int(cfg.bias)
+    norm = c * (1 + bias)  # a LayerNorm: gain (and bias)
+    block = (2 * norm + 3 * c * c + 3 * c * bias + c * c + c * bias  # norms, qkv, proj
+             + 4 * c * c + 4 * c * bias + 4 * c * c + c * bias)  # MLP
+    if cfg.qk_norm != "none":
+        block += 2 * cfg.head_dim  # q and k gains
+    return args.padded_vocab * c + cfg.block_size * c + cfg.depth * block + norm
+
+
+def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
+    """Peak bytes of one compiled training step (forward, backward, AdamW update)."""
+    b, t, c, h, layers = cfg.batch_size, cfg.block_size, cfg.d_model, cfg.n_heads, cfg.depth
+    params = parameter_count(cfg, vocab_size)
+    residual, scores = b * t * c, b * h * t * t
+    return Estimate(cfg, vocab_size, params, {
+        "state": FLOAT32 * PARAM_COPIES * params,
+        "activations": FLOAT32 * residual * (LAYER_RESIDUAL_COPIES * layers
+                                             + BACKWARD_RESIDUAL_COPIES),
+        "attention": FLOAT32 * scores * (LAYER_SCORE_COPIES * layers + BACKWARD_SCORE_COPIES),
+        "logits": FLOAT32 * LOGIT_COPIES * b * t * model_args(cfg, vocab_size).padded_vocab,
+    })
+
+
+def format_count(n: float) -> str:
+    """1.6T, 12M, 800k: a parameter count in two significant digits or more."""
+    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:,.0f}{unit}"
+    return f"{n:.0f}"
+
+
+def format_bytes(n: float) -> str:
+    """1.3 TB, 23 GB, 4.1 GB, 250 MB, 12 kB (decimal units, two significant digits or more)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _mem_available() -> int | None:
+    """Linux's estimate of the memory that can be allocated without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def available(gpu_bytes: int | None = None) -> tuple[int, str]:
+    """(bytes this process can use, the words for it). `gpu_bytes`: a CUDA device's memory, which
+    the caller (the torch backend) knows; else the machine's: unified memory on a Mac
+    (hw.memsize; macOS pages rather than failing), MemAvailable on Linux (what other processes
+    leave, without swapping) capped by a cgroup limit (a container or a Slurm job), else
+    physical RAM."""
+    if gpu_bytes is not None:
+        return gpu_bytes, f"the GPU has {format_bytes(gpu_bytes)}"
+    if sys.platform == "darwin":
+        try:
+            size = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,
+                                      text=True, timeout=5, check=True).stdout.strip())
+            return size, f"this Mac has {format_bytes(size)} of unified memory"
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+    size = _mem_available()
+    words = "this machine has {} available"
+    if size is None:
+        try:
+            size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            words = "this machine has {}"
+        except (ValueError, OSError, AttributeError):
+            return 1 << 62, "this machine's memory is unknown"
+    limit = _read_int("/sys/fs/cgroup/memory.max")  # cgroup v2; "max" (no limit) reads as None
+    if limit is not None and limit < size:
+        used = _read_int("/sys/fs/cgroup/memory.current") or 0
+        size, words = max(0, limit - used), "this process's cgroup has {} left"
+    return size, words.format(format_bytes(size))
+
+
+def check(cfg: TrainConfig, vocab_size: int, *, runs_at_once: int = 1, prefix: str = "",
+          limit: tuple[int, str] | None = None) -> Estimate:
+    """The step's estimate; UsageError (one line: what needs the memory, what there is) when
+    `runs_at_once` such steps need more than HEADROOM of `limit` (default: available())."""
+    est = estimate(cfg, vocab_size)
+    size, there = limit if limit is not None else available()
+    need = est.total * runs_at_once
+    if need > HEADROOM * size:
+        what, fix = TERMS[est.dominant]
+        at_once = (f", {runs_at_once} runs at once (jobs={runs_at_once}): "
+                   f"{format_bytes(need)}" if runs_at_once > 1 else "")
+        raise UsageError(f"{prefix}{est.subject()} needs about {format_bytes(est.total)} per "
+                         f"training step ({format_bytes(est.terms[est.dominant])} of it for "
+                         f"{what}){at_once}; {there}: {fix}")
+    return est
