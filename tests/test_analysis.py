@@ -18,6 +18,7 @@ import pytest
 
 from analysis import charts as C
 from analysis import metrics as M
+from analysis import stats as S
 from analysis import verdicts as V
 from analysis.__main__ import main
 from analysis.errors import UsageError
@@ -139,44 +140,65 @@ def test_a_completed_run_with_a_nan_final_loss_counts_as_its_init_loss():
     assert M.arm_table(table).filter(pl.col("arm") == "none")["nonfinite_final"][0] == 1
 
 
-# --- paired tests and the necessity threshold -----------------------------------------------
+# --- paired tests, error control and the necessity threshold ----------------------------------
 
 GRID = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
-NOISE = [0.0, 0.01, -0.01]  # per-seed offsets, shared by both arms of a seed (paired)
+NOISE = [0.0, 0.01, -0.01, 0.02, -0.02, 0.005]  # per-seed offsets shared by both arms (paired)
+GAP_NOISE = [0.004, -0.003, -0.001, 0.003, -0.004, 0.001]  # per-seed noise of the gap itself
 
 
 def necessity_table(first_needed: dict[int, float], seeds: int = 3) -> pl.DataFrame:
-    """On arm at 3.0 everywhere; off equal below `first_needed[depth]`, 0.5 worse from it,
-    diverged at the largest LR. Every seed agrees, so the answer is exact."""
+    """On arm at 3.0 (+ the seed's offset) everywhere; off equal below `first_needed[depth]`
+    and 0.5 worse from it (each seed's gap off by a few thousandths), diverged at the largest
+    LR."""
     rows = []
     for depth, start in first_needed.items():
         for lr in GRID:
-            for seed, eps in enumerate(NOISE[:seeds]):
-                rows.append((depth, "rmsnorm", lr, seed, 3.0 + eps, 5.5))
-                off = None if lr == GRID[-1] else 3.0 + eps + (0.5 if lr >= start else 0.0)
+            for seed in range(seeds):
+                on = 3.0 + NOISE[seed]
+                rows.append((depth, "rmsnorm", lr, seed, on, 5.5))
+                off = None if lr == GRID[-1] else (
+                    on + GAP_NOISE[seed] + (0.5 if lr >= start else 0.0))
                 rows.append((depth, "none", lr, seed, off, 5.5))
     return points(rows)
 
 
-def with_gaps(table: pl.DataFrame, lr: float, gaps: list[float]) -> pl.DataFrame:
-    """Add gaps[seed] to the off arm's loss at one LR."""
+def with_gaps(table: pl.DataFrame, lr: float, gaps: list[float], depth: int | None = None
+              ) -> pl.DataFrame:
+    """Set the off arm's loss at one LR to the on arm's plus gaps[seed]."""
     out = table
     for seed, gap in enumerate(gaps):
-        hit = (pl.col("qk_norm") == "none") & (pl.col("lr") == lr) & (pl.col("seed") == seed)
-        out = out.with_columns(final_val_loss=pl.when(hit).then(pl.col("final_val_loss") + gap)
-                               .otherwise(pl.col("final_val_loss")))
+        on = table.filter((pl.col("qk_norm") == "rmsnorm") & (pl.col("lr") == lr)
+                          & (pl.col("seed") == seed)
+                          & ((pl.col("depth") == depth) if depth else True))["final_val_loss"][0]
+        hit = ((pl.col("qk_norm") == "none") & (pl.col("lr") == lr) & (pl.col("seed") == seed)
+               & ((pl.col("depth") == depth) if depth else True))
+        out = out.with_columns(final_val_loss=pl.when(hit).then(pl.lit(on + gap))
+                               .otherwise(pl.col("final_val_loss")),
+                               status=pl.when(hit).then(pl.lit("completed"))
+                               .otherwise(pl.col("status")))
     return out
 
 
-def test_a_tiny_consistent_gap_is_no_difference():
-    # every seed 0.0006 nats worse at every LR from 3e-2: significant, but below min_gap
-    table = necessity_table({4: 3e-2})
-    table = table.with_columns(final_val_loss=pl.when(
-        (pl.col("qk_norm") == "none") & (pl.col("lr") >= 3e-2) & pl.col("final_val_loss").is_not_null())
-        .then(pl.col("final_val_loss") - 0.5 + 0.0006).otherwise(pl.col("final_val_loss")))
-    gaps = M.gap_table(table).filter(pl.col("lr") == 3e-2).row(0, named=True)
-    assert gaps["significant"] and not gaps["worse"] and gaps["no_difference"]
-    assert M.gap_table(table, M.Options(min_gap=0.0)).filter(pl.col("lr") == 3e-2)["worse"][0]
+def verdict_of(table: pl.DataFrame, hypothesis: str, options: M.Options | None = None) -> dict:
+    return V.verdicts(table, options).filter(pl.col("hypothesis") == hypothesis).row(
+        0, named=True)
+
+
+def test_statistics_known_values():
+    gaps = [0.018, -0.001, 0.026]  # the mini's depth 4, lr 1e-3
+    lo, hi = S.interval(gaps)
+    assert (lo, hi) == (pytest.approx(-0.0201, abs=1e-4), pytest.approx(0.0488, abs=1e-4))
+    assert S.p_greater(gaps) == pytest.approx(0.1077, abs=1e-4)
+    assert S.p_equivalent(gaps, 0.02) > 0.05  # an interval of [-0.02, +0.05]: not equivalent
+    assert S.p_equivalent([0.001, -0.002, 0.0015], 0.02) < 0.01
+    # a tie (no spread) is never p = 0: the exact sign-flip bound 2^-n
+    assert S.p_greater([0.5, 0.5, 0.5]) == 0.125 and S.p_less([0.5, 0.5, 0.5]) == 1.0
+    assert S.p_greater([0.5] * 6) == pytest.approx(1 / 64)
+    assert S.p_greater([0.3]) is None and S.interval([0.3]) == (None, None)
+    # Benjamini-Hochberg: q_(i) = min over j >= i of p_(j) m / j
+    assert S.adjust([0.01, 0.04, 0.03, None], 0.05) == [pytest.approx(0.03), pytest.approx(0.04),
+                                                         pytest.approx(0.04), None]
 
 
 def test_a_claim_with_undecided_parts_is_only_partly_supported():
@@ -189,89 +211,100 @@ def test_a_claim_with_undecided_parts_is_only_partly_supported():
     assert V.combine([V.Part(V.NO_DATA, 1, "a")]) == "not enough data"
 
 
-def test_paired_t_known_values():
-    t, p = M.paired_t([0.5, 0.0, 0.0])  # one outlier seed: mean 0.167, sd 0.289
-    assert t == pytest.approx(1.0) and p == pytest.approx(0.2113, abs=1e-4)
-    t, p = M.paired_t([0.4, -0.2, 0.1])
-    assert t == pytest.approx(0.1 / (0.3 / math.sqrt(3))) and p > 0.05
-    assert M.paired_t([0.5, 0.5, 0.5]) == (math.inf, 0.0)  # no spread: decided by the sign
-    assert M.paired_t([0.0, 0.0]) == (0.0, 1.0)
-    assert M.paired_t([0.3]) == (None, None)
-
-
 def test_necessity_threshold_known_answer_and_verdicts():
     table = necessity_table({2: 3e-2, 4: 3e-3})
     th = M.necessity_threshold(table).sort("depth")
-    assert th["threshold_lr"].to_list() == [3e-2, 3e-3]
-    assert th["not_needed_below"].to_list() == [1e-2, 1e-3]
-    assert th["spread"].to_list() == ["n=3", "n=3"]
+    assert th["bracket_lo"].to_list() == [1e-2, 1e-3]
+    assert th["bracket_hi"].to_list() == [3e-2, 3e-3]
+    for r in th.iter_rows(named=True):  # the crossing and its interval lie in the bracket
+        assert r["bracket_lo"] <= r["ci_lo"] <= r["threshold_lr"] <= r["ci_hi"] <= r["bracket_hi"]
+    assert th["censored"].to_list() == [None, None]
     gaps = M.gap_table(table).filter(pl.col("depth") == 2)
-    assert gaps["needed"].to_list() == [False, False, False, True, True]
-    assert gaps["significant"].to_list() == [False, False, False, True, True]
-    assert gaps["mean_gap"].to_list()[:3] == pytest.approx([0, 0, 0])
+    assert gaps["decision"].to_list() == ["no difference"] * 3 + ["off worse"] * 2
+    assert gaps["ci_lo"][3] > 0.45 and gaps["ci_hi"][3] < 0.55
+    assert gaps["family_size"][0] == 2 * 5 * 3 + 2  # 3 tests per cell, one best loss per depth
     v = {r["hypothesis"]: r for r in V.verdicts(table).iter_rows(named=True)}
-    assert v["H1"]["verdict"] == "supported"
-    assert v["H2"]["verdict"] == "supported"  # off diverges at 0.1, on never; sensitivity lower
-    assert v["H3"]["verdict"] == "supported"
+    assert v["H1"]["verdict"] == "supported" and v["H1"]["family_size"] > 20
+    assert v["H3"]["verdict"] == "supported"  # a decade lower at depth 4
+    assert "2->4: -1.00 decades" in v["H3"]["evidence"]
 
 
-def test_one_outlier_seed_does_not_make_an_lr_needed():
-    # gaps (0.5, 0, 0) at the lowest LR: the mean 0.167 is large, its spread larger
-    table = with_gaps(necessity_table({4: 3e-3}), 1e-3, [0.5, 0.0, 0.0])
+def test_the_top_lr_cannot_break_the_chain():
+    # depth 2's top LR with gaps +0.108, +0.357, +0.040 (one-sided p ~0.11): the old rule's
+    # broken chain put depth 2 above the grid and called H3 supported on that alone
+    table = necessity_table({2: 3e-2, 4: 3e-2, 8: 3e-2})
+    table = with_gaps(table, 3e-2, [0.108, 0.357, 0.040], depth=2)
+    th = M.necessity_threshold(table).sort("depth")
+    assert th["censored"].to_list() == [None, None, None]
+    assert th["bracket_lo"].to_list() == [1e-2] * 3
+    assert verdict_of(table, "H3")["verdict"] != "supported"
+
+
+def test_equal_thresholds_are_not_a_fall():
+    v = verdict_of(necessity_table({2: 3e-2, 4: 3e-2, 8: 3e-2}, seeds=6), "H3")
+    assert v["verdict"] == "not supported"  # equal within threshold_margin at every pair
+    assert v["evidence"].count(" equal ") == 3
+
+
+def test_an_undetermined_low_lr_is_not_no_difference():
+    table = with_gaps(necessity_table({4: 3e-2}), 1e-3, [0.018, -0.001, 0.026])
     row = M.gap_table(table).filter(pl.col("lr") == 1e-3).row(0, named=True)
-    assert row["mean_gap"] == pytest.approx(0.5 / 3) and not row["significant"]
-    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [3e-3]
+    assert row["decision"] == "undetermined"
+    assert row["ci_lo"] < 0 < row["ci_hi"]
 
 
-def test_a_small_gap_with_a_large_spread_is_not_needed():
-    # gap mean 0.10 with sd 0.27 over three seeds at 1e-2, where off is otherwise equal
-    table = with_gaps(necessity_table({4: 3e-2}), 1e-2, [0.4, -0.2, 0.1])
+def test_a_harmful_on_arm_counts_against_h1():
+    table = with_gaps(necessity_table({4: 3e-2}, seeds=6), 1e-2, [-0.05, -0.06, -0.055, -0.05,
+                                                                   -0.058, -0.052])
     row = M.gap_table(table).filter(pl.col("lr") == 1e-2).row(0, named=True)
-    assert row["mean_gap"] == pytest.approx(0.1) and row["gap_sd"] == pytest.approx(0.3)
-    assert not row["significant"] and not row["needed"]
-    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [3e-2]
+    assert row["decision"] == "on worse" and row["ci_hi"] < 0
+    v = verdict_of(table, "H1")
+    assert v["verdict"] == "not supported" and "on worse at 0.01" in v["evidence"]
 
 
-def test_threshold_needs_every_larger_lr_to_hold():
-    # a consistent gap at 1e-3 alone, none at 3e-3, then needed from 1e-2 on
-    table = with_gaps(necessity_table({4: 1e-2}), 1e-3, [0.5, 0.5, 0.5])
+def test_a_tie_is_not_significant_and_a_tiny_gap_is_no_difference():
+    tie = necessity_table({4: 3e-2}).with_columns(final_val_loss=pl.when(
+        (pl.col("qk_norm") == "none") & pl.col("final_val_loss").is_not_null())
+        .then(pl.col("final_val_loss") - pl.lit([0.004, -0.003, -0.001])
+              .list.get(pl.col("seed"))).otherwise(pl.col("final_val_loss")))
+    row = M.gap_table(tie).filter(pl.col("lr") == 3e-2).row(0, named=True)
+    assert row["p_off_worse"] == 0.125 and row["decision"] == "undetermined"
+    tiny = with_gaps(necessity_table({4: 3e-2}, seeds=6), 3e-2,
+                     [0.004, 0.006, 0.005, 0.003, 0.007, 0.005])
+    row = M.gap_table(tiny).filter(pl.col("lr") == 3e-2).row(0, named=True)
+    assert row["q_off_worse"] < 0.05 and row["decision"] == "no difference"
+
+
+def test_collapsed_runs_are_uninformative():
+    # both arms end near the unigram entropy (3.1) at the largest LRs: they say nothing
+    table = necessity_table({4: 1e-2}).with_columns(unigram_entropy=pl.lit(3.1))
+    collapsed = pl.col("lr") >= 3e-2
+    table = table.with_columns(
+        final_val_loss=pl.when(collapsed).then(3.05 + pl.col("seed") * 0.01)
+        .otherwise(pl.col("final_val_loss") - 0.8),
+        status=pl.when(collapsed).then(pl.lit("completed")).otherwise(pl.col("status")))
+    scored = M.with_losses(table)
+    assert scored.filter(collapsed)["degraded"].all()
+    assert not scored.filter(~collapsed)["degraded"].any()
     gaps = M.gap_table(table)
-    assert gaps["significant"].to_list() == [True, False, True, True, True]
-    assert gaps["needed"].to_list() == [False, False, True, True, True]
-    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [1e-2]
+    assert gaps.filter(pl.col("lr") >= 3e-2)["decision"].to_list() == ["uninformative"] * 2
+    th = M.necessity_threshold(table).row(0, named=True)
+    assert th["bracket_lo"] == 3e-3 and th["bracket_hi"] == 1e-2  # the collapse is passed over
+    usable = M.max_stable_lr_per_seed(table)
+    assert usable["max_stable_lr"].to_list() == [0.1] * 6  # stable, but
+    assert usable["max_usable_lr"].to_list() == [1e-2] * 6  # degraded from 3e-2
 
 
-def test_lrs_where_both_arms_diverge_do_not_block_the_threshold():
-    table = necessity_table({4: 3e-2}).with_columns(final_val_loss=pl.when(
-        pl.col("lr") == GRID[-1]).then(None).otherwise(pl.col("final_val_loss")),
-        status=pl.when(pl.col("lr") == GRID[-1]).then(pl.lit("diverged"))
-        .otherwise(pl.col("status")))
-    gaps = M.gap_table(table)
-    assert gaps.filter(pl.col("lr") == GRID[-1])["both_diverged"].to_list() == [True]
-    assert M.necessity_threshold(table)["threshold_lr"].to_list() == [3e-2]
-
-
-def test_two_seeds_show_a_range_and_only_suggest():
-    table = necessity_table({2: 3e-2, 4: 3e-3}, seeds=2)
-    th = M.necessity_threshold(table)
-    assert th["spread"].to_list() == ["range, n=2", "range, n=2"]
-    assert "interval" not in " ".join(M.gap_table(table)["spread"].to_list())
-    v = {r["hypothesis"]: r for r in V.verdicts(table).iter_rows(named=True)}
-    assert {v[h]["verdict"] for h in ("H1", "H2", "H3")} == {"suggestive (n=2)"}
-    assert "range, n=2" in v["H3"]["evidence"]
-
-
-def test_not_enough_data_with_one_seed_and_inconclusive_without_divergence():
+def test_two_seeds_only_suggest_and_one_seed_is_not_enough():
+    two = necessity_table({2: 3e-2, 4: 3e-3}, seeds=2)
+    v = {r["hypothesis"]: r["verdict"] for r in V.verdicts(two).iter_rows(named=True)}
+    assert all(x.startswith(("suggestive", "partly suggestive", "inconclusive", "mixed"))
+               for x in v.values()), v
     one_seed = necessity_table({2: 3e-2, 4: 3e-3}).filter(pl.col("seed") == 0)
     th = M.necessity_threshold(one_seed)
     assert th["threshold_lr"].null_count() == 2 and th["note"][0].startswith("not enough data")
     v = {r["hypothesis"]: r["verdict"] for r in V.verdicts(one_seed).iter_rows(named=True)}
     assert v["H1"] == v["H2"] == v["H3"] == "not enough data"
-    calm = points([(2, q, lr, s, 3.0 + NOISE[s], 5.5) for q in ("none", "rmsnorm")
-                   for lr in GRID for s in range(3)])
-    v = {r["hypothesis"]: r for r in V.verdicts(calm).iter_rows(named=True)}
-    assert v["H1"]["verdict"] == "inconclusive"  # off never diverged: grid too low
-    assert "max stable LR not measurable" in v["H2"]["evidence"]
 
 
 def test_h2_max_stable_lr_is_judged_across_seeds():
@@ -279,27 +312,50 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
         rows = []
         for seed, (a, b) in enumerate(zip(off_first_div, on_first_div)):
             for lr in GRID:
-                rows.append((2, "none", lr, seed, None if lr >= a else 3.0, 5.5))
-                rows.append((2, "rmsnorm", lr, seed, None if lr >= b else 3.0, 5.5))
+                rows.append((2, "none", lr, seed, None if lr >= a else 3.0 + NOISE[seed], 5.5))
+                rows.append((2, "rmsnorm", lr, seed, None if lr >= b else 3.0 + NOISE[seed], 5.5))
         return points(rows)
 
-    def h2(t: pl.DataFrame) -> dict:
-        return V.verdicts(t).filter(pl.col("hypothesis") == "H2").row(0, named=True)
+    def part(t: pl.DataFrame) -> dict:
+        return V.h2_tests(t, M.Options()).filter(pl.col("measure") == "max stable LR").row(
+            0, named=True)
 
-    # on raises it by one grid step in every seed: supported by the max-stable-LR part
-    assert "p < 1e-4" in h2(table([3e-2] * 3, [1e-1] * 3))["evidence"]
-    # equal on a coarse grid: the max-stable-LR part is inconclusive, not "not supported"
-    same = h2(table([3e-2] * 3, [3e-2] * 3))
-    assert same["verdict"] == "inconclusive" and "x1, x1, x1" in same["evidence"]
+    # raised by one grid step in every one of 6 seeds: the sign-flip bound 2^-6 decides it
+    assert part(table([3e-2] * 6, [1e-1] * 6))["decision"] == "for"
+    # the same in 3 seeds cannot be told from chance (2^-3 = 0.125)
+    assert part(table([3e-2] * 3, [1e-1] * 3))["decision"] == "undetermined"
+    # equal in every seed: "not supported" for that part, not inconclusive
+    same = table([3e-2] * 3, [3e-2] * 3)
+    assert part(same)["decision"] == "equal in every seed"
+    assert "max stable LR: not supported" in verdict_of(same, "H2")["verdict"]
     # one seed of three disagrees: no consistent raise
-    assert "x3, x3, x0.3" in h2(table([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["evidence"]
-    assert h2(table([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["verdict"] == "inconclusive"
-    # a seed where off diverged at every LR counts at the grid minimum (an upper bound),
-    # never skipped by the geometric mean
+    assert part(table([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["decision"] == "undetermined"
+    # a seed where off diverged at every LR counts at the grid minimum (an upper bound)
     t = table([1e-3, 3e-2, 3e-2], [1e-1] * 3)
     off = M.max_stable_lr(t).filter(pl.col("arm") == "none").row(0, named=True)
     assert off["below_grid_seeds"] == 1
     assert off["max_stable_lr"] == pytest.approx((1e-3 * 1e-2 * 1e-2) ** (1 / 3))
+
+
+def test_added_seeds_enter_the_gaps_but_not_the_curves():
+    table = necessity_table({4: 3e-2}, seeds=6).with_columns(
+        added_seed=pl.col("seed") >= 3)
+    extra = (pl.col("seed") < 3) | (pl.col("lr") == 1e-2)  # seeds 3-5 ran one cell only
+    table = table.filter(extra)
+    assert M.gap_table(table).filter(pl.col("lr") == 1e-2)["pairs"][0] == 6
+    assert M.gap_table(table).filter(pl.col("lr") == 3e-2)["pairs"][0] == 3
+    assert M.lr_sensitivity_per_seed(table)["seed"].unique().sort().to_list() == [0, 1, 2]
+    assert M.max_stable_lr_per_seed(table)["seed"].unique().sort().to_list() == [0, 1, 2]
+
+
+def test_calibration_keeps_false_positives_under_five_percent():
+    from analysis.calibrate import calibrate
+
+    table = calibrate(studies=12, seed_counts=(3,), scenarios=("null", "same threshold"))
+    false = table.filter(pl.col("truth") == "false")
+    assert false.height == 4 and false["called_supported"].sum() == 0
+    power = calibrate(studies=6, seed_counts=(6,), scenarios=("falling threshold",))
+    assert power.filter(pl.col("hypothesis") == "H1")["rate"][0] >= 0.5
 
 
 def test_default_loss_threshold_is_reached_by_both_arms_mid_training():
@@ -351,8 +407,9 @@ def test_charts_render_to_png_of_real_size(tmp_path):
     data = C.gap_map_data(gaps, th)
     assert data.filter(pl.col("kind") == "cell").height == 2 * len(GRID)
     boundary = data.filter(pl.col("kind") == "boundary").sort("depth")
-    assert boundary["lr"].to_list() == [3e-2, 3e-3]
-    assert boundary["x_lo"][0] == pytest.approx(math.sqrt(1e-2 * 3e-2))
+    # the bar sits at the threshold, between the last LR without and the first with the gap
+    assert boundary["lr"].to_list() == th.sort("depth")["threshold_lr"].to_list()
+    assert 1e-2 < boundary["x_lo"][0] < 3e-2 and 1e-3 < boundary["x_lo"][1] < 3e-3
 
 
 def test_panels_fill_the_page_and_lr_tick_labels_never_collide():
@@ -394,7 +451,7 @@ def test_gap_map_greys_untested_cells_and_marks_the_paired_outcome():
     assert colour["condition"]["scale"]["domain"] == [-2.5, 2.5]
     legend = next(la["encoding"]["shape"]["scale"] for la in layer if "shape" in la["encoding"])
     assert legend["domain"] == ["off worse (paired test, gap >= min gap)",
-                                "no difference (|gap| < min gap)", "off diverged"]
+                                "no difference (equivalence test)", "off diverged"]
     untested = [la for la in layer if la["mark"]["type"] == "text"]
     assert untested and "n=" in json.dumps(untested)
     title = spec["title"]
@@ -690,7 +747,8 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     rival_cap = on.with_columns(arm=pl.lit("softcap50"))
     off = base.filter(pl.col("qk_norm") == "none")
     rival_z = off.with_columns(arm=pl.lit("zloss1e-4"), final_val_loss=pl.col("final_val_loss")
-                               .fill_null(3.0) - 0.05)
+                               .fill_null(3.0) - 0.05
+                               + pl.lit([0.003, -0.002, 0.001]).list.get(pl.col("seed")))
     four = pl.concat([base.with_columns(arm=pl.col("qk_norm")), rival_cap, rival_z])
     v = V.verdicts(four)
     assert v.height == 3 * 3  # one row per (hypothesis, compared arm)
@@ -700,14 +758,17 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     assert both.select("hypothesis", "verdict", "evidence").rows() == \
         alone.select("hypothesis", "verdict", "evidence").rows()
     same_as_rms = v.filter(pl.col("on_kind") == "rmsnorm")["verdict"].to_list()
-    assert both["verdict"].to_list() == same_as_rms == ["supported"] * 3
+    # 3 seeds with identical max stable LRs cannot decide that part (2^-3 = 0.125)
+    assert both["verdict"].to_list() == same_as_rms == [
+        "supported", "partly supported (max stable LR: inconclusive; LR sensitivity: supported)",
+        "supported"]
     assert "attention soft-cap 50 raises the max stable LR" in both["claim"][1]
     assert "QK-norm raises" in v.filter(pl.col("on_kind") == "rmsnorm")["claim"][1]
     z = v.filter(pl.col("on_kind") == "zloss1e-4")
     # off is 0.05 worse at every LR, also the lowest: the effect is not LR-conditional (H1)
     assert z["verdict"][0] == "not supported"
     th = M.necessity_threshold(four).filter(pl.col("on_kind") == "softcap50").sort("depth")
-    assert th["threshold_lr"].to_list() == [3e-2, 3e-3]
+    assert th["bracket_hi"].to_list() == [3e-2, 3e-3]
     arms = M.arm_table(four)
     assert sorted(set(arms["arm"])) == ["none", "rmsnorm", "softcap50", "zloss1e-4"]
     # a table without an arm column takes its arms from qk_norm (runs before the rivals)
