@@ -63,6 +63,10 @@ bench *args:
 bench-memory *args:
     @{{py}} -m mlx_gpt.memory_bench "$@"
 
+# the verdicts' false-positive rate and power on 200 simulated studies per scenario (docs/report.md)
+calibrate *args:
+    @{{py}} -m analysis calibrate "$@"
+
 # tables, charts, verdicts and report.html: just report [RUNS_DIR] [--out DIR] ...
 report *args:
     @{{py}} -m analysis report "$@"

@@ -1,4 +1,6 @@
-"""`python -m analysis report [RUNS_DIR] [--out DIR] [options]`: tables, charts, report.html."""
+"""`python -m analysis report [RUNS_DIR] [--out DIR] [options]`: tables, charts, report.html.
+`python -m analysis calibrate [--studies N] [--seeds 3,6]`: the verdicts' false-positive rate
+and power on simulated studies."""
 
 from __future__ import annotations
 
@@ -48,11 +50,11 @@ def parser() -> argparse.ArgumentParser:
                    help="probe names for the 'other probes' chart (default: residual kurtosis "
                         "and a few others when present)")
     r.add_argument("--alpha", type=float, default=0.05, metavar="A",
-                   help="significance level of the one-sided paired t-tests over seeds "
-                        "(default 0.05)")
+                   help="error level of each hypothesis's family of tests (Benjamini-Hochberg; "
+                        "default 0.05)")
     r.add_argument("--min-gap", type=float, default=0.02, metavar="NATS",
-                   help="the smallest loss gap that counts as a difference (default 0.02 nats, "
-                        "2%% perplexity)")
+                   help="the smallest loss gap that counts as a difference and the "
+                        "equivalence margin of 'no difference' (default 0.02 nats, 2%% perplexity)")
     return p
 
 
@@ -74,6 +76,10 @@ def check_writable(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:  # the verdicts on simulated studies of known truth
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     try:
         args = parser().parse_args(argv)
         if args.command is None:

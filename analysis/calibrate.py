@@ -114,7 +114,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--studies", type=int, default=200, help="simulated studies per scenario")
     p.add_argument("--seeds", default="3,6", help="seed counts to simulate (default 3,6)")
     args = p.parse_args(argv)
-    seed_counts = tuple(int(s) for s in args.seeds.split(","))
+    try:
+        seed_counts = tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        print(f"error: --seeds takes integers like 3,6, not {args.seeds!r}", file=sys.stderr)
+        return 2
+    if args.studies < 1 or not seed_counts or min(seed_counts) < 2:
+        print("error: --studies must be >= 1 and every --seeds value >= 2", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     table = calibrate(args.studies, seed_counts)
     print(markdown(table))
