@@ -485,7 +485,11 @@ def threshold_draws(gaps_by_seed: pl.DataFrame, cells: pl.DataFrame, options: Op
     (n - 1) / n of the t-interval's); the t draws carry the small-sample uncertainty the
     t-interval of each gap carries, and the rule turns them into threshold draws."""
     out = {}
-    informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
+    # a cell run by fewer seeds than is usual at its depth (a boundary-refinement LR that some
+    # seeds' curves asked for) would enter with a wild t draw on 0 or 1 degrees of freedom
+    usual = pl.col("pairs").median().over("on_kind", "depth")
+    informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2)
+                               & (pl.col("pairs") >= usual))
     for (on, depth), c in informative.sort("lr").group_by("on_kind", "depth",
                                                           maintain_order=True):
         lrs = c["lr"].to_list()
@@ -512,8 +516,9 @@ def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
                         gaps: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per (depth, on_kind): the LR from which QK-norm is needed, with a 95% bootstrap interval.
 
-    The rule (threshold_rule) reads the seed-mean gaps of the informative LRs (uninformative
-    ones, where neither arm learned, are passed over). censored: "above" (not needed within the
+    The rule (threshold_rule) reads the seed-mean gaps of the informative LRs run by at least
+    the depth's usual (median) number of paired seeds (uninformative ones, where neither arm
+    learned, and boundary-refinement LRs of single seeds are passed over). censored: "above" (not needed within the
     grid: shown as "> largest LR"), "below" (needed from the smallest LR: "<= smallest LR"),
     null when the threshold lies inside the grid. A censored threshold is never a number:
     threshold_lr is null. bracket_lo/hi: the LRs run either side of the crossing (where the
