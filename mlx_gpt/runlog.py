@@ -163,6 +163,38 @@ def finished(run_dir: Path) -> dict | None:
     return summary if summary and summary["status"] in FINISHED else None
 
 
+DAMAGED = ".damaged"  # <runs_dir>/<sweep>/.damaged/: damaged run folders moved aside, kept whole
+
+
+def set_aside(run_dir: Path, why: str) -> Path:
+    """Move a damaged run folder to <sweep>/.damaged/<run_id>-<UTC time>/ by one rename (no file
+    is copied or deleted), and record why in <that folder>.json beside it. Returns where it went;
+    DamagedRun if it cannot be moved. The caller holds the run's lock."""
+    aside = run_dir.parent / DAMAGED
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        aside.mkdir(exist_ok=True)
+        for n in range(1000):  # two repairs of one run within a second get their own folders
+            dest = aside / (f"{run_dir.name}-{stamp}" + (f"-{n}" if n else ""))
+            if not dest.exists():
+                break
+        os.rename(run_dir, dest)
+    except OSError as e:
+        raise DamagedRun(f"run {run_dir} is damaged ({why}) and cannot be moved aside to "
+                         f"{aside}: {e.strerror or e}") from None
+    write_json(dest.with_name(dest.name + ".json"), {
+        "run_id": run_dir.name, "from": str(run_dir), "moved_to": str(dest), "damage": why,
+        "moved": now(), "pid": os.getpid()})
+    return dest
+
+
+def set_aside_records(sweep_dir: Path) -> list[dict]:
+    """The records of the damaged runs moved aside in this sweep folder, oldest first."""
+    records = [read_json(p) for p in sorted((sweep_dir / DAMAGED).glob("*.json"))]
+    return sorted((r for r in records if r and isinstance(r.get("moved"), str)),
+                  key=lambda r: r["moved"])
+
+
 # --- tensor files: safetensors with a sha256 of their bytes -----------------------------------
 
 _DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64",

@@ -10,7 +10,8 @@ Where the numbers come from: summary.json (finished and failed runs); the run lo
 held or not, read from /proc/locks on Linux, else whether the pid written in it is alive);
 checkpoint.safetensors' header (step and training seconds, so steps advance once per
 checkpoint interval); the last metrics part (train loss); sweep.json (grid points with no
-folder yet are waiting); slurm/<NNN>/submission.json (runs submitted to Slurm).
+folder yet are waiting); slurm/<NNN>/submission.json (runs submitted to Slurm); .damaged/*.json (damaged runs moved
+aside and trained again).
 """
 
 from __future__ import annotations
@@ -320,6 +321,9 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
         lines.append("(boundary-refinement runs join the plan as the grid's results come in)")
     if source:
         lines.append(f"Slurm task states from {source}")
+    for r in runlog.set_aside_records(sweep_dir):  # damaged runs moved aside, then trained again
+        lines.append(f"repaired {r['moved']}: {r.get('run_id')} ({r.get('damage')}); the damaged "
+                     f"files are kept in {r.get('moved_to')}")
     width = max([len(r.run_id) for r in runs] + [3])
     head = f"{'run':<{width}}  {'state':<34} {'step':>13} {'loss':>8} {'tok/s':>9}"
     lines += ["", head + ("  slurm" if source else "")]

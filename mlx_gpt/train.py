@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -47,12 +48,12 @@ def load_data(cfg: TrainConfig):
     from .data import load_tokens
 
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
-    # an allocation MLX cannot satisfy kills the process by SIGSEGV: refuse such a config here
-    memory.check(cfg, meta["vocab_size"])
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) < cfg.block_size + 2:
             raise UsageError(f"block_size={cfg.block_size} is above the {split} data of {cfg.data} "
                              f"({len(tokens)} tokens)")
+    # an allocation MLX cannot satisfy kills the process by SIGSEGV: refuse such a config here
+    memory.check(cfg, meta["vocab_size"])
     return train_tokens, val_tokens, meta
 
 
@@ -171,12 +172,26 @@ def drop_parts_from(run_dir: Path, step: int) -> None:
 
 # --- the run ---------------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "") -> dict:
-    """Run (or resume, or skip if finished) one config. Returns its summary."""
+Repair = Callable[[Path, str], None]  # told (where the damaged folder went, what was damaged)
+
+
+def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
+          repair: Repair | None = None) -> dict:
+    """Run (or resume, or skip if finished) one config. Returns its summary. A finished run
+    whose files are damaged raises runlog.DamagedRun, or with `repair` is moved aside (nothing
+    deleted, set_aside_damaged), `repair` is told where, and the run is trained again."""
     cfg.validate()
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
     run_dir = run_dir_of(cfg)
-    done = finished_run(run_dir)
+    try:
+        done = finished_run(run_dir)
+    except runlog.DamagedRun:
+        if repair is None:
+            raise
+        moved = set_aside_damaged(run_dir)
+        if moved:
+            repair(*moved)
+        done = finished_run(run_dir)  # None, unless another process retrained it meanwhile
     if done:
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
@@ -232,8 +247,28 @@ def finished_run(run_dir: Path) -> dict | None:
     why = done and runlog.finished_problem(run_dir, done)
     if why:
         raise runlog.DamagedRun(f"run {run_dir} is {done['status']} but damaged: {why}; to "
-                                f"retrain it: rm -r {run_dir} and run the same command again")
+                                "retrain it, keeping the damaged files aside: the same command "
+                                "with repair=true (a sweep repairs it by itself)")
     return done
+
+
+def set_aside_damaged(run_dir: Path) -> tuple[Path, str] | None:
+    """(where it went, what was damaged) after moving a finished run with damaged files to
+    <sweep>/.damaged/ (runlog.set_aside) under the run's lock, so it can be trained again; None
+    if it is not damaged (another process may have repaired it first); RunBusy if another
+    process holds it."""
+    try:
+        with run_lock(run_dir) as acquired:
+            if not acquired:
+                raise RunBusy(f"{run_dir} is being trained or repaired by another process")
+            try:
+                finished_run(run_dir)  # checked again under the lock
+                return None
+            except runlog.DamagedRun as e:
+                damage = str(e).split("; ")[0]  # what is damaged; the rest is the advice
+                return runlog.set_aside(run_dir, damage), damage
+    except FileNotFoundError:  # moved aside by another process before we took the lock
+        return None
 
 
 def summary_base(cfg: TrainConfig) -> dict:
@@ -352,14 +387,34 @@ def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: 
 USAGE = keys_usage(
     "python -m mlx_gpt train [key=value ...]",
     "Trains one run into <runs_dir>/<sweep>/<run_id>/ (run_id: a hash of the config). The same\n"
-    "command again resumes an interrupted run from its checkpoint and skips a finished one.",
+    "command again resumes an interrupted run from its checkpoint and skips a finished one.\n"
+    "repair=true (not part of the run): a finished run whose files are damaged is moved to\n"
+    "<runs_dir>/<sweep>/.damaged/<run_id>-<UTC time>/, nothing deleted, and trained again.",
     TrainConfig)
 
 
+def pop_repair(argv: list[str]) -> tuple[list[str], bool]:
+    """(the other words, repair=true|false): a flag of the command, not a TrainConfig field,
+    so it never changes the run id."""
+    words = [w for w in argv if w.partition("=")[0].strip().replace("-", "_") != "repair"]
+    values = [w.partition("=")[2].strip().lower() for w in argv if w not in words]
+    if len(values) > 1:
+        raise UsageError("repair is given twice")
+    if values and values[0] not in ("true", "false"):
+        raise UsageError(f"repair must be true or false, got {values[0]!r}")
+    return words, values == ["true"]
+
+
 def cli(argv: list[str]) -> int:
+    argv, repair = pop_repair(argv)
     cfg = parse_train_config(argv)
+
+    def repaired(moved_to: Path, why: str) -> None:
+        print(f"repair: {why}; its files are kept in {moved_to}; training it again",
+              flush=True)
+
     try:
-        summary = train(cfg)
+        summary = train(cfg, repair=repaired if repair else None)
     except RunBusy as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume

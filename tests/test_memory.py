@@ -68,15 +68,27 @@ def test_available_memory_is_the_machines_or_the_gpus_given():
     assert memory.available(gpu_bytes=141 * 10**9) == (141 * 10**9, "the GPU has 141 GB")
 
 
+@pytest.fixture(scope="module")
+def long_data(tmp_path_factory) -> str:
+    """A corpus whose val split holds more than 100,000 tokens, so block_size 100000 passes
+    the data's own check and meets the memory check."""
+    from mlx_gpt.data import PrepareConfig, prepare
+
+    out = tmp_path_factory.mktemp("long") / "synthetic-bytes"
+    prepare("synthetic", PrepareConfig(out=str(out), tokenizer="bytes", size_mb=2.5,
+                                        val_fraction=0.05))
+    return str(out)
+
+
 @pytest.mark.parametrize("words,term", [
     (["train", "depth=2", "d_model=262144", "n_heads=1"], "parameters, gradients and AdamW state"),
     (["train", "d_model=64", "block_size=100000", "batch_size=64"], "attention scores"),
     (["sweep", "preset=demo", "block_size=100000"], "attention scores"),
 ])
-def test_a_config_that_cannot_fit_is_one_line_exit_2_and_writes_nothing(words, term, tiny_data,
+def test_a_config_that_cannot_fit_is_one_line_exit_2_and_writes_nothing(words, term, long_data,
                                                                        tmp_path, capsys):
     runs = tmp_path / "runs"
-    assert main([*words, f"data={tiny_data}", f"runs_dir={runs}"]) == 2
+    assert main([*words, f"data={long_data}", f"runs_dir={runs}"]) == 2
     out, err = capsys.readouterr()
     assert err.startswith("error: ") and err.count("\n") == 1 and term in err, err
     assert out == ""

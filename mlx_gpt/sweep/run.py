@@ -36,7 +36,8 @@ class Tally:
     status: dict[str, int] = field(default_factory=lambda: {"completed": 0, "diverged": 0,
                                                             "failed": 0})
     busy: list[TrainConfig] = field(default_factory=list)  # held by another process
-    damaged: list[str] = field(default_factory=list)  # a line per damaged run: what, and the repair
+    damaged: list[str] = field(default_factory=list)  # a line per damaged run not repaired
+    repaired: list[tuple[str, str, Path]] = field(default_factory=list)  # (run, damage, old files)
     processes: int = 1  # sweep processes sharing the queue (jobs=K)
     planned: float = 0.0  # calibrated seconds of the runs trained, after this process's first
     seconds: float = 0.0  # their wall time (the first run pays the cold kernel compile)
@@ -73,13 +74,12 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     if v.finished:
         try:
             trainer.finished_run(trainer.run_dir_of(cfg))  # its files must be intact
-        except runlog.DamagedRun as e:
-            tally.damaged.append(str(e))
-            print(f"damaged: {e}", flush=True)
+        except runlog.DamagedRun:
+            pass  # trained again below; train moves the damaged folder aside first
+        else:
+            tally.skipped += 1
+            tally.status[v.value] += 1
             return
-        tally.skipped += 1
-        tally.status[v.value] += 1
-        return
     summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
     if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
         tally.status["failed"] += 1
@@ -97,8 +97,14 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
               f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}",
               flush=True)
     start = time.perf_counter()
+
+    def repaired(moved_to: Path, why: str) -> None:
+        tally.repaired.append((cfg.run_id, why, moved_to))
+        print(f"[{position}] repair: {why}; its files are kept in {moved_to}; training it again",
+              flush=True)
+
     try:
-        summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ")
+        summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired)
     except RunBusy:
         tally.busy.append(cfg)
         if verbose:
@@ -130,12 +136,6 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     runs = grid(sweep)
     tally = Tally(total=len(runs), processes=sweep.jobs)
     attempted: set[str] = set()
-    finished = [c for c in runs if verdict(c).finished]
-    for cfg in finished:
-        run_one(cfg, tally, attempted, 0.0, 0.0, verbose=False)
-    if finished and verbose:
-        print(f"{len(finished)} of {len(runs)} grid runs already finished; skipping them",
-              flush=True)
 
     def speed(cfg: TrainConfig) -> float:
         return speeds.get(cfg.depth, 0.0)
@@ -143,6 +143,13 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     def cost(cfgs: list[TrainConfig]) -> float:
         """Calibrated seconds of these runs (0 when a depth was not calibrated)."""
         return sum(run_cost_tokens(c) / speed(c) if speed(c) > 0 else 0.0 for c in cfgs)
+
+    finished = [c for c in runs if verdict(c).finished]
+    for cfg in finished:  # skipped silently; a damaged one is repaired (and says so)
+        run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
+    if tally.skipped and verbose:
+        print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
+              flush=True)
 
     queue = [c for c in runs if c.run_id not in attempted]
     for i, cfg in enumerate(queue):
@@ -173,7 +180,11 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "
           f"time {trainer.format_seconds(seconds)} (plan and calibration included); results in "
-          f"{Path(sweep.runs_dir) / sweep.name}")
+          f"{Path(sweep.runs_dir) / sweep.name}"
+          + (f"; {counted(len(tally.repaired), 'damaged run')} repaired, the damaged files kept "
+             f"in {Path(sweep.runs_dir) / sweep.name / runlog.DAMAGED}" if tally.repaired else ""))
+    for run_id, why, moved_to in tally.repaired:
+        print(f"  repaired: {run_id} ({why}); trained again, the damaged files kept in {moved_to}")
     if tally.busy:
         print(f"  {counted(len(tally.busy), 'run is', 'runs are')} held by another process: "
               f"{', '.join(c.run_id for c in tally.busy)}. "
