@@ -1,0 +1,80 @@
+"""What a sweep trains after its grid (mlx_gpt/sweep/adaptive.py): threshold bisection and
+adaptive seeds, replayed from summary.json files written here by hand (no training)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from mlx_gpt import train as trainer
+from mlx_gpt.sweep import adaptive
+from mlx_gpt.sweep.config import parse_sweep_config, run_config
+
+
+def test_a_cell_is_open_until_an_interval_decides_it():
+    assert not adaptive.is_open([0.5, 0.52, 0.49], 0.02)  # off clearly worse
+    assert not adaptive.is_open([-0.05, -0.06, -0.055], 0.02)  # on clearly worse
+    assert not adaptive.is_open([0.001, -0.002, 0.0015], 0.02)  # 90% interval inside +-0.02
+    assert adaptive.is_open([0.018, -0.001, 0.026], 0.02)  # [-0.02, +0.05]: undecided
+    assert adaptive.is_open([0.3, -0.1, 0.05], 0.02)
+    assert adaptive.is_open([0.5], 0.02)  # one seed decides nothing
+
+
+def test_threshold_bracket_reads_from_the_top_down():
+    assert adaptive.threshold_bracket({1e-3: 0.0, 1e-2: 0.01, 1e-1: 0.4, 1.0: 0.5}, 0.02) == \
+        (1e-2, 1e-1)
+    # an early consistent gap below a calm LR does not move the bracket down
+    assert adaptive.threshold_bracket({1e-3: 0.3, 1e-2: 0.0, 1e-1: 0.4}, 0.02) == (1e-2, 1e-1)
+    assert adaptive.threshold_bracket({1e-3: 0.3, 1e-2: 0.4}, 0.02) is None  # needed everywhere
+    assert adaptive.threshold_bracket({1e-3: 0.0, 1e-2: 0.01}, 0.02) is None  # never needed
+
+
+def _write(cfg, loss: float, status: str = "completed") -> None:
+    folder = trainer.run_dir_of(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(json.dumps({
+        "status": status, "init_loss": 5.5, "unigram_entropy": 3.1,
+        "final_val_loss": loss if status == "completed" else None}))
+
+
+GAPS = {0.01: [0.001, -0.002, 0.0015], 0.1: [0.5, 0.52, 0.49], 1.0: [0.3, -0.1, 0.05]}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    return parse_sweep_config(["preset=mini", f"runs_dir={tmp_path}", "lrs=0.01,0.1,1",
+                               "depth=2", "threshold_steps=1", "max_seeds=4"])
+
+
+def test_threshold_bisection_then_adaptive_seeds(sweep):
+    for lr, gaps in GAPS.items():
+        for seed, gap in enumerate(gaps):
+            _write(run_config(sweep, 2, lr, "rmsnorm", seed), 2.0)
+            _write(run_config(sweep, 2, lr, "none", seed), 2.0 + gap)
+    # no run diverged, so no boundary refinement: the threshold lies between 0.01 and 0.1
+    first = adaptive.extra_runs(sweep, [])
+    assert {(c.lr, c.qk_norm, c.seed) for c in first} == {
+        (0.0316, arm, seed) for arm in ("none", "rmsnorm") for seed in range(3)}
+    # while those runs have no result, nothing else is asked for
+    assert adaptive.extra_runs(sweep, []) == first
+    for cfg in first:
+        _write(cfg, 2.3 if cfg.qk_norm == "none" else 2.0)
+    # threshold_steps=1 is spent: adaptive seeds, one more seed for the one open cell (lr 1)
+    second = adaptive.extra_runs(sweep, [])
+    assert {(c.lr, c.qk_norm, c.seed) for c in second} == {(1.0, "none", 3), (1.0, "rmsnorm", 3)}
+    for cfg in second:
+        _write(cfg, 2.1 if cfg.qk_norm == "none" else 2.0)
+    # seed 3 leaves the cell open, but max_seeds=4 is reached: done
+    assert adaptive.extra_runs(sweep, []) == []
+
+
+def test_cells_where_neither_arm_learned_get_no_seeds(sweep):
+    for lr, gaps in GAPS.items():
+        for seed, gap in enumerate(gaps):
+            collapsed = lr == 1.0  # both arms end near the unigram entropy: uninformative
+            _write(run_config(sweep, 2, lr, "rmsnorm", seed), 3.05 if collapsed else 2.0)
+            _write(run_config(sweep, 2, lr, "none", seed), 3.05 + gap / 10 if collapsed
+                   else 2.0 + gap)
+    assert adaptive.extra_runs(dataclasses.replace(sweep, threshold_steps=0), []) == []
