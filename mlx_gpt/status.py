@@ -298,6 +298,31 @@ def format_seconds(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
+    """What the sweep added after its grid (sweep/adaptive.py): the refinement LRs off the grid
+    and the adaptive seeds with the (depth, LR) cells they went to."""
+    grid, seeds = sweep_json.get("grid_lrs"), sweep_json.get("seeds")
+    out = []
+    if isinstance(grid, list):
+        off_grid = sorted({r.lr for r in runs if r.lr is not None
+                           and all(abs(r.lr - g) > 1e-12 * g for g in grid if _is_number(g))})
+        if off_grid:
+            out.append("refinement LRs off the grid: " + ", ".join(f"{x:.3g}" for x in off_grid))
+    if isinstance(seeds, list):
+        added = [r for r in runs if r.seed is not None and r.seed not in seeds]
+        if added:
+            cells = sorted({(r.depth, r.lr) for r in added}, key=lambda c: (c[0] or 0, c[1] or 0))
+            out.append(f"adaptive seeds: {len(added)} runs of seeds "
+                       f"{', '.join(map(str, sorted({r.seed for r in added})))} in "
+                       f"{len(cells)} open cells (depth, LR): "
+                       + ", ".join(f"({d}, {lr:.3g})" for d, lr in cells))
+    return out
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
 def render(sweep_dir: Path, now: float | None = None) -> str:
     held = flock_holders()
     runs = sweep_runs(sweep_dir, held)
@@ -318,7 +343,9 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
                         if counts["waiting"] + counts["interrupted"] + counts["failed"] else ""))
     sweep_json = runlog.read_json(sweep_dir / "sweep.json") or {}
     if sweep_json.get("refine"):
-        lines.append("(boundary-refinement runs join the plan as the grid's results come in)")
+        lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
+                     "as the grid's results come in)")
+    lines += extras_lines(runs, sweep_json)
     if source:
         lines.append(f"Slurm task states from {source}")
     for r in runlog.set_aside_records(sweep_dir):  # damaged runs moved aside, then trained again
