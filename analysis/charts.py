@@ -429,6 +429,91 @@ def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str
                   .properties(title="Other probes vs step (reduced over layers, seed mean)"))
 
 
+# --- the headline: the answer at a glance ----------------------------------------------------
+
+DECISION_STYLE = {  # decision -> (legend words, colour)
+    M.OFF_WORSE: ("off worse (family-adjusted test)", "#c0392b"),
+    M.NO_DIFFERENCE: ("no difference (equivalence test)", "#2471a3"),
+    M.ON_WORSE: ("on worse (family-adjusted test)", "#7d3c98"),
+    M.UNDETERMINED: ("undetermined", "#999999"),
+}
+
+
+def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame
+                   ) -> alt.Chart:
+    """Per depth (one panel each, one row per compared arm): the paired gap off minus on with
+    its 95% interval over LR, coloured by the cell's decision; the necessity threshold as a
+    black rule with its 95% interval as a grey band; the off arm's first divergent LR (seed
+    geometric mean) as a dashed rule. Uninformative cells (neither arm learned) and cells with
+    one seed are left out."""
+    cells = gaps.filter(pl.col("decision").is_in(list(DECISION_STYLE)))
+    if cells.is_empty():
+        return _empty("no LR with a paired test yet (needs >= 2 seeds in both arms)")
+    words = {k: v[0] for k, v in DECISION_STYLE.items()}
+    cells = cells.with_columns(
+        outcome=pl.col("decision").replace_strict(words),
+        compared=pl.format("off minus {}", pl.col("on_kind").map_elements(
+            M.arm_words, return_dtype=pl.String)),
+        kind=pl.lit("cell"))
+    lrs = cells["lr"].to_list()
+    width = panel_width(cells["depth"].n_unique())
+    lo, hi = min(lrs) / 1.3, max(lrs) * 1.3
+    clip = pl.col("lr").clip(lo, hi)
+    th = (thresholds.join(cells.select("depth", "on_kind", "compared").unique(),
+                          on=["depth", "on_kind"])
+          .filter(pl.col("threshold_lr").is_not_null() | pl.col("censored").is_not_null())
+          .with_columns(lr=pl.col("threshold_lr"),
+                        band_lo=pl.col("ci_lo").fill_null(lo).clip(lo, hi),
+                        band_hi=pl.col("ci_hi").fill_null(hi).clip(lo, hi),
+                        kind=pl.lit("threshold"))
+          .select("depth", "on_kind", "compared", "lr", "band_lo", "band_hi", "kind",
+                  "threshold"))
+    boundary = (arms.filter((pl.col(M.ARM) == M.OFF) & pl.col("first_divergent_lr").is_not_null())
+                .join(cells.select("depth", "compared").unique(), on="depth")
+                .select("depth", "compared", lr="first_divergent_lr")
+                .with_columns(lr=clip, kind=pl.lit("divergence")))
+    data = pl.concat([cells.select("depth", "compared", "lr", "mean_gap", "ci_lo", "ci_hi",
+                                   "pairs", "q_off_worse", "q_equivalent", "outcome", "kind",
+                                   "seed_gaps"), th, boundary], how="diagonal_relaxed")
+    x_scale = alt.Scale(type="log", nice=False, domain=[lo, hi])
+    x = alt.X("lr:Q", scale=x_scale, axis=lr_axis(lrs, width))
+    shown = [w for k, (w, _) in DECISION_STYLE.items() if w in cells["outcome"].to_list()]
+    color = alt.Color("outcome:N", title="decision", scale=alt.Scale(
+        domain=shown, range=[c for w, c in DECISION_STYLE.values() if w in shown]))
+    y_title = "final loss gap, off - on (nats)"
+    zero = alt.Chart().mark_rule(color="#444", strokeWidth=0.8).encode(y=alt.datum(0))
+    band = (alt.Chart().mark_rect(color="#000", opacity=0.08)
+            .encode(x=alt.X("band_lo:Q", scale=x_scale), x2="band_hi:Q")
+            .transform_filter(alt.datum.kind == "threshold"))
+    rule = (alt.Chart().mark_rule(color="#000", strokeWidth=2)
+            .encode(x=x, tooltip=["threshold:N"])
+            .transform_filter((alt.datum.kind == "threshold") & alt.expr.isValid(alt.datum.lr)))
+    diverge = (alt.Chart().mark_rule(color="#d95f02", strokeDash=[6, 4], strokeWidth=1.5)
+               .encode(x=x).transform_filter(alt.datum.kind == "divergence"))
+    bars = (alt.Chart().mark_rule(strokeWidth=2)
+            .encode(x=x, y=alt.Y("ci_lo:Q", title=y_title), y2="ci_hi:Q", color=color)
+            .transform_filter(alt.datum.kind == "cell"))
+    dots = (alt.Chart().mark_point(filled=True, size=60)
+            .encode(x=x, y=alt.Y("mean_gap:Q", title=y_title), color=color,
+                    tooltip=[alt.Tooltip("lr:Q", format=".3g"),
+                             alt.Tooltip("mean_gap:Q", format="+.3f"),
+                             alt.Tooltip("ci_lo:Q", format="+.3f"),
+                             alt.Tooltip("ci_hi:Q", format="+.3f"), "pairs:Q", "seed_gaps:N",
+                             alt.Tooltip("q_off_worse:Q", format=".2g"),
+                             alt.Tooltip("q_equivalent:Q", format=".2g"), "outcome:N"])
+            .transform_filter(alt.datum.kind == "cell"))
+    layers = [zero, band, rule, diverge, bars, dots]
+    return finish(alt.layer(*layers, data=values(data))
+                  .properties(width=width, height=PANEL_H + 40)
+                  .facet(column=alt.Column("depth:O", title="depth"),
+                         row=alt.Row("compared:N", title=None, header=ROW_HEADER))
+                  .properties(title=alt.Title(
+                      "Where QK-norm is needed: off minus on, with 95% intervals over seeds",
+                      subtitle=["black rule and grey band: the necessity threshold and its 95% "
+                                "interval; dashed orange: where off first diverges (seed "
+                                "geometric mean)"])))
+
+
 # --- off minus on map -------------------------------------------------------------------------
 
 def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:

@@ -241,6 +241,11 @@ def analysis_environment() -> dict[str, str]:
 # --- charts -----------------------------------------------------------------------------------
 
 CHARTS = {
+    "headline": "The answer at a glance: per depth, the seed-mean final-loss gap off minus on with "
+                "its 95% t-interval over seeds at every LR with a paired test, coloured by the "
+                "cell's decision (family-adjusted; docs/report.md); the necessity threshold "
+                "(black rule) with its 95% bootstrap interval (grey band); the LR where off "
+                "first diverges (dashed orange). Above 0 means QK-norm off is worse.",
     "loss_vs_lr": "Final validation loss against learning rate, one panel per depth. The line is "
                   "the seed mean of the clipped loss (a diverged run counts as its initial loss), "
                   "the band spans the seeds, crosses mark diverged runs and open diamonds runs of "
@@ -294,6 +299,7 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     wanted = [n for n in options.probe_names if n in found] or C.other_probe_names(found)
     picks = C.curve_runs(points, study.arms, list(options.curve_lrs) or None, study.others)
     out = {
+        "headline": C.headline_chart(study.gaps, study.thresholds, study.arms),
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
         "training_curves": C.training_curves_chart(shown, runs.metrics, picks),
         "max_attention_logit": C.max_logit_chart(points, probes),
@@ -445,13 +451,63 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
         h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
         degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",
         threshold_margin=f"{o.threshold_margin:g}",
-        figures=[(name, CHARTS[name]) for name in specs],
+        figures=[(name, CHARTS[name]) for name in specs if name != "headline"],
+        headline_caption=CHARTS["headline"], sentences=headline(study),
         gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
         spikes_table=safe(html_table(study.spikes)),
         runs_table=safe(html_table(study.per_run, run_cols)),
         provenance_table=safe(html_table(provenance(runs))),
         definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
         javascript_bundle=safe(vlc.javascript_bundle()))
+
+
+def _lr_list(lrs: list[float]) -> str:
+    lrs = sorted(lrs)
+    return f"{lrs[0]:.3g}" if len(lrs) == 1 else f"{lrs[0]:.3g}-{lrs[-1]:.3g}"
+
+
+def headline(study: Study) -> list[str]:
+    """Three to five plain sentences of the answer, generated from the verdicts and their
+    numbers (each claim with error control, each "no difference" from the equivalence test)."""
+    gaps, th = study.gaps, study.thresholds
+    out = []
+    for on in M.on_kinds(study.points):
+        g = gaps.filter(pl.col("on_kind") == on)
+        who = f"QK-norm ({on})" if on in M.QK_NORM_KINDS else M.arm_words(on)
+        worse, calm = [], []
+        for d in sorted(g["depth"].unique().to_list()):
+            cells = g.filter(pl.col("depth") == d)
+            w = cells.filter(pl.col("decision") == M.OFF_WORSE)
+            if w.height:
+                worse.append(f"at LR {_lr_list(w['lr'].to_list())} at depth {d} "
+                             f"({w['mean_gap'].min():.2f}-{w['mean_gap'].max():.2f} nats)")
+            c = cells.filter(pl.col("decision") == M.NO_DIFFERENCE)
+            if c.height:
+                calm.append(f"LR {_lr_list(c['lr'].to_list())} at depth {d}")
+        out.append((f"Without {who} the final loss is worse, with error control, "
+                    + "; ".join(worse) + ".") if worse else
+                   f"No LR shows {who} off worse with error control.")
+        out.append(("No difference within the margin (equivalence test) at "
+                    + "; ".join(calm) + ".") if calm else
+                   "No LR passes the equivalence test: \"no difference\" is shown nowhere.")
+        t = th.filter(pl.col("on_kind") == on).filter(pl.col("threshold").is_not_null())
+        if t.height:
+            out.append("The necessity threshold (95% interval) is "
+                       + ", ".join(f"{r['threshold']} at depth {r['depth']}"
+                                   for r in t.iter_rows(named=True)) + ".")
+        v = study.verdicts.filter(pl.col("on_kind") == on)
+        out.append("Verdicts: " + "; ".join(
+            f"{r['hypothesis']} {r['verdict']} ({r['family_size']} tests, n={r['seeds']})"
+            for r in v.iter_rows(named=True)) + ".")
+    p = study.per_run
+    params = p["params_total"].drop_nulls() if "params_total" in p.columns else pl.Series([])
+    tokens = p["tokens_seen"].drop_nulls().max() if "tokens_seen" in p.columns else None
+    data = json.loads(study.setting).get("data", "?") if study.setting else "?"
+    if params.len() and tokens:
+        out.append(f"Scale: {params.min() / 1e6:.2f}-{params.max() / 1e6:.2f}M parameters, at "
+                   f"most {tokens / 1e6:.2g}M tokens a run, on {data}: this says nothing "
+                   f"directly about larger models, longer training or other corpora.")
+    return out
 
 
 # --- writing ----------------------------------------------------------------------------------

@@ -139,7 +139,8 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                               f"depth {d}: needs >= 2 paired seeds"))
             continue
         informative = tested.filter("informative")
-        n = int(tested["pairs"].min())
+        # the usual number of paired seeds (a boundary-refinement LR of some seeds has fewer)
+        n = int(tested["pairs"].median())
         by = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
               for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE, UNDETERMINED)}
         worse, calm, harm = by[OFF_WORSE], by[NO_DIFFERENCE], by[ON_WORSE]

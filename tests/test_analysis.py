@@ -558,9 +558,17 @@ def report(sweep) -> tuple[Path, object]:
 def test_report_from_tiny_sweep_has_every_section(report, sweep):
     path, study = report
     text = path.read_text()
-    for section in ("summary", "warnings", "verdicts", "study-metrics", "necessity", "charts",
-                    "gaps", "spikes", "twins", "runs", "provenance", "definitions"):
+    for section in ("answer", "summary", "warnings", "verdicts", "study-metrics", "necessity",
+                    "charts", "gaps", "spikes", "twins", "runs", "provenance", "definitions"):
         assert f'<section id="{section}">' in text, section
+    # the first section is the answer: the headline figure and the sentences made from the
+    # verdicts and their numbers
+    answer = text.split('<section id="answer">', 1)[1].split("</section>", 1)[0]
+    assert text.index('<section id="answer">') < text.index('<section id="summary">')
+    assert 'id="chart-headline"' in answer
+    sentences = re.findall(r"<li>(.*?)</li>", answer, re.S)
+    assert 3 <= len(sentences) <= 6 and sentences[-1].startswith("Scale:")
+    assert any(s.startswith("Verdicts: H1 ") for s in sentences)
     for name in study_charts(path):
         assert f'id="chart-{name}"' in text
         assert png_size(path.parent / "charts" / f"{name}.png")[0] >= 300
@@ -626,7 +634,7 @@ LAYOUT_PROBE = """<script>
 (function probe() {
   if (!document.body.dataset.chartsDrawn) { setTimeout(probe, 100); return; }
   const box = (el) => { const r = el.getBoundingClientRect();
-                        return {left: r.left, right: r.right, width: r.width}; };
+                        return {left: r.left, right: r.right, width: r.width, top: r.top}; };
   const out = {innerWidth: window.innerWidth,
                scrollWidth: document.documentElement.scrollWidth,
                verdicts: box(document.querySelector("table.verdicts")), charts: {}};
@@ -690,6 +698,7 @@ def test_report_page_has_no_horizontal_scroll(report, tmp_path, width):
     assert layout["innerWidth"] == width
     assert layout["scrollWidth"] <= width, layout
     assert layout["verdicts"]["right"] <= width and layout["verdicts"]["left"] >= 0
+    assert layout["charts"]["chart-headline"]["box"]["top"] < 300  # the answer is on screen 1
     assert set(layout["charts"]) == {f"chart-{n}" for n in study_charts(path)}
     for name, chart in layout["charts"].items():
         assert chart["svg"] and chart["viewBox"], name
