@@ -270,6 +270,47 @@ def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys):
     assert got == want
 
 
+def test_preempted_task_is_requeued_and_finishes_bit_exact(cluster, tiny_data, tmp_path, capsys):
+    runs = tmp_path / "runs"
+    words = sweep_words(tiny_data, runs, "p", "lrs=1e-3", "qk_norms=none", "max_steps=200",
+                        "eval_every=50", "probe_every=50")
+    job, out = submit(words, capsys)
+    assert job
+    folder = runs / "p" / "slurm" / "001"
+    assert "#SBATCH --requeue" in (folder / "array.sbatch").read_text()
+    line = (folder / "tasks.txt").read_text().split()
+    cfg = parse_train_config(line[line.index("train") + 1:])
+    run_dir = trainer.run_dir_of(cfg)
+    deadline = time.monotonic() + TIMEOUT
+    while not (run_dir / "checkpoint.safetensors").exists():  # mid-run: the first checkpoint
+        assert time.monotonic() < deadline and in_queue(job), "the task never checkpointed"
+        time.sleep(0.05)
+    # as a preemption: Slurm stops the task (SIGTERM) and puts it back in the queue
+    subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True, timeout=10)
+    # Slurm holds a requeued task until 120 s from now (reason BeginTime); start it sooner
+    deadline = time.monotonic() + TIMEOUT
+    while "PENDING" not in subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%T"],
+                                          capture_output=True, text=True, timeout=10).stdout:
+        assert time.monotonic() < deadline, "the task was not requeued"
+        time.sleep(0.2)
+    subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], check=True,
+                   timeout=10)
+    wait_for(job)  # requeued, run again, finished: the same job, no second submission
+    summary = runlog.read_json(run_dir / "summary.json")
+    assert summary and summary["status"] == "completed"
+    resumed = runlog.read_json(run_dir / "manifest.json").get("resumed_from_step")
+    assert resumed and 0 < resumed < cfg.steps
+    log = (folder / "task-0.log").read_text()  # a requeued task appends to its log
+    assert "stopped by SIGTERM; checkpointed" in log and log.rstrip().endswith("completed"), log
+
+    reference = dataclasses.replace(cfg, runs_dir=str(tmp_path / "reference"))
+    trainer.train(reference, verbose=False)  # the same run, never interrupted
+    got = runlog.read_parts(run_dir / "metrics").select(LOSS_COLUMNS).to_pydict()
+    want = runlog.read_parts(trainer.run_dir_of(reference) / "metrics").select(
+        LOSS_COLUMNS).to_pydict()
+    assert got == want
+
+
 # --- without a cluster: the files --slurm writes, and bad input -------------------------------
 
 
@@ -307,3 +348,21 @@ def test_task_list_is_the_sweeps_runs(tiny_data, tmp_path, capsys, monkeypatch):
                    f"--output={folder}/task-%a.log"):
         assert f"#SBATCH {option}" in script
     assert script[-1].endswith(f"--slurm-task {folder / 'tasks.txt'} \"$SLURM_ARRAY_TASK_ID\"")
+
+
+def test_array_asks_for_a_signal_before_the_time_limit_and_requeues(tiny_data, tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    runs = tmp_path / "runs"
+    words = sweep_words(tiny_data, runs, "f", "lrs=1e-3", "qk_norms=none")
+    assert main(["sweep", *words, "--slurm", "slurm_time=1:00:00"]) == 0
+    script = (runs / "f" / "slurm" / "001" / "array.sbatch").read_text().splitlines()
+    for option in ("--time=1:00:00", "--signal=B:TERM@120", "--requeue", "--open-mode=append"):
+        assert f"#SBATCH {option}" in script
+    assert script[-1].startswith("exec ")  # the batch shell B: signals is the task itself
+    assert main(["sweep", *words, "--slurm", "slurm_signal_seconds=300",
+                 "slurm_requeue=false"]) == 0
+    script = (runs / "f" / "slurm" / "002" / "array.sbatch").read_text()
+    assert "#SBATCH --signal=B:TERM@300\n" in script and "--requeue" not in script
+    assert main(["sweep", *words, "--slurm", "slurm_signal_seconds=-1"]) == 2
+    assert "slurm_signal_seconds must be >= 0" in capsys.readouterr().err

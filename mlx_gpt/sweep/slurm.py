@@ -52,13 +52,19 @@ class SlurmOptions:
     gpus: int = 0  # --gres=gpu:N per task
     max_parallel: int = 0  # the %K of --array=0-N%K; 0: no limit
     extra: str = ""  # more sbatch options, e.g. "--account=lab --qos=normal"
+    # SIGTERM to the task this many seconds before its time limit (--signal=B:TERM@N; 0: none),
+    # so the run checkpoints before Slurm kills it: the step in flight (~15 s at the study
+    # shape on a CPU) and the checkpoint must fit
+    signal_seconds: int = 120
+    requeue: bool = True  # --requeue: a preempted task goes back to the queue and resumes
 
     def validate(self) -> SlurmOptions:
         if self.time and not TIME.fullmatch(self.time):
             raise UsageError(f"slurm_time={self.time!r} is not a Slurm time (MM, HH:MM:SS, "
                              "D-HH:MM)")
         for key, value, least in (("slurm_cpus", self.cpus, 1), ("slurm_gpus", self.gpus, 0),
-                                  ("slurm_max_parallel", self.max_parallel, 0)):
+                                  ("slurm_max_parallel", self.max_parallel, 0),
+                                  ("slurm_signal_seconds", self.signal_seconds, 0)):
             if value < least:
                 raise UsageError(f"{key} must be >= {least}, got {value}")
         if re.search(r"\s", self.partition):
@@ -78,6 +84,11 @@ class SlurmOptions:
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--time={self.time}"] if self.time else []
         lines += [f"--gres=gpu:{self.gpus}"] if self.gpus else []
+        # B: signals the batch shell only, which `exec`s the task (array_script): the trainer
+        # itself gets SIGTERM, checkpoints and exits 143
+        lines += [f"--signal=B:TERM@{self.signal_seconds}"] if self.signal_seconds else []
+        # a requeued task appends to its log, which keeps what the stopped attempt said
+        lines += ["--requeue", "--open-mode=append"] if self.requeue else []
         return lines + shlex.split(self.extra)
 
 
