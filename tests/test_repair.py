@@ -71,7 +71,7 @@ def test_train_repair_moves_the_damaged_run_aside_whole_and_retrains_it(finished
     assert main(["train", *words, "repair=true"]) == 0
     out = capsys.readouterr().out
     old = moved_aside(cfg)
-    assert f"repair: " in out and str(old) in out
+    assert "repair: " in out and str(old) in out
     assert files(old) == damaged  # every old file, byte for byte
     record = json.loads(old.with_name(old.name + ".json").read_text())
     assert record["run_id"] == cfg.run_id and record["moved_to"] == str(old) and record["damage"]
@@ -133,10 +133,9 @@ def test_the_sweep_repairs_a_damaged_run_and_says_where_the_old_files_are(
     closing = next(line for line in out.splitlines() if line.startswith("sweep t: "))
     assert "2 of 2 runs have a result" in closing and "1 damaged run repaired" in closing
     assert f"repaired: {first.run_id}" in out and str(old) in out
-    assert trainer.run_dir_of(second).name not in (folder.parent / ".damaged").iterdir()
 
     shown = status.render(folder.parent)
-    assert f"repaired" in shown and first.run_id in shown and str(old) in shown
+    assert "repaired" in shown and first.run_id in shown and str(old) in shown
     # the analysis reads the new folder only: the copy under .damaged/ is not a run
     loaded = load_runs(tmp_path / "runs")
     assert sorted(loaded.table["run_id"].to_list()) == sorted([first.run_id, second.run_id])
