@@ -26,9 +26,11 @@ USAGE = """usage: python -m mlx_gpt sweep [key=value ...] [--dry-run [--calibrat
                                 [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
-curve's stability boundary. Presets: preset=study (default), preset=mini or preset=demo.
+curve's stability boundary and each depth's necessity threshold, and adds seeds to the cells
+still undecided. Presets: preset=study (default), mini, mini-coupled-wd or demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
-            seeds=0,1  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
+            seeds=0,1,2  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
+            threshold_steps=2  max_seeds=6  min_gap=0.02
             (arms: none, rmsnorm, layernorm, softcap<C>, zloss<W>; qk_norms= is arms= for
             QK-norm kinds only)
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
@@ -39,6 +41,7 @@ any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes in
   --slurm          write a Slurm job array of the runs left (one run per task) under
                    <runs_dir>/<name>/slurm/ and print its sbatch line; --submit also submits it.
                    slurm_partition= slurm_time= slurm_cpus=1 slurm_gpus=0 slurm_max_parallel=K
+                   slurm_signal_seconds=120 slurm_requeue=true
                    slurm_extra="--account=... --qos=..." (none of them changes a run)"""
 
 FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--no-notify",
