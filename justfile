@@ -31,6 +31,11 @@ sweep *args:
 status *args:
     @{{py}} -m mlx_gpt status "$@"
 
+# the storm test: a small jobs=2 sweep under 30 random faults (kill -9, Ctrl-C, SIGTERM, full disk,
+# truncated part, stale lock) must end bit-identical to an undisturbed one: just chaos [faults=N seed=N]
+chaos *args:
+    @{{py}} -m mlx_gpt chaos "$@"
+
 # the real-Slurm test: a one-node cluster on this machine (Linux, root, slurm-wlm + munge)
 test-slurm *args:
     @{{py}} -m pytest tests/test_slurm.py "$@"
@@ -70,3 +75,7 @@ calibrate *args:
 # tables, charts, verdicts and report.html: just report [RUNS_DIR] [--out DIR] ...
 report *args:
     @{{py}} -m analysis report "$@"
+
+# the marimo notebook over a runs folder, in the browser (docs/analysis.md): just explore [RUNS_DIR] (default runs/demo)
+explore *args:
+    @MARIMO_SKIP_UPDATE_CHECK=1 {{py}} -m marimo run analysis/explore.py -- "$@"

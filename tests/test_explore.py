@@ -1,0 +1,142 @@
+"""analysis.load_study and the marimo notebook analysis/explore.py, run headless on a tiny sweep."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analysis import load_study
+from analysis import metrics as M
+from analysis.errors import UsageError
+from analysis.load import load_runs
+from analysis.report import analyse
+from analysis.study import probe_curves, training_curves
+from mlx_gpt.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "analysis" / "explore.py"
+LRS = (3e-3, 1.0)  # one LR that trains, one that diverges
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tiny_data, tmp_path_factory) -> Path:
+    """Depth 1 x both arms x 2 LRs x 2 seeds, 12 steps each: the smallest sweep with paired
+    gaps (a few seconds of training)."""
+    from mlx_gpt.train import train
+
+    runs = tmp_path_factory.mktemp("explore") / "runs"
+    base = TrainConfig(data=tiny_data, depth=1, n_heads=2, d_model=16, block_size=16,
+                       batch_size=2, max_steps=12, warmup_steps=2, eval_every=6,
+                       eval_batches=1, probe_every=6, log_every=2, ckpt_every=12,
+                       runs_dir=str(runs), sweep="tiny", divergence_window=4)
+    for qk in ("none", "rmsnorm"):
+        for lr in LRS:
+            for seed in (0, 1):
+                train(dataclasses.replace(base, qk_norm=qk, lr=lr, seed=seed).validate(),
+                      verbose=False)
+    return runs
+
+
+def test_load_study_returns_the_report_tables(tiny_runs):
+    study = load_study(tiny_runs)
+    expected = {
+        "gaps": {"depth", "on_kind", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "decision"},
+        "thresholds": {"depth", "on_kind", "threshold_lr", "ci_lo", "ci_hi", "threshold"},
+        "verdicts": {"hypothesis", "on_kind", "verdict", "family_size", "seeds", "evidence"},
+        "per_run": {"run", "depth", "arm", "lr", "seed", "status", "final_val_loss"},
+        "arms": {"depth", "arm", "max_stable_lr", "optimal_lr", "best_loss"},
+        "h2_tests": {"depth", "on_kind", "measure", "effect", "decision"},
+        "h3_tests": {"on_kind", "depth_shallow", "depth_deep", "shift_decades", "decision"},
+        "best_gaps": {"depth", "on_kind", "mean_gap", "ci_lo", "ci_hi", "decision"},
+    }
+    for name, columns in expected.items():
+        table = getattr(study, name)
+        assert isinstance(table, pl.DataFrame), name
+        assert columns <= set(table.columns), (name, columns - set(table.columns))
+    assert study.per_run.height == 8
+    assert study.verdicts["hypothesis"].to_list() == ["H1", "H2", "H3"]
+    assert sorted(study.gaps["lr"].to_list()) == list(LRS) and set(study.gaps["pairs"]) == {2}
+    # the report's numbers, not a second implementation of them
+    same = analyse(load_runs(tiny_runs))
+    assert study.gaps.drop("seed_gaps").equals(same.gaps.drop("seed_gaps"))
+    assert study.verdicts.equals(same.verdicts)
+    assert isinstance(study.runs.metrics, pl.LazyFrame)
+    assert isinstance(study.runs.probes, pl.LazyFrame)
+    assert {"run", "step", "val_loss"} <= set(study.runs.metrics.collect_schema().names())
+    # study options alone are accepted and reach the metrics
+    wider = load_study(str(tiny_runs), M.Options(min_gap=0.05))
+    assert set(wider.thresholds["min_gap"]) == {0.05}
+
+
+def test_curves_carry_each_runs_own_design(tiny_runs):
+    study = load_study(tiny_runs)
+    curves = training_curves(study)
+    # the logs' scheduled `lr` must not replace the run's LR
+    per_run = curves.group_by("run").agg(pl.col("lr").n_unique(), lr_value=pl.col("lr").first())
+    assert set(per_run["lr"]) == {1} and set(per_run["lr_value"]) == set(LRS)
+    assert curves["val_loss"].drop_nulls().len() > 0 and curves["run"].n_unique() == 8
+    probes = probe_curves(study, "max_attention_logit")
+    assert set(probes["name"]) == {"max_attention_logit"} and probes["run"].n_unique() == 8
+
+
+def test_load_study_bad_input_is_one_line_usage_error(tmp_path, tiny_runs):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    cases = [(tmp_path / "missing", "does not exist"), (tmp_path / "file.txt", "not a folder"),
+             (empty, "no runs under"), (None, "expected a runs folder")]
+    for path, words in cases:
+        with pytest.raises(UsageError) as e:
+            load_study(path)
+        assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(UsageError, match="options must be"):
+        load_study(tiny_runs, {"alpha": 0.1})
+
+
+def _marimo_env() -> dict[str, str]:
+    # no network: marimo would otherwise look for a newer version on PyPI
+    return {**os.environ, "MARIMO_SKIP_UPDATE_CHECK": "1"}
+
+
+def _decoded(page: str) -> str:
+    """The exported page's outputs are escaped JSON inside HTML attributes: undo the
+    \\uXXXX escapes, the HTML entities and the backslashes, a few times over."""
+    for _ in range(3):
+        page = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), page)
+        page = html.unescape(page).replace("\\\\", "\\").replace('\\"', '"')
+    return page
+
+
+def test_notebook_exports_to_html_with_verdicts_and_charts(tiny_runs, tmp_path):
+    out = tmp_path / "explore.html"
+    done = subprocess.run([sys.executable, "-m", "marimo", "export", "html", str(NOTEBOOK),
+                           "-o", str(out), "--no-include-code", "--no-sandbox", "-f", "--",
+                           str(tiny_runs)],
+                          capture_output=True, text=True, timeout=300, env=_marimo_env(),
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = _decoded(out.read_text())
+    assert "def _(" not in page  # without the code, only outputs can match below
+    assert f"QK-norm study: <code>{tiny_runs}</code>" in page
+    for verdict in load_study(tiny_runs).verdicts["verdict"]:
+        assert verdict in page, verdict
+    assert page.count("application/vnd.vegalite") >= 3  # gap headline, training, probe
+    for title in ("Training curves: one line per seed", "max attention logit against step"):
+        assert title in page, title
+
+
+def test_notebook_as_a_script_fails_in_one_line_on_a_missing_folder(tmp_path):
+    done = subprocess.run([sys.executable, str(NOTEBOOK), "--", str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=300, env=_marimo_env(),
+                          cwd=tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: runs folder {tmp_path / 'nope'} does not exist")
