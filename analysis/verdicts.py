@@ -187,7 +187,8 @@ H2_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "measure": pl.String, "pai
              "q_against": pl.Float64, "q_equivalent": pl.Float64, "family_size": pl.Int64,
              "decision": pl.String, "note": pl.String}
 
-MAX_STABLE, SENSITIVITY = "max stable LR", "LR sensitivity"
+MAX_STABLE, MAX_USABLE, SENSITIVITY = "max stable LR", "max usable LR", "LR sensitivity"
+LR_MEASURES = (MAX_STABLE, MAX_USABLE)
 
 
 def _paired_values(per_seed: pl.DataFrame, on: str, depth: int, column: str) -> pl.DataFrame:
@@ -198,9 +199,10 @@ def _paired_values(per_seed: pl.DataFrame, on: str, depth: int, column: str) -> 
 
 def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
     """Per (depth, on_kind) and measure, three one-directional tests over seeds:
-    max stable LR: log(on / off) > 0 (for), < 0 (against), |log ratio| < log(lr_ratio_margin)
-    (TOST, against); equal in every seed is "against" outright (equal at the resolution of the
-    grid and bisection), a seed where off never diverged leaves only a lower bound (untested).
+    max stable LR (not diverged) and max usable LR (neither diverged nor degraded): log(on /
+    off) > 0 (for), < 0 (against), |log ratio| < log(lr_ratio_margin) (TOST, against); equal in
+    every seed is "against" outright (equal at the resolution of the grid and bisection), a seed
+    where off never failed leaves only a lower bound (untested).
     LR sensitivity: off - on > 0 (for), < 0 (against), |off - on| < min_gap (TOST, against).
     One family per on_kind, Benjamini-Hochberg."""
     stable = max_stable_lr_per_seed(points, options).with_columns(
@@ -209,24 +211,22 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
     rows = []
     for on in on_kinds(points):
         for d in sorted(points["depth"].unique().to_list()):
-            pairs = _paired_values(stable, on, d, "log_lr")
-            if pairs.height:
+            for measure, column, censored in ((MAX_STABLE, "log_lr", "censored"),
+                                              (MAX_USABLE, "log_usable", "usable_censored")):
+                pairs = _paired_values(stable, on, d, column)
+                if not pairs.height:
+                    continue
                 diffs = (pairs["on"] - pairs["off"]).to_list()
-                usable = _paired_values(stable, on, d, "log_usable")
                 off_censored = stable.filter((pl.col("depth") == d) & (pl.col(ARM) == OFF)
-                                             & pl.col("censored")).height
-                note = ("max usable LR (not diverged, not degraded) on/off per seed: "
-                        + ", ".join(f"x{math.exp(x):.3g}"
-                                    for x in (usable["on"] - usable["off"]).to_list()))
-                row = _h2_row(on, d, MAX_STABLE, diffs, math.log(options.lr_ratio_margin),
+                                             & pl.col(censored)).height
+                row = _h2_row(on, d, measure, diffs, math.log(options.lr_ratio_margin),
                               tested=not off_censored and len(diffs) >= 2)
                 row["per_seed"] = ", ".join(f"x{math.exp(x):.3g}" for x in diffs)
                 if off_censored:
-                    note = (f"off never diverged in {off_censored} seeds: its max stable LR is "
-                            "a lower bound only; " + note)
+                    row["note"] = (f"off never {'diverged' if measure == MAX_STABLE else 'diverged or degraded'} "
+                                   f"in {off_censored} seeds: a lower bound only")
                 elif len(diffs) >= 2 and all(x == 0 for x in diffs):
                     row["decision"] = "equal in every seed"
-                row["note"] = note
                 rows.append(row)
             s = _paired_values(sensitivity, on, d, "lr_sensitivity").drop_nulls()
             if s.height:
@@ -250,8 +250,8 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         a = options.alpha
         if r["pairs"] < 2 or r["p_for"] is None:
             r["decision"] = TOO_FEW if r["pairs"] < 2 else UNDETERMINED
-        elif r["q_for"] < a and r["effect"] > 0 and (
-                r["measure"] == MAX_STABLE or r["effect"] >= options.min_gap):
+        elif r["q_for"] < a and r["effect"] > (1 if r["measure"] in LR_MEASURES else 0) and (
+                r["measure"] in LR_MEASURES or r["effect"] >= options.min_gap):
             r["decision"] = "for"
         elif r["q_against"] < a or r["q_equivalent"] < a:
             r["decision"] = "against" if r["q_against"] < a else "equivalent"
@@ -263,7 +263,7 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
 def _h2_row(on: str, depth: int, measure: str, diffs: list[float], margin: float,
             tested: bool) -> dict:
     lo, hi = S.interval(diffs)
-    log_scale = measure == MAX_STABLE
+    log_scale = measure in LR_MEASURES
     return {"depth": depth, "on_kind": on, "measure": measure, "pairs": len(diffs),
             "effect": math.exp(np.mean(diffs)) if log_scale else float(np.mean(diffs)),
             "ci_lo": None if lo is None else (math.exp(lo) if log_scale else lo),
@@ -279,17 +279,18 @@ def _h2_row(on: str, depth: int, measure: str, diffs: list[float], margin: float
 def _h2(on: str, h2: pl.DataFrame) -> dict:
     mine = h2.filter(pl.col("on_kind") == on)
     verdicts, all_parts = {}, []
-    for measure in (MAX_STABLE, SENSITIVITY):
+    for measure in (MAX_STABLE, MAX_USABLE, SENSITIVITY):
         parts = []
         for r in mine.filter(pl.col("measure") == measure).iter_rows(named=True):
             way = {"for": FOR, "against": AGAINST, "equivalent": AGAINST,
                    "equal in every seed": AGAINST, TOO_FEW: NO_DATA}.get(r["decision"], UNCLEAR)
-            fmt = ".3g" if measure == MAX_STABLE else "+.3f"
+            fmt = ".3g" if measure in LR_MEASURES else "+.3f"
             effect = (f"x{_effect(r['effect'], r['ci_lo'], r['ci_hi'], fmt)}"
-                      if measure == MAX_STABLE else _effect(r["effect"], r["ci_lo"], r["ci_hi"]))
+                      if measure in LR_MEASURES else _effect(r["effect"], r["ci_lo"], r["ci_hi"]))
             parts.append(Part(way, r["pairs"], (
                 f"depth {r['depth']}: {measure} {effect} per seed {r['per_seed']}, "
-                f"{r['decision']} (q for {_q(r['q_for'])}, n={r['pairs']}); {r['note']}")))
+                f"{r['decision']} (q for {_q(r['q_for'])}, n={r['pairs']})"
+                + (f"; {r['note']}" if r["note"] else ""))))
         verdicts[measure] = combine(parts)
         all_parts += parts
     both = set(verdicts.values())
@@ -298,8 +299,8 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
                                    for v in verdicts.values()) else MIXED)
         + " (" + "; ".join(f"{m}: {v}" for m, v in verdicts.items()) + ")")
     family = int(mine["family_size"].max() or 0) if mine.height else 0
-    return _row("H2", on, f"{control_words(on)} raises the max stable LR and lowers LR "
-                "sensitivity", all_parts, "parts", family, verdict)
+    return _row("H2", on, f"{control_words(on)} raises the max stable (and usable) LR and "
+                "lowers LR sensitivity", all_parts, "parts", family, verdict)
 
 
 # --- H3 -----------------------------------------------------------------------------------------

@@ -293,6 +293,9 @@ def test_collapsed_runs_are_uninformative():
     usable = M.max_stable_lr_per_seed(table)
     assert usable["max_stable_lr"].to_list() == [0.1] * 6  # stable, but
     assert usable["max_usable_lr"].to_list() == [1e-2] * 6  # degraded from 3e-2
+    h2 = V.h2_tests(table, M.Options())
+    assert h2["measure"].to_list() == ["LR sensitivity", "max stable LR", "max usable LR"]
+    assert h2.filter(pl.col("measure") == "max usable LR")["decision"][0] == "equal in every seed"
 
 
 def test_two_seeds_only_suggest_and_one_seed_is_not_enough():
@@ -769,9 +772,10 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     same_as_rms = v.filter(pl.col("on_kind") == "rmsnorm")["verdict"].to_list()
     # 3 seeds with identical max stable LRs cannot decide that part (2^-3 = 0.125)
     assert both["verdict"].to_list() == same_as_rms == [
-        "supported", "partly supported (max stable LR: inconclusive; LR sensitivity: supported)",
+        "supported", "partly supported (max stable LR: inconclusive; max usable LR: inconclusive; "
+        "LR sensitivity: supported)",
         "supported"]
-    assert "attention soft-cap 50 raises the max stable LR" in both["claim"][1]
+    assert "attention soft-cap 50 raises the max stable (and usable) LR" in both["claim"][1]
     assert "QK-norm raises" in v.filter(pl.col("on_kind") == "rmsnorm")["claim"][1]
     z = v.filter(pl.col("on_kind") == "zloss1e-4")
     # off is 0.05 worse at every LR, also the lowest: the effect is not LR-conditional (H1)
@@ -864,3 +868,18 @@ def test_spikes_are_summed_per_arm_and_lr():
             rows["none"]["max_spike"]) == (2, 3, 3.0)
     assert (rows["rmsnorm"]["runs_with_spikes"], rows["rmsnorm"]["loss_spikes"]) == (0, 0)
     assert M.spike_table(points([(2, "none", 0.1, 0, 3.0, 5.0)]))["counted"].to_list() == [0]
+
+
+def test_h2_max_usable_lr_counts_degraded_runs_as_failed():
+    # off trains into a collapsed state (near the unigram entropy) from 3e-2 in every seed,
+    # on stays usable up to 0.1: stable in both, usable 10x further with QK-norm
+    table = necessity_table({4: 3e-2}, seeds=6).with_columns(unigram_entropy=pl.lit(3.1))
+    off_collapsed = (pl.col("qk_norm") == "none") & (pl.col("lr") >= 3e-2)
+    table = table.with_columns(
+        final_val_loss=pl.when(off_collapsed).then(3.05 + pl.col("seed") * 0.005)
+        .otherwise(pl.col("final_val_loss") - 0.8),
+        status=pl.when(off_collapsed).then(pl.lit("completed")).otherwise(pl.col("status")))
+    h2 = V.h2_tests(table, M.Options()).filter(pl.col("measure") == "max usable LR").row(
+        0, named=True)
+    assert h2["per_seed"] == ", ".join(["x10"] * 6) and h2["decision"] == "for"
+    assert "max usable LR: supported" in verdict_of(table, "H2")["verdict"]
