@@ -89,3 +89,20 @@ def test_status_names_the_refinement_lrs_and_the_added_seeds():
     assert lines == ["refinement LRs off the grid: 0.0316",
                      "adaptive seeds: 2 runs of seeds 3, 4 in 1 open cells (depth, LR): (4, 0.1)"]
     assert extras_lines(runs, {}) == []  # a sweep.json from before: nothing claimed
+
+
+def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
+    from mlx_gpt.sweep.run import added_runs
+
+    def write_config(cfg):
+        folder = trainer.run_dir_of(cfg)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps({**cfg.identity(), "run_id": cfg.run_id,
+                                                        "framework": "mlx"}))
+
+    extra = run_config(sweep, 2, 0.0316, "rmsnorm", 4)  # an adaptive seed at a threshold point
+    grid_run = run_config(sweep, 2, 0.01, "none", 0)
+    other = dataclasses.replace(extra, d_model=32)  # another setting in the same folder
+    for cfg in (extra, grid_run, other):
+        write_config(cfg)
+    assert [c.run_id for c in added_runs(sweep, {grid_run.run_id})] == [extra.run_id]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import runlog
 from .. import train as trainer
-from ..config import TrainConfig
+from ..config import TrainConfig, load_config
 from ..errors import UsageError
 from ..locks import RunBusy
 from .arms import arm_name
@@ -150,6 +150,13 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     if tally.skipped and verbose:
         print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
               flush=True)
+    # runs after the grid are read by the replay from their summary alone: check their files too
+    for cfg in finished_after_grid(sweep, runs):
+        try:
+            trainer.finished_run(trainer.run_dir_of(cfg))
+        except runlog.DamagedRun:
+            tally.total += 1
+            run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
 
     queue = [c for c in runs if c.run_id not in attempted]
     for i, cfg in enumerate(queue):
@@ -167,12 +174,56 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
             run_one(cfg, tally, attempted, speed(cfg), cost(new[i:]), verbose)
 
 
+def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> list[TrainConfig]:
+    """The finished runs in the sweep's folder that this sweep makes after its grid (boundary and
+    threshold points, added seeds): every folder whose run_id is run_config's for its own depth,
+    LR, seed and one of the sweep's arms."""
+    on_grid = {c.run_id for c in grid_runs}
+    out = []
+    for run_dir in sorted((Path(sweep.runs_dir) / sweep.name).glob("*/config.json")):
+        run_dir = run_dir.parent
+        if run_dir.name.startswith(".") or run_dir.name in on_grid:
+            continue
+        config = runlog.read_json(run_dir / "config.json") or {}
+        depth, lr, seed = config.get("depth"), config.get("lr"), config.get("seed")
+        if not (type(depth) is int and type(seed) is int and type(lr) in (int, float)):
+            continue
+        for arm in sweep.arms:
+            cfg = run_config(sweep, depth, float(lr), arm, seed)
+            if cfg.run_id == run_dir.name:
+                if verdict(cfg).finished:
+                    out.append(cfg)
+                break
+    return out
+
+
+def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
+    """The runs of this sweep's folder beyond the grid and boundary refinement: threshold
+    bisection and adaptive seeds (sweep/adaptive.py), read back from their config.json."""
+    folder = Path(sweep.runs_dir) / sweep.name
+    out = []
+    for path in sorted(folder.glob("*/config.json")) if folder.is_dir() else []:
+        if path.parent.name in known:
+            continue
+        try:
+            cfg = load_config(str(path))
+        except UsageError:
+            continue  # not this sweep's run (or damaged): the status and report name it
+        # config.json holds the identity (no folder keys): the run is this sweep's when the
+        # sweep would have made exactly this config for its depth, LR, arm and seed
+        mine = run_config(sweep, cfg.depth, cfg.lr, arm_name(cfg), cfg.seed)
+        if mine.run_id == path.parent.name == cfg.run_id:
+            out.append(mine)
+    return out
+
+
 def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
     curves = {g: group_state(sweep, g)[0] for g in groups(sweep)}
     on_grid = set(sweep.grid_lrs())
     runs = grid(sweep) + [run_config(sweep, depth, lr, arm, seed) for (depth, arm, seed), results
                        in curves.items() for lr in results if lr not in on_grid]
+    runs += added_runs(sweep, {c.run_id for c in runs})
     counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
     for cfg in runs:
         counts[verdict(cfg).value] += 1
