@@ -12,6 +12,8 @@ COMMANDS = {
     "sweep": ("mlx_gpt.sweep", "qk_norm x learning rate x seed grid, resumable"),
     "status": ("mlx_gpt.status", "every run of a sweep: state, progress, ETA (reads files only)"),
     "bench": ("mlx_gpt.bench", "throughput, FLOP/s and probe overhead, side by side"),
+    "chaos": ("mlx_gpt.chaos", "the storm test: a small sweep under 30 random faults ends "
+                               "bit-identical"),
 }
 
 

@@ -381,6 +381,8 @@ def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: 
                           "unigram_entropy": meta["unigram_entropy"]}, manifest,
                          count_params(model))
     ckpt_path.unlink(missing_ok=True)
+    # an earlier attempt's failure record: this summary has replaced its "failed"
+    (run_dir / "traceback.txt").unlink(missing_ok=True)
     return summary
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_gpt import runlog
+from mlx_gpt import chaos, runlog
 from mlx_gpt.errors import UsageError
 from mlx_gpt.sweep.plan import command_line
 from mlx_gpt.train import run_dir_of
@@ -112,13 +112,8 @@ FORK_SERVER = textwrap.dedent("""
 """)
 
 
-def _metric_rows(folder: Path) -> list[dict]:
-    table = runlog.read_parts(folder / "metrics").drop(["elapsed_s"])
-    return table.to_pylist()
-
-
-def _probe_rows(folder: Path) -> list[dict]:
-    return runlog.read_parts(folder / "probes").to_pylist()
+# what a run is compared by, here and in the storm test (mlx_gpt/chaos.py)
+_metric_rows, _probe_rows = chaos.metric_rows, chaos.probe_rows
 
 
 def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path):
@@ -456,6 +451,29 @@ def test_independent_wd_defaults_to_1e_4_and_load_config_is_strict(tmp_path):
         load_config(str(path))
     path.write_text(json.dumps({**TrainConfig().identity(), "run_id": "x"}))
     assert load_config(str(path)) == TrainConfig()
+
+
+def test_a_failed_run_trained_again_keeps_no_traceback(tiny_cfg, monkeypatch):
+    """traceback.txt belongs to a failed summary: once the run is retried and finishes, it goes
+    (found by the storm test: a completed run still held an earlier attempt's traceback)."""
+    from mlx_gpt import recorder
+    from mlx_gpt.train import train
+
+    cfg = tiny_cfg(max_steps=10)
+    real = recorder.Recorder.finish
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(recorder.Recorder, "finish", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(cfg, verbose=False)
+    folder = run_dir_of(cfg)
+    assert json.loads((folder / "summary.json").read_text())["status"] == "failed"
+    assert "boom" in (folder / "traceback.txt").read_text()
+    monkeypatch.setattr(recorder.Recorder, "finish", real)
+    assert train(cfg, verbose=False)["status"] == "completed"
+    assert not (folder / "traceback.txt").exists()
 
 
 def test_failed_runs_are_listed_by_the_analysis(reference, tmp_path):

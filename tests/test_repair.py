@@ -12,6 +12,7 @@ from mlx_gpt import runlog, status, sweep
 from mlx_gpt import train as trainer
 from mlx_gpt.__main__ import main
 from mlx_gpt.sweep.plan import command_line
+from mlx_gpt.sweep.run import finished_after_grid
 
 COLUMNS = ["step", "train_loss", "grad_norm", "val_loss", "lr"]
 
@@ -153,3 +154,28 @@ def test_the_analysis_skips_dot_folders(finished, tmp_path):
     loaded = load_runs(sweep_dir.parent)
     assert loaded.table["run_id"].to_list() == [cfg.run_id]
     assert not loaded.warnings
+
+
+def test_the_sweep_repairs_a_damaged_refinement_run(tiny_data, tmp_path, monkeypatch, capsys):
+    """Runs after the grid are read by the replay from summary.json alone; their files are
+    checked by the sweep too (found by the storm test: a truncated part of a refinement run
+    stayed damaged)."""
+    monkeypatch.setattr(sweep.plan, "calibrate", lambda cfg, vocab: (1000.0, 3))
+    words = sweep_words(tiny_data, tmp_path / "runs")
+    words = [w for w in words[:-1] if not w.startswith("lrs=")] + [
+        "lrs=1e-3,30", "refine=true", "refine_steps=1", words[-1]]
+    assert main(words) == 0
+    cfg = sweep.parse_sweep_config(words[1:-1])
+    after = finished_after_grid(cfg, sweep.grid(cfg))
+    assert [c.lr for c in after] == [0.173]  # the bisection point between 1e-3 and 30
+    folder = trainer.run_dir_of(after[0])
+    before = rows(folder)
+    damage(folder, "truncated metrics part")
+    damaged = files(folder)
+    capsys.readouterr()
+
+    assert main(words) == 0  # the same command
+    out = capsys.readouterr().out
+    old = moved_aside(after[0])
+    assert files(old) == damaged and rows(folder) == before
+    assert f"repaired: {after[0].run_id}" in out
