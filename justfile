@@ -46,7 +46,7 @@ demo *args:
     @{{py}} -m mlx_gpt sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo --out reports/demo
 
-# the smallest study that decides H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds, then its report (33 min on 2 idle cores)
+# the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds (+ refinement, adaptive seeds up to 6), then its report (wall time: docs/results.md)
 mini *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
     @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m mlx_gpt sweep preset=mini "$@"
