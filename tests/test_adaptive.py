@@ -106,3 +106,17 @@ def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
     for cfg in (extra, grid_run, other):
         write_config(cfg)
     assert [c.run_id for c in added_runs(sweep, {grid_run.run_id})] == [extra.run_id]
+
+
+def test_a_sweep_waits_on_extras_another_process_holds(sweep):
+    from mlx_gpt.locks import run_lock
+    from mlx_gpt.sweep.run import _held_elsewhere
+
+    cfg = run_config(sweep, 2, 0.0316, "none", 0)
+    run_dir = trainer.run_dir_of(cfg)
+    run_dir.mkdir(parents=True)
+    assert not _held_elsewhere(cfg)
+    with run_lock(run_dir) as acquired:  # a second open file: flock treats it as another holder
+        assert acquired and _held_elsewhere(cfg)
+    _write(cfg, 2.0)
+    assert not _held_elsewhere(cfg)  # finished: nothing to wait for

@@ -16,7 +16,7 @@ from .. import runlog
 from .. import train as trainer
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
-from ..locks import RunBusy
+from ..locks import RunBusy, run_lock
 from .arms import arm_name
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted, run_cost_tokens
@@ -130,6 +130,18 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
 
 
+HELD_POLL_SECONDS = 5.0
+
+
+def _held_elsewhere(cfg: TrainConfig) -> bool:
+    """Whether another live process holds this run's lock now (it is training it)."""
+    run_dir = trainer.run_dir_of(cfg)
+    if not run_dir.is_dir() or verdict(cfg).finished:
+        return False
+    with run_lock(run_dir) as acquired:
+        return not acquired
+
+
 def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
     """Train the grid, then what its results call for (sweep/adaptive.py: boundary and threshold
     refinement, adaptive seeds); runs held elsewhere are looked at again after the grid."""
@@ -166,9 +178,19 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
         tally.busy.remove(cfg)
         run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
     while True:  # one round = at most one new point per curve, cell or threshold, together
-        new = [cfg for cfg in extra_runs(sweep, groups(sweep)) if cfg.run_id not in attempted]
+        wanted = extra_runs(sweep, groups(sweep))
+        new = [cfg for cfg in wanted if cfg.run_id not in attempted]
         if not new:
-            return tally
+            # runs another process holds: the next round waits on them, so wait with it
+            # rather than leave the rest of the extras to that process alone
+            held = [cfg for cfg in wanted if _held_elsewhere(cfg)]
+            if not held:
+                return tally
+            time.sleep(HELD_POLL_SECONDS)
+            for cfg in held:
+                attempted.discard(cfg.run_id)
+                tally.busy = [c for c in tally.busy if c.run_id != cfg.run_id]
+            continue
         tally.total += len(new)
         for i, cfg in enumerate(new):
             run_one(cfg, tally, attempted, speed(cfg), cost(new[i:]), verbose)
