@@ -418,11 +418,7 @@ def h1_tests(points: pl.DataFrame, options: Options = Options()
         theirs = [b for b in best_rows if b["on_kind"] == on]
         keys = [(c, k) for c in mine for k in ("p_off_worse", "p_on_worse", "p_equivalent")]
         keys += [(b, "p_off_worse") for b in theirs]
-        qs = S.adjust([row[k] for row, k in keys], options.alpha)
-        size = sum(q is not None for q in qs)
-        for (row, k), q in zip(keys, qs):
-            row["q" + k[1:]] = q
-            row["family_size"] = size
+        S.adjust_family(keys, options.alpha)
     for c in cells:
         c["decision"] = _decide(c, options)
         c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,

@@ -92,3 +92,13 @@ def adjust(pvalues: list[float | None], alpha: float) -> list[float | None]:
         for i, q in zip(tested, adjusted):
             out[i] = float(q)
     return out
+
+
+def adjust_family(tests: list[tuple[dict, str]], alpha: float) -> None:
+    """Adjust one hypothesis's family in place: `tests` are (row, "p_<claim>") pairs; each row
+    gets "q_<claim>" (Benjamini-Hochberg) and "family_size" (the tests that had a p-value)."""
+    qs = adjust([row[key] for row, key in tests], alpha)
+    size = sum(q is not None for q in qs)
+    for (row, key), q in zip(tests, qs):
+        row["q" + key[1:]] = q
+        row["family_size"] = size

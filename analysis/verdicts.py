@@ -239,11 +239,7 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
     for on in {r["on_kind"] for r in rows}:
         mine = [r for r in rows if r["on_kind"] == on]
         keys = [(r, k) for r in mine for k in ("p_for", "p_against", "p_equivalent")]
-        qs = S.adjust([r[k] for r, k in keys], options.alpha)
-        size = sum(q is not None for q in qs)
-        for (r, k), q in zip(keys, qs):
-            r["q" + k[1:]] = q
-            r["family_size"] = size
+        S.adjust_family(keys, options.alpha)
     for r in rows:
         if r["decision"] is not None:
             continue
@@ -353,10 +349,7 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options) -> pl.D
     for on in {r["on_kind"] for r in rows}:
         mine = [r for r in rows if r["on_kind"] == on]
         keys = [(r, k) for r in mine for k in ("p_fall", "p_rise", "p_equal")]
-        qs = S.adjust([r[k] for r, k in keys], options.alpha)
-        for (r, k), q in zip(keys, qs):
-            r["q" + k[1:]] = q
-            r["family_size"] = len(qs)
+        S.adjust_family(keys, options.alpha)
     for r in rows:
         a = options.alpha
         r["decision"] = ("falls" if r["q_fall"] < a else "rises" if r["q_rise"] < a
