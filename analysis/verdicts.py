@@ -290,9 +290,9 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
         verdicts[measure] = combine(parts)
         all_parts += parts
     both = set(verdicts.values())
+    supported = any(v.startswith((SUPPORTED, "partly supported")) for v in verdicts.values())
     verdict = both.pop() if len(both) == 1 else (
-        ("partly supported" if any(v.startswith(SUPPORTED) or v.startswith("partly supported")
-                                   for v in verdicts.values()) else MIXED)
+        ("partly supported" if supported else combine(all_parts))
         + " (" + "; ".join(f"{m}: {v}" for m, v in verdicts.items()) + ")")
     family = int(mine["family_size"].max() or 0) if mine.height else 0
     return _row("H2", on, f"{control_words(on)} raises the max stable (and usable) LR and "

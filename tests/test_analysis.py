@@ -331,6 +331,8 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
     same = table([3e-2] * 3, [3e-2] * 3)
     assert part(same)["decision"] == "equal in every seed"
     assert "max stable LR: not supported" in verdict_of(same, "H2")["verdict"]
+    # parts against and none for: the whole reads "not supported", never "mixed"
+    assert verdict_of(same, "H2")["verdict"].startswith("not supported (")
     # one seed of three disagrees: no consistent raise
     assert part(table([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["decision"] == "undetermined"
     # a seed where off diverged at every LR counts at the grid minimum (an upper bound)
