@@ -40,7 +40,7 @@ chaos *args:
 test-slurm *args:
     @{{py}} -m pytest tests/test_slurm.py "$@"
 
-# a miniature of the study on the embedded synthetic corpus, then its report (1m50s on 2 idle cores)
+# a miniature of the study on the embedded synthetic corpus, then its report (1m17s on 2 idle cores: docs/sweeps.md)
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
     @{{py}} -m mlx_gpt sweep preset=demo "$@"
