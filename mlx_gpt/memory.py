@@ -101,22 +101,23 @@ def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
     })
 
 
-def format_count(n: float) -> str:
-    """1.6T, 12M, 800k: a parameter count in two significant digits or more."""
-    for unit, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+def _scaled(n: float, units: tuple[str, str, str, str, str], space: str) -> str:
+    """n in decimal units (tera ... kilo, then the bare unit), two significant digits or more."""
+    for unit, size in zip(units, (1e12, 1e9, 1e6, 1e3)):
         if n >= size:
             value = n / size
-            return f"{value:.1f}{unit}" if value < 10 else f"{value:,.0f}{unit}"
-    return f"{n:.0f}"
+            return f"{value:.1f}{space}{unit}" if value < 10 else f"{value:,.0f}{space}{unit}"
+    return f"{n:.0f}{space}{units[4]}".rstrip()
+
+
+def format_count(n: float) -> str:
+    """1.6T, 12M, 800k: a parameter count in two significant digits or more."""
+    return _scaled(n, ("T", "G", "M", "k", ""), "")
 
 
 def format_bytes(n: float) -> str:
     """1.3 TB, 23 GB, 4.1 GB, 250 MB, 12 kB (decimal units, two significant digits or more)."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            value = n / size
-            return f"{value:.1f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
-    return f"{n:.0f} B"
+    return _scaled(n, ("TB", "GB", "MB", "kB", "B"), " ")
 
 
 def _read_int(path: str) -> int | None:

@@ -234,6 +234,18 @@ def test_sweep_as_a_job_array(cluster, tiny_data, tmp_path, capsys):
     assert (tmp_path / "report" / "report.html").exists()
 
 
+def wait_for_checkpoint(folder: Path, job: str):
+    """(config, run folder) of the array's one task, once it is mid-run (first checkpoint)."""
+    line = (folder / "tasks.txt").read_text().split()
+    cfg = parse_train_config(line[line.index("train") + 1:])
+    run_dir = trainer.run_dir_of(cfg)
+    deadline = time.monotonic() + TIMEOUT
+    while not (run_dir / "checkpoint.safetensors").exists():
+        assert time.monotonic() < deadline and in_queue(job), "the task never checkpointed"
+        time.sleep(0.05)
+    return cfg, run_dir
+
+
 def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys):
     runs = tmp_path / "runs"
     words = sweep_words(tiny_data, runs, "c", "lrs=1e-3", "qk_norms=none", "max_steps=200",
@@ -241,13 +253,7 @@ def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys):
     job, out = submit(words, capsys)
     assert job and "1 run to submit" in out
     folder = runs / "c" / "slurm" / "001"
-    line = (folder / "tasks.txt").read_text().split()
-    cfg = parse_train_config(line[line.index("train") + 1:])
-    run_dir = trainer.run_dir_of(cfg)
-    deadline = time.monotonic() + TIMEOUT
-    while not (run_dir / "checkpoint.safetensors").exists():  # mid-run: the first checkpoint
-        assert time.monotonic() < deadline and in_queue(job), "the task never checkpointed"
-        time.sleep(0.05)
+    cfg, run_dir = wait_for_checkpoint(folder, job)
     subprocess.run(["scancel", job], check=True, timeout=10)  # Slurm sends SIGTERM
     wait_for(job)
     log = (folder / "task-0.log").read_text()
@@ -278,13 +284,7 @@ def test_preempted_task_is_requeued_and_finishes_bit_exact(cluster, tiny_data, t
     assert job
     folder = runs / "p" / "slurm" / "001"
     assert "#SBATCH --requeue" in (folder / "array.sbatch").read_text()
-    line = (folder / "tasks.txt").read_text().split()
-    cfg = parse_train_config(line[line.index("train") + 1:])
-    run_dir = trainer.run_dir_of(cfg)
-    deadline = time.monotonic() + TIMEOUT
-    while not (run_dir / "checkpoint.safetensors").exists():  # mid-run: the first checkpoint
-        assert time.monotonic() < deadline and in_queue(job), "the task never checkpointed"
-        time.sleep(0.05)
+    cfg, run_dir = wait_for_checkpoint(folder, job)
     # as a preemption: Slurm stops the task (SIGTERM) and puts it back in the queue
     subprocess.run(["scontrol", "requeue", f"{job}_0"], check=True, timeout=10)
     # Slurm holds a requeued task until 120 s from now (reason BeginTime); start it sooner
