@@ -17,24 +17,24 @@ test *args:
 
 # tokenise a corpus: just prepare synthetic|tinystories|fineweb-edu|PATH [tokenizer=gpt2|bytes] ...
 prepare *args:
-    @{{py}} -m mlx_gpt prepare "$@"
+    @{{py}} -m qkstudy prepare "$@"
 
 # train one run: just train lr=3e-3 qk_norm=rmsnorm depth=6 ...
 train *args:
-    @{{py}} -m mlx_gpt train "$@"
+    @{{py}} -m qkstudy train "$@"
 
 # QK-norm x LR grid x seeds: just sweep depth=6 | depth=2,4,8 [--dry-run --calibrate] [--emit-commands]
 sweep *args:
-    @{{py}} -m mlx_gpt sweep "$@"
+    @{{py}} -m qkstudy sweep "$@"
 
 # every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR] [--watch]
 status *args:
-    @{{py}} -m mlx_gpt status "$@"
+    @{{py}} -m qkstudy status "$@"
 
 # the storm test: a small jobs=2 sweep under 30 random faults (kill -9, Ctrl-C, SIGTERM, full disk,
 # truncated part, stale lock) must end bit-identical to an undisturbed one: just chaos [faults=N seed=N]
 chaos *args:
-    @{{py}} -m mlx_gpt chaos "$@"
+    @{{py}} -m analysis chaos "$@"
 
 # the real-Slurm test: a one-node cluster on this machine (Linux, root, slurm-wlm + munge)
 test-slurm *args:
@@ -42,14 +42,14 @@ test-slurm *args:
 
 # a miniature of the study on the embedded synthetic corpus, then its report (1m17s on 2 idle cores: docs/sweeps.md)
 demo *args:
-    @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
-    @{{py}} -m mlx_gpt sweep preset=demo "$@"
+    @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
+    @{{py}} -m qkstudy sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo --out reports/demo
 
 # the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds (+ refinement, adaptive seeds up to 6), then its report (wall time: docs/results.md)
 mini *args:
-    @test -f data/synthetic-bytes/meta.json || {{py}} -m mlx_gpt prepare synthetic tokenizer=bytes
-    @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m mlx_gpt sweep preset=mini "$@"
+    @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
+    @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
     @{{py}} -m analysis report runs/mini --out reports/mini
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
@@ -62,11 +62,11 @@ spot-check *args:
 
 # throughput, FLOP/s, share of sgemm peak, MLX vs PyTorch, probe/eval overhead, K runs at once
 bench *args:
-    @{{py}} -m mlx_gpt bench "$@"
+    @{{py}} -m qkstudy bench "$@"
 
 # the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
 bench-memory *args:
-    @{{py}} -m mlx_gpt.memory_bench "$@"
+    @{{py}} -m qkstudy.memory_bench "$@"
 
 # the verdicts' false-positive rate and power on 200 simulated studies per scenario (docs/report.md)
 calibrate *args:

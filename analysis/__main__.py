@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import UsageError
+from qkstudy.errors import UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         from .calibrate import main as calibrate
 
         return calibrate(argv[1:])
+    if argv[:1] == ["chaos"]:  # the storm test: sweeps under faults, compared by their reports
+        from qkstudy.cli import dispatch
+
+        return dispatch("python -m analysis", {"chaos": ("analysis.chaos", "the storm test")},
+                        argv)
     try:
         args = parser().parse_args(argv)
         if args.command is None:

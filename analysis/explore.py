@@ -43,8 +43,8 @@ def _():
     import polars as pl
 
     from analysis import charts as C
-    from analysis.errors import UsageError
     from analysis.study import load_study, probe_curves, training_curves
+    from qkstudy.errors import UsageError
 
     return (C, Path, UsageError, alt, load_study, mo, pl, probe_curves, sys,
             training_curves)

@@ -1,6 +1,6 @@
 """Find and validate run folders under a runs tree; expose their logs as Polars frames.
 
-A run folder (see mlx_gpt/runlog.py, read here as a file format only) holds summary.json,
+A run folder (the format of qkstudy/runlog.py, read here through it) holds summary.json,
 config.json, manifest.json, metrics/part-*.parquet and probes/part-*.parquet. A folder that
 is unfinished, incomplete or written in a foreign schema is skipped with a warning naming it;
 the good runs are still analysed.
@@ -17,7 +17,10 @@ from typing import Any
 
 import polars as pl
 
-from .errors import UsageError
+from qkstudy.arms import arm_of
+from qkstudy.config import ENGINE_KEYS, FOLDER_KEYS, framework_label
+from qkstudy.errors import UsageError
+from qkstudy.runlog import FINISHED, load_object
 
 # The columns and types the analysis relies on (runlog.METRICS_SCHEMA and PROBES_SCHEMA).
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
@@ -25,13 +28,12 @@ METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
                    "val_ppl": pl.Float64, "elapsed_s": pl.Float64}
 PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value": pl.Float64}
 SUMMARY_KEYS = ("status", "lr", "depth", "qk_norm", "seed", "init_loss")
-STATUSES = ("completed", "diverged", "failed")
+STATUSES = (*FINISHED, "failed")
 # Identity fields that define a point of the study design rather than its setting (the arm's
 # logit controls are design: the arms of one study share everything else).
 DESIGN_KEYS = ("lr", "qk_norm", "attn_softcap", "z_loss", "seed", "data_seed", "depth")
-OFF_ARM = "none"
-# Keys never part of a run's identity (where it was written, which trainer ran it).
-NON_IDENTITY = ("run_id", "framework", "runs_dir", "sweep", "refine")
+# Keys never part of a run's identity (where it was written, which engine ran it).
+NON_IDENTITY = (*FOLDER_KEYS, *ENGINE_KEYS)
 
 
 @dataclass
@@ -52,16 +54,8 @@ def lr_key(lr: float) -> float:
 
 
 def _read_json(path: Path) -> tuple[dict | None, str | None]:
-    try:
-        with open(path) as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        return None, f"{path.name} is missing"
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        return None, f"{path.name} is unreadable ({type(e).__name__})"
-    if not isinstance(obj, dict):
-        return None, f"{path.name} is not a JSON object"
-    return obj, None
+    obj, why = load_object(path)
+    return obj, (f"{path.name} {why}" if why else None)
 
 
 def _check_parts(folder: Path, columns: dict[str, pl.DataType]
@@ -142,27 +136,6 @@ def _sweep_seeds(sweep_folder: Path) -> frozenset[int] | None:
     return frozenset(seeds)
 
 
-def _short(x: float) -> str:
-    """The spelling of a number in an arm name, as mlx_gpt.config.short_number writes it
-    (50, 2.5, 1e-4, 3e-5): this file format is read here without importing the trainer."""
-    exponent = math.floor(math.log10(abs(x)))
-    if -3 <= exponent < 5:
-        return f"{x:.6g}"
-    return f"{float(f'{x / 10 ** exponent:.6g}'):g}e{exponent}"
-
-
-def arm_of(identity: dict, qk_norm: str) -> str:
-    """A run's arm from its identity: none, the QK-norm kind, softcap<C> or zloss<W> (names
-    as the sweep's arms= takes them); a run with several controls on joins them with '+'.
-    A run written before the rival controls existed has none of their keys: its qk_norm."""
-    parts = [] if qk_norm == OFF_ARM else [qk_norm]
-    for key, prefix in (("attn_softcap", "softcap"), ("z_loss", "zloss")):
-        value = _number(identity.get(key))
-        if value:
-            parts.append(prefix + _short(value))
-    return "+".join(parts) or OFF_ARM
-
-
 def _identity(summary: dict, config: dict | None) -> dict:
     ident = summary.get("config") if isinstance(summary.get("config"), dict) else None
     if ident is None and config is not None:
@@ -215,7 +188,8 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         manifest = {}
         if status != "failed":
             warnings.append(f"run {name}: {why}; provenance unknown")
-    framework = summary.get("framework") or (config or {}).get("framework") or "mlx"
+    framework = framework_label(str(summary.get("framework") or (config or {}).get("framework")
+                                    or "mlx"), (config or {}).get("precision"))
     identity = _identity(summary, config)
     setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
     refine = summary.get("refine", (config or {}).get("refine"))
@@ -230,7 +204,7 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         "framework": str(framework),
         "depth": int(depth),
         "qk_norm": summary["qk_norm"],
-        "arm": arm_of(identity, summary["qk_norm"]),
+        "arm": arm_of({**identity, "qk_norm": summary["qk_norm"]}),
         "lr": lr_key(lr),
         "seed": int(seed),
         "data_seed": int(_number(summary.get("data_seed")) or 0),

@@ -22,10 +22,11 @@ import markupsafe
 import polars as pl
 import vl_convert as vlc
 
+from qkstudy.errors import UsageError
+
 from . import charts as C
 from . import metrics as M
 from . import verdicts as V
-from .errors import UsageError
 from .load import Runs, load_runs
 
 FINISHED = ("completed", "diverged")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import polars as pl
 
+from qkstudy.errors import UsageError
+
 from . import metrics as M
-from .errors import UsageError
 from .load import load_runs
 from .report import ReportOptions, Study, analyse
 
@@ -35,7 +36,7 @@ def load_study(path: str | os.PathLike, options: ReportOptions | M.Options | Non
     ...) for the study metrics alone; None gives the report's defaults.
 
     Bad input (no such folder, no runs, no finished run, an options object of another type)
-    raises `analysis.errors.UsageError` with a one-line message.
+    raises `qkstudy.errors.UsageError` with a one-line message.
     """
     if options is None:
         options = ReportOptions()

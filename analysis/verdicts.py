@@ -19,10 +19,24 @@ import numpy as np
 import polars as pl
 
 from . import stats as S
-from .metrics import (ARM, NO_DIFFERENCE, OFF, OFF_WORSE, ON_WORSE, TOO_FEW, UNDETERMINED,
-                      Options, control_words, h1_tests, lr_sensitivity_per_seed,
-                      max_stable_lr_per_seed, necessity_threshold, on_kinds, paired_gaps,
-                      threshold_draws)
+from .metrics import (
+    ARM,
+    NO_DIFFERENCE,
+    OFF,
+    OFF_WORSE,
+    ON_WORSE,
+    TOO_FEW,
+    UNDETERMINED,
+    Options,
+    control_words,
+    h1_tests,
+    lr_sensitivity_per_seed,
+    max_stable_lr_per_seed,
+    necessity_threshold,
+    on_kinds,
+    paired_gaps,
+    threshold_draws,
+)
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, MIXED, NO_DATA = (
     "supported", "not supported", "inconclusive", "mixed", "not enough data")

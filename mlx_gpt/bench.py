@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt bench`: throughput, FLOP/s, memory and overheads, measured side by side.
+"""`python -m qkstudy bench`: throughput, FLOP/s, memory and overheads, measured side by side.
 
 Everything is measured in one invocation on one machine so that the ratios mean something:
 the machine's sgemm peak (numpy/OpenBLAS and MLX), the MLX train step against a PyTorch eager
@@ -31,13 +31,16 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from . import cpu_jit, runlog
-from .cli import keys_usage
-from .config import TrainConfig, apply_overrides, split_key_values
-from .errors import UsageError
-from .model import GPT, ModelArgs, count_params, init_weights
+from qkstudy import runlog
+from qkstudy.cli import keys_usage
+from qkstudy.config import TrainConfig, apply_overrides, split_key_values
+from qkstudy.errors import UsageError
+from qkstudy.weights import count_params
+
+from . import cpu_jit
+from .engine import make_train_step
+from .model import GPT, ModelArgs, init_weights
 from .optim import make_optimizer
-from .train import make_train_step
 
 GPT2_VOCAB = 50257
 SHAPES = {
@@ -116,7 +119,7 @@ def validate(bench: BenchConfig) -> tuple[list[str], list[str], Path]:
 
 def flops_per_token(args: ModelArgs) -> float:
     model = GPT(args)
-    n = count_params(model)["total"] - args.block_size * args.d_model  # minus wpe
+    n = count_params(model.args)["total"] - args.block_size * args.d_model  # minus wpe
     attention = 12 * args.depth * args.n_heads * (args.d_model // args.n_heads) * args.block_size
     return 6.0 * n + attention
 
@@ -296,7 +299,7 @@ def run(bench: BenchConfig) -> dict:
         tokens = cfg.batch_size * cfg.block_size
         m = mlx_step_time(shape, bench.steps)
         entry = {
-            "shape": shape, "params": count_params(GPT(args)), "flops_per_token": fpt,
+            "shape": shape, "params": count_params(args), "flops_per_token": fpt,
             "mlx_tokens_per_s": tokens / m["step_s"],
             "mlx_gflops": fpt * tokens / m["step_s"] / 1e9,
             "peak_memory_gb": m["peak_memory_gb"],
@@ -381,7 +384,7 @@ def markdown(report: dict) -> str:
 
 
 USAGE = keys_usage(
-    "python -m mlx_gpt bench [key=value ...]",
+    "python -m qkstudy bench [key=value ...]",
     "Measures, side by side in one invocation: the train step (MLX and PyTorch eager) per shape,\n"
     "FLOP/s and share of the sgemm peak, peak memory, probe and eval overhead, and on the CPU\n"
     "the plain against the tuned kernel build and one against K processes. Writes\n"

@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt.memory_bench [demo mini study ...]`: the memory estimate against the peak.
+"""`python -m qkstudy.memory_bench [demo mini study ...]`: the memory estimate against the peak.
 
 For each preset's shape (its largest depth), in a fresh process: mlx_gpt/memory.py's estimate,
 MLX's peak memory (mx.get_peak_memory) over two compiled training steps, and the process's
@@ -13,13 +13,13 @@ import json
 import subprocess
 import sys
 
-from .memory import estimate, format_bytes
+from qkstudy.memory import estimate, format_bytes
 
 
 def shapes() -> dict[str, tuple[dict, int]]:
     """{preset: (its TrainConfig fields of shape, at its largest depth; vocabulary size)}."""
-    from .sweep.config import PRESETS
-    from .sweep.plan import VOCAB_BY_SUFFIX
+    from qkstudy.sweep.config import PRESETS
+    from qkstudy.sweep.plan import VOCAB_BY_SUFFIX
 
     out = {}
     for name in ("demo", "mini", "study"):
@@ -37,9 +37,10 @@ def measure_one(shape: dict, vocab: int) -> dict:
 
     import mlx.core as mx
 
-    from .config import TrainConfig
+    from qkstudy.config import TrainConfig
+
+    from .engine import build_model, make_train_step
     from .optim import make_optimizer
-    from .train import build_model, make_train_step
 
     cfg = TrainConfig(**shape)
     model = build_model(cfg, vocab)
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
     print("| preset shape | depth | d_model | heads | block | batch | vocab | estimate | MLX peak "
           "| estimate / peak | peak RSS | estimate / RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    from .config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     for name in names:
         shape, vocab = known[name]

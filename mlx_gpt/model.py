@@ -14,11 +14,9 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
+from qkstudy.config import NORM_EPS, ModelArgs
+
 from . import kernels as cpu_kernels
-from .config import ModelArgs
-
-NORM_EPS = 1e-5
-
 
 KERNELS = ("auto", "library", "cpu")
 
@@ -207,12 +205,3 @@ def objective_terms(logits: mx.array, targets: mx.array, z_loss: float,
     ce = mx.mean(lse - target_logits)
     z = z_loss * mx.mean(mx.square(lse))
     return ce + z, ce, z
-
-
-def count_params(model: GPT) -> dict[str, int]:
-    from mlx.utils import tree_flatten
-
-    sizes = {name: p.size for name, p in tree_flatten(model.parameters())}
-    total = sum(sizes.values())
-    embedding = sizes["wte.weight"] + sizes["wpe.weight"]
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

@@ -18,7 +18,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.optimizers as optim
 
-from .config import TrainConfig
+from qkstudy.config import TrainConfig
 
 
 def lr_schedule(step: mx.array | int, cfg: TrainConfig) -> mx.array:

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from mlx_gpt import train as trainer
-from mlx_gpt.sweep import adaptive
-from mlx_gpt.sweep.config import parse_sweep_config, run_config
+from qkstudy import trainer
+from qkstudy.sweep import adaptive
+from qkstudy.sweep.config import parse_sweep_config, run_config
 
 
 def test_a_cell_is_open_until_an_interval_decides_it():
@@ -81,7 +81,7 @@ def test_cells_where_neither_arm_learned_get_no_seeds(sweep):
 
 
 def test_status_names_the_refinement_lrs_and_the_added_seeds():
-    from mlx_gpt.status import Run, extras_lines
+    from qkstudy.status import Run, extras_lines
 
     runs = [Run("a", depth=2, lr=0.01, seed=0), Run("b", depth=2, lr=0.0316, seed=1),
             Run("c", depth=4, lr=0.1, seed=3), Run("d", depth=4, lr=0.1, seed=4)]
@@ -92,7 +92,7 @@ def test_status_names_the_refinement_lrs_and_the_added_seeds():
 
 
 def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
-    from mlx_gpt.sweep.run import added_runs
+    from qkstudy.sweep.run import added_runs
 
     def write_config(cfg):
         folder = trainer.run_dir_of(cfg)
@@ -109,8 +109,8 @@ def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
 
 
 def test_a_sweep_waits_on_extras_another_process_holds(sweep):
-    from mlx_gpt.locks import run_lock
-    from mlx_gpt.sweep.run import _held_elsewhere
+    from qkstudy.locks import run_lock
+    from qkstudy.sweep.run import _held_elsewhere
 
     cfg = run_config(sweep, 2, 0.0316, "none", 0)
     run_dir = trainer.run_dir_of(cfg)

@@ -21,10 +21,10 @@ from analysis import metrics as M
 from analysis import stats as S
 from analysis import verdicts as V
 from analysis.__main__ import main
-from analysis.errors import UsageError
 from analysis.load import load_runs
 from analysis.report import CHARTS, ReportOptions, build_report
-from mlx_gpt.config import TrainConfig
+from qkstudy.config import TrainConfig
+from qkstudy.errors import UsageError
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
                                         else None)
@@ -517,7 +517,7 @@ def _copy_run(src: Path, dest: Path) -> Path:
 def sweep(tiny_data, tmp_path_factory) -> Path:
     """2 depths x 2 arms x 3 LRs x 2 seeds (+ 2 refinement runs), a copy of one run in another
     sweep folder, a torch twin of it, and three broken run folders."""
-    from mlx_gpt.train import train
+    from qkstudy.trainer import train
 
     runs = tmp_path_factory.mktemp("analysis") / "runs"
     base = TrainConfig(data=tiny_data, n_heads=2, d_model=32, block_size=32, batch_size=4,
@@ -791,21 +791,21 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
 
 
 def test_load_names_each_run_by_its_arm_as_the_sweep_does():
-    from analysis.load import arm_of
-    from mlx_gpt.sweep.arms import arm_name, canonical
+    from qkstudy.arms import arm_name, arm_of, canonical
 
     for name in ("none", "rmsnorm", "layernorm", "softcap50", "softcap7.5", "zloss1e-4",
                  "zloss3e-5", "zloss0.01"):
         cfg = sweep_arm_config(name)
-        assert arm_of(cfg.identity(), cfg.qk_norm) == arm_name(cfg) == canonical(name) == name
-    assert arm_of({"lr": 0.1, "qk_norm": "rmsnorm"}, "rmsnorm") == "rmsnorm"  # an older run
+        assert arm_of(cfg.identity()) == arm_name(cfg) == canonical(name) == name
+    assert arm_of({"lr": 0.1, "qk_norm": "rmsnorm"}) == "rmsnorm"  # an older run
+    assert arm_of({"qk_norm": "none", "z_loss": "7", "attn_softcap": True}) == "none"  # damaged
     both = TrainConfig(qk_norm="layernorm", z_loss=1e-4)
-    assert arm_of(both.identity(), "layernorm") == "layernorm+zloss1e-4"
+    assert arm_of(both.identity()) == "layernorm+zloss1e-4"
     assert M.arm_words("layernorm+zloss1e-4") == "QK-norm on (layernorm) + z-loss 1e-4"
 
 
 def sweep_arm_config(name: str) -> TrainConfig:
-    from mlx_gpt.sweep.arms import apply_arm
+    from qkstudy.arms import apply_arm
 
     return apply_arm(TrainConfig(), name)
 
@@ -824,14 +824,15 @@ def test_chart_legend_names_each_arm_in_words_with_its_own_colour():
 
 def test_a_folder_of_only_failed_runs_gives_a_report_that_says_so(tiny_cfg, tmp_path,
                                                                    monkeypatch, capsys):
-    from mlx_gpt import train as trainer
+    from mlx_gpt import engine
+    from qkstudy import trainer
 
     cfg = tiny_cfg()
 
     def boom(*args, **kwargs):
         raise RuntimeError("the model could not be built")
 
-    monkeypatch.setattr(trainer, "build_model", boom)
+    monkeypatch.setattr(engine, "build_model", boom)
     with pytest.raises(RuntimeError):
         trainer.train(cfg, verbose=False)
     out = tmp_path / "failed-report"

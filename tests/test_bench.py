@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 
 from mlx_gpt import bench, cpu_jit
-from mlx_gpt.__main__ import main
 from mlx_gpt.bench import SHAPES, flops_per_token, shape_config
-from mlx_gpt.model import GPT, count_params
+from qkstudy.__main__ import main
+from qkstudy.weights import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_flops_per_token_follows_palm():
     _, args = shape_config(SHAPES["reference"])
-    n = count_params(GPT(args))["total"] - args.block_size * args.d_model
+    n = count_params(args)["total"] - args.block_size * args.d_model
     attention = 12 * 6 * 4 * 64 * 256  # 12 L H Q T
     assert flops_per_token(args) == 6 * n + attention
 
@@ -124,7 +124,7 @@ TRAIN_A_FEW_STEPS = textwrap.dedent("""
     from mlx_gpt.bench import SHAPES, random_batch, shape_config
     from mlx_gpt.model import GPT, init_weights
     from mlx_gpt.optim import make_optimizer
-    from mlx_gpt.train import make_train_step
+    from mlx_gpt.engine import make_train_step
 
     cfg, args = shape_config(dict(SHAPES["demo"], depth=2, block_size=32))
     model = GPT(args)

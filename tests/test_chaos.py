@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mlx_gpt import chaos, runlog
+from analysis import chaos
+from qkstudy import runlog
 
 # 4 grid runs + 2 refinement runs of 20 steps, mini-shaped
 WORDS = [w for w in chaos.SWEEP if not w.startswith(("seeds=", "max_steps="))] + [

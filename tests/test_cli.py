@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlx_gpt.__main__ import main as mlx_main
+from qkstudy.__main__ import main as mlx_main
 from torch_ref.__main__ import main as torch_main
 
 COMMANDS = [(mlx_main, c) for c in ("prepare", "train", "sweep", "bench", "status")] + [
@@ -24,7 +24,7 @@ def test_every_command_has_help(main, command, flag, capsys, tmp_path, monkeypat
 def test_train_help_lists_every_key_with_its_default(capsys):
     from dataclasses import fields
 
-    from mlx_gpt.config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     assert mlx_main(["train", "--help"]) == 0
     out = capsys.readouterr().out

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mlx_gpt import data, synthetic
-from mlx_gpt.__main__ import main
-from mlx_gpt.errors import UsageError
-from mlx_gpt.tokenizer import ENDOFTEXT, get_tokenizer, store_verified
+from qkstudy import data, synthetic
+from qkstudy.__main__ import main
+from qkstudy.errors import UsageError
+from qkstudy.tokenizer import ENDOFTEXT, get_tokenizer, store_verified
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
 VALID_SAMPLE_SHA256 = "5fc1fb0113df62b567fb271806cd645ce8d75f59c58ca0b764c03d3b6ff34ca6"

@@ -15,11 +15,11 @@ import pytest
 
 from analysis import load_study
 from analysis import metrics as M
-from analysis.errors import UsageError
 from analysis.load import load_runs
 from analysis.report import analyse
 from analysis.study import probe_curves, training_curves
-from mlx_gpt.config import TrainConfig
+from qkstudy.config import TrainConfig
+from qkstudy.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "analysis" / "explore.py"
@@ -30,7 +30,7 @@ LRS = (3e-3, 1.0)  # one LR that trains, one that diverges
 def tiny_runs(tiny_data, tmp_path_factory) -> Path:
     """Depth 1 x both arms x 2 LRs x 2 seeds, 12 steps each: the smallest sweep with paired
     gaps (a few seconds of training)."""
-    from mlx_gpt.train import train
+    from qkstudy.trainer import train
 
     runs = tmp_path_factory.mktemp("explore") / "runs"
     base = TrainConfig(data=tiny_data, depth=1, n_heads=2, d_model=16, block_size=16,

@@ -4,22 +4,23 @@ anything is written (an allocation MLX cannot satisfy would kill the process by 
 from __future__ import annotations
 
 import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from mlx_gpt import memory, sweep
-from mlx_gpt.__main__ import main
-from mlx_gpt.config import TrainConfig, model_args
-from mlx_gpt.errors import UsageError
+from qkstudy import memory, sweep
+from qkstudy.__main__ import main
+from qkstudy.config import TrainConfig, model_args
+from qkstudy.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_module_imports_no_framework():
-    code = ("import sys, mlx_gpt.memory; "
+    code = ("import sys, qkstudy.memory; "
             "assert not {'mlx.core', 'torch'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -28,11 +29,21 @@ def test_module_imports_no_framework():
     ({}, 257), ({"bias": True, "qk_norm": "rmsnorm"}, 50257),
     ({"depth": 3, "d_model": 96, "n_heads": 3, "block_size": 48, "qk_norm": "layernorm"}, 1000),
 ])
-def test_parameter_count_is_the_models(changes, vocab):
-    from mlx_gpt.model import GPT, count_params
+def test_parameter_shapes_are_both_models(changes, vocab):
+    """The core's parameter names and shapes (counts, initial weights, memory) are exactly the
+    parameters the MLX and the torch model build."""
+    from mlx.utils import tree_flatten
+
+    from mlx_gpt.model import GPT
+    from qkstudy.weights import parameter_shapes
 
     cfg = dataclasses.replace(TrainConfig(), **changes)
-    assert memory.parameter_count(cfg, vocab) == count_params(GPT(model_args(cfg, vocab)))["total"]
+    args = model_args(cfg, vocab)
+    shapes = parameter_shapes(args)
+    assert {k: tuple(v.shape) for k, v in tree_flatten(GPT(args).parameters())} == shapes
+    torch_model = pytest.importorskip("torch_ref.model")
+    assert {k: tuple(v.shape) for k, v in torch_model.GPT(args).named_parameters()} == shapes
+    assert memory.parameter_count(cfg, vocab) == sum(math.prod(s) for s in shapes.values())
 
 
 def test_attention_grows_with_the_square_of_block_size_and_the_rest_does_not():
@@ -72,7 +83,7 @@ def test_available_memory_is_the_machines_or_the_gpus_given():
 def long_data(tmp_path_factory) -> str:
     """A corpus whose val split holds more than 100,000 tokens, so block_size 100000 passes
     the data's own check and meets the memory check."""
-    from mlx_gpt.data import PrepareConfig, prepare
+    from qkstudy.data import PrepareConfig, prepare
 
     out = tmp_path_factory.mktemp("long") / "synthetic-bytes"
     prepare("synthetic", PrepareConfig(out=str(out), tokenizer="bytes", size_mb=2.5,

@@ -6,6 +6,7 @@ the one MLX runs on Apple GPUs; here it runs on the CPU device, against the CPU 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import mlx.core as mx
@@ -14,10 +15,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_gpt.config import TrainConfig, parse_train_config
-from mlx_gpt.errors import UsageError
 from mlx_gpt.model import GPT, ModelArgs, init_weights, resolve_kernels
-from mlx_gpt.train import model_args
+from qkstudy.config import TrainConfig, load_config, model_args, parse_train_config
+from qkstudy.errors import UsageError
 
 LOSS_RTOL = 1e-6
 GRAD_RTOL = 1e-5
@@ -85,8 +85,8 @@ def test_kernels_resolve_once_and_never_change_the_run_id():
 
 def test_training_on_either_kernel_path_gives_the_same_curve(tiny_cfg):
     """The whole trainer (compiled step, eval, probes) on each path: one run id, one curve."""
-    from mlx_gpt.runlog import read_parts
-    from mlx_gpt.train import run_dir_of, train
+    from qkstudy.runlog import read_parts
+    from qkstudy.trainer import run_dir_of, train
 
     curves = {}
     for kernels in ("cpu", "library"):
@@ -189,11 +189,25 @@ def test_rival_controls_agree_across_kernel_paths():
     assert relative(g_c[worst], g_l[worst]) <= GRAD_RTOL, worst
 
 
-def test_rival_keys_validate_and_leave_old_run_ids_alone():
-    # run ids computed before attn_softcap and z_loss existed: off, they are not in the identity
-    assert TrainConfig().run_id == "d4-noqk-lr0.003-s0-b079cdd2a4"
-    assert TrainConfig(qk_norm="rmsnorm", lr=0.01, depth=6, seed=2).run_id == \
+def test_rival_keys_validate_and_leave_old_run_ids_alone(tmp_path):
+    # run ids computed before attn_softcap, z_loss, the backends and the numpy initialisation:
+    # with their legacy values these keys are not in the identity, so those ids stay
+    assert TrainConfig(init="mlx").run_id == "d4-noqk-lr0.003-s0-b079cdd2a4"
+    assert TrainConfig(qk_norm="rmsnorm", lr=0.01, depth=6, seed=2, init="mlx").run_id == \
         "d6-qkrmsnorm-lr0.01-s2-a74a45eb18"
+    # a config.json written then reads back as that run (init=mlx), not as a new one
+    old = tmp_path / "config.json"
+    old.write_text(json.dumps({**TrainConfig(init="mlx").identity(), "framework": "mlx",
+                               "run_id": "d4-noqk-lr0.003-s0-b079cdd2a4"}))
+    assert load_config(str(old)).run_id == "d4-noqk-lr0.003-s0-b079cdd2a4"
+    # the numpy initialisation changes what a run computes: new runs get new ids
+    assert TrainConfig().run_id == "d4-noqk-lr0.003-s0-25c494c633"
+    torch_run = TrainConfig(backend="torch", device="cuda", precision="bf16")
+    assert torch_run.run_id.startswith("d4-noqk-torch-bf16-lr0.003-s0-")
+    assert {"backend", "device", "precision"} <= torch_run.identity().keys()
+    assert "compile" not in TrainConfig(backend="torch", compile=True).identity()
+    with pytest.raises(UsageError, match="options of backend=torch"):
+        TrainConfig(device="cuda").validate()
     capped, z = TrainConfig(attn_softcap=50), TrainConfig(z_loss=1e-4)
     assert capped.run_id.startswith("d4-noqk-softcap50-lr0.003-s0-")
     assert z.run_id.startswith("d4-noqk-zloss1e-4-lr0.003-s0-")

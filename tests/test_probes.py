@@ -13,11 +13,11 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_gpt import probes
-from mlx_gpt.batches import probe_batch
-from mlx_gpt.errors import UsageError
 from mlx_gpt.model import GPT, ModelArgs, init_weights
-from mlx_gpt.runlog import read_parts
-from mlx_gpt.train import load_data, run_dir_of, train
+from qkstudy.batches import probe_batch
+from qkstudy.errors import UsageError
+from qkstudy.runlog import read_parts
+from qkstudy.trainer import load_data, run_dir_of, train
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "probes.md"
 EPS = 1e-5

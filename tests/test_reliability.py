@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_gpt import chaos, runlog
-from mlx_gpt.errors import UsageError
-from mlx_gpt.sweep.plan import command_line
-from mlx_gpt.train import run_dir_of
+from analysis import chaos
+from qkstudy import runlog
+from qkstudy.errors import UsageError
+from qkstudy.sweep.plan import command_line
+from qkstudy.trainer import run_dir_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,8 +29,8 @@ FORK_SERVER = textwrap.dedent("""
     import json, os, random, signal, sys, time
     from pathlib import Path
     import mlx_gpt
-    from mlx_gpt import interrupts, runlog
-    from mlx_gpt.__main__ import main
+    from qkstudy import interrupts, runlog
+    from qkstudy.__main__ import main
 
     # Python's own after-fork hooks run in the child before the CLI installs its handlers, and
     # swallow a KeyboardInterrupt raised there; the CLI's handler (which also notes the signal
@@ -112,7 +113,7 @@ FORK_SERVER = textwrap.dedent("""
 """)
 
 
-# what a run is compared by, here and in the storm test (mlx_gpt/chaos.py)
+# what a run is compared by, here and in the storm test (analysis/chaos.py)
 _metric_rows, _probe_rows = chaos.metric_rows, chaos.probe_rows
 
 
@@ -179,7 +180,7 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
 
 
 def test_deferred_signal_waits_for_the_safe_point():
-    from mlx_gpt.interrupts import Deferred, Interrupted
+    from qkstudy.interrupts import Deferred, Interrupted
 
     with pytest.raises(Interrupted) as caught, Deferred() as guard:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -196,7 +197,7 @@ def test_deferred_signal_waits_for_the_safe_point():
 
 def _interrupted_at_10(cfg, monkeypatch):
     """Train `cfg` and stop it by Ctrl-C at step 10 (a checkpoint there)."""
-    from mlx_gpt import train as trainer
+    from qkstudy import trainer
 
     real = trainer.Display.update
 
@@ -214,7 +215,7 @@ def _interrupted_at_10(cfg, monkeypatch):
 
 @pytest.fixture
 def reference(tiny_cfg):
-    from mlx_gpt.train import train
+    from qkstudy.trainer import train
 
     cfg = tiny_cfg(max_steps=20, ckpt_every=10)
     train(cfg, verbose=False)
@@ -232,7 +233,7 @@ def test_damage_found_at_resume_restarts_from_step_0(reference, tmp_path, monkey
                                                      damage):
     import dataclasses
 
-    from mlx_gpt.train import train
+    from qkstudy.trainer import train
 
     cfg = dataclasses.replace(reference, runs_dir=str(tmp_path / "damaged"))
     _interrupted_at_10(cfg, monkeypatch)
@@ -260,7 +261,7 @@ def test_damage_found_at_resume_restarts_from_step_0(reference, tmp_path, monkey
 
 
 def test_finished_run_with_a_damaged_part_is_reported_with_its_repair(reference, capsys):
-    from mlx_gpt.__main__ import main
+    from qkstudy.__main__ import main
 
     folder = run_dir_of(reference)
     part = runlog.parts(folder / "metrics")[-1][1]
@@ -278,7 +279,7 @@ def test_finished_run_with_a_damaged_part_is_reported_with_its_repair(reference,
 
 @pytest.mark.parametrize("content", ["[1, 2]", "{\"status\": 3}", "{not json", "\"completed\""])
 def test_summary_that_is_not_a_summary_is_one_line(reference, capsys, content):
-    from mlx_gpt.__main__ import main
+    from qkstudy.__main__ import main
 
     path = run_dir_of(reference) / "summary.json"
     path.write_text(content)
@@ -291,7 +292,7 @@ def test_disk_full_is_one_line_and_the_run_resumes(reference, tmp_path, monkeypa
     import dataclasses
     import errno
 
-    from mlx_gpt.__main__ import main
+    from qkstudy.__main__ import main
 
     cfg = dataclasses.replace(reference, runs_dir=str(tmp_path / "full"))
     real = runlog.save_tensors
@@ -314,7 +315,7 @@ def test_disk_full_is_one_line_and_the_run_resumes(reference, tmp_path, monkeypa
 
 
 def test_leftover_temp_files_of_dead_processes_are_removed(tiny_cfg):
-    from mlx_gpt.train import train
+    from qkstudy.trainer import train
 
     cfg = tiny_cfg(max_steps=10)
     folder = run_dir_of(cfg)
@@ -334,17 +335,17 @@ def test_leftover_temp_files_of_dead_processes_are_removed(tiny_cfg):
 CRASH = textwrap.dedent("""
     import faulthandler, sys
     import mlx_gpt
-    from mlx_gpt import train as trainer
+    from qkstudy import trainer
     trainer.resume_point = lambda *args: faulthandler._sigsegv()  # inside a run, not calibration
-    from mlx_gpt.__main__ import main
+    from qkstudy.__main__ import main
     sys.exit(main(sys.argv[1:]))
 """)
 
 
 def test_a_run_that_kills_its_process_is_recorded_failed_and_not_retried(tiny_data, tmp_path,
                                                                          capsys):
-    from mlx_gpt import sweep
-    from mlx_gpt.__main__ import main
+    from qkstudy import sweep
+    from qkstudy.__main__ import main
 
     words = ["preset=demo", f"data={tiny_data}", f"runs_dir={tmp_path / 'runs'}", "name=t",
              "depth=1", "d_model=16", "n_heads=2", "block_size=16", "batch_size=2",
@@ -373,8 +374,8 @@ def test_a_run_that_kills_its_process_is_recorded_failed_and_not_retried(tiny_da
 def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsys):
     import shutil
 
-    from mlx_gpt.__main__ import main
-    from mlx_gpt.data import load_tokens
+    from qkstudy.__main__ import main
+    from qkstudy.data import load_tokens
 
     for bad in (300, 257):  # 257..319 is the padding of the bytes vocabulary: also refused
         folder = tmp_path / f"bad{bad}-bytes"
@@ -415,7 +416,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsy
     (["sweep", "preset=demo", "seeds=0", "seeds=1"], "seeds is given twice"),
 ])
 def test_bad_values_are_one_line_exit_2(words, message, capsys, tmp_path, monkeypatch):
-    from mlx_gpt.__main__ import main
+    from qkstudy.__main__ import main
 
     monkeypatch.chdir(tmp_path)
     assert main(words) == 2
@@ -426,7 +427,7 @@ def test_bad_values_are_one_line_exit_2(words, message, capsys, tmp_path, monkey
 
 def test_unwritable_output_folders_are_one_line(tiny_data, tmp_path, capsys):
     from analysis.__main__ import main as analysis_main
-    from mlx_gpt.__main__ import main
+    from qkstudy.__main__ import main
 
     a_file = tmp_path / "a-file"
     a_file.write_text("")
@@ -439,7 +440,7 @@ def test_unwritable_output_folders_are_one_line(tiny_data, tmp_path, capsys):
 
 
 def test_independent_wd_defaults_to_1e_4_and_load_config_is_strict(tmp_path):
-    from mlx_gpt.config import TrainConfig, load_config, parse_train_config
+    from qkstudy.config import TrainConfig, load_config, parse_train_config
 
     assert parse_train_config(["independent_wd=true"]).weight_decay == 1e-4
     assert parse_train_config([]).weight_decay == 0.1
@@ -457,8 +458,8 @@ def test_independent_wd_defaults_to_1e_4_and_load_config_is_strict(tmp_path):
 def test_a_failed_run_trained_again_keeps_no_traceback(tiny_cfg, monkeypatch):
     """traceback.txt belongs to a failed summary: once the run is retried and finishes, it goes
     (found by the storm test: a completed run still held an earlier attempt's traceback)."""
-    from mlx_gpt import recorder
-    from mlx_gpt.train import train
+    from qkstudy import recorder
+    from qkstudy.trainer import train
 
     cfg = tiny_cfg(max_steps=10)
     real = recorder.Recorder.finish
@@ -479,7 +480,7 @@ def test_a_failed_run_trained_again_keeps_no_traceback(tiny_cfg, monkeypatch):
 
 def test_failed_runs_are_listed_by_the_analysis(reference, tmp_path):
     from analysis.load import load_runs
-    from mlx_gpt.train import summary_base
+    from qkstudy.trainer import summary_base
 
     failed = run_dir_of(reference).parent / "d2-noqk-lr0.1-s0-failedrun"
     failed.mkdir()
@@ -497,13 +498,13 @@ def test_ctrl_c_while_an_extension_initialises_is_an_interrupt(monkeypatch, caps
     command says "interrupted" and exits 130, no traceback."""
     import importlib
 
-    from mlx_gpt import interrupts
-    from mlx_gpt.__main__ import main
+    from qkstudy import interrupts
+    from qkstudy.__main__ import main
 
     real_import = importlib.import_module
 
     def import_interrupted(name, *args):
-        if name == "mlx_gpt.train":
+        if name == "mlx_gpt.engine":
             try:
                 raise interrupts.Interrupted()
             except KeyboardInterrupt as e:

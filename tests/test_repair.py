@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mlx_gpt import runlog, status, sweep
-from mlx_gpt import train as trainer
-from mlx_gpt.__main__ import main
-from mlx_gpt.sweep.plan import command_line
-from mlx_gpt.sweep.run import finished_after_grid
+from qkstudy import runlog, status, sweep, trainer
+from qkstudy.__main__ import main
+from qkstudy.sweep.plan import command_line
+from qkstudy.sweep.run import finished_after_grid
 
 COLUMNS = ["step", "train_loss", "grad_norm", "val_loss", "lr"]
 

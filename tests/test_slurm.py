@@ -21,10 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from mlx_gpt import runlog, status
-from mlx_gpt import train as trainer
-from mlx_gpt.__main__ import main
-from mlx_gpt.config import parse_train_config
+from qkstudy import runlog, status, trainer
+from qkstudy.__main__ import main
+from qkstudy.config import parse_train_config
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 TIMEOUT = 120  # seconds any one wait on the cluster may take
@@ -315,7 +314,7 @@ def test_preempted_task_is_requeued_and_finishes_bit_exact(cluster, tiny_data, t
 
 
 def test_task_list_is_the_sweeps_runs(tiny_data, tmp_path, capsys, monkeypatch):
-    from mlx_gpt import sweep
+    from qkstudy import sweep
 
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no sbatch, no squeue here
     runs = tmp_path / "runs"
@@ -337,7 +336,7 @@ def test_task_list_is_the_sweeps_runs(tiny_data, tmp_path, capsys, monkeypatch):
     folder = runs / "f" / "slurm" / "001"
     assert f"sbatch {folder / 'array.sbatch'}" in out
     lines = (folder / "tasks.txt").read_text().splitlines()
-    assert all(line.startswith(f"{sys.executable} -m mlx_gpt train ") for line in lines)
+    assert all(line.startswith(f"{sys.executable} -m qkstudy train ") for line in lines)
     planned = [parse_train_config(line.split()[4:]) for line in lines]
     grid = sweep.grid(sweep.parse_sweep_config(words))
     assert [c.run_id for c in planned] == [c.run_id for c in grid]  # exactly the sweep's runs

@@ -1,4 +1,4 @@
-"""`mlx_gpt status`: a fixture sweep with a run in every state, the ETA arithmetic, Slurm
+"""`qkstudy status`: a fixture sweep with a run in every state, the ETA arithmetic, Slurm
 columns, read-only behaviour and the command line."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlx_gpt import runlog, status
-from mlx_gpt.__main__ import main
-from mlx_gpt.locks import run_lock
-from mlx_gpt.sweep import slurm
+from qkstudy import runlog, status
+from qkstudy.__main__ import main
+from qkstudy.locks import run_lock
+from qkstudy.sweep import slurm
 
 TPS = 4 * 32  # tokens a step in the fixture
 
@@ -101,7 +101,7 @@ def test_every_state_on_one_screen(sweep_dir):
 
 def test_lock_held_by_another_process_is_running(sweep_dir):
     folder = sweep_dir / "d1-noqk-lr0.01-s0-eee"
-    code = ("import sys, time; from pathlib import Path; from mlx_gpt.locks import run_lock\n"
+    code = ("import sys, time; from pathlib import Path; from qkstudy.locks import run_lock\n"
             "with run_lock(Path(sys.argv[1])) as ok:\n    print(ok, flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE,
                               text=True)

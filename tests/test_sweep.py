@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from mlx_gpt import runlog, sweep
-from mlx_gpt import train as trainer
-from mlx_gpt.__main__ import main
-from mlx_gpt.config import parse_train_config
-from mlx_gpt.errors import UsageError
-from mlx_gpt.locks import RunBusy
+from qkstudy import runlog, sweep, trainer
+from qkstudy.__main__ import main
+from qkstudy.config import parse_train_config
+from qkstudy.errors import UsageError
+from qkstudy.locks import RunBusy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -263,7 +262,7 @@ def test_emit_commands_are_standalone_and_follow_the_results(monkeypatch, tiny_d
     assert len(lines) == 3 and "3 of 3 grid runs left, 0 refinement" in captured.err
     for line, cfg in zip(lines, sweep.grid(sc)):
         words_ = shlex.split(line)
-        assert words_[:4] == [sys.executable, "-m", "mlx_gpt", "train"]  # this environment's
+        assert words_[:4] == [sys.executable, "-m", "qkstudy", "train"]  # this environment's
         again = parse_train_config(words_[4:])
         assert again == cfg and again.run_id == cfg.run_id
     # only what the run does: the study's token budget, not the max_steps it overrides
@@ -305,14 +304,16 @@ def test_busy_runs_are_passed_over_and_retried_at_the_end(monkeypatch, tiny_data
 
 def test_a_crashing_run_does_not_stop_the_sweep(monkeypatch, tiny_data, tmp_path, capsys,
                                                no_calibration):
-    real_build = trainer.build_model
+    from mlx_gpt import engine
+
+    real_build = engine.build_model
 
     def build(cfg, vocab_size):
         if cfg.lr == 1e-3:
             raise RuntimeError("boom")
         return real_build(cfg, vocab_size)
 
-    monkeypatch.setattr(trainer, "build_model", build)
+    monkeypatch.setattr(engine, "build_model", build)
     words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "max_steps=10",
                        "ckpt_every=10")
     assert main(["sweep", *words]) == 0
@@ -342,7 +343,7 @@ def test_interrupt_stops_cleanly_and_the_next_sweep_skips_and_resumes(monkeypatc
     monkeypatch.setattr(trainer, "train_stream", ctrl_c_in_second_run)
     assert main(["sweep", *words]) == 130
     err = capsys.readouterr().err
-    assert "interrupted" in err and "python -m mlx_gpt sweep preset=demo" in err
+    assert "interrupted" in err and "python -m qkstudy sweep preset=demo" in err
     assert status_of(first) == "completed" and status_of(second) is None
     assert (trainer.run_dir_of(second) / "checkpoint.safetensors").exists()
     assert not trainer.run_dir_of(third).exists()
@@ -375,7 +376,8 @@ WORKER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     import mlx_gpt
-    from mlx_gpt import sweep, train as trainer
+    from qkstudy import sweep, trainer
+    from qkstudy.sweep import plan
 
     marks, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     real_locked = trainer._train_locked
@@ -386,7 +388,7 @@ WORKER = textwrap.dedent("""
         return real_locked(cfg, *args)
 
     trainer._train_locked = marked
-    sweep.calibrate = lambda cfg, vocab: (1000.0, 3)
+    plan.calibrate = lambda cfg, vocab, *a: (1000.0, 3)  # plan.describe calls it
     (marks.parent / me).touch()
     deadline = time.monotonic() + 60
     while not (marks.parent / other).exists() and time.monotonic() < deadline:  # start together
@@ -465,7 +467,7 @@ def test_sweep_declares_its_base_grid_for_the_analysis(tiny_data, tmp_path):
 def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
     """arms=none,rmsnorm,softcap50,zloss1e-4: per seed, every arm is the off arm's config with
     one key changed (so the same init weights and batches), and run ids are distinct."""
-    from mlx_gpt.sweep.arms import arm_name, canonical
+    from qkstudy.arms import arm_name, canonical
 
     sc = sweep.parse_sweep_config(["preset=demo", "arms=none,rmsnorm,softcap50.0,zloss0.0001",
                                    "seeds=0,1", "lrs=1e-3"])
@@ -494,7 +496,7 @@ def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
 
 
 def test_eta_starts_from_calibration_and_moves_smoothly():
-    from mlx_gpt.sweep.run import Tally
+    from qkstudy.sweep.run import Tally
 
     tally = Tally(total=10)  # the queue: 100 calibrated seconds; the next run: 10
     assert tally.eta(100, first=10) == pytest.approx(100.0)  # calibration only

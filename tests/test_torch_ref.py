@@ -14,14 +14,16 @@ import torch
 import torch.nn.functional as F
 from mlx.utils import tree_flatten
 
-from mlx_gpt import runlog
-from mlx_gpt.errors import UsageError
-from mlx_gpt.config import model_args
-from mlx_gpt.train import build_model, run_dir_of, train
+from mlx_gpt.engine import build_model
+from qkstudy import runlog
+from qkstudy.config import TrainConfig, model_args
+from qkstudy.errors import UsageError
+from qkstudy.trainer import run_dir_of, train
+from qkstudy.weights import initial_weights
+from torch_ref import optim as torch_optim
 from torch_ref import parity
 from torch_ref.__main__ import main
 from torch_ref.model import GPT as TorchGPT
-from torch_ref import optim as torch_optim
 from torch_ref.spot_check import spot_check
 from torch_ref.weights import as_numpy, load_mlx, load_torch, save_mlx, save_torch
 
@@ -80,7 +82,7 @@ def test_parity_cli_exits_nonzero_on_a_broken_tolerance(monkeypatch, capsys):
 
 
 def test_weight_round_trip_mlx_torch_mlx_is_exact(tmp_path):
-    from mlx_gpt.config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     cfg = TrainConfig(depth=2, d_model=32, n_heads=2, block_size=16, bias=True, qk_norm="rmsnorm")
     source = build_model(cfg, 257)
@@ -112,7 +114,7 @@ def test_weight_round_trip_mlx_torch_mlx_is_exact(tmp_path):
 
 
 def test_loading_checks_names_and_shapes(tmp_path):
-    from mlx_gpt.config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     cfg = TrainConfig(depth=1, d_model=32, n_heads=2, block_size=16)
     save_mlx(build_model(cfg, 257), tmp_path / "a.safetensors")
@@ -135,7 +137,7 @@ def test_mlx_and_torch_adamw_agree_with_warmup_cosine_and_clipping(independent_w
     from mlx.utils import tree_unflatten
 
     from mlx_gpt import optim as mlx_optim
-    from mlx_gpt.config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     cfg = TrainConfig(lr=1e-2, warmup_steps=3, max_steps=12, grad_clip=3.0,
                       weight_decay=1e-3 if independent_wd else 0.1, independent_wd=independent_wd)
@@ -175,7 +177,7 @@ def test_mlx_and_torch_adamw_agree_with_warmup_cosine_and_clipping(independent_w
 def test_weight_decay_groups_name_the_embeddings_and_linear_weights():
     from test_train import DECAYED
 
-    from mlx_gpt.config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     cfg = TrainConfig(depth=1, d_model=8, n_heads=2, block_size=4, bias=True,
                       qk_norm="layernorm")
@@ -190,7 +192,7 @@ def test_weight_decay_groups_name_the_embeddings_and_linear_weights():
 
 @pytest.mark.parametrize("grad_clip, expected", [(1.0, 1.0 * 6.0 / (6.0 + 1e-6)), (0.0, 6.0)])
 def test_clipping_scales_to_the_clip_norm(grad_clip, expected):
-    from mlx_gpt.config import TrainConfig
+    from qkstudy.config import TrainConfig
 
     cfg = TrainConfig(grad_clip=grad_clip)
     params = {"w": torch.nn.Parameter(torch.zeros(2, 2))}
@@ -211,9 +213,10 @@ def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsy
     mlx_dir = run_dir_of(cfg)
     out, summary = spot_check(mlx_dir, "cpu", verbose=False)
 
-    assert out == mlx_dir.parent / f"{cfg.run_id}-torch-cpu"
+    assert out == run_dir_of(dataclasses.replace(cfg, backend="torch", device="cpu"))
+    assert out.parent == mlx_dir.parent and out.name.startswith("d2-qkrmsnorm-torch-")
     for name in ("config.json", "manifest.json", "summary.json", "final.safetensors",
-                 "init.safetensors", "comparison.json"):
+                 "comparison.json"):
         assert (out / name).exists(), name
     for folder, schema in (("metrics", runlog.METRICS_SCHEMA), ("probes", runlog.PROBES_SCHEMA)):
         assert read_parts_schema(out / folder) == read_parts_schema(mlx_dir / folder)
@@ -221,10 +224,9 @@ def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsy
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk == summary
     assert mlx_summary.keys() <= on_disk.keys()
-    assert on_disk["framework"] == "torch" and on_disk["device"] == "cpu"
-    assert on_disk["reference_run_id"] == cfg.run_id and on_disk["sweep"] == cfg.sweep
+    assert on_disk["framework"] == "torch" and on_disk["sweep"] == cfg.sweep
     assert on_disk["status"] == "completed" and on_disk["steps"] == cfg.steps
-    for key in ("lr", "depth", "qk_norm", "seed", "tokens_seen", "params", "config"):
+    for key in ("lr", "depth", "qk_norm", "seed", "tokens_seen", "params"):
         assert on_disk[key] == mlx_summary[key], key
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["framework"] == "torch" and manifest["device"] == "cpu"
@@ -251,11 +253,6 @@ def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsy
     keys = [sorted((r["step"], r["layer"], r["name"]) for r in rows)
             for rows in (torch_probes, mlx_probes)]
     assert keys[0] == keys[1]
-
-    # the init file is the MLX run's initial model, bit for bit
-    init = mx.load(str(out / "init.safetensors"))
-    rebuilt = dict(tree_flatten(build_model(cfg, 257).parameters()))
-    assert all(np.array_equal(np.array(init[k]), np.array(v)) for k, v in rebuilt.items())
 
     comparison = json.loads((out / "comparison.json").read_text())
     assert comparison["same_data"] and comparison["steps_compared"] == cfg.steps + 1
@@ -290,7 +287,7 @@ def test_spot_check_usage_errors(tiny_cfg, tmp_path, capsys):
         assert "not available" in capsys.readouterr().err
     assert main(["spot-check", str(run), "data=/nonexistent"]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert not (run.parent / f"{run.name}-torch-cpu").exists()  # nothing half-written
+    assert [p.name for p in run.parent.iterdir()] == ["r"]  # nothing half-written
 
 
 def test_spot_check_of_a_diverged_run_diverges_at_the_same_step(tiny_cfg):
@@ -302,8 +299,32 @@ def test_spot_check_of_a_diverged_run_diverges_at_the_same_step(tiny_cfg):
     assert summary["status"] == "diverged" and summary["final_val_loss"] is None
     assert summary["diverged_step"] == mlx_summary["diverged_step"]
     assert summary["steps"] == summary["diverged_step"] + 1
-    rows = runlog.read_parts(run_dir_of(cfg).parent / f"{cfg.run_id}-torch-cpu" / "metrics")
+    twin = run_dir_of(dataclasses.replace(cfg, backend="torch", device="cpu"))
+    rows = runlog.read_parts(twin / "metrics")
     assert rows.column("step").to_pylist() == list(range(summary["diverged_step"] + 1))
+
+
+def test_both_frameworks_start_from_the_numpy_initial_weights_bit_for_bit():
+    from torch_ref.engine import Engine as TorchEngine
+
+    cfg = dataclasses.replace(TrainConfig(), depth=2, d_model=32, n_heads=2, block_size=16,
+                              qk_norm="layernorm", bias=True, seed=7)
+    expected = initial_weights(model_args(cfg, 257), cfg.seed)
+    probe = (np.zeros((2, 16), np.int64), np.zeros((2, 16), np.int64))
+    mlx_weights = {k: np.array(v) for k, v in tree_flatten(build_model(cfg, 257).parameters())}
+    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu")
+    torch_weights = TorchEngine(torch_cfg, 257, [], probe).weights()
+    assert mlx_weights.keys() == torch_weights.keys() == expected.keys()
+    for name, value in expected.items():
+        assert value.dtype == np.float32
+        assert np.array_equal(mlx_weights[name], value) and np.array_equal(torch_weights[name], value)
+    # the arms share every weight but the QK-norm gains; another seed draws other weights
+    off = initial_weights(model_args(dataclasses.replace(cfg, qk_norm="none"), 257), cfg.seed)
+    assert all(np.array_equal(off[k], expected[k]) for k in off)
+    other = initial_weights(model_args(cfg, 257), cfg.seed + 1)
+    assert not np.array_equal(other["wte.weight"], expected["wte.weight"])
+    assert np.std(expected["blocks.0.attn.qkv.weight"]) == pytest.approx(0.02, rel=0.05)
+    assert np.std(expected["blocks.1.mlp.proj.weight"]) == pytest.approx(0.01, rel=0.05)
 
 
 def test_torch_rival_controls_match_the_hand_derivation():

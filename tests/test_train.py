@@ -13,13 +13,16 @@ import pyarrow.parquet as pq
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_gpt import probes, runlog
-from mlx_gpt.__main__ import main
-from mlx_gpt.config import TrainConfig, parse_train_config
-from mlx_gpt.errors import UsageError
-from mlx_gpt.model import GPT, ModelArgs, count_params, init_weights
+from mlx_gpt import probes
+from mlx_gpt.model import GPT, ModelArgs, init_weights
 from mlx_gpt.optim import lr_schedule, make_optimizer, update
-from mlx_gpt.train import divergence, run_dir_of, train
+from qkstudy import runlog
+from qkstudy.__main__ import main
+from qkstudy.config import TrainConfig, parse_train_config
+from qkstudy.errors import UsageError
+from qkstudy.recorder import divergence
+from qkstudy.trainer import run_dir_of, train
+from qkstudy.weights import count_params
 
 LOSS_COLUMNS = ["step", "tokens", "lr", "train_loss", "grad_norm", "val_loss"]
 
@@ -127,7 +130,7 @@ def test_divergence_rule():
 
 
 def test_a_transient_spike_is_counted_not_fatal(tmp_path):
-    from mlx_gpt.recorder import Recorder
+    from qkstudy.recorder import Recorder
 
     # the case that flipped a verdict: one batch at 11.35 nats, then recovery
     cfg = TrainConfig(warmup_steps=0, divergence_window=50, log_every=10)
@@ -168,7 +171,7 @@ def test_param_count_formula():
     d = 192
     per_block = 12 * d * d + 2 * d  # qkv + proj + fc + proj, two LayerNorm gains (no bias)
     expected = 50304 * d + 256 * d + 6 * per_block + d
-    assert count_params(model)["total"] == expected
+    assert count_params(model.args)["total"] == expected
 
 
 def test_rmsnorm_qk_norm_normalises_each_head():
@@ -272,28 +275,27 @@ def test_clipping_scales_the_gradient_and_reports_the_norm_before(grad_clip, sca
 def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
     from mlx.utils import tree_unflatten
 
-    from mlx_gpt.train import read_checkpoint, resume_point, save_checkpoint
+    from mlx_gpt.engine import Engine
+    from qkstudy.trainer import read_checkpoint, resume_point, save_checkpoint
 
-    cfg = TrainConfig(lr=0.01, warmup_steps=2, max_steps=10, weight_decay=0.1)
-    args = ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2, block_size=4, bias=True)
-    model = GPT(args)
-    init_weights(model, 0)
-    opt = make_optimizer(cfg, model.parameters())
+    cfg = TrainConfig(lr=0.01, warmup_steps=2, max_steps=10, weight_decay=0.1, depth=1,
+                      d_model=8, n_heads=2, block_size=4, bias=True)
+    probe = (np.zeros((2, 4), np.int64), np.zeros((2, 4), np.int64))
+    engine = Engine(cfg, 64, [], probe)
+    model, opt = engine.model, engine.opt
     rng = np.random.default_rng(0)
     for _ in range(3):
         grads = [(k, mx.array(rng.normal(size=v.shape).astype(np.float32)))
                  for k, v in tree_flatten(model.parameters())]
         update(opt, model, tree_unflatten(grads), cfg.grad_clip)
     path = tmp_path / "checkpoint.safetensors"
-    assert save_checkpoint(path, model, opt, {"init_loss": 4.0}) == 3
+    assert save_checkpoint(path, engine, {"init_loss": 4.0}) == 3
 
-    fresh = GPT(args)
-    init_weights(fresh, 1)
-    fresh_opt = make_optimizer(cfg, fresh.parameters())
-    step, arrays, extra = read_checkpoint(path, fresh, fresh_opt)
+    fresh_engine = Engine(dataclasses.replace(cfg, seed=1), 64, [], probe)
+    fresh, fresh_opt = fresh_engine.model, fresh_engine.opt
+    step, arrays, extra = read_checkpoint(path, fresh_engine)
     assert (step, extra) == (3, {"init_loss": 4.0})
-    from mlx_gpt.train import apply_checkpoint
-    apply_checkpoint(arrays, fresh, fresh_opt)
+    fresh_engine.load_state(arrays)
     saved, loaded = dict(tree_flatten(opt.state)), dict(tree_flatten(fresh_opt.state))
     assert saved.keys() == loaded.keys()
     assert {"states.0.step", "states.1.step", "states.0.wte.weight.m"} <= saved.keys()
@@ -312,10 +314,10 @@ def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
     arrays["opt.states.1.step"] = np.array(2, np.uint64)
     runlog.save_tensors(path, arrays, {"step": "3"})
     with pytest.raises(runlog.DamagedFile, match="does not match"):
-        read_checkpoint(path, fresh, fresh_opt)
+        read_checkpoint(path, fresh_engine)
     run_dir = tmp_path
     warnings = []
-    assert resume_point(cfg, run_dir, fresh, fresh_opt, warnings.append) == (0, {})
+    assert resume_point(cfg, run_dir, fresh_engine, warnings.append) == (0, {})
     assert "restarting the run from step 0" in warnings[0] and not path.exists()
 
 
@@ -376,7 +378,7 @@ def test_run_folder_is_content_addressed(tiny_cfg):
 def test_interrupt_during_a_sync_resumes_exactly(tiny_cfg, tmp_path, monkeypatch):
     """Ctrl-C after a log interval's rows are recorded but before the loop moves on: the
     checkpoint must hold exactly the updates applied, and the rows must not repeat."""
-    from mlx_gpt import train as trainer
+    from qkstudy import trainer
 
     reference = tiny_cfg()
     train(reference, verbose=False)
@@ -397,7 +399,7 @@ def test_interrupt_during_a_sync_resumes_exactly(tiny_cfg, tmp_path, monkeypatch
 
 
 def test_recorder_stops_at_the_first_diverged_step(tmp_path):
-    from mlx_gpt.recorder import Recorder
+    from qkstudy.recorder import Recorder
 
     cfg = TrainConfig(warmup_steps=0, divergence_margin=1.0, divergence_window=1, log_every=5,
                       eval_every=5)
@@ -443,7 +445,7 @@ def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
 def test_resume_check_counts_probe_steps_not_probe_rows(tmp_path):
     """probes/ holds one row per (layer, name) at each probe step: a checkpoint at step 20 with
     probes every 10 matches steps {0, 10} however many rows each has."""
-    from mlx_gpt import runlog
+    from qkstudy import runlog
 
     metric = {name: None for name in runlog.METRICS_SCHEMA.names}
     runlog.write_part(tmp_path / "metrics", [{**metric, "step": s} for s in range(20)],
@@ -456,7 +458,7 @@ def test_resume_check_counts_probe_steps_not_probe_rows(tmp_path):
 
 
 def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, capsys):
-    from mlx_gpt import train as trainer
+    from qkstudy import trainer
 
     cfg = tiny_cfg(max_steps=30)
     real_update = trainer.Display.update

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 
-import mlx_gpt  # noqa: F401  (loads the fast BLAS before anything imports mlx)
-from mlx_gpt.cli import dispatch
+from qkstudy.cli import dispatch
 
 COMMANDS = {
     "parity": ("torch_ref.parity", "MLX vs PyTorch: logits, loss, gradients, probes, 50 steps"),

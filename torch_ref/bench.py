@@ -1,6 +1,6 @@
 """`python -m torch_ref bench-step key=value ...`: seconds per eager PyTorch train step.
 
-The PyTorch side of `python -m mlx_gpt bench`, which runs it in its own process with
+The PyTorch side of `python -m qkstudy bench`, which runs it in its own process with
 MLX_GPT_BLAS=none (OpenBLAS loaded into the global symbol scope would also capture libtorch's
 own sgemm calls and slow PyTorch 2-3x; torch_ref/__init__.py). The model is torch_ref's, the
 batch and optimizer settings are the benchmark's; the result is one JSON line on stdout.
@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from mlx_gpt.bench import SHAPE_KEYS, random_batch, shape_config
-from mlx_gpt.config import split_key_values
-from mlx_gpt.errors import UsageError
+from qkstudy.config import split_key_values
+from qkstudy.errors import UsageError
 
 from .model import GPT
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mlx_gpt.model import NORM_EPS, ModelArgs
+from qkstudy.config import NORM_EPS, ModelArgs
 
 __all__ = ["GPT", "HeadNorm", "ModelArgs", "cross_entropy", "objective_terms"]
 
@@ -140,10 +140,3 @@ def objective_terms(logits: torch.Tensor, targets: torch.Tensor, z_loss: float
         return ce, ce, torch.zeros((), dtype=ce.dtype, device=ce.device)
     z = z_loss * torch.logsumexp(logits, dim=-1).square().mean()
     return ce + z, ce, z
-
-
-def count_params(model: GPT) -> dict[str, int]:
-    sizes = {name: p.numel() for name, p in model.named_parameters()}
-    total = sum(sizes.values())
-    embedding = sizes["wte.weight"] + sizes["wpe.weight"]
-    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}

@@ -14,7 +14,7 @@ import math
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from mlx_gpt.config import TrainConfig
+from qkstudy.config import TrainConfig
 
 
 def lr_schedule(step: int, cfg: TrainConfig) -> float:

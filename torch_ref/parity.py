@@ -29,19 +29,19 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_gpt import optim as mlx_optim
 from mlx_gpt import probes as mlx_probes
-from mlx_gpt import synthetic
-from mlx_gpt.batches import probe_batch, train_batch
-from mlx_gpt.config import TrainConfig, model_args
-from mlx_gpt.errors import UsageError
+from mlx_gpt.engine import build_model, make_train_step
 from mlx_gpt.model import GPT as MlxGPT
-from mlx_gpt.tokenizer import ByteTokenizer
-from mlx_gpt.train import build_model, make_train_step
+from qkstudy import synthetic
+from qkstudy.batches import probe_batch, train_batch
+from qkstudy.config import TrainConfig, model_args
+from qkstudy.errors import UsageError
+from qkstudy.tokenizer import ByteTokenizer
 
+from . import optim as torch_optim
 from . import probes as torch_probes
+from .engine import Engine as TorchEngine
 from .model import GPT as TorchGPT
 from .model import objective_terms as torch_objective_terms
-from . import optim as torch_optim
-from .train import train_step
 from .weights import as_numpy, mlx_to_torch
 
 # Tolerances (relative, as defined above). The issue fixes logits, gradients and trajectory.
@@ -215,7 +215,7 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
 
 def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term): the compiled step of
-    mlx_gpt.train."""
+    mlx_gpt.engine."""
     model = build_model(cfg, vocab_size)
     step_fn, state = make_train_step(model, mlx_optim.make_optimizer(cfg, model.parameters()),
                                      cfg.grad_clip)
@@ -228,15 +228,13 @@ def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.
 
 
 def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The same as mlx_trajectory with torch_ref, from the same MLX initial weights."""
-    _, model = twin_models(cfg, vocab_size, perturbed=False)
-    opt, schedule = torch_optim.make_optimizer(cfg, dict(model.named_parameters()))
-    out = []
-    for step in range(cfg.steps):
-        x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
-        out.append(torch.stack(train_step(model, opt, schedule, cfg.grad_clip,
-                                          torch.from_numpy(x.astype(np.int64)),
-                                          torch.from_numpy(y.astype(np.int64)))))
+    """The same as mlx_trajectory with the torch engine of backend=torch (fp32 on the CPU),
+    from the same numpy initial weights."""
+    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu")
+    probe = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
+    engine = TorchEngine(torch_cfg, vocab_size, [], probe)
+    out = [engine.step(*train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size))
+           for step in range(cfg.steps)]
     return torch.stack(out).numpy()
 
 

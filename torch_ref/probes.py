@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from mlx_gpt.probes import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
+from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
 
 from .model import GPT, objective_terms
 

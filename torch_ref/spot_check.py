@@ -1,45 +1,32 @@
 """`python -m torch_ref spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
 
-Re-runs an MLX run's config.json with the torch trainer, from the same initial weights (rebuilt
-by mlx_gpt.train.build_model, deterministic in the seed, moved through safetensors) and the same
-batches, into its own run folder beside the MLX one:
+Re-runs an MLX run with backend=torch: the same config, the same numpy initial weights
+(qkstudy/weights.py) and the same batches, trained by the same driver (qkstudy/trainer.py) into
+its own run folder beside the MLX one, the torch twin of the run:
 
-  <runs_dir>/<sweep>/<run_id>-torch-<device>/
-    config.json        the MLX run's config (+ run_id of this folder, framework torch, device,
-                       reference_run_id)
-    manifest.json      provenance, framework torch, device (e.g. "cuda (NVIDIA H200)")
-    init.safetensors   the initial weights the torch model was loaded from
-    metrics/ probes/   Parquet parts with mlx_gpt.runlog's schemas
-    final.safetensors  final weights (MLX names and layout)
-    summary.json       mlx_gpt's summary fields, framework "torch", device, reference_run_id
+  <runs_dir>/<sweep>/<tag>-torch-lr<lr>-s<seed>-<hash>/   (run_id of the config with backend=torch)
+    config.json, manifest.json, metrics/, probes/, final.safetensors, summary.json
+                       as every run folder (framework torch, the device in the manifest)
     comparison.json    largest relative deviation from the MLX run of train loss, val loss,
-                       grad norm and each probe, over the steps both have
+                       grad norm and each probe, over the steps both have, and the judgement
 
-A finished spot check is not re-run (its comparison is refreshed); an interrupted one starts
-again from step 0.
+A finished spot check is not re-run (its comparison is refreshed); an interrupted one resumes
+from its checkpoint like any run. MLX runs made before the numpy initialisation (init=mlx in
+their config.json) started from MLX's own generator and cannot be re-run without MLX's weights:
+re-run them with the current version (the sweep does, since their run ids differ).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
 
-from mlx_gpt import runlog
-from mlx_gpt.config import load_config, split_key_values
-from mlx_gpt.errors import UsageError
-from mlx_gpt.locks import run_lock
-from mlx_gpt.train import build_model, load_data, summary_base
-
-from .train import resolve_device, train_run
-from .weights import save_mlx
+from qkstudy import runlog, trainer
+from qkstudy.config import apply_overrides, load_config, split_key_values
+from qkstudy.errors import UsageError
 
 OPTIONS = ("device", "data")
-
-
-def output_dir(run_dir: Path, reference_run_id: str, device_type: str) -> Path:
-    return run_dir.parent / f"{reference_run_id}-torch-{device_type}"
 
 
 def read_reference(run_dir: Path) -> dict:
@@ -50,64 +37,41 @@ def read_reference(run_dir: Path) -> dict:
         reference = json.loads(config_path.read_text())
     except json.JSONDecodeError:
         raise UsageError(f"{config_path} is not valid JSON") from None
+    if not isinstance(reference, dict):
+        raise UsageError(f"{config_path} does not hold a JSON object")
     if reference.get("framework", "mlx") != "mlx":
         raise UsageError(f"{run_dir} is a {reference['framework']} run; spot-check an MLX run")
     return reference
 
 
-def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = None,
-               verbose: bool = True) -> tuple[Path, dict]:
-    """Re-run `run_dir` with torch on `device`. Returns (torch run folder, its summary)."""
+def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = None):
+    """The config of `run_dir`'s torch twin (backend=torch on `device`), where it lives."""
     run_dir = Path(run_dir)
     reference = read_reference(run_dir)
     reference_id = reference.get("run_id") or run_dir.name
     cfg = load_config(str(run_dir / "config.json"))
     if cfg.run_id != reference_id:
         raise UsageError(f"{run_dir / 'config.json'} rebuilds run_id {cfg.run_id}, not the run's "
-                         f"{reference_id}: the file is damaged or from another version of "
-                         "mlx_gpt, so the run cannot be re-run faithfully")
+                         f"{reference_id}: the file is damaged or from another version, so the "
+                         "run cannot be re-run faithfully")
+    if cfg.init == "mlx":
+        raise UsageError(f"{run_dir} started from MLX's own generator (init=mlx, made before the "
+                         "numpy initialisation); spot-check a run made with init=numpy")
     # config.json leaves out where the run lives; the folder says it: <runs_dir>/<sweep>/<run>
     where = run_dir.resolve()
-    cfg = dataclasses.replace(cfg, runs_dir=str(where.parent.parent), sweep=where.parent.name)
-    if data is not None:
-        cfg = dataclasses.replace(cfg, data=data)
-    cfg = cfg.validate()
-    torch_device = resolve_device(device)
-    train_tokens, val_tokens, meta = load_data(cfg)  # every check before anything is written
-    out = output_dir(run_dir, reference_id, torch_device.type)
+    changes = {"runs_dir": str(where.parent.parent), "sweep": where.parent.name,
+               "backend": "torch", "device": device, **({"data": data} if data else {})}
+    return apply_overrides(cfg, changes).validate()
 
-    done = runlog.finished(out)
-    if done:
-        comparison = compare(run_dir, out)  # again: the MLX run may have moved on since
-        runlog.write_json(out / "comparison.json", comparison)
-        if verbose:
-            print(f"{out.name} already {done['status']}; skipping\n{format_comparison(comparison)}",
-                  flush=True)
-        return out, done
-    out.mkdir(parents=True, exist_ok=True)
-    with run_lock(out) as acquired:
-        if not acquired:
-            raise UsageError(f"{out} is being trained by another process")
-        done = runlog.finished(out)  # finished while we took the lock
-        if done:
-            return out, done
-        identity = {"run_id": out.name, "framework": "torch", "device": torch_device.type,
-                    "reference_run_id": reference_id}
-        runlog.write_json(out / "config.json", {**cfg.identity(), **identity})
-        init = out / "init.safetensors"
-        save_mlx(build_model(cfg, meta["vocab_size"]), init)
-        summary_extra = {**summary_base(cfg), **identity}
-        try:
-            summary = train_run(cfg, out, init, torch_device, train_tokens, val_tokens, meta,
-                                summary_extra, {"reference_run": str(run_dir),
-                                                "reference_run_id": reference_id}, verbose)
-        except (KeyboardInterrupt, UsageError):
-            raise
-        except Exception as e:
-            runlog.record_failure(out, summary_extra, e)
-            raise
-        comparison = compare(run_dir, out)
-        runlog.write_json(out / "comparison.json", comparison)
+
+def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = None,
+               verbose: bool = True) -> tuple[Path, dict]:
+    """Re-run `run_dir` with torch on `device`. Returns (torch run folder, its summary)."""
+    cfg = torch_twin(run_dir, device, data)
+    summary = trainer.train(cfg, verbose=verbose)
+    out = trainer.run_dir_of(cfg)
+    comparison = compare(Path(run_dir), out)  # refreshed: the MLX run may have moved on
+    runlog.write_json(out / "comparison.json", comparison)
     if verbose:
         print(format_comparison(comparison))
     return out, summary
@@ -215,9 +179,9 @@ def format_comparison(comparison: dict) -> str:
 
 USAGE = """usage: python -m torch_ref spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]
 
-Re-trains the MLX run in RUN_DIR with the PyTorch reference from the same initial weights and
-batches into RUN_DIR-torch-<device>/ (same run-log schema, plus comparison.json) and judges the
-agreement against stated tolerances. data= points at the corpus when it moved."""
+Re-trains the MLX run in RUN_DIR with backend=torch from the same initial weights and batches
+into its torch twin's folder beside it (same run-log schema, plus comparison.json) and judges
+the agreement against stated tolerances. data= points at the corpus when it moved."""
 
 
 def cli(argv: list[str]) -> int:

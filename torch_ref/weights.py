@@ -20,7 +20,8 @@ import torch
 from mlx.utils import tree_flatten, tree_unflatten
 from safetensors.torch import load_file
 
-from mlx_gpt.errors import UsageError
+from qkstudy.errors import UsageError
+
 
 def read_tensors(path: str | Path, device: str = "cpu") -> dict[str, torch.Tensor]:
     """Named tensors of a .safetensors file, or of a torch file loaded with weights_only=True."""
@@ -70,8 +71,8 @@ def load_mlx(model, path: str | Path) -> None:
 
 def save_torch(model: torch.nn.Module, path: str | Path) -> str:
     """Write a torch_ref GPT's parameters as safetensors in MLX layout (readable by load_mlx),
-    atomically and with a checksum (mlx_gpt.runlog.save_tensors). Returns the checksum."""
-    from mlx_gpt import runlog
+    atomically and with a checksum (qkstudy.runlog.save_tensors). Returns the checksum."""
+    from qkstudy import runlog
 
     arrays = {name: p.detach().to("cpu").contiguous().numpy()
               for name, p in model.named_parameters()}

@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt sweep ...`: parse, print the plan or the commands, run, report."""
+"""`python -m qkstudy sweep ...`: parse, print the plan or the commands, run, report."""
 
 from __future__ import annotations
 
@@ -13,16 +13,15 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import interrupts, runlog
-from .. import train as trainer
+from .. import interrupts, runlog, trainer
 from ..errors import UsageError
+from . import slurm
 from .config import grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, verdict
 from .run import execute, report, spawn_workers
-from . import slurm
 
-USAGE = """usage: python -m mlx_gpt sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
+USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
                                 [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
@@ -36,7 +35,7 @@ sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= po
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan and stop (add --calibrate to measure tokens/s and estimate time)
-  --emit-commands  print each remaining run as one `python -m mlx_gpt train ...` line
+  --emit-commands  print each remaining run as one `python -m qkstudy train ...` line
   --no-notify      no terminal bell and desktop notification when the sweep ends
   --slurm          write a Slurm job array of the runs left (one run per task) under
                    <runs_dir>/<name>/slurm/ and print its sbatch line; --submit also submits it.
@@ -114,7 +113,7 @@ def _cli(argv: list[str]) -> int:
         tally = execute(sweep, speeds, verbose=True)
     except KeyboardInterrupt as e:
         print(f"\nsweep {sweep.name} interrupted; the current run is checkpointed. Run the same "
-              f"command again to resume: python -m mlx_gpt sweep {shlex.join(words)}",
+              f"command again to resume: python -m qkstudy sweep {shlex.join(words)}",
               file=sys.stderr, flush=True)
         return interrupts.exit_code(e)
     finally:

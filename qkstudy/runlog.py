@@ -484,22 +484,27 @@ def versions(*modules: str) -> dict[str, str | None]:
     return out
 
 
-def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
-    from .blas import loaded as blas
-
+def provenance() -> dict:
+    """Where a file came from: the code's git commit and whether it had local changes, and the
+    versions of the libraries that compute (both the run manifests and the report use it)."""
     status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": _git("rev-parse", "HEAD"),
+            "git_dirty": bool(status) if status is not None else None,
+            "versions": versions("mlx", "numpy", "tiktoken", "pyarrow", "torch")}
+
+
+def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
+    """manifest.json: provenance, the machine, the data; `extra` holds the backend's own facts
+    (BLAS library, threads, precision)."""
     meta = Path(data_dir) / "meta.json"
     return {
         "framework": framework,
         "device": device,
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(status) if status is not None else None,
-        "versions": versions("mlx", "numpy", "tiktoken", "pyarrow", "torch"),
+        **provenance(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "chip": chip(),
         "cpu_count": os.cpu_count(),
-        "blas": blas,
         "data_dir": str(data_dir),
         "data_meta_sha256": sha256_file(meta) if meta.exists() else None,
         "started": now(),

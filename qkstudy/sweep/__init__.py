@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt sweep [key=value ...]`: arms (QK-norm and rival logit controls) x learning rate x seed (x depth) grids.
+"""`python -m qkstudy sweep [key=value ...]`: arms (QK-norm and rival logit controls) x learning rate x seed (x depth) grids.
 
 A sweep is a preset (a frozen `SweepConfig`) crossed with key=value overrides. It expands to a
 list of independent `TrainConfig`s, each content addressed by its run_id, and trains them one
@@ -13,7 +13,7 @@ after another under <runs_dir>/<name>/<run_id>/:
   `refine_factor`. Every refinement point is a pure function of the results before it, so any
   process (or machine) that sees the same results asks for the same next run.
 
-`--emit-commands` prints each remaining run as a standalone `python -m mlx_gpt train` command.
+`--emit-commands` prints each remaining run as a standalone `python -m qkstudy train` command.
 """
 
 from .cli import cli

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from .. import memory, runlog
-from .. import train as trainer
-from ..config import TrainConfig
-from .arms import arm_changes
-from .config import SweepConfig, grid, groups, run_config
+from .. import memory, runlog, trainer
+from ..arms import arm_changes
+from ..config import TrainConfig, model_args
+from ..weights import count_params
 from .adaptive import compared_arms, extra_runs, extra_seeds
+from .config import SweepConfig, grid, groups, run_config
 from .refine import verdict
 
 # --- plan printing, calibration -----------------------------------------------------------------
@@ -35,31 +34,13 @@ def vocab_size(data: str) -> tuple[int | None, str]:
 
 
 def param_counts(cfg: TrainConfig, vocab: int) -> dict[str, int]:
-    from ..model import GPT, count_params
-
-    return count_params(GPT(trainer.model_args(cfg, vocab)))  # lazy arrays: nothing computed
+    return count_params(model_args(cfg, vocab))
 
 
 def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
               ) -> tuple[float, int]:
-    """(tokens/s, steps timed): compiled AdamW steps of this exact shape after one warm-up step
-    (which compiles); up to `steps` of them, fewer once `max_seconds` have passed."""
-    import mlx.core as mx
-
-    from ..optim import make_optimizer
-
-    model = trainer.build_model(cfg, vocab)
-    step_fn, state = trainer.make_train_step(model, make_optimizer(cfg, model.parameters()),
-                                             cfg.grad_clip)
-
-    x = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
-    y = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
-    mx.eval(step_fn(x, y), state)
-    start, timed = time.perf_counter(), 0
-    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
-        mx.eval(step_fn(x, y), state)
-        timed += 1
-    return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
+    """(tokens/s, steps timed) of this exact shape, timed by the run's backend."""
+    return trainer.engine_module(cfg.backend).calibrate(cfg, vocab, steps, max_seconds)
 
 
 def run_cost_tokens(cfg: TrainConfig) -> float:
@@ -149,7 +130,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
 
 
 def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
-    """Each depth's estimated peak bytes a run (mlx_gpt/memory.py); UsageError, before the first
+    """Each depth's estimated peak bytes a run (qkstudy/memory.py); UsageError, before the first
     run and before calibration, when `jobs` runs of a depth at once would not fit."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
@@ -173,7 +154,7 @@ def command_line(cfg: TrainConfig) -> str:
     default = TrainConfig()
     words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)
              if getattr(cfg, f.name) != getattr(default, f.name)]
-    return f"{shlex.quote(sys.executable)} -m mlx_gpt train " + " ".join(words)
+    return f"{shlex.quote(sys.executable)} -m qkstudy train " + " ".join(words)
 
 
 def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:

@@ -3,13 +3,11 @@ diverged LR of each (depth, arm, seed) curve, from the results on disk."""
 
 from __future__ import annotations
 
-from enum import Enum
-
 import math
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 
-from .. import runlog
-from .. import train as trainer
+from .. import runlog, trainer
 from ..config import TrainConfig
 from .config import Group, SweepConfig, run_config, three_significant
 

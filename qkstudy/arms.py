@@ -7,7 +7,7 @@
     zloss<W>       z_loss=W, e.g. zloss1e-4 (PaLM; Wortsman et al. 2023)
 
 C and W are numbers > 0; a name is written back in one spelling (softcap50.0 -> softcap50,
-zloss0.0001 -> zloss1e-4), the one analysis/load.py derives from a run's config.
+zloss0.0001 -> zloss1e-4): arm_of names a run from its config.json the same way.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from ..config import TrainConfig, short_number
-from ..errors import UsageError
+from .config import TrainConfig, short_number
+from .errors import UsageError
 
 OFF = "none"
 QK_NORM_ARMS = ("rmsnorm", "layernorm")
@@ -48,15 +49,24 @@ def arm_changes(name: str) -> dict[str, Any]:
     raise UsageError(f"unknown arm {name!r}; arms are: {VOCABULARY}")
 
 
-def arm_name(cfg: TrainConfig) -> str:
-    """The arm a config belongs to; a config with more than one control on is no single arm
-    and is named by all of them joined with '+'."""
-    parts = [] if cfg.qk_norm == "none" else [cfg.qk_norm]
-    if cfg.attn_softcap:
-        parts.append(f"softcap{short_number(cfg.attn_softcap)}")
-    if cfg.z_loss:
-        parts.append(f"zloss{short_number(cfg.z_loss)}")
+def arm_of(values: Mapping[str, Any]) -> str:
+    """The arm of a run's settings (a TrainConfig as a dict, or a config.json read back, whose
+    values are checked: a missing or non-numeric control counts as off). A run with more than
+    one control on is no single arm and is named by all of them joined with '+'; a run written
+    before the rival controls existed has none of their keys: its qk_norm."""
+    qk_norm = values.get("qk_norm")
+    parts = [] if qk_norm in (None, OFF) else [str(qk_norm)]
+    for key, prefix in (("attn_softcap", "softcap"), ("z_loss", "zloss")):
+        value = values.get(key)
+        if (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value):
+            parts.append(prefix + short_number(value))
     return "+".join(parts) or OFF
+
+
+def arm_name(cfg: TrainConfig) -> str:
+    """The arm a config belongs to (arm_of)."""
+    return arm_of(dataclasses.asdict(cfg))
 
 
 def canonical(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The command-line frame shared by `python -m mlx_gpt` and `python -m torch_ref`."""
+"""The command-line frame shared by `python -m qkstudy` and `python -m torch_ref`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import textwrap
 
 from . import interrupts
 from .errors import UsageError
-
 
 HELP = ("-h", "--help", "help")
 

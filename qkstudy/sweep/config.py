@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import get_args
 
+from ..arms import apply_arm, parse_arms
 from ..config import INDEPENDENT_WD_DEFAULT, QKNorm, TrainConfig, apply_overrides, split_key_values
 from ..errors import UsageError
-from .arms import apply_arm, parse_arms
 
 # --- configuration -----------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
+"""`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
 
 One screen per sweep: every run with its state (completed, diverged at step N, failed with its
 error, running with step, loss and tok/s, interrupted at a checkpoint, waiting), the process
@@ -29,7 +29,7 @@ from pathlib import Path
 from . import runlog
 from .errors import UsageError
 
-USAGE = """usage: python -m mlx_gpt status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
+USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
 
 Every run of a sweep (or of every sweep under RUNS_DIR, default runs/): completed, diverged at
 step N, failed (its error), running (step, loss, tok/s, the process holding it), interrupted at
@@ -44,7 +44,7 @@ class Run:
     run_id: str
     depth: int | None = None
     lr: float | None = None
-    arm: str = "?"  # none, rmsnorm, softcap50, ... (mlx_gpt/sweep/arms.py)
+    arm: str = "?"  # none, rmsnorm, softcap50, ... (qkstudy/sweep/arms.py)
     seed: int | None = None
     steps: int | None = None
     tokens_per_step: int | None = None
@@ -137,8 +137,8 @@ def arm_of(config: dict) -> str:
     """The arm of a run from its config.json ("?" when it cannot be told)."""
     from dataclasses import fields
 
+    from .arms import arm_name
     from .config import TrainConfig
-    from .sweep.arms import arm_name
 
     try:
         return arm_name(TrainConfig(**{f.name: config[f.name] for f in fields(TrainConfig)

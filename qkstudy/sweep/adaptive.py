@@ -22,8 +22,7 @@ from collections.abc import Iterable
 
 from scipy import stats
 
-from .. import runlog
-from .. import train as trainer
+from .. import runlog, trainer
 from ..config import TrainConfig
 from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, verdict

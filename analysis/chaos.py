@@ -1,7 +1,7 @@
 """The storm test: a whole small sweep with jobs=2, once undisturbed and once under random
 faults, must end with every run folder and the report's tables identical.
 
-    python -m mlx_gpt chaos [faults=30] [seed=N] [work=DIR] [keep=true] [sweep key=value ...]
+    python -m analysis chaos [faults=30] [seed=N] [work=DIR] [keep=true] [sweep key=value ...]
 
 Faults (kinds drawn in turn, moments at random from a seeded RNG, the seed printed):
   kill9_main    SIGKILL to the main sweep process (its worker goes on alone, an orphan)
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runlog
-from .config import split_key_values
-from .errors import UsageError
+from qkstudy import runlog
+from qkstudy.config import split_key_values
+from qkstudy.errors import UsageError
 
 KINDS = ("kill9_main", "kill9_worker", "sigint", "sigterm", "disk_full", "truncate_part",
          "stale_lock")
@@ -108,8 +108,8 @@ def compare_run(ref: Path, got: Path) -> list[str]:
 
 def report_tables(sweep_dir: Path) -> dict:
     """The report's tables (analysis.report.analyse), wall-clock and path columns left out."""
-    from analysis.load import load_runs
-    from analysis.report import analyse
+    from .load import load_runs
+    from .report import analyse
 
     study = analyse(load_runs(sweep_dir))
     tables = {name: getattr(study, name) for name in TABLES}
@@ -214,7 +214,7 @@ class Storm:
 
     def training(self) -> bool:
         """Whether some process holds a run's lock now (read from /proc/locks, like status)."""
-        from .status import flock_holders, lock_holder
+        from qkstudy.status import flock_holders, lock_holder
 
         held = flock_holders()
         return held is not None and any(
@@ -384,7 +384,7 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
           say=print) -> Result:
     """Run the undisturbed sweep and the storm under `work`, compare them; see the module doc."""
     work.mkdir(parents=True, exist_ok=True)
-    python = [sys.executable, "-m", "mlx_gpt"]
+    python = [sys.executable, "-m", "qkstudy"]
     if data is None:
         data = str(work / "data")
         if not (Path(data) / "meta.json").exists():

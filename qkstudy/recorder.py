@@ -1,6 +1,6 @@
 """The bookkeeping of one run, free of any framework: rows, evaluations, divergence, summary.
 
-mlx_gpt/train.py and torch_ref/train.py both drive a Recorder, so the two trainers write the
+qkstudy/trainer.py drives one Recorder for either backend, so the two trainers write the
 same rows, apply the same divergence rule and finish with the same summary fields.
 """
 
@@ -127,7 +127,7 @@ class Recorder:
         return (step + 1) % self.cfg.log_every == 0 or step + 1 == self.cfg.steps
 
     def checkpoint_due(self, step: int) -> bool:
-        """Whether the rows (and, in mlx_gpt, a checkpoint) are written after update `step`."""
+        """Whether the rows (and a checkpoint) are written after update `step`."""
         return (step + 1) % self.cfg.ckpt_every == 0 and step + 1 != self.cfg.steps
 
     # what was measured ----------------------------------------------------------------------
@@ -223,11 +223,22 @@ class Recorder:
             "train_seconds": self.train_seconds,
             "tokens_per_second": final_step * cfg.tokens_per_step / max(self.train_seconds, 1e-9),
             "params": params,
+            "peak_max_attention_logit": self.peak_logit(),
         }
         manifest["ended"] = runlog.now()
         runlog.write_json(self.run_dir / "manifest.json", manifest)
         runlog.write_json(self.run_dir / "summary.json", summary)
         return summary
+
+    def peak_logit(self) -> float | None:
+        """The largest max_attention_logit probe value (any layer, any probe step), or None."""
+        table = runlog.read_parts(self.run_dir / "probes")
+        if table is None:
+            return None
+        rows = table.select(["name", "value"]).to_pydict()
+        values = [v for n, v in zip(rows["name"], rows["value"])
+                  if n == "max_attention_logit" and v is not None and math.isfinite(v)]
+        return max(values) if values else None
 
     def closing_line(self, summary: dict) -> str:
         if self.status == "completed":

@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt prepare SOURCE [key=value ...]`: tokenise a corpus into uint16 files.
+"""`python -m qkstudy prepare SOURCE [key=value ...]`: tokenise a corpus into uint16 files.
 
 A prepared folder holds:
   train.bin, val.bin  raw little-endian uint16 token ids (np.memmap-compatible); every
@@ -165,7 +165,7 @@ def _local_files(path: Path) -> list[Path]:
 
 def _synthetic(cfg: PrepareConfig) -> Corpus:
     n_chars = int(cfg.size_mb * 1_000_000)
-    name = f"mlx_gpt.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
+    name = f"qkstudy.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
     record = {"name": name, "bytes": 0, "sha256": ""}
 
     def documents() -> Iterator[str]:
@@ -419,8 +419,8 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
     """(train, val, meta) of a prepared folder; the token arrays are read-only uint16 memmaps."""
     folder = Path(data_dir)
     match = re.fullmatch(r"(.+)-(gpt2|bytes)", folder.name)
-    hint = (f"python -m mlx_gpt prepare {match.group(1)} tokenizer={match.group(2)}" if match
-            else "python -m mlx_gpt prepare synthetic")
+    hint = (f"python -m qkstudy prepare {match.group(1)} tokenizer={match.group(2)}" if match
+            else "python -m qkstudy prepare synthetic")
     if not folder.is_dir():
         raise UsageError(f"data folder {folder} does not exist; run `{hint}` first")
     if not (folder / "meta.json").is_file():
@@ -481,7 +481,7 @@ def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float]:
 
 # ---------------------------------------------------------------- command line
 
-USAGE = """usage: python -m mlx_gpt prepare SOURCE [key=value ...]
+USAGE = """usage: python -m qkstudy prepare SOURCE [key=value ...]
 
 SOURCE: synthetic | tinystories | fineweb-edu | a .txt or .parquet file | a folder of them
 keys:   out=data/<source>-<tokenizer>  tokenizer=gpt2|bytes  val_fraction=0.01

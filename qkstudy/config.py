@@ -19,14 +19,27 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
 INDEPENDENT_WD_DEFAULT = 1e-4
 # Keys a run's config.json holds beside the TrainConfig fields
-CONFIG_FILE_EXTRAS = ("run_id", "framework", "device", "reference_run_id")
+CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id")
+BACKENDS = ("mlx", "torch")
+# Keys of a config.json that do not place a run in the study: where it lives and what it is
+# called (FOLDER_KEYS), and which engine computed it (ENGINE_KEYS): runs that differ only in
+# these are twins, the same point computed twice (the report overlays them).
+FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine", "reference_run_id")
+ENGINE_KEYS = ("backend", "device", "precision", "compile")
+
+
+def framework_label(framework: str, precision: object = None) -> str:
+    """How the report names an engine: mlx, torch, torch-bf16, torch-tf32."""
+    return framework + (f"-{precision}" if precision not in (None, "fp32") else "")
+
+NORM_EPS = 1e-5  # every LayerNorm and QK-norm of both models
 
 QKNorm = Literal["none", "rmsnorm", "layernorm"]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    # data: a folder written by `python -m mlx_gpt prepare`
+    # data: a folder written by `python -m qkstudy prepare`
     data: str = "data/synthetic-bytes"
     # model (plain nanoGPT)
     depth: int = 4
@@ -42,6 +55,16 @@ class TrainConfig:
     z_loss: float = 0.0
     # cpu: mlx_gpt/kernels.py; library: MLX's own; auto: cpu on the CPU device. Same maths.
     kernels: Literal["auto", "library", "cpu"] = "auto"
+    # the engine: mlx (mlx_gpt/) or torch (torch_ref/). device, precision and compile are torch's:
+    # auto picks cuda, else mps, else cpu; tf32 and bf16 (autocast, float32 master weights) are
+    # CUDA's faster matmuls; compile wraps the step in torch.compile (same maths)
+    backend: Literal["mlx", "torch"] = "mlx"
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    compile: bool = False
+    # initial weights: numpy (qkstudy/weights.py, the same in both backends) or mlx (MLX's own
+    # generator: runs made before the numpy scheme; MLX only)
+    init: Literal["numpy", "mlx"] = "numpy"
     # optimisation: AdamW, warmup + cosine, clipping; standard parametrisation
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -116,6 +139,14 @@ class TrainConfig:
              f"divergence_window must be >= 1 step, got {self.divergence_window}"),
             (self.spike_margin > 0, f"spike_margin must be > 0, got {self.spike_margin}"),
             (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
+            (self.seed >= 0 and self.data_seed >= 0,
+             f"seed and data_seed must be >= 0, got {self.seed} and {self.data_seed}"),
+            (self.backend == "torch" or (self.device, self.precision, self.compile)
+             == ("auto", "fp32", False),
+             "device, precision and compile are options of backend=torch; MLX picks its own "
+             "device and computes in float32"),
+            (self.backend == "mlx" or self.init == "numpy",
+             "init=mlx draws the weights with MLX's generator: backend=mlx only"),
         ]
         for name in ("attn_softcap", "z_loss"):
             value = getattr(self, name)
@@ -140,14 +171,17 @@ class TrainConfig:
         return self
 
     # Fields that say where output goes or how (not what) is computed: left out of the run id.
-    NON_IDENTITY = ("runs_dir", "sweep", "kernels")
-    # Keys added after runs were made: left out of the identity while off, so every run made
-    # before them keeps its run_id (and a config.json without them reads back as off).
-    OFF_BY_DEFAULT = ("attn_softcap", "z_loss")
+    NON_IDENTITY = ("runs_dir", "sweep", "kernels", "compile")
+    # Keys added after runs were made, with the value every earlier run had: left out of the
+    # identity while they hold it, so those runs keep their run ids, and a config.json without
+    # them reads back with it (load_config).
+    LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32",
+              "init": "mlx"}
 
     def identity(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY
-                and not (k in self.OFF_BY_DEFAULT and v == 0)}
+                and not (k in self.LEGACY and v == self.LEGACY[k])
+                and not (k == "device" and self.backend == "mlx")}
 
     @property
     def run_id(self) -> str:
@@ -156,6 +190,8 @@ class TrainConfig:
         tag = f"d{self.depth}-{'qk' + self.qk_norm if self.qk_norm != 'none' else 'noqk'}"
         tag += f"-softcap{short_number(self.attn_softcap)}" if self.attn_softcap else ""
         tag += f"-zloss{short_number(self.z_loss)}" if self.z_loss else ""
+        tag += f"-torch{'' if self.precision == 'fp32' else '-' + self.precision}" if (
+            self.backend == "torch") else ""
         return f"{tag}-lr{self.lr:.3g}-s{self.seed}-{hashlib.sha256(blob.encode()).hexdigest()[:10]}"
 
 
@@ -284,10 +320,13 @@ def load_config(path: str) -> TrainConfig:
     if not isinstance(raw, dict):
         raise UsageError(f"{path} holds a JSON {type(raw).__name__}, not an object")
     hints = typing.get_type_hints(TrainConfig)
+    if "backend" not in raw:  # written before the backends: an MLX run (or a spot check's copy)
+        raw = {k: v for k, v in raw.items() if k != "device"}
+    raw = {**TrainConfig.LEGACY, **raw}
     unknown = sorted(raw.keys() - hints.keys() - set(CONFIG_FILE_EXTRAS))
     if unknown:
         raise UsageError(f"{path} has unknown keys {', '.join(unknown)} (written by another "
-                         "version of mlx_gpt?)")
+                         "version of this tool?)")
     wrong = [k for k in hints.keys() & raw.keys() if not _value_ok(hints[k], raw[k])]
     if wrong:
         raise UsageError(f"{path}: {wrong[0]}={raw[wrong[0]]!r} is not a valid value")

@@ -1,4 +1,4 @@
-"""`python -m mlx_gpt sweep ... --slurm [--submit]`: a sweep as a Slurm job array.
+"""`python -m qkstudy sweep ... --slurm [--submit]`: a sweep as a Slurm job array.
 
 Each submission gets its own folder, <runs_dir>/<name>/slurm/<NNN>/, holding
 
@@ -26,12 +26,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import interrupts, runlog
-from .. import train as trainer
+from .. import interrupts, runlog, trainer
+from ..arms import arm_name
 from ..config import TrainConfig, apply_overrides, parse_train_config, split_key_values
 from ..errors import UsageError
 from ..locks import RunBusy
-from .arms import arm_name
 from .config import SweepConfig
 from .plan import command_line, declare_grid, remaining_runs
 from .refine import verdict
@@ -189,7 +188,7 @@ def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions
         f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
         "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission resumes).",
         f"cd {shlex.quote(str(Path.cwd()))}",
-        f"exec {shlex.quote(sys.executable)} -m mlx_gpt sweep --slurm-task "
+        f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
         f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
     return "\n".join(lines)
 
@@ -249,7 +248,7 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
         print(f"{line}\nsubmitted job array {job_id} ({plural(len(runs), 'task')})")
     print("Once the array ends, run the same command again: it submits only what is left "
           "(unfinished runs and the next round of boundary refinement). "
-          f"Progress: python -m mlx_gpt status {sweep_dir}", flush=True)
+          f"Progress: python -m qkstudy status {sweep_dir}", flush=True)
     return 0
 
 
@@ -259,7 +258,7 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
 def run_task(args: list[str]) -> int:
     """`sweep --slurm-task TASKS_FILE INDEX`: train the run on line INDEX+1 of TASKS_FILE."""
     if len(args) != 2 or not args[1].isdigit():
-        raise UsageError("usage: python -m mlx_gpt sweep --slurm-task TASKS_FILE INDEX")
+        raise UsageError("usage: python -m qkstudy sweep --slurm-task TASKS_FILE INDEX")
     path, index = Path(args[0]), int(args[1])
     try:
         lines = path.read_text().splitlines()

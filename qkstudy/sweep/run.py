@@ -12,15 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import runlog
-from .. import train as trainer
+from .. import runlog, trainer
+from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
 from ..locks import RunBusy, run_lock
-from .arms import arm_name
+from .adaptive import extra_runs
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted, run_cost_tokens
-from .adaptive import extra_runs
 from .refine import Outcome, boundary, group_state, verdict
 
 # --- running ------------------------------------------------------------------------------------
@@ -279,26 +278,14 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
-    """Per depth and seed, each arm's peak max attention logit (any layer, any step) by LR, as
-    the analysis reads it back (analysis.metrics.probe_summary: the one reader of probe rows)."""
-    from analysis import metrics
-    from analysis.errors import UsageError as AnalysisError
-    from analysis.load import load_runs
-
-    try:
-        loaded = load_runs(Path(sweep.runs_dir) / sweep.name)
-    except AnalysisError:
-        return
-    summary = metrics.probe_summary(metrics.probe_over_layers(loaded.probes).collect())
-    if "peak_max_attention_logit" not in summary.columns:
-        return
-    run_ids = dict(zip(loaded.table["run"], loaded.table["run_id"]))
-    peaks = {run_ids[r["run"]]: r["peak_max_attention_logit"]
-             for r in summary.iter_rows(named=True) if r["peak_max_attention_logit"] is not None}
+    """Per depth and seed, each arm's peak max attention logit (any layer, any probe step) by
+    LR, from the runs' summary.json (runs finished before it was recorded there show -)."""
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
-        if cfg.run_id in peaks:
-            table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = peaks[cfg.run_id]
+        summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+        peak = summary.get("peak_max_attention_logit")
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = peak
     if not table:
         return
     print("  peak max attention logit before any cap (max over layers and probe steps):")
@@ -320,7 +307,7 @@ def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen
         log.write(f"--- sweep worker {i} started {runlog.now()} by process {os.getpid()}\n")
         log.flush()
         workers.append(subprocess.Popen(
-            [sys.executable, "-m", "mlx_gpt", "sweep",
+            [sys.executable, "-m", "qkstudy", "sweep",
              *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
             stdout=log, stderr=subprocess.STDOUT))
         log.close()

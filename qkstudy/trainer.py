@@ -1,41 +1,86 @@
-"""Train one run: compiled AdamW step, divergence detection, Parquet logs, exact resume.
+"""Train one run with either backend: folder, lock, checks, resume, the step loop, failure records.
 
-`python -m mlx_gpt train key=value ...`. Running the same config again resumes from its
+`python -m qkstudy train key=value ...`. Running the same config again resumes from its
 checkpoint; a finished run (summary.json says completed or diverged) is not re-run.
+
+Everything here is free of any framework. The backend (TrainConfig.backend) supplies an Engine:
+the model and optimizer, one update, evaluation, probes, and its state as numpy arrays. This
+module owns the rest, so an MLX run and a torch run write the same run folder the same way:
+
+  the batches        qkstudy/batches.py: batch k is a pure function of (data_seed, k)
+  the rows           qkstudy/recorder.py: metrics, probes, divergence, the summary
+  the checkpoint     weights ("model.<name>") and optimizer state ("opt.<key>", its update
+                     count in "opt.<...>.step"), verified against the engine's own shapes; the
+                     update count is the whole data cursor (no dropout), so resume is bit-exact
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import sys
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
+from typing import Any, Protocol
 
-import mlx.core as mx
-import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
 
 from . import interrupts, memory, runlog
-from . import probes as probe_lib
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
-from .config import TrainConfig, model_args, parse_train_config
+from .config import TrainConfig, parse_train_config
 from .display import Display, format_seconds  # noqa: F401  (format_seconds: the sweep's)
 from .errors import UsageError
 from .locks import RunBusy, run_lock
-from .model import GPT, count_params, init_weights
-from .optim import make_optimizer, step_count, update
-from .recorder import Recorder, divergence  # noqa: F401  (divergence: part of this module's API)
+from .recorder import Recorder
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+# backend -> (its engine module, what to install when it is missing)
+ENGINES = {"mlx": ("mlx_gpt.engine", "MLX is not installed: pip install -e . (Apple Silicon or "
+                                     "Linux); or run with backend=torch"),
+           "torch": ("torch_ref.engine", "PyTorch is not installed: pip install -e '.[torch]' "
+                                         "(or ./setup.sh torch on a GPU machine)")}
 
 
-def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
-    model = GPT(model_args(cfg, vocab_size))
-    init_weights(model, cfg.seed)
-    mx.eval(model.parameters())
-    return model
+class Engine(Protocol):
+    """What a backend supplies for one run (mlx_gpt/engine.py, torch_ref/engine.py)."""
+
+    framework: str  # "mlx" | "torch"
+    device: str  # described, e.g. "cpu" or "cuda (NVIDIA H200)"
+    manifest_extra: dict  # backend facts for manifest.json (threads, precision, BLAS, ...)
+    warmup_note: str  # what the first step does (compiling), shown before it
+    params: dict[str, int]  # total, embedding, non_embedding
+
+    def state_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]: ...
+    def state_arrays(self) -> dict[str, np.ndarray]: ...
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None: ...
+    def step(self, x: np.ndarray, y: np.ndarray) -> Any: ...  # dispatched, not yet read
+    def read(self, pending: list[Any]) -> list[tuple[float, float, float, float]]: ...
+    def evaluate(self) -> float: ...
+    def probes(self, step: int) -> list[dict]: ...
+    def snapshot(self) -> Any: ...
+    def update_stats(self, step: int, before: Any) -> list[dict]: ...
+    def weights(self) -> dict[str, np.ndarray]: ...
+
+
+def engine_module(backend: str):
+    """The backend's engine module; UsageError saying what to install when it is missing."""
+    name, hint = ENGINES[backend]
+    try:
+        # a signal while a framework's C extension initialises is held until the import is
+        # done: interrupted there, the extension aborts the process
+        with interrupts.Deferred():
+            return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] in ("mlx", "torch"):
+            raise UsageError(hint) from None
+        raise
+
+
+def make_engine(cfg: TrainConfig, vocab_size: int, val: list[Batch], probe: Batch) -> Engine:
+    return engine_module(cfg.backend).Engine(cfg, vocab_size, val, probe)
 
 
 def run_dir_of(cfg: TrainConfig) -> Path:
@@ -52,71 +97,36 @@ def load_data(cfg: TrainConfig):
         if len(tokens) < cfg.block_size + 2:
             raise UsageError(f"block_size={cfg.block_size} is above the {split} data of {cfg.data} "
                              f"({len(tokens)} tokens)")
-    # an allocation MLX cannot satisfy kills the process by SIGSEGV: refuse such a config here
+    # an allocation the framework cannot satisfy kills the process: refuse such a config here
     memory.check(cfg, meta["vocab_size"])
     return train_tokens, val_tokens, meta
 
 
-def make_train_step(model: GPT, opt: optim.MultiOptimizer, grad_clip: float):
-    """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr, z-loss term), mutating
-    model and opt (optim.make_optimizer's). The gradient is that of GPT.objective (cross-entropy
-    plus the z-loss term when z_loss > 0); `loss` is the cross-entropy alone, so every arm logs
-    the same quantity.
-
-    Returns it with the state list to pass to mx.eval / mx.async_eval after each call."""
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.objective(x, y))
-    state = [model.state, opt.state]
-
-    @partial(mx.compile, inputs=state, outputs=state)
-    def step_fn(x: mx.array, y: mx.array):
-        (_, loss, z), grads = loss_and_grad(model, x, y)
-        grad_norm, lr = update(opt, model, grads, grad_clip)
-        return loss, grad_norm, lr, z
-
-    return step_fn, state
-
-
 # --- checkpoints -----------------------------------------------------------------------------
-# A checkpoint holds the weights ("model.<name>") and the optimizer's whole state ("opt.<key>"
-# of tree_flatten(opt.state): moments, learning rate and step). The optimizer's step is also the
-# whole data and RNG cursor: batch k is a pure function of (data_seed, k) and the step draws no
-# random numbers (no dropout), so nothing else is needed for a bit-identical resume.
-
-def checkpoint_arrays(model: GPT, opt: optim.MultiOptimizer) -> dict[str, mx.array]:
-    arrays = {f"model.{k}": v for k, v in tree_flatten(model.parameters())}
-    arrays.update({f"opt.{k}": v for k, v in tree_flatten(opt.state)})
-    return arrays
-
-
-def save_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer, extra: dict) -> int:
-    """Write weights, optimizer state and `extra` with a checksum; the previous checkpoint stays
-    until this one is written and verified. The step is the optimizer's own count of updates
-    applied (the only source of the step). Returns it."""
-    host = {k: np.array(v) for k, v in checkpoint_arrays(model, opt).items()}
-    step = int(step_count(opt.state))
-    runlog.save_tensors(path, host, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
-    return step
-
 
 def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
-    """The updates applied, from a checkpoint's arrays; None unless every optimizer group holds
-    one and the same count."""
+    """The updates applied, from a checkpoint's arrays; None unless every optimizer entry named
+    "...step" holds one and the same count."""
     steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
     if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
         return None
     return int(steps[0])
 
 
-def read_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer
-                    ) -> tuple[int, dict[str, np.ndarray], dict]:
-    """(step, arrays, extra) of a checkpoint, verified against its checksum and the names,
-    shapes and dtypes of this model's parameters and optimizer state; runlog.DamagedFile if it
-    fails."""
-    import ast
+def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
+    """Write the engine's state and `extra` with a checksum; the previous checkpoint stays until
+    this one is written and verified. Returns the step (the optimizer's own update count)."""
+    arrays = engine.state_arrays()
+    step = checkpoint_step(arrays)
+    runlog.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
+    return step
 
+
+def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarray], dict]:
+    """(step, arrays, extra) of a checkpoint, verified against its checksum and the names, shapes
+    and dtypes of this engine's state; runlog.DamagedFile if it fails."""
     arrays, metadata = runlog.read_tensors(path)
-    want = {k: (tuple(v.shape), np.dtype(str(v.dtype).split(".")[-1]))
-            for k, v in checkpoint_arrays(model, opt).items()}
+    want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in engine.state_spec().items()}
     got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
     step = checkpoint_step(arrays)
     if got != want or step is None or metadata.get("step") != str(step):
@@ -128,36 +138,19 @@ def read_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer
     return step, arrays, extra
 
 
-def apply_checkpoint(arrays: dict[str, np.ndarray], model: GPT, opt: optim.MultiOptimizer) -> None:
-    """Load the weights and the optimizer state. Before make_train_step: the compiled step
-    holds the optimizer's state dicts."""
-    model.update(tree_unflatten([(k[6:], mx.array(v)) for k, v in arrays.items()
-                                 if k.startswith("model.")]))
-    opt.state = tree_unflatten([(k[4:], mx.array(v)) for k, v in arrays.items()
-                                if k.startswith("opt.")])
-    opt.init(model.parameters())  # marks it initialised; every entry is already there
-
-
-def load_checkpoint(path: Path, model: GPT, opt: optim.MultiOptimizer) -> tuple[int, dict]:
-    step, arrays, extra = read_checkpoint(path, model, opt)
-    apply_checkpoint(arrays, model, opt)
-    return step, extra
-
-
-def resume_point(cfg: TrainConfig, run_dir: Path, model: GPT, opt: optim.MultiOptimizer,
-                 warn) -> tuple[int, dict]:
+def resume_point(cfg: TrainConfig, run_dir: Path, engine: Engine, warn) -> tuple[int, dict]:
     """(step, recorder clocks) to start from: the checkpoint's, if it verifies and the rows on
     disk agree with it; else step 0 (the checkpoint is removed so it is never tried again)."""
     path = run_dir / "checkpoint.safetensors"
     if path.exists():
         try:
-            step, arrays, extra = read_checkpoint(path, model, opt)
+            step, arrays, extra = read_checkpoint(path, engine)
             drop_parts_from(run_dir, step)
             why = runlog.resume_problem(run_dir, step, cfg.probe_every)
         except runlog.DamagedFile as e:
             why = str(e)
         if why is None:
-            apply_checkpoint(arrays, model, opt)
+            engine.load_state(arrays)
             return step, extra
         warn(f"warning: {run_dir.name}: {why}; restarting the run from step 0")
         path.unlink()
@@ -181,6 +174,9 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
     whose files are damaged raises runlog.DamagedRun, or with `repair` is moved aside (nothing
     deleted, set_aside_damaged), `repair` is told where, and the run is trained again."""
     cfg.validate()
+    preflight = getattr(engine_module(cfg.backend), "preflight", None)
+    if preflight:  # a missing framework or device is a one-line error, before any folder
+        preflight(cfg)
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
     run_dir = run_dir_of(cfg)
     try:
@@ -219,7 +215,7 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
             except (KeyboardInterrupt, UsageError, RunCrashed):
                 raise
             except Exception as e:
-                if guard.signum is not None:  # e.g. Ctrl-C also killed MLX's kernel compiler:
+                if guard.signum is not None:  # e.g. Ctrl-C also killed a kernel compiler:
                     raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
                 if runlog.disk_full(e):  # the last checkpoint stays: the run can resume
                     raise UsageError(f"disk full while writing {run_dir}; free some space and run "
@@ -272,7 +268,7 @@ def set_aside_damaged(run_dir: Path) -> tuple[Path, str] | None:
 
 
 def summary_base(cfg: TrainConfig) -> dict:
-    return {"run_id": cfg.run_id, "framework": "mlx", "lr": cfg.lr, "depth": cfg.depth,
+    return {"run_id": cfg.run_id, "framework": cfg.backend, "lr": cfg.lr, "depth": cfg.depth,
             "qk_norm": cfg.qk_norm, "seed": cfg.seed, "data_seed": cfg.data_seed,
             "d_model": cfg.d_model, "sweep": cfg.sweep, "config": cfg.identity()}
 
@@ -281,52 +277,41 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
                   guard: interrupts.Deferred | None = None) -> dict:
     steps = cfg.steps
     runlog.write_json(run_dir / "config.json", {**cfg.identity(), "run_id": cfg.run_id,
-                                                "framework": "mlx"})
-    manifest = runlog.manifest(cfg.data, "mlx", f"{mx.default_device()}")
-    model = build_model(cfg, meta["vocab_size"])
-    opt = make_optimizer(cfg, model.parameters())
+                                                "framework": cfg.backend})
+    val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
+    engine = make_engine(cfg, meta["vocab_size"], list(val),
+                         probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
+    manifest = runlog.manifest(cfg.data, engine.framework, engine.device, engine.manifest_extra)
 
     ckpt_path = run_dir / "checkpoint.safetensors"
-    start, clocks = resume_point(cfg, run_dir, model, opt,
+    start, clocks = resume_point(cfg, run_dir, engine,
                                  lambda line: print(prefix + line, file=sys.stderr, flush=True))
     if start:
         manifest["resumed_from_step"] = start
     runlog.write_json(run_dir / "manifest.json", manifest)
     rec = Recorder(cfg, run_dir, **clocks)
 
-    step_fn, state = make_train_step(model, opt, cfg.grad_clip)
-
-    @partial(mx.compile, inputs=model.state)
-    def eval_fn(x, y):
-        return model.loss(x, y)
-
-    val = [(mx.array(x), mx.array(y)) for x, y in
-           val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)]
-    px, py = (mx.array(a) for a in
-              probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
-
     def measure(step: int) -> None:
         """Evaluation and probes at `step` (params after `step` updates); off the hot step."""
         if rec.eval_due(step):
-            rec.record_val(step, mx.stack([eval_fn(x, y) for x, y in val]).mean().item())
+            rec.record_val(step, engine.evaluate())
         if rec.probe_due(step):
-            rec.record_probes(probe_lib.measure(model, px, py, step))
+            rec.record_probes(engine.probes(step))
 
     def checkpoint() -> int:
         rec.flush()
-        return save_checkpoint(ckpt_path, model, opt, rec.state())
+        return save_checkpoint(ckpt_path, engine, rec.state())
 
-    def read(pending) -> list[tuple[int, float, float, float, float | None]]:
+    def read(pending: list[tuple[int, Any]]) -> list[tuple[int, float, float, float, float | None]]:
         """One device sync for a whole log interval of (loss, grad norm, lr, z-loss term)."""
-        values = np.array(mx.stack([mx.stack(list(v)) for _, *v in pending]))
+        values = engine.read([handle for _, handle in pending])
         return [(s, a, b, c, z if cfg.z_loss else None)
-                for (s, *_), (a, b, c, z) in zip(pending, values.tolist())]
+                for (s, _), (a, b, c, z) in zip(pending, values)]
 
     display = Display(cfg.run_id, steps, cfg.tokens_per_step, start, verbose, prefix)
     display.begin((f"resuming from step {start} of {steps}; " if start else "")
-                  + "compiling the train step (a first run on this machine also builds MLX's "
-                    "kernels: up to a minute)", always=bool(start))
-    pending: list[tuple[int, mx.array, mx.array, mx.array, mx.array]] = []
+                  + engine.warmup_note, always=bool(start))
+    pending: list[tuple[int, Any]] = []
     batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
                            cfg.block_size)
     try:
@@ -336,20 +321,16 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
                 guard.check()
             measure(step)
             probing = rec.update_probe_due(step)
-            before = dict(tree_flatten(model.parameters())) if probing else None
-            x, y = next(batches)
-            loss, grad_norm, lr, z = step_fn(mx.array(x), mx.array(y))
-            mx.async_eval(state, loss, grad_norm)
-            pending.append((step, loss, grad_norm, lr, z))
+            before = engine.snapshot() if probing else None
+            pending.append((step, engine.step(*next(batches))))
             if probing:
-                rec.record_probes(probe_lib.update_stats(step, before,
-                                                         dict(tree_flatten(model.parameters()))))
+                rec.record_probes(engine.update_stats(step, before))
             if not rec.sync_due(step):
                 continue
             diverged = rec.sync(read(pending), t_sync, display)
             pending.clear()
             if diverged:  # probe the weights as they are when the run is declared diverged
-                rec.record_probes(probe_lib.measure(model, px, py, step + 1))
+                rec.record_probes(engine.probes(step + 1))
                 break
             if rec.checkpoint_due(step):
                 checkpoint()
@@ -359,7 +340,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
         if pending:
             rec.record_steps(read(pending))
         if rec.status == "diverged":
-            summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path, meta)
+            summary = _finish(cfg, run_dir, rec, engine, manifest, ckpt_path, meta)
             display.close(rec.closing_line(summary))
         else:
             display.close(f"interrupted; checkpointed at step {checkpoint()} of {steps}: the "
@@ -368,18 +349,17 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
 
     if rec.status == "completed":
         measure(steps)
-    summary = _finish(cfg, run_dir, rec, model, manifest, ckpt_path, meta)
+    summary = _finish(cfg, run_dir, rec, engine, manifest, ckpt_path, meta)
     display.close(rec.closing_line(summary))
     return summary
 
 
-def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: Path,
+def _finish(cfg, run_dir, rec: Recorder, engine: Engine, manifest: dict, ckpt_path: Path,
             meta: dict) -> dict:
-    weights = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
-    digest = runlog.save_tensors(run_dir / "final.safetensors", weights, {"run_id": cfg.run_id})
+    digest = runlog.save_tensors(run_dir / "final.safetensors", engine.weights(),
+                                 {"run_id": cfg.run_id})
     summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest,
-                          "unigram_entropy": meta["unigram_entropy"]}, manifest,
-                         count_params(model))
+                          "unigram_entropy": meta["unigram_entropy"]}, manifest, engine.params)
     ckpt_path.unlink(missing_ok=True)
     # an earlier attempt's failure record: this summary has replaced its "failed"
     (run_dir / "traceback.txt").unlink(missing_ok=True)
@@ -387,8 +367,9 @@ def _finish(cfg, run_dir, rec: Recorder, model: GPT, manifest: dict, ckpt_path: 
 
 
 USAGE = keys_usage(
-    "python -m mlx_gpt train [key=value ...]",
-    "Trains one run into <runs_dir>/<sweep>/<run_id>/ (run_id: a hash of the config). The same\n"
+    "python -m qkstudy train [key=value ...]",
+    "Trains one run into <runs_dir>/<sweep>/<run_id>/ (run_id: a hash of the config) with\n"
+    "backend=mlx (mlx_gpt/) or backend=torch (torch_ref/; device=auto|cpu|cuda|mps). The same\n"
     "command again resumes an interrupted run from its checkpoint and skips a finished one.\n"
     "repair=true (not part of the run): a finished run whose files are damaged is moved to\n"
     "<runs_dir>/<sweep>/.damaged/<run_id>-<UTC time>/, nothing deleted, and trained again.",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .config import TrainConfig, model_args
 from .errors import UsageError
+from .weights import count_params
 
 FLOAT32 = 4
 HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
@@ -76,15 +77,8 @@ class Estimate:
 
 
 def parameter_count(cfg: TrainConfig, vocab_size: int) -> int:
-    """The model's parameters (mlx_gpt/model.py's GPT, counted without building it)."""
-    args = model_args(cfg, vocab_size)
-    c, bias = cfg.d_model, int(cfg.bias)
-    norm = c * (1 + bias)  # a LayerNorm: gain (and bias)
-    block = (2 * norm + 3 * c * c + 3 * c * bias + c * c + c * bias  # norms, qkv, proj
-             + 4 * c * c + 4 * c * bias + 4 * c * c + c * bias)  # MLP
-    if cfg.qk_norm != "none":
-        block += 2 * cfg.head_dim  # q and k gains
-    return args.padded_vocab * c + cfg.block_size * c + cfg.depth * block + norm
+    """The model's parameters (qkstudy/weights.py's shapes, counted without building it)."""
+    return count_params(model_args(cfg, vocab_size))["total"]
 
 
 def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:

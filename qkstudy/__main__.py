@@ -1,0 +1,23 @@
+"""`python -m qkstudy <command> [key=value ...]`: prepare, train, sweep, status, bench."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import dispatch
+
+COMMANDS = {
+    "prepare": ("qkstudy.data", "tokenise a corpus into uint16 train/val files"),
+    "train": ("qkstudy.trainer", "train one run, backend=mlx|torch (resumes from its checkpoint)"),
+    "sweep": ("qkstudy.sweep", "qk_norm x learning rate x seed grid, resumable"),
+    "status": ("qkstudy.status", "every run of a sweep: state, progress, ETA (reads files only)"),
+    "bench": ("mlx_gpt.bench", "throughput, FLOP/s and probe overhead, MLX and PyTorch side by side"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch("python -m qkstudy", COMMANDS, sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

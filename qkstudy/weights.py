@@ -1,0 +1,79 @@
+"""The model's parameters without a framework: names, shapes, counts and initial values.
+
+Both trainers (mlx_gpt/model.py, torch_ref/model.py) build exactly these parameters, and both
+start a run from `initial_weights`: numpy arrays drawn from (seed, parameter name), so an MLX
+run and a torch run of one config start from identical weights and neither framework needs the
+other. nanoGPT's scheme: N(0, 0.02) for every matrix, residual projections (attn.proj,
+mlp.proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, norm gains 1. Each tensor's stream depends on
+(seed, its name) only, so every weight the QK-norm arms share starts identical for one seed:
+the arms differ only in the QK-norm gains.
+
+INIT_SCHEME names this scheme in each run's identity (TrainConfig.init): runs made before it
+(init="mlx", drawn by MLX's own generator) keep their run ids and stay readable.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from .config import ModelArgs
+
+INIT_SCHEME = "numpy"
+
+
+def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in the models' naming (nn.Linear weights are (out, in))."""
+    c, bias, head_dim = args.d_model, args.bias, args.d_model // args.n_heads
+    shapes: dict[str, tuple[int, ...]] = {"wte.weight": (args.padded_vocab, c),
+                                          "wpe.weight": (args.block_size, c)}
+
+    def norm(name: str) -> None:
+        shapes[f"{name}.weight"] = (c,)
+        if bias:
+            shapes[f"{name}.bias"] = (c,)
+
+    def linear(name: str, n_in: int, n_out: int) -> None:
+        shapes[f"{name}.weight"] = (n_out, n_in)
+        if bias:
+            shapes[f"{name}.bias"] = (n_out,)
+
+    for i in range(args.depth):
+        b = f"blocks.{i}"
+        norm(f"{b}.ln1")
+        linear(f"{b}.attn.qkv", c, 3 * c)
+        linear(f"{b}.attn.proj", c, c)
+        if args.qk_norm != "none":
+            shapes[f"{b}.attn.q_norm.weight"] = (head_dim,)
+            shapes[f"{b}.attn.k_norm.weight"] = (head_dim,)
+        norm(f"{b}.ln2")
+        linear(f"{b}.mlp.fc", c, 4 * c)
+        linear(f"{b}.mlp.proj", 4 * c, c)
+    norm("ln_f")
+    return shapes
+
+
+def count_params(args: ModelArgs) -> dict[str, int]:
+    """{"total", "embedding" (token + position tables), "non_embedding"} parameter counts."""
+    sizes = {name: math.prod(shape) for name, shape in parameter_shapes(args).items()}
+    total = sum(sizes.values())
+    embedding = sizes["wte.weight"] + sizes["wpe.weight"]
+    return {"total": total, "embedding": embedding, "non_embedding": total - embedding}
+
+
+def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
+    """The run's initial parameters as float32 arrays (the module docstring's scheme)."""
+    residual_std = 0.02 / math.sqrt(2 * args.depth)
+    weights = {}
+    for name, shape in parameter_shapes(args).items():
+        if name.endswith(".weight") and len(shape) == 2:
+            std = residual_std if name.endswith("proj.weight") else 0.02
+            rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+            weights[name] = (std * rng.standard_normal(shape, dtype=np.float64)).astype(np.float32)
+        elif name.endswith(".bias"):
+            weights[name] = np.zeros(shape, np.float32)
+        else:
+            weights[name] = np.ones(shape, np.float32)
+    return weights

@@ -1,0 +1,121 @@
+"""The import graph: the framework-free core (qkstudy/) below both trainers and the analysis, with
+no arrow back, and a core that plans sweeps and reads run folders where MLX and torch are absent
+(a CUDA node without MLX, a laptop without torch)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis")
+
+# package -> the top-level modules it must never import (anywhere, lazily included)
+FORBIDDEN = {
+    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "analysis", "polars", "altair", "marimo"},
+    "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref"},
+    "mlx_gpt": {"torch", "torch_ref", "analysis"},
+    "torch_ref": {"mlx", "mlx_gpt", "analysis"},
+}
+# torch_ref's tools that compare the two frameworks import both, by design
+BOTH_FRAMEWORKS = {"torch_ref/parity.py", "torch_ref/weights.py"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level names of every module `path` imports, at any depth (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_no_arrow_points_up_or_across_the_frameworks():
+    wrong = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in BOTH_FRAMEWORKS:
+                continue
+            bad = imported_modules(path) & FORBIDDEN[package]
+            wrong += [f"{rel} imports {name}" for name in sorted(bad)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rule_sees_a_lazy_import(tmp_path):
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("def f():\n    from mlx_gpt.engine import build_model\n    import torch\n")
+    assert {"mlx_gpt", "torch"} <= imported_modules(sneaky)
+
+
+BLOCKED = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class Blocked(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("mlx", "torch"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, Blocked())
+""")
+
+
+def run_blocked(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCKED + textwrap.dedent(code)], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_core_plans_a_sweep_and_reads_runs_without_mlx_or_torch(tiny_cfg, tmp_path):
+    from qkstudy.trainer import run_dir_of, train
+
+    cfg = tiny_cfg()
+    train(cfg, verbose=False)  # a run folder written by the MLX backend, read below without it
+    run_dir = run_dir_of(cfg)
+    out = run_blocked(f"""
+        import json, sys
+        from qkstudy import runlog, status, trainer
+        from qkstudy.__main__ import main
+        from qkstudy.config import load_config
+        from qkstudy.weights import initial_weights
+        from qkstudy.config import model_args
+
+        # plan the study preset (dry run: the plan, its memory check, sweep.json unwritten)
+        assert main(["sweep", "preset=mini", "runs_dir={tmp_path / 'plan'}", "--dry-run"]) == 0
+        # read the run folder the MLX backend wrote
+        summary = trainer.finished_run(__import__("pathlib").Path({str(run_dir)!r}))
+        cfg = load_config({str(run_dir / 'config.json')!r})
+        assert summary["status"] == "completed" and cfg.run_id == summary["run_id"]
+        assert runlog.read_parts(__import__("pathlib").Path({str(run_dir / 'metrics')!r})).num_rows
+        assert main(["status", {str(run_dir.parent)!r}]) == 0
+        # the initial weights both backends load
+        assert initial_weights(model_args(cfg, 257), cfg.seed)["wte.weight"].shape == (320, 32)
+        # the analysis reads it too
+        from analysis import load_study
+        assert load_study({str(run_dir.parent)!r}).runs.table.height == 1
+        # and asking for a framework that is absent is one line, not a traceback
+        sys.exit(main(["train", "backend=torch", "runs_dir={tmp_path / 'none'}"]))
+    """, ROOT)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "error: PyTorch is not installed: pip install -e '.[torch]' (or ./setup.sh torch on a "
+        "GPU machine)"]
+    assert not (tmp_path / "none").exists()  # nothing written for a run that cannot start
+    assert "sweep mini" in out.stdout or "mini" in out.stdout
+
+
+@pytest.mark.parametrize("package", ["qkstudy", "analysis"])
+def test_importing_the_core_or_the_analysis_loads_no_framework(package):
+    out = subprocess.run([sys.executable, "-c", f"import sys, {package}, {package}.__main__; "
+                          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                          "('mlx', 'torch', 'mlx_gpt', 'torch_ref')))"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
