@@ -36,6 +36,8 @@ from .locks import RunBusy, run_lock
 from .recorder import Recorder
 
 Batch = tuple[np.ndarray, np.ndarray]
+# K when K runs share one device (a sweep's jobs=K): a CUDA engine caps its memory at 1/K
+RUNS_PER_GPU = "QKSTUDY_RUNS_PER_GPU"
 
 # backend -> (its engine module, what to install when it is missing)
 ENGINES = {"mlx": ("mlx_gpt.engine", "MLX is not installed: pip install -e . (Apple Silicon or "

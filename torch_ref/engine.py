@@ -27,13 +27,13 @@ import torch
 
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.errors import UsageError
+from qkstudy.trainer import RUNS_PER_GPU
 from qkstudy.weights import count_params, initial_weights
 
 from . import probes as probe_lib
 from .model import GPT, cross_entropy, objective_terms
 from .optim import lr_schedule, make_optimizer, update
 
-RUNS_PER_GPU = "QKSTUDY_RUNS_PER_GPU"
 
 
 def resolve_device(name: str) -> torch.device:

@@ -92,6 +92,9 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     print(f"  LRs         {lr_text(sweep.grid_lrs())}")
     print(f"  after grid  {extras_text(sweep)}")
     print(f"  arms        {', '.join(sweep.arms)};  seeds {', '.join(map(str, sweep.seeds))}")
+    engine = (f"torch on {t.device}, {t.precision}" + (", compiled" if t.compile else "")
+              if t.backend == "torch" else "mlx")
+    print(f"  backend     {engine}")
     print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
           f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
           f"{vocab if vocab else '?'}, {vocab_from})")

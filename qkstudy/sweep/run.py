@@ -296,6 +296,15 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
         print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 
+def gpu_share(sweep: SweepConfig) -> dict[str, str]:
+    """The environment of a sweep process: with jobs=K, K processes train on one device, and a
+    torch engine on CUDA caps its memory at 1/K of the GPU (the first process sets it too)."""
+    env = dict(os.environ)
+    if sweep.jobs > 1:
+        env[trainer.RUNS_PER_GPU] = str(sweep.jobs)
+    return env
+
+
 def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen]:
     """jobs=K: K-1 more sweep processes on the same tree (run locks share the work between them)."""
     folder = Path(sweep.runs_dir) / sweep.name
@@ -309,6 +318,6 @@ def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "qkstudy", "sweep",
              *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
-            stdout=log, stderr=subprocess.STDOUT))
+            stdout=log, stderr=subprocess.STDOUT, env=gpu_share(sweep)))
         log.close()
     return workers
