@@ -40,6 +40,9 @@ FORK_SERVER = textwrap.dedent("""
 
     words, root, trials, seed = json.loads(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), \\
         int(sys.argv[4])
+    # more trials until these many landed mid-run and one early (a busy machine shifts where
+    # the random delays land), up to max_trials
+    steps_total, early_steps, need_mid, max_trials = (int(a) for a in sys.argv[5:9])
 
     def run(runs_dir, delay=None, signum=signal.SIGINT):
         t0 = time.monotonic()
@@ -91,7 +94,10 @@ FORK_SERVER = textwrap.dedent("""
     rc2, duration, _ = run(root / "reference-again")
     print(json.dumps({"reference_rc": [rc, rc2], "seconds": [first, duration]}), flush=True)
     rng = random.Random(seed)
-    for trial in range(trials):
+    mid = early = 0
+    for trial in range(max_trials):
+        if trial >= trials and mid >= need_mid and early >= 1:
+            break
         # a third of the trials land early (loading, the first compile), the rest anywhere
         delay = rng.uniform(0, duration * (0.25 if trial % 3 == 0 else 1.05))
         signum = signal.SIGTERM if trial % 4 == 3 else signal.SIGINT
@@ -104,6 +110,8 @@ FORK_SERVER = textwrap.dedent("""
             counts = {int(v) for k, v in arrays.items() if k.startswith("opt.")
                       and k.split(".")[-1] == "step"}  # the optimizer's step (one per group)
             steps = [int(meta["step"]), *counts]
+            mid += 0 < max(counts) < steps_total
+            early += max(counts) <= early_steps
         resume_rc, _, _ = run(runs_dir)
         manifest = json.loads(next(runs_dir.glob("*/*/manifest.json")).read_text())
         print(json.dumps({"trial": trial, "delay": delay, "signal": signum, "rc": rc,
@@ -124,9 +132,10 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
     words = [w for w in words if not w.startswith("runs_dir=")]
     script = tmp_path / "fork_server.py"
     script.write_text(FORK_SERVER)
-    trials = 20
+    trials, need_mid, max_trials = 20, 4, 60
     out = subprocess.run([sys.executable, str(script), json.dumps(words), str(tmp_path), str(trials),
-                          "12"], capture_output=True, text=True, timeout=300,
+                          "12", str(cfg.steps), str(cfg.log_every), str(need_mid), str(max_trials)],
+                         capture_output=True, text=True, timeout=900,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines()]
@@ -166,14 +175,16 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
         for key in ("status", "init_loss", "final_val_loss", "min_val_loss", "steps",
                     "final_weights_sha256"):
             assert summary[key] == ref_summary[key], (result, key)
-    assert len(lines) == trials + 1
-    # the timings must really have hit the run: many mid-run, some in the first interval
-    assert interrupted_mid_run >= trials // 5, lines
+    done = len(lines) - 1
+    assert trials <= done <= max_trials
+    # the signals must really have hit the run: mid-run and in the first interval (the harness
+    # adds trials until they have, so load on the machine costs time, not a failure)
+    assert interrupted_mid_run >= need_mid, lines
     assert early >= 1, lines
     # Rarely (about 1 in 70 trials, only under pytest) a signal sent in the first 0.1 s is not
     # acted on and the run completes; its results are still exact (asserted above).
-    assert lost <= 2, lines
-    print(f"{trials} trials: {interrupted_mid_run} interrupted mid-run ({early} in the first "
+    assert lost <= max(2, done // 10), lines
+    print(f"{done} trials: {interrupted_mid_run} interrupted mid-run ({early} in the first "
           f"{cfg.log_every} steps), {lost} signals not acted on, reference run {lines[0]['seconds'][1]:.2f} s")
     for line in lines:
         print(line)
