@@ -1,44 +1,49 @@
-"""The run folder: atomic JSON, immutable Parquet parts, provenance, checkpoints.
+"""The run folder's format: what both backends write and the analysis reads, through here.
 
 runs/<sweep>/<run_id>/
-  config.json      resolved TrainConfig (+ run_id, framework)
-  manifest.json    provenance: git commit/dirty, library versions, platform, chip, BLAS, data sha
+  config.json      the run's identity (TrainConfig.identity(), + run_id, framework)
+  manifest.json    provenance (provenance.py): git commit/dirty, library versions, platform,
+                   chip, the backend's facts (BLAS, threads, precision), data sha
   metrics/part-<first>-<last>.parquet   scalar rows (step, tokens, lr, train_loss, grad_norm,
-                                        val_loss, val_ppl, elapsed_s)
+                                        val_loss, val_ppl, elapsed_s, z_loss)
   probes/part-<first>-<last>.parquet    long rows (step, layer, name, value)
-  checkpoint.safetensors               weights, optimizer state, step, RNG (while running)
+  checkpoint.safetensors               weights and optimizer state (while running)
   final.safetensors                    final weights (once finished)
   summary.json     written last: its presence with status completed|diverged means finished
 
-Every file appears by os.replace of a complete temporary file, so no reader sees half a file.
-Every file is also read back as untrusted: JSON must be an object of the expected shape,
-tensor files carry a sha256 of their bytes (checked on load), and the Parquet parts must cover
-their steps without gaps; a file that fails says so in one line with the way to repair it.
+Files are written atomically and tensors carry a checksum (files.py); what a dead process left
+is cleaned up by forensics.py. This module owns the rest: the schemas, the summary's checks,
+the Parquet parts and their coverage of the steps, and damaged runs set aside. Every file is
+read back as untrusted; a file that fails says so in one line with the way to repair it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import errno
-import faulthandler
-import hashlib
-import json
 import os
-import platform
 import re
-import struct
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import UsageError
+from .files import (  # noqa: F401  (the run format's file API, used through runlog)
+    DamagedFile,
+    atomic,
+    disk_full,
+    load_object,
+    now,
+    read_json,
+    read_tensors,
+    save_tensors,
+    sha256_file,
+    write_json,
+    write_text,
+)
+from .forensics import clean_leftovers, fatal_signal_log, record_failure  # noqa: F401
+from .provenance import manifest, provenance, versions  # noqa: F401
 
 FINISHED = ("completed", "diverged")
 
@@ -53,69 +58,8 @@ PROBES_SCHEMA = pa.schema([
 ])
 
 
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
 class DamagedRun(UsageError):
     """A run file that fails its checks. The message names the file and how to repair it."""
-
-
-class DamagedFile(Exception):
-    """A tensor file that is truncated, unparsable or fails its checksum."""
-
-
-def disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and (error.errno == errno.ENOSPC
-                                           or "No space left on device" in str(error))
-
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
-
-
-@contextlib.contextmanager
-def _atomic(path: Path, mode: str = "w") -> Iterator[Any]:
-    """A file object on a temporary beside `path`; renamed onto it once written and synced,
-    removed if writing fails."""
-    tmp = _tmp(path)
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_text(path: Path, text: str) -> None:
-    with _atomic(path) as f:
-        f.write(text)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def load_object(path: Path) -> tuple[dict | None, str | None]:
-    """(the JSON object in `path`, None) or (None, why it is missing or not an object)."""
-    try:
-        with open(path) as f:
-            obj = json.load(f)
-    except (FileNotFoundError, NotADirectoryError):
-        return None, "is missing"
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        return None, f"is not valid JSON ({type(e).__name__})"
-    if not isinstance(obj, dict):
-        return None, f"holds a JSON {type(obj).__name__}, not an object"
-    return obj, None
-
-
-def read_json(path: Path) -> dict | None:
-    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
-    return load_object(path)[0]
 
 
 def _is_int(v: Any) -> bool:
@@ -195,82 +139,6 @@ def set_aside_records(sweep_dir: Path) -> list[dict]:
                   key=lambda r: r["moved"])
 
 
-# --- tensor files: safetensors with a sha256 of their bytes -----------------------------------
-
-_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64",
-           "uint32": "U32", "uint64": "U64", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
-_NUMPY = {v: k for k, v in _DTYPES.items()}
-
-
-def _digest(chunks, metadata: dict[str, str]) -> str:
-    h = hashlib.sha256()
-    for chunk in chunks:
-        h.update(chunk)
-    h.update(json.dumps(metadata, sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def save_tensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
-    """Write a safetensors file atomically with metadata["sha256"] = a hash of its tensor bytes
-    and metadata; it is read back and verified before it replaces `path`. Returns the hash.
-    (Python writes it, so a full disk raises instead of leaving a short file.)"""
-    names = sorted(arrays)
-    flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np.uint8) for n in names]
-    header: dict[str, Any] = {}
-    offset = 0
-    for name, raw in zip(names, flat):
-        header[name] = {"dtype": _DTYPES[arrays[name].dtype.name],
-                        "shape": list(np.shape(arrays[name])),
-                        "data_offsets": [offset, offset + raw.nbytes]}
-        offset += raw.nbytes
-    meta = {k: v for k, v in metadata.items() if k != "sha256"}
-    header["__metadata__"] = {**meta, "sha256": _digest(flat, meta)}
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = _tmp(path)
-    with _atomic(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for raw in flat:
-            f.write(raw)
-        f.flush()
-        read_tensors(tmp)  # verify before it replaces the previous file
-    return header["__metadata__"]["sha256"]
-
-
-def read_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(arrays, metadata) of a file written by save_tensors; DamagedFile if it is truncated,
-    unparsable, has no checksum or fails it."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise DamagedFile(f"{path.name} is unreadable ({e.strerror or e})") from None
-    n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else -1
-    if n < 0 or 8 + n > len(data):
-        raise DamagedFile(f"{path.name} is truncated ({len(data)} bytes)")
-    try:
-        header = json.loads(data[8:8 + n])
-        meta = header.pop("__metadata__")
-        body = memoryview(data)[8 + n:]
-        specs = [(name, _NUMPY[h["dtype"]], tuple(h["shape"]), *h["data_offsets"])
-                 for name, h in header.items()]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise DamagedFile(f"{path.name} has an unparsable header") from None
-    if not isinstance(meta, dict) or "sha256" not in meta:
-        raise DamagedFile(f"{path.name} carries no checksum")
-    if max((end for *_, end in specs), default=0) != len(body):
-        raise DamagedFile(f"{path.name} is truncated or has trailing bytes")
-    expected = meta["sha256"]
-    if _digest([body], {k: v for k, v in meta.items() if k != "sha256"}) != expected:
-        raise DamagedFile(f"{path.name} fails its sha256 checksum (damaged bytes)")
-    try:
-        arrays = {name: np.frombuffer(body[b:e], dtype=dtype).reshape(shape)
-                  for name, dtype, shape, b, e in specs}
-    except ValueError:
-        raise DamagedFile(f"{path.name} has tensors that do not match their shapes") from None
-    return arrays, meta
-
-
 def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
     """Write rows as one immutable part named by its step range; None if there are no rows."""
     if not rows:
@@ -279,7 +147,7 @@ def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None
     steps = [r["step"] for r in rows]
     path = folder / f"part-{min(steps):08d}-{max(steps):08d}.parquet"
     table = pa.Table.from_pylist(rows, schema=schema)
-    with _atomic(path, "wb") as f:
+    with atomic(path, "wb") as f:
         pq.write_table(table, f)
     return path
 
@@ -368,145 +236,3 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
     return why
 
 
-# --- leftovers of a process that died ------------------------------------------------------------
-
-_OWNED = re.compile(r"\..+\.tmp-(\d+)")
-FATAL_PREFIX = ".fatal-"
-
-
-def _alive(pid: int) -> bool:
-    """Whether another live process has this id (our own id counts as gone: we hold the lock)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_leftovers(run_dir: Path) -> list[str]:
-    """Remove temporary files whose writer is gone (call with the run's lock held). Returns the
-    text of any fatal-signal log such a process left (see `fatal_signal_log`)."""
-    fatal = []
-    for folder in (run_dir, run_dir / "metrics", run_dir / "probes"):
-        if not folder.is_dir():
-            continue
-        for path in folder.glob(".*"):
-            owned = _OWNED.fullmatch(path.name)
-            if path.name.startswith(FATAL_PREFIX):
-                pid = path.name[len(FATAL_PREFIX):]
-                if pid.isdigit() and _alive(int(pid)):
-                    continue
-                text = path.read_text(errors="replace").strip()
-                fatal += [text] if text else []
-            elif not ((owned and not _alive(int(owned.group(1))))
-                      or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
-                continue
-            path.unlink(missing_ok=True)
-    return fatal
-
-
-@contextlib.contextmanager
-def fatal_signal_log(run_dir: Path) -> Iterator[None]:
-    """While training, a fatal signal (segfault, abort) writes Python's traceback to
-    <run_dir>/.fatal-<pid>; the next attempt finds it and records the run as failed."""
-    path = run_dir / f"{FATAL_PREFIX}{os.getpid()}"
-    was_enabled = faulthandler.is_enabled()
-    with open(path, "w") as f:
-        faulthandler.enable(file=f, all_threads=True)
-        try:
-            yield
-        finally:
-            faulthandler.disable()
-            path.unlink(missing_ok=True)  # only a fatal signal leaves it behind
-            if was_enabled and sys.__stderr__ is not None:
-                with contextlib.suppress(ValueError, OSError, AttributeError):
-                    faulthandler.enable(file=sys.__stderr__)
-
-
-def record_failure(run_dir: Path, summary_base: dict, error: BaseException,
-                   text: str | None = None, **extra: Any) -> None:
-    """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
-    import traceback
-
-    write_text(run_dir / "traceback.txt", text if text is not None else "".join(
-        traceback.format_exception(type(error), error, error.__traceback__)))
-    write_json(run_dir / "summary.json", {
-        **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}", **extra})
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() if out.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def chip() -> str:
-    if sys.platform == "darwin":
-        try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                  capture_output=True, text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def versions(*modules: str) -> dict[str, str | None]:
-    from importlib import metadata
-
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in modules:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def provenance() -> dict:
-    """Where a file came from: the code's git commit and whether it had local changes, and the
-    versions of the libraries that compute (both the run manifests and the report use it)."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    return {"git_commit": _git("rev-parse", "HEAD"),
-            "git_dirty": bool(status) if status is not None else None,
-            "versions": versions("mlx", "numpy", "tiktoken", "pyarrow", "torch")}
-
-
-def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
-    """manifest.json: provenance, the machine, the data; `extra` holds the backend's own facts
-    (BLAS library, threads, precision)."""
-    meta = Path(data_dir) / "meta.json"
-    return {
-        "framework": framework,
-        "device": device,
-        **provenance(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "chip": chip(),
-        "cpu_count": os.cpu_count(),
-        "data_dir": str(data_dir),
-        "data_meta_sha256": sha256_file(meta) if meta.exists() else None,
-        "started": now(),
-        **(extra or {}),
-    }

@@ -1,0 +1,168 @@
+"""Files that are never half-written and tensors that carry their checksum.
+
+Every file appears by os.replace of a complete temporary file (synced first), so no reader sees
+half a file, and a writer that fails leaves nothing behind. Every file is read back as
+untrusted: a JSON file must hold an object, and a tensor file carries a sha256 of its bytes
+that is checked on load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class DamagedFile(Exception):
+    """A tensor file that is truncated, unparsable or fails its checksum."""
+
+
+def disk_full(error: BaseException) -> bool:
+    return isinstance(error, OSError) and (error.errno == errno.ENOSPC
+                                           or "No space left on device" in str(error))
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic(path: Path, mode: str = "w") -> Iterator[Any]:
+    """A file object on a temporary beside `path`; renamed onto it once written and synced,
+    removed if writing fails."""
+    tmp = _tmp(path)
+    try:
+        with open(tmp, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    with atomic(path) as f:
+        f.write(text)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def load_object(path: Path) -> tuple[dict | None, str | None]:
+    """(the JSON object in `path`, None) or (None, why it is missing or not an object)."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        return None, "is missing"
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        return None, f"is not valid JSON ({type(e).__name__})"
+    if not isinstance(obj, dict):
+        return None, f"holds a JSON {type(obj).__name__}, not an object"
+    return obj, None
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
+    return load_object(path)[0]
+
+
+# --- tensor files: safetensors with a sha256 of their bytes ---------------------------------------
+
+_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64",
+           "uint32": "U32", "uint64": "U64", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
+_NUMPY = {v: k for k, v in _DTYPES.items()}
+
+
+def _digest(chunks, metadata: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    h.update(json.dumps(metadata, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def save_tensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
+    """Write a safetensors file atomically with metadata["sha256"] = a hash of its tensor bytes
+    and metadata; it is read back and verified before it replaces `path`. Returns the hash.
+    (Python writes it, so a full disk raises instead of leaving a short file.)"""
+    names = sorted(arrays)
+    flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np.uint8) for n in names]
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, raw in zip(names, flat):
+        header[name] = {"dtype": _DTYPES[arrays[name].dtype.name],
+                        "shape": list(np.shape(arrays[name])),
+                        "data_offsets": [offset, offset + raw.nbytes]}
+        offset += raw.nbytes
+    meta = {k: v for k, v in metadata.items() if k != "sha256"}
+    header["__metadata__"] = {**meta, "sha256": _digest(flat, meta)}
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    tmp = _tmp(path)
+    with atomic(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for raw in flat:
+            f.write(raw)
+        f.flush()
+        read_tensors(tmp)  # verify before it replaces the previous file
+    return header["__metadata__"]["sha256"]
+
+
+def read_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(arrays, metadata) of a file written by save_tensors; DamagedFile if it is truncated,
+    unparsable, has no checksum or fails it."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DamagedFile(f"{path.name} is unreadable ({e.strerror or e})") from None
+    n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else -1
+    if n < 0 or 8 + n > len(data):
+        raise DamagedFile(f"{path.name} is truncated ({len(data)} bytes)")
+    try:
+        header = json.loads(data[8:8 + n])
+        meta = header.pop("__metadata__")
+        body = memoryview(data)[8 + n:]
+        specs = [(name, _NUMPY[h["dtype"]], tuple(h["shape"]), *h["data_offsets"])
+                 for name, h in header.items()]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DamagedFile(f"{path.name} has an unparsable header") from None
+    if not isinstance(meta, dict) or "sha256" not in meta:
+        raise DamagedFile(f"{path.name} carries no checksum")
+    if max((end for *_, end in specs), default=0) != len(body):
+        raise DamagedFile(f"{path.name} is truncated or has trailing bytes")
+    expected = meta["sha256"]
+    if _digest([body], {k: v for k, v in meta.items() if k != "sha256"}) != expected:
+        raise DamagedFile(f"{path.name} fails its sha256 checksum (damaged bytes)")
+    try:
+        arrays = {name: np.frombuffer(body[b:e], dtype=dtype).reshape(shape)
+                  for name, dtype, shape, b, e in specs}
+    except ValueError:
+        raise DamagedFile(f"{path.name} has tensors that do not match their shapes") from None
+    return arrays, meta
+
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

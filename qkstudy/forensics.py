@@ -1,0 +1,88 @@
+"""What a process that died leaves in a run folder, and what a failed run keeps.
+
+A writer's temporary files carry its pid (files.py); a fatal signal (segfault, abort) writes
+Python's traceback to <run_dir>/.fatal-<pid> while the run trains. The next attempt, holding the
+run's lock, removes what dead processes left and reads their fatal-signal logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .files import write_json, write_text
+
+_OWNED = re.compile(r"\..+\.tmp-(\d+)")
+FATAL_PREFIX = ".fatal-"
+
+
+def _alive(pid: int) -> bool:
+    """Whether another live process has this id (our own id counts as gone: we hold the lock)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_leftovers(run_dir: Path) -> list[str]:
+    """Remove temporary files whose writer is gone (call with the run's lock held). Returns the
+    text of any fatal-signal log such a process left (see `fatal_signal_log`)."""
+    fatal = []
+    for folder in (run_dir, run_dir / "metrics", run_dir / "probes"):
+        if not folder.is_dir():
+            continue
+        for path in folder.glob(".*"):
+            owned = _OWNED.fullmatch(path.name)
+            if path.name.startswith(FATAL_PREFIX):
+                pid = path.name[len(FATAL_PREFIX):]
+                if pid.isdigit() and _alive(int(pid)):
+                    continue
+                text = path.read_text(errors="replace").strip()
+                fatal += [text] if text else []
+            elif not ((owned and not _alive(int(owned.group(1))))
+                      or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
+                continue
+            path.unlink(missing_ok=True)
+    return fatal
+
+
+@contextlib.contextmanager
+def fatal_signal_log(run_dir: Path) -> Iterator[None]:
+    """While training, a fatal signal (segfault, abort) writes Python's traceback to
+    <run_dir>/.fatal-<pid>; the next attempt finds it and records the run as failed."""
+    path = run_dir / f"{FATAL_PREFIX}{os.getpid()}"
+    was_enabled = faulthandler.is_enabled()
+    with open(path, "w") as f:
+        faulthandler.enable(file=f, all_threads=True)
+        try:
+            yield
+        finally:
+            faulthandler.disable()
+            path.unlink(missing_ok=True)  # only a fatal signal leaves it behind
+            if was_enabled and sys.__stderr__ is not None:
+                with contextlib.suppress(ValueError, OSError, AttributeError):
+                    faulthandler.enable(file=sys.__stderr__)
+
+
+def record_failure(run_dir: Path, summary_base: dict, error: BaseException,
+                   text: str | None = None, **extra: Any) -> None:
+    """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
+    import traceback
+
+    write_text(run_dir / "traceback.txt", text if text is not None else "".join(
+        traceback.format_exception(type(error), error, error.__traceback__)))
+    write_json(run_dir / "summary.json", {
+        **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}", **extra})
+
+
