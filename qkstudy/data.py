@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import math
 import os
-import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator
@@ -39,23 +37,18 @@ from typing import BinaryIO
 
 import numpy as np
 
-from . import synthetic
 from .config import apply_overrides, split_key_values
 from .errors import UsageError
-from .tokenizer import ENDOFTEXT, Tokenizer, get_tokenizer
+from .sources import FINEWEB_DEFAULT_CAP, resolve_source
+from .tokenizer import Tokenizer, get_tokenizer
+from .tokens import token_stats
 
 DEFAULT_BLOCK_SIZE = 256
 MIN_SPLIT_TOKENS = DEFAULT_BLOCK_SIZE + 1
-NAMED_SOURCES = ("synthetic", "tinystories", "fineweb-edu")
-TINYSTORIES_REPO = "roneneldan/TinyStories"
-TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
-FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
-FINEWEB_FOLDER = "sample/10BT"
-FINEWEB_DEFAULT_CAP = 100_000_000
 BATCH_CHARS = 1 << 22  # ~4 MB of text per encode_batch call: enough work for tiktoken's threads
-READ_CHARS = 1 << 23
 MAX_SYNTHETIC_MB = 10_000.0  # the generator writes ~10-20 MB/s: this is already minutes
-KNOWN_VOCAB = {"gpt2": 50257, "bytes": 257}
+
+
 
 
 @dataclass(frozen=True)
@@ -79,170 +72,6 @@ class PrepareConfig:
                              f"({MAX_SYNTHETIC_MB / 1000:g} GB of text); got {self.size_mb}")
         return self
 
-
-@dataclass
-class Corpus:
-    """Documents from a source. `inputs` fills in as files are opened (downloads are lazy)."""
-
-    name: str  # stem of the default output folder
-    description: str
-    documents: Iterator[str]
-    inputs: list[dict]  # {path or name, bytes, sha256} per input
-    val_documents: Iterator[str] | None = None  # an official validation split, if any
-    val_rule: str = ""  # says which file is the official validation split
-
-
-# ---------------------------------------------------------------- reading local files
-
-
-def _scan(path: Path, marker: bytes) -> tuple[dict, bool]:
-    """One pass over a file: its input record (size, sha256) and whether `marker` occurs."""
-    digest, size, found, tail = hashlib.sha256(), 0, False, b""
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-            size += len(chunk)
-            found = found or marker in tail + chunk
-            tail = chunk[-len(marker):]
-    return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}, found
-
-
-def _txt_documents(path: Path, inputs: list[dict]) -> Iterator[str]:
-    """Documents split on <|endoftext|> if the file has it (TinyStories), else on blank lines."""
-    record, has_marker = _scan(path, ENDOFTEXT.encode())
-    inputs.append(record)
-    split = (lambda text: text.split(ENDOFTEXT)) if has_marker else re.compile(r"\n\s*\n").split
-    carry = ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            while chunk := f.read(READ_CHARS):
-                # The last piece may continue in the next chunk: hold it back.
-                *pieces, carry = split(carry + chunk)
-                yield from (doc for p in pieces if (doc := p.strip()))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{path} is not UTF-8 text (byte {e.start} of a chunk)") from None
-    if doc := carry.strip():
-        yield doc
-
-
-def _parquet_documents(path: Path, inputs: list[dict]) -> Iterator[str]:
-    import pyarrow.parquet as pq
-
-    try:
-        parquet = pq.ParquetFile(path)
-    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a non-parquet file
-        raise UsageError(f"{path} is not a readable parquet file ({type(e).__name__})") from None
-    columns = parquet.schema_arrow.names
-    if "text" not in columns:
-        raise UsageError(f"{path} has no 'text' column (columns: {', '.join(columns) or 'none'})")
-    inputs.append(_scan(path, b"")[0])
-    for batch in parquet.iter_batches(columns=["text"], batch_size=4096):
-        yield from (doc for text in batch.column(0).to_pylist() if text and (doc := text.strip()))
-
-
-def _file_documents(paths: Iterable[Path], inputs: list[dict]) -> Iterator[str]:
-    for path in paths:
-        reader = _txt_documents if path.suffix == ".txt" else _parquet_documents
-        yield from reader(path, inputs)
-
-
-def _local_files(path: Path) -> list[Path]:
-    """The .txt / .parquet files a path names: itself, or those under a folder (sorted)."""
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*")
-                       if p.suffix in (".txt", ".parquet") and p.is_file())
-        if not files:
-            raise UsageError(f"folder {path} has no .txt or .parquet files")
-        return files
-    if path.suffix not in (".txt", ".parquet"):
-        raise UsageError(f"{path}: unsupported file type {path.suffix or '(none)'}; "
-                         f"expected .txt or .parquet")
-    return [path]
-
-
-# ---------------------------------------------------------------- sources
-
-
-def _synthetic(cfg: PrepareConfig) -> Corpus:
-    n_chars = int(cfg.size_mb * 1_000_000)
-    name = f"qkstudy.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
-    record = {"name": name, "bytes": 0, "sha256": ""}
-
-    def documents() -> Iterator[str]:
-        # The hash is that of the stories written as a TinyStories-style .txt file.
-        digest = hashlib.sha256()
-        for i, text in enumerate(synthetic.iter_text(n_chars, cfg.seed)):
-            data = (f"\n{ENDOFTEXT}\n" if i else "").encode() + text.encode()
-            digest.update(data)
-            record["bytes"] += len(data)
-            record["sha256"] = digest.hexdigest()  # of what was read, also when a cap stops early
-            yield text
-
-    return Corpus("synthetic", f"generated stories ({name})", documents(), [record])
-
-
-def _hf_download(repo: str, filename: str) -> Path:
-    """One file from a Hugging Face dataset repo; cached, and resumed if interrupted."""
-    try:
-        from huggingface_hub import hf_hub_download
-        return Path(hf_hub_download(repo, filename, repo_type="dataset"))
-    except ImportError:
-        raise UsageError("downloading needs huggingface_hub: pip install huggingface_hub") from None
-    except Exception as e:  # noqa: BLE001 - network, auth and hub errors all end the same way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UsageError(f"cannot download {filename} from {repo}: {first}") from None
-
-
-def _tinystories() -> Corpus:
-    train, valid = (_hf_download(TINYSTORIES_REPO, f) for f in TINYSTORIES_FILES)
-    inputs: list[dict] = []
-    return Corpus("tinystories", f"{TINYSTORIES_REPO}: {' + '.join(TINYSTORIES_FILES)}",
-                  _file_documents([train], inputs), inputs, _file_documents([valid], inputs),
-                  f"the official validation file {TINYSTORIES_FILES[1]} is val")
-
-
-def _fineweb_shards() -> Iterator[Path]:
-    """The sample/10BT parquet shards in name order, each downloaded only when reached."""
-    try:
-        from huggingface_hub import HfApi
-        api = HfApi()
-        tree = api.list_repo_tree(FINEWEB_REPO, path_in_repo=FINEWEB_FOLDER, repo_type="dataset")
-        names = sorted(f.path for f in tree if f.path.endswith(".parquet"))
-    except ImportError:
-        raise UsageError("downloading needs huggingface_hub: pip install huggingface_hub") from None
-    except Exception as e:  # noqa: BLE001 - network, auth and hub errors all end the same way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UsageError(f"cannot list {FINEWEB_REPO}/{FINEWEB_FOLDER}: {first}") from None
-    for name in names:
-        yield _hf_download(FINEWEB_REPO, name)
-
-
-def _fineweb() -> Corpus:
-    inputs: list[dict] = []
-    return Corpus("fineweb-edu", f"{FINEWEB_REPO} {FINEWEB_FOLDER} parquet shards, column text",
-                  _file_documents(_fineweb_shards(), inputs), inputs)
-
-
-def resolve_source(source: str, cfg: PrepareConfig) -> Corpus:
-    """A named source (synthetic, tinystories, fineweb-edu) or a local file or folder."""
-    if source == "synthetic":
-        return _synthetic(cfg)
-    if source == "tinystories":
-        return _tinystories()
-    if source == "fineweb-edu":
-        return _fineweb()
-    path = Path(source).expanduser()
-    if not path.exists():
-        if path.suffix in (".txt", ".parquet") or os.sep in source:
-            raise UsageError(f"no such file or folder: {source}")
-        raise UsageError(f"unknown source {source!r}; expected {', '.join(NAMED_SOURCES)}, "
-                         f"or a .txt/.parquet file or folder")
-    files = _local_files(path)
-    stem = path.resolve().stem if path.is_file() else path.resolve().name
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem)
-    inputs: list[dict] = []
-    return Corpus(name or "local", f"local {'folder' if path.is_dir() else 'file'} {path}",
-                  _file_documents(files, inputs), inputs)
 
 
 # ---------------------------------------------------------------- tokenising and writing
@@ -410,73 +239,6 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out, meta
-
-
-# ---------------------------------------------------------------- reading prepared data
-
-
-def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict]:
-    """(train, val, meta) of a prepared folder; the token arrays are read-only uint16 memmaps."""
-    folder = Path(data_dir)
-    match = re.fullmatch(r"(.+)-(gpt2|bytes)", folder.name)
-    hint = (f"python -m qkstudy prepare {match.group(1)} tokenizer={match.group(2)}" if match
-            else "python -m qkstudy prepare synthetic")
-    if not folder.is_dir():
-        raise UsageError(f"data folder {folder} does not exist; run `{hint}` first")
-    if not (folder / "meta.json").is_file():
-        raise UsageError(f"data folder {folder} has no meta.json; run `{hint}` first")
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"{folder / 'meta.json'} is not valid JSON; prepare it again") from None
-    if not isinstance(meta, dict):
-        raise UsageError(f"{folder / 'meta.json'} is not a JSON object; prepare the folder "
-                         f"again: `{hint}`")
-    arrays = []
-    for split in ("train", "val"):
-        path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
-        if not path.is_file():
-            raise UsageError(f"data folder {folder} has no {split}.bin; prepare it again")
-        if not isinstance(expected, int) or path.stat().st_size != 2 * expected or expected == 0:
-            raise UsageError(f"{path} holds {path.stat().st_size // 2} tokens but meta.json says "
-                             f"{expected}; prepare the folder again")
-    vocab = meta.get("vocab_size")
-    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
-        raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
-                         f"vocab_size <= 65536 is expected); prepare the folder again: `{hint}`")
-    if meta.get("tokenizer") in KNOWN_VOCAB and vocab != KNOWN_VOCAB[meta["tokenizer"]]:
-        raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
-                         f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
-                         f"prepare the folder again: `{hint}`")
-    for split in ("train", "val"):
-        path = folder / f"{split}.bin"
-        tokens = np.memmap(path, dtype="<u2", mode="r")
-        largest, entropy = token_stats(path, tokens)
-        if split == "train":  # computed, not trusted from meta.json (older folders lack it)
-            meta["unigram_entropy"] = round(entropy, 6)
-        if largest >= vocab:  # an id past the vocabulary would index outside the embedding
-            raise UsageError(f"{path} holds token id {largest}, outside the vocabulary of "
-                             f"{vocab} in meta.json; prepare the folder again: `{hint}`")
-        arrays.append(tokens)
-    return arrays[0], arrays[1], meta
-
-
-_token_stats: dict[tuple, tuple[int, float]] = {}
-
-
-def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float]:
-    """(largest id, unigram entropy in nats per token) of a token file, from one bincount,
-    computed once per file version in this process.
-
-    The unigram entropy is the loss of a model that learned token frequencies and nothing else:
-    a stable run whose final loss stays near it is "degraded" (docs/report.md)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
-    if key not in _token_stats:
-        counts = np.bincount(np.asarray(tokens), minlength=1)
-        p = counts[counts > 0] / counts.sum()
-        _token_stats[key] = (int(np.flatnonzero(counts)[-1]), float(-(p * np.log(p)).sum()))
-    return _token_stats[key]
 
 
 # ---------------------------------------------------------------- command line

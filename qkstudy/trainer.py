@@ -40,8 +40,8 @@ Batch = tuple[np.ndarray, np.ndarray]
 RUNS_PER_GPU = "QKSTUDY_RUNS_PER_GPU"
 
 # backend -> (its engine module, what to install when it is missing)
-ENGINES = {"mlx": ("mlx_gpt.engine", "MLX is not installed: pip install -e . (Apple Silicon or "
-                                     "Linux); or run with backend=torch"),
+ENGINES = {"mlx": ("mlx_gpt.engine", "MLX is not installed: pip install -e '.[mlx]' (Apple "
+                                     "Silicon or Linux); or run with backend=torch"),
            "torch": ("torch_ref.engine", "PyTorch is not installed: pip install -e '.[torch]' "
                                          "(or ./setup.sh torch on a GPU machine)")}
 
@@ -92,7 +92,7 @@ def run_dir_of(cfg: TrainConfig) -> Path:
 def load_data(cfg: TrainConfig):
     """(train tokens, val tokens, meta) after every check that needs the data, the memory
     estimate included, so train and the sweep refuse before anything is written."""
-    from .data import load_tokens
+    from .tokens import load_tokens
 
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):

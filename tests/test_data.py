@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qkstudy import data, synthetic
+from qkstudy import sources, synthetic, tokens
 from qkstudy.__main__ import main
 from qkstudy.errors import UsageError
 from qkstudy.tokenizer import ENDOFTEXT, get_tokenizer, store_verified
@@ -133,7 +133,7 @@ def test_prepare_txt_with_endoftext(tmp_path, capsys):
                                "sha256": hashlib.sha256(blob).hexdigest()}]
     assert "floor" in meta["split"] and meta["created"]
 
-    train_mm, val_mm, meta2 = data.load_tokens(out)
+    train_mm, val_mm, meta2 = tokens.load_tokens(out)
     assert train_mm.dtype == np.uint16 and len(train_mm) == meta["train_tokens"] and meta2 == meta
     assert val_mm.tolist() == read_split(out, "val").tolist()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "prepared"]
@@ -143,12 +143,12 @@ def test_txt_blank_lines_and_chunk_boundaries(tmp_path, monkeypatch):
     docs = ["First story.\nSecond line of it.", "Another one,  with spaces.", "Third\n  indented."]
     src = tmp_path / "blank.txt"
     src.write_text("\n\n".join(docs) + "\n\n \n\n" + docs[0] + "\n")
-    whole = list(data._txt_documents(src, []))
+    whole = list(sources._txt_documents(src, []))
     assert whole == docs + [docs[0]]
     # A separator cut by a read boundary must still split documents in the same places.
     for size in (1, 3, 7, 16):
-        monkeypatch.setattr(data, "READ_CHARS", size)
-        assert list(data._txt_documents(src, [])) == whole
+        monkeypatch.setattr(sources, "READ_CHARS", size)
+        assert list(sources._txt_documents(src, [])) == whole
 
 
 def test_prepare_parquet_and_folder(tmp_path, capsys):
@@ -261,17 +261,17 @@ def test_refuses_to_replace_a_folder_it_did_not_write(tmp_path, capsys):
 
 def test_load_tokens_errors_name_the_problem(tmp_path):
     with pytest.raises(UsageError, match="prepare synthetic tokenizer=bytes"):
-        data.load_tokens(tmp_path / "synthetic-bytes")
+        tokens.load_tokens(tmp_path / "synthetic-bytes")
     (tmp_path / "x").mkdir()
     with pytest.raises(UsageError, match="has no meta.json"):
-        data.load_tokens(tmp_path / "x")
+        tokens.load_tokens(tmp_path / "x")
     (tmp_path / "x" / "meta.json").write_text(json.dumps({"train_tokens": 5, "val_tokens": 5}))
     (tmp_path / "x" / "train.bin").write_bytes(b"\0" * 10)
     with pytest.raises(UsageError, match="no val.bin"):
-        data.load_tokens(tmp_path / "x")
+        tokens.load_tokens(tmp_path / "x")
     (tmp_path / "x" / "val.bin").write_bytes(b"\0" * 8)
     with pytest.raises(UsageError, match="holds 4 tokens but meta.json says 5"):
-        data.load_tokens(tmp_path / "x")
+        tokens.load_tokens(tmp_path / "x")
 
 
 # ---------------------------------------------------------------- real TinyStories text
@@ -282,7 +282,7 @@ def test_prepare_tinystories_valid_sample(tmp_path, capsys):
     src = SHARED / "valid_sample.txt"
     out = tmp_path / "ts"
     meta = prepare_ok(capsys, str(src), f"out={out}", "tokenizer=bytes")
-    docs = list(data._txt_documents(src, []))
+    docs = list(sources._txt_documents(src, []))
     assert len(docs) > 1000 and meta["train_documents"] + meta["val_documents"] == len(docs)
     val_idx = val_indices(len(docs), 0.01)
     val = [d for i, d in enumerate(docs) if i in val_idx]
@@ -296,16 +296,16 @@ def test_prepare_tinystories_valid_sample(tmp_path, capsys):
 def test_tinystories_uses_the_official_valid_file(tmp_path, monkeypatch, capsys):
     train_docs, valid_docs = stories(12, seed=1), stories(4, seed=2)
     files = {}
-    for name, docs in zip(data.TINYSTORIES_FILES, (train_docs, valid_docs), strict=True):
+    for name, docs in zip(sources.TINYSTORIES_FILES, (train_docs, valid_docs), strict=True):
         files[name] = tmp_path / name
         files[name].write_text(f"\n{ENDOFTEXT}\n".join(docs))
-    monkeypatch.setattr(data, "_hf_download", lambda repo, name: files[name])
+    monkeypatch.setattr(sources, "_hf_download", lambda repo, name: files[name])
     out = tmp_path / "ts"
     meta = prepare_ok(capsys, "tinystories", f"out={out}", "tokenizer=bytes", "val_fraction=0.5")
     assert read_split(out, "train").tolist() == expected_ids(train_docs)  # val_fraction ignored
     assert read_split(out, "val").tolist() == expected_ids(valid_docs)
-    assert meta["val_fraction"] is None and data.TINYSTORIES_FILES[1] in meta["split"]
-    assert [Path(i["path"]).name for i in meta["inputs"]] == list(data.TINYSTORIES_FILES)
+    assert meta["val_fraction"] is None and sources.TINYSTORIES_FILES[1] in meta["split"]
+    assert [Path(i["path"]).name for i in meta["inputs"]] == list(sources.TINYSTORIES_FILES)
 
 
 def test_fineweb_stops_reading_shards_at_the_cap(tmp_path, monkeypatch, capsys):
@@ -320,7 +320,7 @@ def test_fineweb_stops_reading_shards_at_the_cap(tmp_path, monkeypatch, capsys):
             served.append(shard)
             yield shard
 
-    monkeypatch.setattr(data, "_fineweb_shards", fake_shards)
+    monkeypatch.setattr(sources, "_fineweb_shards", fake_shards)
     out = tmp_path / "fw"
     meta = prepare_ok(capsys, "fineweb-edu", f"out={out}", "tokenizer=bytes", "val_fraction=0.2",
                       "max_tokens=8000")

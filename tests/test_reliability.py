@@ -386,7 +386,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsy
     import shutil
 
     from qkstudy.__main__ import main
-    from qkstudy.data import load_tokens
+    from qkstudy.tokens import load_tokens
 
     for bad in (300, 257):  # 257..319 is the padding of the bytes vocabulary: also refused
         folder = tmp_path / f"bad{bad}-bytes"
@@ -446,7 +446,7 @@ def test_unwritable_output_folders_are_one_line(tiny_data, tmp_path, capsys):
         assert main(["train", f"data={tiny_data}", f"runs_dir={runs_dir}", "max_steps=1"]) == 2
         err = capsys.readouterr().err
         assert "cannot create run folder" in err and err.count("\n") == 1, err
-    assert analysis_main(["report", str(tmp_path), "--out", "/proc/x"]) == 2
+    assert analysis_main(["report", str(tmp_path), "out=/proc/x"]) == 2
     assert "cannot write the report to /proc/x" in capsys.readouterr().err
 
 

@@ -1,0 +1,198 @@
+"""Where a corpus comes from: the embedded generator, local files, and the Hugging Face Hub.
+
+A source yields documents (strings) lazily, with a record of every input file (path or name,
+bytes, sha256) filled in as it is opened; downloads happen only when documents are read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from . import synthetic
+from .errors import UsageError
+from .tokenizer import ENDOFTEXT
+
+if TYPE_CHECKING:
+    from .data import PrepareConfig
+
+NAMED_SOURCES = ("synthetic", "tinystories", "fineweb-edu")
+TINYSTORIES_REPO = "roneneldan/TinyStories"
+TINYSTORIES_FILES = ("TinyStoriesV2-GPT4-train.txt", "TinyStoriesV2-GPT4-valid.txt")
+FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
+FINEWEB_FOLDER = "sample/10BT"
+FINEWEB_DEFAULT_CAP = 100_000_000
+READ_CHARS = 1 << 23
+
+
+@dataclass
+class Corpus:
+    """Documents from a source. `inputs` fills in as files are opened (downloads are lazy)."""
+
+    name: str  # stem of the default output folder
+    description: str
+    documents: Iterator[str]
+    inputs: list[dict]  # {path or name, bytes, sha256} per input
+    val_documents: Iterator[str] | None = None  # an official validation split, if any
+    val_rule: str = ""  # says which file is the official validation split
+
+
+
+# ---------------------------------------------------------------- reading local files
+
+
+def _scan(path: Path, marker: bytes) -> tuple[dict, bool]:
+    """One pass over a file: its input record (size, sha256) and whether `marker` occurs."""
+    digest, size, found, tail = hashlib.sha256(), 0, False, b""
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+            size += len(chunk)
+            found = found or marker in tail + chunk
+            tail = chunk[-len(marker):]
+    return {"path": str(path), "bytes": size, "sha256": digest.hexdigest()}, found
+
+
+def _txt_documents(path: Path, inputs: list[dict]) -> Iterator[str]:
+    """Documents split on <|endoftext|> if the file has it (TinyStories), else on blank lines."""
+    record, has_marker = _scan(path, ENDOFTEXT.encode())
+    inputs.append(record)
+    split = (lambda text: text.split(ENDOFTEXT)) if has_marker else re.compile(r"\n\s*\n").split
+    carry = ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            while chunk := f.read(READ_CHARS):
+                # The last piece may continue in the next chunk: hold it back.
+                *pieces, carry = split(carry + chunk)
+                yield from (doc for p in pieces if (doc := p.strip()))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path} is not UTF-8 text (byte {e.start} of a chunk)") from None
+    if doc := carry.strip():
+        yield doc
+
+
+def _parquet_documents(path: Path, inputs: list[dict]) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a non-parquet file
+        raise UsageError(f"{path} is not a readable parquet file ({type(e).__name__})") from None
+    columns = parquet.schema_arrow.names
+    if "text" not in columns:
+        raise UsageError(f"{path} has no 'text' column (columns: {', '.join(columns) or 'none'})")
+    inputs.append(_scan(path, b"")[0])
+    for batch in parquet.iter_batches(columns=["text"], batch_size=4096):
+        yield from (doc for text in batch.column(0).to_pylist() if text and (doc := text.strip()))
+
+
+def _file_documents(paths: Iterable[Path], inputs: list[dict]) -> Iterator[str]:
+    for path in paths:
+        reader = _txt_documents if path.suffix == ".txt" else _parquet_documents
+        yield from reader(path, inputs)
+
+
+def _local_files(path: Path) -> list[Path]:
+    """The .txt / .parquet files a path names: itself, or those under a folder (sorted)."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*")
+                       if p.suffix in (".txt", ".parquet") and p.is_file())
+        if not files:
+            raise UsageError(f"folder {path} has no .txt or .parquet files")
+        return files
+    if path.suffix not in (".txt", ".parquet"):
+        raise UsageError(f"{path}: unsupported file type {path.suffix or '(none)'}; "
+                         f"expected .txt or .parquet")
+    return [path]
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _synthetic(cfg: PrepareConfig) -> Corpus:
+    n_chars = int(cfg.size_mb * 1_000_000)
+    name = f"qkstudy.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
+    record = {"name": name, "bytes": 0, "sha256": ""}
+
+    def documents() -> Iterator[str]:
+        # The hash is that of the stories written as a TinyStories-style .txt file.
+        digest = hashlib.sha256()
+        for i, text in enumerate(synthetic.iter_text(n_chars, cfg.seed)):
+            data = (f"\n{ENDOFTEXT}\n" if i else "").encode() + text.encode()
+            digest.update(data)
+            record["bytes"] += len(data)
+            record["sha256"] = digest.hexdigest()  # of what was read, also when a cap stops early
+            yield text
+
+    return Corpus("synthetic", f"generated stories ({name})", documents(), [record])
+
+
+def _hf_download(repo: str, filename: str) -> Path:
+    """One file from a Hugging Face dataset repo; cached, and resumed if interrupted."""
+    try:
+        from huggingface_hub import hf_hub_download
+        return Path(hf_hub_download(repo, filename, repo_type="dataset"))
+    except ImportError:
+        raise UsageError("downloading needs huggingface_hub: pip install huggingface_hub") from None
+    except Exception as e:  # noqa: BLE001 - network, auth and hub errors all end the same way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"cannot download {filename} from {repo}: {first}") from None
+
+
+def _tinystories() -> Corpus:
+    train, valid = (_hf_download(TINYSTORIES_REPO, f) for f in TINYSTORIES_FILES)
+    inputs: list[dict] = []
+    return Corpus("tinystories", f"{TINYSTORIES_REPO}: {' + '.join(TINYSTORIES_FILES)}",
+                  _file_documents([train], inputs), inputs, _file_documents([valid], inputs),
+                  f"the official validation file {TINYSTORIES_FILES[1]} is val")
+
+
+def _fineweb_shards() -> Iterator[Path]:
+    """The sample/10BT parquet shards in name order, each downloaded only when reached."""
+    try:
+        from huggingface_hub import HfApi
+        api = HfApi()
+        tree = api.list_repo_tree(FINEWEB_REPO, path_in_repo=FINEWEB_FOLDER, repo_type="dataset")
+        names = sorted(f.path for f in tree if f.path.endswith(".parquet"))
+    except ImportError:
+        raise UsageError("downloading needs huggingface_hub: pip install huggingface_hub") from None
+    except Exception as e:  # noqa: BLE001 - network, auth and hub errors all end the same way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(f"cannot list {FINEWEB_REPO}/{FINEWEB_FOLDER}: {first}") from None
+    for name in names:
+        yield _hf_download(FINEWEB_REPO, name)
+
+
+def _fineweb() -> Corpus:
+    inputs: list[dict] = []
+    return Corpus("fineweb-edu", f"{FINEWEB_REPO} {FINEWEB_FOLDER} parquet shards, column text",
+                  _file_documents(_fineweb_shards(), inputs), inputs)
+
+
+def resolve_source(source: str, cfg: PrepareConfig) -> Corpus:
+    """A named source (synthetic, tinystories, fineweb-edu) or a local file or folder."""
+    if source == "synthetic":
+        return _synthetic(cfg)
+    if source == "tinystories":
+        return _tinystories()
+    if source == "fineweb-edu":
+        return _fineweb()
+    path = Path(source).expanduser()
+    if not path.exists():
+        if path.suffix in (".txt", ".parquet") or os.sep in source:
+            raise UsageError(f"no such file or folder: {source}")
+        raise UsageError(f"unknown source {source!r}; expected {', '.join(NAMED_SOURCES)}, "
+                         f"or a .txt/.parquet file or folder")
+    files = _local_files(path)
+    stem = path.resolve().stem if path.is_file() else path.resolve().name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem)
+    inputs: list[dict] = []
+    return Corpus(name or "local", f"local {'folder' if path.is_dir() else 'file'} {path}",
+                  _file_documents(files, inputs), inputs)
+
+

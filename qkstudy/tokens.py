@@ -1,0 +1,86 @@
+"""A prepared data folder read back: train.bin, val.bin and meta.json, checked before use.
+
+The folder is untrusted input: meta.json must be an object with a vocabulary size that fits
+uint16 and agrees with its tokenizer, each .bin must hold the token count meta.json states, and
+no token id may lie outside the vocabulary (it would index outside the embedding). Each failure
+is one line that names the file and the command that prepares it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .errors import UsageError
+
+KNOWN_VOCAB = {"gpt2": 50257, "bytes": 257}
+
+
+def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict]:
+    """(train, val, meta) of a prepared folder; the token arrays are read-only uint16 memmaps."""
+    folder = Path(data_dir)
+    match = re.fullmatch(r"(.+)-(gpt2|bytes)", folder.name)
+    hint = (f"python -m qkstudy prepare {match.group(1)} tokenizer={match.group(2)}" if match
+            else "python -m qkstudy prepare synthetic")
+    if not folder.is_dir():
+        raise UsageError(f"data folder {folder} does not exist; run `{hint}` first")
+    if not (folder / "meta.json").is_file():
+        raise UsageError(f"data folder {folder} has no meta.json; run `{hint}` first")
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(f"{folder / 'meta.json'} is not valid JSON; prepare it again") from None
+    if not isinstance(meta, dict):
+        raise UsageError(f"{folder / 'meta.json'} is not a JSON object; prepare the folder "
+                         f"again: `{hint}`")
+    arrays = []
+    for split in ("train", "val"):
+        path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
+        if not path.is_file():
+            raise UsageError(f"data folder {folder} has no {split}.bin; prepare it again")
+        if not isinstance(expected, int) or path.stat().st_size != 2 * expected or expected == 0:
+            raise UsageError(f"{path} holds {path.stat().st_size // 2} tokens but meta.json says "
+                             f"{expected}; prepare the folder again")
+    vocab = meta.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
+        raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
+                         f"vocab_size <= 65536 is expected); prepare the folder again: `{hint}`")
+    if meta.get("tokenizer") in KNOWN_VOCAB and vocab != KNOWN_VOCAB[meta["tokenizer"]]:
+        raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
+                         f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
+                         f"prepare the folder again: `{hint}`")
+    for split in ("train", "val"):
+        path = folder / f"{split}.bin"
+        tokens = np.memmap(path, dtype="<u2", mode="r")
+        largest, entropy = token_stats(path, tokens)
+        if split == "train":  # computed, not trusted from meta.json (older folders lack it)
+            meta["unigram_entropy"] = round(entropy, 6)
+        if largest >= vocab:  # an id past the vocabulary would index outside the embedding
+            raise UsageError(f"{path} holds token id {largest}, outside the vocabulary of "
+                             f"{vocab} in meta.json; prepare the folder again: `{hint}`")
+        arrays.append(tokens)
+    return arrays[0], arrays[1], meta
+
+
+_token_stats: dict[tuple, tuple[int, float]] = {}
+
+
+def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float]:
+    """(largest id, unigram entropy in nats per token) of a token file, from one bincount,
+    computed once per file version in this process.
+
+    The unigram entropy is the loss of a model that learned token frequencies and nothing else:
+    a stable run whose final loss stays near it is "degraded" (docs/report.md)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    if key not in _token_stats:
+        counts = np.bincount(np.asarray(tokens), minlength=1)
+        p = counts[counts > 0] / counts.sum()
+        _token_stats[key] = (int(np.flatnonzero(counts)[-1]), float(-(p * np.log(p)).sum()))
+    return _token_stats[key]
+
+
