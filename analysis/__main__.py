@@ -5,14 +5,14 @@ and power on simulated studies."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
-import os
 import sys
 import time
 from pathlib import Path
 
 from qkstudy.errors import UsageError
+
+from .outfolder import check_writable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,22 +56,6 @@ def parser() -> argparse.ArgumentParser:
                    help="the smallest loss gap that counts as a difference and the "
                         "equivalence margin of 'no difference' (default 0.02 nats, 2%% perplexity)")
     return p
-
-
-def check_writable(out: Path) -> None:
-    """UsageError unless the report folder can be made and written; leaves nothing behind."""
-    made = [p for p in [out, *out.parents] if not p.exists()]
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    finally:
-        for folder in made:  # deepest first
-            with contextlib.suppress(OSError):
-                folder.rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:

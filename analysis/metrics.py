@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from qkstudy.arms import OFF, QK_NORM_ARMS
+
 from . import stats as S
 
-OFF = "none"
 ARM = "arm"
 ARM_KEYS = ("depth", ARM)
-QK_NORM_KINDS = ("rmsnorm", "layernorm")
 
 
 def with_arm(points: pl.DataFrame) -> pl.DataFrame:
@@ -40,7 +40,7 @@ def arm_words(arm: str) -> str:
         return "QK-norm off"
     words = []
     for part in arm.split("+"):
-        if part in QK_NORM_KINDS:
+        if part in QK_NORM_ARMS:
             words.append(f"QK-norm on ({part})")
         elif part.startswith("softcap"):
             words.append(f"attention soft-cap {part.removeprefix('softcap')}")
@@ -53,7 +53,7 @@ def arm_words(arm: str) -> str:
 
 def control_words(arm: str) -> str:
     """The compared arm as the subject of a claim: "QK-norm", "attention soft-cap 50", ..."""
-    return "QK-norm" if arm in QK_NORM_KINDS else arm_words(arm)
+    return "QK-norm" if arm in QK_NORM_ARMS else arm_words(arm)
 
 
 @dataclass(frozen=True)

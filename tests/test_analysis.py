@@ -22,7 +22,8 @@ from analysis import stats as S
 from analysis import verdicts as V
 from analysis.__main__ import main
 from analysis.load import load_runs
-from analysis.report import CHARTS, ReportOptions, build_report
+from analysis.prose import CHARTS
+from analysis.report import ReportOptions, build_report
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 

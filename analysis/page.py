@@ -1,0 +1,173 @@
+"""The report page: HTML tables, the provenance of the runs and of the analysis, and
+report.html rendered from analysis/templates with jinja2."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import math
+import platform
+from typing import TYPE_CHECKING
+
+import jinja2
+import markupsafe
+import polars as pl
+import vl_convert as vlc
+
+from qkstudy import runlog
+
+from . import charts as C
+from . import metrics as M
+from .load import Runs
+from .prose import CHARTS, DEFINITIONS, MEASURED_HELP, headline
+
+if TYPE_CHECKING:
+    from .report import ReportOptions, Study
+
+
+def _cell(value) -> str:
+    if value is None:
+        return '<td class="na">-</td>'
+    if isinstance(value, bool):
+        return f"<td>{'yes' if value else 'no'}</td>"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return '<td class="na">nan</td>'
+        text = f"{value:.4g}" if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+        return f'<td class="num">{text}</td>'
+    if isinstance(value, int):
+        return f'<td class="num">{value}</td>'
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000) -> str:
+    if df.is_empty():
+        return '<p class="na">(none)</p>'
+    columns = [c for c in (columns or df.columns) if c in df.columns]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "\n".join("<tr>" + "".join(_cell(r[c]) for c in columns) + "</tr>"
+                     for r in df.head(max_rows).iter_rows(named=True))
+    more = (f'<p class="na">{df.height - max_rows} more rows in the CSV/Parquet table</p>'
+            if df.height > max_rows else "")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>\n{body}\n' \
+           f'</tbody></table></div>{more}'
+
+
+def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
+    """The verdict table's rows for the template (text is escaped there)."""
+    return [{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
+             "arm": M.arm_words(r["on_kind"])}
+            for r in verdicts.iter_rows(named=True)]
+
+
+def _script_json(obj) -> str:
+    """JSON safe inside a <script> element."""
+    return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _templates() -> jinja2.Environment:
+    """The report's templates (analysis/templates), HTML-escaped unless marked safe."""
+    return jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                              autoescape=True, undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True)
+
+
+# Columns of the runs table the HTML leaves out (every one is in tables/runs.*): run_id repeats
+# the run's folder name, which `run` already shows.
+HIDDEN_RUN_COLUMNS = ("identity", "setting", "run_dir", "run_id")
+
+
+def run_provenance(runs: Runs) -> pl.DataFrame:
+    """Distinct (framework, commit, versions, hardware) combinations with their run counts."""
+    rows = []
+    for m in runs.manifests.values():
+        versions = m.get("versions") if isinstance(m.get("versions"), dict) else {}
+        rows.append({
+            "framework": str(m.get("framework", "?")),
+            "git_commit": str(m.get("git_commit") or "unknown")[:12],
+            "git_dirty": str(m.get("git_dirty")),
+            "versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v),
+            "platform": str(m.get("platform", "?")),
+            "chip": str(m.get("chip", "?")),
+            "device": str(m.get("device", "?")),
+            "blas": str(m.get("blas", "?")),
+            "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12],
+        })
+    if not rows:
+        return pl.DataFrame()
+    keys = list(rows[0])
+    return pl.DataFrame(rows).group_by(keys).agg(runs=pl.len()).sort("runs", descending=True)
+
+
+def analysis_environment() -> dict[str, str]:
+    """The page's own provenance: when it was made, from which code (the commit and local
+    changes, as runlog.provenance records them for every run) and with which libraries."""
+    code = runlog.provenance()
+    commit = (code["git_commit"] or "unknown")[:12]
+    if code["git_dirty"]:
+        commit += " (with local changes)"
+    versions = runlog.versions("polars", "altair", "vl-convert-python")
+    return {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "analysis git commit": commit, "python": versions["python"] or "?",
+            "polars": versions["polars"] or "?", "altair": versions["altair"] or "?",
+            "vl-convert-python": versions["vl-convert-python"] or "?",
+            "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
+
+
+def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
+    runs, t = study.runs, study.runs.table
+    env = analysis_environment()
+    o = options.study
+    threshold_text = (f"{options.loss_threshold:g} for every depth" if options.loss_threshold
+                      is not None else "per depth, the largest mid-training loss of the arms' "
+                      "best runs")
+    per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
+                                               on=["depth", "arm", "seed"])
+    arm_cols = ["depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points",
+                "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo",
+                "lr_sensitivity_hi", "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo",
+                "max_stable_lr_hi", "censored_seeds", "below_grid_seeds", "first_divergent_lr",
+                "optimal_lr", "optimal_lr_lo", "optimal_lr_hi", "best_loss", "best_loss_lo",
+                "best_loss_hi", "nonfinite_final"]
+    # the HTML shows the attention and kurtosis probes; every final_<probe> is in the files
+    shown_probes = [f"final_{n}" for n in C.ATTENTION_PROBES] + [
+        c for c in study.per_run.columns if c.startswith("final_") and "kurtosis" in c]
+    run_cols = [c for c in study.per_run.columns if c not in HIDDEN_RUN_COLUMNS
+                and (not c.startswith("final_") or c in shown_probes
+                     or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
+    safe = markupsafe.Markup
+    return _templates().get_template("report.html.j2").render(
+        env=env, root=str(runs.root), n_runs=t.height,
+        status=", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows()),
+        n_points=study.points.height, framework=study.framework,
+        depths=", ".join(str(d) for d in sorted(study.points["depth"].unique())),
+        n_seeds=study.points["seed"].n_unique(), alpha=f"{o.alpha:g}", min_gap=f"{o.min_gap:g}",
+        threshold_text=threshold_text, notes=study.notes, warnings=runs.warnings,
+        verdicts=_verdict_rows(study.verdicts), measured_help=MEASURED_HELP,
+        arms_table=safe(html_table(study.arms, arm_cols)),
+        per_seed_table=safe(html_table(per_seed)),
+        necessity_table=safe(html_table(study.thresholds)),
+        best_table=safe(html_table(study.best_gaps)),
+        h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
+        degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",
+        threshold_margin=f"{o.threshold_margin:g}",
+        figures=[(name, CHARTS[name]) for name in specs if name != "headline"],
+        headline_caption=CHARTS["headline"], sentences=headline(study),
+        gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
+        spikes_table=safe(html_table(study.spikes)),
+        runs_table=safe(html_table(study.per_run, run_cols)),
+        provenance_table=safe(html_table(run_provenance(runs))),
+        definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
+        javascript_bundle=safe(vlc.javascript_bundle()))
+
+
+def failed_page(runs: Runs) -> str:
+    """The page of a folder where no run finished: it says so and lists every failed run with
+    its error line, instead of metrics that cannot exist."""
+    items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>QK-norm study: no finished "
+            f"runs</title></head><body><h1>No finished runs</h1><p>All {runs.table.height} runs "
+            f"under <code>{html.escape(str(runs.root))}</code> failed, so there are no study "
+            "metrics, charts or verdicts. Each failed run keeps its traceback.txt; the next "
+            f"sweep retries it.</p><ul>{items}</ul></body></html>\n")
