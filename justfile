@@ -44,13 +44,13 @@ test-slurm *args:
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
     @{{py}} -m qkstudy sweep preset=demo "$@"
-    @{{py}} -m analysis report runs/demo --out reports/demo
+    @{{py}} -m analysis report runs/demo out=reports/demo
 
 # the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds (+ refinement, adaptive seeds up to 6), then its report (wall time: docs/results.md)
 mini *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
     @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
-    @{{py}} -m analysis report runs/mini --out reports/mini
+    @{{py}} -m analysis report runs/mini out=reports/mini
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
 parity *args:
@@ -68,11 +68,11 @@ bench *args:
 bench-memory *args:
     @{{py}} -m qkstudy.memory_bench "$@"
 
-# the verdicts' false-positive rate and power on 200 simulated studies per scenario (docs/report.md)
+# the verdicts' false-positive rate and power on simulated studies (docs/report.md): just calibrate [studies=200 seeds=3,6]
 calibrate *args:
     @{{py}} -m analysis calibrate "$@"
 
-# tables, charts, verdicts and report.html: just report [RUNS_DIR] [--out DIR] ...
+# tables, charts, verdicts and report.html: just report [RUNS_DIR] [out=DIR] [key=value ...]
 report *args:
     @{{py}} -m analysis report "$@"
 

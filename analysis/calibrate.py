@@ -15,12 +15,14 @@ entropy) in both arms. Scenarios:
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+
+from qkstudy.config import apply_overrides, split_key_values
+from qkstudy.errors import UsageError
 
 from .metrics import Options
 from .verdicts import study_verdicts
@@ -108,20 +110,35 @@ def markdown(table: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis calibrate",
-                                description="measure the verdicts' false-positive rate and power")
-    p.add_argument("--studies", type=int, default=200, help="simulated studies per scenario")
-    p.add_argument("--seeds", default="3,6", help="seed counts to simulate (default 3,6)")
-    args = p.parse_args(argv)
+USAGE = """usage: python -m analysis calibrate [key=value ...]
+
+The verdicts' false-positive rate and power: the real verdict code on simulated studies of
+known truth (docs/report.md). Exit 1 when a false claim is called supported in more than 5%.
+
+keys (defaults shown):
+  studies=200  simulated studies per scenario and seed count
+  seeds=3,6    the seed counts to simulate (each >= 2)"""
+
+
+@dataclass(frozen=True)
+class CalibrateArgs:
+    """The calibrate command's key=value words."""
+
+    studies: int = 200
+    seeds: str = "3,6"
+
+
+def cli(argv: list[str]) -> int:
+    args = apply_overrides(CalibrateArgs(), split_key_values(argv))
     try:
         seed_counts = tuple(int(s) for s in args.seeds.split(","))
     except ValueError:
-        print(f"error: --seeds takes integers like 3,6, not {args.seeds!r}", file=sys.stderr)
-        return 2
-    if args.studies < 1 or not seed_counts or min(seed_counts) < 2:
-        print("error: --studies must be >= 1 and every --seeds value >= 2", file=sys.stderr)
-        return 2
+        raise UsageError(f"seeds takes integers like 3,6, not {args.seeds!r}") from None
+    if args.studies < 1:
+        raise UsageError(f"studies must be >= 1, not {args.studies}")
+    if min(seed_counts) < 2:
+        raise UsageError(f"every seeds value must be >= 2 (a paired test needs two), "
+                         f"not {args.seeds!r}")
     t0 = time.perf_counter()
     table = calibrate(args.studies, seed_counts)
     print(markdown(table))
@@ -129,7 +146,3 @@ def main(argv: list[str]) -> int:
     print(f"\nlargest false-positive rate: {worst:.1%} (must be <= 5%); "
           f"{time.perf_counter() - t0:.0f} s")
     return 0 if worst <= 0.05 else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -32,7 +32,7 @@ def check_replaceable(out: Path) -> None:
     """Refuse to replace anything but an earlier report (or an empty folder)."""
     if out.exists() and (not out.is_dir() or (any(out.iterdir())
                                               and not (out / "report.html").exists())):
-        raise UsageError(f"{out} exists and is not a report folder; choose another --out")
+        raise UsageError(f"{out} exists and is not a report folder; choose another out=DIR")
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ CHARTS = {
     "other_probes": "Further probes found in the runs (by default residual kurtosis, "
                     "output log-sum-exp (what z-loss pulls towards 0), the soft-capped max "
                     "attention logit, max |activation| / rms, output logit max, q and k rms "
-                    "when present; dashes tell the arms apart; --probes chooses), "
+                    "when present; dashes tell the arms apart; probes=NAME,NAME chooses), "
                     "reduced over layers (the whole-model value where there is one, else max "
                     "for peaks and outlier measures, min for minima, mean otherwise), seed "
                     "mean. Every probe's final value is in the runs table.",

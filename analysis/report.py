@@ -1,17 +1,21 @@
-"""The study report (`python -m analysis report`). Loads the runs,
+"""`python -m analysis report [RUNS_DIR] [key=value ...]`: the study report. Loads the runs,
 computes the study (analyse), draws the charts and writes the tables (Parquet + CSV), the
 charts (PNG, SVG, HTML) and one offline report.html with the verdicts and the provenance of
 the runs behind them (analysis/page.py renders it, analysis/prose.py words it)."""
 
 from __future__ import annotations
 
+import errno
+import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import altair as alt
 import polars as pl
 
+from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.errors import UsageError
 from qkstudy.runlog import FINISHED
 
@@ -19,7 +23,7 @@ from . import charts as C
 from . import metrics as M
 from . import verdicts as V
 from .load import Runs, load_runs
-from .outfolder import check_replaceable, replacing
+from .outfolder import check_replaceable, check_writable, replacing
 from .page import failed_page, render_html
 from .prose import CHARTS, setting_label
 
@@ -251,3 +255,112 @@ def build_report(runs_dir: str | Path, out: str | Path,
         (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
     return out / "report.html", study
 
+
+# --- the command line ---------------------------------------------------------------------------
+
+USAGE = """usage: python -m analysis report [RUNS_DIR] [key=value ...]
+
+Tables, charts, verdicts and one offline report.html (docs/report.md). RUNS_DIR (default runs)
+is a runs tree, one sweep folder or one run folder.
+
+keys (defaults shown):
+  out=reports/<name of RUNS_DIR>  the report folder (runs/demo gives reports/demo); an earlier
+                                  report there is replaced in one step, other content refused
+  threshold=                      val loss level for steps-to-threshold (default: per depth, the
+                                  largest mid-training val loss of the arms' best runs)
+  curve_lrs=                      LR,LR,... for the training-curve chart (default: per depth,
+                                  the off arm's optimal, max stable and first divergent LR)
+  probes=                         NAME,NAME,... for the other-probes chart (default: residual
+                                  kurtosis and a few others when present)
+  alpha=0.05                      error level of each hypothesis's family of tests
+                                  (Benjamini-Hochberg)
+  min_gap=0.02                    nats: the smallest loss gap that counts as a difference and
+                                  the equivalence margin of "no difference" (2% perplexity)"""
+
+
+@dataclass(frozen=True)
+class ReportArgs:
+    """The report command's key=value words, as given (checked by `report_options`)."""
+
+    out: str = ""  # empty: reports/<name of RUNS_DIR>
+    threshold: float | None = None
+    curve_lrs: str = ""
+    probes: str = ""
+    alpha: float = 0.05
+    min_gap: float = 0.02
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def _lrs(text: str) -> tuple[float, ...]:
+    try:
+        lrs = tuple(float(x) for x in _names(text))
+    except ValueError:
+        raise UsageError(f"curve_lrs takes comma-separated numbers, not {text!r}") from None
+    if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+        raise UsageError(f"curve_lrs: learning rates must be finite and > 0, not {text!r}")
+    return lrs
+
+
+def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
+    """[RUNS_DIR] [key=value ...] -> (runs folder, report folder, options); UsageError on any
+    bad word, before anything is read or written."""
+    words = list(argv)
+    runs_dir = Path("runs")
+    if words and ("=" not in words[0] or Path(words[0]).exists()) \
+            and not words[0].startswith("-"):
+        runs_dir = Path(words.pop(0))
+    for word in words:
+        if word.startswith("-"):
+            raise UsageError(f"unknown flag {word}: options are key=value words, e.g. out=DIR "
+                             "(python -m analysis report help)")
+        if "=" not in word:
+            raise UsageError(f"RUNS_DIR comes first and once; got {word!r} after the other "
+                             "words (options are key=value)")
+    given = split_key_values(words)
+    if given.get("threshold") == "":  # threshold= as USAGE shows it: the per-depth default
+        del given["threshold"]
+    args = apply_overrides(ReportArgs(), given)
+    if args.threshold is not None and not (math.isfinite(args.threshold) and args.threshold > 0):
+        raise UsageError(f"threshold must be a finite loss > 0, not {args.threshold:g}")
+    if not (math.isfinite(args.min_gap) and args.min_gap >= 0):
+        raise UsageError(f"min_gap must be >= 0 nats, not {args.min_gap:g}")
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"alpha must be between 0 and 1, not {args.alpha:g}")
+    out = Path(args.out) if args.out else Path("reports") / runs_dir.resolve().name
+    options = ReportOptions(loss_threshold=args.threshold, curve_lrs=_lrs(args.curve_lrs),
+                            probe_names=_names(args.probes),
+                            study=M.Options(alpha=args.alpha, min_gap=args.min_gap))
+    return runs_dir, out, options
+
+
+def cli(argv: list[str]) -> int:
+    runs_dir, out, options = parse_args(argv)
+    t0 = time.perf_counter()
+    check_writable(out)
+    try:
+        path, study = build_report(runs_dir, out, options)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise UsageError(f"disk full while writing the report to {out}; free some space "
+                             "and run the same command again") from None
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    if study is None:
+        print(f"report: {path} (no finished runs: every run failed; the page lists them)")
+        return 0
+    for warning in study.runs.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for note in study.notes:
+        print(f"note: {note}", file=sys.stderr)
+    several = study.verdicts["on_kind"].n_unique() > 1  # name the arm when there are several
+
+    def verdict_text(r: dict) -> str:
+        arm = f" ({r['on_kind']})" if several else ""
+        return f"{r['hypothesis']}{arm} {r['verdict']}"
+
+    verdicts = ", ".join(verdict_text(r) for r in study.verdicts.iter_rows(named=True))
+    print(f"report: {path} ({study.runs.table.height} runs, {study.points.height} in the study; "
+          f"{verdicts or 'no verdicts'}; {time.perf_counter() - t0:.0f} s)")
+    return 0

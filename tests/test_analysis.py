@@ -735,18 +735,96 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("error: no usable runs") and "sweep/run-a" in err
     assert not (tmp_path / "reports").exists()  # nothing half-written
-    assert main(["report", str(empty), "--alpha", "1.5"]) == 2
-    assert main(["report", str(empty), "--curve-lrs", "a,b"]) == 2
-    assert capsys.readouterr().err.count("error:") == 2
     with pytest.raises(UsageError, match="does not exist"):
         load_runs(missing)
+
+
+@pytest.mark.parametrize("words, message", [
+    (["colour=red"], "unknown key 'colour'"),
+    (["alpha=1.5"], "alpha must be between 0 and 1, not 1.5"),
+    (["alpha=0"], "alpha must be between 0 and 1, not 0"),
+    (["alpha=x"], "alpha must be a number; got 'x'"),
+    (["min_gap=-0.1"], "min_gap must be >= 0 nats, not -0.1"),
+    (["min_gap=nan"], "min_gap must be >= 0 nats"),
+    (["threshold=0"], "threshold must be a finite loss > 0"),
+    (["curve_lrs=a,b"], "curve_lrs takes comma-separated numbers, not 'a,b'"),
+    (["curve_lrs=0.01,-1"], "learning rates must be finite and > 0"),
+    (["--out", "x"], "unknown flag --out: options are key=value words"),
+    (["alpha=0.1", "other"], "RUNS_DIR comes first and once"),
+    (["alpha=0.1", "alpha=0.2"], "alpha is given twice"),
+])
+def test_a_bad_report_option_is_one_line_and_writes_nothing(words, message, tmp_path, capsys,
+                                                           monkeypatch):
+    """Every option is checked before anything is read or written: one line, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    assert main(["report", str(runs), *words, f"out={tmp_path / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing written
+
+
+def test_report_words_become_the_report_options(tmp_path, monkeypatch):
+    from analysis.report import parse_args
+
+    monkeypatch.chdir(tmp_path)
+    runs_dir, out, options = parse_args([])
+    assert (runs_dir, out) == (Path("runs"), Path("reports") / "runs")
+    assert options == ReportOptions()  # the defaults are the report's own
+    runs_dir, out, options = parse_args(
+        ["runs/demo", "out=elsewhere", "threshold=2.5", "curve_lrs=0.01, 0.1", "probes=q_rms,",
+         "alpha=0.1", "min-gap=0.05"])
+    assert (runs_dir, out) == (Path("runs/demo"), Path("elsewhere"))
+    assert options == ReportOptions(loss_threshold=2.5, curve_lrs=(0.01, 0.1),
+                                    probe_names=("q_rms",),
+                                    study=M.Options(alpha=0.1, min_gap=0.05))
+    assert parse_args(["runs/demo", "threshold="])[2].loss_threshold is None
+    assert parse_args(["runs/demo"])[1] == Path("reports") / "demo"
+
+
+@pytest.mark.parametrize("command", ["report", "calibrate", "chaos"])
+def test_every_analysis_command_has_help(command, capsys):
+    assert main([command, "help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m analysis {command}")
+    assert main([command, "-h"]) == 0 and capsys.readouterr().out == out
+
+
+def test_the_analysis_commands_are_listed_and_an_unknown_one_is_one_line(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {c} " in out for c in ("report", "calibrate", "chaos"))
+    assert main(["plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown command 'plot'") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("words, message", [
+    (["studies=0"], "studies must be >= 1, not 0"),
+    (["studies=2.5"], "studies must be an integer; got '2.5'"),
+    (["seeds=3,x"], "seeds takes integers like 3,6, not '3,x'"),
+    (["seeds=1,6"], "every seeds value must be >= 2"),
+    (["--studies", "5"], "expected key=value, got '--studies'"),
+    (["trials=5"], "unknown key 'trials'"),
+])
+def test_a_bad_calibrate_option_is_one_line(words, message, capsys):
+    assert main(["calibrate", *words]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_calibrate_command_prints_the_table_and_its_verdict(capsys):
+    assert main(["calibrate", "studies=2", "seeds=3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| null | 3 | H") == 3 and "largest false-positive rate: 0.0%" in out
 
 
 def test_refuses_to_overwrite_a_folder_that_is_not_a_report(sweep, tmp_path, capsys):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("keep me")
-    assert main(["report", str(sweep), "--out", str(precious)]) == 2
+    assert main(["report", str(sweep), f"out={precious}"]) == 2
     assert "not a report folder" in capsys.readouterr().err
     assert (precious / "notes.txt").read_text() == "keep me"
 
@@ -837,7 +915,7 @@ def test_a_folder_of_only_failed_runs_gives_a_report_that_says_so(tiny_cfg, tmp_
     with pytest.raises(RuntimeError):
         trainer.train(cfg, verbose=False)
     out = tmp_path / "failed-report"
-    assert main(["report", str(trainer.run_dir_of(cfg).parent), "--out", str(out)]) == 0
+    assert main(["report", str(trainer.run_dir_of(cfg).parent), f"out={out}"]) == 0
     assert "no finished runs" in capsys.readouterr().out
     page = (out / "report.html").read_text()
     assert "All 1 runs" in page and "the model could not be built" in page

@@ -1,4 +1,5 @@
-"""The times the project states live in one place each and agree where they are repeated."""
+"""What the docs state agrees: the times the project states live in one place each and agree
+where they are repeated; the analysis commands shown use the words their parsers accept."""
 
 from __future__ import annotations
 
@@ -33,3 +34,33 @@ def test_the_suite_time_is_stated_once_with_its_range():
     assert re.search(r"\* median of 3 runs \(\d+m\d+s-\d+m\d+s\)", readme)
     for path in [ROOT / "justfile", *(ROOT / "docs").glob("*.md")]:
         assert not re.search(r"\d+ tests in \d+m\d+s", path.read_text()), path
+
+
+# `python -m analysis report ...`, `{{py}} -m analysis calibrate ...`, `just report ...`: the
+# words up to the end of the code span or line
+ANALYSIS_COMMAND = re.compile(r"(?:-m analysis|\bjust) (report|calibrate)\b([^`\n]*)")
+
+
+def test_the_analysis_commands_shown_use_the_words_they_accept():
+    """Every report and calibrate command in the README, the docs and the justfile uses only
+    the keys its parser knows, in key=value form; one with concrete values parses as shown."""
+    from dataclasses import fields
+
+    from analysis.calibrate import CalibrateArgs
+    from analysis.report import ReportArgs, parse_args
+
+    keys = {"report": {f.name for f in fields(ReportArgs)},
+            "calibrate": {f.name for f in fields(CalibrateArgs)}}
+    shown = 0
+    for path in [ROOT / "README.md", ROOT / "justfile", *sorted((ROOT / "docs").glob("*.md"))]:
+        for command, rest in ANALYSIS_COMMAND.findall(path.read_text()):
+            rest = rest.split("#")[0].split("(")[0]  # a comment or a remark after it
+            words = rest.replace("[", " ").replace("]", " ").split()
+            where = (path.name, f"{command}{rest}")
+            assert not any(w.startswith("-") for w in words), where
+            assert {w.split("=")[0] for w in words if "=" in w} <= keys[command] | {"key"}, where
+            concrete = not any(c in rest for c in "[<.") and rest == rest.lower()
+            if command == "report" and concrete:
+                parse_args(words)  # raises UsageError on a word it does not accept
+            shown += 1
+    assert shown >= 10

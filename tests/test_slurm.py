@@ -227,7 +227,7 @@ def test_sweep_as_a_job_array(cluster, tiny_data, tmp_path, capsys):
     assert sorted(p.name for p in (runs / "s" / "slurm").iterdir()) == ["001", "002"]
 
     report = subprocess.run([sys.executable, "-m", "analysis", "report", str(runs / "s"),
-                             "--out", str(tmp_path / "report")], capture_output=True, text=True,
+                             f"out={tmp_path / 'report'}"], capture_output=True, text=True,
                             timeout=TIMEOUT)
     assert report.returncode == 0, report.stderr[-2000:]
     assert (tmp_path / "report" / "report.html").exists()
