@@ -3,8 +3,8 @@
 A marimo notebook (docs/analysis.md): `just explore runs/mini`, or
 `marimo edit analysis/explore.py -- runs/mini`; `marimo export html analysis/explore.py
 -o out.html -- runs/mini` writes it as one page; `python analysis/explore.py -- runs/mini` runs
-it headless. The runs folder is the first argument after `--` (or `--runs DIR`); default
-runs/demo. Every number comes from `analysis.load_study`, the report's own.
+it headless. The runs folder is the first argument after `--` (RUNS_DIR, as in
+`python -m analysis report RUNS_DIR`); default runs/demo. Every number comes from `analysis.load_study`, the report's own.
 """
 
 import marimo
@@ -52,11 +52,10 @@ def _():
 
 @app.cell
 def _(Path, mo, sys):
-    # mo.cli_args() sees only `--key value` pairs; a bare folder after `--` is in sys.argv
-    _given = mo.cli_args().get("runs")
+    # the runs folder is the first word after `--`, as RUNS_DIR of `python -m analysis report`
     _bare = [a for a in sys.argv[1:] if a != "--" and not a.startswith("-")]
     _default = (mo.notebook_dir() or Path("analysis")).parent / "runs" / "demo"
-    runs_dir = Path(str(_given) if _given else _bare[0] if _bare else _default)
+    runs_dir = Path(_bare[0] if _bare else _default)
     return (runs_dir,)
 
 
