@@ -15,6 +15,10 @@ setup:
 test *args:
     @{{py}} -m pytest "$@"
 
+# rewrite the docs' generated tables (presets, run keys) from the code; --check only compares
+docs *args:
+    @{{py}} -m qkstudy.doc_tables "$@"
+
 # tokenise a corpus: just prepare synthetic|tinystories|fineweb-edu|PATH [tokenizer=gpt2|bytes] ...
 prepare *args:
     @{{py}} -m qkstudy prepare "$@"

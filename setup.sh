@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: system packages on Linux, then .venv with the project and its dev extra.
+# Set up a fresh machine.
+#   ./setup.sh         system packages on Linux, then .venv with the project and its dev extra
+#                      (MLX, PyTorch, the analysis, the test tools): everything, the tests included
+#   ./setup.sh torch   .venv with the core and PyTorch only (the torch extra), for backend=torch
+#                      runs on a CUDA machine: no MLX, no analysis, no system packages
 # Quiet but alive: one line per stage (dots while it waits), the full output in .setup.log, and
 # at the end what is and is not installed and what a missing piece costs.
 set -euo pipefail
 cd "$(dirname "$0")"
+MODE=${1:-dev}
+case "$MODE" in
+  dev | torch) ;;
+  *) echo "usage: ./setup.sh [torch]" >&2; exit 2 ;;
+esac
 LOG=.setup.log
 : >"$LOG"
 
@@ -15,8 +24,9 @@ quietly() {
   wait "$pid"
 }
 stage() { printf '%s ' "$1"; }
+row() { printf '  %-10s %s\n' "$1" "$2"; }
 
-if [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null; then
+if [ "$MODE" = dev ] && [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   apt_install() {
     quietly $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -50,15 +60,31 @@ if quietly python3 -m venv .venv && quietly .venv/bin/python -m pip install --up
 else
   echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
 fi
-stage "the project with its dev extra (MLX, PyTorch, Polars, Altair, pytest, just; minutes)"
-if quietly .venv/bin/python -m pip install -e ".[dev]"; then
+if [ "$MODE" = torch ]; then
+  stage "the project with its torch extra (numpy, pyarrow, scipy, tiktoken, PyTorch; minutes)"
+  extra=torch
+else
+  stage "the project with its dev extra (MLX, PyTorch, Polars, Altair, pytest, just; minutes)"
+  extra=dev
+fi
+if quietly .venv/bin/python -m pip install -e ".[$extra]"; then
   echo " done"
 else
   echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
 fi
 
+if [ "$MODE" = torch ]; then
+  echo "installed:"
+  row .venv "$(.venv/bin/python -c 'import torch
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"
+print(f"torch {torch.__version__}, CUDA GPU: {gpu}")')"
+  if command -v cc >/dev/null || command -v gcc >/dev/null; then row "C compiler" yes
+  else row "C compiler" "NO: compile=true (Triton) needs one; every other setting runs"; fi
+  echo "ready: .venv/bin/python -m qkstudy sweep backend=torch device=cuda ... (docs/sweeps.md#where-to-run)"
+  exit 0
+fi
+
 # what is there, and what a missing piece costs
-row() { printf '  %-10s %s\n' "$1" "$2"; }
 echo "installed:"
 if [ "$(uname -s)" = Linux ]; then
   if ldconfig -p 2>/dev/null | grep -q libopenblas.so.0; then row OpenBLAS yes

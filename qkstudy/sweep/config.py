@@ -26,7 +26,7 @@ class SweepConfig:
     lr_min: float = 3e-4
     lr_max: float = 3e-1
     points_per_decade: float = 2.0  # Wortsman et al. 2023 sweep LRs in half-decades
-    seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = (0, 1, 2)
     # named logit controls (sweep/arms.py): none, rmsnorm, layernorm, softcap<C>, zloss<W>
     arms: tuple[str, ...] = ("none", "rmsnorm")
     refine: bool = True
