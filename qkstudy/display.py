@@ -48,8 +48,9 @@ class Display:
                   flush=True)
 
 
-def format_seconds(s: float) -> str:
-    if not math.isfinite(s):
+def format_seconds(s: float | None) -> str:
+    """1m05s, 2h07m; "?" for an unknown time (None, inf, nan)."""
+    if s is None or not math.isfinite(s):
         return "?"
-    s = int(s)
+    s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

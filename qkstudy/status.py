@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import runlog
+from .arms import arm_of
+from .display import format_seconds
 from .errors import UsageError
 
 USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
@@ -131,20 +133,6 @@ def last_row(run_dir: Path) -> tuple[int | None, float | None]:
     if table.num_rows == 0:
         return None, None
     return int(table.column("step")[-1].as_py()), table.column("train_loss")[-1].as_py()
-
-
-def arm_of(config: dict) -> str:
-    """The arm of a run from its config.json ("?" when it cannot be told)."""
-    from dataclasses import fields
-
-    from .arms import arm_name
-    from .config import TrainConfig
-
-    try:
-        return arm_name(TrainConfig(**{f.name: config[f.name] for f in fields(TrainConfig)
-                                       if f.name in config}))
-    except (TypeError, ValueError):
-        return "?"
 
 
 def read_run(run_dir: Path, held: dict | None) -> Run:
@@ -289,13 +277,6 @@ def progress(runs: list[Run]) -> tuple[float, float, float, int]:
     running = [r for r in runs if r.state == "running"]
     rate = sum(r.tok_s or typical for r in running)
     return done, total, rate, len(running)
-
-
-def format_seconds(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(round(s))
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
