@@ -64,7 +64,7 @@ parity *args:
 spot-check *args:
     @{{py}} -m torch_ref spot-check "$@"
 
-# throughput, FLOP/s, share of sgemm peak, MLX vs PyTorch, probe/eval overhead, K runs at once
+# every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead, K runs at once, where to run the study
 bench *args:
     @{{py}} -m qkstudy bench "$@"
 

@@ -11,7 +11,7 @@ COMMANDS = {
     "train": ("qkstudy.trainer", "train one run, backend=mlx|torch (resumes from its checkpoint)"),
     "sweep": ("qkstudy.sweep", "qk_norm x learning rate x seed grid, resumable"),
     "status": ("qkstudy.status", "every run of a sweep: state, progress, ETA (reads files only)"),
-    "bench": ("mlx_gpt.bench", "throughput, FLOP/s and probe overhead, MLX and PyTorch side by side"),
+    "bench": ("qkstudy.bench", "tokens/s, FLOP/s and overheads of every backend, side by side"),
 }
 
 

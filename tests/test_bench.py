@@ -1,10 +1,13 @@
-"""`just bench` works end to end and its arithmetic is right (no timing is asserted)."""
+"""`just bench` works end to end, its shapes are the presets and its arithmetic is right (no
+timing is asserted: speeds belong to the benchmark, and this machine is shared)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -13,46 +16,155 @@ from pathlib import Path
 
 import pytest
 
-from mlx_gpt import bench, cpu_jit
-from mlx_gpt.bench import SHAPES, flops_per_token, shape_config
+from mlx_gpt import cpu_jit
+from qkstudy import bench
 from qkstudy.__main__ import main
+from qkstudy.bench_step import Spec, StepFailed, measure_together
+from qkstudy.errors import UsageError
+from qkstudy.shapes import flops_per_token, preset_shape, shape_config
+from qkstudy.sweep.config import PRESETS
 from qkstudy.weights import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = {"depth": 1, "d_model": 32, "n_heads": 2, "block_size": 16, "batch_size": 2, "vocab": 64}
+
+
+def test_the_shapes_are_the_presets():
+    for name in ("demo", "mini", "study"):
+        preset, shape = PRESETS[name], preset_shape(name)
+        t = preset.train
+        assert shape == {"depth": max(preset.depth), "d_model": t.d_model, "n_heads": t.n_heads,
+                         "block_size": t.block_size, "batch_size": t.batch_size,
+                         "vocab": 257 if t.data.endswith("-bytes") else 50257}
+    assert preset_shape("mini")["depth"] == max(PRESETS["mini"].depth) == 8
+    assert preset_shape("study")["vocab"] == 50257
+    with pytest.raises(UsageError, match="the shapes are the presets"):
+        preset_shape("reference")
 
 
 def test_flops_per_token_follows_palm():
-    _, args = shape_config(SHAPES["reference"])
+    _, args = shape_config(preset_shape("study"))
     n = count_params(args)["total"] - args.block_size * args.d_model
-    attention = 12 * 6 * 4 * 64 * 256  # 12 L H Q T
+    attention = 12 * 6 * 3 * 64 * 256  # 12 L H Q T
     assert flops_per_token(args) == 6 * n + attention
 
 
-def test_bench_writes_its_table(tmp_path, capsys):
+def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    preset = bench.preset_shape
+    monkeypatch.setattr(bench, "preset_shape",
+                        lambda name: dict(TINY) if name == "demo" else preset(name))
     out = tmp_path / "reports"
-    assert main(["bench", "shapes=demo", "steps=1", "torch=false", "parallel=1", "builds=false",
-                 f"out={out}"]) == 0
+    assert main(["bench", "shapes=demo", "cpu_shapes=none", "rounds=2", "warmup=1",
+                 "seconds=0.05", "min_steps=2", f"out={out}"]) == 0
     report = json.loads((out / "bench.json").read_text())
-    demo = report["demo"]
-    assert report["sgemm_gflops"]["numpy"] > 0 and demo["mlx_tokens_per_s"] > 0
-    assert 0 < demo["probe_overhead"] < 1 and 0 < demo["eval_overhead"] < 1
-    assert demo["mlx_gflops"] == pytest.approx(demo["flops_per_token"] * demo["mlx_tokens_per_s"]
-                                               / 1e9)
-    assert "cpu" not in report  # one build, one process: nothing to compare
+    demo = report["shapes"]["demo"]
+    mlx, torch = demo["samples"]["mlx-plain-1"], demo["samples"]["torch-1"]
+    assert len(mlx) == len(torch) == 2 and all(v > 0 for v in mlx + torch)
+    # every value from the measured samples: medians, ranges, ratios, FLOP/s
+    assert demo["tokens_per_s"]["torch-1"] == {"median": statistics.median(torch),
+                                               "min": min(torch), "max": max(torch), "n": 2}
+    ratios = [t / m for m, t in zip(mlx, torch)]
+    assert demo["ratios"]["torch-1/mlx-plain-1"]["median"] == pytest.approx(
+        statistics.median(ratios))
+    assert demo["gflops"]["mlx-plain-1"] == pytest.approx(
+        statistics.median(mlx) * demo["flops_per_token"] / 1e9)
+    assert demo["share_of_sgemm_peak"]["torch-1"] == pytest.approx(
+        demo["gflops"]["torch-1"] / report["sgemm_gflops"])
+    for backend in ("mlx", "torch"):  # round 1 measured the overheads at the preset's intervals
+        o = demo["overheads"][backend]
+        assert o["probe_every"] == PRESETS["demo"].train.probe_every
+        assert 0 < o["probe_overhead"] and 0 < o["eval_overhead"]
+        assert report["matmul_gflops"][backend] > 0
+    details = demo["details"]["torch-1"][0]["processes"][0]
+    assert details["framework"] == "torch" and details["steps"] >= 2
     table = (out / "bench.md").read_text()
-    assert "| demo | 0.8M |" in table and "| - | - |" in table  # no PyTorch column this time
+    assert "| shape | params | MFLOPs/token | MLX tok/s | PyTorch tok/s | PyTorch / MLX |" in table
+    row = next(line for line in table.splitlines() if line.startswith("| demo |"))
+    assert len(row.split("|")) == 12  # 10 columns
+    assert f"{statistics.median(ratios):.2f}x (" in row
+    assert "Processes at once" not in table  # one setting per backend: nothing to compare
+    assert "| this machine" not in table  # no study shape measured here, so no row of it
+    assert "| one H100/H200-class CUDA GPU, 989 TFLOP/s | torch bf16 |" in table
     assert table.strip() in capsys.readouterr().out
 
 
+def fake_measurements(monkeypatch) -> list:
+    """measure_variant replaced by numbers that depend on (variant, round): 100 tok/s for MLX
+    plain, tuned 1.2x, PyTorch 1.5x, two processes 1.8x, each round 10 tok/s more."""
+    calls = []
+
+    def fake(name, variant, config, first):
+        calls.append((name, variant.key, first))
+        rounds = sum(1 for c in calls if c[:2] == (name, variant.key))
+        factor = {"mlx-plain": 1.0, "mlx-native": 1.2, "torch": 1.5}[variant.key.rsplit("-", 1)[0]]
+        total = 100 * factor * (1.8 if variant.processes > 1 else 1) + 10 * rounds
+        one = {"backend": {"mlx": "0", "device": "cpu", "blas": "x", "torch": "0", "threads": 2},
+               "engine": {}}
+        if first:
+            one |= {"overheads": {"probe_overhead": 0.01, "eval_overhead": 0.02},
+                    "matmul_gflops": 50.0}
+        return {"tokens_per_s": total, "processes": [one]}
+
+    monkeypatch.setattr(bench, "measure_variant", fake)
+    monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
+    return calls
+
+
+def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_path):
+    calls = fake_measurements(monkeypatch)
+    report = bench.run(bench.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
+                                         parallel=2, out=str(tmp_path)))
+    one_round = [("mini", "mlx-plain-1"), ("mini", "mlx-native-1"), ("mini", "torch-1"),
+                 ("mini", "mlx-plain-2"), ("mini", "mlx-native-2"), ("mini", "torch-2")]
+    assert [c[:2] for c in calls] == one_round * 3  # the engines alternate within every round
+    firsts = [c[1] for c in calls if c[2]]
+    assert firsts == ["mlx-plain-1", "torch-1"]  # overheads once per backend, in round 1
+    mini = report["shapes"]["mini"]
+    assert mini["tokens_per_s"]["mlx-native-1"] == {"median": 140, "min": 130, "max": 150, "n": 3}
+    tuned = mini["ratios"]["mlx-native-1/mlx-plain-1"]
+    assert tuned["median"] == pytest.approx(140 / 120) and tuned["min"] == pytest.approx(150 / 130)
+    assert mini["ratios"]["torch-2/torch-1"]["median"] == pytest.approx(290 / 170)
+    text = bench.markdown(report)
+    assert "| mini | MLX tuned | 140 (130-150) | 236 (226-246) | 1.69x (1.64-1.74) | " \
+           "1.17x (1.15-1.18) |" in text
+    assert "Fastest: mini: PyTorch, 2 process(es) (290 tok/s)." in text
+
+
+def test_where_to_run_reads_the_study_preset():
+    plan = bench.study_plan()
+    study = PRESETS["study"]
+    assert plan["runs_per_depth"] == len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
+    assert plan["runs_per_depth"] == 42 and plan["budget_tokens"] == study.train.budget_tokens
+    measured = {"study": {"tokens_per_s": {"mlx-plain-1": {"median": 300.0, "min": 290.0,
+                                                           "max": 310.0, "n": 3}}}}
+    rows = bench.where_to_run(measured)["rows"]
+    here = rows[0]
+    assert here["backend"] == "mlx" and here["source"].startswith("measured here")
+    assert here["hours_per_run"] == pytest.approx(plan["cost_tokens"] / 300 / 3600)
+    assert here["hours_whole_study"] == pytest.approx(here["hours_per_run"] * 42 * 3)
+    estimates = [r for r in rows if r["source"].startswith("estimate")]
+    assert len(estimates) == len(bench.ESTIMATES) == len(rows) - 1
+    bf16 = next(r for r in estimates if r["backend"] == "torch bf16")
+    assert bf16["tokens_per_s"] == pytest.approx(989e12 * 0.07 / plan["flops_per_token"])
+
+
 @pytest.mark.parametrize("words, message", [
-    (["shapes=huge"], "unknown shape 'huge' in shapes"),
-    (["cpu_shapes=demo,tiny"], "unknown shape 'tiny' in cpu_shapes"),
-    (["shapes="], "shapes has an empty shape name"),
-    (["cpu_shapes=demo,"], "cpu_shapes has an empty shape name"),
+    (["shapes=huge"], "unknown shape 'huge'"),
+    (["cpu_shapes=demo,tiny"], "unknown shape 'tiny'"),
+    (["shapes="], "shapes has an empty name"),
+    (["cpu_shapes=demo,"], "cpu_shapes has an empty name"),
+    (["shapes=demo,demo"], "shapes names one twice"),
     (["shapes=none", "cpu_shapes=none"], "nothing to measure"),
+    (["backends=jax"], "unknown backend 'jax' in backends"),
+    (["backends=none"], "backends needs at least one"),
     (["parallel=0"], "parallel must be >= 1"),
-    (["steps=0"], "steps must be >= 1"),
     (["rounds=0"], "rounds must be >= 1"),
+    (["warmup=0"], "warmup must be >= 1"),
+    (["seconds=0"], "seconds must be a number > 0"),
+    (["seconds=nan"], "seconds must be a number > 0"),
+    (["min_steps=0"], "min_steps must be >= 1"),
+    (["steps=5"], "unknown key 'steps'"),
     (["out=/proc/x"], "cannot write the report to /proc/x"),
 ])
 def test_bench_rejects_bad_input_before_measuring(words, message, capsys, tmp_path):
@@ -70,41 +182,34 @@ def test_bench_report_path_that_is_a_file_is_refused(tmp_path, capsys):
     assert "cannot write the report" in capsys.readouterr().err
 
 
-def test_cpu_table_is_the_median_of_interleaved_rounds(monkeypatch):
-    calls = []
-
-    def fake(shape, steps, n, build):
-        calls.append((n, build))
-        base = {"plain": 100.0, "native": 120.0}[build] * (1.5 if n == 2 else 1.0)
-        return base + len(calls)  # later rounds a little faster: the median is the middle one
-
-    monkeypatch.setattr(bench, "processes_tokens_per_s", fake)
-    monkeypatch.setattr(cpu_jit, "supported", lambda: True)
-    config = bench.BenchConfig(cpu_shapes="mini", parallel=2, rounds=3)
-    table = bench.cpu_table(["mini"], config)
-    order = [(1, "plain"), (1, "native"), (2, "plain"), (2, "native")]
-    assert calls == order * 3  # plain and tuned alternate within every round
-    mini = table["shapes"]["mini"]
-    assert mini["plain_1"] == 100 + 5 and mini["native_2"] == 180 + 8
-    assert mini["fastest"] == "native_2"
-    text = "\n".join(bench.cpu_markdown(table))
-    assert "| mini | 105 | 126 | 1.20x | 157 | 188 | 1.50x | 1.49x | tuned, 2 process(es) |" in text
+def tiny_spec(**config) -> Spec:
+    cfg, _ = shape_config(TINY, **config)
+    return Spec(config=dataclasses.asdict(cfg), vocab=TINY["vocab"], warmup=1, seconds=0.05,
+                min_steps=2)
 
 
-def test_processes_run_together_and_report_their_total():
-    total = bench.processes_tokens_per_s(SHAPES["demo"], 1, 2, "plain")
-    assert total > 0
+def test_processes_start_their_timed_steps_together():
+    results = measure_together(tiny_spec(), 2, env={"MLX_GPT_CPU_JIT": "plain"})
+    assert len(results) == 2
+    for r in results:
+        assert r["framework"] == "mlx" and r["steps"] >= 2 and r["tokens_per_s"] > 0
+        assert r["backend"]["cpu_jit"] == "plain" and r["peak_memory_bytes"] > 0
 
 
-def test_torch_step_runs_in_its_own_process(capsys):
+def test_a_failed_measurement_says_why():
     pytest.importorskip("torch")
-    from torch_ref.__main__ import main as torch_main
+    import torch
 
-    tiny = dict(depth=1, d_model=32, n_heads=2, block_size=16, batch_size=2, vocab=64)
-    result = bench.torch_step_time(tiny, 1)
-    assert result["step_s"] > 0 and result["threads"] >= 1
-    assert torch_main(["bench-step", "depth=1"]) == 2
-    assert capsys.readouterr().err.startswith("error: bench-step takes exactly")
+    if torch.backends.mps.is_available():
+        pytest.skip("mps is available here")
+    with pytest.raises(StepFailed, match="device mps is not available"):
+        measure_together(tiny_spec(backend="torch", device="mps"))
+
+
+def test_the_benchmark_core_imports_no_framework():
+    imports = re.compile(r"^\s*(from|import)\s+(mlx|torch|mlx_gpt|torch_ref)\b", re.M)
+    for name in ("bench.py", "bench_step.py", "shapes.py"):
+        assert not imports.search((ROOT / "qkstudy" / name).read_text()), name
 
 
 def test_mlx_gpt_does_not_import_torch_ref():
@@ -121,12 +226,12 @@ TRAIN_A_FEW_STEPS = textwrap.dedent("""
     import mlx_gpt
     from mlx_gpt import cpu_jit
     import mlx.core as mx
-    from mlx_gpt.bench import SHAPES, random_batch, shape_config
+    from qkstudy.shapes import preset_shape, random_batch, shape_config
     from mlx_gpt.model import GPT, init_weights
     from mlx_gpt.optim import make_optimizer
     from mlx_gpt.engine import make_train_step
 
-    cfg, args = shape_config(dict(SHAPES["demo"], depth=2, block_size=32))
+    cfg, args = shape_config(dict(preset_shape("demo"), depth=2, block_size=32))
     model = GPT(args)
     init_weights(model, 0)
     step, state = make_train_step(model, make_optimizer(cfg, model.parameters()), cfg.grad_clip)

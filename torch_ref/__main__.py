@@ -1,4 +1,4 @@
-"""`python -m torch_ref <command>`: parity, spot-check, bench-step."""
+"""`python -m torch_ref <command>`: parity, spot-check."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ COMMANDS = {
     "parity": ("torch_ref.parity", "MLX vs PyTorch: logits, loss, gradients, probes, 50 steps"),
     "spot-check": ("torch_ref.spot_check",
                    "re-run an MLX run folder with PyTorch: RUN_DIR [device=auto|cuda|mps|cpu]"),
-    "bench-step": ("torch_ref.bench", "seconds per eager train step, for `mlx_gpt bench` (JSON)"),
 }
 
 

@@ -1,71 +1,62 @@
-"""`python -m torch_ref bench-step key=value ...`: seconds per eager PyTorch train step.
+"""PyTorch's part of the benchmarks: qkstudy/bench.py, qkstudy/bench_step.py, gpu_check.py.
 
-The PyTorch side of `python -m qkstudy bench`, which runs it in its own process with
-MLX_GPT_BLAS=none (OpenBLAS loaded into the global symbol scope would also capture libtorch's
-own sgemm calls and slow PyTorch 2-3x; torch_ref/__init__.py). The model is torch_ref's, the
-batch and optimizer settings are the benchmark's; the result is one JSON line on stdout.
+The measurement itself is the core's (qkstudy/bench_step.py times the run's own Engine, in a
+process that never imports mlx_gpt, so no OpenBLAS is preloaded into it: torch_ref/__init__.py);
+this module adds, in the measuring process, torch's facts (version, threads, device), its matmul
+peak in the run's precision and, on CUDA, the peak allocation.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
-import numpy as np
 import torch
 
-from mlx_gpt.bench import SHAPE_KEYS, random_batch, shape_config
-from qkstudy.config import split_key_values
-from qkstudy.errors import UsageError
+from qkstudy.config import TrainConfig
 
-from .model import GPT
+from .engine import describe, resolve_device, set_precision
 
 
-def step_time(shape: dict, steps: int) -> dict:
-    """Median seconds per eager AdamW step (nanoGPT's decay groups, clipping) after 2 warm-ups."""
-    torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
-    cfg, args = shape_config(shape)
-    model = GPT(args)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    x, y = (torch.from_numpy(a).long() for a in random_batch(cfg, args.vocab_size))
+def facts(cfg: TrainConfig) -> dict:
+    device = resolve_device(cfg.device)
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "device": describe(device), "cuda": torch.version.cuda}
 
-    def step() -> None:
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss.item()
 
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(steps):
+def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> float:
+    """n^3 matmul GFLOP/s on the run's device in its precision: float32 (fp32; tf32 lets CUDA
+    use TF32 tensor cores) or bfloat16 (bf16). n defaults to 8192 on a GPU, 2048 on the CPU;
+    the best of `repeats` timings, each of 10 products on a GPU and 1 on the CPU."""
+    device = resolve_device(cfg.device)
+    set_precision(cfg.precision, device)
+    gpu = device.type in ("cuda", "mps")
+    n = n or (8192 if gpu else 2048)
+    products = 10 if gpu else 1
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elif device.type == "mps":
+            torch.mps.synchronize()
+
+    for _ in range(3 if gpu else 1):
+        a @ a
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
         t = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t)
-    return {"step_s": float(np.median(times)), "threads": torch.get_num_threads()}
+        for _ in range(products):
+            a @ a
+        sync()
+        best = min(best, (time.perf_counter() - t) / products)
+    return 2 * n**3 / best / 1e9
 
 
-def cli(argv: list[str]) -> int:
-    values = split_key_values(argv)
-    want = set(SHAPE_KEYS) | {"steps"}
-    if set(values) != want:
-        raise UsageError(f"bench-step takes exactly {', '.join(sorted(want))}; got "
-                         f"{', '.join(sorted(values)) or 'nothing'}")
-    try:
-        numbers = {k: int(v) for k, v in values.items()}
-    except ValueError:
-        raise UsageError("bench-step values must be integers") from None
-    if min(numbers.values()) < 1:
-        raise UsageError("bench-step values must be >= 1")
-    steps = numbers.pop("steps")
-    print(json.dumps(step_time(numbers, steps)))
-    return 0
+def peak_memory_bytes(cfg: TrainConfig) -> int | None:
+    """The peak CUDA allocation of this process; None on other devices."""
+    device = resolve_device(cfg.device)
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))

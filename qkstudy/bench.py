@@ -1,0 +1,533 @@
+"""`python -m qkstudy bench`: every backend's training step, measured the same way, side by side.
+
+Every number comes from one kind of measurement (qkstudy/bench_step.py): a fresh process builds
+the run's own engine (backend=mlx: mlx_gpt; backend=torch: torch_ref) at a preset's shape
+(qkstudy/shapes.py), takes `warmup` steps, then times enough steps for about `seconds`, read
+back every `log_every` steps as a run does. Each (shape, engine, processes) is measured once per
+round, the engines of one shape one after the other, in `rounds` rounds; a table gives the
+median and the range, and every ratio is the median (and range) of the per-round ratios of two
+measurements taken side by side. What is measured:
+
+- at `shapes` (default demo, mini, study): tokens/s of each backend (MLX with its plain CPU
+  kernel build, as a run uses by default; PyTorch as `backend=torch device=auto` runs), their
+  ratio, achieved FLOP/s (qkstudy/shapes.py) and its share of this machine's sgemm peak (numpy,
+  measured first), and in round 1 the cost of evaluation and probes at the preset's intervals;
+- at `cpu_shapes` (default demo, mini) also: `parallel` processes at once (their total), and
+  MLX's tuned CPU build (MLX_GPT_CPU_JIT=native, Linux x86-64) against its plain one;
+- "where to run the study": hours per run of the study preset (its token budget and
+  evaluations, qkstudy/sweep/plan.py run_cost_tokens), per depth and for the whole grid, from
+  the study-shape speeds measured here and, for machines not measured here, estimates from FLOPs
+  (an assumed share of the vendor's peak, stated in each row).
+
+The tables print and are written to <out>/bench.md, every sample to <out>/bench.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import runlog
+from .bench_step import Spec, StepFailed, measure_together
+from .cli import keys_usage
+from .config import apply_overrides, split_key_values
+from .errors import UsageError
+from .shapes import flops_per_token, preset_base, preset_shape, shape_config
+from .weights import count_params
+
+BACKENDS = ("mlx", "torch")
+LABEL = {"mlx": "MLX", "torch": "PyTorch"}
+BUILDS = ("plain", "native")  # MLX_GPT_CPU_JIT: MLX's own CPU kernel build, and -march=native
+BUILD_LABEL = {"plain": "plain", "native": "tuned"}
+NIGHT_HOURS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    shapes: str = "demo,mini,study"  # preset shapes measured with every backend; none
+    backends: str = "mlx,torch"
+    rounds: int = 3  # every measurement once per round; medians and ranges over rounds
+    warmup: int = 2  # untimed steps per measurement (compilation, first allocations)
+    seconds: float = 3.0  # timed steps per measurement: enough for about this long ...
+    min_steps: int = 3  # ... and at least this many
+    cpu_shapes: str = "demo,mini"  # also K processes at once and MLX's two CPU builds; none
+    parallel: int = 2  # K; 1 leaves that comparison out
+    builds: bool = True  # MLX's plain against its tuned CPU build (Linux x86-64 only)
+    probes: bool = True  # evaluation and probe cost (round 1)
+    quick: bool = False  # the demo shape, one round, one second a measurement: a smoke test
+    out: str = "reports"
+
+    def resolved(self) -> BenchConfig:
+        if not self.quick:
+            return self
+        return dataclasses.replace(self, shapes="demo", cpu_shapes="demo", rounds=1,
+                                   seconds=min(self.seconds, 1.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One engine setting measured at a shape: backend, MLX CPU build, processes at once."""
+
+    backend: str
+    build: str | None  # mlx: plain | native; torch: None
+    processes: int
+
+    @property
+    def key(self) -> str:
+        return "-".join([self.backend, *([self.build] if self.build else []),
+                         str(self.processes)])
+
+    @property
+    def engine(self) -> str:
+        return LABEL[self.backend] + (f" {BUILD_LABEL[self.build]}" if self.build else "")
+
+    def env(self) -> dict[str, str]:
+        return {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
+
+
+def tuned_build_supported() -> bool:
+    """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py supported())."""
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+
+
+# --- options ---------------------------------------------------------------------------------
+
+def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[str]:
+    """Comma-separated names; `none` is the empty list."""
+    if text.strip() == "none":
+        return []
+    names = [s.strip() for s in text.split(",")]
+    if not all(names):
+        raise UsageError(f"{key} has an empty name ({text!r})")
+    if len(set(names)) != len(names):
+        raise UsageError(f"{key} names one twice ({text!r})")
+    for name in names:
+        if known is not None and name not in known:
+            raise UsageError(f"unknown {key[:-1]} {name!r} in {key}; known: {', '.join(known)}")
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    shapes: list[str]  # every shape measured, in order
+    cpu_shapes: list[str]
+    backends: list[str]
+    builds: list[str]
+    out: Path
+
+    def variants(self, name: str, parallel: int) -> list[Variant]:
+        """The engines measured at shape `name`, in the order of every round: per process
+        count, the backends (and MLX's builds) one after the other."""
+        extra = name in self.cpu_shapes
+        counts = (1, parallel) if extra and parallel > 1 else (1,)
+        out = []
+        for n in counts:
+            for backend in self.backends:
+                builds = (self.builds if extra else ["plain"]) if backend == "mlx" else [None]
+                out += [Variant(backend, build, n) for build in builds]
+        return out
+
+
+def validate(bench: BenchConfig) -> Plan:
+    """Every check that can fail, before anything is measured."""
+    if bench.rounds < 1:
+        raise UsageError(f"rounds must be >= 1, got {bench.rounds}")
+    if bench.warmup < 1:
+        raise UsageError(f"warmup must be >= 1 (it also sizes the timed steps), got {bench.warmup}")
+    if not (math.isfinite(bench.seconds) and bench.seconds > 0):
+        raise UsageError(f"seconds must be a number > 0, got {bench.seconds}")
+    if bench.min_steps < 1:
+        raise UsageError(f"min_steps must be >= 1, got {bench.min_steps}")
+    if bench.parallel < 1:
+        raise UsageError(f"parallel must be >= 1 (1 leaves the comparison out), got "
+                         f"{bench.parallel}")
+    shapes = names_of(bench.shapes, "shapes")
+    cpu_shapes = names_of(bench.cpu_shapes, "cpu_shapes")
+    for name in shapes + cpu_shapes:
+        preset_shape(name)  # the shapes are the presets: UsageError naming them
+    if not shapes and not cpu_shapes:
+        raise UsageError("nothing to measure: shapes and cpu_shapes are both none")
+    backends = names_of(bench.backends, "backends", BACKENDS)
+    if not backends:
+        raise UsageError("backends needs at least one of mlx, torch")
+    missing = [b for b in backends if importlib.util.find_spec(b) is None]
+    if missing == backends:
+        raise UsageError(f"{' and '.join(missing)} not installed: nothing to measure with")
+    for b in missing:
+        print(f"warning: {b} is not installed here; measuring "
+              f"{', '.join(x for x in backends if x not in missing)} only", file=sys.stderr)
+    out = Path(bench.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".bench-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    builds = list(BUILDS) if bench.builds and tuned_build_supported() else ["plain"]
+    return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
+                [b for b in backends if b not in missing], builds, out)
+
+
+# --- numbers ---------------------------------------------------------------------------------
+
+def spread(values: list[float | None]) -> dict | None:
+    """{"median", "min", "max", "n"} of the values that exist; None if none does."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def paired_ratio(a: list[float | None], b: list[float | None]) -> dict | None:
+    """b / a per round (both measured in that round), summarised by spread."""
+    return spread([y / x for x, y in zip(a, b) if x and y is not None])
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
+    """Best-of float32 n^3 matmul GFLOP/s in numpy (its BLAS): the machine's peak here."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+def measure_variant(name: str, variant: Variant, bench: BenchConfig, first: bool) -> dict:
+    """One measurement: the variant's processes at once. {"tokens_per_s": their total, ...}, or
+    {"error": why}."""
+    shape = preset_shape(name)
+    cfg, _ = shape_config(shape, preset_base(name), backend=variant.backend)
+    spec = Spec(config=dataclasses.asdict(cfg), vocab=shape["vocab"], warmup=bench.warmup,
+                seconds=bench.seconds, min_steps=bench.min_steps,
+                overheads=first and bench.probes, matmul=first)
+    try:
+        results = measure_together(spec, variant.processes, env=variant.env())
+    except StepFailed as e:
+        return {"error": str(e)}
+    return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
+
+
+def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
+    bench = bench.resolved()
+    plan = validate(bench)
+    report: dict = {
+        "command": shlex.join(["python", "-m", "qkstudy", "bench", *(argv or [])]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model(),
+                    "load_average": load_average()},
+        "config": dataclasses.asdict(bench), "backends": plan.backends, "builds": plan.builds}
+    print("measuring the sgemm peak (numpy) ...", flush=True)
+    report["sgemm_gflops"] = sgemm_gflops()
+    shapes: dict[str, dict] = {}
+    for name in plan.shapes:
+        shape = preset_shape(name)
+        _, args = shape_config(shape, preset_base(name))
+        shapes[name] = {"shape": shape, "params": count_params(args),
+                        "flops_per_token": flops_per_token(args), "samples": {},
+                        "variants": {}, "overheads": {}}
+    facts: dict[str, dict] = {}
+    for r in range(bench.rounds):
+        for name in plan.shapes:
+            for v in plan.variants(name, bench.parallel):
+                first = r == 0 and v.processes == 1 and v.build in (None, "plain")
+                print(f"measuring {name}: {v.engine}, {v.processes} process(es), round "
+                      f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
+                m = measure_variant(name, v, bench, first)
+                entry = shapes[name]
+                entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": v.engine}
+                entry["samples"].setdefault(v.key, []).append(m.get("tokens_per_s"))
+                entry.setdefault("details", {}).setdefault(v.key, []).append(m)
+                if "error" in m:
+                    print(f"failed ({m['error']})", flush=True)
+                    continue
+                print(f"{m['tokens_per_s']:,.0f} tok/s", flush=True)
+                one = m["processes"][0]
+                if first:
+                    facts.setdefault(v.backend, one["backend"] | {"engine": one["engine"]})
+                    if "overheads" in one:
+                        entry["overheads"][v.backend] = one["overheads"]
+                    if "matmul_gflops" in one:
+                        report.setdefault("matmul_gflops", {}).setdefault(
+                            v.backend, one["matmul_gflops"])
+    report["facts"] = facts
+    for entry in shapes.values():
+        summarise(entry, report["sgemm_gflops"])
+    report["shapes"] = shapes
+    report["where_to_run"] = where_to_run(shapes, report["machine"])
+    report["machine"]["load_average_after"] = load_average()
+    return report
+
+
+def summarise(entry: dict, sgemm: float) -> None:
+    """Medians, ranges, FLOP/s and the ratios of one shape's samples (in place)."""
+    samples = entry["samples"]
+    entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}
+    entry["gflops"] = {k: s["median"] * entry["flops_per_token"] / 1e9
+                       for k, s in entry["tokens_per_s"].items() if s}
+    entry["share_of_sgemm_peak"] = {k: g / sgemm for k, g in entry["gflops"].items()}
+    ratios = {}
+    base = "mlx-plain-1"
+    for key, v in entry["variants"].items():
+        if v["processes"] == 1 and key != base and base in samples:
+            ratios[f"{key}/{base}"] = paired_ratio(samples[base], samples[key])
+        one = key.rsplit("-", 1)[0] + "-1"
+        if v["processes"] > 1 and one in samples:
+            ratios[f"{key}/{one}"] = paired_ratio(samples[one], samples[key])
+    entry["ratios"] = ratios
+
+
+# --- where to run the study ------------------------------------------------------------------
+
+# Machines not measured here, estimated from FLOPs: tokens/s = peak x share / FLOPs per token.
+# Peaks are the vendors' dense figures; the shares are this project's assumptions for a model
+# this small (its 50k-vocabulary head is most of the FLOPs; elementwise work over the logits
+# and per-kernel overhead weigh more than on a large model). `just gpu-check` measures the CUDA
+# rows on a real GPU.
+ESTIMATES = (
+    {"platform": "Apple M2 Max GPU (38-core)", "backend": "mlx", "peak_tflops": 13.6,
+     "share": 0.30, "unit": "nights"},
+    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch fp32", "peak_tflops": 67.0,
+     "share": 0.35, "unit": "GPU-hours"},
+    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch tf32", "peak_tflops": 495.0,
+     "share": 0.12, "unit": "GPU-hours"},
+    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch bf16", "peak_tflops": 989.0,
+     "share": 0.07, "unit": "GPU-hours"},
+)
+
+
+def study_plan() -> dict:
+    """The study preset's run cost and grid: (train + evaluation) tokens per run at its depth,
+    runs per depth (arms x LRs x seeds) and FLOPs per token."""
+    from .sweep.config import PRESETS
+    from .sweep.plan import run_cost_tokens
+
+    study = PRESETS["study"]
+    shape = preset_shape("study")
+    cfg, args = shape_config(shape, preset_base("study"))
+    return {"depth": shape["depth"], "cost_tokens": run_cost_tokens(cfg),
+            "budget_tokens": cfg.budget_tokens, "arms": len(study.arms),
+            "lrs": len(study.grid_lrs()), "seeds": len(study.seeds),
+            "runs_per_depth": len(study.arms) * len(study.grid_lrs()) * len(study.seeds),
+            "depths": 3, "flops_per_token": flops_per_token(args)}
+
+
+def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
+    plan = study_plan()
+    rows = []
+    study = shapes.get("study")
+    m = machine or {}
+    here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
+    for backend in BACKENDS:
+        key = "mlx-plain-1" if backend == "mlx" else "torch-1"
+        s = study and study["tokens_per_s"].get(key)
+        if s:
+            rows.append({"platform": here, "backend": backend,
+                         "tokens_per_s": s["median"], "range": [s["min"], s["max"]],
+                         "source": f"measured here, median of {s['n']} round(s)",
+                         "unit": "nights"})
+    for e in ESTIMATES:
+        rows.append({"platform": f"{e['platform']}, {e['peak_tflops']:g} TFLOP/s",
+                     "backend": e["backend"], "unit": e["unit"],
+                     "tokens_per_s": e["peak_tflops"] * 1e12 * e["share"] / plan["flops_per_token"],
+                     "source": f"estimate: {e['share']:.0%} of peak assumed"})
+    for row in rows:
+        hours = plan["cost_tokens"] / row["tokens_per_s"] / 3600
+        row["hours_per_run"] = hours
+        row["hours_per_depth"] = hours * plan["runs_per_depth"]
+        row["hours_whole_study"] = hours * plan["runs_per_depth"] * plan["depths"]
+    return {"plan": plan, "rows": rows}
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+def median_range(s: dict | None, fmt: str = "{:,.0f}") -> str:
+    if not s:
+        return "-"
+    if s["n"] == 1:
+        return fmt.format(s["median"])
+    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
+
+
+def ratio_text(s: dict | None) -> str:
+    if not s:
+        return "-"
+    return f"{s['median']:.2f}x" + (f" ({s['min']:.2f}-{s['max']:.2f})" if s["n"] > 1 else "")
+
+
+def number(x: float) -> str:
+    """Two significant digits below 100, whole numbers with separators above."""
+    return f"{x:.2g}" if x < 100 else f"{x:,.0f}"
+
+
+def hours_text(hours: float, unit: str) -> str:
+    if unit == "nights":
+        return f"{number(hours)} h ({number(hours / NIGHT_HOURS)} nights)"
+    return f"{number(hours)} GPU-h"
+
+
+def markdown(report: dict) -> str:
+    m, cfg = report["machine"], report["config"]
+    load = m.get("load_average")
+    after = m.get("load_average_after")
+    matmul = report.get("matmul_gflops", {})
+    facts = report.get("facts", {})
+    versions = [f"MLX {facts['mlx']['mlx']} on {facts['mlx']['device']} (BLAS "
+                f"{facts['mlx']['blas']})" if "mlx" in facts else "",
+                f"PyTorch {facts['torch']['torch']} on {facts['torch']['device']}, "
+                f"{facts['torch']['threads']} threads" if "torch" in facts else ""]
+    lines = [
+        f"Machine: {m['platform']}, {m['cpu'] or 'CPU unknown'}, {m['cpus']} CPUs; "
+        + "; ".join(v for v in versions if v)
+        + (f"; load average {load[0]:.2f} at the start" if load else "")
+        + (f", {after[0]:.2f} at the end" if after else "") + ".",
+        f"Float32 matmul peak (2048^3, best of 3): numpy {report['sgemm_gflops']:.0f} GFLOP/s"
+        + "".join(f", {LABEL[b]} {g:.0f}" for b, g in matmul.items()) + ".",
+        f"Command: `{report['command']}`. Each value: the median of {cfg['rounds']} round(s) "
+        f"(range in brackets); each measurement a fresh process running the run's own engine: "
+        f"{cfg['warmup']} warm-up steps, then timed steps for about {cfg['seconds']:g} s (at "
+        f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
+        "the median (range) of the per-round ratios.",
+    ]
+    shapes = report["shapes"]
+    backends = report["backends"]
+    base_key = {"mlx": "mlx-plain-1", "torch": "torch-1"}
+    both = backends == ["mlx", "torch"] or backends == ["torch", "mlx"]
+    head = ["shape", "params", "MFLOPs/token"]
+    for b in backends:
+        head += [f"{LABEL[b]} tok/s"]
+    if both:
+        head += ["PyTorch / MLX"]
+    for b in backends:
+        head += [f"{LABEL[b]} GFLOP/s (share of sgemm peak)"]
+    for b in backends:
+        head += [f"{LABEL[b]} probe / eval overhead"]
+    lines += ["", "Train step, one process:", "", "| " + " | ".join(head) + " |",
+              "|" + " --- |" * len(head)]
+    for name, e in shapes.items():
+        row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
+        row += [median_range(e["tokens_per_s"].get(base_key[b])) for b in backends]
+        if both:
+            row += [ratio_text(e["ratios"].get("torch-1/mlx-plain-1"))]
+        for b in backends:
+            k = base_key[b]
+            row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
+                    if k in e["gflops"] else "-"]
+        for b in backends:
+            o = e["overheads"].get(b)
+            row += [f"{o['probe_overhead']:.1%} / {o['eval_overhead']:.1%}" if o else "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    if any(e["overheads"] for e in shapes.values()):
+        lines += ["", "Overhead: one probe call (measure, snapshot, update_stats) per probe_every "
+                      "steps and one evaluation (eval_batches batches) per eval_every steps, at "
+                      "each preset's own intervals, as a share of its training time."]
+    lines += processes_table(report)
+    lines += where_to_run_table(report["where_to_run"])
+    return "\n".join(lines)
+
+
+def processes_table(report: dict) -> list[str]:
+    k = report["config"]["parallel"]
+    rows, fastest = [], []
+    for name, e in report["shapes"].items():
+        variants = e["variants"]
+        if len(variants) <= len(report["backends"]):
+            continue  # one setting per backend: the first table has it all
+        best = max((key for key, s in e["tokens_per_s"].items() if s),
+                   key=lambda key: e["tokens_per_s"][key]["median"], default=None)
+        if best:
+            v = variants[best]
+            fastest.append(f"{name}: {v['engine']}, {v['processes']} process(es) "
+                           f"({e['tokens_per_s'][best]['median']:,.0f} tok/s)")
+        for key, v in variants.items():
+            if v["processes"] != 1:
+                continue
+            many = key.rsplit("-", 1)[0] + f"-{k}"
+            rows.append(
+                f"| {name} | {v['engine']} | {median_range(e['tokens_per_s'].get(key))} | "
+                f"{median_range(e['tokens_per_s'].get(many))} | "
+                f"{ratio_text(e['ratios'].get(f'{many}/{key}'))} | "
+                f"{ratio_text(e['ratios'].get(f'{key}/mlx-plain-1'))} |")
+    if not rows:
+        return []
+    return ["", f"Processes at once and MLX's CPU builds (tokens/s, in total for {k} processes; "
+                "tuned = MLX's CPU kernels built with -march=native, MLX_GPT_CPU_JIT=native):", "",
+            f"| shape | engine | 1 process | {k} at once | {k} / 1 process | 1 process vs MLX "
+            f"plain |", "| --- | --- | --- | --- | --- | --- |", *rows,
+            "", "Fastest: " + "; ".join(fastest) + "."]
+
+
+def where_to_run_table(w: dict) -> list[str]:
+    p = w["plan"]
+    lines = ["", f"Where to run the study: the study preset's run is {p['budget_tokens']:,} "
+                 f"training tokens plus its evaluations ({p['cost_tokens']:,.0f} "
+                 "token-equivalents) "
+                 f"at depth {p['depth']} ({p['flops_per_token'] / 1e6:.1f} MFLOPs per token); one "
+                 f"depth is {p['runs_per_depth']} runs ({p['arms']} arms x {p['lrs']} LRs x "
+                 f"{p['seeds']} seeds), the whole study {p['depths']} depths, each counted at "
+                 f"depth {p['depth']}'s cost, one run at a time (a night: {NIGHT_HOURS} h):", "",
+             "| platform | backend | tokens/s at the study shape | source | one run | one depth "
+             f"({p['runs_per_depth']} runs) | whole study ({p['runs_per_depth'] * p['depths']} "
+             "runs) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in w["rows"]:
+        speed = f"{r['tokens_per_s']:,.0f}"
+        if "range" in r:
+            speed += f" ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
+        lines.append(f"| {r['platform']} | {r['backend']} | {speed} | {r['source']} | "
+                     f"{hours_text(r['hours_per_run'], r['unit'])} | "
+                     f"{hours_text(r['hours_per_depth'], r['unit'])} | "
+                     f"{hours_text(r['hours_whole_study'], r['unit'])} |")
+    return lines
+
+
+USAGE = keys_usage(
+    "python -m qkstudy bench [key=value ...]",
+    "Measures every backend's training step the same way (each measurement a fresh process\n"
+    "running the run's own engine at a preset's shape; median and range of `rounds` rounds):\n"
+    "tokens/s, PyTorch / MLX, FLOP/s and share of the sgemm peak, probe and eval overhead; at\n"
+    "cpu_shapes also K processes at once and MLX's plain against its tuned CPU build; then the\n"
+    "hours the study takes where. Writes <out>/bench.md and <out>/bench.json.",
+    BenchConfig)
+
+
+def cli(argv: list[str]) -> int:
+    bench = apply_overrides(BenchConfig(), split_key_values(argv))
+    report = run(bench, argv)
+    text = markdown(report)
+    print(text)
+    out = Path(bench.out)
+    runlog.write_json(out / "bench.json", report)
+    runlog.write_text(out / "bench.md", text + "\n")
+    print(f"written: {out / 'bench.md'}, {out / 'bench.json'}", file=sys.stderr)
+    return 0

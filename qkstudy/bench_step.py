@@ -1,0 +1,220 @@
+"""One measurement of the benchmarks, in a fresh process: a backend's real training step.
+
+`python -m qkstudy.bench_step SPEC_JSON` builds the run's own engine (qkstudy.trainer
+.engine_module(backend).Engine: the model, optimizer and compiled step a run trains with), takes
+`warmup` synced steps (compilation, the optimizer's first allocation), then times enough steps
+for about `seconds` (at least `min_steps`), dispatched and read back every `log_every` steps as
+the trainer does, on one random batch of the shape. With "overheads" it also times one
+evaluation batch and one probe call (measure, snapshot, update_stats), with "matmul" the
+backend's matmul peak; the backend's own facts come from its bench module (mlx_gpt/bench.py,
+torch_ref/bench.py). The last line on stdout is the result as JSON.
+
+With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
+timing: `measure_together` lines up K such processes, so their timed steps run at the same time.
+Every process is started with the caller's environment plus `env` (MLX_GPT_CPU_JIT,
+QKSTUDY_RUNS_PER_GPU, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import trainer
+from .config import TrainConfig
+from .shapes import random_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_HELPERS = {"mlx": "mlx_gpt.bench", "torch": "torch_ref.bench"}
+READY = "ready"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """What one process measures."""
+
+    config: dict  # TrainConfig fields (backend, device, precision, compile included)
+    vocab: int
+    warmup: int = 2
+    seconds: float = 3.0
+    min_steps: int = 3
+    overheads: bool = False  # evaluation and probe cost at the config's intervals
+    matmul: bool = False  # the backend's matmul peak on the run's device and precision
+    sync: bool = False
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(**self.config).validate()
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def measure(spec: Spec, ready=None) -> dict:
+    """The measurement, in this process. `ready` is called between warm-up and timing."""
+    cfg = spec.train_config()
+    helpers = importlib.import_module(BENCH_HELPERS[cfg.backend])
+    engine_cls = trainer.engine_module(cfg.backend).Engine
+    x, y = random_batch(cfg, spec.vocab, 0)
+    probe = random_batch(cfg, spec.vocab, 1)
+    # one validation batch: the evaluation's cost is that batch's times eval_batches
+    engine = engine_cls(cfg, spec.vocab, [probe], probe)
+    warmup = [_timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
+    last = warmup[-1] if warmup else _timed(lambda: engine.read([engine.step(x, y)]))
+    steps = max(spec.min_steps, min(100_000, math.ceil(spec.seconds / max(last, 1e-6))))
+    if ready is not None:
+        ready()
+    start, pending = time.perf_counter(), []
+    for _ in range(steps):
+        pending.append(engine.step(x, y))
+        if len(pending) == cfg.log_every:
+            engine.read(pending)
+            pending = []
+    if pending:
+        engine.read(pending)
+    seconds = time.perf_counter() - start
+    result = {"tokens_per_s": steps * cfg.tokens_per_step / seconds, "steps": steps,
+              "seconds": seconds, "step_s": seconds / steps, "warmup_s": warmup,
+              "framework": engine.framework, "device": engine.device,
+              "engine": engine.manifest_extra, "backend": helpers.facts(cfg)}
+    if spec.overheads:
+        result["overheads"] = overheads(engine, cfg, result["step_s"])
+    if spec.matmul:
+        result["matmul_gflops"] = helpers.matmul_gflops(cfg)
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, kB on Linux
+    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    result["peak_memory_bytes"] = helpers.peak_memory_bytes(cfg)
+    return result
+
+
+def overheads(engine, cfg: TrainConfig, step_s: float, repeats: int = 2) -> dict:
+    """Evaluation and probe cost per call, and as a share of training time at the config's
+    intervals (eval_every, eval_batches, probe_every): the trainer's own calls."""
+
+    def probe_call() -> None:
+        before = engine.snapshot()
+        engine.probes(0)
+        engine.update_stats(0, before)
+
+    engine.evaluate()  # compiles
+    eval_s = min(_timed(engine.evaluate) for _ in range(repeats)) * cfg.eval_batches
+    probe_call()
+    probe_s = min(_timed(probe_call) for _ in range(repeats))
+    return {"eval_call_s": eval_s, "eval_overhead": eval_s / (cfg.eval_every * step_s),
+            "probe_call_s": probe_s, "probe_overhead": probe_s / (cfg.probe_every * step_s),
+            "eval_every": cfg.eval_every, "eval_batches": cfg.eval_batches,
+            "probe_every": cfg.probe_every}
+
+
+# --- the parent's side: fresh processes -------------------------------------------------------
+
+class StepFailed(RuntimeError):
+    """A measurement process failed or ran out of time; the message says which and why."""
+
+
+def _command(spec: Spec) -> list[str]:
+    return [sys.executable, "-m", "qkstudy.bench_step", json.dumps(dataclasses.asdict(spec))]
+
+
+def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None = None,
+                     timeout: float | None = None, cwd: str | Path | None = None) -> list[dict]:
+    """`processes` fresh processes measuring `spec` at once: each warms up, then all start their
+    timed steps together. Their results, in start order; StepFailed if any fails (or, with
+    `timeout` seconds, is not done by then: all are then killed)."""
+    spec = dataclasses.replace(spec, sync=processes > 1)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    environment = {**os.environ, **(env or {})}
+    # this checkout first, wherever the caller runs from
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    with tempfile.TemporaryDirectory(prefix="qkstudy-bench-") as tmp:
+        procs, errs = [], []
+        try:
+            for i in range(processes):
+                err = open(Path(tmp) / f"stderr-{i}", "w+")
+                errs.append(err)
+                procs.append(subprocess.Popen(
+                    _command(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                    text=True, env=environment, cwd=cwd))
+            if spec.sync:
+                for p, err in zip(procs, errs):
+                    _wait_for_ready(p, err, deadline)
+                for p in procs:  # all warmed up: go
+                    p.stdin.write("go\n")
+                    p.stdin.flush()
+            results = []
+            for p, err in zip(procs, errs):
+                try:
+                    out, _ = p.communicate(timeout=_left(deadline))
+                except subprocess.TimeoutExpired:
+                    raise StepFailed(f"not done within {timeout:.0f} s") from None
+                if p.returncode != 0:
+                    raise StepFailed(_failure(p.returncode, err))
+                results.append(json.loads(out.strip().splitlines()[-1]))
+            return results
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for err in errs:
+                err.close()
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.1, deadline - time.monotonic())
+
+
+def _wait_for_ready(p: subprocess.Popen, err, deadline: float | None) -> None:
+    """Read the process's stdout up to its `ready` line (in a thread, to honour the deadline)."""
+    import threading
+
+    seen: list[str] = []
+
+    def read() -> None:
+        for line in p.stdout:
+            if line.strip() == READY:
+                seen.append(line)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(_left(deadline))
+    if not seen:
+        if reader.is_alive():
+            raise StepFailed("not warmed up in time")
+        p.wait()
+        raise StepFailed(_failure(p.returncode, err))
+
+
+def _failure(returncode: int | None, err) -> str:
+    err.seek(0)
+    lines = [line for line in err.read().strip().splitlines() if line.strip()]
+    return f"exit status {returncode}: {lines[-1] if lines else 'no message'}"
+
+
+def main(argv: list[str]) -> int:
+    spec = Spec(**json.loads(argv[0]))
+
+    def ready() -> None:
+        print(READY, flush=True)
+        sys.stdin.readline()
+
+    result = measure(spec, ready if spec.sync else None)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
