@@ -68,6 +68,10 @@ spot-check *args:
 bench *args:
     @{{py}} -m qkstudy bench "$@"
 
+# backend=torch on one CUDA GPU in under 8 minutes: CUDA-vs-CPU parity, tokens/s (fp32/tf32/bf16, eager and compiled, 1 and K runs at once), a demo sweep; writes to $OUT or gpu-check/ (device=cpu quick=true: tiny, on the CPU)
+gpu-check *args:
+    @{{py}} -m torch_ref gpu-check "$@"
+
 # the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
 bench-memory *args:
     @{{py}} -m qkstudy.memory_bench "$@"
