@@ -9,14 +9,12 @@ module owns the rest, so an MLX run and a torch run write the same run folder th
 
   the batches        qkstudy/batches.py: batch k is a pure function of (data_seed, k)
   the rows           qkstudy/recorder.py: metrics, probes, divergence, the summary
-  the checkpoint     weights ("model.<name>") and optimizer state ("opt.<key>", its update
-                     count in "opt.<...>.step"), verified against the engine's own shapes; the
-                     update count is the whole data cursor (no dropout), so resume is bit-exact
+  the checkpoint     qkstudy/checkpoint.py: the engine's state as numpy arrays, verified on
+                     resume against the engine's own shapes
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import sys
 import time
@@ -27,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import interrupts, memory, runlog
+from .checkpoint import resume_point, save_checkpoint
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
@@ -102,67 +101,6 @@ def load_data(cfg: TrainConfig):
     # an allocation the framework cannot satisfy kills the process: refuse such a config here
     memory.check(cfg, meta["vocab_size"])
     return train_tokens, val_tokens, meta
-
-
-# --- checkpoints -----------------------------------------------------------------------------
-
-def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
-    """The updates applied, from a checkpoint's arrays; None unless every optimizer entry named
-    "...step" holds one and the same count."""
-    steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
-    if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
-        return None
-    return int(steps[0])
-
-
-def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
-    """Write the engine's state and `extra` with a checksum; the previous checkpoint stays until
-    this one is written and verified. Returns the step (the optimizer's own update count)."""
-    arrays = engine.state_arrays()
-    step = checkpoint_step(arrays)
-    runlog.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
-    return step
-
-
-def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarray], dict]:
-    """(step, arrays, extra) of a checkpoint, verified against its checksum and the names, shapes
-    and dtypes of this engine's state; runlog.DamagedFile if it fails."""
-    arrays, metadata = runlog.read_tensors(path)
-    want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in engine.state_spec().items()}
-    got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
-    step = checkpoint_step(arrays)
-    if got != want or step is None or metadata.get("step") != str(step):
-        raise runlog.DamagedFile(f"{path.name} does not match this run's model and step")
-    try:
-        extra = {k: ast.literal_eval(v) for k, v in metadata.items() if k not in ("step", "sha256")}
-    except (ValueError, SyntaxError):
-        raise runlog.DamagedFile(f"{path.name} has unreadable metadata") from None
-    return step, arrays, extra
-
-
-def resume_point(cfg: TrainConfig, run_dir: Path, engine: Engine, warn) -> tuple[int, dict]:
-    """(step, recorder clocks) to start from: the checkpoint's, if it verifies and the rows on
-    disk agree with it; else step 0 (the checkpoint is removed so it is never tried again)."""
-    path = run_dir / "checkpoint.safetensors"
-    if path.exists():
-        try:
-            step, arrays, extra = read_checkpoint(path, engine)
-            drop_parts_from(run_dir, step)
-            why = runlog.resume_problem(run_dir, step, cfg.probe_every)
-        except runlog.DamagedFile as e:
-            why = str(e)
-        if why is None:
-            engine.load_state(arrays)
-            return step, extra
-        warn(f"warning: {run_dir.name}: {why}; restarting the run from step 0")
-        path.unlink()
-    drop_parts_from(run_dir, 0)
-    return 0, {}
-
-
-def drop_parts_from(run_dir: Path, step: int) -> None:
-    for folder in ("metrics", "probes"):
-        runlog.drop_parts_from(run_dir / folder, step)
 
 
 # --- the run ---------------------------------------------------------------------------------
