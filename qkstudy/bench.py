@@ -246,7 +246,7 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
     report: dict = {
         "command": shlex.join(["python", "-m", "qkstudy", "bench", *(argv or [])]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model(),
-                    "load_average": load_average()},
+                    "load_average": load_average(), "load_before_each": []},
         "config": dataclasses.asdict(bench), "backends": plan.backends, "builds": plan.builds}
     print("measuring the sgemm peak (numpy) ...", flush=True)
     report["sgemm_gflops"] = sgemm_gflops()
@@ -264,6 +264,9 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
                 first = r == 0 and v.processes == 1 and v.build in (None, "plain")
                 print(f"measuring {name}: {v.engine}, {v.processes} process(es), round "
                       f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
+                load = load_average()
+                if load:
+                    report["machine"]["load_before_each"].append(load[0])
                 m = measure_variant(name, v, bench, first)
                 entry = shapes[name]
                 entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": v.engine}
@@ -401,6 +404,7 @@ def markdown(report: dict) -> str:
     m, cfg = report["machine"], report["config"]
     load = m.get("load_average")
     after = m.get("load_average_after")
+    during = m.get("load_before_each")
     matmul = report.get("matmul_gflops", {})
     facts = report.get("facts", {})
     versions = [f"MLX {facts['mlx']['mlx']} on {facts['mlx']['device']} (BLAS "
@@ -410,7 +414,9 @@ def markdown(report: dict) -> str:
     lines = [
         f"Machine: {m['platform']}, {m['cpu'] or 'CPU unknown'}, {m['cpus']} CPUs; "
         + "; ".join(v for v in versions if v)
-        + (f"; load average {load[0]:.2f} at the start" if load else "")
+        + (f"; 1-minute load average {load[0]:.2f} at the start" if load else "")
+        + (f", {min(during):.2f}-{max(during):.2f} before each measurement (the bench's own "
+           f"processes included)" if during else "")
         + (f", {after[0]:.2f} at the end" if after else "") + ".",
         f"Float32 matmul peak (2048^3, best of 3): numpy {report['sgemm_gflops']:.0f} GFLOP/s"
         + "".join(f", {LABEL[b]} {g:.0f}" for b, g in matmul.items()) + ".",
