@@ -439,6 +439,13 @@ def markdown(report: dict) -> str:
         head += [f"{LABEL[b]} GFLOP/s (share of sgemm peak)"]
     for b in backends:
         head += [f"{LABEL[b]} probe / eval overhead"]
+    lines += ["", "The shapes (each preset's model at its largest depth):", "",
+              "| shape | depth | d_model | heads | block | batch | vocabulary |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in shapes.items():
+        s = e["shape"]
+        lines.append(f"| {name} | {s['depth']} | {s['d_model']} | {s['n_heads']} | "
+                     f"{s['block_size']} | {s['batch_size']} | {s['vocab']:,} |")
     lines += ["", "Train step, one process:", "", "| " + " | ".join(head) + " |",
               "|" + " --- |" * len(head)]
     for name, e in shapes.items():
