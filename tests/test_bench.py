@@ -80,7 +80,8 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
     assert details["framework"] == "torch" and details["steps"] >= 2
     table = (out / "bench.md").read_text()
     assert "| shape | params | MFLOPs/token | MLX tok/s | PyTorch tok/s | PyTorch / MLX |" in table
-    row = next(line for line in table.splitlines() if line.startswith("| demo |"))
+    shape_row, row = [line for line in table.splitlines() if line.startswith("| demo |")]
+    assert shape_row == "| demo | 1 | 32 | 2 | 16 | 2 | 64 |"
     assert len(row.split("|")) == 12  # 10 columns
     assert f"{statistics.median(ratios):.2f}x (" in row
     assert "Processes at once" not in table  # one setting per backend: nothing to compare
