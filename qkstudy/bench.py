@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runlog
+from . import runlog, trainer
 from .bench_step import Spec, StepFailed, measure_together
 from .cli import keys_usage
 from .config import apply_overrides, split_key_values
@@ -92,7 +92,12 @@ class Variant:
         return LABEL[self.backend] + (f" {BUILD_LABEL[self.build]}" if self.build else "")
 
     def env(self) -> dict[str, str]:
-        return {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
+        """As a run has it: the MLX build, and K processes sharing the device as a sweep with
+        jobs=K shares it (trainer.RUNS_PER_DEVICE)."""
+        env = {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
+        if self.processes > 1:
+            env[trainer.RUNS_PER_DEVICE] = str(self.processes)
+        return env
 
 
 def tuned_build_supported() -> bool:

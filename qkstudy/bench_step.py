@@ -12,7 +12,7 @@ torch_ref/bench.py). The last line on stdout is the result as JSON.
 With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
 timing: `measure_together` lines up K such processes, so their timed steps run at the same time.
 Every process is started with the caller's environment plus `env` (MLX_GPT_CPU_JIT,
-QKSTUDY_RUNS_PER_GPU, ...).
+QKSTUDY_RUNS_PER_DEVICE, ...).
 """
 
 from __future__ import annotations

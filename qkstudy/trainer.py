@@ -35,8 +35,9 @@ from .locks import RunBusy, run_lock
 from .recorder import Recorder
 
 Batch = tuple[np.ndarray, np.ndarray]
-# K when K runs share one device (a sweep's jobs=K): a CUDA engine caps its memory at 1/K
-RUNS_PER_GPU = "QKSTUDY_RUNS_PER_GPU"
+# K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
+# threads, or caps its memory at 1/K of the GPU
+RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
 
 # backend -> (its engine module, what to install when it is missing)
 ENGINES = {"mlx": ("mlx_gpt.engine", "MLX is not installed: pip install -e '.[mlx]' (Apple "

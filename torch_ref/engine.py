@@ -13,7 +13,8 @@ like an MLX run:
 Precision (TrainConfig.precision): fp32 (default; no TF32 anywhere), tf32 (CUDA matmuls in
 TF32), bf16 (autocast of the forward to bfloat16 on CUDA or CPU; the loss, the optimizer and
 the weights stay float32). compile=true wraps the forward in torch.compile.
-QKSTUDY_RUNS_PER_GPU=K (set by a sweep with jobs=K) caps this process at 1/K of the GPU.
+QKSTUDY_RUNS_PER_DEVICE=K (set by a sweep with jobs=K): this process takes 1/K of the CPU's
+threads, or at most 1/K of the GPU's memory.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.errors import UsageError
-from qkstudy.trainer import RUNS_PER_GPU
+from qkstudy.trainer import RUNS_PER_DEVICE
 from qkstudy.weights import count_params, initial_weights
 
 from . import probes as probe_lib
@@ -68,6 +69,14 @@ def set_precision(precision: str, device: torch.device) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
+def runs_per_device() -> int:
+    """K of a sweep with jobs=K (RUNS_PER_DEVICE in the environment), else 1."""
+    try:
+        return max(1, int(os.environ.get(RUNS_PER_DEVICE, "1") or 1))
+    except ValueError:
+        return 1
+
+
 def preflight(cfg: TrainConfig) -> None:
     """The checks that need torch, before the run folder is made."""
     set_precision(cfg.precision, resolve_device(cfg.device))
@@ -82,9 +91,11 @@ class Engine:
         self.cfg = cfg
         self.dev = resolve_device(cfg.device)
         set_precision(cfg.precision, self.dev)
-        share = int(os.environ.get(RUNS_PER_GPU, "1") or 1)
+        share = runs_per_device()
         if self.dev.type == "cuda" and share > 1:
             torch.cuda.set_per_process_memory_fraction(1 / share, self.dev)
+        if self.dev.type == "cpu" and share > 1:  # K runs on one CPU: K x threads would thrash
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
         args = model_args(cfg, vocab_size)
         self.model = GPT(args).to(self.dev)
         self._load_initial(args)

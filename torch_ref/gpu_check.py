@@ -9,7 +9,7 @@ what does not fit is listed as skipped for time):
    training loss from the reference's;
 2. throughput: tokens/s of the run's own engine (qkstudy/bench_step.py, each measurement a fresh
    process) at the demo, mini and study shapes, fp32/tf32/bf16, eager and compiled, one run and
-   `parallel` runs at once (each with QKSTUDY_RUNS_PER_GPU=K, as a sweep with jobs=K sets it),
+   `parallel` runs at once (each with QKSTUDY_RUNS_PER_DEVICE=K, as a sweep with jobs=K sets it),
    with FLOP/s against the device's measured matmul peak in that precision; the study-shape
    speeds turned into hours per study run, per depth and for the whole study;
 3. sweep: `python -m qkstudy sweep preset=demo backend=torch device=...`, its runs' final
@@ -50,7 +50,7 @@ from qkstudy.errors import UsageError
 from qkstudy.shapes import flops_per_token, preset_base, preset_shape, shape_config
 from qkstudy.trainer import run_dir_of
 
-from .engine import RUNS_PER_GPU, describe, resolve_device
+from .engine import RUNS_PER_DEVICE, describe, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = {"cuda": ("fp32", "tf32", "bf16"), "cpu": ("fp32", "bf16"), "mps": ("fp32",)}
@@ -245,7 +245,7 @@ def throughput(check: GpuCheckConfig, clock: Clock, skipped: list) -> dict:
                     seconds=seconds, min_steps=3, matmul=first)
         print(f"throughput: {label} ...", end=" ", flush=True)
         try:
-            env = {RUNS_PER_GPU: str(m["processes"]), **quick_env(check)}
+            env = {RUNS_PER_DEVICE: str(m["processes"]), **quick_env(check)}
             results = measure_together(spec, m["processes"], env=env,
                                        timeout=min(left, 240 if m["compile"] else 90))
         except StepFailed as e:
@@ -293,7 +293,7 @@ def throughput_text(t: dict, device: str) -> list[str]:
     peaks = ", ".join(f"{p} {g / 1e3:.1f} TFLOP/s" for p, g in t["matmul_gflops"].items())
     lines = [f"2. Throughput on {device} (the run's engine in a fresh process per measurement; "
              f"2 warm-up steps, then ~{t['seconds']:g} s of steps; x{k}: {k} runs at once, "
-             f"their total, each with {RUNS_PER_GPU}={k})",
+             f"their total, each with {RUNS_PER_DEVICE}={k})",
              f"   matmul peak measured here: {peaks or '-'}", "",
              "| shape | precision | compiled | runs at once | tokens/s | TFLOP/s | share of matmul "
              "peak | status |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -105,7 +105,7 @@ def _cli(argv: list[str]) -> int:
     if not worker:
         declare_grid(sweep)
     if sweep.jobs > 1:  # this process is one of the K sharing the device
-        os.environ[trainer.RUNS_PER_GPU] = str(sweep.jobs)
+        os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
     workers = spawn_workers(words, sweep) if sweep.jobs > 1 and not worker else []
     if workers:
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "

@@ -133,9 +133,8 @@ STUDY = SweepConfig(
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(4,), lr_min=1e-3, lr_max=1.0, points_per_decade=4 / 3,
     seeds=(0, 1), arms=("none", "rmsnorm"), refine=False, max_seeds=2,
-    # a model this small leaves cores idle: two processes finished the demo 1.32x sooner than
-    # one on a 2-core CPU (measured on its one-seed version: 2m02s against 2m41s; `just bench`
-    # measured 1.44x in tokens/s)
+    # a model this small leaves cores idle: two processes at once train 1.18x the tokens/s of
+    # one at this shape on a 2-core CPU, with either backend (docs/performance.md)
     jobs=2,
     train=TrainConfig(
         data="data/synthetic-bytes", d_model=128, n_heads=4, block_size=64, batch_size=8,

@@ -301,7 +301,7 @@ def gpu_share(sweep: SweepConfig) -> dict[str, str]:
     torch engine on CUDA caps its memory at 1/K of the GPU (the first process sets it too)."""
     env = dict(os.environ)
     if sweep.jobs > 1:
-        env[trainer.RUNS_PER_GPU] = str(sweep.jobs)
+        env[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
     return env
 
 
