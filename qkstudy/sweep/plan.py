@@ -123,8 +123,8 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
                          for d in sweep.depth) / len(sweep.depth)
         print(f"  estimate    {trainer.format_seconds(total)} for the "
               f"{counted(len(unfinished), 'unfinished grid run')} in one process"
-              + (f" (jobs={sweep.jobs} shares them out: 2 processes on 2 cores measured 1.3-1.4x "
-                 "sooner)" if sweep.jobs > 1 else "")
+              + (f" (jobs={sweep.jobs} shares them out; what that gains depends on the machine: "
+                 "docs/performance.md)" if sweep.jobs > 1 else "")
               + (f", + up to {trainer.format_seconds(refine_max * per_refine)} "
                               f"of refinement" if refine_max else "")
               + " (training and evaluation; diverged runs stop early; probes and checkpoints "
