@@ -44,7 +44,7 @@ chaos *args:
 test-slurm *args:
     @{{py}} -m pytest tests/test_slurm.py "$@"
 
-# a miniature of the study on the embedded synthetic corpus, then its report (1m17s on 2 idle cores: docs/sweeps.md)
+# a miniature of the study on the embedded synthetic corpus, then its report (1m18s on 2 idle cores: docs/sweeps.md)
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
     @{{py}} -m qkstudy sweep preset=demo "$@"
@@ -52,9 +52,14 @@ demo *args:
 
 # the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds (+ refinement, adaptive seeds up to 6), then its report (wall time: docs/results.md)
 mini *args:
-    @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
-    @MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
-    @{{py}} -m analysis report runs/mini out=reports/mini
+    #!/usr/bin/env bash
+    set -euo pipefail
+    name=mini  # the sweep folder the report reads: name= and runs_dir= as the sweep takes them
+    runs=runs
+    for word in "$@"; do case "$word" in name=*) name=${word#name=};; runs_dir=*) runs=${word#runs_dir=};; esac; done
+    test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
+    MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
+    {{py}} -m analysis report "$runs/$name" out="reports/$name"
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
 parity *args:
