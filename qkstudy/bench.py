@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runlog, trainer
+from . import provenance, runlog, trainer
 from .bench_step import Spec, StepFailed, measure_together
 from .cli import keys_usage
 from .config import apply_overrides, split_key_values
@@ -211,16 +211,6 @@ def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def load_average() -> list[float] | None:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -250,7 +240,7 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
     plan = validate(bench)
     report: dict = {
         "command": shlex.join(["python", "-m", "qkstudy", "bench", *(argv or [])]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": cpu_model(),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "cpu": provenance.chip(),
                     "load_average": load_average(), "load_before_each": []},
         "config": dataclasses.asdict(bench), "backends": plan.backends, "builds": plan.builds}
     print("measuring the sgemm peak (numpy) ...", flush=True)
