@@ -50,7 +50,7 @@ demo *args:
     @{{py}} -m qkstudy sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo out=reports/demo
 
-# the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 3 seeds (+ refinement, adaptive seeds up to 6), then its report (wall time: docs/results.md)
+# the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 5 seeds fixed in advance (+ boundary and threshold bisection; max_seeds 5: no adaptive seeds), then its report (wall time: docs/results.md)
 mini *args:
     #!/usr/bin/env bash
     set -euo pipefail

@@ -20,6 +20,8 @@ def test_a_cell_is_open_until_an_interval_decides_it():
     assert adaptive.is_open([0.018, -0.001, 0.026], 0.02)  # [-0.02, +0.05]: undecided
     assert adaptive.is_open([0.3, -0.1, 0.05], 0.02)
     assert adaptive.is_open([0.5], 0.02)  # one seed decides nothing
+    # above 0 with error control but not beyond the margin, nor inside it: still open
+    assert adaptive.is_open([0.09, 0.10, 0.11], 0.1)
 
 
 def test_threshold_bracket_reads_from_the_top_down():
@@ -45,7 +47,8 @@ GAPS = {0.01: [0.001, -0.002, 0.0015], 0.1: [0.5, 0.52, 0.49], 1.0: [0.3, -0.1, 
 @pytest.fixture
 def sweep(tmp_path):
     return parse_sweep_config(["preset=mini", f"runs_dir={tmp_path}", "lrs=0.01,0.1,1",
-                               "depth=2", "threshold_steps=1", "max_seeds=4"])
+                               "depth=2", "threshold_steps=1", "seeds=0,1,2", "max_seeds=4",
+                               "min_gap=0.02"])
 
 
 def test_threshold_bisection_then_adaptive_seeds(sweep):

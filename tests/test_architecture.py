@@ -108,7 +108,7 @@ def test_core_plans_a_sweep_and_reads_runs_without_mlx_or_torch(tiny_cfg, tmp_pa
         "error: PyTorch is not installed: pip install -e '.[torch]' (or ./setup.sh torch on a "
         "GPU machine)"]
     assert not (tmp_path / "none").exists()  # nothing written for a run that cannot start
-    assert "sweep mini (preset mini): 144 grid runs" in out.stdout, out.stdout[-2000:]
+    assert "sweep mini (preset mini): 240 grid runs" in out.stdout, out.stdout[-2000:]
 
 
 @pytest.mark.parametrize("package", ["qkstudy", "analysis"])

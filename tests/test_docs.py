@@ -170,7 +170,8 @@ def test_the_mini_preset_is_described_as_it_is():
                        r"runs of (\d+) steps", readme, "README.md")
     assert (int(runs), int(steps)) == (len(grid(mini)), mini.train.steps)
     depths, lrs, seeds, most = _one(r"depths ([\d,]+) x both arms x (\d+) LRs x (\d+) seeds "
-                                    r"\(\+ refinement, adaptive seeds up to (\d+)\)",
+                                    r"fixed in advance \(\+ boundary and threshold bisection; max_seeds (\d+): no "
+                                    r"adaptive seeds\)",
                                     justfile, "justfile")
     assert (tuple(int(d) for d in depths.split(",")), int(lrs), int(seeds), int(most)) == (
         mini.depth, len(mini.grid_lrs()), len(mini.seeds), mini.max_seeds)
