@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import statistics
 import struct
 import sys
 import time
@@ -160,6 +161,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             run.detail = f"at step {run.step}"
         elif isinstance(summary.get("final_val_loss"), (int, float)):
             run.detail = f"val {summary['final_val_loss']:.4f}"
+        run.loss = last_row(run_dir)[1]
         return run
     ckpt = checkpoint_info(run_dir / "checkpoint.safetensors")
     row_step, run.loss = last_row(run_dir)
@@ -300,6 +302,62 @@ def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
     return out
 
 
+def rates_by_depth(runs: list[Run], sweep_json: dict) -> tuple[dict, list[str]]:
+    """({depth: tokens/s}, where they come from): the median rate of a depth's finished runs,
+    else the rate the sweep calibrated for it at its start (sweep.json)."""
+    rates, measured, calibrated = {}, [], []
+    stored = sweep_json.get("calibrated_tokens_per_s")
+    for depth in sorted({r.depth for r in runs if r.depth is not None}):
+        done = sorted(r.tok_s for r in runs if r.depth == depth and r.finished and r.tok_s)
+        if done:
+            rates[depth] = statistics.median(done)
+            measured.append(str(depth))
+        elif isinstance(stored, dict) and _is_number(stored.get(str(depth))):
+            rates[depth] = float(stored[str(depth)])
+            calibrated.append(str(depth))
+    sources = ([f"measured by its finished runs (depth {', '.join(measured)})"] if measured
+               else []) + ([f"calibrated at its start (depth {', '.join(calibrated)})"]
+                           if calibrated else [])
+    return rates, sources
+
+
+def time_left_line(runs: list[Run], sweep_json: dict) -> str:
+    """The time the runs not yet finished take in one process, as the sweep's plan counts it."""
+    from .sweep.estimate import time_text
+
+    left = [r for r in runs if not r.finished and r.state != "failed"]
+    if not left:
+        return "time left: none (every run has a result" + (
+            "; failed runs are retried by the sweep's command)" if any(
+                r.state == "failed" for r in runs) else ")")
+    rates, sources = rates_by_depth(runs, sweep_json)
+    seconds, unknown = 0.0, 0
+    for r in left:
+        if r.depth in rates and r.steps and r.tokens_per_step:
+            seconds += (r.steps - min(r.step, r.steps)) * r.tokens_per_step / rates[r.depth]
+        else:
+            unknown += 1
+    if unknown == len(left):
+        return (f"time left: not known for the {len(left)} runs left (no finished run and no "
+                "calibration of their depths yet)")
+    return (f"time left: ~{time_text(seconds)} for {len(left) - unknown} of the {len(left)} runs "
+            f"left in one process (training only; tok/s {' and '.join(sources)})"
+            + (f"; {unknown} runs of depths not yet timed not counted" if unknown else ""))
+
+
+def report_line(sweep_dir: Path) -> str:
+    """Where the sweep's report is (`just report`'s default folder), and whether runs have
+    finished since it was built."""
+    page = Path("reports") / sweep_dir.name / "report.html"
+    if not page.exists():
+        return f"report: none yet in {page.parent} (just report {sweep_dir})"
+    built = page.stat().st_mtime
+    newer = sum(1 for p in sweep_dir.glob("*/summary.json") if p.stat().st_mtime > built)
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(built))
+    return (f"report: {page} (built {stamp}"
+            + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
+
+
 def _is_number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
 
@@ -323,6 +381,8 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
                      + ("" if counts["running"] else "; resume with the sweep's command"
                         if counts["waiting"] + counts["interrupted"] + counts["failed"] else ""))
     sweep_json = runlog.read_json(sweep_dir / "sweep.json") or {}
+    lines.append(time_left_line(runs, sweep_json))
+    lines.append(report_line(sweep_dir))
     if sweep_json.get("refine"):
         lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
                      "as the grid's results come in)")
@@ -339,8 +399,7 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
         state = f"{r.state} {r.detail}".strip()
         state = state if len(state) <= 34 else state[:33] + "~"
         step = f"{r.step:,}/{r.steps:,}" if r.steps and r.state != "waiting" else "-"
-        loss = f"{r.loss:.4f}" if r.loss is not None and r.state in ("running", "interrupted") \
-            else "-"
+        loss = f"{r.loss:.4f}" if r.loss is not None else "-"
         tok_s = f"{r.tok_s:,.0f}" if r.tok_s else "-"
         lines.append(f"{r.run_id:<{width}}  {state:<34} {step:>13} {loss:>8} {tok_s:>9}"
                      + (f"  {r.slurm}" if source else ""))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,7 @@ def sweep_dir(tmp_path) -> Path:
                                              "seeds": [0], "arms": ["none", "rmsnorm"],
                                              "refine": False})
     fake_run(sweep, "d1-noqk-lr0.001-s0-aaa", 1e-3, summary={
-        "status": "completed", "final_val_loss": 2.5, "tokens_per_second": 1000.0})
+        "status": "completed", "final_val_loss": 2.5, "tokens_per_second": 1000.0}, rows=100)
     fake_run(sweep, "d1-qkrmsnorm-lr0.001-s0-bbb", 1e-3, "rmsnorm", summary={
         "status": "completed", "final_val_loss": 2.4, "tokens_per_second": 3000.0})
     fake_run(sweep, "d1-noqk-lr1-s0-ccc", 1.0, summary={"status": "diverged",
@@ -83,6 +84,7 @@ def test_every_state_on_one_screen(sweep_dir):
         assert snapshot(sweep_dir.parent) == before  # reads only: no file written or touched
     assert "8 runs: 2 completed, 1 diverged, 1 failed, 1 running, 1 interrupted, 2 waiting" in text
     assert "completed val 2.5000" in row(text, "d1-noqk-lr0.001-s0-aaa")
+    assert row(text, "d1-noqk-lr0.001-s0-aaa").split()[-2] == "4.0100"  # its latest train loss
     assert "diverged at step 37" in row(text, "d1-noqk-lr1-s0-ccc")
     failed = row(text, "d1-qkrmsnorm-lr1-s0-ddd")
     assert "failed RuntimeError: out of memory" in failed and "more" not in failed
@@ -97,6 +99,30 @@ def test_every_state_on_one_screen(sweep_dir):
     assert "progress 45% of 102,400 planned tokens" in text
     # left: 440 steps x 128 tokens at the running run's 2,000 tok/s
     assert f"ETA {status.format_seconds(440 * TPS / 2000)} at 2,000 tok/s (1 run training)" in text
+    # in one process: 60 + 80 + 100 + 100 steps left (the failed run waits for a retry) at
+    # the median tok/s of depth 1's finished runs (1,000 and 3,000)
+    assert (f"time left: ~{status.format_seconds(340 * TPS / 2000)} for 4 of the 4 runs left in "
+            "one process (training only; tok/s measured by its finished runs (depth 1))") in text
+    assert f"report: none yet in reports/s (just report {sweep_dir})" in text
+
+
+def test_time_left_from_the_calibration_then_the_report(sweep_dir, tmp_path, monkeypatch):
+    plan = runlog.read_json(sweep_dir / "sweep.json")
+    runlog.write_json(sweep_dir / "sweep.json", plan | {"calibrated_tokens_per_s": {"2": 640.0}})
+    fake_run(sweep_dir, "d2-noqk-lr0.001-s0-ggg", 1e-3)  # depth 1 in fake_run's config ...
+    config = runlog.read_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json")
+    runlog.write_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json", config | {"depth": 2})
+    text = status.render(sweep_dir)
+    assert (f"time left: ~{status.format_seconds(340 * TPS / 2000 + 100 * TPS / 640)} for 5 of "
+            "the 5 runs left in one process (training only; tok/s measured by its finished runs "
+            "(depth 1) and calibrated at its start (depth 2))") in text
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports" / "s").mkdir(parents=True)
+    (tmp_path / "reports" / "s" / "report.html").write_text("<html></html>")
+    os.utime(tmp_path / "reports" / "s" / "report.html", (1, 1))  # built before every run
+    built = time.strftime("%Y-%m-%d %H:%M", time.localtime(1))
+    assert (f"report: reports/s/report.html (built {built}; 4 runs ended since: just report "
+            f"{sweep_dir})") in status.render(sweep_dir)
 
 
 def test_lock_held_by_another_process_is_running(sweep_dir):

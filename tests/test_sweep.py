@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -179,11 +180,45 @@ def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 grid runs = 2 LRs x 2 arms x 1 seed x 1 depth" in out
     assert "20 steps x 128 tokens = 2,560 tokens" in out
-    assert "parameters" in out and "tok/s" not in out
+    assert "parameters" in out and "timed step" not in out
+    assert "backend     mlx on cpu" in out
+    assert re.search(r"time        ~\d+m\d\ds for the 4 unfinished grid runs in one process.*"
+                     r"tok/s from a short timing here \(depth 1, [12] steps?\)", out), out
+    assert "warning" not in out  # minutes, not days
     assert not (tmp_path / "runs").exists()
     assert main(["sweep", *words, "--dry-run", "--calibrate"]) == 0
     out = capsys.readouterr().out
-    assert "tok/s (3 timed steps)" in out and "estimate" in out
+    assert "tok/s (3 timed steps)" in out and "tok/s timed here for every depth" in out
+
+
+def test_dry_run_of_the_study_says_how_long_and_warns(tmp_path, monkeypatch, capsys):
+    """preset=study from the bench's stored figure for this machine (no timing): hours, nights
+    and the one-line warning with the faster ways to run it."""
+    from qkstudy import provenance
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports").mkdir()
+    bench = {"machine": {"cpu": provenance.chip(), "cpus": os.cpu_count()},
+             "shapes": {"study": {"flops_per_token": 77.4e6,
+                                  "tokens_per_s": {"mlx-plain-1": {"median": 457.0}}}}}
+    runlog.write_json(tmp_path / "reports" / "bench.json", bench)
+    assert main(["sweep", "preset=study", "depth=6", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s from the bench's stored figure (reports/bench.json, study shape" in out
+    hours = re.search(r"time        ~([\d,]+) h \(([\d,]+) nights of 10 h\) for the 42 unfinished", out)
+    assert hours, out
+    assert 2_000 < int(hours[1].replace(",", "")) < 3_500  # 42 runs of 1e8 tokens at ~457 tok/s
+    warning = next(line for line in out.splitlines() if line.startswith("  warning"))
+    assert "more than a day on this machine" in warning and "backend=torch" in warning
+    assert "--slurm" in warning and "preset=mini" in warning
+    # a bench report from another machine is not used, and the plan says why
+    runlog.write_json(tmp_path / "reports" / "bench.json",
+                      bench | {"machine": {"cpu": "another CPU", "cpus": 64}})
+    monkeypatch.setattr("qkstudy.sweep.plan.calibrate", lambda cfg, vocab, **k: (1000.0, 1))
+    assert main(["sweep", "preset=study", "depth=6", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "reports/bench.json was measured on another machine (64-core another CPU)" in out
+    assert "tok/s from a short timing here (depth 6, 1 step)" in out
 
 
 # --- boundary refinement ----------------------------------------------------------------------

@@ -34,7 +34,8 @@ sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= po
             QK-norm kinds only)
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
-  --dry-run        print the plan and stop (add --calibrate to measure tokens/s and estimate time)
+  --dry-run        print the plan, its device and estimated time, and stop (--calibrate times
+                   every depth; else the bench's stored figure or a short timing is used)
   --emit-commands  print each remaining run as one `python -m qkstudy train ...` line
   --no-notify      no terminal bell and desktop notification when the sweep ends
   --slurm          write a Slurm job array of the runs left (one run per task) under
@@ -103,7 +104,7 @@ def _cli(argv: list[str]) -> int:
         return 0
 
     if not worker:
-        declare_grid(sweep)
+        declare_grid(sweep, dict(speeds))
     if sweep.jobs > 1:  # this process is one of the K sharing the device
         os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
     workers = spawn_workers(words, sweep) if sweep.jobs > 1 and not worker else []

@@ -10,10 +10,12 @@ from dataclasses import fields
 from pathlib import Path
 
 from .. import memory, runlog, trainer
+from ..errors import UsageError
 from ..arms import arm_changes
 from ..config import TrainConfig, model_args
 from ..weights import count_params
 from .adaptive import compared_arms, extra_runs, extra_seeds
+from . import estimate
 from .config import SweepConfig, grid, groups, run_config
 from .refine import verdict
 
@@ -92,9 +94,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     print(f"  LRs         {lr_text(sweep.grid_lrs())}")
     print(f"  after grid  {extras_text(sweep)}")
     print(f"  arms        {', '.join(sweep.arms)};  seeds {', '.join(map(str, sweep.seeds))}")
-    engine = (f"torch on {t.device}, {t.precision}" + (", compiled" if t.compile else "")
-              if t.backend == "torch" else "mlx")
-    print(f"  backend     {engine}")
+    print(f"  backend     {estimate.device_text(t)}")
     print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
           f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
           f"{vocab if vocab else '?'}, {vocab_from})")
@@ -102,8 +102,8 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
           f"{t.steps * t.tokens_per_step:,} tokens; warmup {t.warmup_steps}, eval every "
           f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
     speeds: dict[int, float] = {}
-    for depth in sweep.depth:
-        cfg = run_config(sweep, depth, t.lr, sweep.arms[-1], 0)
+    cfgs = {depth: run_config(sweep, depth, t.lr, sweep.arms[-1], 0) for depth in sweep.depth}
+    for depth, cfg in cfgs.items():
         line = f"  depth {depth:<5} "
         if vocab:
             p = param_counts(cfg, vocab)
@@ -117,18 +117,42 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
             line += (f"; {speeds[depth]:,.0f} tok/s ({counted(timed, 'timed step')}); "
                      f"{trainer.format_seconds(run_cost_tokens(cfg) / speeds[depth])} a run")
         print(line, flush=True)
-    if speeds:
-        total = sum(run_cost_tokens(c) / speeds[c.depth] for c in unfinished)
-        per_refine = sum(run_cost_tokens(run_config(sweep, d, 1.0, "none", 0)) / speeds[d]
-                         for d in sweep.depth) / len(sweep.depth)
-        print(f"  estimate    {trainer.format_seconds(total)} for the "
-              f"{counted(len(unfinished), 'unfinished grid run')} in one process"
-              + (f" (jobs={sweep.jobs} shares them out; what that gains depends on the machine: "
-                 "docs/performance.md)" if sweep.jobs > 1 else "")
-              + (f", + up to {trainer.format_seconds(refine_max * per_refine)} "
-                              f"of refinement" if refine_max else "")
-              + " (training and evaluation; diverged runs stop early; probes and checkpoints "
-              "not counted)", flush=True)
+    source = "tok/s timed here for every depth (--calibrate)"
+    if not vocab:
+        print(f"  time        not estimated: {vocab_from}")
+        return speeds
+    if not speeds:
+        found, why = estimate.from_bench(cfgs, vocab)
+        if why:
+            print(f"  note        {why}")
+        if not found:
+            done = "\r\033[K" if sys.stdout.isatty() else "\n"
+            print(f"  time        timing depth {sweep.depth[0]} here (compile, then a step or "
+                  "two) ...", end="", flush=True)
+            try:
+                found = estimate.from_short_timing(cfgs, vocab, calibrate)
+            except UsageError as e:  # the backend is not installed here
+                print(f"{done}  time        not estimated: {e}")
+                return speeds
+            print(done, end="")
+        plan_speeds, source = found.per_depth, found.source
+    else:
+        plan_speeds = speeds
+    total = sum(run_cost_tokens(c) / plan_speeds[c.depth] for c in unfinished)
+    per_refine = sum(run_cost_tokens(run_config(sweep, d, 1.0, "none", 0)) / plan_speeds[d]
+                     for d in sweep.depth) / len(sweep.depth)
+    print(f"  time        ~{estimate.time_text(total)} for the "
+          f"{counted(len(unfinished), 'unfinished grid run')} in one process"
+          + (f" (jobs={sweep.jobs} shares them out; what that gains depends on the machine: "
+             "docs/performance.md)" if sweep.jobs > 1 else "")
+          + (f", + up to {estimate.time_text(refine_max * per_refine)} "
+                          f"of refinement" if refine_max else "")
+          + " (training and evaluation; diverged runs stop early; probes and checkpoints "
+          f"not counted); {source}", flush=True)
+    alarm = estimate.warning(total, t, sweep.preset)
+    if alarm:
+        print(f"  warning     {alarm}", flush=True)
+    return speeds
     return speeds
 
 
@@ -167,10 +191,11 @@ def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainCon
     return todo, extra_runs(sweep, groups(sweep)) if not todo else []
 
 
-def declare_grid(sweep: SweepConfig) -> None:
+def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
     """Write <runs_dir>/<name>/sweep.json: the base LR grid (so the analysis can tell grid runs
     from refinement runs) and the sweep's axes. Grids of earlier sweeps into the same folder
-    are kept (union)."""
+    are kept (union). `speeds`: the tokens/s per depth calibrated at the start (`just status`
+    estimates the time left from them until runs of a depth finish)."""
     folder = Path(sweep.runs_dir) / sweep.name
     trainer.make_folder(folder, "sweep folder")
     earlier = runlog.read_json(folder / "sweep.json") or {}
@@ -185,4 +210,6 @@ def declare_grid(sweep: SweepConfig) -> None:
         "refine": sweep.refine, "refine_steps": sweep.refine_steps, "refine_factor": sweep.refine_factor,
         "threshold_steps": sweep.threshold_steps, "max_seeds": sweep.max_seeds,
         "min_gap": sweep.min_gap,
+        "calibrated_tokens_per_s": {str(d): v for d, v in (speeds or {}).items()}
+        or earlier.get("calibrated_tokens_per_s", {}),
     })
