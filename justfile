@@ -5,52 +5,52 @@ py := if path_exists(".venv/bin/python") == "true" { ".venv/bin/python" } else {
 
 # list the recipes
 default:
-    @{{just_executable()}} --list --justfile {{justfile()}}
+    @{{just_executable()}} --list --unsorted --justfile {{justfile()}}
 
 # create .venv and install the project (and, on Linux, OpenBLAS and Chromium)
+[group('1 get started')]
 setup:
     @./setup.sh
 
-# the test suite
-test *args:
-    @{{py}} -m pytest "$@"
-
-# rewrite the docs' generated tables (presets, run keys) from the code; --check only compares
-docs *args:
-    @{{py}} -m qkstudy.doc_tables "$@"
-
-# tokenise a corpus: just prepare synthetic|tinystories|fineweb-edu|PATH [tokenizer=gpt2|bytes] ...
-prepare *args:
-    @{{py}} -m qkstudy prepare "$@"
-
-# train one run: just train lr=3e-3 qk_norm=rmsnorm depth=6 ...
-train *args:
-    @{{py}} -m qkstudy train "$@"
-
-# QK-norm x LR grid x seeds: just sweep depth=6 | depth=2,4,8 [--dry-run --calibrate] [--emit-commands]
-sweep *args:
-    @{{py}} -m qkstudy sweep "$@"
-
-# every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR] [--watch]
-status *args:
-    @{{py}} -m qkstudy status "$@"
-
-# the storm test: a small jobs=2 sweep under 30 random faults (kill -9, Ctrl-C, SIGTERM, full disk,
-# truncated part, stale lock) must end bit-identical to an undisturbed one: just chaos [faults=N seed=N]
-chaos *args:
-    @{{py}} -m analysis chaos "$@"
-
-# the real-Slurm test: a one-node cluster on this machine (Linux, root, slurm-wlm + munge)
-test-slurm *args:
-    @{{py}} -m pytest tests/test_slurm.py "$@"
-
 # a miniature of the study on the embedded synthetic corpus, then its report (1m18s on 2 idle cores: docs/sweeps.md)
+[group('1 get started')]
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
     @{{py}} -m qkstudy sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo out=reports/demo
 
+# every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR] [--watch]
+[group('1 get started')]
+status *args:
+    @{{py}} -m qkstudy status "$@"
+
+# tables, charts, verdicts and report.html: just report [RUNS_DIR] [out=DIR] [key=value ...]
+[group('1 get started')]
+report *args:
+    @{{py}} -m analysis report "$@"
+
+# the marimo notebook over a runs folder, in the browser (docs/analysis.md): just explore [RUNS_DIR] (default runs/demo)
+[group('1 get started')]
+explore *args:
+    @MARIMO_SKIP_UPDATE_CHECK=1 {{py}} -m marimo run analysis/explore.py -- "$@"
+
+# tokenise a corpus: just prepare synthetic|tinystories|fineweb-edu|PATH [tokenizer=gpt2|bytes] ...
+[group('2 run the study')]
+prepare *args:
+    @{{py}} -m qkstudy prepare "$@"
+
+# train one run: just train lr=3e-3 qk_norm=rmsnorm depth=6 ...
+[group('2 run the study')]
+train *args:
+    @{{py}} -m qkstudy train "$@"
+
+# QK-norm x LR grid x seeds: just sweep depth=6 | depth=2,4,8 [--dry-run --calibrate] [--emit-commands]
+[group('2 run the study')]
+sweep *args:
+    @{{py}} -m qkstudy sweep "$@"
+
 # the smallest study that can decide H1-H3: depths 2,4,8 x both arms x 8 LRs x 5 seeds fixed in advance (+ boundary and threshold bisection; max_seeds 5: no adaptive seeds), then its report (wall time: docs/results.md)
+[group('2 run the study')]
 mini *args:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -62,33 +62,51 @@ mini *args:
     {{py}} -m analysis report "$runs/$name" out="reports/$name"
 
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
+[group('3 check the engines and the machine')]
 parity *args:
     @{{py}} -m torch_ref parity "$@"
 
 # re-run one MLX run with the PyTorch reference: just spot-check RUN_DIR [device=cuda|mps|cpu]
+[group('3 check the engines and the machine')]
 spot-check *args:
     @{{py}} -m torch_ref spot-check "$@"
 
 # every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead, K runs at once, where to run the study
+[group('3 check the engines and the machine')]
 bench *args:
     @{{py}} -m qkstudy bench "$@"
 
+# the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
+[group('3 check the engines and the machine')]
+bench-memory *args:
+    @{{py}} -m mlx_gpt.memory_bench "$@"
+
 # backend=torch on one CUDA GPU in under 8 minutes: CUDA-vs-CPU parity, tokens/s (fp32/tf32/bf16, eager and compiled, 1 and K runs at once), a demo sweep; writes to $OUT or gpu-check/ (device=cpu quick=true: tiny, on the CPU)
+[group('3 check the engines and the machine')]
 gpu-check *args:
     @{{py}} -m torch_ref gpu-check "$@"
 
-# the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
-bench-memory *args:
-    @{{py}} -m qkstudy.memory_bench "$@"
-
 # the verdicts' false-positive rate and power on simulated studies (docs/report.md): just calibrate [studies=200 seeds=3,6]
+[group('4 check the statistics and the tooling')]
 calibrate *args:
     @{{py}} -m analysis calibrate "$@"
 
-# tables, charts, verdicts and report.html: just report [RUNS_DIR] [out=DIR] [key=value ...]
-report *args:
-    @{{py}} -m analysis report "$@"
+# the storm test: a small jobs=2 sweep under 30 random faults (kill -9, Ctrl-C, SIGTERM, full disk, truncated part, stale lock) must end bit-identical to an undisturbed one: just chaos [faults=N seed=N]
+[group('4 check the statistics and the tooling')]
+chaos *args:
+    @{{py}} -m analysis chaos "$@"
 
-# the marimo notebook over a runs folder, in the browser (docs/analysis.md): just explore [RUNS_DIR] (default runs/demo)
-explore *args:
-    @MARIMO_SKIP_UPDATE_CHECK=1 {{py}} -m marimo run analysis/explore.py -- "$@"
+# the test suite
+[group('4 check the statistics and the tooling')]
+test *args:
+    @{{py}} -m pytest "$@"
+
+# the real-Slurm test: a one-node cluster on this machine (Linux, root, slurm-wlm + munge)
+[group('4 check the statistics and the tooling')]
+test-slurm *args:
+    @{{py}} -m pytest tests/test_slurm.py "$@"
+
+# rewrite the docs' generated tables (presets, run keys) from the code; --check only compares
+[group('4 check the statistics and the tooling')]
+docs *args:
+    @{{py}} -m qkstudy.doc_tables "$@"

@@ -1,6 +1,6 @@
-"""`python -m qkstudy.memory_bench [demo mini study ...]`: the memory estimate against the peak.
+"""`python -m mlx_gpt.memory_bench [demo mini study ...]`: the memory estimate against the peak.
 
-For each preset's shape (its largest depth), in a fresh process: mlx_gpt/memory.py's estimate,
+For each preset's shape (its largest depth), in a fresh process: qkstudy/memory.py's estimate,
 MLX's peak memory (mx.get_peak_memory) over two compiled training steps, and the process's
 peak RSS (which also counts the interpreter, MLX itself and the batches). Prints a Markdown
 table for docs/performance.md.
@@ -55,6 +55,9 @@ def measure_one(shape: dict, vocab: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help", "help") for a in argv):
+        print("usage: python -m mlx_gpt.memory_bench [demo mini study ...]\n\n" + __doc__.strip())
+        return 0
     if argv[:1] == ["--one"]:
         import mlx_gpt  # noqa: F401  (the fast BLAS before MLX)
 

@@ -268,6 +268,9 @@ def stale(root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["--help"], ["-h"]):
+        print("usage: python -m qkstudy.doc_tables [--check]")
+        return 0
     if argv not in ([], ["--check"]):
         print("usage: python -m qkstudy.doc_tables [--check]", file=sys.stderr)
         return 2
