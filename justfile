@@ -64,12 +64,12 @@ mini *args:
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
 [group('3 check the engines and the machine')]
 parity *args:
-    @{{py}} -m torch_ref parity "$@"
+    @{{py}} -m crosscheck parity "$@"
 
 # re-run one MLX run with the PyTorch reference: just spot-check RUN_DIR [device=cuda|mps|cpu]
 [group('3 check the engines and the machine')]
 spot-check *args:
-    @{{py}} -m torch_ref spot-check "$@"
+    @{{py}} -m crosscheck spot-check "$@"
 
 # every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead, K runs at once, where to run the study
 [group('3 check the engines and the machine')]
@@ -109,4 +109,4 @@ test-slurm *args:
 # rewrite the docs' generated tables (presets, run keys) from the code; --check only compares
 [group('4 check the statistics and the tooling')]
 docs *args:
-    @{{py}} -m qkstudy.doc_tables "$@"
+    @{{py}} -m tools.doc_tables "$@"

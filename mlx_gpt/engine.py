@@ -17,7 +17,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from qkstudy.config import TrainConfig, model_args
-from qkstudy.weights import count_params, initial_weights
+from qkstudy.parameters import count_params, initial_weights
 
 from . import probes as probe_lib
 from .blas import loaded as blas

@@ -7,11 +7,11 @@ import sys
 from .cli import dispatch
 
 COMMANDS = {
-    "prepare": ("qkstudy.data", "tokenise a corpus into uint16 train/val files"),
+    "prepare": ("qkstudy.data.prepare", "tokenise a corpus into uint16 train/val files"),
     "train": ("qkstudy.trainer", "train one run, backend=mlx|torch (resumes from its checkpoint)"),
     "sweep": ("qkstudy.sweep", "qk_norm x learning rate x seed grid, resumable"),
     "status": ("qkstudy.status", "every run of a sweep: state, progress, ETA (reads files only)"),
-    "bench": ("qkstudy.bench", "tokens/s, FLOP/s and overheads of every backend, side by side"),
+    "bench": ("qkstudy.bench.cli", "tokens/s, FLOP/s and overheads of every backend, side by side"),
 }
 
 

@@ -62,7 +62,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     compile: bool = False
-    # initial weights: numpy (qkstudy/weights.py, the same in both backends) or mlx (MLX's own
+    # initial weights: numpy (qkstudy/parameters.py, the same in both backends) or mlx (MLX's own
     # generator: runs made before the numpy scheme; MLX only)
     init: Literal["numpy", "mlx"] = "numpy"
     # optimisation: AdamW, warmup + cosine, clipping; standard parametrisation

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .config import TrainConfig, model_args
 from .errors import UsageError
-from .weights import count_params
+from .parameters import count_params
 
 FLOAT32 = 4
 HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
@@ -77,7 +77,7 @@ class Estimate:
 
 
 def parameter_count(cfg: TrainConfig, vocab_size: int) -> int:
-    """The model's parameters (qkstudy/weights.py's shapes, counted without building it)."""
+    """The model's parameters (qkstudy/parameters.py's shapes, counted without building it)."""
     return count_params(model_args(cfg, vocab_size))["total"]
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import runlog
 from .arms import arm_of
-from .display import format_seconds
+from .progress import format_seconds
 from .errors import UsageError
 
 USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]

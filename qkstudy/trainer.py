@@ -29,7 +29,7 @@ from .checkpoint import resume_point, save_checkpoint
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
-from .display import Display, format_seconds  # noqa: F401  (format_seconds: the sweep's)
+from .progress import Display, format_seconds  # noqa: F401  (format_seconds: the sweep's)
 from .errors import UsageError
 from .locks import RunBusy, run_lock
 from .recorder import Recorder
@@ -92,7 +92,7 @@ def run_dir_of(cfg: TrainConfig) -> Path:
 def load_data(cfg: TrainConfig):
     """(train tokens, val tokens, meta) after every check that needs the data, the memory
     estimate included, so train and the sweep refuse before anything is written."""
-    from .tokens import load_tokens
+    from .data.load import load_tokens
 
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):

@@ -16,7 +16,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> str:
     """A synthetic-story corpus tokenised with the bytes tokenizer (~300k tokens)."""
-    from qkstudy.data import PrepareConfig, prepare
+    from qkstudy.data.prepare import PrepareConfig, prepare
 
     out = tmp_path_factory.mktemp("data") / "synthetic-bytes"
     prepare("synthetic", PrepareConfig(out=str(out), tokenizer="bytes", size_mb=0.3,

@@ -1,5 +1,6 @@
-"""The import graph: the framework-free core (qkstudy/) below both trainers and the analysis, with
-no arrow back, and a core that plans sweeps and reads run folders where MLX and torch are absent
+"""The import graph: the framework-free core (qkstudy/) below both engines (mlx_gpt/, torch_ref/,
+siblings that never import each other) and the analysis, the cross-engine checks (crosscheck/)
+above both engines, with no arrow back, and a core that plans sweeps and reads run folders where MLX and torch are absent
 (a CUDA node without MLX, a laptop without torch)."""
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis")
+PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck")
 
 # package -> the top-level modules it must never import (anywhere, lazily included)
 FORBIDDEN = {
-    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "analysis", "polars", "altair", "marimo"},
-    "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref"},
-    "mlx_gpt": {"torch", "torch_ref", "analysis"},
-    "torch_ref": {"mlx", "mlx_gpt", "analysis"},
+    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "tools", "polars",
+                "altair", "marimo"},
+    "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
+    "mlx_gpt": {"torch", "torch_ref", "analysis", "crosscheck"},
+    "torch_ref": {"mlx", "mlx_gpt", "analysis", "crosscheck"},
+    "crosscheck": {"analysis"},  # above both engines: it may import either, never the analysis
 }
-# torch_ref's tools that compare the two frameworks import both, by design
-BOTH_FRAMEWORKS = {"torch_ref/parity.py", "torch_ref/weights.py"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -42,12 +43,24 @@ def test_no_arrow_points_up_or_across_the_frameworks():
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in BOTH_FRAMEWORKS:
-                continue
             bad = imported_modules(path) & FORBIDDEN[package]
             wrong += [f"{rel} imports {name}" for name in sorted(bad)]
     assert not wrong, "\n".join(wrong)
 
+
+
+# who imports whom among the packages: the core at the bottom; the two engines and the analysis
+# on it, side by side; the cross-engine checks on top of both engines
+GRAPH = {"qkstudy": set(), "mlx_gpt": {"qkstudy"}, "torch_ref": {"qkstudy"},
+         "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"}}
+
+
+def test_the_engines_are_siblings_over_the_core():
+    found = {package: set() for package in PACKAGES}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            found[package] |= imported_modules(path) & set(PACKAGES) - {package}
+    assert found == GRAPH
 
 def test_the_rule_sees_a_lazy_import(tmp_path):
     sneaky = tmp_path / "sneaky.py"
@@ -84,7 +97,7 @@ def test_core_plans_a_sweep_and_reads_runs_without_mlx_or_torch(tiny_cfg, tmp_pa
         from qkstudy import runlog, status, trainer
         from qkstudy.__main__ import main
         from qkstudy.config import load_config
-        from qkstudy.weights import initial_weights
+        from qkstudy.parameters import initial_weights
         from qkstudy.config import model_args
 
         # plan the study preset (dry run: the plan, its memory check, sweep.json unwritten)

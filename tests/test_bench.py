@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from mlx_gpt import cpu_jit
-from qkstudy import bench
+from qkstudy.bench import forecast, measure, plan, tables
 from qkstudy.__main__ import main
-from qkstudy.bench_step import Spec, StepFailed, measure_together
+from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.errors import UsageError
-from qkstudy.shapes import flops_per_token, preset_shape, shape_config
+from qkstudy.bench.shapes import flops_per_token, preset_shape, shape_config
 from qkstudy.sweep.config import PRESETS
-from qkstudy.weights import count_params
+from qkstudy.parameters import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"depth": 1, "d_model": 32, "n_heads": 2, "block_size": 16, "batch_size": 2, "vocab": 64}
@@ -51,8 +51,8 @@ def test_flops_per_token_follows_palm():
 
 def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
-    preset = bench.preset_shape
-    monkeypatch.setattr(bench, "preset_shape",
+    preset = measure.preset_shape
+    monkeypatch.setattr(measure, "preset_shape",
                         lambda name: dict(TINY) if name == "demo" else preset(name))
     out = tmp_path / "reports"
     assert main(["bench", "shapes=demo", "cpu_shapes=none", "rounds=2", "warmup=1",
@@ -107,14 +107,14 @@ def fake_measurements(monkeypatch) -> list:
                     "matmul_gflops": 50.0}
         return {"tokens_per_s": total, "processes": [one]}
 
-    monkeypatch.setattr(bench, "measure_variant", fake)
-    monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
+    monkeypatch.setattr(measure, "measure_variant", fake)
+    monkeypatch.setattr(plan, "tuned_build_supported", lambda: True)
     return calls
 
 
 def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_path):
     calls = fake_measurements(monkeypatch)
-    report = bench.run(bench.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
+    report = measure.run(plan.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
                                          parallel=2, out=str(tmp_path)))
     one_round = [("mini", "mlx-plain-1"), ("mini", "mlx-native-1"), ("mini", "torch-1"),
                  ("mini", "mlx-plain-2"), ("mini", "mlx-native-2"), ("mini", "torch-2")]
@@ -126,28 +126,28 @@ def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_pat
     tuned = mini["ratios"]["mlx-native-1/mlx-plain-1"]
     assert tuned["median"] == pytest.approx(140 / 120) and tuned["min"] == pytest.approx(150 / 130)
     assert mini["ratios"]["torch-2/torch-1"]["median"] == pytest.approx(290 / 170)
-    text = bench.markdown(report)
+    text = tables.markdown(report)
     assert "| mini | MLX tuned | 140 (130-150) | 236 (226-246) | 1.69x (1.64-1.74) | " \
            "1.17x (1.15-1.18) |" in text
     assert "Fastest: mini: PyTorch, 2 process(es) (290 tok/s)." in text
 
 
 def test_where_to_run_reads_the_study_preset():
-    plan = bench.study_plan()
+    the_plan = forecast.study_plan()
     study = PRESETS["study"]
-    assert plan["runs_per_depth"] == len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
-    assert plan["runs_per_depth"] == 42 and plan["budget_tokens"] == study.train.budget_tokens
+    assert the_plan["runs_per_depth"] == len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
+    assert the_plan["runs_per_depth"] == 42 and the_plan["budget_tokens"] == study.train.budget_tokens
     measured = {"study": {"tokens_per_s": {"mlx-plain-1": {"median": 300.0, "min": 290.0,
                                                            "max": 310.0, "n": 3}}}}
-    rows = bench.where_to_run(measured)["rows"]
+    rows = forecast.where_to_run(measured)["rows"]
     here = rows[0]
     assert here["backend"] == "mlx" and here["source"].startswith("measured here")
-    assert here["hours_per_run"] == pytest.approx(plan["cost_tokens"] / 300 / 3600)
+    assert here["hours_per_run"] == pytest.approx(the_plan["cost_tokens"] / 300 / 3600)
     assert here["hours_whole_study"] == pytest.approx(here["hours_per_run"] * 42 * 3)
     estimates = [r for r in rows if r["source"].startswith("estimate")]
-    assert len(estimates) == len(bench.ESTIMATES) == len(rows) - 1
+    assert len(estimates) == len(forecast.ESTIMATES) == len(rows) - 1
     bf16 = next(r for r in estimates if r["backend"] == "torch bf16")
-    assert bf16["tokens_per_s"] == pytest.approx(989e12 * 0.07 / plan["flops_per_token"])
+    assert bf16["tokens_per_s"] == pytest.approx(989e12 * 0.07 / the_plan["flops_per_token"])
 
 
 @pytest.mark.parametrize("words, message", [
@@ -209,8 +209,8 @@ def test_a_failed_measurement_says_why():
 
 def test_the_benchmark_core_imports_no_framework():
     imports = re.compile(r"^\s*(from|import)\s+(mlx|torch|mlx_gpt|torch_ref)\b", re.M)
-    for name in ("bench.py", "bench_step.py", "shapes.py"):
-        assert not imports.search((ROOT / "qkstudy" / name).read_text()), name
+    for path in sorted((ROOT / "qkstudy" / "bench").glob("*.py")):
+        assert not imports.search(path.read_text()), path.name
 
 
 def test_mlx_gpt_does_not_import_torch_ref():
@@ -227,7 +227,7 @@ TRAIN_A_FEW_STEPS = textwrap.dedent("""
     import mlx_gpt
     from mlx_gpt import cpu_jit
     import mlx.core as mx
-    from qkstudy.shapes import preset_shape, random_batch, shape_config
+    from qkstudy.bench.shapes import preset_shape, random_batch, shape_config
     from mlx_gpt.model import GPT, init_weights
     from mlx_gpt.optim import make_optimizer
     from mlx_gpt.engine import make_train_step

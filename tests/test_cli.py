@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from qkstudy.__main__ import main as mlx_main
-from torch_ref.__main__ import main as torch_main
+from crosscheck.__main__ import main as crosscheck_main
 
 COMMANDS = [(mlx_main, c) for c in ("prepare", "train", "sweep", "bench", "status")] + [
-    (torch_main, c) for c in ("parity", "spot-check")]
+    (crosscheck_main, c) for c in ("parity", "spot-check")]
 
 
 @pytest.mark.parametrize("main,command", COMMANDS, ids=[c for _, c in COMMANDS])

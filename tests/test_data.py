@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from qkstudy import sources, synthetic, tokens
+from qkstudy.data import load, sources, synthetic
 from qkstudy.__main__ import main
 from qkstudy.errors import UsageError
-from qkstudy.tokenizer import ENDOFTEXT, get_tokenizer, store_verified
+from qkstudy.data.tokenizer import ENDOFTEXT, get_tokenizer, store_verified
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinystories"
 VALID_SAMPLE_SHA256 = "5fc1fb0113df62b567fb271806cd645ce8d75f59c58ca0b764c03d3b6ff34ca6"
@@ -133,7 +133,7 @@ def test_prepare_txt_with_endoftext(tmp_path, capsys):
                                "sha256": hashlib.sha256(blob).hexdigest()}]
     assert "floor" in meta["split"] and meta["created"]
 
-    train_mm, val_mm, meta2 = tokens.load_tokens(out)
+    train_mm, val_mm, meta2 = load.load_tokens(out)
     assert train_mm.dtype == np.uint16 and len(train_mm) == meta["train_tokens"] and meta2 == meta
     assert val_mm.tolist() == read_split(out, "val").tolist()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "prepared"]
@@ -261,17 +261,17 @@ def test_refuses_to_replace_a_folder_it_did_not_write(tmp_path, capsys):
 
 def test_load_tokens_errors_name_the_problem(tmp_path):
     with pytest.raises(UsageError, match="prepare synthetic tokenizer=bytes"):
-        tokens.load_tokens(tmp_path / "synthetic-bytes")
+        load.load_tokens(tmp_path / "synthetic-bytes")
     (tmp_path / "x").mkdir()
     with pytest.raises(UsageError, match="has no meta.json"):
-        tokens.load_tokens(tmp_path / "x")
+        load.load_tokens(tmp_path / "x")
     (tmp_path / "x" / "meta.json").write_text(json.dumps({"train_tokens": 5, "val_tokens": 5}))
     (tmp_path / "x" / "train.bin").write_bytes(b"\0" * 10)
     with pytest.raises(UsageError, match="no val.bin"):
-        tokens.load_tokens(tmp_path / "x")
+        load.load_tokens(tmp_path / "x")
     (tmp_path / "x" / "val.bin").write_bytes(b"\0" * 8)
     with pytest.raises(UsageError, match="holds 4 tokens but meta.json says 5"):
-        tokens.load_tokens(tmp_path / "x")
+        load.load_tokens(tmp_path / "x")
 
 
 # ---------------------------------------------------------------- real TinyStories text

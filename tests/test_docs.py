@@ -73,7 +73,7 @@ def test_the_analysis_commands_shown_use_the_words_they_accept():
 def test_the_generated_tables_match_the_code():
     """The presets' and run keys' tables in the docs are rendered from the code: `just docs`
     rewrites them, and this fails while one differs."""
-    from qkstudy.doc_tables import BLOCK, stale
+    from tools.doc_tables import BLOCK, stale
 
     assert not stale(), f"out of date (run `just docs`): {stale()}"
     blocks = {(path, m.group(2)) for path in ("docs/sweeps.md", "docs/model.md")
@@ -83,7 +83,7 @@ def test_the_generated_tables_match_the_code():
 
 
 def test_the_generator_rewrites_a_block_and_names_an_unknown_one(tmp_path):
-    from qkstudy import doc_tables
+    from tools import doc_tables
 
     (tmp_path / "docs").mkdir()
     stale_doc = "a\n<!-- generated: run-keys -->\nold\n<!-- end generated -->\nb\n"
@@ -184,7 +184,7 @@ def test_the_commands_shown_are_the_current_ones():
 
 
 def test_the_spot_check_tolerances_are_stated_as_in_the_code():
-    from torch_ref.spot_check import TOLERANCES
+    from crosscheck.spot_check import TOLERANCES
 
     text = (ROOT / "docs" / "torch_ref.md").read_text()
     loss, grad = _one(r"train and val loss\s+within\s+(\S+),\s+grad norm\s+within\s+(\S+)\s",
@@ -202,7 +202,8 @@ NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "marimo", "vl-convert-python",
 # the modules a backend=torch run, sweep, status and spot check import
 TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/__main__.py",
              "torch_ref/engine.py", "torch_ref/model.py", "torch_ref/optim.py",
-             "torch_ref/probes.py", "torch_ref/spot_check.py"]
+             "torch_ref/probes.py", "crosscheck/__init__.py", "crosscheck/__main__.py",
+             "crosscheck/spot_check.py"]
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:
@@ -229,7 +230,7 @@ def test_the_torch_extra_is_what_a_torch_run_imports_and_no_more():
                     imported |= {a.name.split(".")[0] for a in node.names}
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     imported.add(node.module.split(".")[0])
-    third_party = imported - set(sys.stdlib_module_names) - {"qkstudy", "torch_ref"}
+    third_party = imported - set(sys.stdlib_module_names) - {"qkstudy", "torch_ref", "crosscheck"}
     needed = {DISTRIBUTION.get(name, name).replace("_", "-") for name in third_party}
     assert needed <= torch_run, needed - torch_run
     assert "qknorm-study[mlx,torch,analysis]" in extras["dev"]

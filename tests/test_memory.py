@@ -35,7 +35,7 @@ def test_parameter_shapes_are_both_models(changes, vocab):
     from mlx.utils import tree_flatten
 
     from mlx_gpt.model import GPT
-    from qkstudy.weights import parameter_shapes
+    from qkstudy.parameters import parameter_shapes
 
     cfg = dataclasses.replace(TrainConfig(), **changes)
     args = model_args(cfg, vocab)
@@ -83,7 +83,7 @@ def test_available_memory_is_the_machines_or_the_gpus_given():
 def long_data(tmp_path_factory) -> str:
     """A corpus whose val split holds more than 100,000 tokens, so block_size 100000 passes
     the data's own check and meets the memory check."""
-    from qkstudy.data import PrepareConfig, prepare
+    from qkstudy.data.prepare import PrepareConfig, prepare
 
     out = tmp_path_factory.mktemp("long") / "synthetic-bytes"
     prepare("synthetic", PrepareConfig(out=str(out), tokenizer="bytes", size_mb=2.5,

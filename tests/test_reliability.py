@@ -386,7 +386,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsy
     import shutil
 
     from qkstudy.__main__ import main
-    from qkstudy.tokens import load_tokens
+    from qkstudy.data.load import load_tokens
 
     for bad in (300, 257):  # 257..319 is the padding of the bytes vocabulary: also refused
         folder = tmp_path / f"bad{bad}-bytes"

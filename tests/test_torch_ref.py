@@ -19,13 +19,14 @@ from qkstudy import runlog
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.errors import UsageError
 from qkstudy.trainer import run_dir_of, train
-from qkstudy.weights import initial_weights
+from qkstudy.parameters import initial_weights
 from torch_ref import optim as torch_optim
-from torch_ref import parity
-from torch_ref.__main__ import main
 from torch_ref.model import GPT as TorchGPT
-from torch_ref.spot_check import spot_check
-from torch_ref.weights import as_numpy, load_mlx, load_torch, save_mlx, save_torch
+
+from crosscheck import parity
+from crosscheck.__main__ import main
+from crosscheck.spot_check import spot_check
+from crosscheck.convert import as_numpy, load_mlx, load_torch, save_mlx, save_torch
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -22,7 +22,7 @@ from qkstudy.config import TrainConfig, parse_train_config
 from qkstudy.errors import UsageError
 from qkstudy.recorder import divergence
 from qkstudy.trainer import run_dir_of, train
-from qkstudy.weights import count_params
+from qkstudy.parameters import count_params
 
 LOSS_COLUMNS = ["step", "tokens", "lr", "train_loss", "grad_norm", "val_loss"]
 

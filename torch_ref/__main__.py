@@ -1,4 +1,4 @@
-"""`python -m torch_ref <command>`: parity, spot-check, gpu-check."""
+"""`python -m torch_ref <command>`: gpu-check (parity and spot-check: python -m crosscheck)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ import sys
 from qkstudy.cli import dispatch
 
 COMMANDS = {
-    "parity": ("torch_ref.parity", "MLX vs PyTorch: logits, loss, gradients, probes, 50 steps"),
-    "spot-check": ("torch_ref.spot_check",
-                   "re-run an MLX run folder with PyTorch: RUN_DIR [device=auto|cuda|mps|cpu]"),
     "gpu-check": ("torch_ref.gpu_check",
                   "backend=torch on one GPU: CUDA-vs-CPU parity, tokens/s, a demo sweep (<8 min)"),
 }

@@ -29,7 +29,7 @@ import torch
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.errors import UsageError
 from qkstudy.trainer import RUNS_PER_DEVICE
-from qkstudy.weights import count_params, initial_weights
+from qkstudy.parameters import count_params, initial_weights
 
 from . import probes as probe_lib
 from .model import GPT, cross_entropy, objective_terms

@@ -7,7 +7,7 @@ what does not fit is listed as skipped for time):
    reference) and on the device in every precision it has (cuda: fp32, tf32, bf16), each by
    `python -m qkstudy train` in its own process; the relative deviation of every step's
    training loss from the reference's;
-2. throughput: tokens/s of the run's own engine (qkstudy/bench_step.py, each measurement a fresh
+2. throughput: tokens/s of the run's own engine (qkstudy/bench/step.py, each measurement a fresh
    process) at the demo, mini and study shapes, fp32/tf32/bf16, eager and compiled, one run and
    `parallel` runs at once (each with QKSTUDY_RUNS_PER_DEVICE=K, as a sweep with jobs=K sets it),
    with FLOP/s against the device's measured matmul peak in that precision; the study-shape
@@ -41,13 +41,13 @@ from pathlib import Path
 import torch
 
 from qkstudy import runlog
-from qkstudy.bench import study_plan
-from qkstudy.bench_step import Spec, StepFailed, measure_together
+from qkstudy.bench.forecast import study_plan
+from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.cli import keys_usage
 from qkstudy.config import TrainConfig, apply_overrides, split_key_values
-from qkstudy.data import PrepareConfig, prepare
+from qkstudy.data.prepare import PrepareConfig, prepare
 from qkstudy.errors import UsageError
-from qkstudy.shapes import flops_per_token, preset_base, preset_shape, shape_config
+from qkstudy.bench.shapes import flops_per_token, preset_base, preset_shape, shape_config
 from qkstudy.trainer import run_dir_of
 
 from .engine import RUNS_PER_DEVICE, describe, resolve_device

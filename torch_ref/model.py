@@ -103,7 +103,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Weights start at torch's defaults: load the MLX initial weights (torch_ref.weights)."""
+    """Weights start at torch's defaults: load the MLX initial weights (crosscheck.convert)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -4,8 +4,8 @@ and the hours and nights that come to on this machine.
 Tokens/s per depth come, in this order, from: `--calibrate` (every depth timed here); the
 bench's stored figure (reports/bench.json, written by `just bench` on this same machine: the
 measured shape nearest in FLOPs per token); a short timing of the first depth here. The last
-two are scaled to the other depths by FLOPs per token (qkstudy/shapes.py), and the printed line
-says which source it is.
+two are scaled to the other depths by FLOPs per token (qkstudy/bench/shapes.py), and the printed
+line says which source it is.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from .. import provenance, runlog, trainer
 from ..config import TrainConfig, model_args
-from ..display import format_seconds
+from ..progress import format_seconds
 from ..errors import UsageError
-from ..shapes import flops_per_token
+from ..bench.shapes import flops_per_token
 
 NIGHT_HOURS = 10  # a night on a workstation, as `just bench`'s where-to-run table counts it
 DAY_SECONDS = 24 * 3600

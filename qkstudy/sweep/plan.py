@@ -13,7 +13,7 @@ from .. import memory, runlog, trainer
 from ..errors import UsageError
 from ..arms import arm_changes
 from ..config import TrainConfig, model_args
-from ..weights import count_params
+from ..parameters import count_params
 from .adaptive import compared_arms, extra_runs, extra_seeds
 from . import estimate
 from .config import SweepConfig, grid, groups, run_config

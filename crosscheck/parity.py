@@ -1,4 +1,4 @@
-"""MLX vs PyTorch, numerically: `python -m torch_ref parity` (also `just parity`).
+"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (also `just parity`).
 
 For qk_norm none / rmsnorm / layernorm and the rival arms (attention soft-cap, z-loss) at
 depth 1 and 3, on both of mlx_gpt's kernel paths
@@ -21,28 +21,31 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import mlx.core as mx
 import numpy as np
+
+# torch first, then mlx_gpt, then mlx: torch_ref/__init__.py and mlx_gpt/__init__.py say why
+import torch_ref  # noqa: F401
+import mlx_gpt  # noqa: F401
+import mlx.core as mx
 import torch
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
-
 from mlx_gpt import optim as mlx_optim
 from mlx_gpt import probes as mlx_probes
 from mlx_gpt.engine import build_model, make_train_step
 from mlx_gpt.model import GPT as MlxGPT
-from qkstudy import synthetic
 from qkstudy.batches import probe_batch, train_batch
 from qkstudy.config import TrainConfig, model_args
+from qkstudy.data import synthetic
+from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
-from qkstudy.tokenizer import ByteTokenizer
+from torch_ref import optim as torch_optim
+from torch_ref import probes as torch_probes
+from torch_ref.engine import Engine as TorchEngine
+from torch_ref.model import GPT as TorchGPT
+from torch_ref.model import objective_terms as torch_objective_terms
 
-from . import optim as torch_optim
-from . import probes as torch_probes
-from .engine import Engine as TorchEngine
-from .model import GPT as TorchGPT
-from .model import objective_terms as torch_objective_terms
-from .weights import as_numpy, mlx_to_torch
+from .convert import as_numpy, mlx_to_torch
 
 # Tolerances (relative, as defined above). The issue fixes logits, gradients and trajectory.
 LOGITS_RTOL = 1e-5
@@ -288,7 +291,7 @@ def format_table(rows: list[Deviation]) -> str:
     return "\n".join(out)
 
 
-USAGE = """usage: python -m torch_ref parity
+USAGE = """usage: python -m crosscheck parity
 
 Checks in float32 on the CPU that MLX (both kernel paths) and PyTorch agree on logits, loss,
 gradients, every probe and a 50-step AdamW trajectory for each arm; prints the largest

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UsageError
+from ..errors import UsageError
 
 KNOWN_VOCAB = {"gpt2": 50257, "bytes": 257}
 

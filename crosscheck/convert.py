@@ -14,8 +14,12 @@ import pickle
 import tempfile
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
+
+# torch first, then mlx_gpt, then mlx: torch_ref/__init__.py and mlx_gpt/__init__.py say why
+import torch_ref  # noqa: F401
+import mlx_gpt  # noqa: F401
+import mlx.core as mx
 import torch
 from mlx.utils import tree_flatten, tree_unflatten
 from safetensors.torch import load_file

@@ -17,9 +17,9 @@ import dataclasses
 
 import numpy as np
 
-from .config import ModelArgs, TrainConfig, model_args
-from .errors import UsageError
-from .weights import count_params
+from ..config import ModelArgs, TrainConfig, model_args
+from ..errors import UsageError
+from ..parameters import count_params
 
 SHAPE_KEYS = ("depth", "d_model", "n_heads", "block_size", "batch_size", "vocab")
 PRESET_SHAPES = ("demo", "mini", "study")  # the presets a benchmark measures by default
@@ -27,8 +27,8 @@ PRESET_SHAPES = ("demo", "mini", "study")  # the presets a benchmark measures by
 
 def preset_shape(name: str) -> dict[str, int]:
     """The model of preset `name` (its largest depth) as a shape dict."""
-    from .sweep.config import PRESETS
-    from .sweep.plan import VOCAB_BY_SUFFIX
+    from ..sweep.config import PRESETS
+    from ..sweep.plan import VOCAB_BY_SUFFIX
 
     if name not in PRESETS:
         raise UsageError(f"unknown shape {name!r}; the shapes are the presets: "
@@ -46,7 +46,7 @@ def preset_shape(name: str) -> dict[str, int]:
 def preset_base(name: str) -> TrainConfig | None:
     """The preset's own run config (its intervals, optimizer and arm), or None for a shape
     that is not a preset."""
-    from .sweep.config import PRESETS
+    from ..sweep.config import PRESETS
 
     return PRESETS[name].train if name in PRESETS else None
 

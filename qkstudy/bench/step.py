@@ -1,13 +1,13 @@
 """One measurement of the benchmarks, in a fresh process: a backend's real training step.
 
-`python -m qkstudy.bench_step SPEC_JSON` builds the run's own engine (qkstudy.trainer
+`python -m qkstudy.bench.step SPEC_JSON` builds the run's own engine (qkstudy.trainer
 .engine_module(backend).Engine: the model, optimizer and compiled step a run trains with), takes
 `warmup` synced steps (compilation, the optimizer's first allocation), then times enough steps
 for about `seconds` (at least `min_steps`), dispatched and read back every `log_every` steps as
 the trainer does, on one random batch of the shape. With "overheads" it also times one
 evaluation batch and one probe call (measure, snapshot, update_stats), with "matmul" the
-backend's matmul peak; the backend's own facts come from its bench module (mlx_gpt/bench.py,
-torch_ref/bench.py). The last line on stdout is the result as JSON.
+backend's matmul peak; the backend's own facts come from its bench module (mlx_gpt/measure.py,
+torch_ref/measure.py). The last line on stdout is the result as JSON.
 
 With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
 timing: `measure_together` lines up K such processes, so their timed steps run at the same time.
@@ -29,12 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import trainer
-from .config import TrainConfig
+from .. import trainer
+from ..config import TrainConfig
 from .shapes import random_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_HELPERS = {"mlx": "mlx_gpt.bench", "torch": "torch_ref.bench"}
+BENCH_HELPERS = {"mlx": "mlx_gpt.measure", "torch": "torch_ref.measure"}
 READY = "ready"
 
 
@@ -124,7 +124,7 @@ class StepFailed(RuntimeError):
 
 
 def _command(spec: Spec) -> list[str]:
-    return [sys.executable, "-m", "qkstudy.bench_step", json.dumps(dataclasses.asdict(spec))]
+    return [sys.executable, "-m", "qkstudy.bench.step", json.dumps(dataclasses.asdict(spec))]
 
 
 def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None = None,

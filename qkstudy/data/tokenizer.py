@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from .errors import UsageError
+from ..errors import UsageError
 
 if TYPE_CHECKING:
     import tiktoken

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import synthetic
-from .errors import UsageError
+from ..errors import UsageError
 from .tokenizer import ENDOFTEXT
 
 if TYPE_CHECKING:
-    from .data import PrepareConfig
+    from .prepare import PrepareConfig
 
 NAMED_SOURCES = ("synthetic", "tinystories", "fineweb-edu")
 TINYSTORIES_REPO = "roneneldan/TinyStories"
@@ -116,7 +116,7 @@ def _local_files(path: Path) -> list[Path]:
 
 def _synthetic(cfg: PrepareConfig) -> Corpus:
     n_chars = int(cfg.size_mb * 1_000_000)
-    name = f"qkstudy.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
+    name = f"qkstudy.data.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
     record = {"name": name, "bytes": 0, "sha256": ""}
 
     def documents() -> Iterator[str]:

@@ -6,7 +6,7 @@ A Markdown file holds a generated table between two markers:
     ...
     <!-- end generated -->
 
-`python -m qkstudy.doc_tables` (`just docs`) rewrites every such block in README.md and docs/*.md
+`python -m tools.doc_tables` (`just docs`) rewrites every such block in README.md and docs/*.md
 from the code; `--check` rewrites nothing and exits 1 naming each block that differs
 (tests/test_docs.py runs the same check).
 """
@@ -22,12 +22,12 @@ import typing
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-from . import config as config_module
-from .config import TrainConfig, model_args, short_number
-from .sweep.adaptive import compared_arms, extra_seeds
-from .sweep.config import PRESETS, SweepConfig, grid, groups
-from .sweep.plan import VOCAB_BY_SUFFIX
-from .weights import count_params
+from qkstudy import config as config_module
+from qkstudy.config import TrainConfig, model_args, short_number
+from qkstudy.sweep.adaptive import compared_arms, extra_seeds
+from qkstudy.sweep.config import PRESETS, SweepConfig, grid, groups
+from qkstudy.sweep.plan import VOCAB_BY_SUFFIX
+from qkstudy.parameters import count_params
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
@@ -269,10 +269,10 @@ def stale(root: Path = ROOT) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if argv in (["--help"], ["-h"]):
-        print("usage: python -m qkstudy.doc_tables [--check]")
+        print("usage: python -m tools.doc_tables [--check]")
         return 0
     if argv not in ([], ["--check"]):
-        print("usage: python -m qkstudy.doc_tables [--check]", file=sys.stderr)
+        print("usage: python -m tools.doc_tables [--check]", file=sys.stderr)
         return 2
     differ = stale()
     if argv == ["--check"]:

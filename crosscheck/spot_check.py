@@ -1,7 +1,7 @@
-"""`python -m torch_ref spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
+"""`python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
 
 Re-runs an MLX run with backend=torch: the same config, the same numpy initial weights
-(qkstudy/weights.py) and the same batches, trained by the same driver (qkstudy/trainer.py) into
+(qkstudy/parameters.py) and the same batches, trained by the same driver (qkstudy/trainer.py) into
 its own run folder beside the MLX one, the torch twin of the run:
 
   <runs_dir>/<sweep>/<tag>-torch-lr<lr>-s<seed>-<hash>/   (run_id of the config with backend=torch)
@@ -177,7 +177,7 @@ def format_comparison(comparison: dict) -> str:
     return "\n".join(lines)
 
 
-USAGE = """usage: python -m torch_ref spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]
+USAGE = """usage: python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]
 
 Re-trains the MLX run in RUN_DIR with backend=torch from the same initial weights and batches
 into its torch twin's folder beside it (same run-log schema, plus comparison.json) and judges
@@ -186,7 +186,7 @@ the agreement against stated tolerances. data= points at the corpus when it move
 
 def cli(argv: list[str]) -> int:
     if not argv or "=" in argv[0]:
-        raise UsageError("usage: python -m torch_ref spot-check RUN_DIR "
+        raise UsageError("usage: python -m crosscheck spot-check RUN_DIR "
                          "[device=auto|cuda|mps|cpu] [data=PATH]")
     options = split_key_values(argv[1:])
     unknown = sorted(options.keys() - set(OPTIONS))

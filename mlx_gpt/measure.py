@@ -1,6 +1,6 @@
-"""MLX's part of the benchmarks (qkstudy/bench.py, qkstudy/bench_step.py): what only MLX can say.
+"""MLX's part of the benchmarks (qkstudy/bench/, qkstudy/bench/step.py): what only MLX can say.
 
-The measurement itself is the core's (qkstudy/bench_step.py times the run's own Engine); this
+The measurement itself is the core's (qkstudy/bench/step.py times the run's own Engine); this
 module adds, in the measuring process, MLX's facts (version, device, BLAS, CPU kernel build),
 its float32 matmul peak and its peak memory.
 """

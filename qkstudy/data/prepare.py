@@ -37,11 +37,11 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .config import apply_overrides, split_key_values
-from .errors import UsageError
+from ..config import apply_overrides, split_key_values
+from ..errors import UsageError
 from .sources import FINEWEB_DEFAULT_CAP, resolve_source
 from .tokenizer import Tokenizer, get_tokenizer
-from .tokens import token_stats
+from .load import token_stats
 
 DEFAULT_BLOCK_SIZE = 256
 MIN_SPLIT_TOKENS = DEFAULT_BLOCK_SIZE + 1

@@ -1,0 +1,23 @@
+"""`python -m crosscheck <command>`: parity, spot-check."""
+
+from __future__ import annotations
+
+import sys
+
+from qkstudy.cli import dispatch
+
+COMMANDS = {
+    "parity": ("crosscheck.parity", "MLX vs PyTorch: logits, loss, gradients, probes, 50 steps"),
+    "spot-check": ("crosscheck.spot_check",
+                   "re-run an MLX run folder with PyTorch: RUN_DIR [device=auto|cuda|mps|cpu]"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return dispatch("python -m crosscheck", COMMANDS, sys.argv[1:] if argv is None else argv,
+                    missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'",
+                             "mlx": "MLX is not installed; pip install -e '.[mlx]'"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tools for working on the project, not part of the installed package: the docs generator."""
