@@ -335,7 +335,7 @@ def test_busy_runs_are_passed_over_and_retried_at_the_end(monkeypatch, tiny_data
     assert main(["sweep", *words]) == 0
     assert [c.lr for c, _ in calls] == [1e-2, 1e-3]  # 1e-3 came back free, 3e-3 never did
     out = capsys.readouterr().out
-    assert "is held by another process; passing over" in out
+    assert "is held by a process outside this sweep; passing over" in out
     assert "1 run is held by another process" in out and "lr0.003" in out
 
 
@@ -483,7 +483,16 @@ def test_jobs_2_runs_a_second_process_on_the_same_tree(monkeypatch, tiny_data, t
     assert by_worker.isdisjoint(trained_here) and by_worker | set(trained_here) == set(lock_pid)
     log = log_path.read_text()
     assert sum(rid in log for rid in by_worker) == len(by_worker)
-    assert "5 of 5 runs have a result (5 completed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "5 of 5 runs have a result (5 completed" in out
+    # the console: one progress line per run, whichever process trains it; the runs the
+    # worker trained are its own, not "held by another process"
+    for c in runs:
+        lines = [line for line in out.splitlines()
+                 if line.startswith("[sweep ") and f"] lr {c.lr:.3g} arm" in line]
+        assert len(lines) == 1, (c.lr, lines)
+        assert ("trained by sweep process 2" in lines[0]) == (c.run_id in by_worker), lines
+    assert "passing over" not in out + log and "outside this sweep" not in out + log
 
 
 def test_parse_errors_raise_usage_error_directly():

@@ -19,7 +19,7 @@ from . import slurm
 from .config import grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, verdict
-from .run import execute, report, spawn_workers
+from .run import execute, record_processes, report, spawn_workers
 
 USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
                                 [--slurm [--submit] [slurm_key=value ...]]
@@ -109,6 +109,7 @@ def _cli(argv: list[str]) -> int:
         os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
     workers = spawn_workers(words, sweep) if sweep.jobs > 1 and not worker else []
     if workers:
+        record_processes(sweep, [os.getpid(), *(w.pid for w in workers)])
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
               f"(logs in {Path(sweep.runs_dir) / sweep.name}/sweep-worker-*.log)", flush=True)
     tally = None

@@ -35,6 +35,7 @@ class Tally:
     status: dict[str, int] = field(default_factory=lambda: {"completed": 0, "diverged": 0,
                                                             "failed": 0})
     busy: list[TrainConfig] = field(default_factory=list)  # held by another process
+    siblings: set[str] = field(default_factory=set)  # runs seen held by the sweep's own processes
     damaged: list[str] = field(default_factory=list)  # a line per damaged run not repaired
     repaired: list[tuple[str, str, Path]] = field(default_factory=list)  # (run, damage, old files)
     processes: int = 1  # sweep processes sharing the queue (jobs=K)
@@ -78,6 +79,12 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         else:
             tally.skipped += 1
             tally.status[v.value] += 1
+            sibling = sibling_name(cfg, last_holder(trainer.run_dir_of(cfg)))
+            if verbose and sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
+                tally.siblings.add(cfg.run_id)
+                print(f"[sweep {tally.done + len(tally.busy)}/{tally.total}] lr {cfg.lr:.3g} "
+                      f"arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}: {v.value}, "
+                      f"trained by {sibling}", flush=True)
             return
     summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
     if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
@@ -89,12 +96,21 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     planned = run_cost_tokens(cfg) / speed if speed > 0 else 0.0
     eta = trainer.format_seconds(tally.eta(queue_left, planned))
     position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
+    sibling = sibling_name(cfg, holder(cfg))
+    if sibling and cfg.run_id in tally.siblings:  # looked at again: its line is printed
+        tally.busy.append(cfg)
+        return
     if verbose:
         counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
-        print(f"[sweep {position}: {counts}, {len(tally.busy)} passed over (held elsewhere) | "
-              f"ETA {eta}] "
-              f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}",
-              flush=True)
+        busy = ("with its other processes" if tally.processes > 1 or sibling
+                else "passed over (held elsewhere)")
+        print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
+              f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
+              + (f": trained by {sibling}" if sibling else ""), flush=True)
+    if sibling:  # one line for the run, whichever of the sweep's processes trains it
+        tally.busy.append(cfg)
+        tally.siblings.add(cfg.run_id)
+        return
     start = time.perf_counter()
 
     def repaired(moved_to: Path, why: str) -> None:
@@ -106,9 +122,10 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired)
     except RunBusy:
         tally.busy.append(cfg)
-        if verbose:
-            print(f"[{position}] {cfg.run_id} is held by another process; passing over",
-                  flush=True)
+        pid = holder(cfg)
+        if verbose and not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
+            print(f"[{position}] {cfg.run_id} is held by a process outside this sweep"
+                  + (f" (pid {pid})" if pid else "") + "; passing over", flush=True)
         return
     except runlog.DamagedRun as e:
         tally.damaged.append(str(e))
@@ -130,6 +147,47 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
 
 
 HELD_POLL_SECONDS = 5.0
+PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own processes
+
+
+def record_processes(sweep: SweepConfig, pids: list[int]) -> None:
+    """Write the pids of this sweep's processes (the main one first, then its workers), so each
+    tells its siblings' runs from runs held by a process outside the sweep."""
+    runlog.write_json(Path(sweep.runs_dir) / sweep.name / PROCESSES_FILE, {"pids": pids})
+
+
+def holder(cfg: TrainConfig) -> int | None:
+    """The pid of the other live process that holds this run's lock now, or None."""
+    run_dir = trainer.run_dir_of(cfg)
+    if not run_dir.is_dir():
+        return None
+    with run_lock(run_dir) as acquired:
+        if acquired:
+            return None
+    return last_holder(run_dir)
+
+
+def last_holder(run_dir: Path) -> int | None:
+    """The pid written in the run's lock file: its holder's, or (free) its last holder's."""
+    try:
+        words = (run_dir / ".lock").read_text().split()
+    except OSError:
+        return None
+    return int(words[0]) if words and words[0].isdigit() else None
+
+
+def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
+    """'sweep process 2 (its log: sweep-worker-1.log)' when `pid` is one of this sweep's own
+    processes (PROCESSES_FILE), else None."""
+    if pid is None or pid == os.getpid():
+        return None
+    folder = trainer.run_dir_of(cfg).parent
+    pids = (runlog.read_json(folder / PROCESSES_FILE) or {}).get("pids")
+    if not isinstance(pids, list) or pid not in pids:
+        return None
+    i = pids.index(pid)
+    return ("the sweep's first process (its console)" if i == 0
+            else f"sweep process {i + 1} (its log: {folder / f'sweep-worker-{i}.log'})")
 
 
 def _held_elsewhere(cfg: TrainConfig) -> bool:
