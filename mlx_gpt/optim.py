@@ -1,11 +1,11 @@
-"""The optimizer: MLX's own AdamW with PyTorch semantics, and the learning-rate schedule.
+"""The optimizer: MLX's own AdamW with PyTorch semantics, applying the core's rule
+(qkstudy/optimizer.py: the learning rate of every update, which parameters decay, by how much).
 
 - `mlx.optimizers.AdamW(bias_correction=True)` (MLX defaults it off; torch.optim.AdamW has it on);
-- decoupled weight decay on every parameter with ndim >= 2 (the embeddings wte and wpe and every
-  linear weight), never on norms' gains or biases: two AdamW groups in a `MultiOptimizer`;
-- `independent_wd` (Wortsman et al. 2023, sec. 3.2.2): the decay multiplies lr_t / lr instead of
-  lr_t, i.e. AdamW's weight_decay is weight_decay / lr, so it does not shrink with the peak LR;
-- linear warmup, cosine decay to min_lr_ratio * lr (`lr_schedule`, the one hand-written part);
+- two AdamW groups in a `MultiOptimizer`: the parameters the core's `decays` names, with its
+  `decay_coefficient`, and the rest without decay;
+- the learning rate of update s is the core's `learning_rates(cfg)[s]`, looked up inside the
+  compiled step;
 - global gradient-norm clipping with `mlx.optimizers.clip_grad_norm` (grad_clip=0: none).
 The state is the library's (`opt.state`); its step counts the updates applied.
 """
@@ -13,45 +13,33 @@ The state is the library's (`opt.state`); its step counts the updates applied.
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import mlx.core as mx
 import mlx.optimizers as optim
 
 from qkstudy.config import TrainConfig
+from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 
 
-def lr_schedule(step: mx.array | int, cfg: TrainConfig) -> mx.array:
-    """Learning rate for update number `step` (0-based): warmup then cosine, as nanoGPT.
-    MLX's optimizer calls it with its step count before incrementing it."""
-    step = mx.array(step).astype(mx.float32)
-    warmup = float(cfg.warmup_steps)
-    decay_steps = max(1.0, float(cfg.steps - cfg.warmup_steps))
-    min_lr = cfg.lr * cfg.min_lr_ratio
-    progress = mx.clip((step - warmup) / decay_steps, 0.0, 1.0)
-    cosine = min_lr + 0.5 * (1.0 + mx.cos(math.pi * progress)) * (cfg.lr - min_lr)
-    warm = cfg.lr * (step + 1.0) / (warmup + 1.0)
-    return mx.where(step < warmup, warm, cosine)
-
-
-def decays(name: str, param: mx.array) -> bool:
-    """Whether weight decay applies: every parameter with ndim >= 2 (as nanoGPT)."""
-    return param.ndim >= 2
-
-
-def decay_coefficient(cfg: TrainConfig) -> float:
-    """AdamW's weight_decay: the decay per step is lr_t times this."""
-    return cfg.weight_decay / cfg.lr if cfg.independent_wd else cfg.weight_decay
+def lr_schedule(cfg: TrainConfig):
+    """The learning rate as MLX's optimizer asks for it: a function of its update count (before
+    it increments it), reading the core's numbers."""
+    rates = mx.array(learning_rates(cfg))
+    last = rates.size - 1
+    return lambda step: rates[mx.minimum(step, last)]
 
 
 def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
     """AdamW over `params` (a model's parameter tree), its state initialised."""
+    schedule = lr_schedule(cfg)
+
     def adamw(weight_decay: float) -> optim.AdamW:
-        return optim.AdamW(learning_rate=partial(lr_schedule, cfg=cfg),
+        return optim.AdamW(learning_rate=schedule,
                            betas=[cfg.beta1, cfg.beta2], eps=cfg.eps,
                            weight_decay=weight_decay, bias_correction=True)
 
-    opt = optim.MultiOptimizer([adamw(decay_coefficient(cfg)), adamw(0.0)], [decays])
+    opt = optim.MultiOptimizer([adamw(decay_coefficient(cfg)), adamw(0.0)],
+                               [lambda name, param: decays(name, param.shape)])
     opt.init(params)
     return opt
 

@@ -175,22 +175,6 @@ def test_mlx_and_torch_adamw_agree_with_warmup_cosine_and_clipping(independent_w
     assert torch_optim.lr_schedule(cfg.steps, cfg) == pytest.approx(cfg.lr * cfg.min_lr_ratio)
 
 
-def test_weight_decay_groups_name_the_embeddings_and_linear_weights():
-    from test_train import DECAYED
-
-    from qkstudy.config import TrainConfig
-
-    cfg = TrainConfig(depth=1, d_model=8, n_heads=2, block_size=4, bias=True,
-                      qk_norm="layernorm")
-    model = TorchGPT(model_args(cfg, 64))
-    opt, _ = torch_optim.make_optimizer(cfg, dict(model.named_parameters()))
-    names = {id(p): name for name, p in model.named_parameters()}
-    decay, other = opt.param_groups
-    assert [names[id(p)] for p in decay["params"]] == DECAYED
-    assert decay["weight_decay"] == cfg.weight_decay and other["weight_decay"] == 0.0
-    assert len(decay["params"]) + len(other["params"]) == len(names)
-
-
 @pytest.mark.parametrize("grad_clip, expected", [(1.0, 1.0 * 6.0 / (6.0 + 1e-6)), (0.0, 6.0)])
 def test_clipping_scales_to_the_clip_norm(grad_clip, expected):
     from qkstudy.config import TrainConfig

@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 
 from mlx_gpt import probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
-from mlx_gpt.optim import lr_schedule, make_optimizer, update
+from mlx_gpt.optim import make_optimizer, update
 from qkstudy import runlog
 from qkstudy.__main__ import main
 from qkstudy.config import TrainConfig, parse_train_config
@@ -184,17 +184,6 @@ def test_rmsnorm_qk_norm_normalises_each_head():
     rms = mx.sqrt(mx.mean(q * q, axis=-1))
     assert mx.allclose(rms, mx.ones_like(rms), atol=1e-3).item()
     assert q.shape == (2, 2, 8, 16)
-
-
-def test_lr_schedule_warmup_then_cosine():
-    cfg = TrainConfig(lr=1.0, warmup_steps=10, max_steps=110, min_lr_ratio=0.1)
-    values = [lr_schedule(s, cfg).item() for s in (0, 9, 10, 60, 109, 110)]
-    assert values[0] == pytest.approx(1 / 11)
-    assert values[1] == pytest.approx(10 / 11)
-    assert values[2] == pytest.approx(1.0)
-    assert values[3] == pytest.approx(0.55)  # halfway down the cosine to 0.1
-    assert values[4] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.99)))
-    assert values[5] == pytest.approx(0.1)
 
 
 def test_adamw_matches_hand_computed_step():

@@ -1,49 +1,39 @@
-"""The optimizer of mlx_gpt/optim.py with PyTorch's own pieces, so a torch run follows the MLX run.
+"""The optimizer of mlx_gpt/optim.py with PyTorch's own pieces, applying the same rule from the
+core (qkstudy/optimizer.py), so a torch run follows the MLX run.
 
-`torch.optim.AdamW` (bias correction is always on there) with nanoGPT's two groups: decay on
-every parameter with ndim >= 2, none on gains and biases; `independent_wd` (Wortsman et al.
-2023, sec. 3.2.2) is weight_decay / lr, so the decay multiplies lr_t / lr instead of lr_t;
-`LambdaLR` over the same warmup + cosine schedule (`lr_schedule`, the one hand-written part);
-`torch.nn.utils.clip_grad_norm_` for global-norm clipping (grad_clip=0: none).
+`torch.optim.AdamW` (bias correction is always on there) with two groups: the parameters the
+core's `decays` names, with its `decay_coefficient`, and the rest without decay; `LambdaLR`
+over the core's `learning_rates`; `torch.nn.utils.clip_grad_norm_` for global-norm clipping
+(grad_clip=0: none).
 """
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 from qkstudy.config import TrainConfig
+from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 
 
 def lr_schedule(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for update number `step` (0-based): linear warmup, then cosine to min_lr
-    (mlx_gpt.optim.lr_schedule's formula)."""
-    warmup = float(cfg.warmup_steps)
-    if step < warmup:
-        return cfg.lr * (step + 1.0) / (warmup + 1.0)
-    decay_steps = max(1.0, float(cfg.steps - cfg.warmup_steps))
-    min_lr = cfg.lr * cfg.min_lr_ratio
-    progress = min(max((step - warmup) / decay_steps, 0.0), 1.0)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - min_lr)
-
-
-def decays(name: str, param: torch.Tensor) -> bool:
-    """Whether weight decay applies: every parameter with ndim >= 2 (as nanoGPT)."""
-    return param.ndim >= 2
+    """Learning rate for update number `step` (0-based): the core's number."""
+    rates = learning_rates(cfg)
+    return float(rates[min(step, rates.size - 1)])
 
 
 def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
                    ) -> tuple[torch.optim.AdamW, LambdaLR]:
     """AdamW over `named_params` with its learning-rate schedule."""
-    decay = [p for name, p in named_params.items() if decays(name, p)]
-    other = [p for name, p in named_params.items() if not decays(name, p)]
-    weight_decay = cfg.weight_decay / cfg.lr if cfg.independent_wd else cfg.weight_decay
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+    decay = [p for name, p in named_params.items() if decays(name, tuple(p.shape))]
+    other = [p for name, p in named_params.items() if not decays(name, tuple(p.shape))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": decay_coefficient(cfg)},
                              {"params": other, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    return opt, LambdaLR(opt, lambda step: lr_schedule(step, cfg) / cfg.lr)
+    rates = learning_rates(cfg).tolist()
+    last = len(rates) - 1
+    return opt, LambdaLR(opt, lambda step: rates[min(step, last)] / cfg.lr)
 
 
 def update(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
