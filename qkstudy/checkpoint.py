@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import runlog
+from .backends import Engine
 from .config import TrainConfig
-
-if TYPE_CHECKING:
-    from .trainer import Engine
 
 
 def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:

@@ -3,7 +3,8 @@
 `python -m qkstudy train key=value ...`. Running the same config again resumes from its
 checkpoint; a finished run (summary.json says completed or diverged) is not re-run.
 
-Everything here is free of any framework. The backend (TrainConfig.backend) supplies an Engine:
+Everything here is free of any framework. The backend (TrainConfig.backend, found through
+qkstudy/backends.py) supplies an Engine:
 the model and optimizer, one update, evaluation, probes, and its state as numpy arrays. This
 module owns the rest, so an MLX run and a torch run write the same run folder the same way:
 
@@ -15,16 +16,16 @@ module owns the rest, so an MLX run and a torch run write the same run folder th
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
-from . import interrupts, memory, runlog
+from . import backends, interrupts, memory, runlog
+from .backends import Engine
 from .checkpoint import resume_point, save_checkpoint
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
@@ -39,50 +40,8 @@ Batch = tuple[np.ndarray, np.ndarray]
 # threads, or caps its memory at 1/K of the GPU
 RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
 
-# backend -> (its engine module, what to install when it is missing)
-ENGINES = {"mlx": ("mlx_gpt.engine", "MLX is not installed: pip install -e '.[mlx]' (Apple "
-                                     "Silicon or Linux); or run with backend=torch"),
-           "torch": ("torch_ref.engine", "PyTorch is not installed: pip install -e '.[torch]' "
-                                         "(or ./setup.sh torch on a GPU machine)")}
-
-
-class Engine(Protocol):
-    """What a backend supplies for one run (mlx_gpt/engine.py, torch_ref/engine.py)."""
-
-    framework: str  # "mlx" | "torch"
-    device: str  # described, e.g. "cpu" or "cuda (NVIDIA H200)"
-    manifest_extra: dict  # backend facts for manifest.json (threads, precision, BLAS, ...)
-    warmup_note: str  # what the first step does (compiling), shown before it
-    params: dict[str, int]  # total, embedding, non_embedding
-
-    def state_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]: ...
-    def state_arrays(self) -> dict[str, np.ndarray]: ...
-    def load_state(self, arrays: dict[str, np.ndarray]) -> None: ...
-    def step(self, x: np.ndarray, y: np.ndarray) -> Any: ...  # dispatched, not yet read
-    def read(self, pending: list[Any]) -> list[tuple[float, float, float, float]]: ...
-    def evaluate(self) -> float: ...
-    def probes(self, step: int) -> list[dict]: ...
-    def snapshot(self) -> Any: ...
-    def update_stats(self, step: int, before: Any) -> list[dict]: ...
-    def weights(self) -> dict[str, np.ndarray]: ...
-
-
-def engine_module(backend: str):
-    """The backend's engine module; UsageError saying what to install when it is missing."""
-    name, hint = ENGINES[backend]
-    try:
-        # a signal while a framework's C extension initialises is held until the import is
-        # done: interrupted there, the extension aborts the process
-        with interrupts.Deferred():
-            return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in ("mlx", "torch"):
-            raise UsageError(hint) from None
-        raise
-
-
 def make_engine(cfg: TrainConfig, vocab_size: int, val: list[Batch], probe: Batch) -> Engine:
-    return engine_module(cfg.backend).Engine(cfg, vocab_size, val, probe)
+    return backends.load(cfg.backend).Engine(cfg, vocab_size, val, probe)
 
 
 def run_dir_of(cfg: TrainConfig) -> Path:
@@ -115,9 +74,8 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
     whose files are damaged raises runlog.DamagedRun, or with `repair` is moved aside (nothing
     deleted, set_aside_damaged), `repair` is told where, and the run is trained again."""
     cfg.validate()
-    preflight = getattr(engine_module(cfg.backend), "preflight", None)
-    if preflight:  # a missing framework or device is a one-line error, before any folder
-        preflight(cfg)
+    # a missing framework, device or toolchain is a one-line error, before any folder
+    backends.load(cfg.backend).preflight(cfg)
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
     run_dir = run_dir_of(cfg)
     try:

@@ -1,13 +1,13 @@
 """One measurement of the benchmarks, in a fresh process: a backend's real training step.
 
-`python -m qkstudy.bench.step SPEC_JSON` builds the run's own engine (qkstudy.trainer
-.engine_module(backend).Engine: the model, optimizer and compiled step a run trains with), takes
+`python -m qkstudy.bench.step SPEC_JSON` builds the run's own engine (qkstudy.backends
+.load(backend).Engine: the model, optimizer and compiled step a run trains with), takes
 `warmup` synced steps (compilation, the optimizer's first allocation), then times enough steps
 for about `seconds` (at least `min_steps`), dispatched and read back every `log_every` steps as
 the trainer does, on one random batch of the shape. With "overheads" it also times one
 evaluation batch and one probe call (measure, snapshot, update_stats), with "matmul" the
-backend's matmul peak; the backend's own facts come from its bench module (mlx_gpt/measure.py,
-torch_ref/measure.py). The last line on stdout is the result as JSON.
+backend's matmul peak; the backend's own facts come through the engine seam (qkstudy/backends.py:
+mlx_gpt/measure.py, torch_ref/measure.py). The last line on stdout is the result as JSON.
 
 With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
 timing: `measure_together` lines up K such processes, so their timed steps run at the same time.
@@ -18,7 +18,6 @@ QKSTUDY_RUNS_PER_DEVICE, ...).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import os
@@ -29,12 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import trainer
+from .. import backends
 from ..config import TrainConfig
 from .shapes import random_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_HELPERS = {"mlx": "mlx_gpt.measure", "torch": "torch_ref.measure"}
 READY = "ready"
 
 
@@ -64,12 +62,11 @@ def _timed(fn) -> float:
 def measure(spec: Spec, ready=None) -> dict:
     """The measurement, in this process. `ready` is called between warm-up and timing."""
     cfg = spec.train_config()
-    helpers = importlib.import_module(BENCH_HELPERS[cfg.backend])
-    engine_cls = trainer.engine_module(cfg.backend).Engine
+    backend = backends.load(cfg.backend)
     x, y = random_batch(cfg, spec.vocab, 0)
     probe = random_batch(cfg, spec.vocab, 1)
     # one validation batch: the evaluation's cost is that batch's times eval_batches
-    engine = engine_cls(cfg, spec.vocab, [probe], probe)
+    engine = backend.Engine(cfg, spec.vocab, [probe], probe)
     warmup = [_timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
     last = warmup[-1] if warmup else _timed(lambda: engine.read([engine.step(x, y)]))
     steps = max(spec.min_steps, min(100_000, math.ceil(spec.seconds / max(last, 1e-6))))
@@ -87,14 +84,14 @@ def measure(spec: Spec, ready=None) -> dict:
     result = {"tokens_per_s": steps * cfg.tokens_per_step / seconds, "steps": steps,
               "seconds": seconds, "step_s": seconds / steps, "warmup_s": warmup,
               "framework": engine.framework, "device": engine.device,
-              "engine": engine.manifest_extra, "backend": helpers.facts(cfg)}
+              "engine": engine.manifest_extra, "backend": backend.facts(cfg)}
     if spec.overheads:
         result["overheads"] = overheads(engine, cfg, result["step_s"])
     if spec.matmul:
-        result["matmul_gflops"] = helpers.matmul_gflops(cfg)
+        result["matmul_gflops"] = backend.matmul_gflops(cfg)
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, kB on Linux
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    result["peak_memory_bytes"] = helpers.peak_memory_bytes(cfg)
+    result["peak_memory_bytes"] = backend.peak_memory_bytes(cfg)
     return result
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import provenance, runlog, trainer
+from .. import backends, provenance, runlog
 from ..config import TrainConfig, model_args
 from ..progress import format_seconds
 from ..errors import UsageError
@@ -39,20 +39,18 @@ class Speeds:
 def device_text(t: TrainConfig) -> str:
     """The backend and the device a run of `t` trains on here, or why it cannot train here."""
     try:
-        engine = trainer.engine_module(t.backend)
+        backend = backends.load(t.backend)
     except UsageError as e:
         return f"{t.backend}: not installed here ({e})"
     cpu = f"{provenance.chip()}, {os.cpu_count()} cores"
+    try:
+        device = backend.device(t)
+    except UsageError as e:
+        return f"{t.backend}: {e}"
+    where = f"{device} ({cpu})" if device == "cpu" else device
     if t.backend == "torch":
-        try:
-            device = engine.describe(engine.resolve_device(t.device))
-        except UsageError as e:
-            return f"torch: {e}"
-        where = f"{device} ({cpu})" if device == "cpu" else device
         return f"torch on {where}, {t.precision}" + (", compiled" if t.compile else "")
-    # the MLX engine's own mlx.core (the core imports no framework itself): DeviceType.cpu -> cpu
-    kind = str(engine.mx.default_device().type).rsplit(".", 1)[-1]
-    return f"mlx on {kind}" + (f" ({cpu})" if kind == "cpu" else "")
+    return f"mlx on {where}"
 
 
 def flops_of(cfg: TrainConfig, vocab: int) -> float:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from .. import memory, runlog, trainer
+from .. import backends, memory, runlog, trainer
 from ..errors import UsageError
 from ..arms import arm_changes
 from ..config import TrainConfig, model_args
@@ -42,7 +42,7 @@ def param_counts(cfg: TrainConfig, vocab: int) -> dict[str, int]:
 def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
               ) -> tuple[float, int]:
     """(tokens/s, steps timed) of this exact shape, timed by the run's backend."""
-    return trainer.engine_module(cfg.backend).calibrate(cfg, vocab, steps, max_seconds)
+    return backends.load(cfg.backend).calibrate(cfg, vocab, steps, max_seconds)
 
 
 def run_cost_tokens(cfg: TrainConfig) -> float:

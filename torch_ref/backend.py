@@ -1,0 +1,16 @@
+"""torch_ref's side of the engine seam (qkstudy/backends.py): the names the core finds it by."""
+
+from __future__ import annotations
+
+from qkstudy.config import TrainConfig
+
+from .engine import Engine, calibrate, describe, preflight, resolve_device
+from .measure import facts, matmul_gflops, peak_memory_bytes
+
+__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "peak_memory_bytes",
+           "preflight"]
+
+
+def device(cfg: TrainConfig) -> str:
+    """The device `device=` resolves to here, described ("cpu", "cuda (NVIDIA H200)")."""
+    return describe(resolve_device(cfg.device))
