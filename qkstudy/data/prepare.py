@@ -195,7 +195,8 @@ def _remove_empty(folders: list[Path]) -> None:
 def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
     """Tokenise `source` into a prepared folder; returns (folder, meta)."""
     cfg = cfg.validate()
-    corpus = resolve_source(source, cfg)  # first: a typo in SOURCE should not wait on a tokenizer
+    # first: a typo in SOURCE should not wait on a tokenizer
+    corpus = resolve_source(source, synthetic_mb=cfg.size_mb, synthetic_seed=cfg.seed)
     tok = get_tokenizer(cfg.tokenizer)
     assert tok.vocab_size <= 1 << 16, "ids must fit uint16"
     out = Path(cfg.out or f"data/{corpus.name}-{tok.name}")

@@ -12,14 +12,10 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import synthetic
 from ..errors import UsageError
 from .tokenizer import ENDOFTEXT
-
-if TYPE_CHECKING:
-    from .prepare import PrepareConfig
 
 NAMED_SOURCES = ("synthetic", "tinystories", "fineweb-edu")
 TINYSTORIES_REPO = "roneneldan/TinyStories"
@@ -114,15 +110,15 @@ def _local_files(path: Path) -> list[Path]:
 # ---------------------------------------------------------------- sources
 
 
-def _synthetic(cfg: PrepareConfig) -> Corpus:
-    n_chars = int(cfg.size_mb * 1_000_000)
-    name = f"qkstudy.data.synthetic seed={cfg.seed} size_mb={cfg.size_mb:g}"
+def _synthetic(size_mb: float, seed: int) -> Corpus:
+    n_chars = int(size_mb * 1_000_000)
+    name = f"qkstudy.data.synthetic seed={seed} size_mb={size_mb:g}"
     record = {"name": name, "bytes": 0, "sha256": ""}
 
     def documents() -> Iterator[str]:
         # The hash is that of the stories written as a TinyStories-style .txt file.
         digest = hashlib.sha256()
-        for i, text in enumerate(synthetic.iter_text(n_chars, cfg.seed)):
+        for i, text in enumerate(synthetic.iter_text(n_chars, seed)):
             data = (f"\n{ENDOFTEXT}\n" if i else "").encode() + text.encode()
             digest.update(data)
             record["bytes"] += len(data)
@@ -174,10 +170,11 @@ def _fineweb() -> Corpus:
                   _file_documents(_fineweb_shards(), inputs), inputs)
 
 
-def resolve_source(source: str, cfg: PrepareConfig) -> Corpus:
-    """A named source (synthetic, tinystories, fineweb-edu) or a local file or folder."""
+def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Corpus:
+    """A named source (synthetic, tinystories, fineweb-edu) or a local file or folder; the
+    synthetic corpus is `synthetic_mb` million characters from generator seed `synthetic_seed`."""
     if source == "synthetic":
-        return _synthetic(cfg)
+        return _synthetic(synthetic_mb, synthetic_seed)
     if source == "tinystories":
         return _tinystories()
     if source == "fineweb-edu":
