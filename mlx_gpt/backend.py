@@ -13,8 +13,8 @@ from qkstudy.errors import UsageError
 from .engine import Engine, calibrate
 from .measure import facts, matmul_gflops, peak_memory_bytes
 
-__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "peak_memory_bytes",
-           "preflight"]
+__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "memory_limit",
+           "peak_memory_bytes", "preflight"]
 
 
 def device(cfg: TrainConfig) -> str:
@@ -29,3 +29,8 @@ def preflight(cfg: TrainConfig) -> None:
         raise UsageError("MLX's CPU backend compiles its kernels with g++, which is not on PATH: "
                          "install it (Debian/Ubuntu: apt-get install g++) or run with "
                          "backend=torch")
+
+
+def memory_limit(cfg: TrainConfig) -> None:
+    """MLX trains in the machine's memory (unified on a Mac): the core's own check."""
+    return None

@@ -25,7 +25,7 @@ BACKENDS = ("mlx", "torch")
 # called (FOLDER_KEYS), and which engine computed it (ENGINE_KEYS): runs that differ only in
 # these are twins, the same point computed twice (the report overlays them).
 FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine", "reference_run_id")
-ENGINE_KEYS = ("backend", "device", "precision", "compile")
+ENGINE_KEYS = ("backend", "device", "precision", "compile", "deterministic")
 
 
 def framework_label(framework: str, precision: object = None) -> str:
@@ -62,6 +62,9 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     compile: bool = False
+    # torch: deterministic algorithms and cuBLAS's fixed workspace, CUDA's repeatable kernels
+    # (false lets CUDA pick faster non-deterministic ones; docs/torch_ref.md#determinism)
+    deterministic: bool = True
     # initial weights: numpy (qkstudy/parameters.py, the same in both backends) or mlx (MLX's own
     # generator: runs made before the numpy scheme; MLX only)
     init: Literal["numpy", "mlx"] = "numpy"
@@ -141,10 +144,10 @@ class TrainConfig:
             (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
             (self.seed >= 0 and self.data_seed >= 0,
              f"seed and data_seed must be >= 0, got {self.seed} and {self.data_seed}"),
-            (self.backend == "torch" or (self.device, self.precision, self.compile)
-             == ("auto", "fp32", False),
-             "device, precision and compile are options of backend=torch; MLX picks its own "
-             "device and computes in float32"),
+            (self.backend == "torch" or (self.device, self.precision, self.compile,
+                                          self.deterministic) == ("auto", "fp32", False, True),
+             "device, precision, compile and deterministic are options of backend=torch; MLX "
+             "picks its own device and computes in float32"),
             (self.backend == "mlx" or self.init == "numpy",
              "init=mlx draws the weights with MLX's generator: backend=mlx only"),
         ]
@@ -171,7 +174,7 @@ class TrainConfig:
         return self
 
     # Fields that say where output goes or how (not what) is computed: left out of the run id.
-    NON_IDENTITY = ("runs_dir", "sweep", "kernels", "compile")
+    NON_IDENTITY = ("runs_dir", "sweep", "kernels", "compile", "deterministic")
     # Keys added after runs were made, with the value every earlier run had: left out of the
     # identity while they hold it, so those runs keep their run ids, and a config.json without
     # them reads back with it (load_config).

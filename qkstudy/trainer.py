@@ -39,6 +39,18 @@ Batch = tuple[np.ndarray, np.ndarray]
 # K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
 # threads, or caps its memory at 1/K of the GPU
 RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
+# i of the K processes (0..K-1): a torch engine on N GPUs trains on cuda:(i mod N)
+DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
+
+
+def device_memory(cfg: TrainConfig) -> tuple[int, str] | None:
+    """The memory a run may use on its backend's device (a GPU's share), or None for the
+    machine's; None too when the framework or device is missing (preflight says so)."""
+    try:
+        return backends.load(cfg.backend).memory_limit(cfg)
+    except UsageError:
+        return None
+
 
 def make_engine(cfg: TrainConfig, vocab_size: int, val: list[Batch], probe: Batch) -> Engine:
     return backends.load(cfg.backend).Engine(cfg, vocab_size, val, probe)
@@ -58,8 +70,9 @@ def load_data(cfg: TrainConfig):
         if len(tokens) < cfg.block_size + 2:
             raise UsageError(f"block_size={cfg.block_size} is above the {split} data of {cfg.data} "
                              f"({len(tokens)} tokens)")
-    # an allocation the framework cannot satisfy kills the process: refuse such a config here
-    memory.check(cfg, meta["vocab_size"])
+    # an allocation the framework cannot satisfy kills the process: refuse such a config here,
+    # against the GPU's share when the run trains on one
+    memory.check(cfg, meta["vocab_size"], limit=device_memory(cfg))
     return train_tokens, val_tokens, meta
 
 

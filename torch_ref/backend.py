@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from qkstudy.config import TrainConfig
 
+from .device import memory_limit
 from .engine import Engine, calibrate, describe, preflight, resolve_device
 from .measure import facts, matmul_gflops, peak_memory_bytes
 
-__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "peak_memory_bytes",
-           "preflight"]
+__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "memory_limit",
+           "peak_memory_bytes", "preflight"]
 
 
 def device(cfg: TrainConfig) -> str:
-    """The device `device=` resolves to here, described ("cpu", "cuda (NVIDIA H200)")."""
+    """The device `device=` resolves to here, described ("cpu", "cuda:0 (NVIDIA H200)")."""
     return describe(resolve_device(cfg.device))

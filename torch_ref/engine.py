@@ -12,14 +12,18 @@ like an MLX run:
 
 Precision (TrainConfig.precision): fp32 (default; no TF32 anywhere), tf32 (CUDA matmuls in
 TF32), bf16 (autocast of the forward to bfloat16 on CUDA or CPU; the loss, the optimizer and
-the weights stay float32). compile=true wraps the forward in torch.compile.
-QKSTUDY_RUNS_PER_DEVICE=K (set by a sweep with jobs=K): this process takes 1/K of the CPU's
-threads, or at most 1/K of the GPU's memory.
+the weights stay float32). compile=true compiles the forward and the loss with torch.compile
+(compiled.py: one compiled function for every run of the process). deterministic (default
+true): device.py. QKSTUDY_RUNS_PER_DEVICE=K (set by a sweep with jobs=K): this process takes
+1/K of the CPU's threads, or its share of a GPU (device.py).
+
+The step never waits for the device: the batch is staged in pinned memory and copied
+asynchronously, the learning rate comes from a table on the device, and the numbers of a step
+stay on the device until the trainer reads a batch of steps (`read`, every log_every steps).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
@@ -27,59 +31,31 @@ import numpy as np
 import torch
 
 from qkstudy.config import TrainConfig, model_args
-from qkstudy.errors import UsageError
-from qkstudy.trainer import RUNS_PER_DEVICE
+from qkstudy.trainer import RUNS_PER_DEVICE  # noqa: F401  (gpu_check's import)
 from qkstudy.parameters import count_params, initial_weights
 
+from . import compiled
 from . import probes as probe_lib
-from .model import GPT, cross_entropy, objective_terms
-from .optim import lr_schedule, make_optimizer, update
+from .device import (describe, memory_limit, place, resolve_device,  # noqa: F401
+                     runs_per_device, set_determinism, set_precision)
+from .model import GPT
+from .optim import lr_schedule, make_optimizer
 
-
-
-def resolve_device(name: str) -> torch.device:
-    """'auto' -> cuda, else mps, else cpu; an unavailable device is a usage error."""
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": hasattr(torch.backends, "mps") and torch.backends.mps.is_available()}
-    if name == "auto":
-        name = next(d for d in ("cuda", "mps", "cpu") if available[d])
-    if name not in available:
-        raise UsageError(f"device must be one of auto, cuda, mps, cpu; got {name!r}")
-    if not available[name]:
-        raise UsageError(f"device {name} is not available to this torch build "
-                         f"({torch.__version__}); use device=auto or device=cpu")
-    return torch.device(name)
-
-
-def describe(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return device.type
-
-
-def set_precision(precision: str, device: torch.device) -> None:
-    """fp32: no TF32 anywhere (the reference); tf32: CUDA matmuls and convolutions in TF32."""
-    if precision == "tf32" and device.type != "cuda":
-        raise UsageError(f"precision=tf32 is a CUDA mode; on {device.type} use fp32 or bf16")
-    if precision == "bf16" and device.type == "mps":
-        raise UsageError("precision=bf16 is not supported on mps here; use fp32")
-    tf32 = precision == "tf32"
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-
-
-def runs_per_device() -> int:
-    """K of a sweep with jobs=K (RUNS_PER_DEVICE in the environment), else 1."""
-    try:
-        return max(1, int(os.environ.get(RUNS_PER_DEVICE, "1") or 1))
-    except ValueError:
-        return 1
 
 
 def preflight(cfg: TrainConfig) -> None:
     """The checks that need torch, before the run folder is made."""
     set_precision(cfg.precision, resolve_device(cfg.device))
+
+
+def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Token ids on `device`. To a GPU from pinned memory, asynchronously: a copy from pageable
+    memory would make the host wait for the device (the pinned block is not reused before its
+    copy is done: torch's host allocator records the copy)."""
+    host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 class Engine:
@@ -89,11 +65,10 @@ class Engine:
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
         self.cfg = cfg
-        self.dev = resolve_device(cfg.device)
+        set_determinism(cfg.deterministic)  # before the first CUDA call (cuBLAS reads it then)
+        self.dev = place(cfg.device)
         set_precision(cfg.precision, self.dev)
         share = runs_per_device()
-        if self.dev.type == "cuda" and share > 1:
-            torch.cuda.set_per_process_memory_fraction(1 / share, self.dev)
         if self.dev.type == "cpu" and share > 1:  # K runs on one CPU: K x threads would thrash
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
         args = model_args(cfg, vocab_size)
@@ -101,11 +76,14 @@ class Engine:
         self._load_initial(args)
         self.names = [n for n, _ in self.model.named_parameters()]
         self.opt, self.schedule = make_optimizer(cfg, dict(self.model.named_parameters()))
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
+        self.lr_table = self._lr_table()
+        self.bf16 = cfg.precision == "bf16"
+        self.objective, self.val_loss = compiled.functions(cfg.compile)
         self.device = describe(self.dev)
         self.params = count_params(args)
         self.manifest_extra = {"torch_threads": torch.get_num_threads(),
                                "precision": cfg.precision, "compile": cfg.compile,
+                               "deterministic": cfg.deterministic,
                                "float32_matmul_precision": torch.get_float32_matmul_precision()}
         self.warmup_note = ("compiling the step with torch.compile (a minute or more)"
                             if cfg.compile else "first step")
@@ -119,12 +97,15 @@ class Engine:
                 p.copy_(torch.from_numpy(weights[name]))
 
     def _tokens(self, a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.dev)
+        return stage(a, self.dev)
 
-    def _autocast(self):
-        if self.cfg.precision != "bf16":
-            return contextlib.nullcontext()
-        return torch.autocast(self.dev.type, dtype=torch.bfloat16)
+    def _lr_table(self) -> torch.Tensor:
+        """The rate of every update (LambdaLR's own formula: base rate x its lambda), float32 on
+        the device, so a step reads its rate without a copy from the host; past the last step
+        the schedule stays at its end."""
+        base, schedule = self.schedule.base_lrs[0], self.schedule.lr_lambdas[0]
+        rates = [base * schedule(s) for s in range(self.cfg.steps + 1)]
+        return torch.tensor(rates, dtype=torch.float32).to(self.dev)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -169,25 +150,33 @@ class Engine:
 
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW.
-        Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
+        Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read:
+        nothing here waits for the device."""
         self.model.zero_grad(set_to_none=True)
-        with self._autocast():
-            logits = self.forward(self._tokens(x))
-        total, loss, z = objective_terms(logits.float(), self._tokens(y), self.cfg.z_loss)
+        total, loss, z = self.objective(self.model, self._tokens(x), self._tokens(y),
+                                        self.cfg.z_loss, self.bf16)
         total.backward()
-        grad_norm, lr = update(self.opt, self.schedule, self.cfg.grad_clip)
-        return torch.stack([loss.detach(), grad_norm.float(), lr.to(loss.dtype), z.detach()])
+        lr = self.lr_table[min(self.schedule.last_epoch, len(self.lr_table) - 1)]
+        grad_norm = self._clip()
+        self.opt.step()  # AdamW reads its rate, a float, from the group: no device read
+        self.schedule.step()
+        return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
+
+    def _clip(self) -> torch.Tensor:
+        """The gradients' global norm before clipping, and the clip to grad_clip (0: none), as
+        torch.nn.utils.clip_grad_norm_ does it (its two halves, so 0 skips the scaling)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, norm)
+        return norm
 
     def read(self, pending: list[torch.Tensor]) -> list[tuple[float, float, float, float]]:
         return torch.stack(pending).cpu().double().tolist()  # one sync; MPS has no float64
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        losses = []
-        for x, y in self.val:
-            with self._autocast():
-                logits = self.forward(x)
-            losses.append(cross_entropy(logits.float(), y))
+        losses = [self.val_loss(self.model, x, y, self.bf16) for x, y in self.val]
         return torch.stack(losses).mean().item()
 
     def probes(self, step: int) -> list[dict]:

@@ -40,7 +40,8 @@ any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes in
   --no-notify      no terminal bell and desktop notification when the sweep ends
   --slurm          write a Slurm job array of the runs left (one run per task) under
                    <runs_dir>/<name>/slurm/ and print its sbatch line; --submit also submits it.
-                   slurm_partition= slurm_time= slurm_cpus=1 slurm_gpus=0 slurm_max_parallel=K
+                   slurm_partition= slurm_time= slurm_cpus=1 slurm_max_parallel=K
+                   slurm_gpus= (one GPU a task with device=cuda, else none)
                    slurm_signal_seconds=120 slurm_requeue=true
                    slurm_extra="--account=... --qos=..." (none of them changes a run)"""
 
@@ -105,8 +106,9 @@ def _cli(argv: list[str]) -> int:
 
     if not worker:
         declare_grid(sweep, dict(speeds))
-    if sweep.jobs > 1:  # this process is one of the K sharing the device
+    if sweep.jobs > 1:  # this process is the first of the K sharing the device(s)
         os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
+        os.environ[trainer.DEVICE_SLOT] = "0"
     workers = spawn_workers(words, sweep) if sweep.jobs > 1 and not worker else []
     if workers:
         record_processes(sweep, [os.getpid(), *(w.pid for w in workers)])

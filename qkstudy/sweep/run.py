@@ -354,12 +354,14 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
         print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 
-def gpu_share(sweep: SweepConfig) -> dict[str, str]:
-    """The environment of a sweep process: with jobs=K, K processes train on one device, and a
-    torch engine on CUDA caps its memory at 1/K of the GPU (the first process sets it too)."""
+def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
+    """The environment of sweep process `slot` (the first is 0): with jobs=K, K processes share
+    the device(s), and a torch engine on N GPUs trains on cuda:(slot mod N) with its memory
+    capped at its share of that GPU (the first process sets the same in its own environment)."""
     env = dict(os.environ)
     if sweep.jobs > 1:
         env[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
+        env[trainer.DEVICE_SLOT] = str(slot)
     return env
 
 
@@ -376,6 +378,6 @@ def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "qkstudy", "sweep",
              *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
-            stdout=log, stderr=subprocess.STDOUT, env=gpu_share(sweep)))
+            stdout=log, stderr=subprocess.STDOUT, env=gpu_share(sweep, i)))
         log.close()
     return workers

@@ -48,7 +48,7 @@ class SlurmOptions:
     partition: str = ""  # empty: the cluster's default partition
     time: str = ""  # --time per task; empty: the partition's default
     cpus: int = 1  # --cpus-per-task
-    gpus: int = 0  # --gres=gpu:N per task
+    gpus: int = -1  # --gres=gpu:N per task; -1: by the runs' device (for_device)
     max_parallel: int = 0  # the %K of --array=0-N%K; 0: no limit
     extra: str = ""  # more sbatch options, e.g. "--account=lab --qos=normal"
     # SIGTERM to the task this many seconds before its time limit (--signal=B:TERM@N; 0: none),
@@ -61,7 +61,7 @@ class SlurmOptions:
         if self.time and not TIME.fullmatch(self.time):
             raise UsageError(f"slurm_time={self.time!r} is not a Slurm time (MM, HH:MM:SS, "
                              "D-HH:MM)")
-        for key, value, least in (("slurm_cpus", self.cpus, 1), ("slurm_gpus", self.gpus, 0),
+        for key, value, least in (("slurm_cpus", self.cpus, 1), ("slurm_gpus", self.gpus, -1),
                                   ("slurm_max_parallel", self.max_parallel, 0),
                                   ("slurm_signal_seconds", self.signal_seconds, 0)):
             if value < least:
@@ -78,11 +78,27 @@ class SlurmOptions:
                              "--option=value)")
         return self
 
+    def for_device(self, device: str) -> tuple[SlurmOptions, str | None]:
+        """(these options with gpus=-1 made one GPU a task for device=cuda and none otherwise,
+        a warning when the runs' device and the GPU request disagree, or None)."""
+        gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
+        warning = None
+        if device == "cuda" and gpus == 0:
+            warning = ("device=cuda with slurm_gpus=0: a task gets no GPU unless its partition "
+                       "gives one, and then stops at its start (device cuda is not available)")
+        elif device == "auto" and gpus == 0:
+            warning = ("device=auto requests no GPU (slurm_gpus=0): the tasks train on the CPU "
+                       "unless their partition gives them a GPU; for GPU runs use device=cuda "
+                       "(one GPU a task) or slurm_gpus=1")
+        elif device in ("cpu", "mps") and gpus > 0:
+            warning = f"device={device} with slurm_gpus={gpus}: the GPUs are requested, not used"
+        return dataclasses.replace(self, gpus=gpus), warning
+
     def sbatch_lines(self) -> list[str]:
         lines = [f"--cpus-per-task={self.cpus}"]
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--time={self.time}"] if self.time else []
-        lines += [f"--gres=gpu:{self.gpus}"] if self.gpus else []
+        lines += [f"--gres=gpu:{self.gpus}"] if self.gpus > 0 else []
         # B: signals the batch shell only, which `exec`s the task (array_script): the trainer
         # itself gets SIGTERM, checkpoints and exits 143
         lines += [f"--signal=B:TERM@{self.signal_seconds}"] if self.signal_seconds else []
@@ -205,6 +221,9 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     sweep_dir = (Path(sweep.runs_dir) / sweep.name).absolute()
     if re.search(r"\s", str(sweep_dir)) or re.search(r"\s", str(Path.cwd())):
         raise UsageError(f"{sweep_dir} holds whitespace, which #SBATCH lines cannot hold")
+    options, warning = options.for_device(sweep.train.device)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     todo, refine = remaining_runs(sweep)
     active, jobs = active_runs(sweep_dir)
     runs = [c for c in todo + refine if c.run_id not in active]

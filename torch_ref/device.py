@@ -1,0 +1,129 @@
+"""The device a torch run trains on, and the settings that go with it.
+
+A sweep with jobs=K starts K processes (QKSTUDY_RUNS_PER_DEVICE=K, each with its own
+QKSTUDY_DEVICE_SLOT=i, 0..K-1). On CUDA, process i trains on cuda:(i mod N) of the N GPUs it
+sees (CUDA_VISIBLE_DEVICES narrows them), caps its memory at 1/M of that GPU, M being the
+number of the K processes placed there, and its run's memory estimate is checked against that
+share before anything is written. On the CPU it takes 1/K of the threads instead.
+
+Determinism (TrainConfig.deterministic, default true): torch.use_deterministic_algorithms and
+cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when CUDA starts, so it is set before
+any CUDA call), so a repeat or a resume computes the same bits on one GPU; off lets cuBLAS and
+the attention backward pick faster non-deterministic kernels.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from qkstudy.config import TrainConfig
+from qkstudy.errors import UsageError
+from qkstudy.memory import format_bytes
+from qkstudy.trainer import DEVICE_SLOT, RUNS_PER_DEVICE
+
+CUBLAS_WORKSPACE = ":4096:8"  # one of the two settings cuBLAS documents as deterministic
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' -> cuda, else mps, else cpu; an unavailable device is a usage error."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": hasattr(torch.backends, "mps") and torch.backends.mps.is_available()}
+    if name == "auto":
+        name = next(d for d in ("cuda", "mps", "cpu") if available[d])
+    if name not in available:
+        raise UsageError(f"device must be one of auto, cuda, mps, cpu; got {name!r}")
+    if not available[name]:
+        raise UsageError(f"device {name} is not available to this torch build "
+                         f"({torch.__version__}); use device=auto or device=cpu")
+    return torch.device(name)
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def set_precision(precision: str, device: torch.device) -> None:
+    """fp32: no TF32 anywhere (the reference); tf32: CUDA matmuls and convolutions in TF32."""
+    if precision == "tf32" and device.type != "cuda":
+        raise UsageError(f"precision=tf32 is a CUDA mode; on {device.type} use fp32 or bf16")
+    if precision == "bf16" and device.type == "mps":
+        raise UsageError("precision=bf16 is not supported on mps here; use fp32")
+    tf32 = precision == "tf32"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def set_determinism(deterministic: bool) -> None:
+    """Deterministic algorithms on or off; the cuBLAS workspace setting with them, which must be
+    in the environment before CUDA starts (the first CUDA call of the process)."""
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(deterministic)
+
+
+def _env_int(name: str, default: int, least: int) -> int:
+    try:
+        return max(least, int(os.environ.get(name, "") or default))
+    except ValueError:
+        return default
+
+
+def runs_per_device() -> int:
+    """K of a sweep with jobs=K (RUNS_PER_DEVICE in the environment), else 1."""
+    return _env_int(RUNS_PER_DEVICE, 1, 1)
+
+
+def device_slot() -> int:
+    """This process's number among the K (DEVICE_SLOT in the environment), else 0."""
+    return _env_int(DEVICE_SLOT, 0, 0)
+
+
+def cuda_index(slot: int, count: int) -> int:
+    """The GPU of process `slot` among `count` GPUs: round robin."""
+    return slot % count
+
+
+def sharing(index: int, runs: int, count: int) -> int:
+    """How many of `runs` processes, placed round robin on `count` GPUs, land on GPU `index`."""
+    return len([s for s in range(runs) if cuda_index(s, count) == index]) or 1
+
+
+def place(name: str) -> torch.device:
+    """The run's device. On CUDA: this process's GPU (cuda:i mod N) made current, its memory
+    capped at 1/M of the GPU when M processes share it."""
+    device = resolve_device(name)
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count()
+    index = cuda_index(device_slot(), count)
+    torch.cuda.set_device(index)
+    shared = sharing(index, runs_per_device(), count)
+    if shared > 1:  # an index, not torch.device("cuda"): torch refuses a device without one
+        torch.cuda.set_per_process_memory_fraction(1 / shared, index)
+    return torch.device("cuda", index)
+
+
+def memory_limit(cfg: TrainConfig) -> tuple[int, str] | None:
+    """(bytes, the words for them) this run may use on its GPU, for qkstudy.memory.check; None
+    off CUDA (the machine's memory is checked). The GPU's share for this process (1/M of its
+    memory when M processes share it, as `place` caps it), and no more than is free now plus
+    what this process's allocator already holds (an earlier run's cache is reused)."""
+    if cfg.backend != "torch":
+        return None
+    device = resolve_device(cfg.device)
+    if device.type != "cuda":
+        return None
+    count = torch.cuda.device_count()
+    index = cuda_index(device_slot(), count)
+    free, total = torch.cuda.mem_get_info(index)
+    shared = sharing(index, runs_per_device(), count)
+    usable = min(total // shared, free + torch.cuda.memory_reserved(index))
+    share = f", 1/{shared} of it for each of the {shared} runs sharing it" if shared > 1 else ""
+    return usable, (f"cuda:{index} ({torch.cuda.get_device_name(index)}) has "
+                    f"{format_bytes(free)} free of {format_bytes(total)}{share}: "
+                    f"{format_bytes(usable)} for this run")
