@@ -3,7 +3,11 @@
 #   ./setup.sh         system packages on Linux, then .venv with the project and its dev extra
 #                      (MLX, PyTorch, the analysis, the test tools): everything, the tests included
 #   ./setup.sh torch   .venv with the core and PyTorch only (the torch extra), for backend=torch
-#                      runs on a CUDA machine: no MLX, no analysis, no system packages
+#                      runs on a CUDA machine: no MLX, no analysis, no system packages. A PyTorch
+#                      the machine already has (`$PYTHON -c "import torch"`, PYTHON defaulting
+#                      to python3) is used as it is: .venv sees that interpreter's packages, the
+#                      project is linked in without a build, and only what is missing is
+#                      installed, so with everything present it needs no network
 # Quiet but alive: one line per stage (dots while it waits), the full output in .setup.log, and
 # at the end what is and is not installed and what a missing piece costs.
 set -euo pipefail
@@ -54,30 +58,78 @@ if [ "$MODE" = dev ] && [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/nu
   fi
 fi
 
-stage "python environment .venv"
-if quietly python3 -m venv .venv && quietly .venv/bin/python -m pip install --upgrade pip; then
+# torch mode with a PyTorch already there: a .venv that sees it, nothing installed that is present
+if [ "$MODE" = torch ] && "${PYTHON:-python3}" -c "import torch" >/dev/null 2>&1; then
+  PY=${PYTHON:-python3}
+  "$PY" -c 'import os, torch
+cuda = torch.version.cuda or "none: a CPU build"
+print(f"found torch {torch.__version__} (CUDA {cuda}) in {os.path.dirname(os.path.dirname(torch.__file__))}")'
+  # what the core and the torch extra need that $PY's packages lack (.venv sees the same ones)
+  missing=$("$PY" - <<'PYEOF'
+import importlib.metadata as metadata, re, tomllib
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+for requirement in project["dependencies"] + project["optional-dependencies"]["torch"]:
+    name = re.match(r"[A-Za-z0-9_.-]+", requirement).group(0)
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        if name != "torch":  # imported above: a torch without its metadata is still a torch
+            print(requirement.split(";")[0])
+PYEOF
+)
+  stage "python environment .venv (seeing $PY's packages)"
+  # pip only when there is something to install (ensurepip is the slow part of a venv)
+  if ! quietly "$PY" -m venv --system-site-packages $([ -n "$missing" ] || echo --without-pip) \
+      .venv; then
+    echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+  fi
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # $PY may itself be a venv or conda env, whose packages a new venv does not inherit: list
+  # where its packages are, and the checkout itself (what an editable install does, no build)
+  "$PY" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' >"$site/machine-python.pth"
+  pwd >"$site/qknorm-study.pth"
   echo " done"
-else
-  echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+  if [ -n "$missing" ]; then
+    stage "installing what is missing ($(echo $missing))"
+    # shellcheck disable=SC2086  (one requirement a word)
+    if quietly .venv/bin/python -m pip install $missing; then echo " done"
+    else echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1; fi
+  else
+    echo "nothing to install: the core's and the torch extra's packages are all there"
+  fi
+  READY_TORCH=1
 fi
-if [ "$MODE" = torch ]; then
-  stage "the project with its torch extra (numpy, pyarrow, scipy, tiktoken, PyTorch; minutes)"
-  extra=torch
-else
-  stage "the project with its dev extra (MLX, PyTorch, Polars, Altair, pytest, just; minutes)"
-  extra=dev
-fi
-if quietly .venv/bin/python -m pip install -e ".[$extra]"; then
-  echo " done"
-else
-  echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+
+if [ -z "${READY_TORCH:-}" ]; then
+  stage "python environment .venv"
+  # (the dev set-up brings pip up to date; torch mode keeps the venv's own, one download less)
+  if quietly python3 -m venv .venv \
+      && { [ "$MODE" = torch ] || quietly .venv/bin/python -m pip install --upgrade pip; }; then
+    echo " done"
+  else
+    echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+  fi
+  if [ "$MODE" = torch ]; then
+    stage "the project with its torch extra (numpy, pyarrow, scipy, tiktoken, PyTorch; minutes)"
+    extra=torch
+  else
+    stage "the project with its dev extra (MLX, PyTorch, Polars, Altair, pytest, just; minutes)"
+    extra=dev
+  fi
+  if quietly .venv/bin/python -m pip install -e ".[$extra]"; then
+    echo " done"
+  else
+    echo " FAILED"; tail -n 20 "$LOG" >&2; exit 1
+  fi
 fi
 
 if [ "$MODE" = torch ]; then
   echo "installed:"
   row .venv "$(.venv/bin/python -c 'import torch
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"
-print(f"torch {torch.__version__}, CUDA GPU: {gpu}")')"
+cuda = torch.version.cuda or "none (a CPU build)"
+print(f"torch {torch.__version__}, CUDA {cuda}, GPU: {gpu}")')"
   if command -v cc >/dev/null || command -v gcc >/dev/null; then row "C compiler" yes
   else row "C compiler" "NO: compile=true (Triton) needs one; every other setting runs"; fi
   echo "ready: .venv/bin/python -m qkstudy sweep backend=torch device=cuda ... (docs/sweeps.md#where-to-run)"
