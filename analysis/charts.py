@@ -133,6 +133,12 @@ def values(df: pl.DataFrame) -> alt.Data:
     return alt.Data(values=clean.to_dicts())
 
 
+def lr_brush() -> alt.Parameter:
+    """The LR brush (drag along the LR axis): the report's page filters the other charts by it
+    (analysis/linked.py)."""
+    return alt.selection_interval(name="lr_brush", encodings=["x"], clear="dblclick")
+
+
 def _log_x(lrs: list[float], width: float, title: str = "learning rate (log)") -> alt.X:
     return alt.X("lr:Q", scale=lr_scale(lrs), axis=lr_axis(lrs, width, title))
 
@@ -179,7 +185,7 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
     mean = base.mark_point(filled=True, size=40).encode(
         y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"),
                                    alt.Tooltip("loss:Q", format=".4f"), "seeds:Q", "diverged:Q"]) \
-        .transform_filter(alt.datum.kind == "mean")
+        .transform_filter(alt.datum.kind == "mean").add_params(lr_brush())
     div = base.mark_point(size=110, filled=True, strokeWidth=1).encode(
         y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "seed:N"]) \
         .transform_filter(alt.datum.kind == "diverged")
@@ -439,79 +445,146 @@ DECISION_STYLE = {  # decision -> (legend words, colour)
 }
 
 
+UNTESTED_WORDS = {M.UNINFORMATIVE: "neither arm learned", M.TOO_FEW: "one seed"}
+BOTH_DIVERGED = "both arms diverged"
+GREYED = "#b0b0b0"  # LRs run without a test: drawn, but never in a decision's colour
+EDGE_MARK = "interval continues beyond the axis"
+
+
+def gap_axis_range(means: list[float], floor: float = 0.05) -> tuple[float, float]:
+    """The y range of a gap chart: the seed-mean gaps and zero with a margin (never less than
+    +-floor nats), so one wide interval cannot flatten every gap onto the zero line."""
+    lo, hi = min(means + [0.0]), max(means + [0.0])
+    pad = max(0.25 * (hi - lo), floor)
+    return lo - pad, hi + pad
+
+
 def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame
                    ) -> alt.Chart:
     """Per depth (one panel each, one row per compared arm): the paired gap off minus on with
-    its 95% interval over LR, coloured by the cell's decision; the necessity threshold as a
-    black rule with its 95% interval as a grey band; the off arm's first divergent LR (seed
-    geometric mean) as a dashed rule. Uninformative cells (neither arm learned) and cells with
-    one seed are left out."""
-    cells = gaps.filter(pl.col("decision").is_in(list(DECISION_STYLE)))
-    if cells.is_empty():
-        return _empty("no LR with a paired test yet (needs >= 2 seeds in both arms)")
-    words = {k: v[0] for k, v in DECISION_STYLE.items()}
-    cells = cells.with_columns(
-        outcome=pl.col("decision").replace_strict(words),
+    its 95% interval at every LR run in both arms, coloured by the cell's decision; cells
+    without a test (neither arm learned, or one seed) greyed at zero and labelled. The y axis
+    spans the seed-mean gaps: an interval beyond it is cut at the edge and marked there with
+    a triangle. The necessity threshold is a black rule with its 95% interval as a grey band,
+    the off arm's first divergent LR (seed geometric mean) a dashed rule; each sits at its
+    true LR on an axis that covers every LR run, or is written as beyond it."""
+    if gaps.is_empty():
+        return _empty("no LR run in both arms yet")
+    words = {k: v[0] for k, v in DECISION_STYLE.items()} | UNTESTED_WORDS
+    both_diverged = ((pl.col("off_diverged") >= pl.col("pairs"))
+                     & (pl.col("on_diverged") >= pl.col("pairs")))
+    cells = gaps.with_columns(
+        outcome=pl.when((pl.col("decision") == M.UNINFORMATIVE) & both_diverged)
+        .then(pl.lit(BOTH_DIVERGED))
+        .otherwise(pl.col("decision").replace_strict(words, default="untested")),
+        tested=pl.col("decision").is_in(list(DECISION_STYLE)),
         compared=pl.format("off minus {}", pl.col("on_kind").map_elements(
             M.arm_words, return_dtype=pl.String)),
         kind=pl.lit("cell"))
+    tested = cells.filter("tested")
+    y_lo, y_hi = gap_axis_range(tested["mean_gap"].drop_nulls().to_list())
+    cells = cells.with_columns(
+        y=pl.when("tested").then(pl.col("mean_gap")).otherwise(0.0),
+        bar_lo=pl.col("ci_lo").clip(y_lo, y_hi), bar_hi=pl.col("ci_hi").clip(y_lo, y_hi),
+        cut_lo=pl.col("ci_lo") < y_lo, cut_hi=pl.col("ci_hi") > y_hi)
     lrs = cells["lr"].to_list()
     width = panel_width(cells["depth"].n_unique())
     lo, hi = min(lrs) / 1.3, max(lrs) * 1.3
-    clip = pl.col("lr").clip(lo, hi)
-    th = (thresholds.join(cells.select("depth", "on_kind", "compared").unique(),
-                          on=["depth", "on_kind"])
-          .filter(pl.col("threshold_lr").is_not_null() | pl.col("censored").is_not_null())
-          .with_columns(lr=pl.col("threshold_lr"),
-                        band_lo=pl.col("ci_lo").fill_null(lo).clip(lo, hi),
+    panels = cells.select("depth", "on_kind", "compared").unique()
+    th = (thresholds.join(panels, on=["depth", "on_kind"])
+          .filter(pl.col("threshold_lr").is_not_null())
+          .with_columns(band_lo=pl.col("ci_lo").fill_null(lo).clip(lo, hi),
                         band_hi=pl.col("ci_hi").fill_null(hi).clip(lo, hi),
-                        kind=pl.lit("threshold"))
-          .select("depth", "on_kind", "compared", "lr", "band_lo", "band_hi", "kind",
-                  "threshold"))
+                        kind=pl.lit("threshold"),
+                        label=pl.format("threshold {}", pl.col("threshold")))
+          .select("depth", "compared", "band_lo", "band_hi", "kind", "threshold", "label",
+                  lr="threshold_lr"))
     boundary = (arms.filter((pl.col(M.ARM) == M.OFF) & pl.col("first_divergent_lr").is_not_null())
-                .join(cells.select("depth", "compared").unique(), on="depth")
+                .join(panels, on="depth")
                 .select("depth", "compared", lr="first_divergent_lr")
-                .with_columns(lr=clip, kind=pl.lit("divergence")))
+                .with_columns(kind=pl.lit("divergence"), label=pl.lit("off diverges")))
+    rules = pl.concat([th, boundary], how="diagonal_relaxed").with_columns(
+        label=pl.when(pl.col("lr") > hi).then(pl.format("{} beyond the axis (lr {}) >",
+                                                        "label", pl.col("lr").round_sig_figs(3)))
+        .when(pl.col("lr") < lo).then(pl.format("< {} beyond the axis (lr {})", "label",
+                                                pl.col("lr").round_sig_figs(3)))
+        .otherwise("label"),
+        lr=pl.col("lr").clip(lo, hi), y_top=pl.lit(y_hi))
+    cut = pl.concat([
+        cells.filter(pl.col("tested") & pl.col("cut_hi")).with_columns(y=pl.lit(y_hi), edge=pl.lit("up")),
+        cells.filter(pl.col("tested") & pl.col("cut_lo")).with_columns(y=pl.lit(y_lo), edge=pl.lit("down")),
+    ]).with_columns(kind=pl.lit("cut"), marker=pl.lit(EDGE_MARK))
     data = pl.concat([cells.select("depth", "compared", "lr", "mean_gap", "ci_lo", "ci_hi",
-                                   "pairs", "q_off_worse", "q_equivalent", "outcome", "kind",
-                                   "seed_gaps"), th, boundary], how="diagonal_relaxed")
+                                   "bar_lo", "bar_hi", "y", "pairs", "q_off_worse",
+                                   "q_equivalent", "outcome", "tested", "kind", "seed_gaps"),
+                      rules, cut.select("depth", "compared", "lr", "y", "edge", "kind",
+                                        "marker", "ci_lo", "ci_hi")], how="diagonal_relaxed")
     x_scale = alt.Scale(type="log", nice=False, domain=[lo, hi])
     x = alt.X("lr:Q", scale=x_scale, axis=lr_axis(lrs, width))
-    shown = [w for k, (w, _) in DECISION_STYLE.items() if w in cells["outcome"].to_list()]
-    color = alt.Color("outcome:N", title="decision", scale=alt.Scale(
-        domain=shown, range=[c for w, c in DECISION_STYLE.values() if w in shown]))
+    y_scale = alt.Scale(domain=[y_lo, y_hi], nice=False, zero=False)
     y_title = "final loss gap, off - on (nats)"
+    shown = [w for k, (w, _) in DECISION_STYLE.items() if w in tested["outcome"].to_list()]
+    greyed = [w for w in [*UNTESTED_WORDS.values(), BOTH_DIVERGED]
+              if w in cells["outcome"].to_list()]
+    color = alt.Color("outcome:N", title="decision", scale=alt.Scale(
+        domain=shown + greyed,
+        range=[c for w, c in DECISION_STYLE.values() if w in shown] + [GREYED] * len(greyed)))
+    tooltip = [alt.Tooltip("lr:Q", format=".3g"), alt.Tooltip("mean_gap:Q", format="+.3f"),
+               alt.Tooltip("ci_lo:Q", format="+.3f"), alt.Tooltip("ci_hi:Q", format="+.3f"),
+               "pairs:Q", "seed_gaps:N", alt.Tooltip("q_off_worse:Q", format=".2g"),
+               alt.Tooltip("q_equivalent:Q", format=".2g"), "outcome:N"]
     zero = alt.Chart().mark_rule(color="#444", strokeWidth=0.8).encode(y=alt.datum(0))
     band = (alt.Chart().mark_rect(color="#000", opacity=0.08)
             .encode(x=alt.X("band_lo:Q", scale=x_scale), x2="band_hi:Q")
             .transform_filter(alt.datum.kind == "threshold"))
     rule = (alt.Chart().mark_rule(color="#000", strokeWidth=2)
             .encode(x=x, tooltip=["threshold:N"])
-            .transform_filter((alt.datum.kind == "threshold") & alt.expr.isValid(alt.datum.lr)))
+            .transform_filter(alt.datum.kind == "threshold"))
     diverge = (alt.Chart().mark_rule(color="#d95f02", strokeDash=[6, 4], strokeWidth=1.5)
-               .encode(x=x).transform_filter(alt.datum.kind == "divergence"))
+               .encode(x=x, tooltip=["label:N"]).transform_filter(alt.datum.kind == "divergence"))
+    rule_text = (alt.Chart().mark_text(align="left", baseline="top", dx=3, dy=2, fontSize=10,
+                                       color="#333")
+                 .encode(x=x, y=alt.Y("y_top:Q", scale=y_scale), text="label:N")
+                 .transform_filter("datum.kind == 'threshold' || datum.kind == 'divergence'"))
     bars = (alt.Chart().mark_rule(strokeWidth=2)
-            .encode(x=x, y=alt.Y("ci_lo:Q", title=y_title), y2="ci_hi:Q", color=color)
-            .transform_filter(alt.datum.kind == "cell"))
+            .encode(x=x, y=alt.Y("bar_lo:Q", scale=y_scale, title=y_title), y2="bar_hi:Q",
+                    color=color)
+            .transform_filter("datum.kind == 'cell' && datum.tested"))
     dots = (alt.Chart().mark_point(filled=True, size=60)
-            .encode(x=x, y=alt.Y("mean_gap:Q", title=y_title), color=color,
-                    tooltip=[alt.Tooltip("lr:Q", format=".3g"),
-                             alt.Tooltip("mean_gap:Q", format="+.3f"),
-                             alt.Tooltip("ci_lo:Q", format="+.3f"),
-                             alt.Tooltip("ci_hi:Q", format="+.3f"), "pairs:Q", "seed_gaps:N",
-                             alt.Tooltip("q_off_worse:Q", format=".2g"),
-                             alt.Tooltip("q_equivalent:Q", format=".2g"), "outcome:N"])
-            .transform_filter(alt.datum.kind == "cell"))
-    layers = [zero, band, rule, diverge, bars, dots]
+            .encode(x=x, y=alt.Y("y:Q", scale=y_scale, title=y_title), color=color,
+                    shape=alt.condition("datum.tested", alt.value("circle"), alt.value("cross")),
+                    tooltip=tooltip)
+            .transform_filter(alt.datum.kind == "cell").add_params(lr_brush()))
+    untested = (alt.Chart().mark_text(angle=270, align="left", dx=8, fontSize=10, color="#777")
+                .encode(x=x, y=alt.Y("y:Q", scale=y_scale), text="outcome:N")
+                .transform_filter("datum.kind == 'cell' && !datum.tested"))
+    edges = (alt.Chart().mark_point(filled=True, size=70, color="#333")
+             .encode(x=x, y=alt.Y("y:Q", scale=y_scale),
+                     shape=alt.Shape("edge:N", legend=None, scale=alt.Scale(
+                         domain=["up", "down"], range=["triangle-up", "triangle-down"])),
+                     tooltip=["marker:N", alt.Tooltip("ci_lo:Q", format="+.3f"),
+                              alt.Tooltip("ci_hi:Q", format="+.3f")])
+             .transform_filter(alt.datum.kind == "cut"))
+    layers = [zero, band, rule, diverge, rule_text, bars, dots]
+    if greyed:
+        layers.append(untested)
+    if cut.height:
+        layers.append(edges)
+    subtitle = ["black rule and grey band: the necessity threshold and its 95% interval; dashed "
+                "orange: where off first diverges (seed geometric mean)"]
+    if cut.height:
+        subtitle.append("the y axis spans the seed-mean gaps: a triangle marks an interval that "
+                        "continues beyond it (its ends are in the tooltip)")
+    if greyed:
+        subtitle.append("grey crosses: LRs run without a test (" + "; ".join(greyed) + ")")
     return finish(alt.layer(*layers, data=values(data))
-                  .properties(width=width, height=PANEL_H + 40)
-                  .facet(column=alt.Column("depth:O", title="depth"),
+                  .properties(width=width, height=PANEL_H)
+                  .facet(column=alt.Column("depth:O", title=None, header=alt.Header(
+                      labelExpr="'depth ' + datum.value", labelFontWeight="bold")),
                          row=alt.Row("compared:N", title=None, header=ROW_HEADER))
                   .properties(title=alt.Title(
                       "Where QK-norm is needed: off minus on, with 95% intervals over seeds",
-                      subtitle=["black rule and grey band: the necessity threshold and its 95% "
-                                "interval; dashed orange: where off first diverges (seed "
-                                "geometric mean)"])))
+                      subtitle=subtitle)))
 
 
 # --- off minus on map -------------------------------------------------------------------------
@@ -537,7 +610,10 @@ def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
                            .then(pl.lit("both diverged"))
                            .when(pl.col("off_diverged") > 0).then(pl.lit("off diverged"))
                            .when(pl.col("on_diverged") > 0).then(pl.lit("on diverged")),
-                           tested=pl.col("pairs") >= 2,
+                           tested=(pl.col("pairs") >= 2) & pl.col("informative"),
+                           untested=pl.when(pl.col("pairs") < 2)
+                           .then(pl.format("n={}", "pairs"))
+                           .when(~pl.col("informative")).then(pl.lit("neither learned")),
                            outcome=pl.when(pl.col("pairs") < 2).then(None)
                            .when(pl.col("worse")).then(pl.lit("off worse"))
                            .when(pl.col("no_difference")).then(pl.lit("no difference")),
@@ -621,8 +697,7 @@ def gap_map_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     untested = (alt.Chart().mark_text(fontSize=11, color="#444")
                 .encode(x=alt.X("lr:Q", scale=xs), y=alt.Y("row:Q"),
                         text="untested:N")
-                .transform_filter("datum.kind == 'cell' && !datum.tested")
-                .transform_calculate(untested="'n=' + datum.pairs"))
+                .transform_filter("datum.kind == 'cell' && !datum.tested"))
     edge = (alt.Chart().mark_rule(color="black", strokeWidth=3)
             .encode(x="x_lo:Q", y="y_lo:Q", y2="y_hi:Q")
             .transform_filter(alt.datum.kind == "boundary"))
@@ -636,7 +711,8 @@ def gap_map_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     chart = alt.layer(*layers, data=values(pl.concat([data, marked], how="diagonal_relaxed")))
     chart = chart.properties(width=width, height=max(110, 70 * len(depths)))
     title = "Off minus each compared arm: seed-mean final-loss gap per depth and LR"
-    subtitle = ["red: off is worse; grey: no paired test (fewer than 2 paired seeds)"]
+    subtitle = ["red: off is worse; grey: no paired test (fewer than 2 paired seeds, or "
+                "neither arm learned: every run of both diverged or degraded)"]
     if (data["kind"] == "boundary").any():
         subtitle[0] += "; black bar: necessity threshold"
     return finish(chart.facet(row=alt.Row("compared:N", title=None, header=ROW_HEADER))
@@ -688,15 +764,23 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
         a.select("depth", "arm", value="max_stable_lr", lo="max_stable_lr_lo",
                  hi="max_stable_lr_hi", bound=pl.col("censored_seeds") > 0)
         .with_columns(measure=pl.lit("max stable LR")),
-        thresholds.select("depth", value="threshold_lr",
-                          lo=pl.coalesce("ci_lo", "threshold_lr"),
-                          hi=pl.coalesce("ci_hi", "threshold_lr"),
-                          arm=pl.format("necessity ({} vs off)", "on_kind"))
+        # a bootstrap end that is censored (beyond the LRs run) is null: drawn to the edge
+        thresholds.select("depth", value="threshold_lr", lo="ci_lo", hi="ci_hi",
+                          arm=pl.format("necessity ({} vs off)", "on_kind"),
+                          interval="threshold")
         .with_columns(measure=pl.lit("necessity threshold"), bound=pl.lit(False)),
     ]
     data = pl.concat(frames, how="diagonal_relaxed").filter(pl.col("value").is_not_null())
     if data.is_empty():
         return _empty("no learning-rate landmarks")
+    known = [v for c in ("value", "lo", "hi") for v in data[c].drop_nulls().to_list() if v > 0]
+    y_min, y_max = min(known) / 2, max(known) * 2
+    cut = pl.col("measure") == "necessity threshold"
+    data = data.with_columns(
+        edge=pl.when(cut & pl.col("hi").is_null()).then(pl.lit("up"))
+        .when(cut & pl.col("lo").is_null()).then(pl.lit("down")),
+        lo=pl.col("lo").fill_null(pl.when(cut).then(y_min).otherwise("value")),
+        hi=pl.col("hi").fill_null(pl.when(cut).then(y_max).otherwise("value")))
     depths = sorted(arms["depth"].unique().to_list())
     scale = arm_scale(arms[M.ARM].unique().to_list())
     kinds = thresholds["on_kind"].unique().to_list()
@@ -709,17 +793,23 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     ).with_columns(x=pl.col("depth") + pl.col("offset"))
     x = alt.X("x:Q", title="depth", axis=alt.Axis(values=depths, format="d"),
               scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
-    y = alt.Y("value:Q", scale=alt.Scale(type="log", padding=12), title="learning rate (log)",
-              axis=alt.Axis(format=".0e"))
+    y_scale = alt.Scale(type="log", domain=[y_min, y_max], nice=False)
+    y = alt.Y("value:Q", scale=y_scale, title="learning rate (log)", axis=alt.Axis(format=".0e"))
     color = alt.Color("arm:N", scale=scale, title=None)
-    rules = alt.Chart().mark_rule().encode(x=x, y=alt.Y("lo:Q", scale=alt.Scale(type="log")),
-                                           y2="hi:Q", color=color)
+    rules = alt.Chart().mark_rule().encode(x=x, y=alt.Y("lo:Q", scale=y_scale), y2="hi:Q",
+                                           color=color)
+    # an interval end beyond the LRs run: a triangle at the edge says it goes on
+    ends = [alt.Chart().mark_point(filled=True, size=60, color="#000", shape=f"triangle-{edge}")
+            .encode(x=x, y=alt.Y(f"{end}:Q", scale=y_scale), tooltip=["arm:N", "interval:N"])
+            .transform_filter(f"datum.edge == '{edge}'")
+            for edge, end in (("up", "hi"), ("down", "lo")) if (data["edge"] == edge).any()]
     shape = alt.Shape("measure:N", title=None,
                       scale=alt.Scale(domain=["optimal LR", "max stable LR",
                                               "necessity threshold"],
                                       range=["circle", "triangle-up", "diamond"]))
     tooltip = ["measure:N", "arm:N", "depth:Q", alt.Tooltip("value:Q", format=".3g"),
                alt.Tooltip("lo:Q", format=".3g"), alt.Tooltip("hi:Q", format=".3g"),
+               alt.Tooltip("interval:N", title="threshold [95% interval]"),
                alt.Tooltip("bound:N", title="lower bound only")]
     kinds = [MEASURED, LOWER_BOUND] if data["bound"].any() else [MEASURED]
     fill = alt.FillOpacity("value_kind:O", title="value", sort=kinds, scale=alt.Scale(
@@ -729,7 +819,8 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     dots = (alt.Chart().mark_point(size=80, filled=True, strokeWidth=2)
             .encode(x=x, y=y, color=color, stroke=color, shape=shape, fillOpacity=fill,
                     tooltip=tooltip))
-    return finish(alt.layer(rules, dots, data=values(data))
+    layers = [rules, dots, *ends]
+    return finish(alt.layer(*layers, data=values(data))
                   .properties(width=panel_width(1), height=PANEL_H + 100,
                               title="Learning-rate landmarks vs depth (bars: seed range; "
                                     "for the threshold, its 95% interval)"))

@@ -72,13 +72,12 @@ def _(UsageError, load_study, mo, runs_dir, sys):
 
 @app.cell
 def _(C, mo, study):
-    # the choices: every depth and arm by default, and up to four LRs spread over the grid
-    # (one panel per LR keeps the curves readable)
+    # the choices: every depth, arm and LR by default (the answer needs every LR: the largest
+    # gap may sit at any of them); fewer LRs make the curve panels larger
     _depths = sorted(study.points["depth"].unique().to_list())
     _arms = sorted(study.points["arm"].unique().to_list(),
                    key=lambda a: (a != "none", a))
     _lrs = sorted(study.points["lr"].unique().to_list())
-    _start = sorted({_lrs[round(i * (len(_lrs) - 1) / 3)] for i in range(4)}) if _lrs else []
     _probes = sorted(study.probe_steps["name"].unique().to_list())
     _probe = next((p for p in C.ATTENTION_PROBES if p in _probes), _probes[0] if _probes else None)
     depth_pick = mo.ui.multiselect({str(d): d for d in _depths}, value=[str(d) for d in _depths],
@@ -86,11 +85,12 @@ def _(C, mo, study):
     arm_pick = mo.ui.multiselect({C.arm_label(a): a for a in _arms},
                                  value=[C.arm_label(a) for a in _arms], label="arms")
     lr_pick = mo.ui.multiselect({f"{lr:g}": lr for lr in _lrs},
-                                value=[f"{lr:g}" for lr in _start], label="learning rates")
+                                value=[f"{lr:g}" for lr in _lrs], label="learning rates")
     probe_pick = mo.ui.dropdown({C.probe_words(p) + f" ({p})": p for p in _probes},
                                 value=C.probe_words(_probe) + f" ({_probe})" if _probe else None,
                                 label="probe", searchable=True)
-    log_y = mo.ui.checkbox(label="probe on a log axis")
+    # a max logit grows by orders of magnitude: on a linear axis the small ones are a flat line
+    log_y = mo.ui.checkbox(value=True, label="probe on a log axis")
     mo.vstack([mo.md("## Pick a slice"),
                mo.hstack([depth_pick, arm_pick, lr_pick, probe_pick, log_y], justify="start",
                          wrap=True)])
@@ -113,16 +113,15 @@ def _(C, mo, pl, picked_gaps, study):
              "q_off_worse", "q_equivalent", "family_size", "decision", "seed_gaps"]
     _depths = picked_gaps["depth"].unique()
     _thresholds = study.thresholds.filter(pl.col("depth").is_in(_depths.implode()))
+    # the headline at the report's full width (the notebook is full width too)
     _headline = C.headline_chart(picked_gaps, _thresholds, study.arms)
-    if hasattr(_headline, "spec"):
-        _headline.spec.width = 240  # the report's panels are sized for its 1360 px page
     mo.vstack([
         mo.md("## Off minus on: the paired final-loss gap (nats; > 0: QK-norm off is worse)"),
+        _headline,
         mo.ui.table(picked_gaps.select(_cols), selection=None, show_column_summaries=False,
                     format_mapping={**{c: "{:+.3f}" for c in ("mean_gap", "ci_lo", "ci_hi")},
                                     **{c: "{:.2g}" for c in _cols if c[:2] in ("p_", "q_")}},
                     label="Gap table, filtered to the selection"),
-        _headline,
         mo.ui.table(_thresholds.select("depth", "on_kind", "threshold", "threshold_lr", "ci_lo",
                                        "ci_hi", "censored", "note"),
                     selection=None, show_column_summaries=False,

@@ -19,6 +19,8 @@ from qkstudy import runlog
 
 from . import charts as C
 from . import metrics as M
+from .drilldown import run_details
+from .linked import ARMS, BRUSH, DEPTHS, LR_RANGE
 from .load import Runs
 from .prose import CHARTS, DEFINITIONS, MEASURED_HELP, headline
 
@@ -41,17 +43,29 @@ def _cell(value) -> str:
     return f"<td>{html.escape(str(value))}</td>"
 
 
-def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000) -> str:
+def _run_cell(run: str) -> str:
+    """A run id without its hash (the full id in the tooltip), on one line."""
+    short = run.rsplit("-", 1)[0] if run.count("-") >= 2 else run
+    return f'<td class="id" title="{html.escape(run)}">{html.escape(short)}</td>'
+
+
+def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
+               filterable: bool = False) -> str:
+    """A data table the page's script makes sortable (click a header); `filterable` adds a
+    search box above it that keeps the rows holding every word typed."""
     if df.is_empty():
         return '<p class="na">(none)</p>'
     columns = [c for c in (columns or df.columns) if c in df.columns]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "\n".join("<tr>" + "".join(_cell(r[c]) for c in columns) + "</tr>"
+    body = "\n".join("<tr>" + "".join(_run_cell(r[c]) if c == "run" and isinstance(r[c], str)
+                                       else _cell(r[c]) for c in columns) + "</tr>"
                      for r in df.head(max_rows).iter_rows(named=True))
     more = (f'<p class="na">{df.height - max_rows} more rows in the CSV/Parquet table</p>'
             if df.height > max_rows else "")
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>\n{body}\n' \
-           f'</tbody></table></div>{more}'
+    search = ('<input type="search" class="table-filter" placeholder="filter rows: words that '
+              'must all appear (e.g. diverged d4 rmsnorm)" size="60">' if filterable else "")
+    return f'{search}<div class="scroll"><table class="data"><thead><tr>{head}</tr></thead>' \
+           f'<tbody>\n{body}\n</tbody></table></div>{more}'
 
 
 def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
@@ -115,7 +129,8 @@ def analysis_environment() -> dict[str, str]:
             "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
 
 
-def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
+def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
+                comparison: dict | None = None) -> str:
     runs, t = study.runs, study.runs.table
     env = analysis_environment()
     o = options.study
@@ -152,13 +167,24 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
         h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
         degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",
         threshold_margin=f"{o.threshold_margin:g}",
-        figures=[(name, CHARTS[name]) for name in specs if name != "headline"],
+        figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
+        comparison=comparison and {
+            "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],
+            "gaps": safe(html_table(comparison["gaps"], filterable=True)),
+            "verdicts": safe(html_table(comparison["verdicts"]))},
         headline_caption=CHARTS["headline"], sentences=headline(study),
         gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
         spikes_table=safe(html_table(study.spikes)),
-        runs_table=safe(html_table(study.per_run, run_cols)),
+        runs_table=safe(html_table(study.per_run, run_cols, filterable=True)),
         provenance_table=safe(html_table(run_provenance(runs))),
         definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
+        details_json=safe(_script_json(run_details(study))),
+        links_json=safe(_script_json({
+            "arms": [C.arm_label(a) for a in sorted(
+                M.with_arm(study.points)[M.ARM].unique().to_list(),
+                key=lambda k: (k != M.OFF, k))],
+            "depths": sorted(study.points["depth"].unique().to_list()),
+            "signals": {"arms": ARMS, "depths": DEPTHS, "lr": LR_RANGE, "brush": BRUSH}})),
         javascript_bundle=safe(vlc.javascript_bundle()))
 
 

@@ -26,10 +26,13 @@ def setting_label(setting: str, all_settings: list[str]) -> str:
 
 CHARTS = {
     "headline": "The answer at a glance: per depth, the seed-mean final-loss gap off minus on with "
-                "its 95% t-interval over seeds at every LR with a paired test, coloured by the "
-                "cell's decision (family-adjusted; docs/report.md); the necessity threshold "
-                "(black rule) with its 95% bootstrap interval (grey band); the LR where off "
-                "first diverges (dashed orange). Above 0 means QK-norm off is worse.",
+                "its 95% t-interval over seeds at every LR run in both arms, coloured by the "
+                "cell's decision (family-adjusted; docs/report.md); LRs without a test (neither "
+                "arm learned, or one seed) are grey crosses at zero, labelled. The y axis spans "
+                "the seed-mean gaps; an interval cut at its edge ends in a triangle. The "
+                "necessity threshold (black rule) with its 95% bootstrap interval (grey band) "
+                "and the LR where off first diverges (dashed orange) sit at their LR, or are "
+                "written as beyond the axis. Above 0 means QK-norm off is worse.",
     "loss_vs_lr": "Final validation loss against learning rate, one panel per depth. The line is "
                   "the seed mean of the clipped loss (a diverged run counts as its initial loss), "
                   "the band spans the seeds, crosses mark diverged runs and open diamonds runs of "
@@ -57,9 +60,9 @@ CHARTS = {
                     "mean. Every probe's final value is in the runs table.",
     "gap_map": "Seed-mean final-loss gap, off minus the compared arm (one row per arm), for "
                "every LR run in both arms at each depth: red means off is worse, blue that "
-               "it is better. Grey cells (labelled with their n) had fewer than 2 paired "
-               "seeds, so the paired test could not run and the colour would say nothing "
-               "about seed noise. Triangles: off worse (family-adjusted paired test, gap at "
+               "it is better. Grey cells had no paired test: fewer than 2 paired seeds "
+               "(labelled with their n), or neither arm learned (labelled so: every run of "
+               "both diverged or degraded, so the gap says nothing about the control). Triangles: off worse (family-adjusted paired test, gap at "
                "least min_gap); dashes: no difference (equivalence test within min_gap). Crosses: "
                "off diverged; circles: the compared arm diverged; squares: both. The black "
                "bar is the necessity threshold of that depth (from there on the seed-mean gap "
@@ -70,7 +73,8 @@ CHARTS = {
     "lr_landmarks": "Optimal LR (circles) and max stable LR (triangles; open when no run "
                     "diverged, so only a lower bound) per arm with the range over seeds, and "
                     "the necessity threshold (diamonds) with its 95% bootstrap interval (a "
-                    "censored threshold has no diamond).",
+                    "censored threshold has no diamond; an interval end beyond the LRs run is "
+                    "drawn to the edge, where a triangle marks it).",
 }
 
 
@@ -121,9 +125,33 @@ MEASURED_HELP = ("measured: in how many of a hypothesis's parts (one per depth, 
                  "undecided.")
 
 
-def _lr_list(lrs: list[float]) -> str:
-    lrs = sorted(lrs)
-    return f"{lrs[0]:.3g}" if len(lrs) == 1 else f"{lrs[0]:.3g}-{lrs[-1]:.3g}"
+def _lr_list(lrs: list[float], among: list[float]) -> str:
+    """The LRs `lrs` as runs of neighbours in `among` (every LR tested at that depth), so a
+    range never spans an LR with another outcome: "0.001 and 0.0173-0.3"."""
+    order = sorted(set(among) | set(lrs))
+    chosen = {order.index(lr) for lr in lrs}
+    runs, start = [], None
+    for i in range(len(order) + 1):
+        if i in chosen and start is None:
+            start = i
+        elif i not in chosen and start is not None:
+            a, b = order[start], order[i - 1]
+            runs.append(f"{a:.3g}" if a == b else f"{a:.3g}-{b:.3g}")
+            start = None
+    return runs[0] if len(runs) == 1 else ", ".join(runs[:-1]) + " and " + runs[-1]
+
+
+def _threshold_text(row: dict) -> str | None:
+    """A depth's threshold as a sentence can state it; None when its 95% interval spans every
+    LR run (the seeds cannot place it)."""
+    if row["ci_lo"] is None and row["ci_hi"] is None:
+        return None
+    return row["threshold"]
+
+
+def _scale(values: pl.Series) -> str:
+    lo, hi = values.min() / 1e6, values.max() / 1e6
+    return f"{lo:.2f}M" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}M"
 
 
 def headline(study: Study) -> list[str]:
@@ -137,13 +165,18 @@ def headline(study: Study) -> list[str]:
         worse, calm = [], []
         for d in sorted(g["depth"].unique().to_list()):
             cells = g.filter(pl.col("depth") == d)
+            tested = cells.filter(pl.col("decision").is_in(
+                [M.OFF_WORSE, M.ON_WORSE, M.NO_DIFFERENCE, M.UNDETERMINED]))["lr"].to_list()
             w = cells.filter(pl.col("decision") == M.OFF_WORSE)
             if w.height:
-                worse.append(f"at LR {_lr_list(w['lr'].to_list())} at depth {d} "
-                             f"({w['mean_gap'].min():.2f}-{w['mean_gap'].max():.2f} nats)")
+                low, high = w["mean_gap"].min(), w["mean_gap"].max()
+                size = f"{low:.2f} nats" if f"{low:.2f}" == f"{high:.2f}" else \
+                    f"{low:.2f}-{high:.2f} nats"
+                worse.append(f"at LR {_lr_list(w['lr'].to_list(), tested)} at depth {d} "
+                             f"({size})")
             c = cells.filter(pl.col("decision") == M.NO_DIFFERENCE)
             if c.height:
-                calm.append(f"LR {_lr_list(c['lr'].to_list())} at depth {d}")
+                calm.append(f"LR {_lr_list(c['lr'].to_list(), tested)} at depth {d}")
         out.append((f"Without {who} the final loss is worse, with error control, "
                     + "; ".join(worse) + ".") if worse else
                    f"No LR shows {who} off worse with error control.")
@@ -151,10 +184,17 @@ def headline(study: Study) -> list[str]:
                     + "; ".join(calm) + ".") if calm else
                    "No LR passes the equivalence test: \"no difference\" is shown nowhere.")
         t = th.filter(pl.col("on_kind") == on).filter(pl.col("threshold").is_not_null())
-        if t.height:
-            out.append("The necessity threshold (95% interval) is "
-                       + ", ".join(f"{r['threshold']} at depth {r['depth']}"
-                                   for r in t.iter_rows(named=True)) + ".")
+        placed = [(r["depth"], _threshold_text(r)) for r in t.iter_rows(named=True)]
+        stated = [f"{text} at depth {d}" for d, text in placed if text]
+        vague = [str(d) for d, text in placed if not text]
+        if stated and worse:
+            out.append("The necessity threshold (95% interval) is " + ", ".join(stated) + ".")
+        elif stated:  # the seed-mean gaps cross min_gap, but no cell passes its test
+            out.append("No threshold is claimed: the seed-mean gaps alone would put it at "
+                       + ", ".join(stated) + ", but no LR passes the off-worse test.")
+        if vague:
+            out.append(f"Too few seeds to place the threshold at depth {', '.join(vague)}: its "
+                       "95% interval spans every LR run.")
         v = study.verdicts.filter(pl.col("on_kind") == on)
         out.append("Verdicts: " + "; ".join(
             f"{r['hypothesis']} {r['verdict']} ({r['family_size']} tests, n={r['seeds']})"
@@ -164,7 +204,7 @@ def headline(study: Study) -> list[str]:
     tokens = p["tokens_seen"].drop_nulls().max() if "tokens_seen" in p.columns else None
     data = json.loads(study.setting).get("data", "?") if study.setting else "?"
     if params.len() and tokens:
-        out.append(f"Scale: {params.min() / 1e6:.2f}-{params.max() / 1e6:.2f}M parameters, at "
+        out.append(f"Scale: {_scale(params)} parameters, at "
                    f"most {tokens / 1e6:.2g}M tokens a run, on {data}: this says nothing "
                    f"directly about larger models, longer training or other corpora.")
     return out

@@ -20,8 +20,10 @@ from qkstudy.errors import UsageError
 from qkstudy.runlog import FINISHED
 
 from . import charts as C
+from . import compare as K
 from . import metrics as M
 from . import verdicts as V
+from .linked import link
 from .load import Runs, load_runs
 from .outfolder import check_replaceable, check_writable, replacing
 from .page import failed_page, render_html
@@ -37,6 +39,7 @@ class ReportOptions:
     probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart; empty: see charts
     study: M.Options = field(default_factory=M.Options)
     png_scale: float = 2.0
+    compare_with: str = ""  # a second runs folder: the page compares its gaps and verdicts
 
 
 @dataclass
@@ -207,6 +210,17 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     return {k: out[k] for k in CHARTS if k in out}
 
 
+def compare(study: Study, other: Study, runs_dir: str | Path, other_dir: str | Path) -> dict:
+    """The comparison section's tables, sentences and chart (analysis/compare.py)."""
+    a, b = Path(runs_dir).name, Path(other_dir).name
+    if a == b:
+        a, b = str(runs_dir), str(other_dir)
+    gaps = K.gap_agreement(study, other)
+    verdicts = K.verdict_agreement(study, other)
+    return {"a": a, "b": b, "gaps": gaps, "verdicts": verdicts,
+            "sentences": K.sentences(gaps, verdicts, a, b), "chart": K.gap_scatter(gaps, a, b)}
+
+
 # --- writing ----------------------------------------------------------------------------------
 
 def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
@@ -232,6 +246,7 @@ def build_report(runs_dir: str | Path, out: str | Path,
     print(f"building the report of {runs.table.height} runs in {out} (tables, charts, page) ...",
           file=sys.stderr, flush=True)
     study = analyse(runs, options)
+    other = analyse(load_runs(options.compare_with), options) if options.compare_with else None
     with replacing(out) as tmp:
         tables = tmp / "tables"
         tables.mkdir()
@@ -249,19 +264,29 @@ def build_report(runs_dir: str | Path, out: str | Path,
         write_table(study.twins, tables, "twins")
         specs = {}
         for name, chart in build_charts(study, options).items():
-            specs[name] = chart.to_dict()
+            specs[name] = link(name, chart.to_dict())
             C.save_chart(specs[name], tmp / "charts", name, scale=options.png_scale)
-        (tmp / "report.html").write_text(render_html(study, specs, options))
+        comparison = None
+        if other is not None:
+            comparison = compare(study, other, runs_dir, options.compare_with)
+            write_table(comparison["gaps"], tables, "comparison_gaps")
+            write_table(comparison["verdicts"], tables, "comparison_verdicts")
+            specs["comparison"] = comparison["chart"].to_dict()
+            C.save_chart(specs["comparison"], tmp / "charts", "comparison",
+                         scale=options.png_scale)
+        (tmp / "report.html").write_text(render_html(study, specs, options, comparison))
         (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
     return out / "report.html", study
 
 
 # --- the command line ---------------------------------------------------------------------------
 
-USAGE = """usage: python -m analysis report [RUNS_DIR] [key=value ...]
+USAGE = """usage: python -m analysis report [RUNS_DIR [OTHER_RUNS_DIR]] [key=value ...]
 
 Tables, charts, verdicts and one offline report.html (docs/report.md). RUNS_DIR (default runs)
-is a runs tree, one sweep folder or one run folder.
+is a runs tree, one sweep folder or one run folder. With OTHER_RUNS_DIR (a replication, say
+runs/mini runs/mini-torch) the page also compares the two: where their gaps, cell decisions
+and verdicts agree.
 
 keys (defaults shown):
   out=reports/<name of RUNS_DIR>  the report folder (runs/demo gives reports/demo); an earlier
@@ -309,9 +334,15 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
     bad word, before anything is read or written."""
     words = list(argv)
     runs_dir = Path("runs")
+    compare_with = ""
     if words and ("=" not in words[0] or Path(words[0]).exists()) \
             and not words[0].startswith("-"):
         runs_dir = Path(words.pop(0))
+        if words and "=" not in words[0] and not words[0].startswith("-"):
+            compare_with = words.pop(0)  # a second sweep, compared with the first
+            if not Path(compare_with).is_dir():
+                raise UsageError(f"runs folder to compare with {compare_with} does not exist "
+                                 "(or is not a folder)")
     for word in words:
         if word.startswith("-"):
             raise UsageError(f"unknown flag {word}: options are key=value words, e.g. out=DIR "
@@ -332,7 +363,8 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
     out = Path(args.out) if args.out else Path("reports") / runs_dir.resolve().name
     options = ReportOptions(loss_threshold=args.threshold, curve_lrs=_lrs(args.curve_lrs),
                             probe_names=_names(args.probes),
-                            study=M.Options(alpha=args.alpha, min_gap=args.min_gap))
+                            study=M.Options(alpha=args.alpha, min_gap=args.min_gap),
+                            compare_with=compare_with)
     return runs_dir, out, options
 
 

@@ -459,11 +459,98 @@ def test_gap_map_greys_untested_cells_and_marks_the_paired_outcome():
     assert legend["domain"] == ["off worse (paired test, gap >= min gap)",
                                 "no difference (equivalence test)", "off diverged"]
     untested = [la for la in layer if la["mark"]["type"] == "text"]
-    assert untested and "n=" in json.dumps(untested)
+    assert untested and set(deep["untested"]) == {"n=1"} and shallow["untested"].is_null().all()
     title = spec["title"]
     assert "necessity threshold" in title["subtitle"][0]  # drawn: depth 2 has one
     no_threshold = C.gap_map_chart(gaps, th.with_columns(threshold_lr=pl.lit(None, pl.Float64)))
     assert "necessity" not in json.dumps(no_threshold.to_dict()["title"])
+
+
+def test_headline_spans_the_gaps_and_every_lr_run():
+    """One wide interval does not flatten the gaps: the y axis spans the seed-mean gaps and the
+    interval is cut at its edge with a triangle; an LR where neither arm learned is on the x
+    axis, greyed and labelled; the divergence rule sits at its true LR."""
+    table = with_gaps(necessity_table({2: 3e-2}), 1e-3, [-4.0, 0.0, 4.0])
+    both = (pl.col("lr") == 1e-1)  # every run of both arms diverges at the largest LR
+    table = table.with_columns(status=pl.when(both).then(pl.lit("diverged"))
+                               .otherwise("status"),
+                               final_val_loss=pl.when(both).then(None)
+                               .otherwise("final_val_loss"))
+    arms, gaps, th = M.arm_table(table), M.gap_table(table), M.necessity_threshold(table)
+    assert gaps.filter(pl.col("lr") == 1e-1)["decision"].to_list() == [M.UNINFORMATIVE]
+    spec = C.headline_chart(gaps, th, arms).to_dict()
+    rows = pl.DataFrame(spec["data"]["values"], infer_schema_length=None)
+    cells = rows.filter(pl.col("kind") == "cell").sort("lr")
+    assert cells["lr"].to_list() == GRID  # every LR run, the uninformative one too
+    top = max(la["encoding"]["y"]["scale"]["domain"][1] for la in spec["spec"]["layer"]
+              if "scale" in la["encoding"].get("y", {}))
+    assert top < 1.0  # the gaps (0 and 0.5 nats), not the +-10 nats of the wide interval
+    cut = rows.filter(pl.col("kind") == "cut")
+    assert sorted(cut["edge"].to_list()) == ["down", "up"] and set(cut["lr"]) == {1e-3}
+    grey = cells.filter(~pl.col("tested"))
+    assert grey["lr"].to_list() == [1e-1] and grey["outcome"].to_list() == [C.BOTH_DIVERGED]
+    assert grey["y"].to_list() == [0.0]
+    rule = rows.filter(pl.col("kind") == "divergence")
+    assert rule["lr"].to_list() == pytest.approx([1e-1]) and rule["label"][0] == "off diverges"
+    assert "a triangle marks an interval" in json.dumps(spec["title"])
+
+
+def test_landmarks_draw_a_censored_threshold_interval_to_the_edge():
+    table = necessity_table({2: 3e-2})
+    arms = M.arm_table(table)
+    th = M.necessity_threshold(table).with_columns(ci_hi=pl.lit(None, pl.Float64))
+    spec = C.landmarks_chart(arms, th).to_dict()
+    rows = pl.DataFrame(spec["data"]["values"], infer_schema_length=None)
+    threshold = rows.filter(pl.col("measure") == "necessity threshold").row(0, named=True)
+    top = spec["layer"][0]["encoding"]["y"]["scale"]["domain"][1]
+    assert threshold["edge"] == "up" and threshold["hi"] == top  # not cut at the threshold
+    assert any(la["mark"].get("shape") == "triangle-up" for la in spec["layer"])
+
+
+def test_sentences_never_span_an_undecided_lr_nor_state_what_the_data_cannot_give():
+    from analysis import prose
+
+    tested = [1e-3, 3e-3, 5.5e-3, 1.32e-2, 1.73e-2, 3e-2, 0.1, 0.3]
+    assert prose._lr_list([1e-3, 1.73e-2, 3e-2, 0.1, 0.3], tested) == "0.001 and 0.0173-0.3"
+    assert prose._lr_list([3e-3], tested) == "0.003"
+    assert prose._lr_list([1e-3, 5.5e-3, 0.3], tested) == "0.001, 0.0055 and 0.3"
+    assert prose._scale(pl.Series([840_000, 840_100])) == "0.84M"
+    assert prose._scale(pl.Series([420_000, 12_360_000])) == "0.42-12.36M"
+    row = {"ci_lo": None, "ci_hi": None, "threshold": "0.0027 [< 0.001, > 0.3]"}
+    assert prose._threshold_text(row) is None  # "too few seeds", not an interval of everything
+    assert prose._threshold_text(row | {"ci_lo": 1.2e-3}) == row["threshold"]
+
+
+def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path):
+    from types import SimpleNamespace
+
+    from analysis import compare as K
+    from analysis.report import parse_args
+
+    def study(first_needed):
+        table = necessity_table(first_needed)
+        return SimpleNamespace(gaps=M.gap_table(table), verdicts=V.verdicts(table))
+
+    a, b = study({2: 3e-2}), study({2: 1e-2})  # b needs it from one LR lower
+    gaps = K.gap_agreement(a, b)
+    assert gaps.height == len(GRID)
+    differ = gaps.filter(~pl.col("decisions_agree"))
+    assert differ["lr"].to_list() == [1e-2]
+    assert differ.row(0, named=True)["decision"] == M.NO_DIFFERENCE
+    assert differ.row(0, named=True)["decision_b"] == M.OFF_WORSE
+    verdicts = K.verdict_agreement(a, b)
+    assert verdicts["hypothesis"].to_list() == ["H1", "H2", "H3"]
+    text = K.sentences(gaps, verdicts, "mini", "mini-torch")
+    assert text[0].startswith(f"The cell decisions agree at {len(GRID) - 1} of the {len(GRID)}")
+    assert "depth 2 LR 0.01 (no difference in mini, off worse in mini-torch)" in text[1]
+    assert len(K.gap_scatter(gaps, "mini", "mini-torch").to_dict()["layer"]) == 2
+    # the command line: a second folder right after the first is the one compared with
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    runs_dir, _, options = parse_args([str(tmp_path / "a"), str(tmp_path / "b"), "alpha=0.1"])
+    assert runs_dir == tmp_path / "a" and options.compare_with == str(tmp_path / "b")
+    with pytest.raises(UsageError, match="to compare with .* does not exist"):
+        parse_args([str(tmp_path / "a"), str(tmp_path / "nope")])
 
 
 def test_legends_name_every_marker_and_probes_read_as_words():
@@ -704,7 +791,8 @@ def test_report_page_has_no_horizontal_scroll(report, tmp_path, width):
     assert layout["innerWidth"] == width
     assert layout["scrollWidth"] <= width, layout
     assert layout["verdicts"]["right"] <= width and layout["verdicts"]["left"] >= 0
-    assert layout["charts"]["chart-headline"]["box"]["top"] < 300  # the answer is on screen 1
+    # the answer's sentences, then its chart, come first (the first screen: the test above)
+    assert layout["charts"]["chart-headline"]["box"]["top"] < 600
     assert set(layout["charts"]) == {f"chart-{n}" for n in study_charts(path)}
     for name, chart in layout["charts"].items():
         assert chart["svg"] and chart["viewBox"], name
@@ -714,6 +802,97 @@ def test_report_page_has_no_horizontal_scroll(report, tmp_path, width):
             assert chart["svg"]["width"] >= 0.66 * (width - 32), (name, chart)
         else:  # drawn wider than the window: shrunk to fit, not cut
             assert drawn > width and chart["svg"]["width"] < drawn, (name, chart)
+
+
+FIRST_SCREEN = """(() => {
+  const box = (el) => { const r = el.getBoundingClientRect();
+                        return {left: r.left, top: r.top, right: r.right, bottom: r.bottom}; };
+  const chart = document.querySelector("#chart-headline svg");
+  const frames = [...chart.querySelectorAll("g.cell > g > path.background")].map(box);
+  const points = [...chart.querySelectorAll("g.mark-symbol.role-mark path")].map(box);
+  const sentences = [...document.querySelectorAll("ul.sentences li")].map(
+    (li) => ({text: li.textContent, box: box(li)}));
+  return {width: window.innerWidth, height: window.innerHeight, frames, points, sentences};
+})()"""
+
+DRAWN_MARKS = """[...document.querySelectorAll("#chart-NAME g.role-mark path, #chart-NAME g.role-mark line")]
+  .filter((e) => e.getAttribute("d") !== "M0,0Z" && e.getBoundingClientRect().width +
+                 e.getBoundingClientRect().height > 0).length"""
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium for the browser tests of this file (DevTools protocol)."""
+    from tests import browser as B
+
+    if not B.available():
+        pytest.skip("chromium or the websockets client is not installed")
+    b = B.Browser(tmp_path_factory.mktemp("chromium"))
+    yield b
+    b.close()
+
+
+def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, browser):
+    """At 1366x768 the first screen shows the verdict sentences and the headline chart with
+    every data point inside its plot area; clicking an arm in the loss chart's legend filters
+    the other charts to that arm."""
+    path, study = report
+    page = browser.page(path.resolve().as_uri(), 1366, 768)
+    page.wait_for("document.body.dataset.chartsDrawn")
+    assert page.evaluate("document.body.dataset.chartErrors") == "0", page.console
+    screen = page.evaluate(FIRST_SCREEN)
+    assert screen["width"] == 1366 and screen["frames"] and screen["points"]
+    for p in screen["points"]:
+        x, y = (p["left"] + p["right"]) / 2, (p["top"] + p["bottom"]) / 2
+        assert 0 <= x <= 1366 and 0 <= y <= 768, p  # on the first screen
+        assert any(f["left"] - 1 <= x <= f["right"] + 1 and f["top"] - 1 <= y <= f["bottom"] + 1
+                   for f in screen["frames"]), (p, screen["frames"])  # inside a plot area
+    verdicts = [s for s in screen["sentences"] if s["text"].startswith("Verdicts: H1 ")]
+    assert verdicts and verdicts[0]["box"]["bottom"] <= 768
+    assert screen["sentences"][0]["box"]["bottom"] <= 768
+    # linked views: one arm chosen in the loss chart's legend filters the others
+    on = "QK-norm on (rmsnorm)"
+    counts = {n: page.evaluate(DRAWN_MARKS.replace("NAME", n))
+              for n in ("attention_entropy", "lr_sensitivity", "loss_vs_lr")}
+    label = page.evaluate(f"""(() => {{
+      const el = [...document.querySelectorAll("#chart-loss_vs_lr g.role-legend-label text")]
+        .find((t) => t.textContent === {json.dumps(on)});
+      el.scrollIntoView({{block: "center"}});
+      const r = el.getBoundingClientRect();
+      return {{x: (r.left + r.right) / 2, y: (r.top + r.bottom) / 2}};
+    }})()""")
+    page.click(label["x"], label["y"])
+    page.wait_for("JSON.stringify(views.attention_entropy.signal('arms_shown')) === "
+                  + json.dumps(json.dumps([on])))
+    page.evaluate("Promise.all(Object.values(views).map((v) => v.runAsync())).then(() => true)")
+    after = {n: page.evaluate(DRAWN_MARKS.replace("NAME", n)) for n in counts}
+    assert all(0 < after[n] < counts[n] for n in counts), (counts, after)
+    pressed = page.evaluate("[...document.querySelectorAll('#filters button[aria-pressed=true]')]"
+                            ".map((b) => b.textContent)")
+    assert pressed == [on]
+    # the runs table: compact ids on one line, sorted by a header click, filtered by words
+    table = page.evaluate("""(() => {
+      const table = document.querySelector("#runs table.data");
+      const heads = [...table.tHead.rows[0].cells].map((th) => th.textContent);
+      const lr = heads.indexOf("lr");
+      table.tHead.rows[0].cells[lr].click();
+      const sorted = [...table.tBodies[0].rows].map((r) => Number(r.cells[lr].textContent));
+      const box = document.querySelector("#runs input.table-filter");
+      box.value = "diverged rmsnorm";
+      box.dispatchEvent(new Event("input"));
+      const shown = [...table.tBodies[0].rows].filter((r) => !r.hidden);
+      const id = table.tBodies[0].rows[0].cells[heads.indexOf("run")];
+      return {sorted, shown: shown.map((r) => r.textContent), all: table.tBodies[0].rows.length,
+              id: id.textContent, title: id.title, height: id.getBoundingClientRect().height};
+    })()""")
+    assert table["sorted"] == sorted(table["sorted"])
+    diverged = study.per_run.filter((pl.col("status") == "diverged")
+                                    & (pl.col("qk_norm") == "rmsnorm")).height
+    assert 0 < len(table["shown"]) == diverged < table["all"]
+    assert all("diverged" in row and "rmsnorm" in row for row in table["shown"])
+    assert table["title"].startswith(table["id"]) and len(table["id"]) < len(table["title"])
+    assert table["height"] < 30  # one line
+    page.close()
 
 
 # --- bad input --------------------------------------------------------------------------------
