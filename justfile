@@ -81,7 +81,7 @@ bench *args:
 bench-memory *args:
     @{{py}} -m mlx_gpt.memory_bench "$@"
 
-# backend=torch on one CUDA GPU in under 8 minutes: CUDA-vs-CPU parity, tokens/s (fp32/tf32/bf16, eager and compiled, 1 and K runs at once), a demo sweep; writes to $OUT or gpu-check/ (device=cpu quick=true: tiny, on the CPU)
+# backend=torch on one CUDA GPU in under 8 minutes: CUDA-vs-CPU parity, tokens/s at the study shape (fp32/tf32/bf16 eager, compiled bf16 at 1 and K runs), a jobs=K demo sweep, one summary table; exits 1 unless every check passed; writes to $OUT or gpu-check/ (device=cpu quick=true: tiny, on the CPU)
 [group('3 check the engines and the machine')]
 gpu-check *args:
     @{{py}} -m torch_ref gpu-check "$@"

@@ -189,12 +189,18 @@ def tiny_spec(**config) -> Spec:
                 min_steps=2)
 
 
-def test_processes_start_their_timed_steps_together():
-    results = measure_together(tiny_spec(), 2, env={"MLX_GPT_CPU_JIT": "plain"})
+def test_processes_time_the_same_window():
+    """A start barrier and one stop time: each process times from `go` until the stop (to the
+    end of its log interval), so the windows overlap and each ends at or after the other's
+    start plus most of the window."""
+    spec = dataclasses.replace(tiny_spec(), seconds=0.5)
+    results = measure_together(spec, 2, env={"MLX_GPT_CPU_JIT": "plain"})
     assert len(results) == 2
     for r in results:
         assert r["framework"] == "mlx" and r["steps"] >= 2 and r["tokens_per_s"] > 0
         assert r["backend"]["cpu_jit"] == "plain" and r["peak_memory_bytes"] > 0
+    (start_a, end_a), (start_b, end_b) = (r["window"] for r in results)
+    assert min(end_a, end_b) - max(start_a, start_b) > 0.25  # one window, not two
 
 
 def test_a_failed_measurement_says_why():

@@ -1,5 +1,6 @@
 """`just gpu-check` runs to the end on the CPU (device=cpu quick=true) and writes its three files;
-its time box skips what does not fit and says so; bad keys are one line."""
+its time box skips what does not fit and says so; it exits 0 only when every check passed (a
+failing stage injected here makes it exit 1); bad keys are one line."""
 
 from __future__ import annotations
 
@@ -28,8 +29,12 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_files(tmp_path):
         "gpu-check-runs.tar.gz", "gpu-check.json", "gpu-check.txt"]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert {"machine", "config", "parity", "throughput", "sweep", "skipped", "elapsed_s",
-            "archive"} <= report.keys()
-    assert report["skipped"] == []
+            "archive", "summary", "passed"} <= report.keys()
+    assert report["skipped"] == [] and report["passed"] is True
+    assert [r["check"] for r in report["summary"]] == [
+        "parity cpu fp32", "parity cpu bf16", "throughput tiny fp32 eager x1",
+        "throughput tiny fp32 eager x2", "sweep jobs=2"]
+    assert all(r["ok"] is True for r in report["summary"])
 
     parity = report["parity"]
     assert set(parity["runs"]) == {"cpu fp32", "cpu bf16"}
@@ -45,6 +50,7 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_files(tmp_path):
     rows = report["throughput"]["rows"]
     assert [(r["processes"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok")]
     assert len(rows[1]["per_process"]) == 2
+    assert rows[1]["overlap"] > 0.5  # the two processes timed one window
     assert rows[1]["tokens_per_s"] == pytest.approx(sum(rows[1]["per_process"]))
     assert rows[0]["tflops"] == pytest.approx(rows[0]["tokens_per_s"] * rows[0]["flops_per_token"]
                                               / 1e12)
@@ -57,7 +63,8 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_files(tmp_path):
     assert all(r["status"] in ("completed", "diverged") for r in sweep["runs"])
 
     text = (tmp_path / "gpu-check.txt").read_text()
-    for heading in ("1. Parity", "2. Throughput", "3. Sweep", "Skipped for time: nothing"):
+    for heading in ("1. Parity", "2. Throughput", "3. Sweep", "Skipped for time: nothing",
+                    "| check | result | figure |", "PASS: every check passed"):
         assert heading in text
     assert text.strip() in done.stdout
     with tarfile.open(tmp_path / "gpu-check-runs.tar.gz") as tar:
@@ -68,14 +75,75 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_files(tmp_path):
     assert not [n for n in names if n.endswith(".safetensors")]
 
 
-def test_what_the_budget_does_not_reach_is_skipped_and_said(tmp_path):
+def test_what_the_budget_does_not_reach_is_skipped_said_and_not_a_pass(tmp_path):
     done = gpu_check("device=cpu", "quick=true", "budget=1", f"out={tmp_path}")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert any("parity" in s and "skipped for time" in s for s in report["skipped"])
     assert report["sweep"]["status"] == "skipped for time"
     assert {r["status"] for r in report["throughput"]["rows"]} == {"skipped for time"}
-    assert "Skipped for time: parity" in (tmp_path / "gpu-check.txt").read_text()
+    assert {r["ok"] for r in report["summary"]} == {None} and report["passed"] is False
+    text = (tmp_path / "gpu-check.txt").read_text()
+    assert "Skipped for time: parity" in text
+    assert "FAIL: 5 of 5 checks did not pass" in text
+
+
+PARITY_OK = {"reference": "cpu fp32", "steps": 2, "planned": ["cpu fp32", "cpu bf16"],
+             "runs": {"cpu fp32": {"returncode": 0, "status": "completed",
+                                   "losses": {"1": 5.0, "2": 4.0}},
+                      "cpu bf16": {"returncode": 0, "status": "completed",
+                                   "losses": {"1": 5.01, "2": 4.02}}},
+             "deviation": {"cpu bf16": {"per_step": {"1": 0.002, "2": 0.005}, "max": 0.005,
+                                        "max_at_step": 2, "steps_compared": 2,
+                                        "limit": 0.25}}}
+SWEEP_OK = {"command": "python -m qkstudy sweep jobs=2", "status": "completed", "jobs": 2,
+            "planned_runs": 4, "returncode": 0,
+            "runs": [{"run_id": f"r{i}", "qk_norm": "none", "lr": 0.1, "seed": 0,
+                      "status": "completed", "final_val_loss": 3.0, "final_train_loss": 3.0,
+                      "steps": 20, "tokens_per_second": 1000.0} for i in range(4)]}
+
+
+def test_a_failing_stage_makes_the_check_fail(tmp_path, monkeypatch, capsys):
+    """One measurement fails (its process exits 1): the summary says which and the exit status
+    is 1, the other stages passing (stand-ins here, to keep this test fast)."""
+    from qkstudy.bench.step import StepFailed
+    from torch_ref import gpu_check, gpu_throughput
+
+    def fail(*args, **kwargs):
+        raise StepFailed("exit status 1: RuntimeError: injected")
+
+    monkeypatch.setattr(gpu_throughput, "measure_together", fail)
+    monkeypatch.setattr(gpu_check, "parity", lambda *a: json.loads(json.dumps(PARITY_OK)))
+    monkeypatch.setattr(gpu_check, "sweep", lambda *a: json.loads(json.dumps(SWEEP_OK)))
+    assert gpu_check.cli(["device=cpu", "quick=true", f"out={tmp_path}"]) == 1
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert [(r["check"], r["ok"]) for r in report["summary"]] == [
+        ("parity cpu fp32", True), ("parity cpu bf16", True),
+        ("throughput tiny fp32 eager x1", False), ("throughput tiny fp32 eager x2", False),
+        ("sweep jobs=2", True)]
+    assert ("| throughput tiny fp32 eager x1 | FAILED | failed: exit status 1: RuntimeError: "
+            "injected |") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, failed", [
+    (lambda r: r["parity"]["deviation"]["cpu bf16"].update(max=0.3), "parity cpu bf16"),
+    (lambda r: r["parity"]["runs"]["cpu bf16"].update(returncode=1, status="failed",
+                                                      error="RuntimeError: boom"),
+     "parity cpu bf16"),
+    (lambda r: r["parity"]["deviation"]["cpu bf16"].update(steps_compared=1), "parity cpu bf16"),
+    (lambda r: r["parity"]["runs"].pop("cpu bf16"), "parity cpu bf16"),
+    (lambda r: r["sweep"]["runs"][0].update(status="failed"), "sweep jobs=2"),
+    (lambda r: r["sweep"].update(status="failed (exit status 1; sweep.log)"), "sweep jobs=2"),
+    (lambda r: r.update(sweep={"error": "OSError: disk full"}), "sweep"),
+])
+def test_every_kind_of_failure_is_a_failed_row(change, failed):
+    from torch_ref.gpu_check import summary
+
+    report = json.loads(json.dumps({"parity": PARITY_OK, "sweep": SWEEP_OK,
+                                    "throughput": {"rows": []}}))
+    assert all(r["ok"] for r in summary(report))
+    change(report)
+    assert [r["check"] for r in summary(report) if r["ok"] is not True] == [failed]
 
 
 @pytest.mark.parametrize("words, message", [

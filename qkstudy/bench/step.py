@@ -10,9 +10,11 @@ backend's matmul peak; the backend's own facts come through the engine seam (qks
 mlx_gpt/measure.py, torch_ref/measure.py). The last line on stdout is the result as JSON.
 
 With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
-timing: `measure_together` lines up K such processes, so their timed steps run at the same time.
-Every process is started with the caller's environment plus `env` (MLX_GPT_CPU_JIT,
-QKSTUDY_RUNS_PER_DEVICE, ...).
+timing: `measure_together` lines up K such processes (a start barrier) and gives them one stop
+time, so they time the same window (each to the end of the log interval in which the stop
+falls: the start and end of each are in its result). Every process is started with the
+caller's environment plus `env` (MLX_GPT_CPU_JIT, QKSTUDY_RUNS_PER_DEVICE, ...) and its number
+among the K (QKSTUDY_DEVICE_SLOT: on N GPUs, process i trains on GPU i mod N, as in a sweep).
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import backends
+from .. import backends, trainer
 from ..config import TrainConfig
 from .shapes import random_batch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 READY = "ready"
 
 
@@ -60,7 +62,8 @@ def _timed(fn) -> float:
 
 
 def measure(spec: Spec, ready=None) -> dict:
-    """The measurement, in this process. `ready` is called between warm-up and timing."""
+    """The measurement, in this process. `ready` is called between warm-up and timing; when it
+    returns a stop time (time.time()), steps are timed until then instead of a fixed count."""
     cfg = spec.train_config()
     backend = backends.load(cfg.backend)
     x, y = random_batch(cfg, spec.vocab, 0)
@@ -70,19 +73,21 @@ def measure(spec: Spec, ready=None) -> dict:
     warmup = [_timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
     last = warmup[-1] if warmup else _timed(lambda: engine.read([engine.step(x, y)]))
     steps = max(spec.min_steps, min(100_000, math.ceil(spec.seconds / max(last, 1e-6))))
-    if ready is not None:
-        ready()
-    start, pending = time.perf_counter(), []
-    for _ in range(steps):
+    stop = ready() if ready is not None else None
+    started, start, pending, done = time.time(), time.perf_counter(), [], 0
+    while done < steps if stop is None else (done < spec.min_steps or time.time() < stop):
         pending.append(engine.step(x, y))
+        done += 1
         if len(pending) == cfg.log_every:
             engine.read(pending)
             pending = []
     if pending:
         engine.read(pending)
     seconds = time.perf_counter() - start
+    steps = done
     result = {"tokens_per_s": steps * cfg.tokens_per_step / seconds, "steps": steps,
               "seconds": seconds, "step_s": seconds / steps, "warmup_s": warmup,
+              "window": [started, started + seconds],
               "framework": engine.framework, "device": engine.device,
               "engine": engine.manifest_extra, "backend": backend.facts(cfg)}
     if spec.overheads:
@@ -135,6 +140,9 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
     # this checkout first, wherever the caller runs from
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if processes > 1:
+        environment[trainer.RUNS_PER_DEVICE] = environment.get(trainer.RUNS_PER_DEVICE,
+                                                               str(processes))
     with tempfile.TemporaryDirectory(prefix="qkstudy-bench-") as tmp:
         procs, errs = [], []
         try:
@@ -143,12 +151,13 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
                 errs.append(err)
                 procs.append(subprocess.Popen(
                     _command(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                    text=True, env=environment, cwd=cwd))
+                    text=True, env={**environment, trainer.DEVICE_SLOT: str(i)}, cwd=cwd))
             if spec.sync:
                 for p, err in zip(procs, errs):
                     _wait_for_ready(p, err, deadline)
-                for p in procs:  # all warmed up: go
-                    p.stdin.write("go\n")
+                stop = time.time() + spec.seconds  # all warmed up: go, all until the same time
+                for p in procs:
+                    p.stdin.write(f"go {stop!r}\n")
                     p.stdin.flush()
             results = []
             for p, err in zip(procs, errs):
@@ -204,9 +213,10 @@ def _failure(returncode: int | None, err) -> str:
 def main(argv: list[str]) -> int:
     spec = Spec(**json.loads(argv[0]))
 
-    def ready() -> None:
+    def ready() -> float | None:
         print(READY, flush=True)
-        sys.stdin.readline()
+        words = sys.stdin.readline().split()  # "go STOP_TIME"
+        return float(words[1]) if len(words) > 1 else None
 
     result = measure(spec, ready if spec.sync else None)
     print(json.dumps(result), flush=True)
