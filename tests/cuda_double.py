@@ -40,6 +40,7 @@ class FakeCuda:
         self.fractions: dict[int, float] = {}
         self.synchronized = 0
         self.copies: list[Copy] = []
+        self.sync_modes: list[str] = []
         cuda = torch.cuda
         for attr, fake in (("is_available", lambda: True), ("device_count", lambda: devices),
                            ("current_device", lambda: self.current),
@@ -48,7 +49,8 @@ class FakeCuda:
                            ("synchronize", self.synchronize),
                            ("get_device_name", self.get_device_name),
                            ("get_device_properties", self.get_device_properties),
-                           ("max_memory_allocated", lambda device=None: 0)):
+                           ("max_memory_allocated", lambda device=None: 0),
+                           ("set_sync_debug_mode", self.sync_modes.append)):
             monkeypatch.setattr(cuda, attr, fake)
         # torch's own set_per_process_memory_fraction, without starting CUDA
         monkeypatch.setattr(torch.cuda.memory, "_lazy_init", lambda: None)

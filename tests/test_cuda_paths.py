@@ -163,6 +163,22 @@ def test_a_step_never_waits_for_the_device_and_the_fake_gpu_computes_the_cpus_nu
         for s in range(6)]
 
 
+def test_with_the_sync_check_every_step_after_the_first_runs_in_torchs_error_mode(
+        monkeypatch, tiny_cfg):
+    from torch_ref.engine import SYNC_CHECK, Engine
+
+    fake = FakeCuda(monkeypatch, tensors=True)
+    probe = (np.zeros((4, 32), np.int64),) * 2
+    monkeypatch.setenv(SYNC_CHECK, "1")
+    engine = Engine(tiny_cfg(backend="torch", device="cuda"), 257, [], probe)
+    engine.read([engine.step(*probe) for _ in range(3)])
+    assert fake.sync_modes == ["error", "default"] * 2
+    monkeypatch.delenv(SYNC_CHECK)
+    unchecked = Engine(tiny_cfg(backend="torch", device="cuda"), 257, [], probe)
+    unchecked.step(*probe), unchecked.step(*probe)
+    assert fake.sync_modes == ["error", "default"] * 2
+
+
 def test_slurm_requests_a_gpu_for_cuda_runs_and_warns_when_the_device_disagrees(capsys):
     from qkstudy.sweep.slurm import SlurmOptions
 

@@ -20,6 +20,8 @@ true): device.py. QKSTUDY_RUNS_PER_DEVICE=K (set by a sweep with jobs=K): this p
 The step never waits for the device: the batch is staged in pinned memory and copied
 asynchronously, the learning rate comes from a table on the device, and the numbers of a step
 stay on the device until the trainer reads a batch of steps (`read`, every log_every steps).
+With QKSTUDY_SYNC_CHECK=1 on CUDA (gpu-check's throughput rows), every step after the first
+runs under torch.cuda.set_sync_debug_mode("error"): one that makes the host wait raises.
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ import numpy as np
 import torch
 
 from qkstudy.config import TrainConfig, model_args
-from qkstudy.trainer import RUNS_PER_DEVICE  # noqa: F401  (gpu_check's import)
 from qkstudy.parameters import count_params, initial_weights
 
 from . import compiled
 from . import probes as probe_lib
-from .device import (describe, memory_limit, place, resolve_device,  # noqa: F401
+from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, measure.py's)
                      runs_per_device, set_determinism, set_precision)
 from .model import GPT
 from .optim import lr_schedule, make_optimizer
 
+
+SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -77,6 +80,9 @@ class Engine:
         self.names = [n for n, _ in self.model.named_parameters()]
         self.opt, self.schedule = make_optimizer(cfg, dict(self.model.named_parameters()))
         self.lr_table = self._lr_table()
+        # the first step of a process compiles and allocates: the check starts after it
+        self.sync_check = self.dev.type == "cuda" and os.environ.get(SYNC_CHECK) == "1"
+        self.steps_run = 0
         self.bf16 = cfg.precision == "bf16"
         self.objective, self.val_loss = compiled.functions(cfg.compile)
         self.device = describe(self.dev)
@@ -152,6 +158,17 @@ class Engine:
         """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW.
         Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read:
         nothing here waits for the device."""
+        checked = self.sync_check and self.steps_run > 0
+        self.steps_run += 1
+        if checked:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            return self._step(x, y)
+        finally:
+            if checked:
+                torch.cuda.set_sync_debug_mode("default")
+
+    def _step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.zero_grad(set_to_none=True)
         total, loss, z = self.objective(self.model, self._tokens(x), self._tokens(y),
                                         self.cfg.z_loss, self.bf16)

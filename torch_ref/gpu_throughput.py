@@ -2,7 +2,8 @@
 measurement in fresh processes) by throughput_plan, with FLOP/s against the device's measured
 matmul peak in that precision, and the study-shape speeds turned into hours of the study. K runs
 at once are K processes lined up by a start barrier and timed until one common stop time, each
-with the environment a sweep with jobs=K gives it."""
+with the environment a sweep with jobs=K gives it. On CUDA every timed step runs under torch's
+sync debug mode set to error, so a step that makes the host wait fails its row."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from qkstudy.bench.shapes import flops_per_token, preset_base, preset_shape, sha
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.trainer import RUNS_PER_DEVICE
 
+from .engine import SYNC_CHECK
 from .gpu_plan import TINY, Clock, GpuCheckConfig, label, quick_env, throughput_plan
 
 COMPILE_S, EAGER_S = 90, 20  # the least time left for a compiled / eager measurement to start
@@ -39,7 +41,8 @@ def throughput(check: GpuCheckConfig, clock: Clock, skipped: list) -> dict:
                     seconds=seconds, min_steps=3, matmul=first)
         print(f"throughput: {name} ...", end=" ", flush=True)
         try:
-            env = {RUNS_PER_DEVICE: str(m["processes"]), **quick_env(check)}
+            # a step that makes the host wait for the GPU fails the measurement (engine.py)
+            env = {RUNS_PER_DEVICE: str(m["processes"]), SYNC_CHECK: "1", **quick_env(check)}
             results = measure_together(spec, m["processes"], env=env,
                                        timeout=min(left, 240 if m["compile"] else 90))
         except StepFailed as e:
