@@ -31,6 +31,6 @@ def preflight(cfg: TrainConfig) -> None:
                          "backend=torch")
 
 
-def memory_limit(cfg: TrainConfig) -> None:
+def memory_limit(cfg: TrainConfig, runs: int | None = None) -> None:
     """MLX trains in the machine's memory (unified on a Mac): the core's own check."""
     return None

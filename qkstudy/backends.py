@@ -75,9 +75,10 @@ class Backend(Protocol):
     def peak_memory_bytes(self, cfg: TrainConfig) -> int | None:
         """The framework's peak allocation so far in this process (None: not known)."""
 
-    def memory_limit(self, cfg: TrainConfig) -> tuple[int, str] | None:
+    def memory_limit(self, cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
         """(bytes, the words for them) a run of `cfg` may use on its device when that is not
-        the machine's memory (a GPU's share); None: the machine's (qkstudy/memory.py)."""
+        the machine's memory (a GPU's share, `runs` processes sharing the GPUs; None: as this
+        process's environment says); None: the machine's (qkstudy/memory.py)."""
 
 
 CONTRACT = ("Engine", "preflight", "device", "calibrate", "facts", "matmul_gflops",

@@ -43,11 +43,12 @@ RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
 DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
 
 
-def device_memory(cfg: TrainConfig) -> tuple[int, str] | None:
-    """The memory a run may use on its backend's device (a GPU's share), or None for the
-    machine's; None too when the framework or device is missing (preflight says so)."""
+def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
+    """The memory a run may use on its backend's device (a GPU's share when `runs` processes,
+    default RUNS_PER_DEVICE's, share the GPUs), or None for the machine's; None too when the
+    framework or device is missing (preflight says so)."""
     try:
-        return backends.load(cfg.backend).memory_limit(cfg)
+        return backends.load(cfg.backend).memory_limit(cfg, runs)
     except UsageError:
         return None
 

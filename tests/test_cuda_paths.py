@@ -98,6 +98,29 @@ def test_a_cuda_run_too_big_for_its_share_of_the_gpu_is_refused_in_one_line(
     assert not trainer.run_dir_of(cfg).exists()  # refused before anything is written
 
 
+def test_a_cuda_sweep_too_big_for_its_share_of_the_gpu_is_refused_before_it_plans(
+        monkeypatch, jobs, tiny_data, tmp_path, capsys):
+    """jobs=3 on 2 GPUs: GPU 0 takes two of the runs, so each gets half of it; the refusal is
+    the plan's, one line, before anything is written."""
+    from qkstudy.__main__ import main
+    from qkstudy.sweep.config import parse_sweep_config
+    from qkstudy.sweep.plan import plan_memory
+
+    FakeCuda(monkeypatch, devices=2, total=int(1.5 * GB))
+    words = [f"data={tiny_data}", f"runs_dir={tmp_path / 'runs'}", "name=g", "depth=2",
+             "d_model=32", "n_heads=2", "block_size=256", "batch_size=64", "backend=torch",
+             "device=cuda", "lrs=0.01", "seeds=0", "--dry-run"]
+    alone = parse_sweep_config([w for w in words if "=" in w] + ["jobs=2"])
+    assert plan_memory(alone, 257)[2] == pytest.approx(798e6, rel=0.01)  # one run a GPU: fits
+    assert main(["sweep", *words, "jobs=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: sweep g, depth 2: block_size 256 needs")
+    assert err[0].endswith("cuda:0 (NVIDIA H200) has 1.5 GB free of 1.5 GB, 1/2 of it for each "
+                           "of the 2 runs sharing it: 750 MB for this run: lower block_size or "
+                           "batch_size")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_memory_an_earlier_run_of_the_process_holds_counts_as_its_own(monkeypatch, jobs,
                                                                       tiny_cfg):
     from torch_ref.device import memory_limit

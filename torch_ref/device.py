@@ -108,11 +108,12 @@ def place(name: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-def memory_limit(cfg: TrainConfig) -> tuple[int, str] | None:
+def memory_limit(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
     """(bytes, the words for them) this run may use on its GPU, for qkstudy.memory.check; None
     off CUDA (the machine's memory is checked). The GPU's share for this process (1/M of its
-    memory when M processes share it, as `place` caps it), and no more than is free now plus
-    what this process's allocator already holds (an earlier run's cache is reused)."""
+    memory when M of `runs` processes, default runs_per_device(), share it, as `place` caps
+    it), and no more than is free now plus what this process's allocator already holds (an
+    earlier run's cache is reused)."""
     if cfg.backend != "torch":
         return None
     device = resolve_device(cfg.device)
@@ -121,7 +122,7 @@ def memory_limit(cfg: TrainConfig) -> tuple[int, str] | None:
     count = torch.cuda.device_count()
     index = cuda_index(device_slot(), count)
     free, total = torch.cuda.mem_get_info(index)
-    shared = sharing(index, runs_per_device(), count)
+    shared = sharing(index, runs or runs_per_device(), count)
     usable = min(total // shared, free + torch.cuda.memory_reserved(index))
     share = f", 1/{shared} of it for each of the {shared} runs sharing it" if shared > 1 else ""
     return usable, (f"cuda:{index} ({torch.cuda.get_device_name(index)}) has "

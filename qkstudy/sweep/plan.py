@@ -161,9 +161,13 @@ def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
     run and before calibration, when `jobs` runs of a depth at once would not fit."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
-    limit = memory.available()
+    # on a GPU each run is checked against its share of it (the most shared GPU's), else the
+    # `jobs` runs at once against the machine's memory
+    gpu = trainer.device_memory(sweep.train, runs=sweep.jobs) \
+        if sweep.train.backend == "torch" and sweep.train.device in ("auto", "cuda") else None
+    limit, at_once = (gpu, 1) if gpu else (memory.available(), sweep.jobs)
     return {depth: memory.check(run_config(sweep, depth, sweep.train.lr, sweep.arms[-1], 0),
-                                vocab, runs_at_once=sweep.jobs, limit=limit,
+                                vocab, runs_at_once=at_once, limit=limit,
                                 prefix=f"sweep {sweep.name}, depth {depth}: ").total
             for depth in sweep.depth}
 
