@@ -263,14 +263,18 @@ def test_determinism_is_on_by_default_and_sets_cublas_before_cuda(monkeypatch, t
 
     from torch_ref.engine import Engine
 
+    from torch_ref.engine import preflight
+
     cfg = tiny_cfg(backend="torch", device="cuda")
     assert cfg.deterministic is True
     fake = FakeCuda(monkeypatch, tensors=True)
-    probe = (np.zeros((4, 32), np.int64),) * 2
-    Engine(cfg, 257, [], probe)
+    preflight(cfg)  # before the trainer's memory check, the first CUDA call
     assert fake.deterministic == [True]
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    probe = (np.zeros((4, 32), np.int64),) * 2
+    Engine(cfg, 257, [], probe)
+    assert fake.deterministic == [True, True]
     Engine(dataclasses.replace(cfg, deterministic=False), 257, [], probe)
-    assert fake.deterministic == [True, False]
+    assert fake.deterministic == [True, True, False]
     with pytest.raises(UsageError, match="options of backend=torch"):
         TrainConfig(deterministic=False).validate()

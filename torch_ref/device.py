@@ -7,9 +7,10 @@ number of the K processes placed there, and its run's memory estimate is checked
 share before anything is written. On the CPU it takes 1/K of the threads instead.
 
 Determinism (TrainConfig.deterministic, default true): torch.use_deterministic_algorithms and
-cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG, read when CUDA starts, so it is set before
-any CUDA call), so a repeat or a resume computes the same bits on one GPU; off lets cuBLAS and
-the attention backward pick faster non-deterministic kernels.
+cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG, set in the environment before the run's
+first CUDA call: the trainer's preflight), CUDA's repeatable kernels; off lets cuBLAS and the
+attention backward pick faster non-deterministic ones. On the CPU repeats and resumes are
+bit-identical (tested); on CUDA neither that nor the cost is measured yet.
 """
 
 from __future__ import annotations

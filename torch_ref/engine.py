@@ -47,7 +47,9 @@ SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """The checks that need torch, before the run folder is made."""
+    """The checks that need torch, before the run folder is made; and the determinism
+    settings, before the memory check starts CUDA."""
+    set_determinism(cfg.deterministic)
     set_precision(cfg.precision, resolve_device(cfg.device))
 
 
@@ -68,7 +70,7 @@ class Engine:
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
         self.cfg = cfg
-        set_determinism(cfg.deterministic)  # before the first CUDA call (cuBLAS reads it then)
+        set_determinism(cfg.deterministic)  # before this engine's first CUDA call
         self.dev = place(cfg.device)
         set_precision(cfg.precision, self.dev)
         share = runs_per_device()
