@@ -340,9 +340,6 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
         runs_dir = Path(words.pop(0))
         if words and "=" not in words[0] and not words[0].startswith("-"):
             compare_with = words.pop(0)  # a second sweep, compared with the first
-            if not Path(compare_with).is_dir():
-                raise UsageError(f"runs folder to compare with {compare_with} does not exist "
-                                 "(or is not a folder)")
     for word in words:
         if word.startswith("-"):
             raise UsageError(f"unknown flag {word}: options are key=value words, e.g. out=DIR "
@@ -370,6 +367,9 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
 
 def cli(argv: list[str]) -> int:
     runs_dir, out, options = parse_args(argv)
+    if options.compare_with and not Path(options.compare_with).is_dir():
+        raise UsageError(f"runs folder to compare with {options.compare_with} does not exist "
+                         "(or is not a folder)")
     t0 = time.perf_counter()
     check_writable(out)
     try:

@@ -521,7 +521,8 @@ def test_sentences_never_span_an_undecided_lr_nor_state_what_the_data_cannot_giv
     assert prose._threshold_text(row | {"ci_lo": 1.2e-3}) == row["threshold"]
 
 
-def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path):
+def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monkeypatch,
+                                                                 capsys):
     from types import SimpleNamespace
 
     from analysis import compare as K
@@ -545,12 +546,13 @@ def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path):
     assert "depth 2 LR 0.01 (no difference in mini, off worse in mini-torch)" in text[1]
     assert len(K.gap_scatter(gaps, "mini", "mini-torch").to_dict()["layer"]) == 2
     # the command line: a second folder right after the first is the one compared with
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     runs_dir, _, options = parse_args([str(tmp_path / "a"), str(tmp_path / "b"), "alpha=0.1"])
     assert runs_dir == tmp_path / "a" and options.compare_with == str(tmp_path / "b")
-    with pytest.raises(UsageError, match="to compare with .* does not exist"):
-        parse_args([str(tmp_path / "a"), str(tmp_path / "nope")])
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
+    assert not (tmp_path / "reports").exists()
 
 
 def test_legends_name_every_marker_and_probes_read_as_words():
