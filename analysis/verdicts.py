@@ -171,14 +171,19 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
         t = thresholds.filter((pl.col("on_kind") == on) & (pl.col("depth") == d))
         b = best.filter((pl.col("on_kind") == on) & (pl.col("depth") == d))
         strongest = informative.filter(pl.col("decision") == OFF_WORSE).sort("mean_gap").tail(1)
-        text = (f"depth {d}: off worse at lr {_lrs(worse)}"
-                + ("" if strongest.is_empty() else
-                   " (largest gap {} at lr {}, q {})".format(
-                       _effect(strongest["mean_gap"][0], strongest["ci_lo"][0],
-                               strongest["ci_hi"][0]), _lr(strongest["lr"][0]),
-                       _q(strongest["q_off_worse"][0])))
-                + f"; no difference at {_lrs(calm)}; on worse at {_lrs(harm)}; undetermined at "
-                  f"{_lrs(by[UNDETERMINED])}"
+        # only the outcomes some LR had: a list is never empty ("at lr none")
+        outcomes = "; ".join(
+            f"{words} at {'lr ' if words == 'off worse' else ''}{_lrs(lrs)}" + extra
+            for words, lrs, extra in (
+                ("off worse", worse, "" if strongest.is_empty() else
+                 " (largest gap {} at lr {}, q {})".format(
+                     _effect(strongest["mean_gap"][0], strongest["ci_lo"][0],
+                             strongest["ci_hi"][0]), _lr(strongest["lr"][0]),
+                     _q(strongest["q_off_worse"][0]))),
+                ("no difference", calm, ""), ("on worse", harm, ""),
+                ("undetermined", by[UNDETERMINED], ""))
+            if lrs) or "no informative LR"
+        text = (f"depth {d}: {outcomes}"
                 + (f"; {tested.height - informative.height} LRs where neither arm learned"
                    if tested.height > informative.height else "")
                 + (f"; threshold {t['threshold'][0]}" if t.height and t["threshold"][0] else "")
@@ -286,6 +291,11 @@ def _h2_row(on: str, depth: int, measure: str, diffs: list[float], margin: float
             "decision": None, "note": ""}
 
 
+# An LR ratio's interval wider than this (four decades) says more than any preset's LR grid
+# can measure: with 2 seeds a t-interval on the log ratio can span 1e-10 to 1e9
+MAX_LR_SPAN = 1e4
+
+
 def _h2(on: str, h2: pl.DataFrame) -> dict:
     mine = h2.filter(pl.col("on_kind") == on)
     verdicts, all_parts = {}, []
@@ -295,8 +305,13 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
             way = {"for": FOR, "against": AGAINST, "equivalent": AGAINST,
                    "equal in every seed": AGAINST, TOO_FEW: NO_DATA}.get(r["decision"], UNCLEAR)
             fmt = ".3g" if measure in LR_MEASURES else "+.3f"
-            effect = (f"x{_effect(r['effect'], r['ci_lo'], r['ci_hi'], fmt)}"
-                      if measure in LR_MEASURES else _effect(r["effect"], r["ci_lo"], r["ci_hi"]))
+            if measure in LR_MEASURES and r["ci_lo"] and r["ci_hi"] \
+                    and r["ci_hi"] / r["ci_lo"] > MAX_LR_SPAN:  # wider than any LR grid
+                effect = f"x{r['effect']:.3g} (too few seeds to bound it)"
+            else:
+                effect = (f"x{_effect(r['effect'], r['ci_lo'], r['ci_hi'], fmt)}"
+                          if measure in LR_MEASURES
+                          else _effect(r["effect"], r["ci_lo"], r["ci_hi"]))
             parts.append(Part(way, r["pairs"], (
                 f"depth {r['depth']}: {measure} {effect} per seed {r['per_seed']}, "
                 f"{r['decision']} (q for {_q(r['q_for'])}, n={r['pairs']})"

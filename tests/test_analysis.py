@@ -519,6 +519,16 @@ def test_sentences_never_span_an_undecided_lr_nor_state_what_the_data_cannot_giv
     row = {"ci_lo": None, "ci_hi": None, "threshold": "0.0027 [< 0.001, > 0.3]"}
     assert prose._threshold_text(row) is None  # "too few seeds", not an interval of everything
     assert prose._threshold_text(row | {"ci_lo": 1.2e-3}) == row["threshold"]
+    # the verdicts' evidence names only the outcomes some LR had, and no LR ratio interval
+    # wider than any grid
+    evidence = " ".join(V.verdicts(necessity_table({2: 3e-2}))["evidence"].to_list())
+    assert "none" not in evidence and "on worse at" not in evidence
+    assert "off worse at lr 0.03, 0.1" in evidence or "off worse at lr 0.03" in evidence
+    h2 = pl.DataFrame([{"depth": 2, "on_kind": "rmsnorm", "measure": V.MAX_USABLE, "pairs": 2,
+                        "effect": 1.0, "ci_lo": 2.96e-10, "ci_hi": 3.38e9, "per_seed": "x1, x1",
+                        "decision": "undecided", "q_for": 0.5, "note": "", "family_size": 9}])
+    text = json.dumps(V._h2("rmsnorm", h2), default=str)
+    assert "too few seeds to bound it" in text and "3.38e+09" not in text
 
 
 def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monkeypatch,
