@@ -10,7 +10,6 @@ import math
 import re
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import polars as pl
@@ -26,9 +25,6 @@ from analysis.prose import CHARTS
 from analysis.report import ReportOptions, build_report
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
-
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
-                                        else None)
 
 
 def points(rows: list[tuple]) -> pl.DataFrame:
@@ -728,16 +724,7 @@ def study_charts(path: Path) -> list[str]:
     return names
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--hide-scrollbars",
-                  "--virtual-time-budget=20000"]
-
-# Appended to a copy of the report: once the charts are drawn, it writes the page's scroll
-# width and the boxes of the verdict table and of every chart into the DOM.
-LAYOUT_PROBE = """<script>
-(function probe() {
-  if (!document.body.dataset.chartsDrawn) { setTimeout(probe, 100); return; }
+LAYOUT = """(() => {
   const box = (el) => { const r = el.getBoundingClientRect();
                         return {left: r.left, right: r.right, width: r.width, top: r.top}; };
   const out = {innerWidth: window.innerWidth,
@@ -746,74 +733,44 @@ LAYOUT_PROBE = """<script>
   document.querySelectorAll(".chart").forEach((c) => {
     const svg = c.querySelector("svg");
     out.charts[c.id] = {box: box(c), svg: svg && box(svg),
-                        viewBox: svg && svg.getAttribute("viewBox")};
+                        viewBox: svg && svg.getAttribute("viewBox"),
+                        marks: !!c.querySelector("svg .marks, svg g.role-mark")};
   });
-  const pre = document.createElement("pre");
-  pre.id = "layout-probe";
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
-</script>"""
+  return out;
+})()"""
 
 
-def chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=180, check=False)
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
-def test_report_renders_in_headless_chromium(report, tmp_path):
+def test_report_renders_in_headless_chromium(report, browser):
+    """Every chart draws (a Vega SVG with marks), nothing is logged, and at a wide and a narrow
+    window the verdict table and every chart fit the page: the charts scale down (their SVG
+    keeps its viewBox), only data tables scroll in their box."""
     path, _ = report
-    url = path.resolve().as_uri()
-    dom = chromium(["--enable-logging=stderr", "--v=0", "--dump-dom", url],
-                   tmp_path / "profile-dom")
     charts = study_charts(path)
-    assert f'data-charts-drawn="{len(charts)}"' in dom.stdout, dom.stderr[-2000:]
-    assert 'data-chart-errors="0"' in dom.stdout
-    for name in charts:  # each chart container holds a rendered Vega SVG
-        block = dom.stdout.split(f'id="chart-{name}"', 1)[1][:3000]
-        assert 'class="marks"' in block, name
-    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line]
-    assert not console, console  # the page logs nothing when every chart draws cleanly
     for width in (1400, 800):
+        page = browser.page(path.resolve().as_uri(), width, 2000)
+        page.wait_for("document.body.dataset.chartsDrawn")
+        assert page.evaluate("document.body.dataset.chartsDrawn") == str(len(charts))
+        assert page.evaluate("document.body.dataset.chartErrors") == "0"
+        layout = page.evaluate(LAYOUT)
         shot = path.parent / f"report-screenshot-{width}.png"
-        chromium([f"--window-size={width},3000", f"--screenshot={shot}", url],
-                 tmp_path / f"profile-shot-{width}")
-        assert png_size(shot) == (width, 3000)
-        print(f"screenshot kept at {shot}")
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
-@pytest.mark.parametrize("width", [1400, 800])
-def test_report_page_has_no_horizontal_scroll(report, tmp_path, width):
-    """At a wide and a narrow window the verdict table and every chart fit the page: the
-    charts scale down (their SVG keeps its viewBox), only data tables scroll in their box."""
-    path, _ = report
-    head, tail = path.read_text().rsplit("</body>", 1)
-    probe = path.parent / f"layout-probe-{width}.html"
-    probe.write_text(head + LAYOUT_PROBE + "</body>" + tail)
-    try:
-        dom = chromium([f"--window-size={width},2000", "--dump-dom", probe.resolve().as_uri()],
-                       tmp_path / "profile")
-    finally:
-        probe.unlink()
-    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom.stdout, re.S)
-    assert found, dom.stderr[-2000:]
-    layout = json.loads(html.unescape(found.group(1)))
-    assert layout["innerWidth"] == width
-    assert layout["scrollWidth"] <= width, layout
-    assert layout["verdicts"]["right"] <= width and layout["verdicts"]["left"] >= 0
-    # the answer's sentences, then its chart, come first (the first screen: the test above)
-    assert layout["charts"]["chart-headline"]["box"]["top"] < 600
-    assert set(layout["charts"]) == {f"chart-{n}" for n in study_charts(path)}
-    for name, chart in layout["charts"].items():
-        assert chart["svg"] and chart["viewBox"], name
-        assert chart["svg"]["right"] <= width and chart["box"]["right"] <= width, (name, chart)
-        drawn = float(chart["viewBox"].split()[2])
-        if width == 1400:  # a chart uses the page: at least 2/3 of it, at full size
-            assert chart["svg"]["width"] >= 0.66 * (width - 32), (name, chart)
-        else:  # drawn wider than the window: shrunk to fit, not cut
-            assert drawn > width and chart["svg"]["width"] < drawn, (name, chart)
+        shot.write_bytes(page.screenshot())
+        assert png_size(shot)[0] == width
+        assert not page.console, page.console  # the page logs nothing when every chart draws
+        page.close()
+        assert layout["innerWidth"] == width
+        assert layout["scrollWidth"] <= width, layout
+        assert layout["verdicts"]["right"] <= width and layout["verdicts"]["left"] >= 0
+        # the answer's sentences, then its chart, come first (the first screen: the test below)
+        assert layout["charts"]["chart-headline"]["box"]["top"] < 600
+        assert set(layout["charts"]) == {f"chart-{n}" for n in charts}
+        for name, chart in layout["charts"].items():
+            assert chart["svg"] and chart["viewBox"] and chart["marks"], name
+            assert chart["svg"]["right"] <= width and chart["box"]["right"] <= width, (name, chart)
+            drawn = float(chart["viewBox"].split()[2])
+            if width == 1400:  # a chart uses the page: at least 2/3 of it, at full size
+                assert chart["svg"]["width"] >= 0.66 * (width - 32), (name, chart)
+            else:  # drawn wider than the window: shrunk to fit, not cut
+                assert drawn > width and chart["svg"]["width"] < drawn, (name, chart)
 
 
 FIRST_SCREEN = """(() => {
@@ -882,6 +839,23 @@ def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, br
     pressed = page.evaluate("[...document.querySelectorAll('#filters button[aria-pressed=true]')]"
                             ".map((b) => b.textContent)")
     assert pressed == [on]
+    # an LR range brushed on the loss chart keeps only those LRs in the gap map
+    page.evaluate("document.getElementById('filter-clear').click()")
+    gap_cells = page.evaluate(DRAWN_MARKS.replace("NAME", "gap_map"))
+    frame = page.evaluate("""(() => {
+      const el = document.querySelector("#chart-loss_vs_lr g.cell > g > path.background");
+      el.scrollIntoView({block: "center"});
+      const r = el.getBoundingClientRect();
+      return {left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+    })()""")
+    y = (frame["top"] + frame["bottom"]) / 2
+    page.drag((frame["left"] + 2, y), (frame["left"] + 0.5 * (frame["right"] - frame["left"]), y))
+    page.wait_for("views.gap_map.signal('lr_range') !== null")
+    low, high = page.evaluate("views.gap_map.signal('lr_range')")
+    assert low < high < max(study.points["lr"])
+    page.evaluate("Promise.all(Object.values(views).map((v) => v.runAsync())).then(() => true)")
+    assert 0 < page.evaluate(DRAWN_MARKS.replace("NAME", "gap_map")) < gap_cells
+    assert "LRs" in page.evaluate("document.getElementById('filter-lr').textContent")
     # the runs table: compact ids on one line, sorted by a header click, filtered by words
     table = page.evaluate("""(() => {
       const table = document.querySelector("#runs table.data");
