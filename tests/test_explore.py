@@ -131,6 +131,10 @@ def test_notebook_exports_to_html_with_verdicts_and_charts(tiny_runs, tmp_path):
     assert page.count("application/vnd.vegalite") >= 3  # gap headline, training, probe
     for title in ("Training curves: one line per seed", "max attention logit against step"):
         assert title in page, title
+    # the defaults show the answer: every LR in the curves, the probe on a log axis
+    for lr in LRS:
+        assert f'"lr_label": "{lr:.2e}"' in page or f'"lr_label":"{lr:.2e}"' in page, lr
+    assert re.search(r'"field": "value",(\\n|\s)*"scale": \{(\\n|\s)*"type": "log"', page)
 
 
 def test_notebook_as_a_script_fails_in_one_line_on_a_missing_folder(tmp_path):
