@@ -121,7 +121,8 @@ def checkpoint_info(path: Path) -> dict:
 
 
 def last_row(run_dir: Path) -> tuple[int | None, float | None]:
-    """(step, train loss) of the last metrics row written, or (None, None)."""
+    """(step, train loss) of the last metrics row written, and the latest train loss in that
+    part (an evaluation row at the end has none), or (None, None)."""
     import pyarrow.parquet as pq
 
     found = runlog.parts(run_dir / "metrics")
@@ -133,7 +134,8 @@ def last_row(run_dir: Path) -> tuple[int | None, float | None]:
         return None, None
     if table.num_rows == 0:
         return None, None
-    return int(table.column("step")[-1].as_py()), table.column("train_loss")[-1].as_py()
+    losses = [x for x in table.column("train_loss").to_pylist() if x is not None]
+    return int(table.column("step")[-1].as_py()), losses[-1] if losses else None
 
 
 def read_run(run_dir: Path, held: dict | None) -> Run:
