@@ -219,13 +219,6 @@ def test_the_benchmark_core_imports_no_framework():
         assert not imports.search(path.read_text()), path.name
 
 
-def test_mlx_gpt_does_not_import_torch_ref():
-    """Dependencies point one way: torch_ref imports mlx_gpt, never the reverse."""
-    imports = re.compile(r"^\s*(from|import)\s+torch_ref\b|import_module\([\"']torch_ref", re.M)
-    for path in (ROOT / "mlx_gpt").rglob("*.py"):
-        assert not imports.search(path.read_text()), path.name
-
-
 # --- the tuned CPU build (mlx_gpt/cpu_jit.py) -----------------------------------------------
 
 TRAIN_A_FEW_STEPS = textwrap.dedent("""
