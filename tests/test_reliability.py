@@ -509,13 +509,13 @@ def test_ctrl_c_while_an_extension_initialises_is_an_interrupt(monkeypatch, caps
     command says "interrupted" and exits 130, no traceback."""
     import importlib
 
-    from qkstudy import interrupts
+    from qkstudy import backends, interrupts
     from qkstudy.__main__ import main
 
     real_import = importlib.import_module
 
     def import_interrupted(name, *args):
-        if name == "mlx_gpt.engine":
+        if name == backends.BACKENDS["mlx"][0]:  # the MLX backend's module, found by the seam
             try:
                 raise interrupts.Interrupted()
             except KeyboardInterrupt as e:
