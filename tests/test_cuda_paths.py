@@ -221,6 +221,23 @@ def test_slurm_requests_a_gpu_for_cuda_runs_and_warns_when_the_device_disagrees(
     assert "device=cuda with slurm_gpus=0" in warning
     _, warning = SlurmOptions(gpus=1).for_device("cpu")
     assert "requested, not used" in warning
+    mlx, warning = default.for_device("auto", backend="mlx")  # MLX has no device key
+    assert warning is None and not any(o.startswith("--gres") for o in mlx.sbatch_lines())
+
+
+@pytest.mark.parametrize("device, gres, warned", [
+    ("cuda", "#SBATCH --gres=gpu:1", False), ("auto", None, True), ("cpu", None, False)])
+def test_a_slurm_array_of_torch_runs_asks_for_the_gpu_its_device_needs(
+        tiny_data, tmp_path, capsys, device, gres, warned):
+    from qkstudy.__main__ import main
+
+    words = [f"data={tiny_data}", f"runs_dir={tmp_path / 'runs'}", "name=s", "depth=1",
+             "d_model=32", "n_heads=2", "block_size=32", "batch_size=4", "max_steps=10",
+             "lrs=0.01", "seeds=0", "backend=torch", f"device={device}", "--slurm"]
+    assert main(["sweep", *words]) == 0
+    script = (tmp_path / "runs" / "s" / "slurm" / "001" / "array.sbatch").read_text()
+    assert [line for line in script.splitlines() if "--gres" in line] == ([gres] if gres else [])
+    assert ("warning: device=auto requests no GPU" in capsys.readouterr().err) == warned
 
 
 def test_compile_keeps_a_process_compiled_across_its_shapes_and_says_when_it_falls_back(

@@ -78,12 +78,15 @@ class SlurmOptions:
                              "--option=value)")
         return self
 
-    def for_device(self, device: str) -> tuple[SlurmOptions, str | None]:
+    def for_device(self, device: str, backend: str = "torch") -> tuple[SlurmOptions, str | None]:
         """(these options with gpus=-1 made one GPU a task for device=cuda and none otherwise,
-        a warning when the runs' device and the GPU request disagree, or None)."""
+        a warning when the runs' device and the GPU request disagree, or None). MLX picks its
+        own device (no device key): its GPU request is the user's alone."""
         gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
         warning = None
-        if device == "cuda" and gpus == 0:
+        if backend != "torch":
+            pass
+        elif device == "cuda" and gpus == 0:
             warning = ("device=cuda with slurm_gpus=0: a task gets no GPU unless its partition "
                        "gives one, and then stops at its start (device cuda is not available)")
         elif device == "auto" and gpus == 0:
@@ -221,7 +224,7 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     sweep_dir = (Path(sweep.runs_dir) / sweep.name).absolute()
     if re.search(r"\s", str(sweep_dir)) or re.search(r"\s", str(Path.cwd())):
         raise UsageError(f"{sweep_dir} holds whitespace, which #SBATCH lines cannot hold")
-    options, warning = options.for_device(sweep.train.device)
+    options, warning = options.for_device(sweep.train.device, sweep.train.backend)
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     todo, refine = remaining_runs(sweep)
