@@ -23,7 +23,6 @@ analysis.report.analyse computes from both trees. Exit 1 on any difference.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import math
 import os
 import random
@@ -39,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qkstudy import runlog
+from qkstudy import files, run_folder
+from qkstudy.run_folder import RunFolder
 from qkstudy.config import split_key_values
 from qkstudy.errors import UsageError
 
@@ -70,33 +70,35 @@ keys: faults=30 (at least one of each kind from 7 on)  seed= (default: drawn, pr
 
 def metric_rows(folder: Path) -> list[dict]:
     """A run's metric rows without the wall clock (elapsed_s)."""
-    return runlog.read_parts(folder / "metrics").drop(["elapsed_s"]).to_pylist()
+    return RunFolder(folder).read_metrics().drop(["elapsed_s"]).to_pylist()
 
 
 def probe_rows(folder: Path) -> list[dict]:
-    return runlog.read_parts(folder / "probes").to_pylist()
+    return RunFolder(folder).read_probes().to_pylist()
 
 
 def run_folders(sweep_dir: Path) -> list[str]:
     """The run folders of a sweep folder (dot-folders such as .damaged/ are not runs)."""
-    return sorted(p.parent.name for p in sweep_dir.glob("*/config.json")
-                  if not p.parent.name.startswith("."))
+    return [f.name for f in run_folder.run_folders(sweep_dir)]
 
 
 def compare_run(ref: Path, got: Path) -> list[str]:
     """What differs between two folders of one run (empty: identical)."""
     out = []
+    ref, got = RunFolder(ref), RunFolder(got)
     try:
-        checks = [("metrics rows", metric_rows), ("probe rows", probe_rows),
-                  ("config.json", lambda f: runlog.read_json(f / "config.json")),
-                  ("summary.json", lambda f: {k: v for k, v in (
-                      runlog.read_json(f / "summary.json") or {}).items() if k not in WALL_CLOCK}),
-                  ("files", lambda f: sorted(p.name for p in f.iterdir() if p.name != ".lock"))]
+        checks = [("metrics rows", lambda f: metric_rows(f.path)),
+                  ("probe rows", lambda f: probe_rows(f.path)),
+                  ("config", RunFolder.read_config),
+                  ("summary", lambda f: {k: v for k, v in f.summary_record().items()
+                                         if k not in WALL_CLOCK}),
+                  ("files", lambda f: sorted(p.name for p in f.path.iterdir()
+                                             if p != f.lock_file))]
         for what, read in checks:
             if read(ref) != read(got):
                 out.append(f"{got.name}: {what} differ")
-        want, _ = runlog.read_tensors(ref / "final.safetensors")
-        have, _ = runlog.read_tensors(got / "final.safetensors")
+        want, _ = files.read_tensors(ref.final_file)
+        have, _ = files.read_tensors(got.final_file)
         if want.keys() != have.keys() or any(
                 want[k].dtype != have[k].dtype or not np.array_equal(want[k], have[k])
                 for k in want):
@@ -149,13 +151,6 @@ def processes() -> list[tuple[int, int, str]]:
     return out
 
 
-def dead_pid() -> int:
-    """The pid of a process that has ended (started and reaped here)."""
-    child = subprocess.Popen(["true"])
-    child.wait()
-    return child.pid
-
-
 @dataclass
 class Storm:
     """One storm's settings, state and counts."""
@@ -179,7 +174,7 @@ class Storm:
 
     def start(self) -> None:
         with open(self.log, "a") as log:
-            log.write(f"\n--- invocation {self.invocations + 1} at {runlog.now()}\n")
+            log.write(f"\n--- invocation {self.invocations + 1} at {files.now()}\n")
             log.flush()
             self.main = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -214,11 +209,11 @@ class Storm:
 
     def training(self) -> bool:
         """Whether some process holds a run's lock now (read from /proc/locks, like status)."""
-        from qkstudy.status import flock_holders, lock_holder
+        from qkstudy.locks import flock_holders
 
         held = flock_holders()
         return held is not None and any(
-            lock_holder(p.parent, held) for p in self.sweep_dir.glob("*/.lock"))
+            f.holder(held) for f in run_folder.run_folders(self.sweep_dir))
 
     def inject(self, kind: str) -> None:
         self.injected[kind] += 1
@@ -226,7 +221,7 @@ class Storm:
         hit = getattr(self, kind)()
         self.no_target[kind] += not hit
         with open(self.log, "a") as log:
-            log.write(f"--- fault {kind} at {runlog.now()}{'' if hit else ' (no target)'}\n")
+            log.write(f"--- fault {kind} at {files.now()}{'' if hit else ' (no target)'}\n")
 
     def _signal_group(self, signum: int) -> bool:
         if self.main.poll() is not None:
@@ -274,7 +269,8 @@ class Storm:
         return True
 
     def truncate_part(self) -> bool:
-        parts = sorted(self.sweep_dir.glob("*/metrics/part-*.parquet"))
+        parts = sorted(p for f in run_folder.run_folders(self.sweep_dir)
+                       for _, p in f.metric_parts())
         if not parts:
             return False
         part = self.rng.choice(parts)
@@ -287,22 +283,16 @@ class Storm:
         return True
 
     def stale_lock(self) -> bool:
-        """Write a gone process's pid into a run's .lock (a lock file, not a held lock: a dead
-        process's flock is released by the kernel), unless a live process holds it."""
+        """A run's lock file left by a process killed (kill -9) while it held the lock, unless a
+        live process holds it: a process takes the run's lock and kills itself."""
         folder = self.sweep_dir / self.rng.choice(self.run_ids)
         folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{dead_pid()}\n".encode())
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-        return True
+        code = ("import os, signal, sys; from pathlib import Path; "
+                "from qkstudy.run_folder import RunFolder\n"
+                "with RunFolder(Path(sys.argv[1])).lock() as held:\n"
+                "    if held:\n        os.kill(os.getpid(), signal.SIGKILL)\n")
+        done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True)
+        return done.returncode == -signal.SIGKILL
 
     def wait_all(self, seconds: float) -> None:
         """Until no process of any invocation is left (orphaned workers finish their queue)."""
@@ -453,7 +443,7 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
         storm_seconds = time.monotonic() - t0
         say(f"compared: {len(run_ids)} run folders and the report's tables")
         differences = compare_trees(reference / NAME, root / NAME)
-        damaged = root / NAME / runlog.DAMAGED
+        damaged = root / NAME / run_folder.DAMAGED
         repaired = len([p for p in damaged.iterdir() if p.is_dir()]) if damaged.exists() else 0
     finally:
         s.kill_all()
@@ -494,7 +484,7 @@ def cli(argv: list[str]) -> int:
     exits = ", ".join(f"{code}: {n}" for code, n in sorted(result.exits.items()))
     print(f"{result.invocations} invocations of the sweep ({result.final_invocations} undisturbed "
           f"at the end); exit codes {exits}; {result.repaired} damaged runs repaired (moved to "
-          f"{NAME}/{runlog.DAMAGED}/, not compared); undisturbed sweep "
+          f"{NAME}/{run_folder.DAMAGED}/, not compared); undisturbed sweep "
           f"{result.reference_seconds:.0f} s, storm {result.storm_seconds:.0f} s, "
           f"all {time.monotonic() - t0:.0f} s; seed {seed}")
     if result.differences:

@@ -1,6 +1,6 @@
 """Find and validate run folders under a runs tree; expose their logs as Polars frames.
 
-A run folder (the format of qkstudy/runlog.py, read here through it) holds summary.json,
+A run folder (the format of qkstudy/run_folder.py, read here through it) holds summary.json,
 config.json, manifest.json, metrics/part-*.parquet and probes/part-*.parquet. A folder that
 is unfinished, incomplete or written in a foreign schema is skipped with a warning naming it;
 the good runs are still analysed.
@@ -20,9 +20,10 @@ import polars as pl
 from qkstudy.arms import arm_of
 from qkstudy.config import ENGINE_KEYS, FOLDER_KEYS, framework_label
 from qkstudy.errors import UsageError
-from qkstudy.runlog import FINISHED, load_object
+from qkstudy.files import load_object
+from qkstudy.run_folder import FINISHED, RunFolder, find_runs
 
-# The columns and types the analysis relies on (runlog.METRICS_SCHEMA and PROBES_SCHEMA).
+# The columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA).
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
                    "train_loss": pl.Float64, "grad_norm": pl.Float64, "val_loss": pl.Float64,
                    "val_ppl": pl.Float64, "elapsed_s": pl.Float64}
@@ -110,9 +111,7 @@ def _integer(value: Any) -> int | None:
 
 def _run_folders(root: Path) -> list[Path]:
     """Folders holding a summary.json or config.json, skipping hidden folders."""
-    found = {p.parent for name in ("summary.json", "config.json") for p in root.rglob(name)}
-    return sorted(f for f in found
-                  if not any(part.startswith(".") for part in f.relative_to(root).parts))
+    return [f.path for f in find_runs(root)]
 
 
 @functools.cache
@@ -149,7 +148,8 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     """(row, metric parts, probe parts, manifest, warnings); row is None if the run is skipped."""
     name = folder.relative_to(root).as_posix() if folder != root else folder.name
     warnings: list[str] = []
-    summary, why = _read_json(folder / "summary.json")
+    run = RunFolder(folder)
+    summary, why = _read_json(run.summary_file)
     if summary is None:
         hint = " (unfinished or still running)" if why and why.endswith("missing") else ""
         return None, [], [], {}, [f"run {name}: {why}{hint}; skipped"]
@@ -157,7 +157,7 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     missing = [k for k in SUMMARY_KEYS if k not in summary
                and not (k == "init_loss" and summary.get("status") == "failed")]
     if missing:
-        return None, [], [], {}, [(f"run {name}: summary.json has a foreign schema "
+        return None, [], [], {}, [(f"run {name}: {run.summary_file.name} has a foreign schema "
                                    f"(no key {', '.join(missing)}); skipped")]
     status = summary["status"]
     if status not in STATUSES:
@@ -165,25 +165,26 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     lr, depth, seed = _number(summary["lr"]), _number(summary["depth"]), _number(summary["seed"])
     if lr is None or lr <= 0 or depth is None or seed is None or not isinstance(
             summary["qk_norm"], str):
-        return None, [], [], {}, [(f"run {name}: summary.json has non-numeric lr/depth/seed "
+        return None, [], [], {}, [(f"run {name}: {run.summary_file.name} has non-numeric "
+                                   "lr/depth/seed "
                                    f"or qk_norm; skipped")]
     if status == "failed":
         warnings.append(f"run {name}: failed ({summary.get('error', 'no error recorded')}); "
                         f"listed, left out of the study metrics")
-    metric_parts, why = _check_parts(folder / "metrics", METRICS_COLUMNS)
+    metric_parts, why = _check_parts(run.metrics_dir, METRICS_COLUMNS)
     if why and status != "failed":
         return None, [], [], {}, [f"run {name}: {why}; skipped"]
     gap = _step_gap(metric_parts) if status != "failed" else None
     if gap:
         warnings.append(f"run {name}: its metrics {gap}; retrain it (rm -r {folder} and run the "
                         "same command again)")
-    probe_parts, why = _check_parts(folder / "probes", PROBES_COLUMNS)
+    probe_parts, why = _check_parts(run.probes_dir, PROBES_COLUMNS)
     if why and status != "failed":
         warnings.append(f"run {name}: {why}; its probe columns are empty")
-    config, why = _read_json(folder / "config.json")
+    config, why = _read_json(run.config_file)
     if config is None and status != "failed":
-        warnings.append(f"run {name}: {why}; identity taken from summary.json")
-    manifest, why = _read_json(folder / "manifest.json")
+        warnings.append(f"run {name}: {why}; identity taken from {run.summary_file.name}")
+    manifest, why = _read_json(run.manifest_file)
     if manifest is None:
         manifest = {}
         if status != "failed":
@@ -283,7 +284,8 @@ def load_runs(root: str | Path) -> Runs:
     _sweep_seeds.cache_clear()
     folders = _run_folders(root)
     if not folders:
-        raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/summary.json)")
+        raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/"
+                         f"{RunFolder(root).summary_file.name})")
     rows, warnings, manifests = [], [], {}
     metric_parts: dict[str, list[tuple[Path, tuple]]] = {}
     probe_parts: dict[str, list[tuple[Path, tuple]]] = {}

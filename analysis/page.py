@@ -15,7 +15,7 @@ import markupsafe
 import polars as pl
 import vl_convert as vlc
 
-from qkstudy import runlog
+from qkstudy import provenance
 
 from . import charts as C
 from . import metrics as M
@@ -116,12 +116,12 @@ def run_provenance(runs: Runs) -> pl.DataFrame:
 
 def analysis_environment() -> dict[str, str]:
     """The page's own provenance: when it was made, from which code (the commit and local
-    changes, as runlog.provenance records them for every run) and with which libraries."""
-    code = runlog.provenance()
+    changes, as provenance.provenance records them for every run) and with which libraries."""
+    code = provenance.provenance()
     commit = (code["git_commit"] or "unknown")[:12]
     if code["git_dirty"]:
         commit += " (with local changes)"
-    versions = runlog.versions("polars", "altair", "vl-convert-python")
+    versions = provenance.versions("polars", "altair", "vl-convert-python")
     return {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "analysis git commit": commit, "python": versions["python"] or "?",
             "polars": versions["polars"] or "?", "altair": versions["altair"] or "?",
@@ -195,5 +195,5 @@ def failed_page(runs: Runs) -> str:
     return ("<!doctype html><html><head><meta charset='utf-8'><title>QK-norm study: no finished "
             f"runs</title></head><body><h1>No finished runs</h1><p>All {runs.table.height} runs "
             f"under <code>{html.escape(str(runs.root))}</code> failed, so there are no study "
-            "metrics, charts or verdicts. Each failed run keeps its traceback.txt; the next "
+            "metrics, charts or verdicts. Each failed run keeps its traceback; the next "
             f"sweep retries it.</p><ul>{items}</ul></body></html>\n")

@@ -17,7 +17,7 @@ import polars as pl
 
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.errors import UsageError
-from qkstudy.runlog import FINISHED
+from qkstudy.run_folder import FINISHED
 
 from . import charts as C
 from . import compare as K

@@ -75,12 +75,12 @@ def load_mlx(model, path: str | Path) -> None:
 
 def save_torch(model: torch.nn.Module, path: str | Path) -> str:
     """Write a torch_ref GPT's parameters as safetensors in MLX layout (readable by load_mlx),
-    atomically and with a checksum (qkstudy.runlog.save_tensors). Returns the checksum."""
-    from qkstudy import runlog
+    atomically and with a checksum (qkstudy.files.save_tensors). Returns the checksum."""
+    from qkstudy import files
 
     arrays = {name: p.detach().to("cpu").contiguous().numpy()
               for name, p in model.named_parameters()}
-    return runlog.save_tensors(Path(path), arrays, {"framework": "torch"})
+    return files.save_tensors(Path(path), arrays, {"framework": "torch"})
 
 
 def load_torch(model: torch.nn.Module, path: str | Path) -> None:

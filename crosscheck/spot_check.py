@@ -22,7 +22,8 @@ import json
 import math
 from pathlib import Path
 
-from qkstudy import runlog, trainer
+from qkstudy import files, trainer
+from qkstudy.run_folder import RunFolder
 from qkstudy.config import apply_overrides, load_config, split_key_values
 from qkstudy.errors import UsageError
 
@@ -30,9 +31,9 @@ OPTIONS = ("device", "data")
 
 
 def read_reference(run_dir: Path) -> dict:
-    config_path = run_dir / "config.json"
+    config_path = RunFolder(run_dir).config_file
     if not config_path.is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no config.json)")
+        raise UsageError(f"{run_dir} is not a run folder (no {config_path.name})")
     try:
         reference = json.loads(config_path.read_text())
     except json.JSONDecodeError:
@@ -49,9 +50,9 @@ def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = Non
     run_dir = Path(run_dir)
     reference = read_reference(run_dir)
     reference_id = reference.get("run_id") or run_dir.name
-    cfg = load_config(str(run_dir / "config.json"))
+    cfg = load_config(str(RunFolder(run_dir).config_file))
     if cfg.run_id != reference_id:
-        raise UsageError(f"{run_dir / 'config.json'} rebuilds run_id {cfg.run_id}, not the run's "
+        raise UsageError(f"{RunFolder(run_dir).config_file} rebuilds run_id {cfg.run_id}, not the run's "
                          f"{reference_id}: the file is damaged or from another version, so the "
                          "run cannot be re-run faithfully")
     if cfg.init == "mlx":
@@ -69,9 +70,9 @@ def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = Non
     """Re-run `run_dir` with torch on `device`. Returns (torch run folder, its summary)."""
     cfg = torch_twin(run_dir, device, data)
     summary = trainer.train(cfg, verbose=verbose)
-    out = trainer.run_dir_of(cfg)
+    out = RunFolder.of(cfg).path
     comparison = compare(Path(run_dir), out)  # refreshed: the MLX run may have moved on
-    runlog.write_json(out / "comparison.json", comparison)
+    files.write_json(out / "comparison.json", comparison)
     if verbose:
         print(format_comparison(comparison))
     return out, summary
@@ -87,9 +88,10 @@ def _relative(a: float | None, b: float | None) -> float | None:
 
 def compare(mlx_dir: Path, torch_dir: Path) -> dict:
     """Per-step relative deviation |torch - mlx| / |mlx| of train loss, val loss, grad norm."""
-    a, b = runlog.read_parts(torch_dir / "metrics"), runlog.read_parts(mlx_dir / "metrics")
-    mlx_manifest = runlog.read_json(mlx_dir / "manifest.json") or {}
-    torch_manifest = runlog.read_json(torch_dir / "manifest.json") or {}
+    mlx, torch = RunFolder(mlx_dir), RunFolder(torch_dir)
+    a, b = torch.read_metrics(), mlx.read_metrics()
+    mlx_manifest = mlx.read_manifest() or {}
+    torch_manifest = torch.read_manifest() or {}
     result: dict = {
         "reference_run": str(mlx_dir),
         "same_data": (mlx_manifest.get("data_meta_sha256") is not None and
@@ -111,7 +113,7 @@ def compare(mlx_dir: Path, torch_dir: Path) -> dict:
             result[column] = {"max_relative_deviation": value, "at_step": step,
                               "mean_relative_deviation": sum(d for _, d in pairs) / len(pairs),
                               "n": len(pairs)}
-    torch_probes, mlx_probes = (runlog.read_parts(d / "probes") for d in (torch_dir, mlx_dir))
+    torch_probes, mlx_probes = torch.read_probes(), mlx.read_probes()
     if torch_probes is not None and mlx_probes is not None:
         def key(r: dict) -> tuple:
             return r["step"], r["layer"], r["name"]
@@ -124,8 +126,8 @@ def compare(mlx_dir: Path, torch_dir: Path) -> dict:
                 by_name[r["name"]] = (d, r["step"], r["layer"])
         result["probes"] = {name: {"max_relative_deviation": d, "at_step": step, "layer": layer}
                             for name, (d, step, layer) in sorted(by_name.items())}
-    mlx_summary = runlog.read_json(mlx_dir / "summary.json") or {}
-    torch_summary = runlog.read_json(torch_dir / "summary.json") or {}
+    mlx_summary = mlx.summary_record()
+    torch_summary = torch.summary_record()
     result["status"] = {"mlx": mlx_summary.get("status"), "torch": torch_summary.get("status")}
     result["tokens_per_second"] = {"mlx": mlx_summary.get("tokens_per_second"),
                                    "torch": torch_summary.get("tokens_per_second")}
@@ -194,5 +196,5 @@ def cli(argv: list[str]) -> int:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
     out, summary = spot_check(argv[0], options.get("device", "auto"), options.get("data"))
     print(f"run folder: {out}  status: {summary['status']}")
-    judgement = (runlog.read_json(out / "comparison.json") or {}).get("judgement") or {}
+    judgement = (files.read_json(out / "comparison.json") or {}).get("judgement") or {}
     return 0 if judgement.get("pass") else 1

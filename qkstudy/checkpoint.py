@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import runlog
+from . import files
 from .backends import Engine
 from .config import TrainConfig
+from .run_folder import RunFolder
 
 
 def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
@@ -32,46 +33,41 @@ def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
     this one is written and verified. Returns the step (the optimizer's own update count)."""
     arrays = engine.state_arrays()
     step = checkpoint_step(arrays)
-    runlog.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
+    files.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
     return step
 
 
 def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarray], dict]:
     """(step, arrays, extra) of a checkpoint, verified against its checksum and the names, shapes
-    and dtypes of this engine's state; runlog.DamagedFile if it fails."""
-    arrays, metadata = runlog.read_tensors(path)
+    and dtypes of this engine's state; files.DamagedFile if it fails."""
+    arrays, metadata = files.read_tensors(path)
     want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in engine.state_spec().items()}
     got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
     step = checkpoint_step(arrays)
     if got != want or step is None or metadata.get("step") != str(step):
-        raise runlog.DamagedFile(f"{path.name} does not match this run's model and step")
+        raise files.DamagedFile(f"{path.name} does not match this run's model and step")
     try:
         extra = {k: ast.literal_eval(v) for k, v in metadata.items() if k not in ("step", "sha256")}
     except (ValueError, SyntaxError):
-        raise runlog.DamagedFile(f"{path.name} has unreadable metadata") from None
+        raise files.DamagedFile(f"{path.name} has unreadable metadata") from None
     return step, arrays, extra
 
 
-def resume_point(cfg: TrainConfig, run_dir: Path, engine: Engine, warn) -> tuple[int, dict]:
+def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> tuple[int, dict]:
     """(step, recorder clocks) to start from: the checkpoint's, if it verifies and the rows on
     disk agree with it; else step 0 (the checkpoint is removed so it is never tried again)."""
-    path = run_dir / "checkpoint.safetensors"
+    path = folder.checkpoint_file
     if path.exists():
         try:
             step, arrays, extra = read_checkpoint(path, engine)
-            drop_parts_from(run_dir, step)
-            why = runlog.resume_problem(run_dir, step, cfg.probe_every)
-        except runlog.DamagedFile as e:
+            folder.drop_rows_from(step)
+            why = folder.resume_problem(step, cfg.probe_every)
+        except files.DamagedFile as e:
             why = str(e)
         if why is None:
             engine.load_state(arrays)
             return step, extra
-        warn(f"warning: {run_dir.name}: {why}; restarting the run from step 0")
+        warn(f"warning: {folder.name}: {why}; restarting the run from step 0")
         path.unlink()
-    drop_parts_from(run_dir, 0)
+    folder.drop_rows_from(0)
     return 0, {}
-
-
-def drop_parts_from(run_dir: Path, step: int) -> None:
-    for folder in ("metrics", "probes"):
-        runlog.drop_parts_from(run_dir / folder, step)

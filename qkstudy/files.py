@@ -31,8 +31,32 @@ class DamagedFile(Exception):
 
 
 def disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and (error.errno == errno.ENOSPC
+    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT)
                                            or "No space left on device" in str(error))
+
+
+# what the storage can answer a write with, as opposed to a bug: one line, nothing lost
+_IO_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+
+
+def io_failure(error: BaseException) -> bool:
+    """Whether `error` is the storage refusing a read or write (full, failing, read-only)."""
+    return disk_full(error) or (isinstance(error, OSError) and error.errno in _IO_ERRNOS)
+
+
+def describe_io_failure(error: OSError, where: Path | str) -> str:
+    """'cannot write PATH: No space left on device' for an io_failure; `where` when the error
+    names no file."""
+    return f"cannot write {error.filename or where}: {error.strerror or error}"
+
+
+def io_advice(error: OSError) -> str:
+    """What to do about an io_failure, as a verb phrase."""
+    if disk_full(error) or error.errno == errno.EFBIG:
+        return "free some space"
+    if error.errno == errno.EROFS:
+        return "make the folder writable"
+    return "check the disk (an I/O error: dmesg names the device)"
 
 
 def _tmp(path: Path) -> Path:
@@ -158,6 +182,17 @@ def read_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         raise DamagedFile(f"{path.name} has tensors that do not match their shapes") from None
     return arrays, meta
 
+
+def read_tensor_metadata(path: Path) -> dict[str, str] | None:
+    """The metadata in a tensor file's header, read without its tensors (nor their checksum:
+    for display only), or None if the file is missing or its header is unreadable."""
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            meta = json.loads(f.read(n))["__metadata__"] if n < 1 << 24 else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def sha256_file(path: Path) -> str:

@@ -22,7 +22,7 @@ _OWNED = re.compile(r"\..+\.tmp-(\d+)")
 FATAL_PREFIX = ".fatal-"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Whether another live process has this id (our own id counts as gone: we hold the lock)."""
     if pid == os.getpid():
         return False
@@ -35,22 +35,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def clean_leftovers(run_dir: Path) -> list[str]:
-    """Remove temporary files whose writer is gone (call with the run's lock held). Returns the
-    text of any fatal-signal log such a process left (see `fatal_signal_log`)."""
+def clean_leftovers(folders: list[Path]) -> list[str]:
+    """Remove temporary files whose writer is gone from a run's folders (call with the run's
+    lock held). Returns the text of any fatal-signal log such a process left (see
+    `fatal_signal_log`)."""
     fatal = []
-    for folder in (run_dir, run_dir / "metrics", run_dir / "probes"):
+    for folder in folders:
         if not folder.is_dir():
             continue
         for path in folder.glob(".*"):
             owned = _OWNED.fullmatch(path.name)
             if path.name.startswith(FATAL_PREFIX):
                 pid = path.name[len(FATAL_PREFIX):]
-                if pid.isdigit() and _alive(int(pid)):
+                if pid.isdigit() and alive(int(pid)):
                     continue
                 text = path.read_text(errors="replace").strip()
                 fatal += [text] if text else []
-            elif not ((owned and not _alive(int(owned.group(1))))
+            elif not ((owned and not alive(int(owned.group(1))))
                       or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
                 continue
             path.unlink(missing_ok=True)
@@ -75,14 +76,14 @@ def fatal_signal_log(run_dir: Path) -> Iterator[None]:
                     faulthandler.enable(file=sys.__stderr__)
 
 
-def record_failure(run_dir: Path, summary_base: dict, error: BaseException,
-                   text: str | None = None, **extra: Any) -> None:
+def record_failure(traceback_file: Path, summary_file: Path, summary_base: dict,
+                   error: BaseException, text: str | None = None, **extra: Any) -> None:
     """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
     import traceback
 
-    write_text(run_dir / "traceback.txt", text if text is not None else "".join(
+    write_text(traceback_file, text if text is not None else "".join(
         traceback.format_exception(type(error), error, error.__traceback__)))
-    write_json(run_dir / "summary.json", {
+    write_json(summary_file, {
         **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}", **extra})
 
 

@@ -1,4 +1,10 @@
-"""One process per run: an advisory lock file in the run folder (released if the process dies)."""
+"""One process per run: an advisory lock file (released if the process dies), and who holds one.
+
+The lock file exists while a process holds it, with that process's id inside; it is removed when
+the lock is released, so a lock file left behind belongs to a process that died. A process that
+opened the file just before its holder removed it takes the lock on a file that is gone: it
+checks the path still names the file it locked, and opens it again if not.
+"""
 
 from __future__ import annotations
 
@@ -8,26 +14,106 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from .errors import UsageError
+
 
 class RunBusy(RuntimeError):
     """Another process holds this run's lock."""
 
 
-@contextlib.contextmanager
-def run_lock(run_dir: Path) -> Iterator[bool]:
-    """Yield True with the lock held, or False at once if another process holds it."""
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+def _same_file(fd: int, path: Path) -> bool:
     try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _cannot(path: Path, e: OSError) -> UsageError:
+    return UsageError(f"cannot write the run lock {path}: {e.strerror or e}; free some space (or "
+                      "check the disk) and run the same command again")
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[bool]:
+    """Yield True with the lock on `path` held (the file holds our pid), or False at once if
+    another process holds it. The file is removed on release; one this call could not write is
+    removed too (a full disk leaves no lock file behind), as a UsageError naming it."""
+    for _ in range(100):  # another process removed the file between our open and our lock
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise _cannot(path, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             yield False
             return
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        if _same_file(fd, path):
+            break
+        os.close(fd)
+    else:
+        raise UsageError(f"cannot take the run lock {path}: it keeps being replaced")
+    try:
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise _cannot(path, e) from None
         try:
             yield True
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            # removed while still held: a process waiting on this file finds it gone and retries
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the lock
+
+
+def flock_holders() -> dict[tuple[int, int, int], int] | None:
+    """{(device major, minor, inode): pid} of every flock held on this machine (Linux's
+    /proc/locks), or None where that file does not exist."""
+    try:
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    held = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":  # "->" marks a waiter, not a holder
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            held[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
+        except ValueError:
+            continue
+    return held
+
+
+def written_pid(path: Path) -> int | None:
+    """The pid written in a lock file, or None."""
+    try:
+        words = path.read_text().split()
+    except OSError:
+        return None
+    return int(words[0]) if words and words[0].isdigit() else None
+
+
+def holder(path: Path, held: dict | None) -> int | None:
+    """The pid holding the lock on `path`, or None. Never touches the lock itself. `held` is
+    flock_holders() (None where there is no /proc/locks: then the pid written in the file, if
+    that process is alive)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    written = written_pid(path)
+    if held is not None:
+        return held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
+    from .forensics import alive
+
+    return written if written and alive(written) else None  # (never our own pid)

@@ -46,9 +46,10 @@ def parameter_group(name: str) -> tuple[str, int]:
 
 def read_probes(run_dir: str | Path):
     """All probe rows of a run folder as a pyarrow Table (step, layer, name, value)."""
-    from .runlog import read_parts
+    from .run_folder import RunFolder
 
-    table = read_parts(Path(run_dir) / "probes")
+    folder = RunFolder(Path(run_dir))
+    table = folder.read_probes()
     if table is None:
-        raise UsageError(f"{run_dir} has no probe rows (no probes/part-*.parquet)")
+        raise UsageError(f"{run_dir} has no probe rows (no {folder.probes_dir.name}/part-*.parquet)")
     return table

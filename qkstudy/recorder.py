@@ -11,10 +11,10 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-from . import runlog
+from . import files
 from .config import TrainConfig
+from .run_folder import RunFolder
 
 
 def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
@@ -96,9 +96,9 @@ class Recorder:
     validation loss. `state()` goes into checkpoints so a resumed run continues the clocks.
     """
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, *, init_loss: float | None = None,
+    def __init__(self, cfg: TrainConfig, folder: RunFolder, *, init_loss: float | None = None,
                  elapsed: float = 0.0, train_seconds: float = 0.0, health: dict | None = None):
-        self.cfg, self.run_dir = cfg, run_dir
+        self.cfg, self.folder = cfg, folder
         self.metric_rows: list[dict] = []
         self.probe_rows: list[dict] = []
         self.val_by_step: dict[int, float] = {}
@@ -184,8 +184,7 @@ class Recorder:
 
     # files ----------------------------------------------------------------------------------
     def flush(self) -> None:
-        runlog.write_part(self.run_dir / "metrics", self.metric_rows, runlog.METRICS_SCHEMA)
-        runlog.write_part(self.run_dir / "probes", self.probe_rows, runlog.PROBES_SCHEMA)
+        self.folder.write_rows(self.metric_rows, self.probe_rows)
         self.metric_rows.clear()
         self.probe_rows.clear()
 
@@ -203,7 +202,7 @@ class Recorder:
                 self.reason = "non-finite validation loss after the last update"
         self.flush()
         final_step = cfg.steps if self.status == "completed" else self.diverged_step + 1
-        metrics = runlog.read_parts(self.run_dir / "metrics").to_pydict()
+        metrics = self.folder.read_metrics().to_pydict()
         vals = [v for v in metrics["val_loss"] if v is not None]
         finite_vals = [v for v in vals if math.isfinite(v)]
         summary = {
@@ -225,14 +224,14 @@ class Recorder:
             "params": params,
             "peak_max_attention_logit": self.peak_logit(),
         }
-        manifest["ended"] = runlog.now()
-        runlog.write_json(self.run_dir / "manifest.json", manifest)
-        runlog.write_json(self.run_dir / "summary.json", summary)
+        manifest["ended"] = files.now()
+        self.folder.write_manifest(manifest)
+        self.folder.write_summary(summary)
         return summary
 
     def peak_logit(self) -> float | None:
         """The largest max_attention_logit probe value (any layer, any probe step), or None."""
-        table = runlog.read_parts(self.run_dir / "probes")
+        table = self.folder.read_probes()
         if table is None:
             return None
         rows = table.select(["name", "value"]).to_pydict()

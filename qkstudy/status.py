@@ -17,17 +17,16 @@ aside and trained again).
 from __future__ import annotations
 
 import ast
-import json
-import os
 import statistics
-import struct
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runlog
+from . import files, run_folder
+from .locks import flock_holders
+from .run_folder import RunFolder, run_folders
 from .arms import arm_of
 from .progress import format_seconds
 from .errors import UsageError
@@ -72,60 +71,22 @@ class Run:
 # --- reading one run ---------------------------------------------------------------------------
 
 
-def flock_holders() -> dict[tuple[int, int, int], int] | None:
-    """{(device major, minor, inode): pid} of every flock held on this machine (Linux's
-    /proc/locks), or None where that file does not exist."""
+def checkpoint_clocks(folder: RunFolder) -> dict:
+    """{step, train_seconds} from the checkpoint's header metadata, or {} without one."""
+    meta = folder.checkpoint_metadata()
     try:
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    held = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 6 or fields[1] != "FLOCK":  # "->" marks a waiter, not a holder
-            continue
-        try:
-            major, minor, inode = fields[5].split(":")
-            held[(int(major, 16), int(minor, 16), int(inode))] = int(fields[4])
-        except ValueError:
-            continue
-    return held
-
-
-def lock_holder(run_dir: Path, held: dict | None) -> int | None:
-    """The pid holding the run's lock, or None. Never touches the lock itself."""
-    path = run_dir / ".lock"
-    try:
-        st = path.stat()
-        words = path.read_text().split()
-    except OSError:
-        return None
-    written = int(words[0]) if words and words[0].isdigit() else None
-    if held is not None:
-        return held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-    return written if written and runlog._alive(written) else None  # (never our own pid)
-
-
-def checkpoint_info(path: Path) -> dict:
-    """The metadata of a checkpoint (step, train_seconds, ...), read from its header only."""
-    try:
-        with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n)) if n < 1 << 24 else {}
-        meta = header.get("__metadata__", {})
-        out = {"step": int(meta["step"])}
-        out["train_seconds"] = float(ast.literal_eval(meta.get("train_seconds", "0")))
-        return out
-    except (OSError, ValueError, KeyError, SyntaxError, struct.error, TypeError):
+        return {"step": int(meta["step"]),
+                "train_seconds": float(ast.literal_eval(meta.get("train_seconds", "0")))}
+    except (TypeError, KeyError, ValueError, SyntaxError):
         return {}
 
 
-def last_row(run_dir: Path) -> tuple[int | None, float | None]:
+def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
     """(step, train loss) of the last metrics row written, and the latest train loss in that
     part (an evaluation row at the end has none), or (None, None)."""
     import pyarrow.parquet as pq
 
-    found = runlog.parts(run_dir / "metrics")
+    found = folder.metric_parts()
     if not found:
         return None, None
     try:
@@ -139,8 +100,9 @@ def last_row(run_dir: Path) -> tuple[int | None, float | None]:
 
 
 def read_run(run_dir: Path, held: dict | None) -> Run:
-    config = runlog.read_json(run_dir / "config.json") or {}
-    summary = runlog.read_json(run_dir / "summary.json") or {}
+    folder = RunFolder(run_dir)
+    config = folder.read_config() or {}
+    summary = folder.summary_record()
     steps = summary.get("steps")
     if config.get("batch_size") and config.get("block_size"):
         tps = config["batch_size"] * config["block_size"]
@@ -152,7 +114,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
               lr=config.get("lr", summary.get("lr")),
               arm=arm_of(config),
               seed=config.get("seed", summary.get("seed")), steps=steps, tokens_per_step=tps)
-    run.holder = lock_holder(run_dir, held)
+    run.holder = folder.holder(held)
     status = summary.get("status")
     if status in ("completed", "diverged") and run.holder is None:
         run.state = status
@@ -165,8 +127,8 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             run.detail = f"val {summary['final_val_loss']:.4f}"
         run.loss = last_row(run_dir)[1]
         return run
-    ckpt = checkpoint_info(run_dir / "checkpoint.safetensors")
-    row_step, run.loss = last_row(run_dir)
+    ckpt = checkpoint_clocks(folder)
+    row_step, run.loss = last_row(folder)
     run.step = ckpt.get("step", row_step + 1 if row_step is not None else 0)
     if ckpt.get("train_seconds") and run.tokens_per_step:
         run.tok_s = run.step * run.tokens_per_step / ckpt["train_seconds"]
@@ -186,7 +148,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.json").exists() or (path / "summary.json").exists()
+    return RunFolder(path).is_run()
 
 
 def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
@@ -195,12 +157,12 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
             if p.is_dir() and is_run_dir(p)}
     for submission in sorted((sweep_dir / "slurm").glob("[0-9][0-9][0-9]*/submission.json")):
-        for r in (runlog.read_json(submission) or {}).get("runs", []):
+        for r in (files.read_json(submission) or {}).get("runs", []):
             if isinstance(r, dict) and r.get("run_id") and r["run_id"] not in runs:
                 runs[r["run_id"]] = Run(r["run_id"], r.get("depth"), r.get("lr"),
                                         r.get("arm", "?"), r.get("seed"), r.get("steps"),
                                         r.get("tokens_per_step"))
-    plan = runlog.read_json(sweep_dir / "sweep.json") or {}
+    plan = files.read_json(sweep_dir / "sweep.json") or {}
     covered = {(r.depth, r.lr, r.arm, r.seed) for r in runs.values()}
     shapes = Counter((r.steps, r.tokens_per_step) for r in runs.values() if r.steps)
     steps, tps = shapes.most_common(1)[0][0] if shapes else (None, None)
@@ -220,7 +182,7 @@ def slurm_tasks(sweep_dir: Path) -> dict[str, tuple[str | None, int, Path]]:
     submission of each run."""
     tasks = {}
     for folder in sorted(p for p in (sweep_dir / "slurm").glob("[0-9][0-9][0-9]*") if p.is_dir()):
-        record = runlog.read_json(folder / "submission.json") or {}
+        record = files.read_json(folder / "submission.json") or {}
         for i, r in enumerate(record.get("runs", [])):
             if isinstance(r, dict) and r.get("run_id"):
                 tasks[r["run_id"]] = (record.get("job_id"), i, folder)
@@ -354,7 +316,8 @@ def report_line(sweep_dir: Path) -> str:
     if not page.exists():
         return f"report: none yet in {page.parent} (just report {sweep_dir})"
     built = page.stat().st_mtime
-    newer = sum(1 for p in sweep_dir.glob("*/summary.json") if p.stat().st_mtime > built)
+    newer = sum(1 for f in run_folders(sweep_dir)
+                if f.summary_file.exists() and f.summary_file.stat().st_mtime > built)
     stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(built))
     return (f"report: {page} (built {stamp}"
             + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
@@ -382,7 +345,7 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
         lines.append(f"progress {share} | no run is being trained now"
                      + ("" if counts["running"] else "; resume with the sweep's command"
                         if counts["waiting"] + counts["interrupted"] + counts["failed"] else ""))
-    sweep_json = runlog.read_json(sweep_dir / "sweep.json") or {}
+    sweep_json = files.read_json(sweep_dir / "sweep.json") or {}
     lines.append(time_left_line(runs, sweep_json))
     lines.append(report_line(sweep_dir))
     if sweep_json.get("refine"):
@@ -391,7 +354,7 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
     lines += extras_lines(runs, sweep_json)
     if source:
         lines.append(f"Slurm task states from {source}")
-    for r in runlog.set_aside_records(sweep_dir):  # damaged runs moved aside, then trained again
+    for r in run_folder.set_aside_records(sweep_dir):  # damaged runs moved aside, then trained again
         lines.append(f"repaired {r['moved']}: {r.get('run_id')} ({r.get('damage')}); the damaged "
                      f"files are kept in {r.get('moved_to')}")
     width = max([len(r.run_id) for r in runs] + [3])

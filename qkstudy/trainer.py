@@ -16,6 +16,7 @@ module owns the rest, so an MLX run and a torch run write the same run folder th
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, interrupts, memory, runlog
+from . import backends, files, interrupts, memory, provenance, run_folder
 from .backends import Engine
 from .checkpoint import resume_point, save_checkpoint
 from .batches import probe_batch, train_stream, val_batches
@@ -32,8 +33,10 @@ from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
 from .progress import Display, format_seconds  # noqa: F401  (format_seconds: the sweep's)
 from .errors import UsageError
-from .locks import RunBusy, run_lock
+from .locks import RunBusy
 from .recorder import Recorder
+from .run_folder import RunFolder
+from .tokens import data_identity
 
 Batch = tuple[np.ndarray, np.ndarray]
 # K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
@@ -55,10 +58,6 @@ def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] 
 
 def make_engine(cfg: TrainConfig, vocab_size: int, val: list[Batch], probe: Batch) -> Engine:
     return backends.load(cfg.backend).Engine(cfg, vocab_size, val, probe)
-
-
-def run_dir_of(cfg: TrainConfig) -> Path:
-    return Path(cfg.runs_dir) / cfg.sweep / cfg.run_id
 
 
 def load_data(cfg: TrainConfig):
@@ -85,55 +84,58 @@ Repair = Callable[[Path, str], None]  # told (where the damaged folder went, wha
 def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
           repair: Repair | None = None) -> dict:
     """Run (or resume, or skip if finished) one config. Returns its summary. A finished run
-    whose files are damaged raises runlog.DamagedRun, or with `repair` is moved aside (nothing
-    deleted, set_aside_damaged), `repair` is told where, and the run is trained again."""
+    whose files are damaged raises run_folder.DamagedRun, or with `repair` is moved aside
+    (nothing deleted, set_aside_damaged), `repair` is told where, and the run is trained again.
+    A run trained on other data than cfg.data holds now raises run_folder.DataChanged."""
     cfg.validate()
     # a missing framework, device or toolchain is a one-line error, before any folder
     backends.load(cfg.backend).preflight(cfg)
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
-    run_dir = run_dir_of(cfg)
+    folder = RunFolder.of(cfg)
+    check_data(folder, cfg, meta)  # resumed, skipped or repaired: on the data it was made of
     try:
-        done = finished_run(run_dir)
-    except runlog.DamagedRun:
+        done = folder.intact_summary()
+    except run_folder.DamagedRun:
         if repair is None:
             raise
-        moved = set_aside_damaged(run_dir)
+        moved = set_aside_damaged(folder)
         if moved:
             repair(*moved)
-        done = finished_run(run_dir)  # None, unless another process retrained it meanwhile
+        done = folder.intact_summary()  # None, unless another process retrained it meanwhile
     if done:
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
         return done
-    make_folder(run_dir, "run folder")
-    with run_lock(run_dir) as acquired:
+    make_folder(folder.path, "run folder")
+    with folder.lock() as acquired:
         if not acquired:
-            raise RunBusy(f"{run_dir} is being trained by another process")
-        done = finished_run(run_dir)  # finished while we took the lock
+            raise RunBusy(f"{folder} is being trained by another process")
+        done = folder.intact_summary()  # finished while we took the lock
         if done:
             return done
         # Ctrl-C and SIGTERM wait for the step in flight and its bookkeeping (interrupts.py)
         with interrupts.Deferred() as guard:
             try:
-                crashes = runlog.clean_leftovers(run_dir)
+                crashes = folder.clean_leftovers()
                 if crashes:
                     error = RunCrashed("an earlier attempt died by a fatal signal: "
                                        + crashes[-1].splitlines()[0])
-                    runlog.record_failure(run_dir, summary_base(cfg), error, crashes[-1],
+                    folder.record_failure(summary_base(cfg), error, crashes[-1],
                                           fatal_signal=True)
                     raise error
-                with runlog.fatal_signal_log(run_dir):
-                    return _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose,
+                with folder.fatal_signal_log():
+                    return _train_locked(cfg, folder, train_tokens, val_tokens, meta, verbose,
                                          prefix, guard)
             except (KeyboardInterrupt, UsageError, RunCrashed):
                 raise
             except Exception as e:
                 if guard.signum is not None:  # e.g. Ctrl-C also killed a kernel compiler:
                     raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
-                if runlog.disk_full(e):  # the last checkpoint stays: the run can resume
-                    raise UsageError(f"disk full while writing {run_dir}; free some space and run "
-                                     "the same command again to resume the run") from None
-                runlog.record_failure(run_dir, summary_base(cfg), e)
+                if files.io_failure(e):  # the last checkpoint stays: the run can resume
+                    raise UsageError(f"{files.describe_io_failure(e, folder.path)}; "
+                                     f"{files.io_advice(e)} and run the same command again to "
+                                     "resume the run") from None
+                folder.record_failure(summary_base(cfg), e)
                 raise
 
 
@@ -149,35 +151,44 @@ def make_folder(path: Path, what: str) -> None:
         raise UsageError(f"cannot create {what} {path}: {e.strerror or e}") from None
 
 
-def finished_run(run_dir: Path) -> dict | None:
-    """The summary of a finished run whose files are intact, None if it is not finished, or
-    runlog.DamagedRun naming the damage and the repair."""
-    done = runlog.finished(run_dir)
-    why = done and runlog.finished_problem(run_dir, done)
-    if why:
-        raise runlog.DamagedRun(f"run {run_dir} is {done['status']} but damaged: {why}; to "
-                                "retrain it, keeping the damaged files aside: the same command "
-                                "with repair=true (a sweep repairs it by itself)")
-    return done
+def data_problem(cfg: TrainConfig) -> str | None:
+    """Why cfg's run was made of other data than cfg.data holds now, or None (None too when the
+    data cannot be read: training it says why)."""
+    from .tokens import load_tokens
 
-
-def set_aside_damaged(run_dir: Path) -> tuple[Path, str] | None:
-    """(where it went, what was damaged) after moving a finished run with damaged files to
-    <sweep>/.damaged/ (runlog.set_aside) under the run's lock, so it can be trained again; None
-    if it is not damaged (another process may have repaired it first); RunBusy if another
-    process holds it."""
-    try:
-        with run_lock(run_dir) as acquired:
-            if not acquired:
-                raise RunBusy(f"{run_dir} is being trained or repaired by another process")
-            try:
-                finished_run(run_dir)  # checked again under the lock
-                return None
-            except runlog.DamagedRun as e:
-                damage = str(e).split("; ")[0]  # what is damaged; the rest is the advice
-                return runlog.set_aside(run_dir, damage), damage
-    except FileNotFoundError:  # moved aside by another process before we took the lock
+    folder = RunFolder.of(cfg)
+    if not folder.manifest_file.exists():
         return None
+    try:
+        meta = load_tokens(cfg.data)[2]  # the tokens' hash is computed once per process
+    except UsageError:
+        return None
+    return folder.data_problem(data_identity(meta), cfg.data)
+
+
+def check_data(folder: RunFolder, cfg: TrainConfig, meta: dict) -> None:
+    """run_folder.DataChanged if the run was trained on other data than cfg.data holds now."""
+    why = folder.data_problem(data_identity(meta), cfg.data)
+    if why:
+        raise run_folder.DataChanged(why)
+
+
+def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:
+    """(where it went, what was damaged) after moving a finished run with damaged files to
+    <sweep>/.damaged/ (run_folder.set_aside) under the run's lock, so it can be trained again;
+    None if it is not damaged (another process may have repaired it first); RunBusy if another
+    process holds it."""
+    if not folder.path.is_dir():  # moved aside by another process meanwhile
+        return None
+    with folder.lock() as acquired:
+        if not acquired:
+            raise RunBusy(f"{folder} is being trained or repaired by another process")
+        try:
+            folder.intact_summary()  # checked again under the lock
+            return None
+        except run_folder.DamagedRun as e:
+            damage = str(e).split("; ")[0]  # what is damaged; the rest is the advice
+            return folder.set_aside(damage), damage
 
 
 def summary_base(cfg: TrainConfig) -> dict:
@@ -186,23 +197,25 @@ def summary_base(cfg: TrainConfig) -> dict:
             "d_model": cfg.d_model, "sweep": cfg.sweep, "config": cfg.identity()}
 
 
-def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
+def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbose, prefix,
                   guard: interrupts.Deferred | None = None) -> dict:
     steps = cfg.steps
-    runlog.write_json(run_dir / "config.json", {**cfg.identity(), "run_id": cfg.run_id,
-                                                "framework": cfg.backend})
+    folder.write_config({**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
     engine = make_engine(cfg, meta["vocab_size"], list(val),
                          probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
-    manifest = runlog.manifest(cfg.data, engine.framework, engine.device, engine.manifest_extra)
+    manifest = provenance.manifest(cfg.data, engine.framework, engine.device,
+                                   engine.manifest_extra)
+    manifest["data"] = data_identity(meta)  # checked when the run is resumed or skipped
+    manifest["pid"] = os.getpid()
 
-    ckpt_path = run_dir / "checkpoint.safetensors"
-    start, clocks = resume_point(cfg, run_dir, engine,
+    ckpt_path = folder.checkpoint_file
+    start, clocks = resume_point(cfg, folder, engine,
                                  lambda line: print(prefix + line, file=sys.stderr, flush=True))
     if start:
         manifest["resumed_from_step"] = start
-    runlog.write_json(run_dir / "manifest.json", manifest)
-    rec = Recorder(cfg, run_dir, **clocks)
+    folder.write_manifest(manifest)
+    rec = Recorder(cfg, folder, **clocks)
 
     def measure(step: int) -> None:
         """Evaluation and probes at `step` (params after `step` updates); off the hot step."""
@@ -253,7 +266,7 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
         if pending:
             rec.record_steps(read(pending))
         if rec.status == "diverged":
-            summary = _finish(cfg, run_dir, rec, engine, manifest, ckpt_path, meta)
+            summary = _finish(cfg, folder, rec, engine, manifest, meta)
             display.close(rec.closing_line(summary))
         else:
             display.close(f"interrupted; checkpointed at step {checkpoint()} of {steps}: the "
@@ -262,20 +275,18 @@ def _train_locked(cfg, run_dir, train_tokens, val_tokens, meta, verbose, prefix,
 
     if rec.status == "completed":
         measure(steps)
-    summary = _finish(cfg, run_dir, rec, engine, manifest, ckpt_path, meta)
+    summary = _finish(cfg, folder, rec, engine, manifest, meta)
     display.close(rec.closing_line(summary))
     return summary
 
 
-def _finish(cfg, run_dir, rec: Recorder, engine: Engine, manifest: dict, ckpt_path: Path,
+def _finish(cfg, folder: RunFolder, rec: Recorder, engine: Engine, manifest: dict,
             meta: dict) -> dict:
-    digest = runlog.save_tensors(run_dir / "final.safetensors", engine.weights(),
-                                 {"run_id": cfg.run_id})
+    digest = files.save_tensors(folder.final_file, engine.weights(), {"run_id": cfg.run_id})
     summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest,
                           "unigram_entropy": meta["unigram_entropy"]}, manifest, engine.params)
-    ckpt_path.unlink(missing_ok=True)
-    # an earlier attempt's failure record: this summary has replaced its "failed"
-    (run_dir / "traceback.txt").unlink(missing_ok=True)
+    # the checkpoint, and an earlier attempt's failure record: this summary replaces them
+    folder.drop_finished_leftovers()
     return summary
 
 
@@ -315,5 +326,5 @@ def cli(argv: list[str]) -> int:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume
         return interrupts.exit_code(e)
-    print(f"run folder: {run_dir_of(cfg)}  status: {summary['status']}")
+    print(f"run folder: {RunFolder.of(cfg)}  status: {summary['status']}")
     return 0

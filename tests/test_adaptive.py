@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from qkstudy import trainer
 from qkstudy.sweep import adaptive
 from qkstudy.sweep.config import parse_sweep_config, run_config
+from qkstudy.run_folder import RunFolder
 
 
 def test_a_cell_is_open_until_an_interval_decides_it():
@@ -34,7 +34,7 @@ def test_threshold_bracket_reads_from_the_top_down():
 
 
 def _write(cfg, loss: float, status: str = "completed") -> None:
-    folder = trainer.run_dir_of(cfg)
+    folder = RunFolder.of(cfg).path
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.json").write_text(json.dumps({
         "status": status, "init_loss": 5.5, "unigram_entropy": 3.1,
@@ -98,7 +98,7 @@ def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
     from qkstudy.sweep.run import added_runs
 
     def write_config(cfg):
-        folder = trainer.run_dir_of(cfg)
+        folder = RunFolder.of(cfg).path
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps({**cfg.identity(), "run_id": cfg.run_id,
                                                         "framework": "mlx"}))
@@ -112,14 +112,14 @@ def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
 
 
 def test_a_sweep_waits_on_extras_another_process_holds(sweep):
-    from qkstudy.locks import run_lock
+    from qkstudy.run_folder import RunFolder
     from qkstudy.sweep.run import _held_elsewhere
 
     cfg = run_config(sweep, 2, 0.0316, "none", 0)
-    run_dir = trainer.run_dir_of(cfg)
+    run_dir = RunFolder.of(cfg).path
     run_dir.mkdir(parents=True)
     assert not _held_elsewhere(cfg)
-    with run_lock(run_dir) as acquired:  # a second open file: flock treats it as another holder
+    with RunFolder(run_dir).lock() as acquired:  # a second open file: flock treats it as another holder
         assert acquired and _held_elsewhere(cfg)
     _write(cfg, 2.0)
     assert not _held_elsewhere(cfg)  # finished: nothing to wait for

@@ -25,6 +25,7 @@ from analysis.prose import CHARTS
 from analysis.report import ReportOptions, build_report
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
+from qkstudy.run_folder import RunFolder
 
 
 def points(rows: list[tuple]) -> pl.DataFrame:
@@ -1080,7 +1081,7 @@ def test_a_folder_of_only_failed_runs_gives_a_report_that_says_so(tiny_cfg, tmp_
     with pytest.raises(RuntimeError):
         trainer.train(cfg, verbose=False)
     out = tmp_path / "failed-report"
-    assert main(["report", str(trainer.run_dir_of(cfg).parent), f"out={out}"]) == 0
+    assert main(["report", str(RunFolder.of(cfg).path.parent), f"out={out}"]) == 0
     assert "no finished runs" in capsys.readouterr().out
     page = (out / "report.html").read_text()
     assert "All 1 runs" in page and "the model could not be built" in page

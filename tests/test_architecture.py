@@ -115,14 +115,15 @@ def run_blocked(code: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_core_plans_a_sweep_and_reads_runs_without_mlx_or_torch(tiny_cfg, tmp_path):
-    from qkstudy.trainer import run_dir_of, train
+    from qkstudy.run_folder import RunFolder
+    from qkstudy.trainer import train
 
     cfg = tiny_cfg()
     train(cfg, verbose=False)  # a run folder written by the MLX backend, read below without it
-    run_dir = run_dir_of(cfg)
+    run_dir = RunFolder.of(cfg).path
     out = run_blocked(f"""
         import json, sys
-        from qkstudy import runlog, status, trainer
+        from qkstudy import run_folder, status
         from qkstudy.__main__ import main
         from qkstudy.config import load_config
         from qkstudy.parameters import initial_weights
@@ -131,10 +132,10 @@ def test_core_plans_a_sweep_and_reads_runs_without_mlx_or_torch(tiny_cfg, tmp_pa
         # plan the study preset (dry run: the plan, its memory check, sweep.json unwritten)
         assert main(["sweep", "preset=mini", "runs_dir={tmp_path / 'plan'}", "--dry-run"]) == 0
         # read the run folder the MLX backend wrote
-        summary = trainer.finished_run(__import__("pathlib").Path({str(run_dir)!r}))
+        summary = run_folder.RunFolder(__import__("pathlib").Path({str(run_dir)!r})).intact_summary()
         cfg = load_config({str(run_dir / 'config.json')!r})
         assert summary["status"] == "completed" and cfg.run_id == summary["run_id"]
-        assert runlog.read_parts(__import__("pathlib").Path({str(run_dir / 'metrics')!r})).num_rows
+        assert run_folder.read_parts(__import__("pathlib").Path({str(run_dir / 'metrics')!r})).num_rows
         assert main(["status", {str(run_dir.parent)!r}]) == 0
         # the initial weights both backends load
         assert initial_weights(model_args(cfg, 257), cfg.seed)["wte.weight"].shape == (320, 32)

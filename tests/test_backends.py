@@ -14,6 +14,7 @@ import pytest
 
 from qkstudy import backends
 from qkstudy.errors import UsageError
+from qkstudy.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE_MODULE = re.compile(r"(mlx_gpt|torch_ref)\.\w+")
@@ -65,7 +66,7 @@ def test_a_backend_missing_part_of_the_contract_is_refused(monkeypatch):
 def test_mlx_without_a_compiler_is_refused_before_the_run_folder(tiny_cfg, monkeypatch):
     pytest.importorskip("mlx.core")
     from mlx_gpt import backend as mlx_backend
-    from qkstudy.trainer import run_dir_of, train
+    from qkstudy.trainer import train
 
     cfg = tiny_cfg()
     if mlx_backend.device(cfg) != "cpu" or not sys.platform.startswith("linux"):
@@ -73,4 +74,4 @@ def test_mlx_without_a_compiler_is_refused_before_the_run_folder(tiny_cfg, monke
     monkeypatch.setattr(mlx_backend.shutil, "which", lambda name, *a, **k: None)
     with pytest.raises(UsageError, match="g\\+\\+, which is not on PATH"):
         train(cfg, verbose=False)
-    assert not run_dir_of(cfg).exists()
+    assert not RunFolder.of(cfg).path.exists()

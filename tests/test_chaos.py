@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis import chaos
-from qkstudy import runlog
+from qkstudy import files, run_folder
 
 # 4 grid runs + 2 refinement runs of 20 steps, mini-shaped
 WORDS = [w for w in chaos.SWEEP if not w.startswith(("seeds=", "max_steps="))] + [
@@ -33,16 +33,16 @@ def test_a_storm_of_faults_ends_bit_identical(tiny_data, tmp_path):
     changed = tmp_path / "changed"
     shutil.copytree(ref / run, changed / run)
     assert chaos.compare_run(ref / run, changed / run) == []
-    part = runlog.parts(changed / run / "metrics")[-1][1]
+    part = run_folder.parts(changed / run / "metrics")[-1][1]
     table = pq.read_table(part)
     losses = table.column("train_loss")
     table = table.set_column(table.schema.get_field_index("train_loss"), "train_loss",
                              pc.add(losses, 1e-6))
     pq.write_table(table, part)
-    weights, meta = runlog.read_tensors(ref / run / "final.safetensors")
+    weights, meta = files.read_tensors(ref / run / "final.safetensors")
     name = sorted(weights)[0]
     weights[name] = np.nextafter(weights[name], np.inf).astype(weights[name].dtype)
-    runlog.save_tensors(changed / run / "final.safetensors", weights,
+    files.save_tensors(changed / run / "final.safetensors", weights,
                         {k: v for k, v in meta.items() if k != "sha256"})
     assert chaos.compare_run(ref / run, changed / run) == [
         f"{run}: metrics rows differ", f"{run}: final weights differ"]

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_gpt.model import GPT, ModelArgs, init_weights, resolve_kernels
 from qkstudy.config import TrainConfig, load_config, model_args, parse_train_config
 from qkstudy.errors import UsageError
+from qkstudy.run_folder import RunFolder
 
 LOSS_RTOL = 1e-6
 GRAD_RTOL = 1e-5
@@ -85,15 +86,15 @@ def test_kernels_resolve_once_and_never_change_the_run_id():
 
 def test_training_on_either_kernel_path_gives_the_same_curve(tiny_cfg):
     """The whole trainer (compiled step, eval, probes) on each path: one run id, one curve."""
-    from qkstudy.runlog import read_parts
-    from qkstudy.trainer import run_dir_of, train
+    from qkstudy.run_folder import read_parts
+    from qkstudy.trainer import train
 
     curves = {}
     for kernels in ("cpu", "library"):
         cfg = tiny_cfg(kernels=kernels, sweep=kernels, max_steps=20, qk_norm="layernorm")
         assert train(cfg, verbose=False)["status"] == "completed"
-        curves[kernels] = read_parts(run_dir_of(cfg) / "metrics").to_pydict()
-    assert run_dir_of(tiny_cfg(kernels="cpu")).name == run_dir_of(tiny_cfg(kernels="library")).name
+        curves[kernels] = read_parts(RunFolder.of(cfg).path / "metrics").to_pydict()
+    assert RunFolder.of(tiny_cfg(kernels="cpu")).path.name == RunFolder.of(tiny_cfg(kernels="library")).path.name
     cpu, library = curves["cpu"], curves["library"]
     assert cpu["step"] == library["step"]
     for column in ("train_loss", "val_loss"):

@@ -16,8 +16,9 @@ from mlx_gpt import probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
 from qkstudy.batches import probe_batch
 from qkstudy.errors import UsageError
-from qkstudy.runlog import read_parts
-from qkstudy.trainer import load_data, run_dir_of, train
+from qkstudy.run_folder import read_parts
+from qkstudy.trainer import load_data, train
+from qkstudy.run_folder import RunFolder
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "probes.md"
 EPS = 1e-5
@@ -324,7 +325,7 @@ def test_max_attention_logit_respects_qk_norm_bound(qk_norm):
 # --- in training ---------------------------------------------------------------------------------
 
 def probe_rows(cfg) -> list[dict]:
-    table = read_parts(run_dir_of(cfg) / "probes")
+    table = read_parts(RunFolder.of(cfg).path / "probes")
     return table.to_pylist()
 
 
@@ -362,7 +363,7 @@ def test_probes_do_not_change_training(tiny_cfg):
     losses = []
     for cfg in (often, rarely):
         train(cfg, verbose=False)
-        losses.append(read_parts(run_dir_of(cfg) / "metrics").column("train_loss").to_pylist())
+        losses.append(read_parts(RunFolder.of(cfg).path / "metrics").column("train_loss").to_pylist())
     assert losses[0] == losses[1]
     assert len({r["step"] for r in probe_rows(often)}) == 11  # steps 0..10
 
@@ -402,7 +403,7 @@ def test_documented_names_are_exactly_the_written_ones():
 def test_train_writes_documented_probe_parts(tiny_cfg):
     cfg = tiny_cfg(qk_norm="rmsnorm")  # 30 steps, probes every 10
     train(cfg, verbose=False)
-    run_dir = run_dir_of(cfg)
+    run_dir = RunFolder.of(cfg).path
     rows = probe_rows(cfg)
     # one part per checkpoint interval, each named by the first and last step it holds
     import pyarrow.parquet as pq

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from analysis import chaos
-from qkstudy import runlog
+from qkstudy import files, run_folder
 from qkstudy.errors import UsageError
 from qkstudy.sweep.plan import command_line
-from qkstudy.trainer import run_dir_of
+from qkstudy.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ FORK_SERVER = textwrap.dedent("""
     import json, os, random, signal, sys, time
     from pathlib import Path
     import mlx_gpt
-    from qkstudy import interrupts, runlog
+    from qkstudy import files, interrupts, run_folder
     from qkstudy.__main__ import main
 
     # Python's own after-fork hooks run in the child before the CLI installs its handlers, and
@@ -106,7 +106,7 @@ FORK_SERVER = textwrap.dedent("""
         ckpt = list(runs_dir.glob("*/*/checkpoint.safetensors"))
         steps = None
         if ckpt:
-            arrays, meta = runlog.read_tensors(ckpt[0])
+            arrays, meta = files.read_tensors(ckpt[0])
             counts = {int(v) for k, v in arrays.items() if k.startswith("opt.")
                       and k.split(".")[-1] == "step"}  # the optimizer's step (one per group)
             steps = [int(meta["step"]), *counts]
@@ -140,10 +140,10 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert lines[0]["reference_rc"] == [0, 0]
-    reference = run_dir_of(cfg).relative_to(tmp_path / "unused")
+    reference = RunFolder.of(cfg).path.relative_to(tmp_path / "unused")
     ref = tmp_path / "reference" / reference
     ref_rows, ref_probes = _metric_rows(ref), _probe_rows(ref)
-    ref_weights, _ = runlog.read_tensors(ref / "final.safetensors")
+    ref_weights, _ = files.read_tensors(ref / "final.safetensors")
     ref_summary = json.loads((ref / "summary.json").read_text())
     assert [r["step"] for r in ref_rows] == list(range(41))
     again = tmp_path / "reference-again" / reference
@@ -167,7 +167,7 @@ def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path)
             early += opt_step <= cfg.log_every
         assert _metric_rows(folder) == ref_rows, result
         assert _probe_rows(folder) == ref_probes, result
-        weights, _ = runlog.read_tensors(folder / "final.safetensors")
+        weights, _ = files.read_tensors(folder / "final.safetensors")
         assert weights.keys() == ref_weights.keys()
         for name, value in ref_weights.items():
             assert np.array_equal(weights[name], value), (result, name)
@@ -221,7 +221,7 @@ def _interrupted_at_10(cfg, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         trainer.train(cfg, verbose=False)
     monkeypatch.setattr(trainer.Display, "update", real)
-    assert (run_dir_of(cfg) / "checkpoint.safetensors").exists()
+    assert (RunFolder.of(cfg).path / "checkpoint.safetensors").exists()
 
 
 @pytest.fixture
@@ -234,8 +234,8 @@ def reference(tiny_cfg):
 
 
 def _same_as(cfg, ref) -> None:
-    assert _metric_rows(run_dir_of(cfg)) == _metric_rows(run_dir_of(ref))
-    assert _probe_rows(run_dir_of(cfg)) == _probe_rows(run_dir_of(ref))
+    assert _metric_rows(RunFolder.of(cfg).path) == _metric_rows(RunFolder.of(ref).path)
+    assert _probe_rows(RunFolder.of(cfg).path) == _probe_rows(RunFolder.of(ref).path)
 
 
 @pytest.mark.parametrize("damage", ["flip a tensor byte", "truncate", "garbage",
@@ -248,7 +248,7 @@ def test_damage_found_at_resume_restarts_from_step_0(reference, tmp_path, monkey
 
     cfg = dataclasses.replace(reference, runs_dir=str(tmp_path / "damaged"))
     _interrupted_at_10(cfg, monkeypatch)
-    folder = run_dir_of(cfg)
+    folder = RunFolder.of(cfg).path
     ckpt = folder / "checkpoint.safetensors"
     data = bytearray(ckpt.read_bytes())
     if damage == "flip a tensor byte":
@@ -259,9 +259,9 @@ def test_damage_found_at_resume_restarts_from_step_0(reference, tmp_path, monkey
     elif damage == "garbage":
         ckpt.write_bytes(b"not a checkpoint")
     elif damage == "drop a metrics part":
-        runlog.parts(folder / "metrics")[0][1].unlink()
+        run_folder.parts(folder / "metrics")[0][1].unlink()
     else:
-        part = runlog.parts(folder / "probes")[0][1]
+        part = run_folder.parts(folder / "probes")[0][1]
         part.write_bytes(part.read_bytes()[:100])
     capsys.readouterr()
     assert train(cfg, verbose=False)["status"] == "completed"
@@ -274,8 +274,8 @@ def test_damage_found_at_resume_restarts_from_step_0(reference, tmp_path, monkey
 def test_finished_run_with_a_damaged_part_is_reported_with_its_repair(reference, capsys):
     from qkstudy.__main__ import main
 
-    folder = run_dir_of(reference)
-    part = runlog.parts(folder / "metrics")[-1][1]
+    folder = RunFolder.of(reference).path
+    part = run_folder.parts(folder / "metrics")[-1][1]
     intact = part.read_bytes()
     part.write_bytes(intact[:50])
     words = command_line(reference).split()[4:]
@@ -292,7 +292,7 @@ def test_finished_run_with_a_damaged_part_is_reported_with_its_repair(reference,
 def test_summary_that_is_not_a_summary_is_one_line(reference, capsys, content):
     from qkstudy.__main__ import main
 
-    path = run_dir_of(reference) / "summary.json"
+    path = RunFolder.of(reference).path / "summary.json"
     path.write_text(content)
     assert main(["train", *command_line(reference).split()[4:]]) == 2
     err = capsys.readouterr().err
@@ -306,21 +306,21 @@ def test_disk_full_is_one_line_and_the_run_resumes(reference, tmp_path, monkeypa
     from qkstudy.__main__ import main
 
     cfg = dataclasses.replace(reference, runs_dir=str(tmp_path / "full"))
-    real = runlog.save_tensors
+    real = files.save_tensors
 
     def full(path, *args):
         if path.name == "final.safetensors":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, *args)
 
-    monkeypatch.setattr(runlog, "save_tensors", full)
+    monkeypatch.setattr(files, "save_tensors", full)
     words = command_line(cfg).split()[4:]
     assert main(["train", *words]) == 2
     err = capsys.readouterr().err
-    assert "disk full" in err and err.count("\n") == 1
-    folder = run_dir_of(cfg)
+    assert "No space left on device; free some space" in err and err.count("\n") == 1
+    folder = RunFolder.of(cfg).path
     assert (folder / "checkpoint.safetensors").exists() and not (folder / "summary.json").exists()
-    monkeypatch.setattr(runlog, "save_tensors", real)
+    monkeypatch.setattr(files, "save_tensors", real)
     assert main(["train", *words]) == 0
     _same_as(cfg, reference)
 
@@ -329,7 +329,7 @@ def test_leftover_temp_files_of_dead_processes_are_removed(tiny_cfg):
     from qkstudy.trainer import train
 
     cfg = tiny_cfg(max_steps=10)
-    folder = run_dir_of(cfg)
+    folder = RunFolder.of(cfg).path
     (folder / "metrics").mkdir(parents=True)
     dead = 2**22 + 17  # above the default pid_max: no such process
     leftovers = [folder / ".checkpoint.tmp.safetensors", folder / f".manifest.json.tmp-{dead}",
@@ -339,7 +339,7 @@ def test_leftover_temp_files_of_dead_processes_are_removed(tiny_cfg):
         path.write_bytes(b"x" * 100)
     assert train(cfg, verbose=False)["status"] == "completed"
     assert not any(p.exists() for p in leftovers) and alive.exists()
-    assert runlog.read_tensors(folder / "final.safetensors")[1]["sha256"] == json.loads(
+    assert files.read_tensors(folder / "final.safetensors")[1]["sha256"] == json.loads(
         (folder / "summary.json").read_text())["final_weights_sha256"]
 
 
@@ -370,11 +370,11 @@ def test_a_run_that_kills_its_process_is_recorded_failed_and_not_retried(tiny_da
     assert out.returncode == -signal.SIGSEGV
     crashed, fine = sweep.grid(sweep.parse_sweep_config(words[:-1]))
     assert main(["sweep", *words]) == 0  # the next sweep records it failed and goes on
-    summary = json.loads((run_dir_of(crashed) / "summary.json").read_text())
+    summary = json.loads((RunFolder.of(crashed).path / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["fatal_signal"]
     assert "Segmentation fault" in summary["error"]
-    assert "Segmentation fault" in (run_dir_of(crashed) / "traceback.txt").read_text()
-    assert json.loads((run_dir_of(fine) / "summary.json").read_text())["status"] == "completed"
+    assert "Segmentation fault" in (RunFolder.of(crashed).path / "traceback.txt").read_text()
+    assert json.loads((RunFolder.of(fine).path / "summary.json").read_text())["status"] == "completed"
     capsys.readouterr()
     assert main(["sweep", *words]) == 0  # and does not retry it
     assert "not retried" in capsys.readouterr().out
@@ -481,7 +481,7 @@ def test_a_failed_run_trained_again_keeps_no_traceback(tiny_cfg, monkeypatch):
     monkeypatch.setattr(recorder.Recorder, "finish", broken)
     with pytest.raises(RuntimeError, match="boom"):
         train(cfg, verbose=False)
-    folder = run_dir_of(cfg)
+    folder = RunFolder.of(cfg).path
     assert json.loads((folder / "summary.json").read_text())["status"] == "failed"
     assert "boom" in (folder / "traceback.txt").read_text()
     monkeypatch.setattr(recorder.Recorder, "finish", real)
@@ -493,12 +493,12 @@ def test_failed_runs_are_listed_by_the_analysis(reference, tmp_path):
     from analysis.load import load_runs
     from qkstudy.trainer import summary_base
 
-    failed = run_dir_of(reference).parent / "d2-noqk-lr0.1-s0-failedrun"
+    failed = RunFolder.of(reference).path.parent / "d2-noqk-lr0.1-s0-failedrun"
     failed.mkdir()
     cfg = reference.__class__(**{**reference.__dict__, "lr": 0.1})
-    runlog.record_failure(failed, {**summary_base(cfg), "run_id": failed.name},
-                          RuntimeError("boom"))
-    runs = load_runs(run_dir_of(reference).parent)
+    RunFolder(failed).record_failure({**summary_base(cfg), "run_id": failed.name},
+                                     RuntimeError("boom"))
+    runs = load_runs(RunFolder.of(reference).path.parent)
     row = runs.table.filter(runs.table["status"] == "failed").to_dicts()
     assert len(row) == 1 and row[0]["lr"] == 0.1
     assert any("RuntimeError: boom" in w for w in runs.warnings)

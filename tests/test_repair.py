@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from qkstudy import runlog, status, sweep, trainer
+from qkstudy import files as qfiles
+from qkstudy import run_folder, status, sweep, trainer
 from qkstudy.__main__ import main
 from qkstudy.sweep.plan import command_line
 from qkstudy.sweep.run import finished_after_grid
+from qkstudy.run_folder import RunFolder
 
 COLUMNS = ["step", "train_loss", "grad_norm", "val_loss", "lr"]
 
@@ -23,11 +25,11 @@ def files(folder: Path) -> dict[str, bytes]:
 
 
 def rows(folder: Path) -> dict:
-    return runlog.read_parts(folder / "metrics").select(COLUMNS).to_pydict()
+    return run_folder.read_parts(folder / "metrics").select(COLUMNS).to_pydict()
 
 
 def damage(folder: Path, how: str) -> None:
-    part = runlog.parts(folder / "metrics")[-1][1]
+    part = run_folder.parts(folder / "metrics")[-1][1]
     if how == "truncated metrics part":
         part.write_bytes(part.read_bytes()[:60])
     elif how == "deleted metrics part":
@@ -47,11 +49,11 @@ def finished(tiny_cfg):
     """A finished tiny run: (config, its metric rows, its summary)."""
     cfg = tiny_cfg(max_steps=12, ckpt_every=10, eval_every=6, probe_every=6)
     summary = trainer.train(cfg, verbose=False)
-    return cfg, rows(trainer.run_dir_of(cfg)), summary
+    return cfg, rows(RunFolder.of(cfg).path), summary
 
 
 def moved_aside(cfg) -> Path:
-    aside = sorted(p for p in (trainer.run_dir_of(cfg).parent / ".damaged").iterdir()
+    aside = sorted(p for p in (RunFolder.of(cfg).path.parent / ".damaged").iterdir()
                    if p.is_dir())
     assert [p.name.rsplit("-", 1)[0] for p in aside] == [cfg.run_id]
     return aside[0]
@@ -60,7 +62,7 @@ def moved_aside(cfg) -> Path:
 @pytest.mark.parametrize("how", HOWS)
 def test_train_repair_moves_the_damaged_run_aside_whole_and_retrains_it(finished, how, capsys):
     cfg, before, summary = finished
-    folder = trainer.run_dir_of(cfg)
+    folder = RunFolder.of(cfg).path
     damage(folder, how)
     damaged = files(folder)
     words = command_line(cfg).split()[4:]
@@ -76,7 +78,7 @@ def test_train_repair_moves_the_damaged_run_aside_whole_and_retrains_it(finished
     record = json.loads(old.with_name(old.name + ".json").read_text())
     assert record["run_id"] == cfg.run_id and record["moved_to"] == str(old) and record["damage"]
     # the run is trained again, to the same result (training is deterministic)
-    again = runlog.read_json(folder / "summary.json")
+    again = qfiles.read_json(folder / "summary.json")
     assert again["status"] == "completed"
     assert again["final_weights_sha256"] == summary["final_weights_sha256"]
     assert rows(folder) == before
@@ -118,7 +120,7 @@ def test_the_sweep_repairs_a_damaged_run_and_says_where_the_old_files_are(
     words = sweep_words(tiny_data, tmp_path / "runs")
     assert main(words) == 0
     first, second = sweep.grid(sweep.parse_sweep_config(words[1:-1]))
-    folder = trainer.run_dir_of(first)
+    folder = RunFolder.of(first).path
     before = rows(folder)
     damage(folder, how)
     damaged = files(folder)
@@ -128,7 +130,7 @@ def test_the_sweep_repairs_a_damaged_run_and_says_where_the_old_files_are(
     out = capsys.readouterr().out
     old = moved_aside(first)
     assert files(old) == damaged
-    assert rows(folder) == before and runlog.read_json(folder / "summary.json")["status"] == \
+    assert rows(folder) == before and qfiles.read_json(folder / "summary.json")["status"] == \
         "completed"
     closing = next(line for line in out.splitlines() if line.startswith("sweep t: "))
     assert "2 of 2 runs have a result" in closing and "1 damaged run repaired" in closing
@@ -148,8 +150,8 @@ def test_the_analysis_skips_dot_folders(finished, tmp_path):
     from analysis.load import load_runs
 
     cfg, _, _ = finished
-    sweep_dir = trainer.run_dir_of(cfg).parent
-    shutil.copytree(trainer.run_dir_of(cfg), sweep_dir / ".damaged" / f"{cfg.run_id}-x")
+    sweep_dir = RunFolder.of(cfg).path.parent
+    shutil.copytree(RunFolder.of(cfg).path, sweep_dir / ".damaged" / f"{cfg.run_id}-x")
     loaded = load_runs(sweep_dir.parent)
     assert loaded.table["run_id"].to_list() == [cfg.run_id]
     assert not loaded.warnings
@@ -167,7 +169,7 @@ def test_the_sweep_repairs_a_damaged_refinement_run(tiny_data, tmp_path, monkeyp
     cfg = sweep.parse_sweep_config(words[1:-1])
     after = finished_after_grid(cfg, sweep.grid(cfg))
     assert [c.lr for c in after] == [0.173]  # the bisection point between 1e-3 and 30
-    folder = trainer.run_dir_of(after[0])
+    folder = RunFolder.of(after[0]).path
     before = rows(folder)
     damage(folder, "truncated metrics part")
     damaged = files(folder)

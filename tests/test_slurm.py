@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from qkstudy import runlog, status, trainer
+from qkstudy import files, run_folder, status, trainer
 from qkstudy.__main__ import main
 from qkstudy.config import parse_train_config
+from qkstudy.run_folder import RunFolder
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 TIMEOUT = 120  # seconds any one wait on the cluster may take
@@ -201,11 +202,11 @@ def test_sweep_as_a_job_array(cluster, tiny_data, tmp_path, capsys):
     tasks = [line.split() for line in (first / "tasks.txt").read_text().splitlines()]
     grid = [parse_train_config(t[t.index("train") + 1:]) for t in tasks]
     for cfg in grid:  # finished, once: no resume, one task trained it, its rows once each
-        folder = trainer.run_dir_of(cfg)
-        summary = runlog.read_json(folder / "summary.json")
+        folder = RunFolder.of(cfg).path
+        summary = files.read_json(folder / "summary.json")
         assert summary["status"] == ("completed" if cfg.lr < 0.5 else "diverged"), cfg.run_id
-        assert "resumed_from_step" not in runlog.read_json(folder / "manifest.json")
-        assert runlog.finished_problem(folder, summary) is None
+        assert "resumed_from_step" not in files.read_json(folder / "manifest.json")
+        assert run_folder.finished_problem(folder, summary) is None
     lines = task_lines(first)
     assert sorted(line.split()[3] for line in lines if line.endswith(("completed", "diverged"))
                   ) == sorted(c.run_id for c in grid)
@@ -237,7 +238,7 @@ def wait_for_checkpoint(folder: Path, job: str):
     """(config, run folder) of the array's one task, once it is mid-run (first checkpoint)."""
     line = (folder / "tasks.txt").read_text().split()
     cfg = parse_train_config(line[line.index("train") + 1:])
-    run_dir = trainer.run_dir_of(cfg)
+    run_dir = RunFolder.of(cfg).path
     deadline = time.monotonic() + TIMEOUT
     while not (run_dir / "checkpoint.safetensors").exists():
         assert time.monotonic() < deadline and in_queue(job), "the task never checkpointed"
@@ -253,7 +254,7 @@ def train_alone(cfg) -> Path:
     out = subprocess.run([sys.executable, "-m", "qkstudy", *command_line(cfg).split()[3:]],
                          capture_output=True, text=True, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-2000:]
-    return trainer.run_dir_of(cfg)
+    return RunFolder.of(cfg).path
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
@@ -270,20 +271,20 @@ def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys, 
     log = (folder / "task-0.log").read_text()
     assert "stopped by SIGTERM; checkpointed" in log, log[-2000:]
     assert not (run_dir / "summary.json").exists()
-    stopped_at = int(runlog.read_tensors(run_dir / "checkpoint.safetensors")[1]["step"])
+    stopped_at = int(files.read_tensors(run_dir / "checkpoint.safetensors")[1]["step"])
     assert 0 < stopped_at < cfg.steps
 
     job2, out = submit(words, capsys)  # the interrupted run again, resumed
     assert job2 and "1 run to submit as one array: 1 grid run not finished" in out
     wait_for(job2)
-    assert runlog.read_json(run_dir / "summary.json")["status"] == "completed"
-    assert runlog.read_json(run_dir / "manifest.json")["resumed_from_step"] == stopped_at
-    assert runlog.read_json(run_dir / "summary.json")["framework"] == backend
+    assert files.read_json(run_dir / "summary.json")["status"] == "completed"
+    assert files.read_json(run_dir / "manifest.json")["resumed_from_step"] == stopped_at
+    assert files.read_json(run_dir / "summary.json")["framework"] == backend
 
     # the same run, never interrupted
     reference = train_alone(dataclasses.replace(cfg, runs_dir=str(tmp_path / "reference")))
-    got = runlog.read_parts(run_dir / "metrics").select(LOSS_COLUMNS).to_pydict()
-    want = runlog.read_parts(reference / "metrics").select(LOSS_COLUMNS).to_pydict()
+    got = run_folder.read_parts(run_dir / "metrics").select(LOSS_COLUMNS).to_pydict()
+    want = run_folder.read_parts(reference / "metrics").select(LOSS_COLUMNS).to_pydict()
     assert got == want
 
 
@@ -307,17 +308,17 @@ def test_preempted_task_is_requeued_and_finishes_bit_exact(cluster, tiny_data, t
     subprocess.run(["scontrol", "update", f"JobId={job}_0", "StartTime=now"], check=True,
                    timeout=10)
     wait_for(job)  # requeued, run again, finished: the same job, no second submission
-    summary = runlog.read_json(run_dir / "summary.json")
+    summary = files.read_json(run_dir / "summary.json")
     assert summary and summary["status"] == "completed"
-    resumed = runlog.read_json(run_dir / "manifest.json").get("resumed_from_step")
+    resumed = files.read_json(run_dir / "manifest.json").get("resumed_from_step")
     assert resumed and 0 < resumed < cfg.steps
     log = (folder / "task-0.log").read_text()  # a requeued task appends to its log
     assert "stopped by SIGTERM; checkpointed" in log and log.rstrip().endswith("completed"), log
 
     reference = dataclasses.replace(cfg, runs_dir=str(tmp_path / "reference"))
     trainer.train(reference, verbose=False)  # the same run, never interrupted
-    got = runlog.read_parts(run_dir / "metrics").select(LOSS_COLUMNS).to_pydict()
-    want = runlog.read_parts(trainer.run_dir_of(reference) / "metrics").select(
+    got = run_folder.read_parts(run_dir / "metrics").select(LOSS_COLUMNS).to_pydict()
+    want = run_folder.read_parts(RunFolder.of(reference).path / "metrics").select(
         LOSS_COLUMNS).to_pydict()
     assert got == want
 
@@ -352,7 +353,7 @@ def test_task_list_is_the_sweeps_runs(tiny_data, tmp_path, capsys, monkeypatch):
     planned = [parse_train_config(line.split()[4:]) for line in lines]
     grid = sweep.grid(sweep.parse_sweep_config(words))
     assert [c.run_id for c in planned] == [c.run_id for c in grid]  # exactly the sweep's runs
-    assert [r["run_id"] for r in runlog.read_json(folder / "submission.json")["runs"]] == \
+    assert [r["run_id"] for r in files.read_json(folder / "submission.json")["runs"]] == \
         [c.run_id for c in grid]
     script = (folder / "array.sbatch").read_text().splitlines()
     for option in ("--array=0-3%3", "--gres=gpu:1", "--account=lab", "--qos=low",

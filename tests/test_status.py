@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkstudy import runlog, status
+from qkstudy import files, run_folder, status
+from qkstudy.run_folder import RunFolder
 from qkstudy.__main__ import main
-from qkstudy.locks import run_lock
+
 from qkstudy.sweep import slurm
 
 TPS = 4 * 32  # tokens a step in the fixture
@@ -26,20 +27,20 @@ def fake_run(sweep: Path, run_id: str, lr: float, qk: str = "none", *, summary: 
     (step, training seconds) and metrics rows 0..rows-1 (train loss 5 - step/100)."""
     folder = sweep / run_id
     folder.mkdir(parents=True)
-    runlog.write_json(folder / "config.json", {
+    files.write_json(folder / "config.json", {
         "run_id": run_id, "depth": 1, "lr": lr, "qk_norm": qk, "seed": 0, "batch_size": 4,
         "block_size": 32, "max_steps": 100, "budget_tokens": 0})
     if summary is not None:
-        runlog.write_json(folder / "summary.json", {"run_id": run_id, "steps": 100, **summary})
+        files.write_json(folder / "summary.json", {"run_id": run_id, "steps": 100, **summary})
     if checkpoint is not None:
         step, seconds = checkpoint
-        runlog.save_tensors(folder / "checkpoint.safetensors", {"opt.step": np.array(step)},
+        files.save_tensors(folder / "checkpoint.safetensors", {"opt.step": np.array(step)},
                             {"step": str(step), "train_seconds": repr(seconds)})
     if rows:
-        runlog.write_part(folder / "metrics", [
+        run_folder.write_part(folder / "metrics", [
             {"step": s, "tokens": s * TPS, "lr": lr, "train_loss": 5 - s / 100, "grad_norm": 1.0,
              "val_loss": None, "val_ppl": None, "elapsed_s": float(s)} for s in range(rows)],
-            runlog.METRICS_SCHEMA)
+            run_folder.METRICS_SCHEMA)
     return folder
 
 
@@ -49,7 +50,7 @@ def sweep_dir(tmp_path) -> Path:
     two grid points with no folder yet."""
     sweep = tmp_path / "runs" / "s"
     sweep.mkdir(parents=True)
-    runlog.write_json(sweep / "sweep.json", {"grid_lrs": [1e-3, 1e-2, 1e-1, 1.0], "depths": [1],
+    files.write_json(sweep / "sweep.json", {"grid_lrs": [1e-3, 1e-2, 1e-1, 1.0], "depths": [1],
                                              "seeds": [0], "arms": ["none", "rmsnorm"],
                                              "refine": False})
     done = fake_run(sweep, "d1-noqk-lr0.001-s0-aaa", 1e-3, summary={
@@ -82,7 +83,7 @@ def snapshot(folder: Path) -> dict:
 
 def test_every_state_on_one_screen(sweep_dir):
     running = sweep_dir / "d1-noqk-lr0.01-s0-eee"
-    with run_lock(running) as acquired:
+    with RunFolder(running).lock() as acquired:
         assert acquired
         before = snapshot(sweep_dir.parent)
         text = status.render(sweep_dir)
@@ -112,11 +113,11 @@ def test_every_state_on_one_screen(sweep_dir):
 
 
 def test_time_left_from_the_calibration_then_the_report(sweep_dir, tmp_path, monkeypatch):
-    plan = runlog.read_json(sweep_dir / "sweep.json")
-    runlog.write_json(sweep_dir / "sweep.json", plan | {"calibrated_tokens_per_s": {"2": 640.0}})
+    plan = files.read_json(sweep_dir / "sweep.json")
+    files.write_json(sweep_dir / "sweep.json", plan | {"calibrated_tokens_per_s": {"2": 640.0}})
     fake_run(sweep_dir, "d2-noqk-lr0.001-s0-ggg", 1e-3)  # depth 1 in fake_run's config ...
-    config = runlog.read_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json")
-    runlog.write_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json", config | {"depth": 2})
+    config = files.read_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json")
+    files.write_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json", config | {"depth": 2})
     text = status.render(sweep_dir)
     assert (f"time left: ~{status.format_seconds(340 * TPS / 2000 + 100 * TPS / 640)} for 5 of "
             "the 5 runs left in one process (training only; tok/s measured by its finished runs "
@@ -132,8 +133,8 @@ def test_time_left_from_the_calibration_then_the_report(sweep_dir, tmp_path, mon
 
 def test_lock_held_by_another_process_is_running(sweep_dir):
     folder = sweep_dir / "d1-noqk-lr0.01-s0-eee"
-    code = ("import sys, time; from pathlib import Path; from qkstudy.locks import run_lock\n"
-            "with run_lock(Path(sys.argv[1])) as ok:\n    print(ok, flush=True); time.sleep(60)")
+    code = ("import sys, time; from pathlib import Path; from qkstudy.run_folder import RunFolder\n"
+            "with RunFolder(Path(sys.argv[1])).lock() as ok:\n    print(ok, flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -171,7 +172,7 @@ def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
              "tokens_per_step": TPS} for r, qk in (("d1-noqk-lr0.01-s0-eee", "none"),
                                                     ("d1-qkrmsnorm-lr0.01-s0-fff", "rmsnorm"),
                                                     ("d1-noqk-lr0.1-s0-ggg", "none"))]
-    runlog.write_json(folder / "submission.json", {"job_id": "77", "runs": runs})
+    files.write_json(folder / "submission.json", {"job_id": "77", "runs": runs})
     (folder / "task-1.log").write_text("task 1: ...\n")
     monkeypatch.setattr(slurm, "queue_states", lambda jobs: {("77", 0): "RUNNING"})
     monkeypatch.setattr(slurm, "accounting_states", lambda jobs: None)

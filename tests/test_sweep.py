@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from qkstudy import runlog, sweep, trainer
+from qkstudy import files, run_folder, sweep, trainer
 from qkstudy.__main__ import main
 from qkstudy.config import parse_train_config
 from qkstudy.errors import UsageError
 from qkstudy.locks import RunBusy
+from qkstudy.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def tiny_words(data: str, runs_dir: Path, *extra: str) -> list[str]:
 
 
 def status_of(cfg) -> str | None:
-    return (runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}).get("status")
+    return (files.read_json(RunFolder.of(cfg).path / "summary.json") or {}).get("status")
 
 
 @pytest.fixture
@@ -52,16 +53,16 @@ def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
     def fake(cfg, verbose=True, prefix="", repair=None):
         calls.append((cfg, prefix))
         status = "completed" if cfg.lr < threshold[cfg.qk_norm] else "diverged"
-        folder = trainer.run_dir_of(cfg)
+        folder = RunFolder.of(cfg).path
         folder.mkdir(parents=True, exist_ok=True)
         summary = {"run_id": cfg.run_id, "status": status, "tokens_seen": 100, "steps": 1}
-        runlog.write_json(folder / "summary.json", summary)
+        files.write_json(folder / "summary.json", summary)
         return summary
 
     monkeypatch.setattr(trainer, "train", fake)
     # the stub writes no logs, which the integrity check of finished runs would find damaged
     # (and the sweep would repair): a summary alone is a finished run here
-    monkeypatch.setattr(trainer, "finished_run", runlog.finished)
+    monkeypatch.setattr(RunFolder, "intact_summary", RunFolder.finished)
 
 
 # --- plan, grid, parsing --------------------------------------------------------------------
@@ -201,7 +202,7 @@ def test_dry_run_of_the_study_says_how_long_and_warns(tmp_path, monkeypatch, cap
     bench = {"machine": {"cpu": provenance.chip(), "cpus": os.cpu_count()},
              "shapes": {"study": {"flops_per_token": 77.4e6,
                                   "tokens_per_s": {"mlx-plain-1": {"median": 457.0}}}}}
-    runlog.write_json(tmp_path / "reports" / "bench.json", bench)
+    files.write_json(tmp_path / "reports" / "bench.json", bench)
     assert main(["sweep", "preset=study", "depth=6", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "tok/s from the bench's stored figure (reports/bench.json, study shape" in out
@@ -212,7 +213,7 @@ def test_dry_run_of_the_study_says_how_long_and_warns(tmp_path, monkeypatch, cap
     assert "more than a day on this machine" in warning and "backend=torch" in warning
     assert "--slurm" in warning and "preset=mini" in warning
     # a bench report from another machine is not used, and the plan says why
-    runlog.write_json(tmp_path / "reports" / "bench.json",
+    files.write_json(tmp_path / "reports" / "bench.json",
                       bench | {"machine": {"cpu": "another CPU", "cpus": 64}})
     monkeypatch.setattr("qkstudy.sweep.plan.calibrate", lambda cfg, vocab, **k: (1000.0, 1))
     assert main(["sweep", "preset=study", "depth=6", "--dry-run"]) == 0
@@ -356,7 +357,7 @@ def test_a_crashing_run_does_not_stop_the_sweep(monkeypatch, tiny_data, tmp_path
     assert main(["sweep", *words]) == 0
     crashed, fine = sweep.grid(sweep.parse_sweep_config(words))
     assert status_of(crashed) == "failed" and status_of(fine) == "completed"
-    assert "RuntimeError: boom" in (trainer.run_dir_of(crashed) / "traceback.txt").read_text()
+    assert "RuntimeError: boom" in (RunFolder.of(crashed).path / "traceback.txt").read_text()
     out = capsys.readouterr().out
     assert "failed: RuntimeError: boom" in out
     assert "2 of 2 runs have a result (1 completed, 0 diverged, 1 failed)" in out
@@ -382,9 +383,9 @@ def test_interrupt_stops_cleanly_and_the_next_sweep_skips_and_resumes(monkeypatc
     err = capsys.readouterr().err
     assert "interrupted" in err and "python -m qkstudy sweep preset=demo" in err
     assert status_of(first) == "completed" and status_of(second) is None
-    assert (trainer.run_dir_of(second) / "checkpoint.safetensors").exists()
-    assert not trainer.run_dir_of(third).exists()
-    first_summary = (trainer.run_dir_of(first) / "summary.json").read_text()
+    assert (RunFolder.of(second).path / "checkpoint.safetensors").exists()
+    assert not RunFolder.of(third).path.exists()
+    first_summary = (RunFolder.of(first).path / "summary.json").read_text()
 
     monkeypatch.setattr(trainer, "train_stream", real_stream)
     trained = []
@@ -399,10 +400,10 @@ def test_interrupt_stops_cleanly_and_the_next_sweep_skips_and_resumes(monkeypatc
     table = out[out.index("peak max attention logit before any cap"):].splitlines()[2:]
     assert [float(line.split()[2]) for line in table] == [1e-3, 3e-3, 1e-2]
     assert all(float(line.split()[3].replace(",", "")) > 0 for line in table)
-    assert (trainer.run_dir_of(first) / "summary.json").read_text() == first_summary
-    manifest = json.loads((trainer.run_dir_of(second) / "manifest.json").read_text())
+    assert (RunFolder.of(first).path / "summary.json").read_text() == first_summary
+    manifest = json.loads((RunFolder.of(second).path / "manifest.json").read_text())
     assert manifest["resumed_from_step"] == 12
-    steps = runlog.read_parts(trainer.run_dir_of(second) / "metrics").column("step").to_pylist()
+    steps = run_folder.read_parts(RunFolder.of(second).path / "metrics").column("step").to_pylist()
     assert steps == list(range(21))  # no duplicated or missing rows across the interruption
     assert all(status_of(c) == "completed" for c in (first, second, third))
 
@@ -476,8 +477,8 @@ def test_jobs_2_runs_a_second_process_on_the_same_tree(monkeypatch, tiny_data, t
     assert main(["sweep", *words]) == 0
     runs = sweep.grid(sweep.parse_sweep_config(words))
     assert all(status_of(c) == "completed" for c in runs)
-    # the lock file keeps the pid of the process that trained the run last
-    lock_pid = {c.run_id: int((trainer.run_dir_of(c) / ".lock").read_text()) for c in runs}
+    # the manifest keeps the pid of the process that trained the run last
+    lock_pid = {c.run_id: RunFolder.of(c).read_manifest()["pid"] for c in runs}
     by_worker = {rid for rid, pid in lock_pid.items() if pid != os.getpid()}
     assert by_worker and trained_here  # both processes trained
     assert by_worker.isdisjoint(trained_here) and by_worker | set(trained_here) == set(lock_pid)

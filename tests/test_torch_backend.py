@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkstudy import runlog, sweep, trainer
+from qkstudy import files, run_folder, sweep, trainer
 from qkstudy.sweep.plan import command_line
+from qkstudy.run_folder import RunFolder
 
 pytest.importorskip("torch")
 
@@ -81,30 +82,30 @@ def test_torch_sweep_without_mlx_resumes_after_kill_9_and_reports(tiny_data, tmp
     again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "4 of 4 runs have a result (4 completed" in again.stdout, again.stdout[-2000:]
-    resumed = runlog.read_json(killed / "manifest.json")["resumed_from_step"]
+    resumed = files.read_json(killed / "manifest.json")["resumed_from_step"]
     assert resumed > 0 and resumed % 10 == 0  # from its last checkpoint, not from step 0
 
     grid = sweep.grid(sweep.parse_sweep_config(words))
     for cfg in grid:
-        folder = trainer.run_dir_of(cfg)
+        folder = RunFolder.of(cfg).path
         assert "-torch-" in folder.name
-        summary = runlog.read_json(folder / "summary.json")
+        summary = files.read_json(folder / "summary.json")
         assert summary["framework"] == "torch" and summary["status"] == "completed"
-        assert runlog.read_json(folder / "manifest.json")["device"] == "cpu"
+        assert files.read_json(folder / "manifest.json")["device"] == "cpu"
 
     # the killed run against the same run never interrupted: the same rows and weights, bit for bit
     # (trained the same way: in a process of its own, whose torch is not preceded by MLX's BLAS)
-    cfg = next(c for c in grid if trainer.run_dir_of(c) == killed)
+    cfg = next(c for c in grid if RunFolder.of(c).path == killed)
     reference = dataclasses.replace(cfg, runs_dir=str(tmp_path / "reference"))
     train_words = command_line(reference).split()[3:]
     out = subprocess.run([sys.executable, "-m", "qkstudy", *train_words], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    ref_dir = trainer.run_dir_of(reference)
-    assert (runlog.read_parts(killed / "metrics").select(LOSS_COLUMNS).to_pydict()
-            == runlog.read_parts(ref_dir / "metrics").select(LOSS_COLUMNS).to_pydict())
-    got, _ = runlog.read_tensors(killed / "final.safetensors")
-    want, _ = runlog.read_tensors(ref_dir / "final.safetensors")
+    ref_dir = RunFolder.of(reference).path
+    assert (run_folder.read_parts(killed / "metrics").select(LOSS_COLUMNS).to_pydict()
+            == run_folder.read_parts(ref_dir / "metrics").select(LOSS_COLUMNS).to_pydict())
+    got, _ = files.read_tensors(killed / "final.safetensors")
+    want, _ = files.read_tensors(ref_dir / "final.safetensors")
     assert got.keys() == want.keys()
     assert all(np.array_equal(got[k], want[k]) for k in want)
 
@@ -126,7 +127,7 @@ def test_an_mlx_run_and_its_torch_twin_read_as_one_point(tiny_cfg):
     assert mlx_cfg.run_id != torch_cfg.run_id  # two runs ...
     for cfg in (mlx_cfg, torch_cfg):
         trainer.train(cfg, verbose=False)
-    runs = load_runs(trainer.run_dir_of(mlx_cfg).parent)
+    runs = load_runs(RunFolder.of(mlx_cfg).path.parent)
     table = runs.table.sort("framework")
     assert table["framework"].to_list() == ["mlx", "torch"]
     assert table["identity"].n_unique() == 1  # ... of one point of the study (twins)

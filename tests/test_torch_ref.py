@@ -15,11 +15,12 @@ import torch.nn.functional as F
 from mlx.utils import tree_flatten
 
 from mlx_gpt.engine import build_model
-from qkstudy import runlog
+from qkstudy import run_folder
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.errors import UsageError
-from qkstudy.trainer import run_dir_of, train
+from qkstudy.trainer import train
 from qkstudy.parameters import initial_weights
+from qkstudy.run_folder import RunFolder
 from torch_ref import optim as torch_optim
 from torch_ref.model import GPT as TorchGPT
 
@@ -195,15 +196,15 @@ def read_parts_schema(folder):
 def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsys):
     cfg = tiny_cfg(max_steps=50, probe_every=25, qk_norm="rmsnorm")
     mlx_summary = train(cfg, verbose=False)
-    mlx_dir = run_dir_of(cfg)
+    mlx_dir = RunFolder.of(cfg).path
     out, summary = spot_check(mlx_dir, "cpu", verbose=False)
 
-    assert out == run_dir_of(dataclasses.replace(cfg, backend="torch", device="cpu"))
+    assert out == RunFolder.of(dataclasses.replace(cfg, backend="torch", device="cpu")).path
     assert out.parent == mlx_dir.parent and out.name.startswith("d2-qkrmsnorm-torch-")
     for name in ("config.json", "manifest.json", "summary.json", "final.safetensors",
                  "comparison.json"):
         assert (out / name).exists(), name
-    for folder, schema in (("metrics", runlog.METRICS_SCHEMA), ("probes", runlog.PROBES_SCHEMA)):
+    for folder, schema in (("metrics", run_folder.METRICS_SCHEMA), ("probes", run_folder.PROBES_SCHEMA)):
         assert read_parts_schema(out / folder) == read_parts_schema(mlx_dir / folder)
         assert read_parts_schema(out / folder).equals(schema)
     on_disk = json.loads((out / "summary.json").read_text())
@@ -219,8 +220,8 @@ def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsy
     assert config["framework"] == "torch" and config["lr"] == cfg.lr
 
     # the same rows, step for step, and the same curve within 1e-3 relative
-    mlx_rows = runlog.read_parts(mlx_dir / "metrics").to_pydict()
-    torch_rows = runlog.read_parts(out / "metrics").to_pydict()
+    mlx_rows = run_folder.read_parts(mlx_dir / "metrics").to_pydict()
+    torch_rows = run_folder.read_parts(out / "metrics").to_pydict()
     assert torch_rows["step"] == mlx_rows["step"] == list(range(cfg.steps + 1))
     # float32 cos of the two libraries may differ in the last bit
     assert torch_rows["lr"][:-1] == pytest.approx(mlx_rows["lr"][:-1], rel=1e-6)
@@ -233,8 +234,8 @@ def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsy
     assert mlx_rows["train_loss"][-2] < mlx_rows["train_loss"][0] - 1.0  # the curve moves
 
     # the same probe rows (step, layer, name)
-    mlx_probes = runlog.read_parts(mlx_dir / "probes").to_pylist()
-    torch_probes = runlog.read_parts(out / "probes").to_pylist()
+    mlx_probes = run_folder.read_parts(mlx_dir / "probes").to_pylist()
+    torch_probes = run_folder.read_parts(out / "probes").to_pylist()
     keys = [sorted((r["step"], r["layer"], r["name"]) for r in rows)
             for rows in (torch_probes, mlx_probes)]
     assert keys[0] == keys[1]
@@ -279,13 +280,13 @@ def test_spot_check_of_a_diverged_run_diverges_at_the_same_step(tiny_cfg):
     cfg = tiny_cfg(lr=1.0, grad_clip=0.0, warmup_steps=2, divergence_window=5)
     mlx_summary = train(cfg, verbose=False)
     assert mlx_summary["status"] == "diverged"
-    _, summary = spot_check(run_dir_of(cfg), "cpu", verbose=False)
+    _, summary = spot_check(RunFolder.of(cfg).path, "cpu", verbose=False)
     assert mlx_summary.keys() <= summary.keys()
     assert summary["status"] == "diverged" and summary["final_val_loss"] is None
     assert summary["diverged_step"] == mlx_summary["diverged_step"]
     assert summary["steps"] == summary["diverged_step"] + 1
-    twin = run_dir_of(dataclasses.replace(cfg, backend="torch", device="cpu"))
-    rows = runlog.read_parts(twin / "metrics")
+    twin = RunFolder.of(dataclasses.replace(cfg, backend="torch", device="cpu")).path
+    rows = run_folder.read_parts(twin / "metrics")
     assert rows.column("step").to_pylist() == list(range(summary["diverged_step"] + 1))
 
 

@@ -16,25 +16,26 @@ from mlx.utils import tree_flatten
 from mlx_gpt import probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
 from mlx_gpt.optim import make_optimizer, update
-from qkstudy import runlog
+from qkstudy import files, run_folder
 from qkstudy.__main__ import main
 from qkstudy.config import TrainConfig, parse_train_config
 from qkstudy.errors import UsageError
 from qkstudy.recorder import divergence
-from qkstudy.trainer import run_dir_of, train
+from qkstudy.trainer import train
 from qkstudy.parameters import count_params
+from qkstudy.run_folder import RunFolder
 
 LOSS_COLUMNS = ["step", "tokens", "lr", "train_loss", "grad_norm", "val_loss"]
 
 
 def rows(cfg: TrainConfig) -> dict:
-    return runlog.read_parts(run_dir_of(cfg) / "metrics").select(LOSS_COLUMNS).to_pydict()
+    return run_folder.read_parts(RunFolder.of(cfg).path / "metrics").select(LOSS_COLUMNS).to_pydict()
 
 
 def test_run_writes_contract_files(tiny_cfg):
     cfg = tiny_cfg()
     summary = train(cfg, verbose=False)
-    folder = run_dir_of(cfg)
+    folder = RunFolder.of(cfg).path
     assert summary["status"] == "completed"
     for name in ("config.json", "manifest.json", "summary.json", "final.safetensors"):
         assert (folder / name).exists(), name
@@ -66,11 +67,11 @@ def test_same_config_same_curve_bit_for_bit(tiny_cfg, tmp_path):
 def test_finished_run_is_not_rerun(tiny_cfg):
     cfg = tiny_cfg(max_steps=10)
     first = train(cfg, verbose=False)
-    parts = sorted((run_dir_of(cfg) / "metrics").iterdir())
+    parts = sorted((RunFolder.of(cfg).path / "metrics").iterdir())
     stamps = [p.stat().st_mtime_ns for p in parts]
     again = train(cfg, verbose=False)
     assert again == first
-    assert [p.stat().st_mtime_ns for p in sorted((run_dir_of(cfg) / "metrics").iterdir())] == stamps
+    assert [p.stat().st_mtime_ns for p in sorted((RunFolder.of(cfg).path / "metrics").iterdir())] == stamps
 
 
 @pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt])
@@ -89,18 +90,18 @@ def test_resume_after_crash_is_exact(tiny_cfg, tmp_path, monkeypatch, failure):
     monkeypatch.setattr(probes, "measure", measure_then_fail)
     with pytest.raises(failure):
         train(crashed, verbose=False)
-    folder = run_dir_of(crashed)
+    folder = RunFolder.of(crashed).path
     assert (folder / "checkpoint.safetensors").exists()
-    status = (runlog.read_json(folder / "summary.json") or {}).get("status")
+    status = (files.read_json(folder / "summary.json") or {}).get("status")
     assert status == ("failed" if failure is RuntimeError else None)
     monkeypatch.setattr(probes, "measure", real_measure)
 
     summary = train(crashed, verbose=False)
     assert summary["status"] == "completed"
     assert rows(crashed) == rows(reference)  # same rows, no duplicates, bit-identical
-    ref_probes = runlog.read_parts(run_dir_of(reference) / "probes").select(
+    ref_probes = run_folder.read_parts(RunFolder.of(reference).path / "probes").select(
         ["step", "layer", "name", "value"])
-    assert runlog.read_parts(folder / "probes").select(
+    assert run_folder.read_parts(folder / "probes").select(
         ["step", "layer", "name", "value"]).equals(ref_probes)
 
 
@@ -134,7 +135,7 @@ def test_a_transient_spike_is_counted_not_fatal(tmp_path):
 
     # the case that flipped a verdict: one batch at 11.35 nats, then recovery
     cfg = TrainConfig(warmup_steps=0, divergence_window=50, log_every=10)
-    rec = Recorder(cfg, tmp_path)
+    rec = Recorder(cfg, RunFolder(tmp_path))
     rec.record_val(0, 5.78)
     losses = [5.7 - 0.02 * i for i in range(20)] + [11.35] + [5.2 - 0.01 * i for i in range(79)]
     assert rec.record_steps((i, v, 1.0, 0.1) for i, v in enumerate(losses)) is False
@@ -143,12 +144,12 @@ def test_a_transient_spike_is_counted_not_fatal(tmp_path):
     assert h["loss_spikes"] == 1 and h["max_spike_step"] == 20
     assert h["max_spike"] == pytest.approx(11.35 - min(losses[:20]))
     # a sustained excursion past init + margin diverges once the window's median is above
-    rec = Recorder(cfg, tmp_path)
+    rec = Recorder(cfg, RunFolder(tmp_path))
     rec.record_val(0, 5.78)
     assert rec.record_steps((i, 3.0 if i < 30 else 7.5, 1.0, 0.1) for i in range(100)) is True
     assert rec.diverged_step == 55  # 26 of the last 50 losses above 6.78: the median crosses
     # the state round-trips, so a resumed run keeps judging the same window
-    again = Recorder(cfg, tmp_path, **rec.state())
+    again = Recorder(cfg, RunFolder(tmp_path), **rec.state())
     assert again.health.state() == rec.health.state()
 
 
@@ -301,12 +302,12 @@ def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
     # optimizer groups that disagree on the step: damaged, and the run restarts from step 0
     arrays = dict(arrays)
     arrays["opt.states.1.step"] = np.array(2, np.uint64)
-    runlog.save_tensors(path, arrays, {"step": "3"})
-    with pytest.raises(runlog.DamagedFile, match="does not match"):
+    files.save_tensors(path, arrays, {"step": "3"})
+    with pytest.raises(files.DamagedFile, match="does not match"):
         read_checkpoint(path, fresh_engine)
     run_dir = tmp_path
     warnings = []
-    assert resume_point(cfg, run_dir, fresh_engine, warnings.append) == (0, {})
+    assert resume_point(cfg, RunFolder(run_dir), fresh_engine, warnings.append) == (0, {})
     assert "restarting the run from step 0" in warnings[0] and not path.exists()
 
 
@@ -360,7 +361,7 @@ def test_parse_train_config_types():
 
 def test_run_folder_is_content_addressed(tiny_cfg):
     cfg = tiny_cfg()
-    assert run_dir_of(cfg) == Path(cfg.runs_dir) / "test" / cfg.run_id
+    assert RunFolder.of(cfg).path == Path(cfg.runs_dir) / "test" / cfg.run_id
     assert cfg.run_id.startswith("d2-noqk-lr0.003-s0-")
 
 
@@ -392,7 +393,7 @@ def test_recorder_stops_at_the_first_diverged_step(tmp_path):
 
     cfg = TrainConfig(warmup_steps=0, divergence_margin=1.0, divergence_window=1, log_every=5,
                       eval_every=5)
-    rec = Recorder(cfg, tmp_path)
+    rec = Recorder(cfg, RunFolder(tmp_path))
     rec.record_val(0, 5.0)
     steps = [(0, 4.0, 1.0, 0.1), (1, 4.5, 1.0, 0.1), (2, 6.5, 1.0, 0.1), (3, 3.0, 1.0, 0.1)]
     assert rec.record_steps(steps[:2]) is False
@@ -411,7 +412,7 @@ def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
     for name, extra in (("off", {}), ("softcap", {"attn_softcap": 0.5}), ("zloss", {"z_loss": 0.05})):
         cfg = tiny_cfg(max_steps=20, **extra)
         assert train(cfg, verbose=False)["status"] == "completed"
-        curves[name] = runlog.read_parts(run_dir_of(cfg) / "metrics").to_pydict()
+        curves[name] = run_folder.read_parts(RunFolder.of(cfg).path / "metrics").to_pydict()
         if extra:
             assert cfg.run_id != tiny_cfg(max_steps=20).run_id
     off, capped, z = curves["off"], curves["softcap"], curves["zloss"]
@@ -426,7 +427,7 @@ def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
     assert capped["train_loss"][0] == pytest.approx(off["train_loss"][0], rel=1e-3)
     # ... so the curves differ (by little at this scale: some steps may still agree exactly)
     assert capped["train_loss"][:-1] != off["train_loss"][:-1]
-    probe_names = set(probes.read_probes(run_dir_of(tiny_cfg(max_steps=20, attn_softcap=0.5)))
+    probe_names = set(probes.read_probes(RunFolder.of(tiny_cfg(max_steps=20, attn_softcap=0.5)).path)
                       .column("name").to_pylist())
     assert {"max_attention_logit", "max_attention_logit_capped"} <= probe_names
 
@@ -434,16 +435,16 @@ def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
 def test_resume_check_counts_probe_steps_not_probe_rows(tmp_path):
     """probes/ holds one row per (layer, name) at each probe step: a checkpoint at step 20 with
     probes every 10 matches steps {0, 10} however many rows each has."""
-    from qkstudy import runlog
+    from qkstudy import run_folder
 
-    metric = {name: None for name in runlog.METRICS_SCHEMA.names}
-    runlog.write_part(tmp_path / "metrics", [{**metric, "step": s} for s in range(20)],
-                      runlog.METRICS_SCHEMA)
+    metric = {name: None for name in run_folder.METRICS_SCHEMA.names}
+    run_folder.write_part(tmp_path / "metrics", [{**metric, "step": s} for s in range(20)],
+                      run_folder.METRICS_SCHEMA)
     probes = [{"step": s, "layer": layer, "name": "max_attention_logit", "value": 1.0}
               for s in (0, 10) for layer in range(3)]
-    runlog.write_part(tmp_path / "probes", probes, runlog.PROBES_SCHEMA)
-    assert runlog.resume_problem(tmp_path, 20, probe_every=10) is None
-    assert "lacks step 20" in runlog.resume_problem(tmp_path, 30, probe_every=10)
+    run_folder.write_part(tmp_path / "probes", probes, run_folder.PROBES_SCHEMA)
+    assert run_folder.resume_problem(tmp_path, 20, probe_every=10) is None
+    assert "lacks step 20" in run_folder.resume_problem(tmp_path, 30, probe_every=10)
 
 
 def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, capsys):

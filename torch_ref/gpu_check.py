@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from qkstudy import runlog
 from qkstudy.cli import keys_usage
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.data.prepare import PrepareConfig, prepare
@@ -181,8 +180,8 @@ def cli(argv: list[str]) -> int:
         raise UsageError(f"device must be one of {', '.join(PRECISIONS)}; got {check.device!r}")
     report, text = run(check)
     out = Path(report["out"])
-    runlog.write_json(out / "gpu-check.json", report)
-    runlog.write_text(out / "gpu-check.txt", text + "\n")
+    files.write_json(out / "gpu-check.json", report)
+    files.write_text(out / "gpu-check.txt", text + "\n")
     print(text)
     print(f"written: {out / 'gpu-check.json'}, {out / 'gpu-check.txt'}, {out / ARCHIVE}",
           file=sys.stderr)

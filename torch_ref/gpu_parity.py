@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qkstudy import runlog
+from qkstudy.run_folder import RunFolder
 from qkstudy.bench.shapes import preset_base, preset_shape, shape_config
 from qkstudy.config import TrainConfig
-from qkstudy.trainer import run_dir_of
 
 from .gpu_plan import PARITY_LIMITS, PRECISIONS, ROOT, TINY, Clock, GpuCheckConfig, python_env
 
@@ -34,7 +33,7 @@ def parity_config(check: GpuCheckConfig, data: Path, out: Path) -> TrainConfig:
 
 
 def losses_of(run_dir: Path) -> dict[int, float]:
-    table = runlog.read_parts(run_dir / "metrics")
+    table = RunFolder(run_dir).read_metrics()
     rows = table.select(["step", "train_loss"]).to_pydict() if table is not None else {}
     return {s: v for s, v in zip(rows.get("step", []), rows.get("train_loss", []))
             if v is not None}
@@ -60,8 +59,8 @@ def parity(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: 
         except subprocess.TimeoutExpired:
             skipped.append(f"parity: {label} (stopped for time)")
             continue
-        run_dir = run_dir_of(cfg)
-        summary = runlog.read_json(run_dir / "summary.json") or {}
+        run_dir = RunFolder.of(cfg).path
+        summary = RunFolder(run_dir).summary_record()
         runs[label] = {"run_dir": str(run_dir.relative_to(out)), "returncode": done.returncode,
                        "status": summary.get("status", "failed"),
                        "final_val_loss": summary.get("final_val_loss"),

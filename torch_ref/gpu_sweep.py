@@ -10,7 +10,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from qkstudy import runlog
+from qkstudy import run_folder
 
 from .gpu_plan import ROOT, TINY, Clock, GpuCheckConfig, python_env
 
@@ -60,8 +60,10 @@ def sweep(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: l
     if status == "completed" and proc.returncode:
         status = f"failed (exit status {proc.returncode}; sweep.log)"
     runs = []
-    for summary_path in sorted((out / "runs" / "demo").glob("*/summary.json")):
-        s = runlog.read_json(summary_path) or {}
+    for folder in run_folder.find_runs(out / "runs" / "demo"):
+        s = folder.summary_record()
+        if not s:
+            continue
         runs.append({k: s.get(k) for k in ("run_id", "qk_norm", "lr", "seed", "status",
                                            "final_val_loss", "final_train_loss", "steps",
                                            "tokens_per_second", "peak_max_attention_logit")})
@@ -100,7 +102,7 @@ def archive(work: Path, out: Path) -> Path:
     path = out / ARCHIVE
 
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        return None if info.name.endswith((".safetensors", ".lock")) else info
+        return None if info.name.endswith((".safetensors", run_folder.LOCK)) else info
 
     with tarfile.open(path, "w:gz") as tar:
         for name in ("runs", "parity-runs", "sweep.log"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .. import runlog
+from .. import files
 from ..cli import keys_usage
 from ..config import apply_overrides, split_key_values
 from .measure import run
@@ -30,7 +30,7 @@ def cli(argv: list[str]) -> int:
     text = markdown(report)
     print(text)
     out = Path(bench.out)
-    runlog.write_json(out / "bench.json", report)
-    runlog.write_text(out / "bench.md", text + "\n")
+    files.write_json(out / "bench.json", report)
+    files.write_text(out / "bench.md", text + "\n")
     print(f"written: {out / 'bench.md'}, {out / 'bench.json'}", file=sys.stderr)
     return 0

@@ -8,6 +8,7 @@ is one line that names the file and the command that prepares it again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -53,25 +54,36 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
                          f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
                          f"prepare the folder again: `{hint}`")
+    digests = []
     for split in ("train", "val"):
         path = folder / f"{split}.bin"
         tokens = np.memmap(path, dtype="<u2", mode="r")
-        largest, entropy = token_stats(path, tokens)
+        largest, entropy, digest = token_stats(path, tokens)
+        digests.append(digest)
         if split == "train":  # computed, not trusted from meta.json (older folders lack it)
             meta["unigram_entropy"] = round(entropy, 6)
         if largest >= vocab:  # an id past the vocabulary would index outside the embedding
             raise UsageError(f"{path} holds token id {largest}, outside the vocabulary of "
                              f"{vocab} in meta.json; prepare the folder again: `{hint}`")
         arrays.append(tokens)
+    meta["tokens_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest()  # computed
     return arrays[0], arrays[1], meta
 
 
-_token_stats: dict[tuple, tuple[int, float]] = {}
+def data_identity(meta: dict) -> dict:
+    """What makes a prepared folder the data it is (meta as load_tokens returns it): the
+    tokens' sha256 decides; the rest says in words what changed when it differs."""
+    return {"tokens_sha256": meta["tokens_sha256"], "tokenizer": meta.get("tokenizer"),
+            "train_tokens": meta.get("train_tokens"), "val_tokens": meta.get("val_tokens"),
+            "source": meta.get("source")}
 
 
-def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float]:
-    """(largest id, unigram entropy in nats per token) of a token file, from one bincount,
-    computed once per file version in this process.
+_token_stats: dict[tuple, tuple[int, float, str]] = {}
+
+
+def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float, str]:
+    """(largest id, unigram entropy in nats per token, sha256 of the bytes) of a token file,
+    from one bincount and one pass of the hash, computed once per file version in this process.
 
     The unigram entropy is the loss of a model that learned token frequencies and nothing else:
     a stable run whose final loss stays near it is "degraded" (docs/report.md)."""
@@ -80,7 +92,8 @@ def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float]:
     if key not in _token_stats:
         counts = np.bincount(np.asarray(tokens), minlength=1)
         p = counts[counts > 0] / counts.sum()
-        _token_stats[key] = (int(np.flatnonzero(counts)[-1]), float(-(p * np.log(p)).sum()))
+        _token_stats[key] = (int(np.flatnonzero(counts)[-1]), float(-(p * np.log(p)).sum()),
+                             hashlib.sha256(np.ascontiguousarray(tokens).data).hexdigest())
     return _token_stats[key]
 
 

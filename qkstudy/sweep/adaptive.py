@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 from scipy import stats
 
-from .. import runlog, trainer
+from ..run_folder import RunFolder
 from ..config import TrainConfig
 from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, verdict
@@ -49,7 +49,7 @@ def _pair(cfg_off: TrainConfig, cfg_on: TrainConfig) -> Cell | None:
     for cfg in (cfg_off, cfg_on):
         if not verdict(cfg).finished:
             return None
-        s = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+        s = RunFolder.of(cfg).summary_record()
         init, final = s.get("init_loss"), s.get("final_val_loss")
         if not isinstance(init, (int, float)):
             return None

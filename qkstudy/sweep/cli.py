@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .. import interrupts, runlog, trainer
+from .. import files, interrupts, trainer
 from ..errors import UsageError
 from . import slurm
 from .config import grid, parse_sweep_config
@@ -161,7 +161,7 @@ def log_to(path: Path) -> None:
     """Everything this process prints also goes to `path` (appended), like the workers' logs."""
     trainer.make_folder(path.parent, "sweep folder")
     sys.stdout = _Tee(sys.stdout, path)
-    print(f"--- sweep started {runlog.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
+    print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
 
 
 def notify(title: str, message: str) -> None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import backends, provenance, runlog
+from .. import backends, files, provenance
 from ..config import TrainConfig, model_args
 from ..progress import format_seconds
 from ..errors import UsageError
@@ -64,7 +64,7 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
     (None, None) when there is none."""
     if not path.exists():
         return None, None
-    report = runlog.read_json(path)
+    report = files.read_json(path)
     backend = next(iter(cfgs.values())).backend
     try:
         machine = report["machine"]

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
-from .. import backends, memory, runlog, trainer
+from .. import backends, files, memory, trainer
 from ..errors import UsageError
 from ..arms import arm_changes
 from ..config import TrainConfig, model_args
@@ -26,7 +26,7 @@ VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
 
 def vocab_size(data: str) -> tuple[int | None, str]:
     """The data's vocabulary size and where it came from (meta.json, or the folder's name)."""
-    meta = runlog.read_json(Path(data) / "meta.json")
+    meta = files.read_json(Path(data) / "meta.json")
     if meta and "vocab_size" in meta:
         return int(meta["vocab_size"]), "meta.json"
     suffix = Path(data).name.rsplit("-", 1)[-1]
@@ -202,8 +202,8 @@ def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> 
     estimates the time left from them until runs of a depth finish)."""
     folder = Path(sweep.runs_dir) / sweep.name
     trainer.make_folder(folder, "sweep folder")
-    earlier = runlog.read_json(folder / "sweep.json") or {}
-    runlog.write_json(folder / "sweep.json", {
+    earlier = files.read_json(folder / "sweep.json") or {}
+    files.write_json(folder / "sweep.json", {
         "grid_lrs": sorted(set(earlier.get("grid_lrs", [])) | set(sweep.grid_lrs())),
         "preset": sweep.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sweep.depth)),
         "seeds": sorted(set(earlier.get("seeds", [])) | set(sweep.seeds)),

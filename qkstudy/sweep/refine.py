@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 
-from .. import runlog, trainer
+from ..run_folder import RunFolder
 from ..config import TrainConfig
 from .config import Group, SweepConfig, run_config, three_significant
 
@@ -71,7 +71,7 @@ class Outcome(Enum):
 
 def verdict(cfg: TrainConfig) -> Outcome:
     """The run's outcome from its summary.json (PENDING when there is none or it is unreadable)."""
-    summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+    summary = RunFolder.of(cfg).summary_record()
     status = summary.get("status") if isinstance(summary, dict) else None
     try:
         return Outcome(status)

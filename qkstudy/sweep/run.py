@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import runlog, trainer
+from .. import files, run_folder, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
-from ..locks import RunBusy, run_lock
+from ..locks import RunBusy
+from ..run_folder import RunFolder, run_folders
 from .adaptive import extra_runs
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted, run_cost_tokens
@@ -37,6 +38,7 @@ class Tally:
     busy: list[TrainConfig] = field(default_factory=list)  # held by another process
     siblings: set[str] = field(default_factory=set)  # runs seen held by the sweep's own processes
     damaged: list[str] = field(default_factory=list)  # a line per damaged run not repaired
+    data_changed: list[str] = field(default_factory=list)  # runs made of other data: untouched
     repaired: list[tuple[str, str, Path]] = field(default_factory=list)  # (run, damage, old files)
     processes: int = 1  # sweep processes sharing the queue (jobs=K)
     planned: float = 0.0  # calibrated seconds of the runs trained, after this process's first
@@ -70,28 +72,35 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     `speed` is the calibrated tokens/s of this run's depth (0: unknown), `queue_left` the
     calibrated seconds of the queue from this run on."""
     attempted.add(cfg.run_id)
+    folder = RunFolder.of(cfg)
     v = verdict(cfg)
+    changed = trainer.data_problem(cfg)
+    if changed:  # made of other data: neither skipped as finished nor resumed nor repaired
+        tally.data_changed.append(changed)
+        if verbose:
+            print(f"data changed: {changed}", flush=True)
+        return
     if v.finished:
         try:
-            trainer.finished_run(trainer.run_dir_of(cfg))  # its files must be intact
-        except runlog.DamagedRun:
+            folder.intact_summary()  # its files must be intact
+        except run_folder.DamagedRun:
             pass  # trained again below; train moves the damaged folder aside first
         else:
             tally.skipped += 1
             tally.status[v.value] += 1
-            sibling = sibling_name(cfg, last_holder(trainer.run_dir_of(cfg)))
+            sibling = sibling_name(cfg, folder.trained_by())
             if verbose and sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
                 tally.siblings.add(cfg.run_id)
                 print(f"[sweep {tally.done + len(tally.busy)}/{tally.total}] lr {cfg.lr:.3g} "
                       f"arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}: {v.value}, "
                       f"trained by {sibling}", flush=True)
             return
-    summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+    summary = folder.summary_record()
     if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
         tally.status["failed"] += 1
         if verbose:
             print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
-                  f"Remove {trainer.run_dir_of(cfg) / 'summary.json'} to retry it", flush=True)
+                  f"Remove {folder.summary_file} to retry it", flush=True)
         return
     planned = run_cost_tokens(cfg) / speed if speed > 0 else 0.0
     eta = trainer.format_seconds(tally.eta(queue_left, planned))
@@ -127,9 +136,13 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
             print(f"[{position}] {cfg.run_id} is held by a process outside this sweep"
                   + (f" (pid {pid})" if pid else "") + "; passing over", flush=True)
         return
-    except runlog.DamagedRun as e:
+    except run_folder.DamagedRun as e:
         tally.damaged.append(str(e))
         print(f"[{position}] damaged: {e}", flush=True)
+        return
+    except run_folder.DataChanged as e:  # the data was prepared again while the sweep ran
+        tally.data_changed.append(str(e))
+        print(f"[{position}] data changed: {e}", flush=True)
         return
     except (KeyboardInterrupt, UsageError):
         raise
@@ -137,7 +150,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         tally.status["failed"] += 1
         tally.trained += 1
         print(f"[{position}] {cfg.run_id} failed: {type(e).__name__}: {e} (traceback in "
-              f"{trainer.run_dir_of(cfg) / 'traceback.txt'})", flush=True)
+              f"{folder.traceback_file})", flush=True)
         return
     tally.trained += 1
     if tally.trained > 1 and planned > 0:  # the first run pays the cold compile: not a rate
@@ -153,27 +166,18 @@ PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own proc
 def record_processes(sweep: SweepConfig, pids: list[int]) -> None:
     """Write the pids of this sweep's processes (the main one first, then its workers), so each
     tells its siblings' runs from runs held by a process outside the sweep."""
-    runlog.write_json(Path(sweep.runs_dir) / sweep.name / PROCESSES_FILE, {"pids": pids})
+    files.write_json(Path(sweep.runs_dir) / sweep.name / PROCESSES_FILE, {"pids": pids})
 
 
 def holder(cfg: TrainConfig) -> int | None:
     """The pid of the other live process that holds this run's lock now, or None."""
-    run_dir = trainer.run_dir_of(cfg)
-    if not run_dir.is_dir():
+    folder = RunFolder.of(cfg)
+    if not folder.path.is_dir():
         return None
-    with run_lock(run_dir) as acquired:
+    with folder.lock() as acquired:
         if acquired:
             return None
-    return last_holder(run_dir)
-
-
-def last_holder(run_dir: Path) -> int | None:
-    """The pid written in the run's lock file: its holder's, or (free) its last holder's."""
-    try:
-        words = (run_dir / ".lock").read_text().split()
-    except OSError:
-        return None
-    return int(words[0]) if words and words[0].isdigit() else None
+    return folder.lock_pid()
 
 
 def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
@@ -181,8 +185,8 @@ def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
     processes (PROCESSES_FILE), else None."""
     if pid is None or pid == os.getpid():
         return None
-    folder = trainer.run_dir_of(cfg).parent
-    pids = (runlog.read_json(folder / PROCESSES_FILE) or {}).get("pids")
+    folder = RunFolder.of(cfg).path.parent
+    pids = (files.read_json(folder / PROCESSES_FILE) or {}).get("pids")
     if not isinstance(pids, list) or pid not in pids:
         return None
     i = pids.index(pid)
@@ -192,10 +196,10 @@ def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
 
 def _held_elsewhere(cfg: TrainConfig) -> bool:
     """Whether another live process holds this run's lock now (it is training it)."""
-    run_dir = trainer.run_dir_of(cfg)
-    if not run_dir.is_dir() or verdict(cfg).finished:
+    folder = RunFolder.of(cfg)
+    if not folder.path.is_dir() or verdict(cfg).finished:
         return False
-    with run_lock(run_dir) as acquired:
+    with folder.lock() as acquired:
         return not acquired
 
 
@@ -222,8 +226,8 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     # runs after the grid are read by the replay from their summary alone: check their files too
     for cfg in finished_after_grid(sweep, runs):
         try:
-            trainer.finished_run(trainer.run_dir_of(cfg))
-        except runlog.DamagedRun:
+            RunFolder.of(cfg).intact_summary()
+        except run_folder.DamagedRun:
             tally.total += 1
             run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
 
@@ -259,17 +263,16 @@ def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> lis
     LR, seed and one of the sweep's arms."""
     on_grid = {c.run_id for c in grid_runs}
     out = []
-    for run_dir in sorted((Path(sweep.runs_dir) / sweep.name).glob("*/config.json")):
-        run_dir = run_dir.parent
-        if run_dir.name.startswith(".") or run_dir.name in on_grid:
+    for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
+        if folder.name in on_grid:
             continue
-        config = runlog.read_json(run_dir / "config.json") or {}
+        config = folder.read_config() or {}
         depth, lr, seed = config.get("depth"), config.get("lr"), config.get("seed")
         if not (type(depth) is int and type(seed) is int and type(lr) in (int, float)):
             continue
         for arm in sweep.arms:
             cfg = run_config(sweep, depth, float(lr), arm, seed)
-            if cfg.run_id == run_dir.name:
+            if cfg.run_id == folder.name:
                 if verdict(cfg).finished:
                     out.append(cfg)
                 break
@@ -279,19 +282,18 @@ def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> lis
 def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
     """The runs of this sweep's folder beyond the grid and boundary refinement: threshold
     bisection and adaptive seeds (sweep/adaptive.py), read back from their config.json."""
-    folder = Path(sweep.runs_dir) / sweep.name
     out = []
-    for path in sorted(folder.glob("*/config.json")) if folder.is_dir() else []:
-        if path.parent.name in known:
+    for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
+        if folder.name in known:
             continue
         try:
-            cfg = load_config(str(path))
+            cfg = load_config(str(folder.config_file))
         except UsageError:
             continue  # not this sweep's run (or damaged): the status and report name it
         # config.json holds the identity (no folder keys): the run is this sweep's when the
         # sweep would have made exactly this config for its depth, LR, arm and seed
         mine = run_config(sweep, cfg.depth, cfg.lr, arm_name(cfg), cfg.seed)
-        if mine.run_id == path.parent.name == cfg.run_id:
+        if mine.run_id == folder.name == cfg.run_id:
             out.append(mine)
     return out
 
@@ -312,7 +314,7 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
           f"time {trainer.format_seconds(seconds)} (plan and calibration included); results in "
           f"{Path(sweep.runs_dir) / sweep.name}"
           + (f"; {counted(len(tally.repaired), 'damaged run')} repaired, the damaged files kept "
-             f"in {Path(sweep.runs_dir) / sweep.name / runlog.DAMAGED}" if tally.repaired else ""))
+             f"in {Path(sweep.runs_dir) / sweep.name / run_folder.DAMAGED}" if tally.repaired else ""))
     for run_id, why, moved_to in tally.repaired:
         print(f"  repaired: {run_id} ({why}); trained again, the damaged files kept in {moved_to}")
     if tally.busy:
@@ -320,10 +322,15 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               f"{', '.join(c.run_id for c in tally.busy)}. "
               "Run the sweep again once it ends to finish any refinement that waits on them.")
     if counts["failed"]:
-        print("  failed runs keep a traceback.txt in their folder; the next sweep retries them "
+        print("  failed runs keep a traceback in their folder; the next sweep retries them "
               "(except runs that killed their process by a fatal signal).")
     for line in tally.damaged:
         print(f"  damaged: {line}")
+    if tally.data_changed:
+        print(f"  {counted(len(tally.data_changed), 'run was', 'runs were')} trained on other "
+              "data than the data folder holds now; left untouched:")
+    for line in tally.data_changed:
+        print(f"  data changed: {line}")
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
     width = max(len(a) for a in sweep.arms)
     for (depth, arm, seed), results in curves.items():
@@ -340,7 +347,7 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
     LR, from the runs' summary.json (runs finished before it was recorded there show -)."""
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
-        summary = runlog.read_json(trainer.run_dir_of(cfg) / "summary.json") or {}
+        summary = RunFolder.of(cfg).summary_record()
         peak = summary.get("peak_max_attention_logit")
         if isinstance(peak, (int, float)) and not isinstance(peak, bool):
             table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = peak
@@ -373,7 +380,7 @@ def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen
     for i in range(1, sweep.jobs):
         # appended, never truncated: a worker of an earlier, interrupted sweep may still write
         log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
-        log.write(f"--- sweep worker {i} started {runlog.now()} by process {os.getpid()}\n")
+        log.write(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}\n")
         log.flush()
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "qkstudy", "sweep",

@@ -26,11 +26,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import interrupts, runlog, trainer
+from .. import files, interrupts, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, apply_overrides, parse_train_config, split_key_values
 from ..errors import UsageError
 from ..locks import RunBusy
+from ..run_folder import RunFolder
 from .config import SweepConfig
 from .plan import command_line, declare_grid, remaining_runs
 from .refine import verdict
@@ -138,7 +139,7 @@ def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
     """(folder, submission.json) of every earlier submission of this sweep, oldest first."""
     root = sweep_dir / "slurm"
     found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) if root.is_dir() else []
-    return [(p, runlog.read_json(p / "submission.json") or {}) for p in found]
+    return [(p, files.read_json(p / "submission.json") or {}) for p in found]
 
 
 def ask(command: list[str]) -> str | None:
@@ -241,14 +242,14 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     number = max((int(p.name) for p, _ in submissions(sweep_dir)), default=0) + 1
     folder = sweep_dir / "slurm" / f"{number:03d}"
     folder.mkdir(parents=True)
-    runlog.write_text(folder / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
-    record = {"created": runlog.now(), "job_id": None, "sweep": sweep.name,
+    files.write_text(folder / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
+    record = {"created": files.now(), "job_id": None, "sweep": sweep.name,
               "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "arm": arm_name(c),
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
-    runlog.write_json(folder / "submission.json", record)
+    files.write_json(folder / "submission.json", record)
     script = folder / "array.sbatch"
-    runlog.write_text(script, array_script(folder, len(runs), sweep, options))
+    files.write_text(script, array_script(folder, len(runs), sweep, options))
     print(f"sweep {sweep.name}: {plural(len(runs), 'run')} to submit as one array: "
           f"{plural(n_grid, 'grid run')} not finished (interrupted ones resume from their "
           f"checkpoint), {plural(len(runs) - n_grid, 'boundary-refinement run')} the results so "
@@ -266,7 +267,7 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
         if out.returncode != 0:
             raise UsageError(f"{line} failed: {(out.stderr or out.stdout).strip()}")
         job_id = out.stdout.strip().split(";")[0]
-        runlog.write_json(folder / "submission.json", {**record, "job_id": job_id})
+        files.write_json(folder / "submission.json", {**record, "job_id": job_id})
         print(f"{line}\nsubmitted job array {job_id} ({plural(len(runs), 'task')})")
     print("Once the array ends, run the same command again: it submits only what is left "
           "(unfinished runs and the next round of boundary refinement). "
@@ -309,7 +310,7 @@ def run_task(args: list[str]) -> int:
         raise
     except Exception as e:  # noqa: BLE001 - train recorded it; the task says so and fails
         print(f"{label} failed: {type(e).__name__}: {e} (traceback in "
-              f"{trainer.run_dir_of(cfg) / 'traceback.txt'})", flush=True)
+              f"{RunFolder.of(cfg).traceback_file})", flush=True)
         return 1
     print(f"{label} {summary['status']}", flush=True)
     return 0

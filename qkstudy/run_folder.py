@@ -1,0 +1,464 @@
+"""The run folder: every path in it, the lock, its states, and its format, in one place.
+
+runs/<sweep>/<run_id>/
+  config.json      the run's identity (TrainConfig.identity(), + run_id, framework)
+  manifest.json    provenance (provenance.py): git commit/dirty, library versions, platform,
+                   chip, the backend's facts (BLAS, threads, precision), the data's identity
+  metrics/part-<first>-<last>.parquet   scalar rows (step, tokens, lr, train_loss, grad_norm,
+                                        val_loss, val_ppl, elapsed_s, z_loss)
+  probes/part-<first>-<last>.parquet    long rows (step, layer, name, value)
+  checkpoint.safetensors               weights and optimizer state (while running)
+  final.safetensors                    final weights (once finished)
+  summary.json     written last: its presence with status completed|diverged means finished
+  traceback.txt    why a failed run failed
+  .lock            present while a process trains the run (its pid inside; locks.py)
+
+No other module spells these names: everything goes through `RunFolder` (a test holds the code
+to it). Files are written atomically and tensors carry a checksum (files.py); what a dead process
+left is cleaned up by forensics.py. Every file is read back as untrusted: a file that fails says
+so in one line with the way to repair it.
+
+A run folder is in one of these states (`RunFolder.state`): new (nothing trained), resumable (a
+checkpoint or rows to continue from), failed (a sweep retries it), finished (completed or
+diverged, files intact) or damaged (finished, but a file fails its checks: `set_aside` moves it
+to <sweep>/.damaged/ whole, so it can be trained again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import forensics, locks
+from .config import TrainConfig
+from .errors import UsageError
+from .files import DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata, \
+    read_tensors, write_json
+
+
+CONFIG, MANIFEST, SUMMARY, TRACEBACK = "config.json", "manifest.json", "summary.json", \
+    "traceback.txt"
+METRICS, PROBES = "metrics", "probes"
+CHECKPOINT, FINAL = "checkpoint.safetensors", "final.safetensors"
+LOCK = ".lock"
+
+FINISHED = ("completed", "diverged")
+
+METRICS_SCHEMA = pa.schema([
+    ("step", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
+    ("train_loss", pa.float64()), ("grad_norm", pa.float64()),
+    ("val_loss", pa.float64()), ("val_ppl", pa.float64()), ("elapsed_s", pa.float64()),
+    ("z_loss", pa.float64()),  # the objective's z-loss term; null when z_loss is off
+])
+PROBES_SCHEMA = pa.schema([
+    ("step", pa.int64()), ("layer", pa.int64()), ("name", pa.string()), ("value", pa.float64()),
+])
+
+
+class DamagedRun(UsageError):
+    """A run file that fails its checks. The message names the file and how to repair it."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def summary_problem(summary: dict, run_dir: Path) -> str | None:
+    """What is wrong with a summary.json object, or None."""
+    status = summary.get("status")
+    if status not in (*FINISHED, "failed"):
+        return f"has status {status!r}, not one of completed, diverged, failed"
+    if "run_id" in summary and summary["run_id"] != run_dir.name:
+        return f"belongs to run {summary['run_id']!r}, not to this folder"
+    if status in FINISHED:
+        if not _is_int(summary.get("steps")) or summary["steps"] < 0:
+            return f"has steps={summary.get('steps')!r}, not a step count"
+        for key in ("init_loss", "final_val_loss", "min_val_loss"):
+            if summary.get(key) is not None and not _is_number(summary[key]):
+                return f"has {key}={summary[key]!r}, not a number"
+        if summary.get("diverged_step") is not None and not _is_int(summary["diverged_step"]):
+            return f"has diverged_step={summary['diverged_step']!r}, not a step"
+    return None
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """The run's summary.json (None if there is none yet); DamagedRun if it fails its checks."""
+    path = run_dir / SUMMARY
+    summary, why = load_object(path)
+    if summary is None and why == "is missing":
+        return None
+    why = why or summary_problem(summary, run_dir)
+    if why:
+        raise DamagedRun(f"{path} {why}; remove it (rm {path}) and run again to resume or "
+                         f"retrain the run")
+    return summary
+
+
+def finished(run_dir: Path) -> dict | None:
+    """The summary of a finished run (completed or diverged), else None (failed runs retry)."""
+    summary = read_summary(run_dir)
+    return summary if summary and summary["status"] in FINISHED else None
+
+
+DAMAGED = ".damaged"  # <runs_dir>/<sweep>/.damaged/: damaged run folders moved aside, kept whole
+
+
+def set_aside(run_dir: Path, why: str) -> Path:
+    """Move a damaged run folder to <sweep>/.damaged/<run_id>-<UTC time>/ by one rename (no file
+    is copied or deleted), and record why in <that folder>.json beside it. Returns where it went;
+    DamagedRun if it cannot be moved. The caller holds the run's lock."""
+    aside = run_dir.parent / DAMAGED
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        aside.mkdir(exist_ok=True)
+        for n in range(1000):  # two repairs of one run within a second get their own folders
+            dest = aside / (f"{run_dir.name}-{stamp}" + (f"-{n}" if n else ""))
+            if not dest.exists():
+                break
+        os.rename(run_dir, dest)
+    except OSError as e:
+        raise DamagedRun(f"run {run_dir} is damaged ({why}) and cannot be moved aside to "
+                         f"{aside}: {e.strerror or e}") from None
+    write_json(dest.with_name(dest.name + ".json"), {
+        "run_id": run_dir.name, "from": str(run_dir), "moved_to": str(dest), "damage": why,
+        "moved": now(), "pid": os.getpid()})
+    return dest
+
+
+def set_aside_records(sweep_dir: Path) -> list[dict]:
+    """The records of the damaged runs moved aside in this sweep folder, oldest first."""
+    records = [read_json(p) for p in sorted((sweep_dir / DAMAGED).glob("*.json"))]
+    return sorted((r for r in records if r and isinstance(r.get("moved"), str)),
+                  key=lambda r: r["moved"])
+
+
+def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
+    """Write rows as one immutable part named by its step range; None if there are no rows."""
+    if not rows:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    steps = [r["step"] for r in rows]
+    path = folder / f"part-{min(steps):08d}-{max(steps):08d}.parquet"
+    table = pa.Table.from_pylist(rows, schema=schema)
+    with atomic(path, "wb") as f:
+        pq.write_table(table, f)
+    return path
+
+
+_PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
+
+
+def parts(folder: Path) -> list[tuple[int, Path]]:
+    """(first step, path) of each part-<first>-<last>.parquet in `folder`, in step order."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
+    return sorted(found)
+
+
+def drop_parts_from(folder: Path, step: int) -> None:
+    """On resume from a checkpoint at `step`, remove parts written after it (they are redone)."""
+    for first, part in parts(folder):
+        if first >= step:
+            part.unlink()
+
+
+def read_parts(folder: Path) -> pa.Table | None:
+    found = parts(folder)
+    if not found:
+        return None
+    # parts written before a column was added lack it: it reads back as null there
+    return pa.concat_tables((pq.read_table(p) for _, p in found), promote_options="default")
+
+
+def part_steps(folder: Path) -> tuple[list[int], str | None]:
+    """Every row's step in the folder's parts, or why a part cannot be read."""
+    steps: list[int] = []
+    for _, part in parts(folder):
+        try:
+            steps += pq.read_table(part, columns=["step"]).column("step").to_pylist()
+        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+            return [], f"{folder.name}/{part.name} is unreadable ({type(e).__name__})"
+    return steps, None
+
+
+def _coverage(folder: Path, expected: list[int], once: bool = True) -> str | None:
+    """None if the folder's rows hold exactly the steps `expected` (once each, or with
+    `once=False` any number of rows per step, as probes/ has one row per layer and name), else
+    what is off."""
+    steps, why = part_steps(folder)
+    if why:
+        return why
+    if not once:
+        steps = sorted(set(steps))
+    if sorted(steps) == expected:
+        return None
+    missing = sorted(set(expected) - set(steps))
+    extra = sorted(set(steps) - set(expected)) or sorted({s for s in steps if steps.count(s) > 1})
+    return (f"{folder.name}/ " + (f"lacks step {missing[0]}" if missing else "")
+            + (" and " if missing and extra else "") + (f"has extra rows at step {extra[0]}"
+                                                       if extra else "")
+            + f" ({len(missing)} missing, {len(extra)} extra)")
+
+
+def resume_problem(run_dir: Path, step: int, probe_every: int) -> str | None:
+    """Why the rows on disk do not match a checkpoint at `step` (metrics rows 0..step-1 once
+    each, probe rows at every probe step below it), or None."""
+    return (_coverage(run_dir / METRICS, list(range(step)))
+            or _coverage(run_dir / PROBES, list(range(0, step, probe_every)), once=False))
+
+
+def finished_problem(run_dir: Path, summary: dict) -> str | None:
+    """Why a finished run's files are damaged (a gap or unreadable part, final weights that
+    fail their checksum), or None."""
+    steps, why = part_steps(run_dir / METRICS)
+    if why:
+        return why
+    last = max(steps, default=-1)
+    if summary["status"] == "completed" and last != summary["steps"]:
+        return f"metrics/ ends at step {last}, not at the run's last step {summary['steps']}"
+    why = _coverage(run_dir / METRICS, list(range(last + 1))) or part_steps(
+        run_dir / PROBES)[1]
+    if why is None and summary.get("final_weights_sha256"):
+        try:
+            _, meta = read_tensors(run_dir / FINAL)
+            if meta["sha256"] != summary["final_weights_sha256"]:
+                why = f"{FINAL} is not the file its summary.json names"
+        except DamagedFile as e:
+            why = str(e)
+    return why
+
+
+
+
+class DataChanged(UsageError):
+    """The prepared data is not what the run was trained on. The message says what changed."""
+
+
+def data_change(recorded: dict, now_: dict) -> str | None:
+    """What differs between the data identity a run recorded and the data's identity now (a
+    few words per field), or None when they agree."""
+    if recorded.get("tokens_sha256") == now_.get("tokens_sha256"):
+        return None
+    changed = [f"{key} {recorded.get(key)!r} -> {now_.get(key)!r}" for key in sorted(now_)
+               if key != "tokens_sha256" and recorded.get(key) != now_.get(key)]
+    return ", ".join(changed) or (f"the tokens' sha256 {str(recorded.get('tokens_sha256'))[:12]}"
+                                  f"... -> {str(now_.get('tokens_sha256'))[:12]}...")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run's folder, <runs_dir>/<sweep>/<run_id>/: its paths, lock, state and files."""
+
+    path: Path
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> RunFolder:
+        return cls(Path(cfg.runs_dir) / cfg.sweep / cfg.run_id)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # the paths --------------------------------------------------------------------------------
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def traceback_file(self) -> Path:
+        return self.path / TRACEBACK
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def probes_dir(self) -> Path:
+        return self.path / PROBES
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.path / CHECKPOINT
+
+    @property
+    def final_file(self) -> Path:
+        return self.path / FINAL
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK
+
+    def is_run(self) -> bool:
+        """Whether the folder holds a run (a config.json or a summary.json)."""
+        return self.config_file.exists() or self.summary_file.exists()
+
+    # the JSON files ---------------------------------------------------------------------------
+    def read_config(self) -> dict | None:
+        """config.json's object, unchecked (None when missing or unreadable)."""
+        return read_json(self.config_file)
+
+    def write_config(self, config: dict) -> None:
+        write_json(self.config_file, config)
+
+    def read_manifest(self) -> dict | None:
+        return read_json(self.manifest_file)
+
+    def write_manifest(self, manifest: dict) -> None:
+        write_json(self.manifest_file, manifest)
+
+    def summary_record(self) -> dict:
+        """summary.json's object as it stands, unchecked ({} when missing or unreadable): for
+        display and planning; `read_summary` checks it."""
+        return read_json(self.summary_file) or {}
+
+    def read_summary(self) -> dict | None:
+        return read_summary(self.path)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json(self.summary_file, summary)
+
+    # the states -------------------------------------------------------------------------------
+    def finished(self) -> dict | None:
+        """The summary if it says finished (completed or diverged; its files unchecked)."""
+        return finished(self.path)
+
+    def intact_summary(self) -> dict | None:
+        """The summary of a finished run whose files are intact, None if it is not finished, or
+        DamagedRun naming the damage and the repair."""
+        done = finished(self.path)
+        why = done and finished_problem(self.path, done)
+        if why:
+            raise DamagedRun(f"run {self.path} is {done['status']} but damaged: {why}; to "
+                             "retrain it, keeping the damaged files aside: the same command "
+                             "with repair=true (a sweep repairs it by itself)")
+        return done
+
+    def state(self) -> str:
+        """new | resumable | failed | finished | damaged (see the module docstring)."""
+        try:
+            if self.intact_summary():
+                return "finished"
+        except DamagedRun:
+            return "damaged"
+        if self.summary_record().get("status") == "failed":
+            return "failed"
+        if self.checkpoint_file.exists() or parts(self.metrics_dir):
+            return "resumable"
+        return "new"
+
+    def data_problem(self, identity: dict, data_dir: str) -> str | None:
+        """Why the run was trained on other data than `identity` (the prepared data's identity
+        now, tokens.data_identity), or None: the data is part of what a run is."""
+        recorded = (self.read_manifest() or {}).get("data")
+        if not isinstance(recorded, dict):
+            return None  # nothing trained yet (the manifest is written before the first step)
+        change = data_change(recorded, identity)
+        return change and (f"run {self.path} was trained on other data than {data_dir} "
+                           f"holds now ({change}); prepare the data it was trained on again "
+                           "at that path, or train on the new data under another sweep name "
+                           "(name=...) or runs_dir=")
+
+    def set_aside(self, why: str) -> Path:
+        return set_aside(self.path, why)
+
+    # the lock ---------------------------------------------------------------------------------
+    def lock(self) -> contextlib.AbstractContextManager[bool]:
+        """True with the run's lock held, False at once if another process holds it."""
+        return locks.exclusive(self.lock_file)
+
+    def lock_pid(self) -> int | None:
+        """The pid written in the lock file (its holder's, or a dead holder's), or None."""
+        return locks.written_pid(self.lock_file)
+
+    def trained_by(self) -> int | None:
+        """The pid of the process that trained the run last (from its manifest), or None."""
+        pid = (self.read_manifest() or {}).get("pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+    def holder(self, held: dict | None) -> int | None:
+        """The pid holding the run's lock (locks.holder), or None; never takes it."""
+        return locks.holder(self.lock_file, held)
+
+    # the rows ---------------------------------------------------------------------------------
+    def write_rows(self, metric_rows: list[dict], probe_rows: list[dict]) -> None:
+        write_part(self.metrics_dir, metric_rows, METRICS_SCHEMA)
+        write_part(self.probes_dir, probe_rows, PROBES_SCHEMA)
+
+    def read_metrics(self) -> pa.Table | None:
+        return read_parts(self.metrics_dir)
+
+    def read_probes(self) -> pa.Table | None:
+        return read_parts(self.probes_dir)
+
+    def metric_parts(self) -> list[tuple[int, Path]]:
+        return parts(self.metrics_dir)
+
+    def drop_rows_from(self, step: int) -> None:
+        """On resume from a checkpoint at `step`: remove the parts written after it."""
+        for folder in (self.metrics_dir, self.probes_dir):
+            drop_parts_from(folder, step)
+
+    def resume_problem(self, step: int, probe_every: int) -> str | None:
+        return resume_problem(self.path, step, probe_every)
+
+    def checkpoint_metadata(self) -> dict[str, str] | None:
+        """The checkpoint's header metadata (step, the recorder's clocks), unverified: for
+        display; None when there is none."""
+        return read_tensor_metadata(self.checkpoint_file)
+
+    # what a dead or failed process leaves -----------------------------------------------------
+    def clean_leftovers(self) -> list[str]:
+        return forensics.clean_leftovers([self.path, self.metrics_dir, self.probes_dir])
+
+    def fatal_signal_log(self) -> contextlib.AbstractContextManager[None]:
+        return forensics.fatal_signal_log(self.path)
+
+    def record_failure(self, summary_base: dict, error: BaseException, text: str | None = None,
+                       **extra: Any) -> None:
+        forensics.record_failure(self.traceback_file, self.summary_file, summary_base, error,
+                                 text, **extra)
+
+    def drop_finished_leftovers(self) -> None:
+        """Once summary.json says finished: the checkpoint and an earlier failure's traceback are
+        no longer the run's (removed after the summary, so a crash between keeps the run)."""
+        self.checkpoint_file.unlink(missing_ok=True)
+        self.traceback_file.unlink(missing_ok=True)
+
+
+def run_folders(sweep_dir: Path) -> list[RunFolder]:
+    """The run folders of a sweep folder that hold a config.json (dot-folders such as .damaged/
+    are not runs), by name."""
+    return [RunFolder(p.parent) for p in sorted(Path(sweep_dir).glob(f"*/{CONFIG}"))
+            if not p.parent.name.startswith(".")]
+
+
+def find_runs(root: Path) -> list[RunFolder]:
+    """Every run folder at any depth under `root` (holding a summary.json or config.json),
+    skipping hidden folders, in path order."""
+    found = {p.parent for name in (SUMMARY, CONFIG) for p in Path(root).rglob(name)}
+    return [RunFolder(f) for f in sorted(found)
+            if not any(part.startswith(".") for part in f.relative_to(root).parts)]

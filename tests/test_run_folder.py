@@ -1,0 +1,134 @@
+"""The run folder has one owner: qkstudy/run_folder.py spells its file names, nothing else does;
+its lock leaves nothing behind and a full disk at the lock is one line; its states."""
+
+from __future__ import annotations
+
+import ast
+import errno
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qkstudy import locks, run_folder
+from qkstudy.errors import UsageError
+from qkstudy.run_folder import RunFolder
+
+ROOT = Path(__file__).resolve().parents[1]
+OWNER = ROOT / "qkstudy" / "run_folder.py"
+# a name anywhere in a string: the files; a whole string joined onto a path (`d / "metrics"`):
+# the folders, which are common words elsewhere (a dict key "probes")
+FILE_NAMES = ("config.json", "summary.json", "manifest.json", "checkpoint.safetensors",
+              "final.safetensors", "traceback.txt", "metrics/", "probes/")
+LOCK = re.compile(r"(?:^|[/\s\"'`])\.lock\b")  # the file, not a call of .lock()
+FOLDERS = {"metrics", "probes"}
+
+
+def source_files() -> list[Path]:
+    """Every Python module of the project but the tests and the owner."""
+    skip = {"tests", ".venv", "build", "dist"}
+    return [p for p in sorted(ROOT.rglob("*.py")) if p != OWNER
+            and not skip & set(p.relative_to(ROOT).parts) and ".git" not in p.parts]
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                found.add(id(body[0].value))
+    return found
+
+
+def spelled(path: Path) -> list[str]:
+    """'file:line: text' for each string (docstrings aside) that spells a run-folder name."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = docstrings(tree)
+    joined = {id(node.right) for node in ast.walk(tree)
+              if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)}
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)) or id(node) in skip:
+            continue
+        text = node.value
+        if any(name in text for name in FILE_NAMES) or LOCK.search(text) or (text in FOLDERS and id(node) in joined):
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            out.append(f"{where}:{node.lineno}: {text!r}")
+    return out
+
+
+def test_no_module_but_the_owner_spells_a_run_folder_name():
+    found = [line for path in source_files() for line in spelled(path)]
+    assert not found, "spell these through qkstudy.run_folder.RunFolder:\n" + "\n".join(found)
+
+
+def test_the_scan_sees_a_name_and_passes_over_a_docstring(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""Reads summary.json."""\n\ndef f(d):\n    """config.json too."""\n'
+                      '    return d / "metrics", f"{d}/summary.json", d / ".lock"\n')
+    assert [line.split(": ", 1)[1] for line in spelled(module)] == [
+        "'metrics'", "'/summary.json'", "'.lock'"]
+    module.write_text('x = {"probes": 1}\n')  # the word as a key is not the folder
+    assert spelled(module) == []
+
+
+def test_the_lock_is_exclusive_and_leaves_no_file(tmp_path):
+    folder = RunFolder(tmp_path)
+    with folder.lock() as held:
+        assert held and folder.lock_file.read_text() == f"{os.getpid()}\n"
+        with folder.lock() as again:  # a second open file: flock sees another holder
+            assert not again
+        assert folder.holder(locks.flock_holders()) in (os.getpid(), None)
+    assert not folder.lock_file.exists()
+
+
+def test_a_lock_file_left_by_a_killed_process_is_taken_over(tmp_path):
+    code = ("import os, signal, sys; from pathlib import Path\n"
+            "from qkstudy.run_folder import RunFolder\n"
+            "with RunFolder(Path(sys.argv[1])).lock():\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={
+        **os.environ, "PYTHONPATH": str(ROOT)})
+    folder = RunFolder(tmp_path)
+    assert done.returncode == -9 and folder.lock_file.exists()
+    assert folder.holder(locks.flock_holders()) is None
+    with folder.lock() as held:
+        assert held
+    assert not folder.lock_file.exists()
+
+
+def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(tmp_path, monkeypatch):
+    real = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    folder = RunFolder(tmp_path)
+    with pytest.raises(UsageError, match="cannot write the run lock .*No space left on device; "
+                                         "free some space"):
+        with folder.lock():
+            pass
+    monkeypatch.setattr(os, "write", real)
+    assert not folder.lock_file.exists()
+
+
+def test_the_states_of_a_run_folder(tmp_path):
+    folder = RunFolder(tmp_path / "r")
+    assert folder.state() == "new" and not folder.is_run()
+    folder.path.mkdir()
+    folder.write_config({"run_id": "r"})
+    assert folder.is_run() and folder.state() == "new"
+    folder.write_rows([{"step": 0, "tokens": 0, "lr": 0.1, "train_loss": 1.0}], [])
+    assert folder.state() == "resumable"
+    folder.write_summary({"status": "failed", "run_id": "r"})
+    assert folder.state() == "failed"
+    folder.write_summary({"status": "completed", "run_id": "r", "steps": 0})
+    assert folder.state() == "finished"
+    folder.write_summary({"status": "completed", "run_id": "r", "steps": 5})
+    assert folder.state() == "damaged"  # its rows end at step 0
+    with pytest.raises(run_folder.DamagedRun, match="metrics/ ends at step 0"):
+        folder.intact_summary()
