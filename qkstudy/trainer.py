@@ -36,7 +36,7 @@ from .errors import UsageError
 from .locks import RunBusy
 from .recorder import Recorder
 from .run_folder import RunFolder
-from .tokens import data_identity
+from .data.load import data_identity
 
 Batch = tuple[np.ndarray, np.ndarray]
 # K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
@@ -154,7 +154,7 @@ def make_folder(path: Path, what: str) -> None:
 def data_problem(cfg: TrainConfig) -> str | None:
     """Why cfg's run was made of other data than cfg.data holds now, or None (None too when the
     data cannot be read: training it says why)."""
-    from .tokens import load_tokens
+    from .data.load import load_tokens
 
     folder = RunFolder.of(cfg)
     if not folder.manifest_file.exists():
