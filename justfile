@@ -94,7 +94,7 @@ calibrate *args:
 # the storm test: a small jobs=2 sweep under 30 random faults (kill -9, Ctrl-C, SIGTERM, full disk, truncated part, stale lock) must end bit-identical to an undisturbed one: just chaos [faults=N seed=N]
 [group('4 check the statistics and the tooling')]
 chaos *args:
-    @{{py}} -m analysis chaos "$@"
+    @{{py}} -m reliability chaos "$@"
 
 # the test suite
 [group('4 check the statistics and the tooling')]

@@ -1,16 +1,16 @@
-"""`python -m analysis <command> [args]`: report, calibrate, chaos (each module's USAGE)."""
+"""`python -m analysis <command> [args]`: report, calibrate (each module's USAGE)."""
 
 from __future__ import annotations
 
 import sys
 
+from qkstudy import interrupts
 from qkstudy.cli import dispatch
 
 COMMANDS = {
     "report": ("analysis.report", "tables, charts, verdicts and report.html from a runs folder"),
     "calibrate": ("analysis.calibrate",
                   "the verdicts' false-positive rate and power on simulated studies"),
-    "chaos": ("analysis.chaos", "the storm test: a sweep under random faults must end identical"),
 }
 
 
@@ -19,4 +19,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupts.main_process(main)

@@ -4,22 +4,24 @@ reader sees the old report or the new one and a failed build leaves the old one 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from qkstudy.errors import UsageError
+from qkstudy.files import remove_stale, swap_in
 
 
 def check_writable(out: Path) -> None:
-    """UsageError unless the report folder can be made and written; leaves nothing behind."""
+    """UsageError unless the report folder can be made and written to; leaves nothing behind.
+    (A full disk shows when the report is written, as one line too.)"""
     made = [p for p in [out, *out.parents] if not p.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        if not os.access(out, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as e:
         raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
     finally:
@@ -41,16 +43,12 @@ def replacing(out: Path) -> Iterator[Path]:
     rename, on any error (Ctrl-C included) it is removed and `out` is left as it was."""
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out)  # what a killed report build left
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
+        swap_in(tmp, out)  # the earlier report stays if this fails
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)

@@ -5,7 +5,7 @@ the runs behind them (analysis/page.py renders it, analysis/prose.py words it)."
 
 from __future__ import annotations
 
-import errno
+import io
 import math
 import sys
 import time
@@ -15,6 +15,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
+from qkstudy import files
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.errors import UsageError
 from qkstudy.run_folder import FINISHED
@@ -224,8 +225,12 @@ def compare(study: Study, other: Study, runs_dir: str | Path, other_dir: str | P
 # --- writing ----------------------------------------------------------------------------------
 
 def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
-    df.write_parquet(folder / f"{name}.parquet")
-    df.write_csv(folder / f"{name}.csv")
+    # encoded in memory and written by Python: a full disk is then an OSError naming the file
+    # (Polars' own file writer reports it as a ComputeError)
+    parquet = io.BytesIO()
+    df.write_parquet(parquet)
+    (folder / f"{name}.parquet").write_bytes(parquet.getvalue())
+    (folder / f"{name}.csv").write_text(df.write_csv())
 
 
 
@@ -374,11 +379,9 @@ def cli(argv: list[str]) -> int:
     check_writable(out)
     try:
         path, study = build_report(runs_dir, out, options)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise UsageError(f"disk full while writing the report to {out}; free some space "
-                             "and run the same command again") from None
-        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    except OSError as e:  # the earlier report, if any, is as it was
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}; "
+                         f"{files.io_advice(e)} and run the same command again") from None
     if study is None:
         print(f"report: {path} (no finished runs: every run failed; the page lists them)")
         return 0

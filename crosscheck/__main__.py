@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from qkstudy import interrupts
 from qkstudy.cli import dispatch
 
 COMMANDS = {
@@ -20,4 +21,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    interrupts.main_process(main)

@@ -7,7 +7,7 @@ import importlib
 import sys
 import textwrap
 
-from . import interrupts
+from . import fault_injection, files, interrupts
 from .errors import UsageError
 
 HELP = ("-h", "--help", "help")
@@ -32,6 +32,7 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
         for name, (_, help_) in commands.items():
             print(f"  {name:<{width}} {help_}")
         return 0
+    fault_injection.install_from_env()  # only for the I/O-error tests (reliability/faults.py)
     command, rest = argv[0], argv[1:]
     if command not in commands:
         print(f"error: unknown command {command!r}; expected one of {', '.join(commands)}",
@@ -54,6 +55,14 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
             return int(module.cli(rest) or 0)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if not files.io_failure(e):
+            raise
+        # the storage refused a write outside a command's own handling (a log line, say):
+        # what was written before is intact (every file appears by an atomic rename)
+        print(f"error: {files.describe_io_failure(e, 'a file')}; {files.io_advice(e)} and run the "
+              "same command again", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,9 +55,11 @@ def io_advice(error: OSError) -> str:
     """What to do about an io_failure, as a verb phrase."""
     if disk_full(error) or error.errno == errno.EFBIG:
         return "free some space"
-    if error.errno == errno.EROFS:
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return "make the folder writable"
-    return "check the disk (an I/O error: dmesg names the device)"
+    if error.errno == errno.EIO:
+        return "check the disk (an I/O error: dmesg names the device)"
+    return "check the path"
 
 
 def _tmp(path: Path) -> Path:
@@ -76,6 +79,58 @@ def atomic(path: Path, mode: str = "w") -> Iterator[Any]:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Put the complete folder `tmp` at `out` by renames, the folder there before (if any) set
+    aside first and put back if the second rename fails, then removed (a failure to remove it
+    is ignored: remove_stale clears it the next time)."""
+    import shutil
+
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        if old.exists():
+            os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale(out: Path) -> None:
+    """Remove the hidden siblings .<name>.tmp-<pid> and .<name>.old-<pid> of `out` that a
+    process which is gone left (killed, or it could not remove them)."""
+    import shutil
+
+    from .forensics import alive
+
+    pattern = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-(\d+)")
+    for path in out.parent.glob(f".{out.name}.*") if out.parent.is_dir() else []:
+        m = pattern.fullmatch(path.name)
+        if m and (int(m.group(2)) == os.getpid() or not alive(int(m.group(2)))):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Path) -> Iterator[Path]:
+    """A new hidden folder beside `path` to fill; renamed onto `path` (which must not exist)
+    once the block ends, removed with its contents if the block or the rename fails."""
+    import shutil
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp(path)
+    tmp.mkdir()
+    try:
+        yield tmp
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

@@ -13,9 +13,12 @@ the next `Deferred` block.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -99,3 +102,29 @@ class Deferred:
                                                                           KeyboardInterrupt)):
             raise Interrupted(self.signum) from exc
         return False
+
+
+def main_process(main: Callable[[], int]) -> NoReturn:
+    """Run a command as the whole process (`python -m ...`): SIGINT and SIGTERM raise
+    Interrupted from the first instant of the command; a signal that lands after it has returned
+    still ends the process with 128 + its number, and the process ends by os._exit once stdout
+    and stderr are flushed, so no signal lands in the interpreter's shutdown, where it would kill
+    the process (exit -2 or -15) instead of ending it with a code."""
+    late: list[int] = []
+    for s in SIGNALS:
+        signal.signal(s, _raise)
+    try:
+        code = main()
+    except KeyboardInterrupt as e:
+        print("interrupted", file=sys.stderr)
+        code = exit_code(e)
+    for s in SIGNALS:
+        signal.signal(s, lambda signum, frame: late.append(signum))
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if late and not code:
+        with contextlib.suppress(Exception):
+            os.write(2, b"interrupted\n")
+        code = 128 + late[0]
+    os._exit(int(code or 0))

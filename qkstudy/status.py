@@ -125,7 +125,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             run.detail = f"at step {run.step}"
         elif isinstance(summary.get("final_val_loss"), (int, float)):
             run.detail = f"val {summary['final_val_loss']:.4f}"
-        run.loss = last_row(run_dir)[1]
+        run.loss = last_row(folder)[1]
         return run
     ckpt = checkpoint_clocks(folder)
     row_step, run.loss = last_row(folder)

@@ -148,7 +148,19 @@ def make_folder(path: Path, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot create {what} {path}: {e.strerror or e}") from None
+        raise UsageError(f"cannot create {what} {path}: {e.strerror or e}; {files.io_advice(e)} "
+                         "and run the same command again") from None
+
+
+def data_identity_now(data_dir: str) -> dict | None:
+    """The identity of the prepared data in `data_dir` now (data.load.data_identity; the tokens'
+    hash is computed once per version of the files in a process), None if it cannot be read."""
+    from .data.load import load_tokens
+
+    try:
+        return data_identity(load_tokens(data_dir)[2])
+    except UsageError:
+        return None
 
 
 def data_problem(cfg: TrainConfig) -> str | None:
@@ -325,6 +337,13 @@ def cli(argv: list[str]) -> int:
     except RunBusy as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume
+        try:
+            done = RunFolder.of(cfg).finished()
+        except run_folder.DamagedRun:
+            done = None
+        if done:  # the signal came with the run's last writes: it finished all the same
+            print(f"interrupted; the run had {done['status']}: the same command skips it",
+                  file=sys.stderr)
         return interrupts.exit_code(e)
     print(f"run folder: {RunFolder.of(cfg)}  status: {summary['status']}")
     return 0

@@ -14,16 +14,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck")
+PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck", "reliability")
 
 # package -> the top-level modules it must never import (anywhere, lazily included)
 FORBIDDEN = {
-    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "tools", "polars",
-                "altair", "marimo"},
+    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "tools",
+                "reliability", "polars", "altair", "marimo"},
     "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
     "mlx_gpt": {"torch", "torch_ref", "analysis", "crosscheck"},
     "torch_ref": {"mlx", "mlx_gpt", "analysis", "crosscheck"},
     "crosscheck": {"analysis"},  # above both engines: it may import either, never the analysis
+    # the reliability checks run whole commands in subprocesses: they import neither engine
+    "reliability": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
 }
 
 

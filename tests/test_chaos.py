@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis import chaos
+from reliability import chaos
 from qkstudy import files, run_folder
 
 # 4 grid runs + 2 refinement runs of 20 steps, mini-shaped

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis import chaos
+from reliability import chaos
 from qkstudy import files, run_folder
 from qkstudy.errors import UsageError
 from qkstudy.sweep.plan import command_line
@@ -121,7 +121,7 @@ FORK_SERVER = textwrap.dedent("""
 """)
 
 
-# what a run is compared by, here and in the storm test (analysis/chaos.py)
+# what a run is compared by, here and in the storm test (reliability/chaos.py)
 _metric_rows, _probe_rows = chaos.metric_rows, chaos.probe_rows
 
 

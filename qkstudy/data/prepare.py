@@ -39,6 +39,7 @@ import numpy as np
 
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
+from ..files import describe_io_failure, io_advice, io_failure, remove_stale, swap_in
 from .sources import FINEWEB_DEFAULT_CAP, resolve_source
 from .tokenizer import Tokenizer, get_tokenizer
 from .load import token_stats
@@ -166,20 +167,15 @@ def _staging(out: Path) -> Iterator[Path]:
         out.parent.mkdir(parents=True, exist_ok=True)
         # os.mkdir honours the umask (mkdtemp would leave the published folder 0700).
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a killed run that had our pid
+        remove_stale(out)  # left by a killed run
         os.mkdir(tmp)
     except OSError as e:
         _remove_empty(missing)
-        raise UsageError(f"cannot write output folder {out}: {e.strerror or e}") from None
+        raise UsageError(f"cannot write output folder {out}: {e.strerror or e}; "
+                         f"{io_advice(e)} and run the same command again") from None
     try:
         yield tmp
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old)
+        swap_in(tmp, out)  # the earlier folder stays if this fails
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         _remove_empty(missing)
@@ -262,10 +258,12 @@ def cli(argv: list[str]) -> int:
     try:
         out, meta = prepare(source, cfg)
     except OSError as e:
-        if e.errno == errno.ENOSPC:  # the staging folder is already removed
-            raise UsageError(f"disk full while preparing {source}; nothing was kept. Free some "
-                             "space and run the same command again") from None
-        raise
+        if not io_failure(e):
+            raise
+        # the staging folder is already removed; an earlier folder at `out` is as it was
+        raise UsageError(f"{describe_io_failure(e, 'the data folder')} while preparing {source}; "
+                         f"nothing was kept. {io_advice(e).capitalize()} and run the same "
+                         "command again") from None
     m = meta
     print(f"prepared {out}: train {m['train_tokens']:,} tokens ({m['train_documents']:,} docs), "
           f"val {m['val_tokens']:,} tokens ({m['val_documents']:,} docs), {m['tokenizer']}")

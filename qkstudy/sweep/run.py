@@ -41,6 +41,7 @@ class Tally:
     data_changed: list[str] = field(default_factory=list)  # runs made of other data: untouched
     repaired: list[tuple[str, str, Path]] = field(default_factory=list)  # (run, damage, old files)
     processes: int = 1  # sweep processes sharing the queue (jobs=K)
+    data: dict | None = None  # the data's identity when the sweep started
     planned: float = 0.0  # calibrated seconds of the runs trained, after this process's first
     seconds: float = 0.0  # their wall time (the first run pays the cold kernel compile)
 
@@ -73,6 +74,12 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     calibrated seconds of the queue from this run on."""
     attempted.add(cfg.run_id)
     folder = RunFolder.of(cfg)
+    now = trainer.data_identity_now(cfg.data)
+    change = tally.data and now and run_folder.data_change(tally.data, now)
+    if change:  # one sweep, one data: its runs are compared with each other
+        raise UsageError(f"{cfg.data} was prepared again while this sweep ran ({change}); the "
+                         "runs it trained so far used the earlier data. Prepare that data again "
+                         "at this path, or run the sweep on the new data under another name=")
     v = verdict(cfg)
     changed = trainer.data_problem(cfg)
     if changed:  # made of other data: neither skipped as finished nor resumed nor repaired
@@ -207,7 +214,8 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     """Train the grid, then what its results call for (sweep/adaptive.py: boundary and threshold
     refinement, adaptive seeds); runs held elsewhere are looked at again after the grid."""
     runs = grid(sweep)
-    tally = Tally(total=len(runs), processes=sweep.jobs)
+    tally = Tally(total=len(runs), processes=sweep.jobs,
+                  data=trainer.data_identity_now(sweep.train.data))
     attempted: set[str] = set()
 
     def speed(cfg: TrainConfig) -> float:

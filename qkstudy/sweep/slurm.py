@@ -241,15 +241,17 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     declare_grid(sweep)
     number = max((int(p.name) for p, _ in submissions(sweep_dir)), default=0) + 1
     folder = sweep_dir / "slurm" / f"{number:03d}"
-    folder.mkdir(parents=True)
-    files.write_text(folder / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
     record = {"created": files.now(), "job_id": None, "sweep": sweep.name,
               "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "arm": arm_name(c),
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
-    files.write_json(folder / "submission.json", record)
     script = folder / "array.sbatch"
-    files.write_text(script, array_script(folder, len(runs), sweep, options))
+    # written whole in a hidden folder and renamed into place: a failed write leaves no
+    # half submission that a later one would count
+    with files.atomic_folder(folder) as tmp:
+        files.write_text(tmp / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
+        files.write_json(tmp / "submission.json", record)
+        files.write_text(tmp / script.name, array_script(folder, len(runs), sweep, options))
     print(f"sweep {sweep.name}: {plural(len(runs), 'run')} to submit as one array: "
           f"{plural(n_grid, 'grid run')} not finished (interrupted ones resume from their "
           f"checkpoint), {plural(len(runs) - n_grid, 'boundary-refinement run')} the results so "

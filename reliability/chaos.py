@@ -1,7 +1,7 @@
 """The storm test: a whole small sweep with jobs=2, once undisturbed and once under random
 faults, must end with every run folder and the report's tables identical.
 
-    python -m analysis chaos [faults=30] [seed=N] [work=DIR] [keep=true] [sweep key=value ...]
+    python -m reliability chaos [faults=30] [seed=N] [work=DIR] [keep=true] [sweep key=value ...]
 
 Faults (kinds drawn in turn, moments at random from a seeded RNG, the seed printed):
   kill9_main    SIGKILL to the main sweep process (its worker goes on alone, an orphan)
@@ -110,8 +110,8 @@ def compare_run(ref: Path, got: Path) -> list[str]:
 
 def report_tables(sweep_dir: Path) -> dict:
     """The report's tables (analysis.report.analyse), wall-clock and path columns left out."""
-    from .load import load_runs
-    from .report import analyse
+    from analysis.load import load_runs
+    from analysis.report import analyse
 
     study = analyse(load_runs(sweep_dir))
     tables = {name: getattr(study, name) for name in TABLES}
