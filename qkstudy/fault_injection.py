@@ -7,6 +7,8 @@ QKSTUDY_FAULT_ROOT is numbered from 1 in the order it happens:
   QKSTUDY_FAULT=N:ENOSPC       operation N fails with "No space left on device" (N:EIO: with an
                                I/O error); N:KILL, N:SIGINT, N:SIGTERM: the process gets that
                                signal just before operation N (which then goes ahead)
+  QKSTUDY_FAULT=OP@TEXT:KIND   the first operation OP (open, write, ...) on a path holding TEXT
+                               (write@.lock:ENOSPC: a full disk as a run's lock is written)
 
 The operations: opening a file for writing, each write to it (a file object's write, os.write),
 fsync, rename/replace, mkdir, unlink, rmdir and the removal of a whole tree (one operation). The
@@ -37,7 +39,8 @@ _real = {"open": builtins.open, "os.open": os.open, "os.write": os.write, "os.fs
 
 
 class _Injector:
-    def __init__(self, root: Path, target: int | None, kind: str | None, log: str | None):
+    def __init__(self, root: Path, target: int | tuple[str, str] | None, kind: str | None,
+                 log: str | None):
         self.root, self.target, self.kind = str(root), target, kind
         self.count = 0
         self.depth = 0  # inside a composite operation (a tree removal): its parts do not count
@@ -58,6 +61,10 @@ class _Injector:
         self.count += 1
         if self.log is not None:
             _real["os.write"](self.log, f"{self.count} {name} {path}\n".encode())
+        if isinstance(self.target, tuple):  # (operation, text in its path): the first such
+            if (name, True) != (self.target[0], self.target[1] in str(path)):
+                return
+            self.target = self.count
         if self.count != self.target:
             return
         if self.kind in SIGNALS:  # the operation itself goes ahead
@@ -171,9 +178,12 @@ def install_from_env() -> None:
     if first == "count":
         _injector = _Injector(root, None, None, rest)
     else:
-        if rest not in KINDS or not first.isdigit():
-            raise SystemExit(f"{ENV}={spec}: expected count:FILE or N:{'|'.join(KINDS)}")
-        _injector = _Injector(root, int(first), rest, None)
+        first, _, rest = spec.rpartition(":")
+        op, at, text = first.partition("@")
+        if rest not in KINDS or not (first.isdigit() or (at and op and text)):
+            raise SystemExit(f"{ENV}={spec}: expected count:FILE, N:KIND or OP@TEXT:KIND "
+                             f"(KIND: {'|'.join(KINDS)})")
+        _injector = _Injector(root, int(first) if first.isdigit() else (op, text), rest, None)
     builtins.open = io.open = _open
     os.open = _os_open
     os.write, os.fsync = _fd_op("write"), _fd_op("fsync")

@@ -11,6 +11,10 @@ Faults (kinds drawn in turn, moments at random from a seeded RNG, the seed print
   disk_full     the runs folder (a small tmpfs) filled to the last byte for a few seconds
   truncate_part a metrics part of a finished or running run cut short
   stale_lock    a run's .lock left holding the pid of a process that is gone
+  full_disk_lock  another invocation (jobs=1) whose first write of a run's lock finds the disk
+                full (qkstudy/fault_injection.py): one error line, exit 2, no lock file left
+  full_disk_report  once, after the storm: the report of the storm's tree written onto a full
+                disk: one error line, exit 2, the earlier report byte-identical
 
 After a fault the harness waits a moment: if the invocation has ended, the same sweep command
 is started again; if it is still running, it takes the next fault. After the last fault, once
@@ -26,6 +30,7 @@ import contextlib
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -44,7 +49,9 @@ from qkstudy.config import split_key_values
 from qkstudy.errors import UsageError
 
 KINDS = ("kill9_main", "kill9_worker", "sigint", "sigterm", "disk_full", "truncate_part",
-         "stale_lock")
+         "stale_lock", "full_disk_lock", "full_disk_report")
+# full_disk_report is injected once, after the storm, into the report of the storm's tree
+AFTER_THE_STORM = ("full_disk_report",)
 ENDS_THE_INVOCATION = {"kill9_main", "sigint", "sigterm"}  # the harness waits for it to end
 
 # mini-shaped (d_model 64, 2 heads, block 64, batch 16) and tiny: 8 grid runs + 4 refinement runs
@@ -139,6 +146,30 @@ def compare_trees(ref: Path, got: Path) -> list[str]:
 
 # --- processes ---------------------------------------------------------------------------------
 
+def one_error_line(out: subprocess.CompletedProcess) -> str | None:
+    """Why the failed command's output is not one clean error line, or None."""
+    if out.returncode != 2:
+        return f"exit code {out.returncode}" + (f": {out.stderr.strip()[-300:]}"
+                                                if out.stderr.strip() else "")
+    if "Traceback" in out.stderr + out.stdout:
+        return "a traceback"
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    if len(errors) != 1:
+        return f"{len(errors)} error lines"
+    if not re.search(r"; .*(again|space|disk|writable)", errors[0]):
+        return f"the error line says nothing of what to do: {errors[0]}"
+    return None
+
+
+def faulted(command: list[str], fault: str, root: Path, **kwargs) -> subprocess.CompletedProcess:
+    """Run `command` with one injected fault (qkstudy/fault_injection.py) under `root`."""
+    from qkstudy.fault_injection import ENV, ROOT_ENV
+
+    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, ENV: fault, ROOT_ENV: str(root)}, **kwargs)
+
+
+
 def processes() -> list[tuple[int, int, str]]:
     """(pid, process group, command line) of every live process (ps; zombies left out)."""
     text = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat=,args="], capture_output=True,
@@ -169,6 +200,7 @@ class Storm:
     mid_run: Counter = field(default_factory=Counter)  # a run was being trained at that moment
     no_target: Counter = field(default_factory=Counter)  # nothing there to hit
     exits: Counter = field(default_factory=Counter)  # exit codes of the invocations
+    problems: list[str] = field(default_factory=list)  # a fault not met with one clean line
     invocations: int = 0
     counted: bool = True  # the current invocation's exit code is in `exits`
 
@@ -294,6 +326,22 @@ class Storm:
         done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True)
         return done.returncode == -signal.SIGKILL
 
+    def full_disk_lock(self) -> bool:
+        """Another invocation of the sweep (jobs=1) whose first write of a run's lock meets a
+        full disk; no target if it wrote no lock (every run finished or held)."""
+        command = [w if not w.startswith("jobs=") else "jobs=1" for w in self.command]
+        out = faulted(command, f"write@{run_folder.LOCK}:ENOSPC", self.sweep_dir.parent)
+        if out.returncode == 0:
+            return False
+        why = one_error_line(out)
+        lock = re.search(r"run lock (\S+):", out.stderr)
+        if why is None and (lock is None or Path(lock.group(1)).exists()
+                            and not RunFolder(Path(lock.group(1)).parent).holder(None)):
+            why = "its lock file is left behind"
+        if why:
+            self.problems.append(f"full_disk_lock: {why}")
+        return True
+
     def wait_all(self, seconds: float) -> None:
         """Until no process of any invocation is left (orphaned workers finish their queue)."""
         deadline = time.monotonic() + seconds
@@ -333,6 +381,7 @@ class Result:
     invocations: int
     final_invocations: int
     repaired: int  # run folders moved to .damaged/ by the sweep
+    compared: int  # run folders compared with the undisturbed sweep's
     reference_seconds: float
     storm_seconds: float
 
@@ -353,6 +402,23 @@ class Result:
         lines.append(f"{'total':<14}{total:>9}{sum(self.mid_run.values()):>9}"
                      f"{sum(self.no_target.values()):>10}{total if self.ok else 0:>9}")
         return "\n".join(lines)
+
+
+def full_disk_report(sweep_dir: Path, out: Path) -> list[str]:
+    """Build the report of `sweep_dir` into `out`, then again onto a full disk (the first table
+    written fails): one error line, exit 2, the first report byte-identical, nothing left."""
+    command = [sys.executable, "-m", "analysis", "report", str(sweep_dir), f"out={out}"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if first.returncode:
+        return [f"full_disk_report: the report exited {first.returncode}"]
+    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    again = faulted(command, "open@tables/:ENOSPC", out.parent)
+    why = one_error_line(again)
+    left = [p.name for p in out.parent.glob(f".{out.name}.*")]
+    after = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    return ([f"full_disk_report: {why}"] if why else []) + (
+        [f"full_disk_report: left {left}"] if left else []) + (
+        ["full_disk_report: the earlier report changed"] if after != before else [])
 
 
 def mount_tmpfs(folder: Path, megabytes: int) -> str | None:
@@ -410,7 +476,7 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
               log=work / "storm.log", run_ids=run_ids)
     t0 = time.monotonic()
     try:
-        plan = schedule(rng, faults, kinds)
+        plan = schedule(rng, faults, [k for k in kinds if k not in AFTER_THE_STORM])
         say(f"storm of {faults} faults (seed {seed}) into {root} ...")
         for i, kind in enumerate(plan):
             if s.main is None or s.wait_main(0):
@@ -442,7 +508,10 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
         s.wait_all(1800)
         storm_seconds = time.monotonic() - t0
         say(f"compared: {len(run_ids)} run folders and the report's tables")
-        differences = compare_trees(reference / NAME, root / NAME)
+        differences = compare_trees(reference / NAME, root / NAME) + s.problems
+        if "full_disk_report" in kinds:
+            differences += full_disk_report(root / NAME, work / "report")
+            s.injected["full_disk_report"] += 1
         damaged = root / NAME / run_folder.DAMAGED
         repaired = len([p for p in damaged.iterdir() if p.is_dir()]) if damaged.exists() else 0
     finally:
@@ -455,6 +524,7 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
     return Result(seed=seed, differences=differences, injected=s.injected, mid_run=s.mid_run,
                   no_target=s.no_target, skipped=skipped, exits=s.exits,
                   invocations=s.invocations, final_invocations=final, repaired=repaired,
+                  compared=len(run_ids),
                   reference_seconds=reference_seconds, storm_seconds=storm_seconds)
 
 
@@ -483,7 +553,8 @@ def cli(argv: list[str]) -> int:
     print(result.table())
     exits = ", ".join(f"{code}: {n}" for code, n in sorted(result.exits.items()))
     print(f"{result.invocations} invocations of the sweep ({result.final_invocations} undisturbed "
-          f"at the end); exit codes {exits}; {result.repaired} damaged runs repaired (moved to "
+          f"at the end); exit codes {exits}; {result.compared} run folders compared; "
+          f"{result.repaired} damaged runs repaired (moved to "
           f"{NAME}/{run_folder.DAMAGED}/, not compared); undisturbed sweep "
           f"{result.reference_seconds:.0f} s, storm {result.storm_seconds:.0f} s, "
           f"all {time.monotonic() - t0:.0f} s; seed {seed}")

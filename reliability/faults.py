@@ -4,7 +4,8 @@ failing, for each N, with "No space left on device" (ENOSPC), with an I/O error 
 train and sweep, with a kill -9, a SIGINT (Ctrl-C) and a SIGTERM just before it.
 
     python -m reliability faults [cases=prepare,train,sweep,report,status,slurm] [every=true]
-                                 [kinds=ENOSPC,EIO,KILL,SIGINT,SIGTERM] [work=DIR] [keep=false]
+                                 [sample=K] [kinds=ENOSPC,EIO,KILL,SIGINT,SIGTERM] [work=DIR]
+                                 [keep=false]
 
 After each injected error: exit code 2, exactly one `error:` line on stderr and no traceback, no
 lock or temporary file left, and every file that existed before byte-identical. After SIGINT or
@@ -17,7 +18,8 @@ fresh copy of its world, so the trials are independent.
 
 The writes of one file between its first and its last are alike (a short file, removed or never
 renamed into place): with every=false (the default) the middle ones are left out and every
-other operation is faulted; every=true faults every operation.
+other operation is faulted; every=true faults every operation. sample=K faults every Kth of
+those (the first included), for a long command when time is short; the table says how many.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from qkstudy.errors import UsageError
 from qkstudy.fault_injection import ENV, KINDS, ROOT_ENV, SIGNALS
 from qkstudy.run_folder import run_folders
 
-from .chaos import compare_run
+from .chaos import compare_run, one_error_line
 
 PY = [sys.executable, "-m"]
 TRAIN = ("data=data depth=2 d_model=32 n_heads=2 block_size=32 batch_size=4 max_steps=20 "
@@ -175,6 +177,7 @@ CASES = {
 @dataclass
 class Tally:
     operations: int = 0  # the command's file operations, counted undisturbed
+    chosen: int = 0  # the operations faulted
     faulted: Counter = field(default_factory=Counter)  # kind -> trials
     failures: list[str] = field(default_factory=list)
     tracebacks: int = 0
@@ -193,21 +196,6 @@ def selected(ops: list[tuple[int, str, str]], every: bool) -> list[int]:
             writes.setdefault(path, []).append(n)
     middle = {n for ns in writes.values() for n in ns[1:-1]}
     return [n for n, _, _ in ops if n not in middle]
-
-
-def one_error_line(out: subprocess.CompletedProcess) -> str | None:
-    """Why the failed command's output is not one clean error line, or None."""
-    if out.returncode != 2:
-        return f"exit code {out.returncode}" + (f": {out.stderr.strip()[-300:]}"
-                                                if out.stderr.strip() else "")
-    if "Traceback" in out.stderr + out.stdout:
-        return "a traceback"
-    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    if len(errors) != 1:
-        return f"{len(errors)} error lines"
-    if not re.search(r"; .*(again|space|disk|writable)", errors[0]):
-        return f"the error line says nothing of what to do: {errors[0]}"
-    return None
 
 
 @dataclass
@@ -288,12 +276,13 @@ def trial(world: World, n: int, kind: str, tally: Tally) -> list[str]:
 
 
 def check_case(case: Case, work: Path, data: Path, kinds: list[str], every: bool,
-               say=print) -> Tally:
+               sample: int = 1, say=print) -> Tally:
     tally = Tally()
     t0 = time.monotonic()
     world = make_world(case, work, data)
     tally.operations = len(world.ops)
-    chosen = selected(world.ops, every)
+    chosen = selected(world.ops, every)[::sample]
+    tally.chosen = len(chosen)
     trial_kinds = [k for k in kinds if k not in SIGNALS or case.kill]
     say(f"{case.name}: {len(world.ops)} file operations; faulting {len(chosen)} of them with "
         f"{', '.join(trial_kinds) or 'nothing'}")
@@ -320,10 +309,11 @@ def prepared_data(work: Path) -> Path:
 
 def table(results: dict[str, Tally]) -> str:
     kinds = [k for k in KINDS if any(t.faulted[k] for t in results.values())]
-    lines = [f"{'command':<9}{'operations':>11}" + "".join(f"{k:>8}" for k in kinds)
+    lines = [f"{'command':<9}{'operations':>11}{'faulted':>8}" + "".join(f"{k:>8}" for k in kinds)
              + f"{'ignored':>8}{'failed':>8}{'lost':>6}{'tracebacks':>11}{'seconds':>9}"]
     for name, t in results.items():
-        lines.append(f"{name:<9}{t.operations:>11}" + "".join(f"{t.faulted[k]:>8}" for k in kinds)
+        lines.append(f"{name:<9}{t.operations:>11}{t.chosen:>8}"
+                     + "".join(f"{t.faulted[k]:>8}" for k in kinds)
                      + f"{t.ignored:>8}{len(t.failures):>8}{t.lost:>6}{t.tracebacks:>11}"
                      f"{t.seconds:>9.0f}")
     return "\n".join(lines)
@@ -334,9 +324,12 @@ USAGE = "usage: " + __doc__.split("\n\n")[1].strip()
 
 def cli(argv: list[str]) -> int:
     options = split_key_values(argv)
-    unknown = set(options) - {"cases", "every", "kinds", "work", "keep"}
+    unknown = set(options) - {"cases", "every", "sample", "kinds", "work", "keep"}
     if unknown:
-        raise UsageError(f"unknown key {min(unknown)}; keys: cases every kinds work keep")
+        raise UsageError(f"unknown key {min(unknown)}; keys: cases every sample kinds work keep")
+    sample = options.get("sample", "1")
+    if not sample.isdigit() or int(sample) < 1:
+        raise UsageError(f"sample must be a whole number >= 1, got {sample!r}")
     names = options.get("cases", ",".join(CASES)).split(",")
     kinds = options.get("kinds", ",".join(KINDS)).split(",")
     if set(names) - set(CASES) or set(kinds) - set(KINDS):
@@ -348,7 +341,7 @@ def cli(argv: list[str]) -> int:
     results = {}
     for name in names:
         results[name] = check_case(CASES[name], work, data, kinds,
-                                   options.get("every") == "true",
+                                   options.get("every") == "true", int(sample),
                                    say=lambda line: print(line, flush=True))
     print(table(results))
     failures = [f for t in results.values() for f in t.failures]

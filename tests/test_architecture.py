@@ -54,7 +54,8 @@ def test_no_arrow_points_up_or_across_the_frameworks():
 # who imports whom among the packages: the core at the bottom; the two engines and the analysis
 # on it, side by side; the cross-engine checks on top of both engines
 GRAPH = {"qkstudy": set(), "mlx_gpt": {"qkstudy"}, "torch_ref": {"qkstudy"},
-         "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"}}
+         "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"},
+         "reliability": {"qkstudy", "analysis"}}
 
 
 def test_the_engines_are_siblings_over_the_core():
