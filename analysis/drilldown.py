@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from qkstudy import runlog
+from qkstudy.run_folder import RunFolder
 
 from . import charts as C
 from . import metrics as M
@@ -53,7 +53,7 @@ def run_details(study: Study) -> dict:
     configs = {}
     for row in table.iter_rows(named=True):
         run_dir = row.get("run_dir")
-        config = runlog.read_json(Path(run_dir) / "config.json") if run_dir else None
+        config = RunFolder(Path(run_dir)).read_config() if run_dir else None
         configs[row["run"]] = config if isinstance(config, dict) else {}
     keys = sorted({k for c in configs.values() for k in c})
     common = {k: configs[names[0]].get(k) for k in keys

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from qkstudy import files
 from qkstudy.cli import keys_usage
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.data.prepare import PrepareConfig, prepare
