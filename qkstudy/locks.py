@@ -43,6 +43,8 @@ def exclusive(path: Path) -> Iterator[bool]:
     for _ in range(100):  # another process removed the file between our open and our lock
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            raise  # its folder is gone (moved aside by a repair): the caller decides
         except OSError as e:
             raise _cannot(path, e) from None
         try:

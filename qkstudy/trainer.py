@@ -190,17 +190,18 @@ def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:
     <sweep>/.damaged/ (run_folder.set_aside) under the run's lock, so it can be trained again;
     None if it is not damaged (another process may have repaired it first); RunBusy if another
     process holds it."""
-    if not folder.path.is_dir():  # moved aside by another process meanwhile
+    try:
+        with folder.lock() as acquired:
+            if not acquired:
+                raise RunBusy(f"{folder} is being trained or repaired by another process")
+            try:
+                folder.intact_summary()  # checked again under the lock
+                return None
+            except run_folder.DamagedRun as e:
+                damage = str(e).split("; ")[0]  # what is damaged; the rest is the advice
+                return folder.set_aside(damage), damage
+    except FileNotFoundError:  # moved aside by another process before we took the lock
         return None
-    with folder.lock() as acquired:
-        if not acquired:
-            raise RunBusy(f"{folder} is being trained or repaired by another process")
-        try:
-            folder.intact_summary()  # checked again under the lock
-            return None
-        except run_folder.DamagedRun as e:
-            damage = str(e).split("; ")[0]  # what is damaged; the rest is the advice
-            return folder.set_aside(damage), damage
 
 
 def summary_base(cfg: TrainConfig) -> dict:

@@ -949,7 +949,7 @@ def test_report_words_become_the_report_options(tmp_path, monkeypatch):
     assert parse_args(["runs/demo"])[1] == Path("reports") / "demo"
 
 
-@pytest.mark.parametrize("command", ["report", "calibrate", "chaos"])
+@pytest.mark.parametrize("command", ["report", "calibrate"])
 def test_every_analysis_command_has_help(command, capsys):
     assert main([command, "help"]) == 0
     out = capsys.readouterr().out
@@ -960,7 +960,7 @@ def test_every_analysis_command_has_help(command, capsys):
 def test_the_analysis_commands_are_listed_and_an_unknown_one_is_one_line(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert all(f"  {c} " in out for c in ("report", "calibrate", "chaos"))
+    assert all(f"  {c} " in out for c in ("report", "calibrate"))
     assert main(["plot"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown command 'plot'") and err.count("\n") == 1

@@ -140,3 +140,14 @@ def test_data_prepared_again_under_a_sweep_stops_it_and_its_runs_are_left(tmp_pa
     with pytest.raises(Exception, match=r"trained on other data .*source .*-> .*; prepare the "
                                         r"data it was trained on again"):
         trainer.train(cfg, verbose=False)
+
+
+@pytest.mark.parametrize("command", ["chaos", "faults"])
+def test_every_reliability_command_has_help(command, capsys):
+    from reliability.__main__ import main
+
+    assert main([command, "help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python -m reliability {command}")
+    assert main([command, "faults=0" if command == "chaos" else "cases=nothing"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
