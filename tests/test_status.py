@@ -55,11 +55,11 @@ def sweep_dir(tmp_path) -> Path:
                                              "refine": False})
     done = fake_run(sweep, "d1-noqk-lr0.001-s0-aaa", 1e-3, summary={
         "status": "completed", "final_val_loss": 2.5, "tokens_per_second": 1000.0}, rows=99)
-    runlog.write_part(done / "metrics", [  # the last part ends on an evaluation-only row
+    run_folder.write_part(done / "metrics", [  # the last part ends on an evaluation-only row
         {"step": 99, "tokens": 99 * TPS, "lr": 1e-3, "train_loss": 4.01, "grad_norm": 1.0,
          "val_loss": None, "val_ppl": None, "elapsed_s": 99.0},
         {"step": 100, "tokens": 100 * TPS, "lr": 1e-3, "train_loss": None, "grad_norm": None,
-         "val_loss": 2.5, "val_ppl": 12.2, "elapsed_s": 100.0}], runlog.METRICS_SCHEMA)
+         "val_loss": 2.5, "val_ppl": 12.2, "elapsed_s": 100.0}], run_folder.METRICS_SCHEMA)
     fake_run(sweep, "d1-qkrmsnorm-lr0.001-s0-bbb", 1e-3, "rmsnorm", summary={
         "status": "completed", "final_val_loss": 2.4, "tokens_per_second": 3000.0})
     fake_run(sweep, "d1-noqk-lr1-s0-ccc", 1.0, summary={"status": "diverged",
