@@ -101,10 +101,10 @@ chaos *args:
 faults *args:
     @{{py}} -m reliability faults "$@"
 
-# the test suite
+# the test suite, one worker per core, each test file on one worker (so one Slurm cluster at a time)
 [group('4 check the statistics and the tooling')]
 test *args:
-    @{{py}} -m pytest "$@"
+    @{{py}} -m pytest -n auto --dist loadfile "$@"
 
 # the real-Slurm test: a one-node cluster on this machine (Linux, root, slurm-wlm + munge)
 [group('4 check the statistics and the tooling')]
