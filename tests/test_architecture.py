@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck", "reliability")
+PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck", "reliability", "tools")
 
 # package -> the top-level modules it must never import (anywhere, lazily included)
 FORBIDDEN = {
@@ -26,6 +26,8 @@ FORBIDDEN = {
     "crosscheck": {"analysis"},  # above both engines: it may import either, never the analysis
     # the reliability checks run whole commands in subprocesses: they import neither engine
     "reliability": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
+    # the docs generator reads the core's config and presets, nothing that needs a framework
+    "tools": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "reliability"},
 }
 
 
@@ -55,7 +57,7 @@ def test_no_arrow_points_up_or_across_the_frameworks():
 # on it, side by side; the cross-engine checks on top of both engines
 GRAPH = {"qkstudy": set(), "mlx_gpt": {"qkstudy"}, "torch_ref": {"qkstudy"},
          "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"},
-         "reliability": {"qkstudy", "analysis"}}
+         "reliability": {"qkstudy", "analysis"}, "tools": {"qkstudy"}}
 
 
 def test_the_engines_are_siblings_over_the_core():
@@ -64,6 +66,8 @@ def test_the_engines_are_siblings_over_the_core():
         for path in (ROOT / package).rglob("*.py"):
             found[package] |= imported_modules(path) & set(PACKAGES) - {package}
     assert found == GRAPH
+    # every package of the repository is in the picture
+    assert {p.parent.name for p in ROOT.glob("*/*.py")} - {"tests"} == set(PACKAGES)
 
 
 def imports_for_type_checking_only(path: Path) -> list[str]:
@@ -80,7 +84,7 @@ def imports_for_type_checking_only(path: Path) -> list[str]:
 
 
 # analysis/report.py, page.py and prose.py still share Study that way, until it has its own module
-CIRCLE_FREE = ("qkstudy", "mlx_gpt", "torch_ref", "crosscheck")
+CIRCLE_FREE = ("qkstudy", "mlx_gpt", "torch_ref", "crosscheck", "reliability", "tools")
 
 
 def test_no_import_circle_is_hidden_behind_type_checking(tmp_path):
