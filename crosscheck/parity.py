@@ -16,6 +16,7 @@ over the elements of one tensor (logits, one gradient) or, for a scalar, |a - b|
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import sys
 from collections.abc import Iterable
@@ -230,15 +231,23 @@ def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.
     return np.array(mx.stack(out))
 
 
+# torch trajectories already computed: `kernels` chooses between mlx_gpt's two kernel paths only,
+# so both paths of one config are compared with one torch trajectory
+_TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
+
+
 def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     """The same as mlx_trajectory with the torch engine of backend=torch (fp32 on the CPU),
     from the same numpy initial weights."""
-    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu")
-    probe = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
-    engine = TorchEngine(torch_cfg, vocab_size, [], probe)
-    out = [engine.step(*train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size))
-           for step in range(cfg.steps)]
-    return torch.stack(out).numpy()
+    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
+    key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
+    if key not in _TORCH_TRAJECTORIES:
+        probe = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
+        engine = TorchEngine(torch_cfg, vocab_size, [], probe)
+        out = [engine.step(*train_batch(tokens, cfg.data_seed, step, cfg.batch_size,
+                                        cfg.block_size)) for step in range(cfg.steps)]
+        _TORCH_TRAJECTORIES[key] = torch.stack(out).numpy()
+    return _TORCH_TRAJECTORIES[key].copy()
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
