@@ -62,10 +62,12 @@ def exclusive(path: Path) -> Iterator[bool]:
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
-        except OSError as e:
+        except BaseException as e:  # a full disk, or a signal: no lock file left either way
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            raise _cannot(path, e) from None
+            if isinstance(e, OSError):
+                raise _cannot(path, e) from None
+            raise
         try:
             yield True
         finally:

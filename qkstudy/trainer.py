@@ -274,7 +274,7 @@ def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbos
             if rec.checkpoint_due(step):
                 checkpoint()
             t_sync = time.perf_counter()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
         if pending:
             rec.record_steps(read(pending))
@@ -284,6 +284,7 @@ def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbos
         else:
             display.close(f"interrupted; checkpointed at step {checkpoint()} of {steps}: the "
                           "same command resumes it")
+            stop.said = True  # the line above is the run's last word: cli adds none
         raise
 
     if rec.status == "completed":
@@ -338,12 +339,13 @@ def cli(argv: list[str]) -> int:
     except RunBusy as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume
-        try:
-            done = RunFolder.of(cfg).finished()
-        except run_folder.DamagedRun:
-            done = None
-        if done:  # the signal came with the run's last writes: it finished all the same
-            print(f"interrupted; the run had {done['status']}: the same command skips it",
+        if not getattr(e, "said", False):  # stopped before its first step or in its last writes
+            try:
+                done = RunFolder.of(cfg).finished()
+            except run_folder.DamagedRun:
+                done = None
+            print("interrupted; " + (f"the run had {done['status']}: the same command skips it"
+                                     if done else "the same command resumes the run"),
                   file=sys.stderr)
         return interrupts.exit_code(e)
     print(f"run folder: {RunFolder.of(cfg)}  status: {summary['status']}")
