@@ -32,12 +32,14 @@ def test_gpu_check_runs_on_the_cpu_and_writes_its_files(tmp_path):
             "archive", "summary", "passed"} <= report.keys()
     assert report["skipped"] == [] and report["passed"] is True
     assert [r["check"] for r in report["summary"]] == [
-        "parity cpu fp32", "parity cpu bf16", "throughput tiny fp32 eager x1",
-        "throughput tiny fp32 eager x2", "sweep jobs=2"]
+        "parity cpu fp32", "parity cpu bf16", "parity cpu fp32 repeat",
+        "throughput tiny fp32 eager x1", "throughput tiny fp32 eager x2", "sweep jobs=2"]
     assert all(r["ok"] is True for r in report["summary"])
 
     parity = report["parity"]
-    assert set(parity["runs"]) == {"cpu fp32", "cpu bf16"}
+    assert set(parity["runs"]) == {"cpu fp32", "cpu bf16", "cpu fp32 repeat"}
+    assert parity["runs"]["cpu fp32 repeat"]["final_weights_sha256"] == \
+        parity["runs"]["cpu fp32"]["final_weights_sha256"]
     assert all(r["status"] == "completed" for r in parity["runs"].values())
     reference = parity["runs"]["cpu fp32"]["losses"]
     assert len(reference) == parity["steps"] == 20
@@ -85,14 +87,18 @@ def test_what_the_budget_does_not_reach_is_skipped_said_and_not_a_pass(tmp_path)
     assert {r["ok"] for r in report["summary"]} == {None} and report["passed"] is False
     text = (tmp_path / "gpu-check.txt").read_text()
     assert "Skipped for time: parity" in text
-    assert "FAIL: 5 of 5 checks did not pass" in text
+    assert "FAIL: 6 of 6 checks did not pass" in text
 
 
-PARITY_OK = {"reference": "cpu fp32", "steps": 2, "planned": ["cpu fp32", "cpu bf16"],
+PARITY_OK = {"reference": "cpu fp32", "steps": 2,
+             "planned": ["cpu fp32", "cpu bf16", "cpu fp32 repeat"],
              "runs": {"cpu fp32": {"returncode": 0, "status": "completed",
-                                   "losses": {"1": 5.0, "2": 4.0}},
+                                   "losses": {"1": 5.0, "2": 4.0}, "final_weights_sha256": "a"},
                       "cpu bf16": {"returncode": 0, "status": "completed",
-                                   "losses": {"1": 5.01, "2": 4.02}}},
+                                   "losses": {"1": 5.01, "2": 4.02}, "final_weights_sha256": "b"},
+                      "cpu fp32 repeat": {"returncode": 0, "status": "completed",
+                                          "losses": {"1": 5.0, "2": 4.0},
+                                          "final_weights_sha256": "a"}},
              "deviation": {"cpu bf16": {"per_step": {"1": 0.002, "2": 0.005}, "max": 0.005,
                                         "max_at_step": 2, "steps_compared": 2,
                                         "limit": 0.25}}}
@@ -118,7 +124,7 @@ def test_a_failing_stage_makes_the_check_fail(tmp_path, monkeypatch, capsys):
     assert gpu_check.cli(["device=cpu", "quick=true", f"out={tmp_path}"]) == 1
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert [(r["check"], r["ok"]) for r in report["summary"]] == [
-        ("parity cpu fp32", True), ("parity cpu bf16", True),
+        ("parity cpu fp32", True), ("parity cpu bf16", True), ("parity cpu fp32 repeat", True),
         ("throughput tiny fp32 eager x1", False), ("throughput tiny fp32 eager x2", False),
         ("sweep jobs=2", True)]
     assert ("| throughput tiny fp32 eager x1 | FAILED | failed: exit status 1: RuntimeError: "
@@ -132,6 +138,8 @@ def test_a_failing_stage_makes_the_check_fail(tmp_path, monkeypatch, capsys):
      "parity cpu bf16"),
     (lambda r: r["parity"]["deviation"]["cpu bf16"].update(steps_compared=1), "parity cpu bf16"),
     (lambda r: r["parity"]["runs"].pop("cpu bf16"), "parity cpu bf16"),
+    (lambda r: r["parity"]["runs"]["cpu fp32 repeat"].update(final_weights_sha256="c"),
+     "parity cpu fp32 repeat"),
     (lambda r: r["sweep"]["runs"][0].update(status="failed"), "sweep jobs=2"),
     (lambda r: r["sweep"].update(status="failed (exit status 1; sweep.log)"), "sweep jobs=2"),
     (lambda r: r.update(sweep={"error": "OSError: disk full"}), "sweep"),

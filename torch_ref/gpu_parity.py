@@ -1,6 +1,8 @@
 """gpu-check's first stage: one short run trained on the CPU in fp32 (the reference) and on the
 device in each of its precisions, each by `python -m qkstudy train` in its own process; the
-relative deviation of every step's training loss from the reference's, against PARITY_LIMITS."""
+relative deviation of every step's training loss from the reference's, against PARITY_LIMITS;
+and the device's fp32 run trained again, whose final weights must be the same bytes (what
+deterministic=true promises)."""
 
 from __future__ import annotations
 
@@ -41,16 +43,18 @@ def losses_of(run_dir: Path) -> dict[int, float]:
 
 def parity(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: list) -> dict:
     base = parity_config(check, data, out)
-    settings = [("cpu", "fp32")] + [(check.device, p) for p in PRECISIONS[check.device]
-                                    if (check.device, p) != ("cpu", "fp32")]
+    settings = [("cpu", "fp32", "")] + [(check.device, p, "") for p in PRECISIONS[check.device]
+                                        if (check.device, p) != ("cpu", "fp32")]
+    settings.append((check.device, "fp32", " repeat"))
     runs: dict[str, dict] = {}
-    for device, precision in settings:
-        label = f"{device} {precision}"
+    for device, precision, repeat in settings:
+        label = f"{device} {precision}{repeat}"
         left = clock.left("parity")
         if left < 5:
             skipped.append(f"parity: {label} (skipped for time)")
             continue
-        cfg = dataclasses.replace(base, device=device, precision=precision)
+        cfg = dataclasses.replace(base, device=device, precision=precision,
+                                  sweep=base.sweep + repeat.replace(" ", "-"))
         print(f"parity: training {label} ({cfg.steps} steps) ...", flush=True)
         try:
             done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *train_words(cfg)],
@@ -64,13 +68,14 @@ def parity(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: 
         runs[label] = {"run_dir": str(run_dir.relative_to(out)), "returncode": done.returncode,
                        "status": summary.get("status", "failed"),
                        "final_val_loss": summary.get("final_val_loss"),
+                       "final_weights_sha256": summary.get("final_weights_sha256"),
                        "losses": {str(k): v for k, v in sorted(losses_of(run_dir).items())}}
         if done.returncode:
             runs[label]["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
     reference = runs.get("cpu fp32", {}).get("losses", {})
     deviations = {}
     for label, r in runs.items():
-        if label == "cpu fp32" or not reference:
+        if label == "cpu fp32" or label.endswith(" repeat") or not reference:
             continue
         per_step = {s: abs(r["losses"][s] - ref) / abs(ref)
                     for s, ref in reference.items() if s in r["losses"] and ref}
@@ -80,11 +85,12 @@ def parity(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: 
                              "steps_compared": len(per_step),
                              "limit": PARITY_LIMITS[label.split()[-1]]}
     return {"reference": "cpu fp32", "steps": base.steps, "config": base.identity(),
-            "planned": [f"{d} {p}" for d, p in settings], "runs": runs, "deviation": deviations}
+            "planned": [f"{d} {p}{r}" for d, p, r in settings], "runs": runs,
+            "deviation": deviations}
 
 
 def parity_text(p: dict) -> list[str]:
-    labels = [label for label in p["runs"] if label != "cpu fp32"]
+    labels = [label for label in p["runs"] if label != "cpu fp32" and label in p["deviation"]]
     ref = p["runs"].get("cpu fp32", {}).get("losses", {})
     lines = [f"1. Parity: {p['steps']} steps of one config, training loss per step against "
              f"{p['reference']} (relative deviation in brackets)", ""]
@@ -125,6 +131,13 @@ def parity_summary(p: dict) -> list[dict]:
         elif label == p["reference"]:
             rows.append({"check": f"parity {label}", "ok": True,
                          "figure": f"the reference, {len(r['losses'])} steps"})
+        elif label.endswith(" repeat"):
+            first = p["runs"].get(label.removesuffix(" repeat"), {})
+            same = bool(r["final_weights_sha256"]) and \
+                r["final_weights_sha256"] == first.get("final_weights_sha256")
+            rows.append({"check": f"parity {label}", "ok": same,
+                         "figure": "final weights bit-identical to the first run's" if same
+                         else "final weights differ from the first run's"})
         elif d is None or d["max"] is None or d["steps_compared"] < p["steps"]:
             compared = d["steps_compared"] if d else 0
             rows.append({"check": f"parity {label}", "ok": False,

@@ -27,7 +27,7 @@ class GpuCheckConfig:
     device: str = "cuda"  # cuda | mps | cpu (cpu: the same stages without a GPU)
     quick: bool = False  # tiny shapes, eager only, a 4-run sweep: the CPU test
     parallel: int = 2  # K: runs at once in the K-process rows and the sweep's jobs
-    budget: float = 480.0  # seconds for the whole check (the plan needs about 300 on an H200)
+    budget: float = 480.0  # seconds for the whole check (the plan: ~280 on an H200, estimated)
     seconds: float = 2.0  # timed seconds per throughput measurement
     out: str = ""  # "" -> $OUT if set, else gpu-check
 
