@@ -23,8 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from scipy import stats
-
 from ..run_folder import RunFolder
 from ..config import TrainConfig
 from .config import SweepConfig, run_config, three_significant
@@ -86,6 +84,8 @@ def is_open(gaps: list[float], min_gap: float) -> bool:
     mean = sum(gaps) / n
     sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (n - 1))
     se = sd / math.sqrt(n)
+    from scipy import stats  # here: importing it costs every sweep process ~1 s
+
     t = stats.t.ppf(1 - DESIGN_ALPHA, n - 1)
     if mean - t * se > min_gap or mean + t * se < -min_gap:
         return False
