@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from qkstudy import trainer  # noqa: E402
 from qkstudy.config import TrainConfig  # noqa: E402
 from qkstudy.errors import UsageError  # noqa: E402
+from qkstudy.run_folder import RunFolder  # noqa: E402
 from tests.cuda_double import GB, FakeCuda  # noqa: E402
 
 
@@ -95,7 +96,7 @@ def test_a_cuda_run_too_big_for_its_share_of_the_gpu_is_refused_in_one_line(
                        "the attention scores); cuda:0 (NVIDIA H200) has 1.4 GB free of 1.5 GB, "
                        "1/2 of it for each of the 2 runs sharing it: 750 MB for this run: lower "
                        "block_size or batch_size")
-    assert not trainer.run_dir_of(cfg).exists()  # refused before anything is written
+    assert not RunFolder.of(cfg).path.exists()  # refused before anything is written
 
 
 def test_a_cuda_sweep_too_big_for_its_share_of_the_gpu_is_refused_before_it_plans(
