@@ -50,12 +50,22 @@ def _run_cell(run: str) -> str:
 
 
 def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
-               filterable: bool = False) -> str:
+               filterable: bool = False, first: tuple[str, ...] = (), name: str = "") -> str:
     """A data table the page's script makes sortable (click a header); `filterable` adds a
-    search box above it that keeps the rows holding every word typed."""
+    search box above it that keeps the rows holding every word typed. With `first` (and a
+    `name` for the table's id) those columns lead and the others are shown on request."""
     if df.is_empty():
         return '<p class="na">(none)</p>'
     columns = [c for c in (columns or df.columns) if c in df.columns]
+    toggle = ""
+    if first and name:
+        lead = [c for c in first if c in columns]
+        columns = lead + [c for c in columns if c not in lead]
+        if len(columns) > len(lead):
+            toggle = (f'<style>#{name}.compact tr > :nth-child(n+{len(lead) + 1}) '
+                      '{ display: none; }</style><label class="table-columns"><input '
+                      f'type="checkbox" data-table="{name}"> show all {len(columns)} columns '
+                      f'(the first {len(lead)} are shown)</label> ')
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "\n".join("<tr>" + "".join(_run_cell(r[c]) if c == "run" and isinstance(r[c], str)
                                        else _cell(r[c]) for c in columns) + "</tr>"
@@ -64,7 +74,9 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
             if df.height > max_rows else "")
     search = ('<input type="search" class="table-filter" placeholder="filter rows: words that '
               'must all appear (e.g. diverged d4 rmsnorm)" size="60">' if filterable else "")
-    return f'{search}<div class="scroll"><table class="data"><thead><tr>{head}</tr></thead>' \
+    table = (f'<table class="data compact" id="{name}">' if toggle
+             else '<table class="data">')
+    return f'{search}{toggle}<div class="scroll">{table}<thead><tr>{head}</tr></thead>' \
            f'<tbody>\n{body}\n</tbody></table></div>{more}'
 
 
@@ -90,6 +102,12 @@ def _templates() -> jinja2.Environment:
 # Columns of the runs table the HTML leaves out (every one is in tables/runs.*): run_id repeats
 # the run's folder name, which `run` already shows.
 HIDDEN_RUN_COLUMNS = ("identity", "setting", "run_dir", "run_id")
+# The runs table's columns shown before "show all columns" (the design, the outcome, the
+# attention probes' headline numbers)
+RUN_COLUMNS_FIRST = ("run", "depth", "arm", "lr", "seed", "framework", "status",
+                     "final_val_loss", "final_train_loss", "diverged_step", "steps",
+                     "peak_max_attention_logit", "final_attention_entropy_min_head",
+                     "final_residual_kurtosis", "loss_spikes", "tokens_per_second", "in_study")
 
 
 def run_provenance(runs: Runs) -> pl.DataFrame:
@@ -175,7 +193,8 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         headline_caption=CHARTS["headline"], sentences=headline(study),
         gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
         spikes_table=safe(html_table(study.spikes)),
-        runs_table=safe(html_table(study.per_run, run_cols, filterable=True)),
+        runs_table=safe(html_table(study.per_run, run_cols, filterable=True,
+                                   first=RUN_COLUMNS_FIRST, name="runs-table")),
         provenance_table=safe(html_table(run_provenance(runs))),
         definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),

@@ -869,8 +869,12 @@ def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, br
       box.dispatchEvent(new Event("input"));
       const shown = [...table.tBodies[0].rows].filter((r) => !r.hidden);
       const id = table.tBodies[0].rows[0].cells[heads.indexOf("run")];
+      const visible = () => [...table.tHead.rows[0].cells].filter((th) => th.offsetWidth).length;
+      const compact = visible();
+      document.querySelector("#runs label.table-columns input").click();
       return {sorted, shown: shown.map((r) => r.textContent), all: table.tBodies[0].rows.length,
-              id: id.textContent, title: id.title, height: id.getBoundingClientRect().height};
+              id: id.textContent, title: id.title, height: id.getBoundingClientRect().height,
+              compact, every: visible(), columns: heads.length};
     })()""")
     assert table["sorted"] == sorted(table["sorted"])
     diverged = study.per_run.filter((pl.col("status") == "diverged")
@@ -879,6 +883,7 @@ def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, br
     assert all("diverged" in row and "rmsnorm" in row for row in table["shown"])
     assert table["title"].startswith(table["id"]) and len(table["id"]) < len(table["title"])
     assert table["height"] < 30  # one line
+    assert table["compact"] < 20 < table["every"] == table["columns"]  # the rest on request
     page.close()
 
 
