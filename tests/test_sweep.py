@@ -184,7 +184,7 @@ def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
     assert "parameters" in out and "timed step" not in out
     assert "backend     mlx on cpu" in out
     assert re.search(r"time        ~\d+m\d\ds for the 4 unfinished grid runs in one process.*"
-                     r"tok/s from a short timing here \(depth 1, [12] steps?\)", out), out
+                     r"tok/s from a short timing here \(depth 1, \d+ steps?\)", out), out
     assert "warning" not in out  # minutes, not days
     assert not (tmp_path / "runs").exists()
     assert main(["sweep", *words, "--dry-run", "--calibrate"]) == 0

@@ -94,13 +94,25 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
 def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, calibrate) -> Speeds:
     """Time a few steps of the first depth here and scale to the others by FLOPs per token."""
     depth, cfg = next(iter(cfgs.items()))
-    tok_s, timed = calibrate(cfg, vocab, steps=2, max_seconds=3.0)
+    tok_s, timed = calibrate(cfg, vocab, steps=10, max_seconds=3.0)
     base = flops_of(cfg, vocab)
     speeds = {d: tok_s * base / flops_of(c, vocab) for d, c in cfgs.items()}
     others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
     return Speeds(speeds, f"tok/s from a short timing here (depth {depth}, "
                           f"{timed} step{'s' if timed != 1 else ''}){others}; --calibrate times "
                           "every depth")
+
+
+def busy_note() -> str:
+    """'; timed while the machine was busy (load 11.2 on 2 cores)' when other work shared the
+    cores the timing ran on (a 1-minute load above half the cores), else ''."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return ""
+    cores = os.cpu_count() or 1
+    return (f"; timed while the machine was busy (load {load:.1f} on {cores} cores): an idle "
+            "one is faster" if load > cores / 2 else "")
 
 
 def time_text(seconds: float) -> str:

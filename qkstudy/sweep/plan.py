@@ -148,7 +148,8 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
           + (f", + up to {estimate.time_text(refine_max * per_refine)} "
                           f"of refinement" if refine_max else "")
           + " (training and evaluation; diverged runs stop early; probes and checkpoints "
-          f"not counted); {source}", flush=True)
+          f"not counted); {source}"
+          + (estimate.busy_note() if "bench's stored figure" not in source else ""), flush=True)
     alarm = estimate.warning(total, t, sweep.preset)
     if alarm:
         print(f"  warning     {alarm}", flush=True)
