@@ -390,16 +390,17 @@ class Result:
         return not self.differences
 
     def table(self) -> str:
-        lines = [f"{'fault':<14}{'injected':>9}{'mid-run':>9}{'no target':>10}{'survived':>9}"]
+        w = max(map(len, KINDS)) + 2
+        lines = [f"{'fault':<{w}}{'injected':>9}{'mid-run':>9}{'no target':>10}{'survived':>9}"]
         for kind in KINDS:
             if kind in self.skipped:
-                lines.append(f"{kind:<14}  skipped: {self.skipped[kind]}")
+                lines.append(f"{kind:<{w}}  skipped: {self.skipped[kind]}")
                 continue
             n = self.injected[kind]
-            lines.append(f"{kind:<14}{n:>9}{self.mid_run[kind]:>9}{self.no_target[kind]:>10}"
+            lines.append(f"{kind:<{w}}{n:>9}{self.mid_run[kind]:>9}{self.no_target[kind]:>10}"
                          f"{n if self.ok else 0:>9}")
         total = sum(self.injected.values())
-        lines.append(f"{'total':<14}{total:>9}{sum(self.mid_run.values()):>9}"
+        lines.append(f"{'total':<{w}}{total:>9}{sum(self.mid_run.values()):>9}"
                      f"{sum(self.no_target.values()):>10}{total if self.ok else 0:>9}")
         return "\n".join(lines)
 
