@@ -295,6 +295,7 @@ def check_case(case: Case, work: Path, data: Path, kinds: list[str], every: bool
                                       + "; ".join(problems))
                 say(f"  FAIL {tally.failures[-1]}")
     tally.seconds = time.monotonic() - t0
+    say(table({case.name: tally}).splitlines()[-1])
     return tally
 
 
