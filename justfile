@@ -86,7 +86,7 @@ bench-memory *args:
 gpu-check *args:
     @{{py}} -m torch_ref gpu-check "$@"
 
-# the verdicts' false-positive rate and power on simulated studies (docs/report.md): just calibrate [studies=200 seeds=3,6]
+# the analysis plan's false-claim rates (with 95% upper bounds), power and interval coverage on simulated sweeps (docs/report.md): just calibrate [studies=300 seeds=5 scenarios=null,... runs=DIR]
 [group('4 check the statistics and the tooling')]
 calibrate *args:
     @{{py}} -m analysis calibrate "$@"

@@ -14,6 +14,7 @@ import altair as alt
 import polars as pl
 import vl_convert as vlc
 
+from . import hypotheses as H
 from . import metrics as M
 
 PANEL_W, PANEL_H = 230, 200  # the smallest panel width; the height of a small-multiple panel
@@ -438,14 +439,14 @@ def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str
 # --- the headline: the answer at a glance ----------------------------------------------------
 
 DECISION_STYLE = {  # decision -> (legend words, colour)
-    M.OFF_WORSE: ("off worse (family-adjusted test)", "#c0392b"),
-    M.NO_DIFFERENCE: ("no difference (equivalence test)", "#2471a3"),
-    M.ON_WORSE: ("on worse (family-adjusted test)", "#7d3c98"),
-    M.UNDETERMINED: ("undetermined", "#999999"),
+    H.OFF_WORSE: ("off worse (family-adjusted test)", "#c0392b"),
+    H.NO_DIFFERENCE: ("no difference (equivalence test)", "#2471a3"),
+    H.ON_WORSE: ("on worse (family-adjusted test)", "#7d3c98"),
+    H.UNDETERMINED: ("undetermined", "#999999"),
 }
 
 
-UNTESTED_WORDS = {M.UNINFORMATIVE: "neither arm learned", M.TOO_FEW: "one seed"}
+UNTESTED_WORDS = {H.UNINFORMATIVE: "neither arm learned", H.TOO_FEW: "one seed"}
 BOTH_DIVERGED = "both arms diverged"
 GREYED = "#b0b0b0"  # LRs run without a test: drawn, but never in a decision's colour
 EDGE_MARK = "interval continues beyond the axis"
@@ -474,7 +475,7 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
     both_diverged = ((pl.col("off_diverged") >= pl.col("pairs"))
                      & (pl.col("on_diverged") >= pl.col("pairs")))
     cells = gaps.with_columns(
-        outcome=pl.when((pl.col("decision") == M.UNINFORMATIVE) & both_diverged)
+        outcome=pl.when((pl.col("decision") == H.UNINFORMATIVE) & both_diverged)
         .then(pl.lit(BOTH_DIVERGED))
         .otherwise(pl.col("decision").replace_strict(words, default="untested")),
         tested=pl.col("decision").is_in(list(DECISION_STYLE)),

@@ -3,15 +3,12 @@ gaps and cell decisions agree, and their verdicts, for the report's comparison s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import altair as alt
 import polars as pl
 
 from . import charts as C
+from .study import Study
 
-if TYPE_CHECKING:
-    from .report import Study
 
 KEYS = ["on_kind", "depth", "lr"]
 

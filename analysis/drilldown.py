@@ -5,17 +5,14 @@ script draws them; analysis/templates/report.html.j2)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import polars as pl
 
 from qkstudy.run_folder import RunFolder
 
 from . import charts as C
 from . import metrics as M
+from .study import Study
 
-if TYPE_CHECKING:
-    from .report import Study
 
 MAX_POINTS = 40  # per run and curve: enough for a curve's shape, small for a 300-run page
 SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_step", "framework")

@@ -1,5 +1,6 @@
-"""Study metrics in Polars: LR sensitivity, max stable LR, optimal LR, necessity threshold,
-verdicts.
+"""Study metrics in Polars, per run and per arm: clipped losses, LR sensitivity, max stable and
+usable LR, optimal LR, spikes, probe summaries, and the pairing of the arms seed by seed. The
+necessity threshold is analysis.threshold, the tests of H1-H3 analysis.hypotheses.
 
 Every function takes a "points" frame with one row per finished run of one setting and one
 framework: depth, arm, lr, seed, status (completed | diverged), init_loss, final_val_loss
@@ -14,15 +15,12 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from dataclasses import dataclass
 
-import numpy as np
 import polars as pl
 
 from qkstudy.arms import OFF, QK_NORM_ARMS
 
-from . import stats as S
 
 ARM = "arm"
 ARM_KEYS = ("depth", ARM)
@@ -61,17 +59,21 @@ class Options:
     """Knobs of the study metrics and verdicts (all visible in the report; docs/report.md)."""
 
     alpha: float = 0.05  # each hypothesis's family: Benjamini-Hochberg at this level
-    # the smallest gap in nats that counts as a difference (0.02 nats = 2% perplexity), and the
-    # equivalence margin: "no difference" needs TOST to place the mean gap inside +-min_gap
-    min_gap: float = 0.02
+    # the plan's margin in nats (docs/report.md): off worse by more than this means QK-norm is
+    # needed, "no difference" needs equivalence within +-min_gap, and the necessity threshold
+    # is where the fitted gap reaches it (0.1 nats, 10.5% perplexity: five times the seed noise
+    # of the gap at low LR, a fifth of the large effect at high LR)
+    min_gap: float = 0.1
     # a stable run whose final loss is above the training data's unigram entropy minus this
     # learned no more than token frequencies: "degraded" (both arms degraded says nothing)
     degraded_margin: float = 0.2
-    # max stable LR: on/off ratios within this factor either way are "equal" (TOST on log ratio)
-    lr_ratio_margin: float = 1.5
-    # H3: two depths' thresholds within this many decades are "equal" (a half-decade grid step)
-    threshold_margin: float = 0.5
-    bootstrap: int = 2000  # resamples of seeds for threshold intervals (fixed generator seed)
+    # max stable LR: on/off ratios within this factor either way are "equivalent"; tested only
+    # where the boundary is bracketed more finely (one bisection step of a half-decade grid: x1.83)
+    lr_ratio_margin: float = 2.0
+    # H3: a slope of log10(threshold) on log2(depth) within +-this (decades per doubling) is
+    # "equal" (half of the fall of one decade from depth 2 to 8 the plan powers for)
+    slope_margin: float = 0.25
+    bootstrap: int = 2000  # whole-seed resamples for every interval spanning LRs (fixed seed)
 
 
 # --- scoring ------------------------------------------------------------------------------------
@@ -281,12 +283,7 @@ def spike_table(points: pl.DataFrame) -> pl.DataFrame:
             .sort("depth", ARM, "lr"))
 
 
-# --- paired tests -------------------------------------------------------------------------------
-
-def seeds_label(n: int) -> str:
-    """How many paired seeds a number rests on."""
-    return f"n={n}"
-
+# --- pairing ----------------------------------------------------------------------------------
 
 def on_kinds(points: pl.DataFrame) -> list[str]:
     return sorted(k for k in with_arm(points)[ARM].unique().to_list() if k != OFF)
@@ -312,252 +309,6 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
                                     "diverged_on": pl.Boolean, "degraded_on": pl.Boolean,
                                     "on_kind": pl.String, "gap": pl.Float64})
     return pl.concat(frames).sort("on_kind", "depth", "lr", "seed")
-
-
-# The outcome of one (depth, LR) cell, decided on the family-adjusted tests (docs/report.md)
-OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
-    "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
-
-GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs": pl.Int64,
-              "mean_gap": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
-              "gap_sd": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
-              "p_off_worse": pl.Float64, "p_on_worse": pl.Float64, "p_equivalent": pl.Float64,
-              "q_off_worse": pl.Float64, "q_on_worse": pl.Float64, "q_equivalent": pl.Float64,
-              "family_size": pl.Int64, "decision": pl.String, "informative": pl.Boolean,
-              "off_diverged": pl.Int64, "on_diverged": pl.Int64, "off_degraded": pl.Int64,
-              "on_degraded": pl.Int64, "loss_off": pl.Float64, "loss_on": pl.Float64,
-              "significant": pl.Boolean, "worse": pl.Boolean, "no_difference": pl.Boolean,
-              "both_diverged": pl.Boolean, "needed": pl.Boolean}
-
-BEST_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "pairs": pl.Int64,
-               "best_loss_off": pl.Float64, "best_loss_on": pl.Float64, "mean_gap": pl.Float64,
-               "ci_lo": pl.Float64, "ci_hi": pl.Float64, "seed_gaps": pl.String,
-               "p_off_worse": pl.Float64, "q_off_worse": pl.Float64, "family_size": pl.Int64,
-               "decision": pl.String}
-
-
-def _cell(g: pl.DataFrame, options: Options) -> dict:
-    """One (depth, on_kind, lr) cell's gaps with their interval and raw one-sided p-values.
-    A cell where no run of either arm learned (each diverged or degraded) is uninformative:
-    it tells nothing about whether the control is needed and is not tested."""
-    values = g.sort("seed")["gap"].to_list()
-    n = len(values)
-    failed = (g["diverged_off"] | g["degraded_off"]).all() and (
-        g["diverged_on"] | g["degraded_on"]).all()
-    tested = n >= 2 and not failed
-    lo, hi = S.interval(values) if n >= 2 else (None, None)
-    return {
-        "pairs": n, "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
-        "gap_sd": float(np.std(values, ddof=1)) if n > 1 else None,
-        "seed_gaps": ", ".join(f"{v:+.3g}" for v in values), "spread": seeds_label(n),
-        "p_off_worse": S.p_greater(values) if tested else None,
-        "p_on_worse": S.p_less(values) if tested else None,
-        "p_equivalent": S.p_equivalent(values, options.min_gap) if tested else None,
-        "informative": not failed,
-        "off_diverged": int(g["diverged_off"].sum()), "on_diverged": int(g["diverged_on"].sum()),
-        "off_degraded": int(g["degraded_off"].sum()), "on_degraded": int(g["degraded_on"].sum()),
-        "loss_off": float(g["loss_off"].mean()), "loss_on": float(g["loss_on"].mean()),
-        "both_diverged": int(g["diverged_on"].sum()) == n}
-
-
-def _decide(cell: dict, options: Options) -> str:
-    if cell["pairs"] < 2:
-        return TOO_FEW
-    if not cell["informative"]:
-        return UNINFORMATIVE
-    a, m = options.alpha, options.min_gap
-    if cell["q_off_worse"] is not None and cell["q_off_worse"] < a and cell["mean_gap"] >= m:
-        return OFF_WORSE
-    if cell["q_on_worse"] is not None and cell["q_on_worse"] < a and -cell["mean_gap"] >= m:
-        return ON_WORSE
-    if cell["q_equivalent"] is not None and cell["q_equivalent"] < a:
-        return NO_DIFFERENCE
-    return UNDETERMINED
-
-
-def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, on_kind, seed): each arm's best final loss over every LR run (its own optimal
-    LR) and gap = off - on. Seeds where either arm never finished with a finite loss are out."""
-    p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
-    best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
-    off = best.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],
-                       suffix="_on").with_columns(on_kind=pl.lit(on))
-              for on in on_kinds(points)]
-    schema = {"depth": pl.Int64, "seed": pl.Int64, "best": pl.Float64, "best_on": pl.Float64,
-              "on_kind": pl.String}
-    return (pl.concat(frames) if frames else pl.DataFrame(schema=schema)).sort(
-        "on_kind", "depth", "seed")
-
-
-def h1_tests(points: pl.DataFrame, options: Options = Options()
-             ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(gap cells, best-loss gaps): every test of H1's family, adjusted together per on_kind.
-
-    Per (depth, on_kind, lr) cell, three claims fixed in advance, each one-directional: off
-    worse (one-sided t, mean gap > 0), on worse (one-sided t, mean gap < 0), no difference
-    (TOST, |mean gap| < min_gap). Per depth, one more: off's best loss (at its own optimal LR)
-    is worse than on's. The family is all of these for one on_kind; Benjamini-Hochberg gives the
-    q-values the decisions use (analysis.stats)."""
-    gaps = paired_gaps(points, options)
-    bests = best_loss_gaps(points)
-    cells, best_rows = [], []
-    for (on, depth, lr), g in gaps.group_by("on_kind", "depth", "lr", maintain_order=True):
-        cells.append({"depth": depth, "on_kind": on, "lr": lr, **_cell(g, options)})
-    for (on, depth), g in bests.group_by("on_kind", "depth", maintain_order=True):
-        values = (g["best"] - g["best_on"]).to_list()
-        lo, hi = S.interval(values)
-        best_rows.append({"depth": depth, "on_kind": on, "pairs": len(values),
-                          "best_loss_off": float(g["best"].mean()),
-                          "best_loss_on": float(g["best_on"].mean()),
-                          "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
-                          "seed_gaps": ", ".join(f"{v:+.3g}" for v in values),
-                          "p_off_worse": S.p_greater(values)})
-    for on in {c["on_kind"] for c in cells} | {b["on_kind"] for b in best_rows}:
-        mine = [c for c in cells if c["on_kind"] == on]
-        theirs = [b for b in best_rows if b["on_kind"] == on]
-        keys = [(c, k) for c in mine for k in ("p_off_worse", "p_on_worse", "p_equivalent")]
-        keys += [(b, "p_off_worse") for b in theirs]
-        S.adjust_family(keys, options.alpha)
-    for c in cells:
-        c["decision"] = _decide(c, options)
-        c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,
-                 worse=c["decision"] == OFF_WORSE, no_difference=c["decision"] == NO_DIFFERENCE,
-                 needed=None)
-    for b in best_rows:
-        b["decision"] = (TOO_FEW if b["pairs"] < 2 else OFF_WORSE if (
-            b["q_off_worse"] is not None and b["q_off_worse"] < options.alpha) else UNDETERMINED)
-    table = pl.DataFrame(cells, schema=GAP_SCHEMA)
-    thresholds = necessity_threshold(points, options, table)
-    table = (table.join(thresholds.select("depth", "on_kind", "threshold_lr", "censored"),
-                        on=["depth", "on_kind"], how="left")
-             .with_columns(needed=(pl.col("decision") == OFF_WORSE)
-                           & ((pl.col("censored") == "below")
-                              | (pl.col("lr") >= pl.col("threshold_lr")).fill_null(False)))
-             .drop("threshold_lr", "censored").sort("on_kind", "depth", "lr"))
-    return table, pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("on_kind", "depth")
-
-
-def gap_table(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """Per (depth, on_kind, lr): the paired gaps, their 95% interval, the three tests and the
-    cell's decision (see h1_tests)."""
-    return h1_tests(points, options)[0]
-
-
-THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
-                    "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
-                    "min_gap": pl.Float64, "threshold_lr": pl.Float64, "censored": pl.String,
-                    "ci_lo": pl.Float64, "ci_hi": pl.Float64, "threshold": pl.String,
-                    "bracket_lo": pl.Float64, "bracket_hi": pl.Float64,
-                    "not_needed_below": pl.Float64, "note": pl.String}
-
-
-def threshold_rule(log_lrs: np.ndarray, means: np.ndarray, min_gap: float) -> np.ndarray:
-    """log10 of the necessity threshold for each row of `means` (resamples x LRs, ascending):
-    from the largest LR down, the LRs whose mean gap is >= min_gap; the threshold is where the
-    mean gap, linear in log LR, crosses min_gap below the last of them. +inf when the largest
-    LR's gap is under min_gap (censored above: not needed within the grid), -inf when every
-    LR's is at least min_gap (censored below: needed already at the smallest LR)."""
-    above = means >= min_gap
-    out = np.full(means.shape[0], np.inf)
-    top = above[:, -1]
-    below_idx = np.where(~above, np.arange(means.shape[1]), -1).max(axis=1)  # last LR under
-    out[top & (below_idx < 0)] = -np.inf
-    rows = np.flatnonzero(top & (below_idx >= 0))
-    k = below_idx[rows]
-    lo, hi = means[rows, k], means[rows, k + 1]
-    t = np.clip((min_gap - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0, 1.0)
-    out[rows] = log_lrs[k] + t * (log_lrs[k + 1] - log_lrs[k])
-    return out
-
-
-def threshold_draws(gaps_by_seed: pl.DataFrame, cells: pl.DataFrame, options: Options
-                    ) -> dict[tuple[str, int], tuple[float, np.ndarray, list[float]]]:
-    """Per (on_kind, depth): (point estimate, bootstrap draws, informative LRs), thresholds in
-    log10 LR. A parametric bootstrap over seeds: each informative LR's seed-mean gap is drawn
-    as mean + se * T with T from Student's t on n - 1 degrees of freedom (independently per LR;
-    a generator seeded from the on_kind and depth, so reports are reproducible). Resampling
-    3 seeds with replacement has 10 distinct outcomes and too narrow a spread (its variance is
-    (n - 1) / n of the t-interval's); the t draws carry the small-sample uncertainty the
-    t-interval of each gap carries, and the rule turns them into threshold draws."""
-    out = {}
-    # a cell run by fewer seeds than is usual at its depth (a boundary-refinement LR that some
-    # seeds' curves asked for) would enter with a wild t draw on 0 or 1 degrees of freedom
-    usual = pl.col("pairs").median().over("on_kind", "depth")
-    informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2)
-                               & (pl.col("pairs") >= usual))
-    for (on, depth), c in informative.sort("lr").group_by("on_kind", "depth",
-                                                          maintain_order=True):
-        lrs = c["lr"].to_list()
-        g = gaps_by_seed.filter((pl.col("on_kind") == on) & (pl.col("depth") == depth))
-        rng = np.random.default_rng(zlib.crc32(f"{on}/{depth}".encode()))
-        means, draws = [], []
-        for lr in lrs:
-            v = g.filter(pl.col("lr") == lr)["gap"].to_numpy()
-            means.append(v.mean())
-            se = v.std(ddof=1) / math.sqrt(len(v))
-            draws.append(v.mean() + se * rng.standard_t(len(v) - 1, size=options.bootstrap))
-        log_lrs = np.log10(lrs)
-        point = float(threshold_rule(log_lrs, np.array([means]), options.min_gap)[0])
-        out[(on, depth)] = (point, threshold_rule(log_lrs, np.stack(draws, axis=1),
-                                                  options.min_gap), lrs)
-    return out
-
-
-def _lr_text(log_lr: float) -> str:
-    return f"{10 ** log_lr:.3g}"
-
-
-def necessity_threshold(points: pl.DataFrame, options: Options = Options(),
-                        gaps: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Per (depth, on_kind): the LR from which QK-norm is needed, with a 95% bootstrap interval.
-
-    The rule (threshold_rule) reads the seed-mean gaps of the informative LRs run by at least
-    the depth's usual (median) number of paired seeds (uninformative ones, where neither arm
-    learned, and boundary-refinement LRs of single seeds are passed over). censored: "above" (not needed within the
-    grid: shown as "> largest LR"), "below" (needed from the smallest LR: "<= smallest LR"),
-    null when the threshold lies inside the grid. A censored threshold is never a number:
-    threshold_lr is null. bracket_lo/hi: the LRs run either side of the crossing (where the
-    sweep bisects). not_needed_below: the largest LR under the threshold whose cell is "no
-    difference" by TOST.
-    """
-    if gaps is None:
-        gaps = gap_table(points, options)
-    draws = threshold_draws(paired_gaps(points, options), gaps, options)
-    rows = []
-    for (on, depth), g in gaps.sort("lr").group_by("on_kind", "depth", maintain_order=True):
-        row = {"depth": depth, "on_kind": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
-               "lr_min": float(g["lr"].min()), "lr_max": float(g["lr"].max()),
-               "min_gap": options.min_gap, "threshold_lr": None, "censored": None,
-               "ci_lo": None, "ci_hi": None, "threshold": None, "bracket_lo": None,
-               "bracket_hi": None, "not_needed_below": None, "note": ""}
-        if (on, depth) not in draws:
-            row["note"] = ("not enough data: needs >= 2 paired seeds" if g["pairs"].max() < 2
-                           else "no informative LR: neither arm learned at any LR")
-            rows.append(row)
-            continue
-        point, boot, lrs = draws[(on, depth)]
-        lo, hi = np.percentile(boot, [2.5, 97.5], method="inverted_cdf")
-        row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
-                   ci_hi=10 ** hi if np.isfinite(hi) else None)
-        interval = (f"[{'< ' + _lr_text(np.log10(lrs[0])) if lo == -np.inf else _lr_text(lo)}, "
-                    f"{'> ' + _lr_text(np.log10(lrs[-1])) if hi == np.inf else _lr_text(hi)}]")
-        if point == np.inf:
-            row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
-                       note=f"off not worse by min_gap at the largest informative LR {lrs[-1]:.3g}")
-        elif point == -np.inf:
-            row.update(censored="below", threshold=f"<= {lrs[0]:.3g} {interval}",
-                       note="needed already at the smallest informative LR")
-        else:
-            k = max(i for i, lr in enumerate(lrs) if np.log10(lr) <= point)
-            row.update(threshold_lr=10 ** point, threshold=f"{_lr_text(point)} {interval}",
-                       bracket_lo=lrs[k], bracket_hi=lrs[min(k + 1, len(lrs) - 1)])
-        limit = row["threshold_lr"] if row["threshold_lr"] is not None else (
-            math.inf if point == np.inf else -math.inf)
-        calm = g.filter((pl.col("decision") == NO_DIFFERENCE) & (pl.col("lr") < limit))
-        row["not_needed_below"] = float(calm["lr"].max()) if calm.height else None
-        rows.append(row)
-    return pl.DataFrame(rows, schema=THRESHOLD_SCHEMA).sort("on_kind", "depth")
 
 
 # --- per-run extras ---------------------------------------------------------------------------

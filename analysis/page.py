@@ -8,8 +8,6 @@ import html
 import json
 import math
 import platform
-from typing import TYPE_CHECKING
-
 import jinja2
 import markupsafe
 import polars as pl
@@ -23,9 +21,7 @@ from .drilldown import run_details
 from .linked import ARMS, BRUSH, DEPTHS, LR_RANGE
 from .load import Runs
 from .prose import CHARTS, DEFINITIONS, MEASURED_HELP, headline
-
-if TYPE_CHECKING:
-    from .report import ReportOptions, Study
+from .study import ReportOptions, Study
 
 
 def _cell(value) -> str:
@@ -184,7 +180,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         best_table=safe(html_table(study.best_gaps)),
         h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
         degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",
-        threshold_margin=f"{o.threshold_margin:g}",
+        slope_margin=f"{o.slope_margin:g}",
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
         comparison=comparison and {
             "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],

@@ -4,24 +4,12 @@ study's verdicts and numbers."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import polars as pl
 
+from . import hypotheses as H
 from . import metrics as M
-
-if TYPE_CHECKING:
-    from .report import Study
-
-
-def setting_label(setting: str, all_settings: list[str]) -> str:
-    """How this setting differs from the others ("all" when there is only one)."""
-    if len(all_settings) <= 1:
-        return "all runs share one setting"
-    mine = json.loads(setting)
-    others = [json.loads(s) for s in all_settings if s != setting]
-    keys = sorted({k for o in others for k in set(o) | set(mine) if o.get(k) != mine.get(k)})
-    return ", ".join(f"{k}={mine.get(k)}" for k in keys)
+from .study import Study
 
 
 CHARTS = {
@@ -166,31 +154,32 @@ def headline(study: Study) -> list[str]:
         for d in sorted(g["depth"].unique().to_list()):
             cells = g.filter(pl.col("depth") == d)
             tested = cells.filter(pl.col("decision").is_in(
-                [M.OFF_WORSE, M.ON_WORSE, M.NO_DIFFERENCE, M.UNDETERMINED]))["lr"].to_list()
-            w = cells.filter(pl.col("decision") == M.OFF_WORSE)
+                [H.OFF_WORSE, H.ON_WORSE, H.NO_DIFFERENCE, H.UNDETERMINED]))["lr"].to_list()
+            w = cells.filter(pl.col("decision") == H.OFF_WORSE)
             if w.height:
                 low, high = w["mean_gap"].min(), w["mean_gap"].max()
                 size = f"{low:.2f} nats" if f"{low:.2f}" == f"{high:.2f}" else \
                     f"{low:.2f}-{high:.2f} nats"
                 worse.append(f"at LR {_lr_list(w['lr'].to_list(), tested)} at depth {d} "
                              f"({size})")
-            c = cells.filter(pl.col("decision") == M.NO_DIFFERENCE)
+            c = cells.filter(pl.col("decision") == H.NO_DIFFERENCE)
             if c.height:
                 calm.append(f"LR {_lr_list(c['lr'].to_list(), tested)} at depth {d}")
-        out.append((f"Without {who} the final loss is worse, with error control, "
-                    + "; ".join(worse) + ".") if worse else
-                   f"No LR shows {who} off worse with error control.")
+        margin = f"{th['min_gap'][0]:g}" if th.height else "the margin's"
+        out.append((f"Without {who} the final loss is worse by more than {margin} nats, with "
+                    "error control, " + "; ".join(worse) + ".") if worse else
+                   f"No LR shows {who} off worse by more than {margin} nats with error control.")
         out.append(("No difference within the margin (equivalence test) at "
                     + "; ".join(calm) + ".") if calm else
                    "No LR passes the equivalence test: \"no difference\" is shown nowhere.")
         t = th.filter(pl.col("on_kind") == on).filter(pl.col("threshold").is_not_null())
-        placed = [(r["depth"], _threshold_text(r)) for r in t.iter_rows(named=True)]
-        stated = [f"{text} at depth {d}" for d, text in placed if text]
-        vague = [str(d) for d, text in placed if not text]
-        if stated and worse:
-            out.append("The necessity threshold (95% interval) is " + ", ".join(stated) + ".")
-        elif stated:  # the seed-mean gaps cross min_gap, but no cell passes its test
-            out.append("No threshold is claimed: the seed-mean gaps alone would put it at "
+        placed = [(r["depth"], _threshold_text(r), r["rule"]) for r in t.iter_rows(named=True)]
+        stated = [f"{text} at depth {d}" for d, text, _ in placed if text]
+        vague = [str(d) for d, text, _ in placed if not text]
+        if stated and worse:  # the practitioner's line per depth (threshold.practitioner_line)
+            out += [rule + "." for _, text, rule in placed if text and rule]
+        elif stated:  # the fitted gap reaches the margin, but no cell passes its test
+            out.append("No threshold is claimed: the fitted gaps alone would put it at "
                        + ", ".join(stated) + ", but no LR passes the off-worse test.")
         if vague:
             out.append(f"Too few seeds to place the threshold at depth {', '.join(vague)}: its "

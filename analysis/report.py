@@ -1,5 +1,5 @@
 """`python -m analysis report [RUNS_DIR] [key=value ...]`: the study report. Loads the runs,
-computes the study (analyse), draws the charts and writes the tables (Parquet + CSV), the
+computes the study (analysis.study.analyse), draws the charts and writes the tables (Parquet + CSV), the
 charts (PNG, SVG, HTML) and one offline report.html with the verdicts and the provenance of
 the runs behind them (analysis/page.py renders it, analysis/prose.py words it)."""
 
@@ -9,7 +9,7 @@ import io
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import altair as alt
@@ -23,169 +23,12 @@ from qkstudy.run_folder import FINISHED
 from . import charts as C
 from . import compare as K
 from . import metrics as M
-from . import verdicts as V
 from .linked import link
-from .load import Runs, load_runs
+from .load import load_runs
 from .outfolder import check_replaceable, check_writable, replacing
 from .page import failed_page, render_html
-from .prose import CHARTS, setting_label
-
-
-@dataclass(frozen=True)
-class ReportOptions:
-    """Everything that changes the report besides the runs themselves."""
-
-    loss_threshold: float | None = None  # steps-to-threshold level; None: per depth, see docs
-    curve_lrs: tuple[float, ...] = ()  # LRs for training curves; empty: chosen per depth
-    probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart; empty: see charts
-    study: M.Options = field(default_factory=M.Options)
-    png_scale: float = 2.0
-    compare_with: str = ""  # a second runs folder: the page compares its gaps and verdicts
-
-
-@dataclass
-class Study:
-    """The numbers of one report, before any of it is written."""
-
-    runs: Runs
-    framework: str
-    setting: str
-    points: pl.DataFrame  # finished runs of the primary framework and setting
-    others: pl.DataFrame  # finished runs of other frameworks in that setting (overlaid)
-    probe_steps: pl.DataFrame  # (run, step, name, value) reduced over layers
-    per_run: pl.DataFrame
-    arms: pl.DataFrame
-    sensitivity_per_seed: pl.DataFrame
-    stable_per_seed: pl.DataFrame
-    gaps: pl.DataFrame
-    thresholds: pl.DataFrame
-    spikes: pl.DataFrame
-    verdicts: pl.DataFrame
-    best_gaps: pl.DataFrame  # H1: off's best loss minus on's, each at its own optimal LR
-    h2_tests: pl.DataFrame  # H2: max stable LR ratio and LR sensitivity drop per depth
-    h3_tests: pl.DataFrame  # H3: the threshold's shift between each pair of depths
-    twins: pl.DataFrame
-    loss_thresholds: pl.DataFrame
-    notes: list[str]
-
-
-def _most_common(column: pl.Series, prefer: str | None = None) -> str:
-    counts = column.value_counts(sort=True)
-    if prefer is not None and prefer in column.to_list():
-        return prefer
-    return counts.row(0)[0]
-
-
-
-def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
-    """All study numbers: choose the runs, then the per-run table and the study metrics."""
-    table = runs.table
-    finished = table.filter(pl.col("status").is_in(FINISHED))
-    if finished.is_empty():
-        raise UsageError(f"no finished runs under {runs.root} (all {table.height} failed)")
-    notes = []
-    framework = _most_common(finished["framework"], prefer="mlx")
-    primary = finished.filter(pl.col("framework") == framework)
-    setting = _most_common(primary["setting"])
-    settings = primary["setting"].unique().to_list()
-    if len(settings) > 1:
-        left = primary.filter(pl.col("setting") != setting)
-        chosen = primary.height - left.height
-        notes.append(f"the study metrics use the largest group of {framework} runs that share "
-                     f"one setting: {chosen} runs with {setting_label(setting, settings)}; the "
-                     f"other {left.height} runs differ in that setting and are listed but left "
-                     f"out of the metrics (give their sweep folder to report them)")
-    points = primary.filter(pl.col("setting") == setting)
-    unique = points.unique(subset="identity", keep="first", maintain_order=True)
-    if unique.height < points.height:
-        notes.append(f"{points.height - unique.height} runs repeat the configuration of another "
-                     f"run (same identity, another folder); the first of each is used")
-        points = unique
-    pairs = points.select("seed", "data_seed").unique()
-    if pairs.height > pairs["seed"].n_unique():
-        # replicates differ in data order as well as init: count each (seed, data_seed) pair
-        points = points.with_columns(
-            seed=(pl.struct("seed", "data_seed").rank("dense") - 1).cast(pl.Int64))
-        notes.append("seeds count as (seed, data_seed) pairs, numbered from 0 in the metrics")
-    others = finished.filter((pl.col("framework") != framework) & (pl.col("setting") == setting))
-    if others.height:
-        notes.append(f"{others.height} run{'s' if others.height != 1 else ''} of framework "
-                     f"{', '.join(sorted(others['framework'].unique()))} are overlaid on their "
-                     f"{framework} twins, not mixed into the study metrics")
-    study = options.study
-    arms = M.arm_table(points)
-    gaps = M.gap_table(points, study)
-    thresholds = M.necessity_threshold(points, study, gaps)
-    verdicts, best_gaps, h2_tests, h3_tests = V.study_verdicts(points, study)
-    if options.loss_threshold is not None:
-        loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
-            .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))
-    else:
-        loss_thresholds = M.default_loss_thresholds(points, runs.metrics)
-    probe_steps = M.probe_over_layers(runs.probes).collect()
-    per_run = per_run_table(runs, probe_steps, loss_thresholds, in_study=points["run"])
-    grid = M.mark_base_grid(points).select("run", "in_grid")
-    per_run = per_run.join(grid, on="run", how="left")
-    twins = twin_table(runs, framework)
-    return Study(runs=runs, framework=framework, setting=setting, points=points, others=others,
-                 probe_steps=probe_steps, per_run=per_run, arms=arms,
-                 sensitivity_per_seed=M.lr_sensitivity_per_seed(points),
-                 stable_per_seed=M.max_stable_lr_per_seed(points, study), gaps=gaps,
-                 thresholds=thresholds, spikes=M.spike_table(points), verdicts=verdicts,
-                 best_gaps=best_gaps, h2_tests=h2_tests, h3_tests=h3_tests,
-                 twins=twins,
-                 loss_thresholds=loss_thresholds, notes=notes)
-
-
-def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.DataFrame,
-                  in_study: pl.Series) -> pl.DataFrame:
-    """One row per run: design, outcome, steps-to-threshold and probe summaries."""
-    t = runs.table
-    reached = M.steps_to_threshold(runs.metrics, t, loss_thresholds)
-    probes = M.probe_summary(probe_steps)
-    first = ["run", "sweep", "run_id", "framework", "depth", "arm", "qk_norm", "lr", "seed",
-             "data_seed", "status", "init_loss", "final_val_loss", "final_val_ppl",
-             "min_val_loss", "final_train_loss", "diverged_step", "diverged_reason", "steps",
-             "tokens_seen", "loss_threshold", "steps_to_threshold", "tokens_to_threshold",
-             "peak_max_attention_logit"]
-    out = (t.with_columns(final_val_ppl=pl.col("final_val_loss").exp(),
-                          in_study=pl.col("run").is_in(in_study.implode()))
-           .join(loss_thresholds, on="depth", how="left")
-           .join(reached, on="run", how="left")
-           .join(probes, on="run", how="left"))
-    for name in first:
-        if name not in out.columns:
-            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(name))
-    probe_cols = sorted(c for c in out.columns if c.startswith("final_") and c not in first)
-    rest = [c for c in out.columns if c not in first and c not in probe_cols]
-    return out.select(first + probe_cols + rest).sort("depth", "arm", "lr", "seed",
-                                                      "framework")
-
-
-def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
-    """Runs of another framework next to their twin (same identity) of the primary one, with
-    the largest val loss difference over the eval steps both logged."""
-    t = runs.table.select("run", "framework", "identity", "depth", "arm", "lr", "seed",
-                          "status", "final_val_loss")
-    base = t.filter(pl.col("framework") == framework).unique(subset="identity", keep="first",
-                                                                maintain_order=True)
-    other = t.filter(pl.col("framework") != framework)
-    pairs = other.join(base.select("identity", twin_run="run", twin_status="status",
-                                   twin_final_val_loss="final_val_loss"), on="identity")
-    if pairs.is_empty():
-        return pairs.drop("identity")
-    val = runs.metrics.filter(pl.col("val_loss").is_not_null()).select("run", "step", "val_loss")
-    curves = (pairs.lazy().select("run", "twin_run")
-              .join(val, on="run")
-              .join(val.rename({"run": "twin_run", "val_loss": "twin_val_loss"}),
-                    on=["twin_run", "step"])
-              .group_by("run").agg(common_eval_steps=pl.len(),
-                                   max_abs_val_diff=(pl.col("val_loss")
-                                                     - pl.col("twin_val_loss")).abs().max())
-              .collect())
-    return (pairs.join(curves, on="run", how="left")
-            .with_columns(final_loss_diff=pl.col("final_val_loss") - pl.col("twin_final_val_loss"))
-            .drop("identity").sort("depth", "arm", "lr", "seed"))
+from .prose import CHARTS
+from .study import ReportOptions, Study, analyse
 
 
 def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevelMixin]:
@@ -235,9 +78,10 @@ def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
 
 
 def build_report(runs_dir: str | Path, out: str | Path,
-                 options: ReportOptions = ReportOptions()) -> tuple[Path, Study | None]:
+                 options: ReportOptions | None = None) -> tuple[Path, Study | None]:
     """Load, analyse, draw and write everything; returns the report.html path and the study
     (None when no run finished: the page then lists the failed runs)."""
+    options = options or ReportOptions()
     out = Path(out)
     check_replaceable(out)
     runs = load_runs(runs_dir)
@@ -267,6 +111,8 @@ def build_report(runs_dir: str | Path, out: str | Path,
         write_table(study.h2_tests, tables, "h2_tests")
         write_table(study.h3_tests, tables, "h3_tests")
         write_table(study.twins, tables, "twins")
+        if study.exploratory_gaps.height:
+            write_table(study.exploratory_gaps, tables, "exploratory_gaps")
         specs = {}
         for name, chart in build_charts(study, options).items():
             specs[name] = link(name, chart.to_dict())
@@ -304,8 +150,8 @@ keys (defaults shown):
                                   kurtosis and a few others when present)
   alpha=0.05                      error level of each hypothesis's family of tests
                                   (Benjamini-Hochberg)
-  min_gap=0.02                    nats: the smallest loss gap that counts as a difference and
-                                  the equivalence margin of "no difference" (2% perplexity)"""
+  min_gap=0.1                     nats: the plan's margin (docs/report.md): off worse by more is
+                                  "needed", within +-min_gap "no difference" (10.5% perplexity)"""
 
 
 @dataclass(frozen=True)
@@ -317,7 +163,7 @@ class ReportArgs:
     curve_lrs: str = ""
     probes: str = ""
     alpha: float = 0.05
-    min_gap: float = 0.02
+    min_gap: float = 0.1
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -12,19 +12,27 @@ All tests here are on the mean of n paired differences d_1..d_n (one per seed):
 - `p_equivalent`: TOST (two one-sided tests, statsmodels ttost_paired) of |mean| < margin.
 - `adjust`: Benjamini-Hochberg over one hypothesis's family of p-values (statsmodels
   multipletests), so the expected share of false claims among a family's claims is <= alpha.
+
+Measures that take a few grid values (a max stable LR ratio of x1, x1.83, x10) have ties, where
+a t statistic is meaningless; `p_signflip` is the exact sign-flip permutation test of the mean
+(all 2^n sign patterns; a tie scores as its pattern does, never better than a spread).
+Intervals that span learning rates come from `seed_bootstrap`: whole seeds are resampled (a
+drawn seed brings every LR, depth and arm it ran), so the correlation of one seed's runs
+across LRs is kept; `isotonic` is the monotone fit the necessity threshold is read from.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-import warnings
+import zlib
 
 import numpy as np
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
-from statsmodels.stats.weightstats import ttost_paired
 
-CORRECTION = "Benjamini-Hochberg"
+CORRECTION = "Benjamini-Hochberg"  # H1's large family: the share of false claims
+HOLM = "Holm"  # H2's and H3's small families: the chance of any false claim
 LEVEL = 0.95  # every interval reported is a two-sided 95% interval
 
 
@@ -37,30 +45,35 @@ def _flat(d: np.ndarray) -> bool:
     return float(d.std(ddof=1)) <= 1e-12 * max(1.0, float(np.abs(d).max()))
 
 
+def _t(d: np.ndarray) -> tuple[float, float, int]:
+    """(mean, standard error, degrees of freedom) of the values."""
+    return float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d)), len(d) - 1
+
+
 def interval(diffs, level: float = LEVEL) -> tuple[float | None, float | None]:
-    """The two-sided t-interval of the mean; (None, None) below 2 values; the point itself when
-    every value is equal (no spread to widen it)."""
+    """The two-sided t-interval of the mean (as scipy.stats.ttest_1samp(...).confidence_interval
+    gives it); (None, None) below 2 values; the point itself when every value is equal (no
+    spread to widen it)."""
     d = _values(diffs)
     if len(d) < 2:
         return None, None
     if _flat(d):
         return float(d.mean()), float(d.mean())
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ci = stats.ttest_1samp(d, 0.0).confidence_interval(level)
-    return float(ci.low), float(ci.high)
+    mean, se, df = _t(d)
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    return mean - half, mean + half
 
 
 def p_greater(diffs) -> float | None:
-    """One-sided p of mean(diffs) > 0; None below 2 values (see the module docstring)."""
+    """One-sided p of mean(diffs) > 0 (Student's t, as scipy's ttest_1samp with
+    alternative="greater"); None below 2 values (see the module docstring)."""
     d = _values(diffs)
     if len(d) < 2:
         return None
     if _flat(d):
         return 0.5 ** len(d) if (d > 0).all() else 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(stats.ttest_1samp(d, 0.0, alternative="greater").pvalue)
+    mean, se, df = _t(d)
+    return float(stats.t.sf(mean / se, df))
 
 
 def p_less(diffs) -> float | None:
@@ -69,36 +82,164 @@ def p_less(diffs) -> float | None:
 
 
 def p_equivalent(diffs, margin: float) -> float | None:
-    """TOST p of -margin < mean(diffs) < margin; None below 2 values. With no spread: 0.5^n
-    when every value lies inside the margin (the exact sign-flip bound), else 1."""
+    """TOST p of -margin < mean(diffs) < margin (the larger of the two one-sided t-tests, as
+    statsmodels' ttost_paired gives it); None below 2 values. With no spread: 0.5^n when every
+    value lies inside the margin (the exact sign-flip bound), else 1."""
     d = _values(diffs)
     if len(d) < 2 or margin <= 0:
         return None
     if _flat(d):
         return 0.5 ** len(d) if (np.abs(d) < margin).all() else 1.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p, _, _ = ttost_paired(d, np.zeros_like(d), -margin, margin)
-    return float(p)
+    mean, se, df = _t(d)
+    return float(max(stats.t.sf((mean + margin) / se, df), stats.t.cdf((mean - margin) / se, df)))
 
 
-def adjust(pvalues: list[float | None], alpha: float) -> list[float | None]:
-    """Benjamini-Hochberg adjusted p-values of one family (None stays None, untested)."""
+def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
+           ) -> list[float | None]:
+    """Adjusted p-values of one family (None stays None, untested): Benjamini-Hochberg
+    ("fdr_bh") or Holm ("holm"), statsmodels' multipletests."""
     tested = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
     out: list[float | None] = [None] * len(pvalues)
     if tested:
         _, adjusted, _, _ = multipletests([pvalues[i] for i in tested], alpha=alpha,
-                                          method="fdr_bh")
+                                          method=method)
         for i, q in zip(tested, adjusted):
             out[i] = float(q)
     return out
 
 
-def adjust_family(tests: list[tuple[dict, str]], alpha: float) -> None:
+def adjust_family(tests: list[tuple[dict, str]], alpha: float, method: str = "fdr_bh") -> None:
     """Adjust one hypothesis's family in place: `tests` are (row, "p_<claim>") pairs; each row
-    gets "q_<claim>" (Benjamini-Hochberg) and "family_size" (the tests that had a p-value)."""
-    qs = adjust([row[key] for row, key in tests], alpha)
+    gets "q_<claim>" (Benjamini-Hochberg, or Holm) and "family_size" (the tests that had a
+    p-value)."""
+    qs = adjust([row[key] for row, key in tests], alpha, method)
     size = sum(q is not None for q in qs)
     for (row, key), q in zip(tests, qs):
         row["q" + key[1:]] = q
         row["family_size"] = size
+
+
+# --- ties: the exact sign-flip test --------------------------------------------------------------
+
+EXACT_UP_TO = 18  # sign patterns enumerated up to 2^18; beyond, 2^16 random patterns
+
+
+def p_signflip(diffs, shift: float = 0.0, rng: np.random.Generator | None = None
+               ) -> float | None:
+    """One-sided p of mean(diffs) > shift by the sign-flip permutation test: the share of the
+    2^n sign patterns of (d_i - shift) whose sum is at least the observed sum. Exact for
+    n <= 18 (valid when each shifted difference is symmetric about 0 under the null; for
+    shift = 0 and a sharp null, paired arms are exchangeable, which is all it needs). Ties
+    and zeros are handled as they are: a zero never changes sign, so with k non-zero values
+    the smallest attainable p is 2^-k. None below 2 values."""
+    d = _values(diffs) - shift
+    n = len(d)
+    if n < 2:
+        return None
+    observed = d.sum()
+    if n <= EXACT_UP_TO:
+        signs = _sign_patterns(n)
+    else:
+        rng = rng or np.random.default_rng(0)
+        signs = np.vstack([np.ones(n), rng.choice([-1.0, 1.0], size=(2 ** 16, n))])
+    sums = signs @ d
+    tol = 1e-9 * max(1.0, float(np.abs(d).sum()))
+    return float(np.mean(sums >= observed - tol))
+
+
+@functools.cache
+def _sign_patterns(n: int) -> np.ndarray:
+    """Every pattern of n signs, one a row (2^n x n)."""
+    return (1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)).astype(float)
+
+
+def smallest_signflip_p(n: int) -> float:
+    """The smallest p the exact sign-flip test can give on n non-zero values."""
+    return 0.5 ** n
+
+
+def p_signflip_equivalent(diffs, margin: float) -> float | None:
+    """TOST by sign flips: max of p(mean > -margin) and p(mean < margin)."""
+    d = _values(diffs)
+    if len(d) < 2 or margin <= 0:
+        return None
+    return max(p_signflip(d, -margin), p_signflip(-d, -margin))
+
+
+# --- whole-seed bootstrap --------------------------------------------------------------------
+
+BOOTSTRAP_DRAWS = 2000
+
+
+def seed_draws(n_seeds: int, draws: int, key: str) -> np.ndarray:
+    """(draws, n_seeds) indices of seeds drawn with replacement, from a generator seeded by
+    `key` (so a report is reproducible)."""
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    return rng.integers(0, n_seeds, size=(draws, n_seeds))
+
+
+def seed_bootstrap(values: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cell means of whole-seed resamples: `values` is (seeds, cells), NaN where a seed did not
+    run a cell; `draws` is (B, k) seed indices (seed_draws). Returns (means, counts), each
+    (B, cells): a cell's mean over the drawn seeds that ran it (a seed drawn twice counts twice),
+    rescaled about the cell's own mean by sqrt(n / (n - 1)) for the cell's n seeds, so the draws
+    have the spread of the t-interval's standard error rather than the (n - 1) / n of it a plain
+    bootstrap gives with few seeds; NaN and count 0 where no drawn seed ran the cell. A cell of
+    one seed keeps its one value."""
+    present = ~np.isnan(values)
+    n = present.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, np.nansum(values, axis=0) / np.maximum(n, 1), np.nan)
+        scale = np.where(n > 1, np.sqrt(n / np.maximum(n - 1, 1)), 0.0)
+    deviation = np.where(present, values - mean, 0.0)
+    picked = deviation[draws]  # (B, k, cells)
+    counts = present[draws].sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = mean + scale * picked.sum(axis=1) / counts
+    return np.where(counts > 0, means, np.nan), counts
+
+
+def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """The two-sided percentile interval of bootstrap draws (infinities allowed: an open end)."""
+    tail = (1 - level) / 2 * 100
+    lo, hi = np.percentile(draws, [tail, 100 - tail], method="inverted_cdf")
+    return float(lo), float(hi)
+
+
+def p_bootstrap(null_side: np.ndarray) -> float:
+    """A bootstrap p-value: the share of draws on the null side, counted with the observed
+    sample as one more (never 0)."""
+    return float((1 + null_side.sum()) / (len(null_side) + 1))
+
+
+# --- the monotone fit ---------------------------------------------------------------------------
+
+def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted non-decreasing least-squares fit of each row of `means` (rows x points in
+    order), vectorised over rows by the min-max formula fit_i = max over j <= i of min over
+    k >= i of the weighted mean of points j..k. A point of weight 0 (NaN mean) leaves the fit
+    and takes the fit of its neighbours."""
+    means = np.atleast_2d(np.asarray(means, float))
+    w = np.where(np.isnan(means), 0.0, np.broadcast_to(np.atleast_2d(weights), means.shape))
+    wy = np.cumsum(np.concatenate([np.zeros((means.shape[0], 1)),
+                                   np.where(w > 0, means * w, 0.0)], axis=1), axis=1)
+    cw = np.cumsum(np.concatenate([np.zeros((means.shape[0], 1)), w], axis=1), axis=1)
+    m = means.shape[1]
+    j, k = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        block = (wy[:, k + 1] - wy[:, j]) / (cw[:, k + 1] - cw[:, j])  # (rows, j, k)
+    block = np.where((k >= j)[None] & np.isfinite(block), block, np.nan)
+    # min over k >= i, for each j: a reversed running minimum (NaN blocks of weight 0 skipped)
+    filled = np.where(np.isnan(block), np.inf, block)
+    suffix_min = np.minimum.accumulate(filled[:, :, ::-1], axis=2)[:, :, ::-1]
+    usable = (j <= k)[None]  # j <= i (the i axis is the k axis here)
+    candidates = np.where(usable, suffix_min, -np.inf)
+    fit = candidates.max(axis=1)  # max over j <= i
+    return np.where(np.isfinite(fit), fit, np.nan)
+
+
+def clopper_pearson_upper(hits: int, n: int, level: float = LEVEL) -> float:
+    """The upper end of the two-sided Clopper-Pearson interval of a rate hits / n."""
+    if hits >= n:
+        return 1.0
+    return float(stats.beta.ppf(1 - (1 - level) / 2, hits + 1, n - hits))

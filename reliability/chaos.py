@@ -116,9 +116,9 @@ def compare_run(ref: Path, got: Path) -> list[str]:
 
 
 def report_tables(sweep_dir: Path) -> dict:
-    """The report's tables (analysis.report.analyse), wall-clock and path columns left out."""
+    """The report's tables (analysis.study.analyse), wall-clock and path columns left out."""
     from analysis.load import load_runs
-    from analysis.report import analyse
+    from analysis.study import analyse
 
     study = analyse(load_runs(sweep_dir))
     tables = {name: getattr(study, name) for name in TABLES}

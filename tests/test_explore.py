@@ -16,7 +16,7 @@ import pytest
 from analysis import load_study
 from analysis import metrics as M
 from analysis.load import load_runs
-from analysis.report import analyse
+from analysis.study import analyse
 from analysis.study import probe_curves, training_curves
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
@@ -54,7 +54,7 @@ def test_load_study_returns_the_report_tables(tiny_runs):
         "per_run": {"run", "depth", "arm", "lr", "seed", "status", "final_val_loss"},
         "arms": {"depth", "arm", "max_stable_lr", "optimal_lr", "best_loss"},
         "h2_tests": {"depth", "on_kind", "measure", "effect", "decision"},
-        "h3_tests": {"on_kind", "depth_shallow", "depth_deep", "shift_decades", "decision"},
+        "h3_tests": {"on_kind", "depths", "slope", "ci_lo", "ci_hi", "decision"},
         "best_gaps": {"depth", "on_kind", "mean_gap", "ci_lo", "ci_hi", "decision"},
     }
     for name, columns in expected.items():

@@ -108,11 +108,8 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
         if not failed and gaps:
             means[lr] = sum(gaps) / len(gaps)
     for _ in range(sweep.threshold_steps):
-        bracket = threshold_bracket(means, sweep.min_gap)
-        if bracket is None or bracket[1] / bracket[0] <= sweep.refine_factor:
-            return means, []
-        mid = three_significant(math.sqrt(bracket[0] * bracket[1]))
-        if not bracket[0] < mid < bracket[1]:
+        mid = next_threshold_lr(means, sweep.min_gap, sweep.refine_factor)
+        if mid is None:
             return means, []
         gaps, failed, pending = cell(sweep, depth, mid, arm, sweep.seeds)
         if pending:
@@ -121,6 +118,18 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
             return means, []
         means[mid] = sum(gaps) / len(gaps)
     return means, []
+
+
+def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
+                      ) -> float | None:
+    """The next LR of the threshold bisection (the geometric mean of the bracket, to three
+    digits), or None when there is no bracket or it is already within `factor`. Shared with
+    the calibration's simulated sweeps (analysis/calibrate.py), which run the same rule."""
+    bracket = threshold_bracket(means, min_gap)
+    if bracket is None or bracket[1] / bracket[0] <= factor:
+        return None
+    mid = three_significant(math.sqrt(bracket[0] * bracket[1]))
+    return mid if bracket[0] < mid < bracket[1] else None
 
 
 def threshold_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:

@@ -1,0 +1,377 @@
+"""The tests of H1-H3, fixed by the analysis plan (docs/report.md) before any data: which claims,
+which test, which family each belongs to. The labels that turn them into verdicts are
+analysis.verdicts; the measures they test are analysis.metrics and analysis.threshold.
+
+- H1, per (depth, compared arm, LR) cell, three claims on the paired gaps (off minus on):
+  off worse by more than the margin (one-sided t-test of mean > min_gap), on worse by more than
+  the margin (mean < -min_gap), no difference (TOST, |mean| < min_gap); per depth one more, off's
+  best loss worse than on's. One family per compared arm, Benjamini-Hochberg.
+- H2, pooled over depths, one unit per (depth, seed): max stable LR (log ratio on / off) and LR
+  sensitivity (off minus on), each with for (> 0), against (< 0) and equivalent (within
+  lr_ratio_margin or min_gap), by the exact sign-flip test (the ratios take a few grid values:
+  ties). "Equivalent" is tested only where every boundary is known more finely than the
+  margin. Max usable LR is exploratory: tested the same way, outside the family and the verdict.
+- H3, the slope of log10(threshold) against log2(depth), with whole-seed bootstrap tests of
+  falls (< 0), rises (> 0) and equal (|slope| < slope_margin).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from . import stats as S
+from .metrics import (
+    ARM,
+    OFF,
+    Options,
+    full_curves,
+    lr_sensitivity_per_seed,
+    max_stable_lr_per_seed,
+    on_kinds,
+    paired_gaps,
+    with_losses,
+)
+from .threshold import DepthDraws, threshold_draws
+
+# The outcome of one (depth, LR) cell, decided on the family-adjusted tests (docs/report.md)
+OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
+    "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
+
+GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs": pl.Int64,
+              "mean_gap": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
+              "gap_sd": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
+              "p_off_worse": pl.Float64, "p_on_worse": pl.Float64, "p_equivalent": pl.Float64,
+              "q_off_worse": pl.Float64, "q_on_worse": pl.Float64, "q_equivalent": pl.Float64,
+              "family_size": pl.Int64, "decision": pl.String, "informative": pl.Boolean,
+              "off_diverged": pl.Int64, "on_diverged": pl.Int64, "off_degraded": pl.Int64,
+              "on_degraded": pl.Int64, "loss_off": pl.Float64, "loss_on": pl.Float64,
+              "significant": pl.Boolean, "worse": pl.Boolean, "no_difference": pl.Boolean,
+              "both_diverged": pl.Boolean, "needed": pl.Boolean}
+
+BEST_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "pairs": pl.Int64,
+               "best_loss_off": pl.Float64, "best_loss_on": pl.Float64, "mean_gap": pl.Float64,
+               "ci_lo": pl.Float64, "ci_hi": pl.Float64, "seed_gaps": pl.String,
+               "p_off_worse": pl.Float64, "q_off_worse": pl.Float64, "family_size": pl.Int64,
+               "decision": pl.String}
+
+
+# --- H1 -----------------------------------------------------------------------------------------
+
+def _cell(g: dict[str, list], options: Options) -> dict:
+    """One (depth, on_kind, lr) cell's gaps with their interval and raw one-sided p-values
+    (`g`: the cell's paired_gaps rows as columns, in seed order). A cell where no run of either
+    arm learned (each diverged or degraded) is uninformative: it tells nothing about whether
+    the control is needed and is not tested."""
+    values = g["gap"]
+    n = len(values)
+    off_failed = [a or b for a, b in zip(g["diverged_off"], g["degraded_off"])]
+    on_failed = [a or b for a, b in zip(g["diverged_on"], g["degraded_on"])]
+    failed = all(off_failed) and all(on_failed)
+    tested = n >= 2 and not failed
+    m = options.min_gap
+    lo, hi = S.interval(values) if n >= 2 else (None, None)
+    # a run that diverged counts as its initial loss, ~2.5 nats above a trained one: a gap made
+    # by a divergence is a yes/no event a t-test would read as a precise number, so a cell where
+    # any run diverged is tested by the exact sign-flip tests (2^-n at best)
+    mixed = any(g["diverged_off"]) or any(g["diverged_on"])
+    greater = S.p_signflip if mixed else S.p_greater
+    return {
+        "pairs": n, "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
+        "gap_sd": float(np.std(values, ddof=1)) if n > 1 else None,
+        "seed_gaps": ", ".join(f"{v:+.3g}" for v in values), "spread": f"n={n}",
+        "p_off_worse": greater([v - m for v in values]) if tested else None,
+        "p_on_worse": greater([-v - m for v in values]) if tested else None,
+        "p_equivalent": ((S.p_signflip_equivalent(values, m) if mixed
+                          else S.p_equivalent(values, m)) if tested else None),
+        "informative": not failed,
+        "off_diverged": sum(g["diverged_off"]), "on_diverged": sum(g["diverged_on"]),
+        "off_degraded": sum(g["degraded_off"]), "on_degraded": sum(g["degraded_on"]),
+        "loss_off": float(np.mean(g["loss_off"])), "loss_on": float(np.mean(g["loss_on"])),
+        "both_diverged": sum(g["diverged_on"]) == n}
+
+
+def _decide(cell: dict, alpha: float) -> str:
+    if cell["pairs"] < 2:
+        return TOO_FEW
+    if not cell["informative"]:
+        return UNINFORMATIVE
+    for claim, decision in (("q_off_worse", OFF_WORSE), ("q_on_worse", ON_WORSE),
+                            ("q_equivalent", NO_DIFFERENCE)):
+        if cell[claim] is not None and cell[claim] < alpha:
+            return decision
+    return UNDETERMINED
+
+
+def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
+    """Per (depth, on_kind, seed): each arm's best final loss over every LR run (its own optimal
+    LR) and gap = off - on. Seeds where either arm never finished with a finite loss are out."""
+    p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
+    best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
+    off = best.filter(pl.col(ARM) == OFF).drop(ARM)
+    frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],
+                       suffix="_on").with_columns(on_kind=pl.lit(on))
+              for on in on_kinds(points)]
+    schema = {"depth": pl.Int64, "seed": pl.Int64, "best": pl.Float64, "best_on": pl.Float64,
+              "on_kind": pl.String}
+    return (pl.concat(frames) if frames else pl.DataFrame(schema=schema)).sort(
+        "on_kind", "depth", "seed")
+
+
+def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(gap cells, best-loss gaps): every test of H1's family, adjusted together per on_kind
+    (module docstring). The `needed` column is filled by `mark_needed` once the threshold is
+    known."""
+    gaps = paired_gaps(points, options)
+    bests = best_loss_gaps(points)
+    cells, best_rows = [], []
+    by_cell: dict[tuple, dict[str, list]] = {}
+    columns = ("gap", "diverged_off", "degraded_off", "diverged_on", "degraded_on", "loss_off",
+               "loss_on")
+    for row in gaps.sort("on_kind", "depth", "lr", "seed").iter_rows(named=True):
+        cell = by_cell.setdefault((row["on_kind"], row["depth"], row["lr"]),
+                                  {c: [] for c in columns})
+        for c in columns:
+            cell[c].append(row[c])
+    for (on, depth, lr), g in by_cell.items():
+        cells.append({"depth": depth, "on_kind": on, "lr": lr, **_cell(g, options)})
+    for (on, depth), g in bests.group_by("on_kind", "depth", maintain_order=True):
+        values = (g["best"] - g["best_on"]).to_list()
+        lo, hi = S.interval(values)
+        best_rows.append({"depth": depth, "on_kind": on, "pairs": len(values),
+                          "best_loss_off": float(g["best"].mean()),
+                          "best_loss_on": float(g["best_on"].mean()),
+                          "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
+                          "seed_gaps": ", ".join(f"{v:+.3g}" for v in values),
+                          "p_off_worse": S.p_greater(values)})
+    for on in {c["on_kind"] for c in cells} | {b["on_kind"] for b in best_rows}:
+        keys = [(c, k) for c in cells if c["on_kind"] == on
+                for k in ("p_off_worse", "p_on_worse", "p_equivalent")]
+        keys += [(b, "p_off_worse") for b in best_rows if b["on_kind"] == on]
+        S.adjust_family(keys, options.alpha)
+    for c in cells:
+        c["decision"] = _decide(c, options.alpha)
+        c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,
+                 worse=c["decision"] == OFF_WORSE, no_difference=c["decision"] == NO_DIFFERENCE,
+                 needed=None)
+    for b in best_rows:
+        b["decision"] = (TOO_FEW if b["pairs"] < 2 else OFF_WORSE if (
+            b["q_off_worse"] is not None and b["q_off_worse"] < options.alpha) else UNDETERMINED)
+    return (pl.DataFrame(cells, schema=GAP_SCHEMA).sort("on_kind", "depth", "lr"),
+            pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("on_kind", "depth"))
+
+
+def mark_needed(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
+    """`needed`: the cell is "off worse" and lies at or above its depth's threshold."""
+    return (gaps.drop("needed")
+            .join(thresholds.select("depth", "on_kind", "threshold_lr", "censored"),
+                  on=["depth", "on_kind"], how="left")
+            .with_columns(needed=(pl.col("decision") == OFF_WORSE)
+                          & ((pl.col("censored") == "below")
+                             | (pl.col("lr") >= pl.col("threshold_lr")).fill_null(False)))
+            .drop("threshold_lr", "censored").select(list(GAP_SCHEMA))
+            .sort("on_kind", "depth", "lr"))
+
+
+# --- H2 -----------------------------------------------------------------------------------------
+
+H2_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "measure": pl.String, "role": pl.String,
+             "pairs": pl.Int64, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
+             "unit": pl.String, "per_seed": pl.String, "resolution": pl.Float64,
+             "p_for": pl.Float64, "p_against": pl.Float64, "p_equivalent": pl.Float64,
+             "smallest_p": pl.Float64, "q_for": pl.Float64, "q_against": pl.Float64,
+             "q_equivalent": pl.Float64, "family_size": pl.Int64, "decision": pl.String,
+             "note": pl.String}
+
+MAX_STABLE, MAX_USABLE, SENSITIVITY = "max stable LR", "max usable LR", "LR sensitivity"
+LR_MEASURES = (MAX_STABLE, MAX_USABLE)
+PRIMARY, EXPLORATORY, PER_DEPTH = "primary", "exploratory", "per depth (descriptive)"
+H2_MEASURES = ((MAX_STABLE, PRIMARY), (SENSITIVITY, PRIMARY), (MAX_USABLE, EXPLORATORY))
+
+
+def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measure: str
+              ) -> pl.DataFrame:
+    """One row per (depth, seed) run in both arms: diff (log(on / off) for the LR measures,
+    off - on for LR sensitivity), off_censored (off never failed: a lower bound only) and the
+    resolution (the coarsest bracket, largest ok / smallest failed LR, of the two arms)."""
+    if measure == SENSITIVITY:
+        s = sensitivity.drop_nulls("lr_sensitivity")
+        off = s.filter(pl.col(ARM) == OFF).select("depth", "seed", off="lr_sensitivity")
+        on_ = s.filter(pl.col(ARM) == on).select("depth", "seed", on="lr_sensitivity")
+        return (off.join(on_, on=["depth", "seed"])
+                .with_columns(diff=pl.col("off") - pl.col("on"), off_censored=pl.lit(False),
+                              resolution=pl.lit(None, pl.Float64)).sort("depth", "seed"))
+    if measure == MAX_STABLE:
+        value, failed, censored = "max_stable_lr", "first_divergent_lr", "censored"
+    else:
+        value, failed, censored = "max_usable_lr", "first_bad_lr", "usable_censored"
+        per_seed = per_seed.with_columns(first_bad_lr=pl.min_horizontal(
+            "first_divergent_lr", "first_degraded_lr"))
+    # the bracket of the boundary; unknown (null) when nothing failed or everything did
+    res = pl.when(pl.col(failed) > pl.col(value)).then(pl.col(failed) / pl.col(value))
+    cols = per_seed.select("depth", ARM, "seed", v=value, res=res, cens=censored)
+    off = cols.filter(pl.col(ARM) == OFF).drop(ARM)
+    on_ = cols.filter(pl.col(ARM) == on).drop(ARM)
+    return (off.join(on_, on=["depth", "seed"], suffix="_on")
+            .with_columns(diff=(pl.col("v_on") / pl.col("v")).log(), off_censored="cens",
+                          resolution=pl.when(pl.col("res").is_not_null()
+                                             & pl.col("res_on").is_not_null())
+                          .then(pl.max_horizontal("res", "res_on")))
+            .sort("depth", "seed"))
+
+
+def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataFrame,
+            options: Options, seed_ids: list[int]) -> dict:
+    """One H2 row: the effect with its whole-seed interval and, for pooled rows, the exact
+    sign-flip tests."""
+    diffs = units["diff"].to_list()
+    log_scale = measure in LR_MEASURES
+    margin = math.log(options.lr_ratio_margin) if log_scale else options.min_gap
+    # the interval: seeds resampled whole (each brings its value at every depth)
+    depths = sorted(set(units["depth"].to_list()))
+    matrix = np.full((len(seed_ids), len(depths)), np.nan)
+    for d, s, x in units.select("depth", "seed", "diff").iter_rows():
+        matrix[seed_ids.index(s), depths.index(d)] = x
+    lo = hi = None
+    if len(diffs) >= 2 and len(set(units["seed"].to_list())) >= 2:
+        means, counts = S.seed_bootstrap(matrix, S.seed_draws(len(seed_ids), options.bootstrap,
+                                                              f"h2/{on}/{measure}"))
+        with np.errstate(invalid="ignore"):
+            pooled = np.nansum(means * counts, axis=1) / counts.sum(axis=1)
+        finite = pooled[np.isfinite(pooled)]
+        lo, hi = S.percentile_interval(finite) if finite.size else (None, None)
+    censored = int(units["off_censored"].sum())
+    resolution = (units["resolution"].max() if units.height
+                  and not units["resolution"].null_count() else None)
+    seeds = units["seed"].n_unique()
+    tested = role != PER_DEPTH and seeds >= 2 and not censored
+    row = {"depth": depth, "on_kind": on, "measure": measure, "role": role,
+           "pairs": len(diffs),
+           "effect": math.exp(np.mean(diffs)) if log_scale else float(np.mean(diffs)),
+           "ci_lo": None if lo is None else (math.exp(lo) if log_scale else lo),
+           "ci_hi": None if hi is None else (math.exp(hi) if log_scale else hi),
+           "unit": "ratio on/off (geometric mean)" if log_scale else "nats (off - on)",
+           "per_seed": ", ".join((f"x{math.exp(x):.3g}" if log_scale else f"{x:+.3g}")
+                                 for x in diffs),
+           "resolution": resolution,
+           "p_for": S.p_signflip(diffs) if tested else None,
+           "p_against": S.p_signflip([-x for x in diffs]) if tested else None,
+           "p_equivalent": None, "smallest_p": None,
+           "q_for": None, "q_against": None, "q_equivalent": None, "family_size": 0,
+           "decision": PER_DEPTH if role == PER_DEPTH else None, "note": ""}
+    if tested:
+        row["smallest_p"] = S.smallest_signflip_p(sum(1 for x in diffs if x != 0) or len(diffs))
+        coarse = log_scale and (resolution is None or resolution >= options.lr_ratio_margin)
+        if coarse:
+            row["note"] = (f"equivalence not tested: a boundary known only to within "
+                           f"x{resolution:.3g}, not finer than the margin "
+                           f"x{options.lr_ratio_margin:g}" if resolution is not None else
+                           "equivalence not tested: a boundary is not bracketed")
+        else:
+            row["p_equivalent"] = S.p_signflip_equivalent(diffs, margin)
+    elif censored and role != PER_DEPTH:
+        what = "diverged" if measure == MAX_STABLE else "diverged or degraded"
+        row["note"] = f"off never {what} in {censored} (depth, seed) units: a lower bound only"
+    return row
+
+
+def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
+    """Per compared arm and measure: the pooled row with the tests (primary measures in the
+    family, max usable LR exploratory), and one descriptive row per depth."""
+    rows = []
+    per_seed = max_stable_lr_per_seed(points, options)
+    sensitivity = lr_sensitivity_per_seed(points)
+    for on in on_kinds(points):
+        for measure, role in H2_MEASURES:
+            units = _h2_units(per_seed, sensitivity, on, measure)
+            if not units.height:
+                continue
+            seed_ids = sorted(set(units["seed"].to_list()))
+            rows.append(_h2_row(on, None, measure, role, units, options, seed_ids))
+            for d in sorted(set(units["depth"].to_list())):
+                rows.append(_h2_row(on, d, measure, PER_DEPTH,
+                                    units.filter(pl.col("depth") == d), options, seed_ids))
+    a = options.alpha
+    for on in {r["on_kind"] for r in rows}:
+        family = [r for r in rows if r["on_kind"] == on and r["role"] == PRIMARY]
+        S.adjust_family([(r, k) for r in family for k in ("p_for", "p_against", "p_equivalent")],
+                        a, method="holm")
+    for r in rows:
+        if r["role"] == EXPLORATORY:  # unadjusted, outside the family: labelled as such
+            r.update(q_for=r["p_for"], q_against=r["p_against"], q_equivalent=r["p_equivalent"])
+        if r["decision"] is not None:
+            continue
+        if r["p_for"] is None:
+            r["decision"] = UNDETERMINED if r["note"] else TOO_FEW
+        elif r["q_for"] < a:
+            r["decision"] = "for"
+        elif r["q_against"] < a:
+            r["decision"] = "against"
+        elif r["q_equivalent"] is not None and r["q_equivalent"] < a:
+            r["decision"] = "equivalent"
+        else:
+            r["decision"] = UNDETERMINED
+    return pl.DataFrame(rows, schema=H2_SCHEMA).sort(
+        "on_kind", "measure", pl.col("depth").fill_null(0))
+
+
+# --- H3 -----------------------------------------------------------------------------------------
+
+H3_SCHEMA = {"on_kind": pl.String, "depths": pl.String, "slope": pl.Float64,
+             "ci_lo": pl.Float64, "ci_hi": pl.Float64, "undefined_share": pl.Float64,
+             "p_fall": pl.Float64, "p_rise": pl.Float64, "p_equal": pl.Float64,
+             "q_fall": pl.Float64, "q_rise": pl.Float64, "q_equal": pl.Float64,
+             "family_size": pl.Int64, "decision": pl.String, "note": pl.String}
+
+
+def slope(depths: list[int], log_thresholds: np.ndarray) -> np.ndarray:
+    """Least-squares slope of log10(threshold) on log2(depth), per row (draws x depths);
+    NaN where any depth's threshold is censored (infinite) or missing."""
+    x = np.log2(np.asarray(depths, float))
+    x = x - x.mean()
+    y = np.atleast_2d(log_thresholds)
+    with np.errstate(invalid="ignore"):
+        out = (y - y.mean(axis=1, keepdims=True)) @ x / (x @ x)
+    return np.where(np.isfinite(y).all(axis=1), out, np.nan)
+
+
+def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
+             draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
+    """Per compared arm with >= 2 depths: the slope in decades per doubling of depth, its 95%
+    whole-seed interval, and three bootstrap tests: falls (slope < 0), rises (> 0), equal
+    (|slope| < slope_margin, both one-sided). A draw with a censored threshold at some depth has
+    no slope: it counts against every claim. One family per compared arm, Benjamini-Hochberg."""
+    if draws is None:
+        draws = threshold_draws(points, gaps, options)
+    rows = []
+    for on in on_kinds(points):
+        depths = sorted(d for (k, d) in draws if k == on)
+        if len(depths) < 2:
+            continue
+        point = float(slope(depths, np.array([[draws[(on, d)].point for d in depths]]))[0])
+        boot = slope(depths, np.stack([draws[(on, d)].draws for d in depths], axis=1))
+        undefined = np.isnan(boot)
+        finite = boot[~undefined]
+        lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)
+        m = options.slope_margin
+        censored = [d for d in depths if not math.isfinite(draws[(on, d)].point)]
+        rows.append({
+            "on_kind": on, "depths": ", ".join(map(str, depths)), "slope": point,
+            "ci_lo": lo, "ci_hi": hi, "undefined_share": float(undefined.mean()),
+            "p_fall": S.p_bootstrap(undefined | (boot >= 0)),
+            "p_rise": S.p_bootstrap(undefined | (boot <= 0)),
+            "p_equal": max(S.p_bootstrap(undefined | (boot >= m)),
+                           S.p_bootstrap(undefined | (boot <= -m))),
+            "q_fall": None, "q_rise": None, "q_equal": None, "family_size": 0,
+            "decision": None,
+            "note": (f"threshold censored at depth {', '.join(map(str, censored))}: no slope"
+                     if censored else "")})
+    for r in rows:
+        S.adjust_family([(r, k) for k in ("p_fall", "p_rise", "p_equal")], options.alpha,
+                        method="holm")
+        a = options.alpha
+        r["decision"] = ("falls" if r["q_fall"] < a else "rises" if r["q_rise"] < a
+                         else "equal" if r["q_equal"] < a else UNDETERMINED)
+    return pl.DataFrame(rows, schema=H3_SCHEMA).sort("on_kind")

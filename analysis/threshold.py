@@ -1,0 +1,189 @@
+"""The necessity threshold: per depth and compared arm, the learning rate from which switching
+the control off costs at least the plan's margin (`min_gap`, 0.1 nats) in final loss.
+
+Read from a monotone fit: the seed-mean gaps (off minus on, clipped losses) of every
+informative cell, weighted by their paired seeds, are fitted by a non-decreasing function of
+log LR (isotonic regression), and the threshold is where the fit reaches the margin, linear in
+log LR between the two cells either side. Every cell enters, whatever its seed count (a
+threshold-bisection LR run by every seed, a boundary-refinement LR run by some). Censored
+below the grid when the fit is at or above the margin at the smallest LR, above when it stays
+under the margin at the largest: never a number then.
+
+Its 95% interval resamples whole seeds (analysis.stats.seed_bootstrap): a drawn seed brings its
+gaps at every LR and depth, so one seed's correlated runs move together, and the rule is applied
+to each draw. The same draws give H3's slope (analysis.hypotheses). Every rule is written out in
+docs/report.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from . import stats as S
+from .metrics import Options, paired_gaps
+
+
+def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> np.ndarray:
+    """log10 of the threshold for each row of a monotone fit (rows x LRs, ascending): where the
+    fit first reaches `margin`, linear in log LR from the LR before; -inf when it is already
+    there at the smallest LR (censored below), +inf when it never gets there (censored above).
+    NaN fits (no data at an LR in a draw) are passed over."""
+    fit = np.atleast_2d(fit)
+    valid = ~np.isnan(fit)
+    reached = valid & (np.where(valid, fit, -np.inf) >= margin)
+    cols = np.arange(fit.shape[1])
+    # the last LR with data before each LR (-1: none)
+    last = np.maximum.accumulate(np.where(valid, cols, -1), axis=1)
+    first = np.argmax(reached, axis=1)
+    rows = np.arange(fit.shape[0])
+    k = np.where(first > 0, last[rows, np.maximum(first - 1, 0)], -1)
+    out = np.where(reached.any(axis=1), -np.inf, np.inf)
+    inside = reached.any(axis=1) & (k >= 0)
+    r, i, kk = rows[inside], first[inside], k[inside]
+    lo, hi = fit[r, kk], fit[r, i]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(hi > lo, (margin - lo) / (hi - lo), 1.0)
+    out[inside] = log_lrs[kk] + np.clip(t, 0.0, 1.0) * (log_lrs[i] - log_lrs[kk])
+    return out
+
+
+@dataclass
+class DepthDraws:
+    """One (compared arm, depth): its informative LRs, the point threshold and the bootstrap
+    draws (log10 LR; +-inf when censored), and the gaps by seed behind them."""
+
+    lrs: list[float]
+    point: float
+    draws: np.ndarray
+    fit: np.ndarray  # the monotone fit of the seed-mean gaps at `lrs`
+    seeds: int  # the most paired seeds of any of its cells
+
+
+def gap_matrix(gaps: pl.DataFrame, seeds: list[int], lrs: list[float]) -> np.ndarray:
+    """(seeds, LRs) gaps, NaN where a seed has no pair at an LR."""
+    out = np.full((len(seeds), len(lrs)), np.nan)
+    row = {s: i for i, s in enumerate(seeds)}
+    col = {lr: j for j, lr in enumerate(lrs)}
+    for s, lr, g in gaps.select("seed", "lr", "gap").iter_rows():
+        out[row[s], col[lr]] = g
+    return out
+
+
+def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
+                    ) -> dict[tuple[str, int], DepthDraws]:
+    """Per (on_kind, depth) with at least 2 paired seeds somewhere: the threshold's point
+    estimate and its whole-seed bootstrap draws. Seeds are drawn once for the whole study (the
+    same draw at every depth, LR and arm: a seed's runs share its data order), from a generator
+    seeded by the arm's name, so a report is reproducible."""
+    gaps = paired_gaps(points, options)
+    out: dict[tuple[str, int], DepthDraws] = {}
+    informative = cells.filter(pl.col("informative"))
+    for on in sorted(set(informative["on_kind"].to_list())):
+        mine = gaps.filter(pl.col("on_kind") == on)
+        seeds = sorted(set(mine["seed"].to_list()))
+        draws = S.seed_draws(len(seeds), options.bootstrap, f"whole-seed/{on}")
+        for depth in sorted(set(informative.filter(pl.col("on_kind") == on)["depth"].to_list())):
+            c = informative.filter((pl.col("on_kind") == on) & (pl.col("depth") == depth))
+            if int(c["pairs"].max()) < 2:
+                continue
+            lrs = sorted(c["lr"].to_list())
+            values = gap_matrix(mine.filter((pl.col("depth") == depth)
+                                            & pl.col("lr").is_in(lrs)), seeds, lrs)
+            out[(on, depth)] = depth_draws(values, lrs, draws, options.min_gap)
+    return out
+
+
+def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float
+                ) -> DepthDraws:
+    """The threshold of one depth from its (seeds, LRs) gaps, and under each whole-seed draw."""
+    log_lrs = np.log10(lrs)
+    n = (~np.isnan(values)).sum(axis=0)
+    means = np.where(n > 0, np.nansum(values, axis=0) / np.maximum(n, 1), np.nan)
+    fit = S.isotonic(means[None], n.astype(float))
+    point = float(threshold_from_fit(log_lrs, fit, margin)[0])
+    boot_means, counts = S.seed_bootstrap(values, draws)
+    boot_fit = S.isotonic(boot_means, counts.astype(float))
+    return DepthDraws(lrs=lrs, point=point, draws=threshold_from_fit(log_lrs, boot_fit, margin),
+                      fit=fit[0], seeds=int(n.max()))
+
+
+THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
+                    "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
+                    "min_gap": pl.Float64, "threshold_lr": pl.Float64, "censored": pl.String,
+                    "ci_lo": pl.Float64, "ci_hi": pl.Float64, "threshold": pl.String,
+                    "bracket_lo": pl.Float64, "bracket_hi": pl.Float64,
+                    "not_needed_below": pl.Float64, "rule": pl.String, "note": pl.String}
+
+
+def _lr_text(log_lr: float) -> str:
+    return f"{10 ** log_lr:.3g}"
+
+
+def practitioner_line(depth: int, margin: float, point: float, lo: float, hi: float,
+                      lrs: list[float]) -> str:
+    """The rule the study exists to give, in one line (log10 LRs; +-inf when censored)."""
+    low, top = f"{lrs[0]:.3g}", f"{lrs[-1]:.3g}"
+    if point == np.inf:
+        return (f"depth {depth}: up to LR {top}, the largest informative LR, QK-norm changes the "
+                f"final loss by less than {margin:g} nats (fit); not needed within the grid")
+    if point == -np.inf:
+        return (f"depth {depth}: QK-norm changes the final loss by {margin:g} nats or more "
+                f"already at LR {low}, the smallest run: needed everywhere in the grid")
+    lower = f"< {low}" if lo == -np.inf else _lr_text(lo)
+    upper = f"above {top}" if hi == np.inf else _lr_text(hi)
+    return (f"depth {depth}: below LR {_lr_text(point)} (95% lower bound {lower}) QK-norm "
+            f"changes the final loss by less than {margin:g} nats; from LR {upper} (95% upper "
+            f"bound) it is needed")
+
+
+def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFrame,
+                        draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
+    """Per (depth, on_kind): the threshold with its 95% whole-seed interval and the
+    practitioner's line. `gaps` is the H1 cell table (analysis.hypotheses.h1_tests).
+    censored: "above" (shown as "> largest LR"), "below" ("<= smallest LR") or null.
+    bracket_lo/hi: the informative LRs either side of the crossing. not_needed_below: the
+    largest LR under the threshold whose cell is "no difference" (equivalence within the
+    margin)."""
+    if draws is None:
+        draws = threshold_draws(points, gaps, options)
+    rows = []
+    for (on, depth), g in gaps.sort("lr").group_by("on_kind", "depth", maintain_order=True):
+        row = {"depth": depth, "on_kind": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
+               "lr_min": float(g["lr"].min()), "lr_max": float(g["lr"].max()),
+               "min_gap": options.min_gap, "threshold_lr": None, "censored": None,
+               "ci_lo": None, "ci_hi": None, "threshold": None, "bracket_lo": None,
+               "bracket_hi": None, "not_needed_below": None, "rule": None, "note": ""}
+        if (on, depth) not in draws:
+            row["note"] = ("not enough data: needs >= 2 paired seeds" if g["pairs"].max() < 2
+                           else "no informative LR: neither arm learned at any LR")
+            rows.append(row)
+            continue
+        d = draws[(on, depth)]
+        point, lrs = d.point, d.lrs
+        lo, hi = S.percentile_interval(d.draws)
+        row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
+                   ci_hi=10 ** hi if np.isfinite(hi) else None,
+                   rule=practitioner_line(depth, options.min_gap, point, lo, hi, lrs))
+        interval = (f"[{'< ' + f'{lrs[0]:.3g}' if lo == -np.inf else _lr_text(lo)}, "
+                    f"{'> ' + f'{lrs[-1]:.3g}' if hi == np.inf else _lr_text(hi)}]")
+        if point == np.inf:
+            row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
+                       note=f"the fitted gap stays under {options.min_gap:g} nats up to the "
+                            f"largest informative LR {lrs[-1]:.3g}")
+        elif point == -np.inf:
+            row.update(censored="below", threshold=f"<= {lrs[0]:.3g} {interval}",
+                       note="needed already at the smallest informative LR")
+        else:
+            k = max(i for i, lr in enumerate(lrs) if np.log10(lr) <= point)
+            row.update(threshold_lr=10 ** point, threshold=f"{_lr_text(point)} {interval}",
+                       bracket_lo=lrs[k], bracket_hi=lrs[min(k + 1, len(lrs) - 1)])
+        limit = row["threshold_lr"] if row["threshold_lr"] is not None else (
+            math.inf if point == np.inf else -math.inf)
+        calm = g.filter(pl.col("no_difference") & (pl.col("lr") < limit))
+        row["not_needed_below"] = float(calm["lr"].max()) if calm.height else None
+        rows.append(row)
+    return pl.DataFrame(rows, schema=THRESHOLD_SCHEMA).sort("on_kind", "depth")
