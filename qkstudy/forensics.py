@@ -35,6 +35,12 @@ def alive(pid: int) -> bool:
     return True
 
 
+def leftovers(folders: list[Path]) -> bool:
+    """Whether a run's folders hold a temporary file or a fatal-signal log."""
+    return any(_OWNED.fullmatch(p.name) or p.name.startswith(FATAL_PREFIX)
+               for folder in folders if folder.is_dir() for p in folder.glob(".*"))
+
+
 def clean_leftovers(folders: list[Path]) -> list[str]:
     """Remove temporary files whose writer is gone from a run's folders (call with the run's
     lock held). Returns the text of any fatal-signal log such a process left (see
@@ -70,7 +76,10 @@ def fatal_signal_log(run_dir: Path) -> Iterator[None]:
             yield
         finally:
             faulthandler.disable()
-            path.unlink(missing_ok=True)  # only a fatal signal leaves it behind
+            # only a fatal signal leaves it behind; if it cannot be removed now, the next
+            # command on this run removes it (RunFolder.tidy)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
             if was_enabled and sys.__stderr__ is not None:
                 with contextlib.suppress(ValueError, OSError, AttributeError):
                     faulthandler.enable(file=sys.__stderr__)

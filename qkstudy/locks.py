@@ -72,8 +72,14 @@ def exclusive(path: Path) -> Iterator[bool]:
             yield True
         finally:
             # removed while still held: a process waiting on this file finds it gone and retries
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(path)
+            except OSError:  # gone already, or left with our pid: the next holder removes it
+                pass
+            except BaseException:  # a signal as it was removed: remove it all the same
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                raise
     finally:
         os.close(fd)  # releases the lock
 

@@ -434,6 +434,20 @@ class RunFolder:
     def clean_leftovers(self) -> list[str]:
         return forensics.clean_leftovers([self.path, self.metrics_dir, self.probes_dir])
 
+    def tidy(self) -> None:
+        """Remove what a finished run's last writes left when they were cut short (a lock file,
+        temporary files, a fatal-signal log, the checkpoint, an earlier failure's traceback),
+        under the lock; nothing if another process holds it. The run finished, so such a log
+        is not a failure."""
+        folders = [self.path, self.metrics_dir, self.probes_dir]
+        if not (self.lock_file.exists() or self.checkpoint_file.exists()
+                or self.traceback_file.exists() or forensics.leftovers(folders)):
+            return
+        with self.lock() as acquired:
+            if acquired and self.finished():
+                forensics.clean_leftovers(folders)
+                self.drop_finished_leftovers()
+
     def fatal_signal_log(self) -> contextlib.AbstractContextManager[None]:
         return forensics.fatal_signal_log(self.path)
 
@@ -444,9 +458,11 @@ class RunFolder:
 
     def drop_finished_leftovers(self) -> None:
         """Once summary.json says finished: the checkpoint and an earlier failure's traceback are
-        no longer the run's (removed after the summary, so a crash between keeps the run)."""
-        self.checkpoint_file.unlink(missing_ok=True)
-        self.traceback_file.unlink(missing_ok=True)
+        no longer the run's (removed after the summary, so a crash between keeps the run; one
+        that cannot be removed now is removed by the next command on the run, `tidy`)."""
+        for path in (self.checkpoint_file, self.traceback_file):
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
 
 def run_folders(sweep_dir: Path) -> list[RunFolder]:

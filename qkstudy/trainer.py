@@ -103,6 +103,7 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
             repair(*moved)
         done = folder.intact_summary()  # None, unless another process retrained it meanwhile
     if done:
+        folder.tidy()  # what a process killed in the run's last writes left
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
         return done

@@ -93,6 +93,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         except run_folder.DamagedRun:
             pass  # trained again below; train moves the damaged folder aside first
         else:
+            folder.tidy()  # what a process killed in the run's last writes left
             tally.skipped += 1
             tally.status[v.value] += 1
             sibling = sibling_name(cfg, folder.trained_by())
