@@ -12,7 +12,7 @@ default:
 setup:
     @./setup.sh
 
-# a miniature of the study on the embedded synthetic corpus, then its report (1m18s on 2 idle cores: docs/sweeps.md)
+# a miniature of the study on the embedded synthetic corpus, then its report (1m58s on 2 idle cores: docs/sweeps.md)
 [group('1 get started')]
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
