@@ -40,7 +40,7 @@ from . import probes as probe_lib
 from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, measure.py's)
                      runs_per_device, set_determinism, set_precision)
 from .model import GPT
-from .optim import lr_schedule, make_optimizer
+from .optim import clip_and_step, lr_schedule, make_optimizer
 
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
@@ -176,19 +176,8 @@ class Engine:
                                         self.cfg.z_loss, self.bf16)
         total.backward()
         lr = self.lr_table[min(self.schedule.last_epoch, len(self.lr_table) - 1)]
-        grad_norm = self._clip()
-        self.opt.step()  # AdamW reads its rate, a float, from the group: no device read
-        self.schedule.step()
+        grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)
         return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
-
-    def _clip(self) -> torch.Tensor:
-        """The gradients' global norm before clipping, and the clip to grad_clip (0: none), as
-        torch.nn.utils.clip_grad_norm_ does it (its two halves, so 0 skips the scaling)."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if self.cfg.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.grad_clip, norm)
-        return norm
 
     def read(self, pending: list[torch.Tensor]) -> list[tuple[float, float, float, float]]:
         return torch.stack(pending).cpu().double().tolist()  # one sync; MPS has no float64

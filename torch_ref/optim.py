@@ -36,17 +36,25 @@ def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
     return opt, LambdaLR(opt, lambda step: rates[min(step, last)] / cfg.lr)
 
 
-def update(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clip the .grad tensors to global norm `grad_clip` (0: no clipping) and take one step.
-    Returns (pre-clip gradient norm, learning rate used) as 0-d tensors."""
-    params = [p for group in opt.param_groups for p in group["params"]]
+def clip_and_step(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
+                  ) -> torch.Tensor:
+    """Clip the .grad tensors to global norm `grad_clip` (0: no clipping, as
+    torch.nn.utils.clip_grad_norm_ does it in its two halves) and take one step. Returns the
+    pre-clip gradient norm as a 0-d tensor, not read: nothing here waits for the device (AdamW
+    reads its rate, a float, from the group)."""
+    params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if grad_clip > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:  # the norm as clip_grad_norm_ computes it, the gradients untouched
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad)
-                                                     for p in params]))
-    lr = torch.tensor(opt.param_groups[0]["lr"], dtype=torch.float32, device=norm.device)
+        torch.nn.utils.clip_grads_with_norm_(params, grad_clip, norm)
     opt.step()
     schedule.step()
-    return norm, lr
+    return norm
+
+
+def update(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """clip_and_step, returning (pre-clip gradient norm, learning rate used) as 0-d tensors:
+    for the cross-checks (the engine reads its rate from a table on the device)."""
+    lr = opt.param_groups[0]["lr"]
+    norm = clip_and_step(opt, schedule, grad_clip)
+    return norm, torch.tensor(lr, dtype=torch.float32, device=norm.device)
