@@ -13,7 +13,8 @@ and LR the seed SD of the gap (off minus on), the correlation of one seed's gap 
 across LRs (a Gaussian process over log LR whose correlation at a half-decade step is the fitted
 one), each arm's divergence boundary (log10 of the first diverged LR, mean and SD over seeds)
 and the LR from which both arms collapse to unigram-level loss. Without a runs folder the
-default is NOISE below, fitted from the published mini (docs/results.md).
+default is NOISE below, fitted from the earlier mini's published intervals (3 seeds plus
+adaptive seeds, init=mlx; in docs/results.md's history).
 
 Scenarios (the truth is the noiseless version of the same study):
 - null: no effect anywhere, the same boundaries in both arms. Every claim of an effect is false.
@@ -65,7 +66,7 @@ class Noise:
     source: str = ""
 
 
-# Fitted from the published mini (docs/results.md, synthetic corpus, init=mlx): the SD of each
+# Fitted from the earlier mini (docs/results.md's history, synthetic corpus, init=mlx): the SD of each
 # cell's gaps recovered from its 95% t-interval and seed count (sd = half-width / t * sqrt(n)),
 # e.g. depth 4 at LR 0.01: [-0.11, +0.22] on 6 seeds gives 0.157. LRs 1 and 3: neither arm
 # learned (both collapsed or diverged). Divergence: first diverged LR 0.548 or 1 in every seed
@@ -90,7 +91,7 @@ def _published_noise() -> Noise:
                   for _, lo, hi, n in cells]
         sd[depth] = tuple(values) + (math.nan, math.nan)
     return Noise(gap_sd=sd, correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
-                 source="the published mini's gap intervals (docs/results.md); correlation "
+                 source="the earlier mini's gap intervals (docs/results.md's history); correlation "
                         "across LRs assumed 0.5")
 
 
@@ -485,7 +486,7 @@ keys (defaults shown):
   scenarios=   comma-separated, of: null, same onset, one decade per doubling, half a decade
                per doubling (default: all)
   runs=        a runs folder (e.g. runs/mini) to fit the noise from; default: the noise fitted
-               from the published mini"""
+               from the earlier mini's published intervals"""
 
 
 @dataclass(frozen=True)

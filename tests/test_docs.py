@@ -29,6 +29,19 @@ def test_the_demo_time_agrees_in_readme_justfile_and_docs():
     assert len(set(times.values())) == 1, times
 
 
+def test_the_mini_time_is_measured_in_one_place_and_agrees_in_the_readme():
+    """docs/results.md holds the mini's wall time (median and range of 3 idle runs, machine
+    named); the README repeats the median, and no other file states another."""
+    results = (ROOT / "docs" / "results.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    median = _one(r"idle 2-core[^`]+`just mini backend=torch` took (\d+m\d+s), the\s+median of 3 "
+                  r"runs\s+\(\d+m\d+s-\d+m\d+s\)", results, "docs/results.md")
+    assert _one(r"`just mini backend=torch` took (\d+m\d+s)", readme, "README.md") == median
+    for path in [ROOT / "justfile", *(ROOT / "docs").glob("*.md")]:
+        if path.name != "results.md":
+            assert not re.search(r"\bmini\b[^.\n]*\b\d+m\d+s", path.read_text()), path
+
+
 def test_the_suite_time_is_stated_once_with_its_range():
     readme = (ROOT / "README.md").read_text()
     assert re.search(r"the test suite \(\d+m\d+s\*\)", readme)

@@ -43,3 +43,33 @@ def test_a_report_without_its_tables_is_one_error_line(tmp_path):
     (tmp_path / "tables").mkdir()
     with pytest.raises(SystemExit, match=r"^error: .*verdicts\.parquet is missing: run `just report"):
         rt.load(tmp_path)
+
+
+def _report(root, name, h3_decision, slope):
+    tables = root / name / "tables"
+    tables.mkdir(parents=True)
+    pl.DataFrame({"hypothesis": ["H1", "H2", "H3"], "seeds": [5, 5, 5],
+                  "verdict": ["supported", "mixed (max stable LR: not supported)", h3_decision]}
+                 ).write_parquet(tables / "verdicts.parquet")
+    pl.DataFrame({"measure": ["LR sensitivity", "max stable LR", "LR sensitivity"],
+                  "role": ["primary", "primary", "per depth (descriptive)"],
+                  "effect": [0.115, 0.923, 9.0], "ci_lo": [0.032, 0.771, 9.0],
+                  "ci_hi": [0.175, 1.01, 9.0]}).write_parquet(tables / "h2_tests.parquet")
+    pl.DataFrame({"slope": [slope], "ci_lo": [slope - 0.1], "ci_hi": [slope + 0.1]}
+                 ).write_parquet(tables / "h3_tests.parquet")
+    pl.DataFrame({"depth": [2, 4], "threshold": ["0.0144 [0.0123, 0.019]", "> 3 (censored)"]}
+                 ).write_parquet(tables / "necessity.parquet")
+    for other in ("gaps", "h1_best_loss", "arms"):
+        pl.DataFrame({"depth": [2]}).write_parquet(tables / f"{other}.parquet")
+    return root / name
+
+
+def test_the_summary_has_one_row_per_study_from_its_primary_tests(tmp_path):
+    a = _report(tmp_path, "mini", "not supported", -0.09)
+    b = _report(tmp_path, "mini-seeds5-9", "inconclusive", -0.01)
+    header, _, row_a, row_b = rt.summary([a, b]).splitlines()
+    assert header.endswith("| threshold, depth 2 | threshold, depth 4 |")
+    assert row_a == ("| `mini` | 5 | supported | mixed | 0.115 [0.032, 0.175] | x0.923 [0.771, 1.01] "
+                     "| not supported (-0.09 [-0.19, +0.01]) | 0.0144 [0.0123, 0.019] "
+                     "| > 3 (censored) |")
+    assert "| inconclusive (-0.01 [-0.11, +0.09]) |" in row_b

@@ -1,6 +1,7 @@
 """A study's section of docs/results.md, rendered from its report's tables.
 
     python -m tools.results_tables reports/mini          # Markdown on stdout
+    python -m tools.results_tables --summary reports/mini reports/mini-tinystories   # one row each
 
 Every number in a study's section of docs/results.md comes from the tables `just report` wrote
 (`REPORT/tables/*.parquet`): the verdicts, the practitioner's rule, the evidence lines, the gap
@@ -130,9 +131,39 @@ def render(report: Path) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def summary(reports: list[Path]) -> str:
+    """One row per study: its verdicts, H2's two primary effects, H3's slope and each depth's
+    threshold with its interval."""
+    studies = {report: load(report) for report in reports}
+    depths = sorted({d for t in studies.values() for d in t["necessity"]["depth"].to_list()})
+    rows = []
+    for report, t in studies.items():
+        verdict = {r["hypothesis"]: r["verdict"] for r in t["verdicts"].iter_rows(named=True)}
+        h2 = {r["measure"]: r for r in t["h2_tests"].filter(pl.col("role") == "primary")
+              .iter_rows(named=True)}
+        slope = t["h3_tests"].row(0, named=True) if t["h3_tests"].height else None
+        threshold = {r["depth"]: r["threshold"] for r in t["necessity"].iter_rows(named=True)}
+        effect = {m: (f"{_g(r['effect'])} [{_g(r['ci_lo'])}, {_g(r['ci_hi'])}]" if m in h2 else "-")
+                  for m, r in ((m, h2.get(m)) for m in ("LR sensitivity", "max stable LR"))}
+        rows.append([f"`{report.name}`", str(t["verdicts"]["seeds"].max()),
+                     verdict.get("H1", "-"), verdict.get("H2", "-").split(" (")[0],
+                     effect["LR sensitivity"], "x" + effect["max stable LR"],
+                     verdict.get("H3", "-") + ("" if slope is None else
+                                              f" ({slope['slope']:+.2f} [{slope['ci_lo']:+.2f}, "
+                                              f"{slope['ci_hi']:+.2f}])")]
+                    + [threshold.get(d, "-") for d in depths])
+    return _table(["report", "seeds", "H1", "H2", "LR sensitivity, off - on (nats)",
+                   "max stable LR, on / off", "H3 (slope, decades per doubling)"]
+                  + [f"threshold, depth {d}" for d in depths], rows) + "\n"
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--summary"] and len(argv) > 1:
+        sys.stdout.write(summary([Path(a) for a in argv[1:]]))
+        return 0
     if len(argv) != 1:
-        print("usage: python -m tools.results_tables REPORT_DIR", file=sys.stderr)
+        print("usage: python -m tools.results_tables REPORT_DIR | --summary REPORT_DIR...",
+              file=sys.stderr)
         return 2
     sys.stdout.write(render(Path(argv[0])))
     return 0
