@@ -1,4 +1,4 @@
-"""Two sweeps side by side (`just report runs/mini runs/mini-torch`): where their off-minus-on
+"""Two sweeps side by side (`just report runs/mini runs/mini-seeds5-9`): where their off-minus-on
 gaps and cell decisions agree, and their verdicts, for the report's comparison section."""
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ USAGE = """usage: python -m analysis report [RUNS_DIR [OTHER_RUNS_DIR]] [key=val
 
 Tables, charts, verdicts and one offline report.html (docs/report.md). RUNS_DIR (default runs)
 is a runs tree, one sweep folder or one run folder. With OTHER_RUNS_DIR (a replication, say
-runs/mini runs/mini-torch) the page also compares the two: where their gaps, cell decisions
+runs/mini runs/mini-seeds5-9) the page also compares the two: where their gaps, cell decisions
 and verdicts agree.
 
 keys (defaults shown):
