@@ -28,6 +28,11 @@ def _q(x: float | None) -> str:
     return "-" if x is None else f"{x:.2g}"
 
 
+def _effect(r: dict | None, prefix: str = "") -> str:
+    """An H2 row's effect with its 95% interval, or '-' where the study has no such row."""
+    return "-" if r is None else f"{prefix}{_g(r['effect'])} [{_g(r['ci_lo'])}, {_g(r['ci_hi'])}]"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -89,7 +94,7 @@ def h2(t: pl.DataFrame) -> str:
     rows = []
     for r in t.iter_rows(named=True):
         rows.append([r["measure"], r["role"], "all" if r["depth"] is None else str(r["depth"]),
-                     f"{_g(r['effect'])} [{_g(r['ci_lo'])}, {_g(r['ci_hi'])}]", r["per_seed"],
+                     _effect(r), r["per_seed"],
                      _g(r["resolution"], 2), _q(r["p_for"]), _q(r["q_for"]), _q(r["q_against"]),
                      _q(r["q_equivalent"]), r["decision"]])
     return _table(["measure", "role", "depth", "effect [95% interval]", "per (depth, seed)",
@@ -143,11 +148,9 @@ def summary(reports: list[Path]) -> str:
               .iter_rows(named=True)}
         slope = t["h3_tests"].row(0, named=True) if t["h3_tests"].height else None
         threshold = {r["depth"]: r["threshold"] for r in t["necessity"].iter_rows(named=True)}
-        effect = {m: (f"{_g(r['effect'])} [{_g(r['ci_lo'])}, {_g(r['ci_hi'])}]" if m in h2 else "-")
-                  for m, r in ((m, h2.get(m)) for m in ("LR sensitivity", "max stable LR"))}
         rows.append([f"`{report.name}`", str(t["verdicts"]["seeds"].max()),
                      verdict.get("H1", "-"), verdict.get("H2", "-").split(" (")[0],
-                     effect["LR sensitivity"], "x" + effect["max stable LR"],
+                     _effect(h2.get("LR sensitivity")), _effect(h2.get("max stable LR"), "x"),
                      verdict.get("H3", "-") + ("" if slope is None else
                                               f" ({slope['slope']:+.2f} [{slope['ci_lo']:+.2f}, "
                                               f"{slope['ci_hi']:+.2f}])")]
