@@ -8,17 +8,17 @@
 #                      to python3) is used as it is: .venv sees that interpreter's packages, the
 #                      project is linked in without a build, and only what is missing is
 #                      installed, so with everything present it needs no network
+#   ./setup.sh summary only the closing summary: what is installed and what a missing piece costs
 # Quiet but alive: one line per stage (dots while it waits), the full output in .setup.log, and
 # at the end what is and is not installed and what a missing piece costs.
 set -euo pipefail
 cd "$(dirname "$0")"
 MODE=${1:-dev}
 case "$MODE" in
-  dev | torch) ;;
-  *) echo "usage: ./setup.sh [torch]" >&2; exit 2 ;;
+  dev | torch | summary) ;;
+  *) echo "usage: ./setup.sh [torch | summary]" >&2; exit 2 ;;
 esac
 LOG=.setup.log
-: >"$LOG"
 
 # run "$@" with its output in the log, printing a dot every 5 s; returns its exit status
 quietly() {
@@ -29,6 +29,33 @@ quietly() {
 }
 stage() { printf '%s ' "$1"; }
 row() { printf '  %-10s %s\n' "$1" "$2"; }
+# OpenBLAS is in the loader's cache. The listing is read whole before it is searched: a pipe into
+# `grep -q` under pipefail fails when grep exits before ldconfig has written everything (SIGPIPE).
+# SETUP_LDCONFIG: the command that lists the cache (tests/test_setup_summary.py replaces it).
+has_openblas() {
+  local listing
+  listing=$(${SETUP_LDCONFIG:-ldconfig -p} 2>/dev/null) || true
+  [[ $listing == *libopenblas.so.0* ]]
+}
+# what is there, and what a missing piece costs
+summary() {
+  echo "installed:"
+  if [ "$(uname -s)" = Linux ]; then
+    if has_openblas; then row OpenBLAS yes
+    else row OpenBLAS "NO: MLX's CPU matmuls run ~50x slower (apt-get install libopenblas0-pthread)"; fi
+    if command -v g++ >/dev/null; then row g++ yes
+    else row g++ "NO: MLX cannot compile its CPU kernels, training fails (apt-get install g++)"; fi
+    if command -v chromium >/dev/null; then row Chromium yes
+    else row Chromium "NO: the report page test is skipped (apt-get install chromium)"; fi
+    if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; then row Slurm yes
+    else row Slurm "NO: the Slurm test is skipped (apt-get install slurm-wlm munge)"; fi
+  fi
+  row .venv "$(.venv/bin/python -c 'import mlx.core as mx, torch; print(f"mlx {mx.__version__}, torch {torch.__version__}")' 2>/dev/null \
+    || echo "NO: MLX or PyTorch does not import (./setup.sh)")"
+  echo "ready: .venv/bin/just --list (full set-up log: $LOG)"
+}
+if [ "$MODE" = summary ]; then summary; exit 0; fi
+: >"$LOG"
 
 if [ "$MODE" = dev ] && [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/null; then
   sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -43,7 +70,7 @@ if [ "$MODE" = dev ] && [ "$(uname -s)" = Linux ] && command -v apt-get >/dev/nu
   # OpenBLAS when present. g++: MLX's CPU backend compiles its fused kernels at run time.
   # Chromium: the report's headless page test.
   need=()
-  ldconfig -p 2>/dev/null | grep -q libopenblas.so.0 || need+=(libopenblas0-pthread)
+  has_openblas || need+=(libopenblas0-pthread)
   command -v g++ >/dev/null || need+=(g++)
   command -v chromium >/dev/null || need+=(chromium)
   if [ ${#need[@]} -gt 0 ]; then
@@ -136,17 +163,4 @@ print(f"torch {torch.__version__}, CUDA {cuda}, GPU: {gpu}")')"
   exit 0
 fi
 
-# what is there, and what a missing piece costs
-echo "installed:"
-if [ "$(uname -s)" = Linux ]; then
-  if ldconfig -p 2>/dev/null | grep -q libopenblas.so.0; then row OpenBLAS yes
-  else row OpenBLAS "NO: MLX's CPU matmuls run ~50x slower (apt-get install libopenblas0-pthread)"; fi
-  if command -v g++ >/dev/null; then row g++ yes
-  else row g++ "NO: MLX cannot compile its CPU kernels, training fails (apt-get install g++)"; fi
-  if command -v chromium >/dev/null; then row Chromium yes
-  else row Chromium "NO: the report page test is skipped (apt-get install chromium)"; fi
-  if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/munged ]; then row Slurm yes
-  else row Slurm "NO: the Slurm test is skipped (apt-get install slurm-wlm munge)"; fi
-fi
-row .venv "$(.venv/bin/python -c 'import mlx.core as mx, torch; print(f"mlx {mx.__version__}, torch {torch.__version__}")')"
-echo "ready: .venv/bin/just --list (full set-up log: $LOG)"
+summary

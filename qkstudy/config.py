@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
+import os
+import platform
+import sys
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -34,6 +38,34 @@ def framework_label(framework: str, precision: object = None) -> str:
 
 NORM_EPS = 1e-5  # every LayerNorm and QK-norm of both models
 
+# backend=auto (the default): the engine a run gets when it names none. Set QKSTUDY_BACKEND=mlx
+# or =torch to make auto pick that one on this machine (the test suite picks mlx this way).
+AUTO_BACKEND_ENV = "QKSTUDY_BACKEND"
+TORCH_OPTIONS = {"device": "auto", "precision": "fp32", "compile": False, "deterministic": True}
+
+
+def auto_backend(torch_options: bool = False) -> tuple[str, str]:
+    """(the engine backend=auto picks here, why in a few words). Apple Silicon: MLX on its
+    GPU. Elsewhere PyTorch: a CUDA GPU when one is visible, else the CPU, where it trains these
+    shapes several times faster than MLX's CPU path (docs/performance.md). Neither framework is
+    imported: only whether it is installed is asked."""
+    forced = os.environ.get(AUTO_BACKEND_ENV, "")
+    if forced:
+        if forced not in BACKENDS:
+            raise UsageError(f"{AUTO_BACKEND_ENV}={forced!r} is not one of {', '.join(BACKENDS)}")
+        return forced, f"{AUTO_BACKEND_ENV}={forced}"
+    installed = {b: importlib.util.find_spec(b) is not None for b in BACKENDS}
+    if torch_options:
+        return "torch", "a PyTorch option (device, precision, compile, deterministic) is set"
+    if sys.platform == "darwin" and platform.machine() == "arm64" and installed["mlx"]:
+        return "mlx", "Apple Silicon: MLX on its GPU"
+    if installed["torch"]:
+        return "torch", ("not Apple Silicon: PyTorch, on a CUDA GPU when one is visible, else on "
+                         "the CPU, where it is the faster engine (docs/performance.md)")
+    if installed["mlx"]:
+        return "mlx", "PyTorch is not installed"
+    return "torch", "neither MLX nor PyTorch is installed"
+
 QKNorm = Literal["none", "rmsnorm", "layernorm"]
 
 
@@ -55,10 +87,11 @@ class TrainConfig:
     z_loss: float = 0.0
     # cpu: mlx_gpt/kernels.py; library: MLX's own; auto: cpu on the CPU device. Same maths.
     kernels: Literal["auto", "library", "cpu"] = "auto"
-    # the engine: mlx (mlx_gpt/) or torch (torch_ref/). device, precision and compile are torch's:
+    # the engine: auto (MLX on Apple Silicon, else PyTorch; a run records the one it got), mlx
+    # (mlx_gpt/) or torch (torch_ref/). device, precision and compile are torch's:
     # auto picks cuda, else mps, else cpu; tf32 and bf16 (autocast, float32 master weights) are
     # CUDA's faster matmuls; compile wraps the step in torch.compile (same maths)
-    backend: Literal["mlx", "torch"] = "mlx"
+    backend: Literal["auto", "mlx", "torch"] = "auto"
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     compile: bool = False
@@ -99,6 +132,11 @@ class TrainConfig:
     # where the run folder goes: <runs_dir>/<sweep>/<run_id>
     runs_dir: str = "runs"
     sweep: str = "adhoc"
+
+    def __post_init__(self) -> None:  # no config holds "auto": its run id names its engine
+        if self.backend == "auto":
+            object.__setattr__(self, "backend", auto_backend(any(
+                getattr(self, k) != v for k, v in TORCH_OPTIONS.items()))[0])
 
     @property
     def steps(self) -> int:
@@ -144,8 +182,7 @@ class TrainConfig:
             (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
             (self.seed >= 0 and self.data_seed >= 0,
              f"seed and data_seed must be >= 0, got {self.seed} and {self.data_seed}"),
-            (self.backend == "torch" or (self.device, self.precision, self.compile,
-                                          self.deterministic) == ("auto", "fp32", False, True),
+            (self.backend == "torch" or all(getattr(self, k) == v for k, v in TORCH_OPTIONS.items()),
              "device, precision, compile and deterministic are options of backend=torch; MLX "
              "picks its own device and computes in float32"),
             (self.backend == "mlx" or self.init == "numpy",
@@ -325,6 +362,9 @@ def load_config(path: str) -> TrainConfig:
     hints = typing.get_type_hints(TrainConfig)
     if "backend" not in raw:  # written before the backends: an MLX run (or a spot check's copy)
         raw = {k: v for k, v in raw.items() if k != "device"}
+    if raw.get("backend") == "auto":
+        raise UsageError(f"{path}: backend is 'auto', but a run records the engine it trained on "
+                         "(mlx or torch): set the one it used")
     raw = {**TrainConfig.LEGACY, **raw}
     unknown = sorted(raw.keys() - hints.keys() - set(CONFIG_FILE_EXTRAS))
     if unknown:

@@ -12,6 +12,9 @@ from pathlib import Path
 # test run 3x (measured: 23 s against 7.5 s for 200 steps, load ~10). Set before torch or
 # OpenBLAS is loaded, which read it once.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# backend=auto picks MLX in every test and every process a test starts, so the MLX CPU path stays
+# what the suite trains; tests/test_backends.py tests what auto picks without it.
+os.environ.setdefault("QKSTUDY_BACKEND", "mlx")
 
 import pytest  # noqa: E402
 

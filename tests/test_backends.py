@@ -75,3 +75,71 @@ def test_mlx_without_a_compiler_is_refused_before_the_run_folder(tiny_cfg, monke
     with pytest.raises(UsageError, match="g\\+\\+, which is not on PATH"):
         train(cfg, verbose=False)
     assert not RunFolder.of(cfg).path.exists()
+
+
+# --- backend=auto: what a run gets when it names no engine --------------------------------------
+
+def auto_on(monkeypatch, system: str, machine: str, installed: set[str]) -> tuple[str, str]:
+    from qkstudy import config
+    monkeypatch.delenv(config.AUTO_BACKEND_ENV, raising=False)
+    monkeypatch.setattr(config.sys, "platform", system)
+    monkeypatch.setattr(config.platform, "machine", lambda: machine)
+    monkeypatch.setattr(config.importlib.util, "find_spec",
+                        lambda name: object() if name in installed else None)
+    return config.auto_backend()
+
+
+@pytest.mark.parametrize("system, machine, installed, expected", [
+    ("darwin", "arm64", {"mlx", "torch"}, "mlx"),  # Apple Silicon: MLX on its GPU
+    ("linux", "x86_64", {"mlx", "torch"}, "torch"),  # CUDA or the CPU, where torch is faster
+    ("linux", "aarch64", {"mlx", "torch"}, "torch"),
+    ("darwin", "x86_64", {"mlx", "torch"}, "torch"),  # an Intel Mac has no Metal MLX
+    ("linux", "x86_64", {"mlx"}, "mlx"),  # the only engine installed
+    ("darwin", "arm64", {"torch"}, "torch"),
+])
+def test_auto_picks_mlx_on_apple_silicon_and_torch_elsewhere(monkeypatch, system, machine,
+                                                             installed, expected):
+    backend, why = auto_on(monkeypatch, system, machine, installed)
+    assert backend == expected and why
+
+
+def test_auto_resolves_before_the_run_id_so_named_runs_keep_theirs(monkeypatch):
+    from qkstudy.config import TrainConfig
+    auto_on(monkeypatch, "linux", "x86_64", {"mlx", "torch"})
+    chosen = TrainConfig()
+    assert chosen.backend == "torch"
+    assert chosen.run_id == TrainConfig(backend="torch").run_id
+    mlx = TrainConfig(backend="mlx")
+    assert "backend" not in mlx.identity() and "-torch" not in mlx.run_id  # as before auto
+
+
+def test_a_torch_option_makes_auto_pick_torch_even_on_apple_silicon(monkeypatch):
+    from qkstudy.config import TrainConfig
+    auto_on(monkeypatch, "darwin", "arm64", {"mlx", "torch"})
+    assert TrainConfig().backend == "mlx"
+    assert TrainConfig(device="cuda").backend == "torch"
+
+
+def test_the_override_is_checked(monkeypatch):
+    from qkstudy.config import auto_backend
+    monkeypatch.setenv("QKSTUDY_BACKEND", "jax")
+    with pytest.raises(UsageError, match="QKSTUDY_BACKEND='jax' is not one of mlx, torch"):
+        auto_backend()
+
+
+def test_the_plan_says_which_engine_auto_chose_and_why(tmp_path):
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "QKSTUDY_BACKEND"}
+    out = subprocess.run([sys.executable, "-m", "qkstudy", "sweep", "preset=demo", "--dry-run",
+                          f"runs_dir={tmp_path}", "data=" + str(tmp_path / "synthetic-bytes")],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    line = next(x for x in out.stdout.splitlines() if x.strip().startswith("backend"))
+    expected = "mlx" if sys.platform == "darwin" and os.uname().machine == "arm64" else "torch"
+    assert line.split()[1] == expected and "backend=auto:" in line, out.stdout + out.stderr
+    named = subprocess.run([sys.executable, "-m", "qkstudy", "sweep", "preset=demo", "--dry-run",
+                            "backend=mlx", f"runs_dir={tmp_path}",
+                            "data=" + str(tmp_path / "synthetic-bytes")],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    line = next(x for x in named.stdout.splitlines() if x.strip().startswith("backend"))
+    assert line.split()[1] == "mlx" and "auto" not in line

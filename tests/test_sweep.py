@@ -90,12 +90,14 @@ def test_mini_preset_can_decide_every_hypothesis():
     assert runs[0].data == "data/synthetic-bytes"  # the embedded corpus: no download
 
 
-def test_demo_preset_spans_safe_to_divergent_in_5_lrs():
+def test_demo_preset_is_the_fixed_first_result_design():
     sc = sweep.parse_sweep_config(["preset=demo"])
-    assert sc.grid_lrs() == [1e-3, 5.62e-3, 3.16e-2, 1.78e-1, 1.0]
-    assert len(sweep.grid(sc)) == 20 and sc.name == "demo" and not sc.refine and sc.jobs == 2
+    assert sc.grid_lrs() == [1e-3, 1e-2, 0.1, 1.0] and sc.depth == (2,)
+    assert sc.seeds == (0, 1, 2, 3) and sc.max_seeds == 0  # fixed in advance: no adaptive seeds
+    assert len(sweep.grid(sc)) == 32 and sc.name == "demo" and not sc.refine and sc.jobs == 2
+    assert sc.train == sweep.PRESETS["mini"].train  # the mini's model and run
     assert sweep.parse_sweep_config(["preset=demo", "lr_max=0.1", "points_per_decade=2"]
-                                    ).grid_lrs() == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+                                    ).grid_lrs() == [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
 
 def test_plan_size_and_order():

@@ -94,7 +94,8 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     print(f"  LRs         {lr_text(sweep.grid_lrs())}")
     print(f"  after grid  {extras_text(sweep)}")
     print(f"  arms        {', '.join(sweep.arms)};  seeds {', '.join(map(str, sweep.seeds))}")
-    print(f"  backend     {estimate.device_text(t)}")
+    print(f"  backend     {estimate.device_text(t)}"
+          + (f" (backend=auto: {sweep.backend_why})" if sweep.backend_why else ""))
     print(f"  model       d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), "
           f"block {t.block_size}, bias {t.bias}, data {t.data} (vocab "
           f"{vocab if vocab else '?'}, {vocab_from})")
@@ -183,9 +184,9 @@ def value_text(value: object) -> str:
 def command_line(cfg: TrainConfig) -> str:
     """A standalone `train` command for this run with this environment's interpreter: the keys
     that differ from TrainConfig's defaults, which rebuild exactly this config and run_id."""
-    default = TrainConfig()
+    default = TrainConfig()  # backend always written: auto may choose otherwise where it runs
     words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)
-             if getattr(cfg, f.name) != getattr(default, f.name)]
+             if getattr(cfg, f.name) != getattr(default, f.name) or f.name == "backend"]
     return f"{shlex.quote(sys.executable)} -m qkstudy train " + " ".join(words)
 
 
