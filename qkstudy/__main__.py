@@ -1,4 +1,4 @@
-"""`python -m qkstudy <command> [key=value ...]`: prepare, train, sweep, status, bench."""
+"""`python -m qkstudy <command> [key=value ...]`: prepare, train, sweep, ladder, status, bench."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ COMMANDS = {
     "prepare": ("qkstudy.data.prepare", "tokenise a corpus into uint16 train/val files"),
     "train": ("qkstudy.trainer", "train one run, backend=mlx|torch (resumes from its checkpoint)"),
     "sweep": ("qkstudy.sweep", "qk_norm x learning rate x seed grid, resumable"),
+    "ladder": ("qkstudy.sweep.ladder", "the width x training-length ladder, point by point, resumable"),
     "status": ("qkstudy.status", "every run of a sweep: state, progress, ETA (reads files only)"),
     "bench": ("qkstudy.bench.cli", "tokens/s, FLOP/s and overheads of every backend, side by side"),
 }

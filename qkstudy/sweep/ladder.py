@@ -1,0 +1,115 @@
+"""`python -m qkstudy ladder`: the pre-registered ladder of width and training length
+(docs/report.md#the-ladder-how-the-answer-moves-with-scale-fixed-2026-12-01-before-any-ladder-run).
+
+Each point is a plain sweep, written as the sweep's own words so that `python -m qkstudy sweep
+<words>` runs the same point by hand; the ladder runs the points in order into
+<runs_dir>/<point>, and a point already finished costs a look at its folder (resume is the
+sweep's)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import split_key_values
+from ..errors import UsageError
+from .cli import cli as sweep_cli
+
+USAGE = """usage: python -m qkstudy ladder [points=NAME,NAME] [key=value ...] [--dry-run]
+
+Runs the ladder's points in order (docs/report.md, the ladder's plan), each a sweep into
+runs/ladder/<point>: depth 4, head_dim 32, both arms, seeds 0-4, LRs 1e-4 to 3 in half-decades,
+backend=torch. A finished point is skipped, an unfinished one resumes.
+  points=   which points, in the given order (default: every ladder point, cheapest first);
+            known: {points}
+  runs_dir= the ladder's folder (default runs/ladder)
+  --dry-run print each point's plan (runs, memory, hours on this machine) and its sweep command
+  any other key=value goes into every point's sweep (e.g. jobs=1, device=cuda)"""
+
+# Half-decades from below any threshold measured so far to past divergence
+LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
+SEEDS = (0, 1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of the ladder: a model width and a training length (depth 4, head_dim 32)."""
+
+    name: str
+    d_model: int
+    steps: int
+    warmup: int
+    depth: int = 4
+    head_dim: int = 32
+    block_size: int = 64
+    data: str = "data/synthetic-bytes"
+
+    def words(self) -> list[str]:
+        """The point as `python -m qkstudy sweep` words (the analysis plan's design)."""
+        every = self.steps // 6  # evaluation, probes and divergence at the same fractions
+        return [
+            "preset=mini", f"name={self.name}", f"depth={self.depth}",
+            f"lrs={','.join(f'{lr:g}' for lr in LRS)}", f"seeds={','.join(map(str, SEEDS))}",
+            "max_seeds=5", "refine=true", "refine_steps=1", "threshold_steps=2", "jobs=2",
+            f"data={self.data}", f"d_model={self.d_model}",
+            f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
+            f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
+            f"probe_every={every}", f"divergence_window={every}",
+            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch",
+        ]
+
+
+POINTS = {p.name: p for p in (
+    Point("w64-s300", 64, 300, 30),
+    Point("w128-s300", 128, 300, 30),
+    Point("w64-s1200", 64, 1200, 120),
+    Point("w256-s300", 256, 300, 30),
+    Point("w64-s4800", 64, 4800, 480),
+    Point("w64-s4800-wu30", 64, 4800, 30),
+)}
+# The points with warmup at 10% of the run: the transfer law's (the last one is the contrast)
+LAW_POINTS = ("w64-s300", "w128-s300", "w64-s1200", "w256-s300", "w64-s4800")
+# The study preset's point, where the law's prediction is tested (a GPU's run: not in the
+# default order). Its own corpus and shape; the same LR grid, seeds and bisection.
+STUDY_POINT = Point("study-point", 192, 24_414, 1000, depth=6, head_dim=64, block_size=256,
+                    data="data/tinystories-gpt2")
+KNOWN = {**POINTS, STUDY_POINT.name: STUDY_POINT}
+
+
+def point_words(point: Point, extra: list[str], runs_dir: str) -> list[str]:
+    """The point's sweep words with `extra` key=value words replacing those of the same key."""
+    words = split_key_values(point.words())
+    words["runs_dir"] = runs_dir
+    words.update(split_key_values(extra))
+    if point is STUDY_POINT:
+        words.setdefault("batch_size", "16")
+        words.setdefault("eval_batches", "20")
+    return [f"{k}={v}" for k, v in words.items()]
+
+
+def cli(argv: list[str]) -> int:
+    flags = [a for a in argv if a.startswith("--")]
+    if set(flags) - {"--dry-run", "--no-notify"}:
+        raise UsageError(f"unknown flag {sorted(set(flags) - {'--dry-run', '--no-notify'})[0]}; "
+                         "flags: --dry-run, --no-notify")
+    pairs = split_key_values([a for a in argv if not a.startswith("--")])
+    names = [n.strip() for n in pairs.pop("points", ",".join(POINTS)).split(",") if n.strip()]
+    unknown = [n for n in names if n not in KNOWN]
+    if unknown or not names:
+        raise UsageError(f"points: {unknown[0] if unknown else '(none)'!r} is not a ladder point; "
+                         f"known: {', '.join(KNOWN)}")
+    for key in ("name", "preset"):
+        if key in pairs:
+            raise UsageError(f"{key} is set by each ladder point; give points= instead")
+    runs_dir = pairs.pop("runs_dir", "runs/ladder")
+    extra = [f"{k}={v}" for k, v in pairs.items()]
+    for i, name in enumerate(names, 1):
+        words = point_words(KNOWN[name], extra, runs_dir)
+        print(f"=== ladder point {i} of {len(names)}: {name}\n    python -m qkstudy sweep "
+              + " ".join(words), flush=True)
+        code = sweep_cli(words + flags)
+        if code:
+            return code
+    return 0
+
+
+USAGE = USAGE.format(points=", ".join(KNOWN))
