@@ -61,6 +61,11 @@ mini *args:
     MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
     {{py}} -m analysis report "$runs/$name" out="reports/$name"
 
+# a study's finished runs as one compact .tar.xz (no weights), or restore=FILE into runs/: just archive runs/mini [out=results/mini.tar.xz]
+[group('2 run the study')]
+archive *args:
+    @{{py}} -m qkstudy archive "$@"
+
 # MLX vs PyTorch: logits, loss, gradients, probes and a 50-step trajectory; non-zero on a broken tolerance
 [group('3 check the engines and the machine')]
 parity *args:

@@ -5,9 +5,12 @@ the runs behind them (analysis/page.py renders it, analysis/prose.py words it)."
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import io
 import math
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
-from qkstudy import files
+from qkstudy import archive, files
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.errors import UsageError
 from qkstudy.run_folder import FINISHED
@@ -78,13 +81,19 @@ def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
 
 
 def build_report(runs_dir: str | Path, out: str | Path,
-                 options: ReportOptions | None = None) -> tuple[Path, Study | None]:
+                 options: ReportOptions | None = None, shown_as: tuple[str, str] | None = None
+                 ) -> tuple[Path, Study | None]:
     """Load, analyse, draw and write everything; returns the report.html path and the study
-    (None when no run finished: the page then lists the failed runs)."""
+    (None when no run finished: the page then lists the failed runs). `shown_as` (folder, what
+    to call it): the run folders' paths as the report shows them (an archive's, not the
+    temporary folder it was unpacked into)."""
     options = options or ReportOptions()
     out = Path(out)
     check_replaceable(out)
     runs = load_runs(runs_dir)
+    if shown_as:
+        runs.table = runs.table.with_columns(
+            pl.col("run_dir").str.replace(shown_as[0], shown_as[1], literal=True))
     if runs.table.filter(pl.col("status").is_in(FINISHED)).is_empty():
         with replacing(out) as tmp:
             (tmp / "tables").mkdir()
@@ -135,7 +144,8 @@ def build_report(runs_dir: str | Path, out: str | Path,
 USAGE = """usage: python -m analysis report [RUNS_DIR [OTHER_RUNS_DIR]] [key=value ...]
 
 Tables, charts, verdicts and one offline report.html (docs/report.md). RUNS_DIR (default runs)
-is a runs tree, one sweep folder or one run folder. With OTHER_RUNS_DIR (a replication, say
+is a runs tree, one sweep folder, one run folder or a study archive (FILE.tar.xz, written by
+python -m qkstudy archive). With OTHER_RUNS_DIR (a replication, say
 runs/mini runs/mini-seeds5-9) the page also compares the two: where their gaps, cell decisions
 and verdicts agree.
 
@@ -208,7 +218,8 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
         raise UsageError(f"min_gap must be >= 0 nats, not {args.min_gap:g}")
     if not 0 < args.alpha < 1:
         raise UsageError(f"alpha must be between 0 and 1, not {args.alpha:g}")
-    out = Path(args.out) if args.out else Path("reports") / runs_dir.resolve().name
+    name = runs_dir.resolve().name
+    out = Path(args.out) if args.out else Path("reports") / name.removesuffix(archive.SUFFIX)
     options = ReportOptions(loss_threshold=args.threshold, curve_lrs=_lrs(args.curve_lrs),
                             probe_names=_names(args.probes),
                             study=M.Options(alpha=args.alpha, min_gap=args.min_gap),
@@ -216,15 +227,36 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
     return runs_dir, out, options
 
 
+def unpacked(path: Path, stack: contextlib.ExitStack) -> tuple[Path, tuple[str, str] | None]:
+    """(a runs folder as it is, None), or an archive (qkstudy/archive.py) unpacked into a
+    temporary folder that lives as long as `stack`, with how its paths are shown."""
+    if not path.name.endswith(archive.SUFFIX):
+        return path, None
+    if not path.is_file():
+        raise UsageError(f"archive {path} does not exist")
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qkstudy-archive-")))
+    return archive.extract(path, tmp)[0], (str(tmp) + "/", f"{path}:")
+
+
 def cli(argv: list[str]) -> int:
     runs_dir, out, options = parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        runs_dir, shown_as = unpacked(runs_dir, stack)
+        if options.compare_with:
+            options = dataclasses.replace(options, compare_with=str(unpacked(
+                Path(options.compare_with), stack)[0]))
+        return _report(runs_dir, out, options, shown_as)
+
+
+def _report(runs_dir: Path, out: Path, options: ReportOptions,
+            shown_as: tuple[str, str] | None) -> int:
     if options.compare_with and not Path(options.compare_with).is_dir():
         raise UsageError(f"runs folder to compare with {options.compare_with} does not exist "
                          "(or is not a folder)")
     t0 = time.perf_counter()
     check_writable(out)
     try:
-        path, study = build_report(runs_dir, out, options)
+        path, study = build_report(runs_dir, out, options, shown_as)
     except OSError as e:  # the earlier report, if any, is as it was
         raise UsageError(f"cannot write the report to {out}: {e.strerror or e}; "
                          f"{files.io_advice(e)} and run the same command again") from None

@@ -231,7 +231,9 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
         return f"metrics/ ends at step {last}, not at the run's last step {summary['steps']}"
     why = _coverage(run_dir / METRICS, list(range(last + 1))) or part_steps(
         run_dir / PROBES)[1]
-    if why is None and summary.get("final_weights_sha256"):
+    # an archived run (qkstudy/archive.py) keeps its logs, not its weights
+    if why is None and summary.get("final_weights_sha256") and not (
+            run_dir / "archived.json").exists():
         try:
             _, meta = read_tensors(run_dir / FINAL)
             if meta["sha256"] != summary["final_weights_sha256"]:
