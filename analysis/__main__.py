@@ -1,4 +1,4 @@
-"""`python -m analysis <command> [args]`: report, calibrate (each module's USAGE)."""
+"""`python -m analysis <command> [args]`: report, ladder, calibrate (each module's USAGE)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from qkstudy.cli import dispatch
 
 COMMANDS = {
     "report": ("analysis.report", "tables, charts, verdicts and report.html from a runs folder"),
+    "ladder": ("analysis.ladder", "the ladder's transfer law, prediction and per-point tables"),
     "calibrate": ("analysis.calibrate",
                   "the verdicts' false-positive rate and power on simulated studies"),
 }

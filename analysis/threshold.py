@@ -111,12 +111,38 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
                       fit=fit[0], seeds=int(n.max()))
 
 
+def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
+    """The practitioner's rule made of tested claims (docs/report.md, amendment 1), from one
+    (depth, on_kind)'s H1 cells: no_difference_up_to, the largest LR such that every
+    informative cell at or below it is decided "no difference"; off_worse_from, the smallest LR
+    such that every informative cell from it up to the largest is decided "off worse"; None
+    where no such LR exists; and the rule in words."""
+    informative = cells.filter(pl.col("informative")).sort("lr")
+    lrs, decisions = informative["lr"].to_list(), informative["decision"].to_list()
+    a = b = None
+    for lr, decision in zip(lrs, decisions):
+        if decision != "no difference":
+            break
+        a = lr
+    for lr, decision in zip(reversed(lrs), reversed(decisions)):
+        if decision != "off worse":
+            break
+        b = lr
+    low = (f"no difference within {margin:g} nats decided up to LR {a:.3g}" if a is not None
+           else "no LR decided \"no difference\" from the smallest up")
+    high = (f"off worse decided from LR {b:.3g}" if b is not None
+            else "no LR from which every larger one is decided \"off worse\"")
+    return {"no_difference_up_to": a, "off_worse_from": b, "text": f"{low}; {high}"}
+
+
 THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
                     "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
                     "min_gap": pl.Float64, "threshold_lr": pl.Float64, "censored": pl.String,
                     "ci_lo": pl.Float64, "ci_hi": pl.Float64, "threshold": pl.String,
                     "bracket_lo": pl.Float64, "bracket_hi": pl.Float64,
-                    "not_needed_below": pl.Float64, "rule": pl.String, "note": pl.String}
+                    "not_needed_below": pl.Float64, "rule": pl.String,
+                    "no_difference_up_to": pl.Float64, "off_worse_from": pl.Float64,
+                    "tested_rule": pl.String, "note": pl.String}
 
 
 def _lr_text(log_lr: float) -> str:
@@ -157,6 +183,10 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
                "min_gap": options.min_gap, "threshold_lr": None, "censored": None,
                "ci_lo": None, "ci_hi": None, "threshold": None, "bracket_lo": None,
                "bracket_hi": None, "not_needed_below": None, "rule": None, "note": ""}
+        tested = tested_rule(g, options.min_gap)
+        row.update(no_difference_up_to=tested["no_difference_up_to"],
+                   off_worse_from=tested["off_worse_from"],
+                   tested_rule=f"depth {depth}: {tested['text']}")
         if (on, depth) not in draws:
             row["note"] = ("not enough data: needs >= 2 paired seeds" if g["pairs"].max() < 2
                            else "no informative LR: neither arm learned at any LR")

@@ -1,0 +1,403 @@
+"""`python -m analysis ladder [SOURCE ...] [out=reports/ladder]`: the ladder's transfer analysis,
+as docs/report.md's ladder plan fixes it.
+
+A source is a ladder folder (runs/ladder: one sweep folder per point), one point's sweep folder,
+a folder of point archives (results/ladder) or one archive (<point>.tar.xz). Per point: the
+plan's H1 verdict, the tested rule, the necessity threshold at depth 4, the LR-sensitivity gap,
+the max-stable-LR ratio and the off arm's peak attention logit. Across the points with warmup at
+10% of the run: the transfer law log10(threshold) = a + b log2(d_model / 64) + c log2(steps /
+300) with whole-seed intervals (each point's seeds drawn on their own), its six claims under
+Holm, and the prediction at the study preset's point; the warmup contrast; the peak logit's
+collapse onto lr x width x steps. A point enters only once its sweep has nothing left to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from qkstudy import archive
+from qkstudy.config import split_key_values
+from qkstudy.errors import UsageError
+from qkstudy.sweep.config import parse_sweep_config
+from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, STUDY_POINT, Point, point_words
+from qkstudy.sweep.plan import remaining_runs
+
+from . import stats as S
+from .hypotheses import small_sample_widening
+from .load import load_runs
+from .metrics import OFF, paired_gaps
+from .study import ReportOptions, Study, analyse
+from .threshold import depth_draws, gap_matrix, tested_rule
+
+ON = "rmsnorm"
+WIDTH0, STEPS0 = 64, 300  # the anchor: the law's coefficients are per doubling from here
+CONTRAST = ("w64-s4800", "w64-s4800-wu30")
+COLLAPSE_SD = 0.2  # decades: the plan's "collapse" bound on the pooled fit's residual SD
+
+
+@dataclass
+class PointResult:
+    name: str
+    point: Point
+    study: Study
+    complete: bool
+    left: int  # runs the sweep still has to train
+    log_threshold: float  # the estimate (log10 LR; +-inf censored)
+    draws: np.ndarray  # whole-seed bootstrap draws of it, this point's own
+    seeds: int
+
+
+# --- reading the points -----------------------------------------------------------------------
+
+def _point_dirs(source: Path, stack: contextlib.ExitStack) -> list[Path]:
+    """The point sweep folders a source names (archives unpacked into temporary folders)."""
+    if source.name.endswith(archive.SUFFIX):
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="qkstudy-ladder-")))
+        return [archive.extract(source, tmp)[0]]
+    if not source.is_dir():
+        raise UsageError(f"ladder source {source} does not exist (give runs/ladder, a point's "
+                         "folder, results/ladder or a point's .tar.xz)")
+    if (source / "sweep.json").is_file():
+        return [source]
+    found = []
+    for child in sorted(source.iterdir()):
+        if child.name.endswith(archive.SUFFIX) or (child / "sweep.json").is_file():
+            found += _point_dirs(child, stack)
+    if not found:
+        raise UsageError(f"{source} holds no ladder point (a sweep folder with sweep.json, or "
+                         f"a <point>{archive.SUFFIX})")
+    return found
+
+
+def load_point(folder: Path, options: ReportOptions) -> PointResult:
+    name = folder.name
+    if name not in KNOWN:
+        raise UsageError(f"{folder}: {name!r} is not a ladder point; known: {', '.join(KNOWN)}")
+    point = KNOWN[name]
+    sweep = parse_sweep_config(point_words(point, [], str(folder.parent)))
+    todo, extra = remaining_runs(sweep)
+    study = analyse(load_runs(folder), options)
+    gaps = paired_gaps(study.points, options.study)
+    on = gaps.filter(pl.col("on_kind") == ON)
+    cells = study.gaps.filter((pl.col("on_kind") == ON) & pl.col("informative"))
+    lrs = sorted(cells["lr"].to_list())
+    seeds = sorted(set(on["seed"].to_list()))
+    if not lrs or len(seeds) < 2:
+        raise UsageError(f"{folder}: no informative cell with 2 or more paired seeds yet")
+    values = gap_matrix(on.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
+    # each point's own seed draws: the points share no run (docs/report.md, the ladder's plan)
+    d = depth_draws(values, lrs, S.seed_draws(len(seeds), options.study.bootstrap,
+                                              f"ladder/{name}"), options.study.min_gap)
+    return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
+                       left=len(todo) + len(extra), log_threshold=d.point, draws=d.draws,
+                       seeds=int((~np.isnan(values)).sum(axis=0).min()))
+
+
+# --- per point ----------------------------------------------------------------------------------
+
+def _lr(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.3g}"
+
+
+def point_row(r: PointResult) -> dict:
+    s = r.study
+    thr = s.thresholds.filter(pl.col("on_kind") == ON).row(0, named=True)
+    h1 = s.verdicts.filter((pl.col("hypothesis") == "H1") & (pl.col("on_kind") == ON))
+    rule = tested_rule(s.gaps.filter(pl.col("on_kind") == ON))
+    sens = s.sensitivity_per_seed.pivot("arm", index=["depth", "seed"], values="lr_sensitivity")
+    drop = (sens[OFF] - sens[ON]).drop_nulls().to_list() if ON in sens.columns else []
+    stable = s.stable_per_seed.pivot("arm", index=["depth", "seed"], values="max_stable_lr")
+    ratio = (np.log(stable[ON]) - np.log(stable[OFF])).drop_nulls().to_list() \
+        if ON in stable.columns else []
+    lo, hi = S.interval(drop)
+    rlo, rhi = S.interval(ratio)
+    peaks = peak_logits(s).filter(pl.col("arm") == OFF)
+    p = r.point
+    return {
+        "point": r.name, "d_model": p.d_model, "steps": p.steps, "warmup": p.warmup,
+        "complete": r.complete, "runs_left": r.left, "runs": s.points.height, "seeds": r.seeds,
+        "h1": h1["verdict"][0] if h1.height else None,
+        "no_difference_up_to": rule["no_difference_up_to"],
+        "off_worse_from": rule["off_worse_from"], "rule": rule["text"],
+        "threshold_lr": thr["threshold_lr"], "threshold": thr["threshold"],
+        "ci_lo": thr["ci_lo"], "ci_hi": thr["ci_hi"], "censored": thr["censored"],
+        "sensitivity_gap": float(np.mean(drop)) if drop else None, "sensitivity_lo": lo,
+        "sensitivity_hi": hi,
+        "stable_ratio": float(np.exp(np.mean(ratio))) if ratio else None,
+        "stable_ratio_lo": math.exp(rlo) if rlo is not None else None,
+        "stable_ratio_hi": math.exp(rhi) if rhi is not None else None,
+        "off_peak_logit": float(peaks["peak_logit"].max()) if peaks.height else None,
+        "run_seconds": float(s.points["wall_seconds"].sum()),
+    }
+
+
+def peak_logits(study: Study) -> pl.DataFrame:
+    """Per finished, not diverged run: its peak max attention logit over probe steps (each
+    step's value is already the max over layers)."""
+    probes = study.probe_steps.filter(pl.col("name") == "max_attention_logit")
+    peak = probes.group_by("run").agg(peak_logit=pl.col("value").max())
+    runs = study.points.filter(pl.col("status") == "completed").select("run", "arm", "lr", "seed")
+    return runs.join(peak, on="run").filter(pl.col("peak_logit").is_finite()
+                                            & (pl.col("peak_logit") > 0))
+
+
+# --- the transfer law ---------------------------------------------------------------------------
+
+def design(points: list[Point]) -> np.ndarray:
+    return np.array([[1.0, math.log2(p.d_model / WIDTH0), math.log2(p.steps / STEPS0)]
+                     for p in points])
+
+
+STUDY_X = design([STUDY_POINT])[0]
+
+LAW_SCHEMA = {"term": pl.String, "estimate": pl.Float64, "ci_lo": pl.Float64,
+              "ci_hi": pl.Float64, "undefined_share": pl.Float64, "p_falls": pl.Float64,
+              "p_rises": pl.Float64, "p_equal": pl.Float64, "q_falls": pl.Float64,
+              "q_rises": pl.Float64, "q_equal": pl.Float64, "decision": pl.String,
+              "note": pl.String}
+
+
+def fit_law(results: list[PointResult], options: ReportOptions) -> tuple[pl.DataFrame, dict]:
+    """The law's coefficients with intervals and the six claims (b, c: falls, rises, equal),
+    and the prediction at the study point. Needs a width step and a length step besides the
+    anchor, every point complete and none censored."""
+    law = [r for r in results if r.name in LAW_POINTS and r.complete]
+    pts = [r.point for r in law]
+    widths, lengths = {p.d_model for p in pts}, {p.steps for p in pts}
+    prediction = {"log10_lr": None, "lr": None, "ci_lo": None, "ci_hi": None,
+                  "points": ", ".join(r.name for r in law), "note": ""}
+    why = ""
+    if len(widths) < 2 or len(lengths) < 2 or len(law) < 3:
+        why = (f"not estimable yet: the law needs complete points at two widths and two lengths "
+               f"(has {', '.join(r.name for r in law) or 'none'})")
+    censored = [r.name for r in law if not math.isfinite(r.log_threshold)]
+    if not why and censored:
+        why = f"not estimable: the threshold is censored at {', '.join(censored)}"
+    if why:
+        prediction["note"] = why
+        return pl.DataFrame([{"term": t, "note": why} for t in ("a", "b", "c")],
+                            schema=LAW_SCHEMA), prediction
+    x = design(pts)
+    pinv = np.linalg.pinv(x)
+    est = pinv @ np.array([r.log_threshold for r in law])
+    y = np.stack([r.draws for r in law], axis=1)  # (B, points): each point's own draws
+    undefined = ~np.isfinite(y).all(axis=1)
+    boot = np.where(undefined[:, None], np.nan, np.where(np.isfinite(y), y, 0.0) @ pinv.T)
+    k = small_sample_widening(min(r.seeds for r in law))
+    boot = est + k * (boot - est)
+    m = options.study.slope_margin
+    rows = []
+    for i, term in enumerate("abc"):
+        b = boot[:, i]
+        finite = b[~undefined]
+        lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)
+        row = {"term": term, "estimate": float(est[i]), "ci_lo": lo, "ci_hi": hi,
+               "undefined_share": float(undefined.mean()), "note": ""}
+        if term != "a":
+            row.update(p_falls=S.p_bootstrap(undefined | (b >= 0)),
+                       p_rises=S.p_bootstrap(undefined | (b <= 0)),
+                       p_equal=max(S.p_bootstrap(undefined | (b >= m)),
+                                   S.p_bootstrap(undefined | (b <= -m))))
+        rows.append(row)
+    claims = [(r, k) for r in rows[1:] for k in ("p_falls", "p_rises", "p_equal")]
+    S.adjust_family(claims, options.study.alpha, method="holm")
+    a = options.study.alpha
+    for r in rows[1:]:
+        r["decision"] = ("falls" if r["q_falls"] < a else "rises" if r["q_rises"] < a
+                         else "equal" if r["q_equal"] < a else "undetermined")
+    pred = float(STUDY_X @ est)
+    pdraws = boot[~undefined] @ STUDY_X
+    lo, hi = S.percentile_interval(pdraws) if pdraws.size else (math.nan, math.nan)
+    prediction.update(log10_lr=pred, lr=10 ** pred, ci_lo=10 ** lo, ci_hi=10 ** hi)
+    return pl.DataFrame(rows, schema=LAW_SCHEMA), prediction
+
+
+def warmup_contrast(results: dict[str, PointResult], options: ReportOptions) -> dict | None:
+    """log10 threshold at the longest point with 10% warmup minus with 30 steps' warmup."""
+    long, short = (results.get(n) for n in CONTRAST)
+    if not (long and short and long.complete and short.complete):
+        return None
+    est = long.log_threshold - short.log_threshold
+    row = {"contrast": f"{CONTRAST[0]} - {CONTRAST[1]}", "log10_ratio": est, "ci_lo": None,
+           "ci_hi": None, "decision": "undetermined", "note": ""}
+    if not math.isfinite(est):
+        row.update(decision=None, note="a threshold is censored")
+        return row
+    d = long.draws - short.draws
+    undefined = ~np.isfinite(d)
+    d = est + small_sample_widening(min(long.seeds, short.seeds)) * (d - est)
+    lo, hi = S.percentile_interval(d[~undefined])
+    m = options.study.slope_margin
+    tests = {"p_raises": S.p_bootstrap(undefined | (d <= 0)),
+             "p_lowers": S.p_bootstrap(undefined | (d >= 0)),
+             "p_equal": max(S.p_bootstrap(undefined | (d >= m)),
+                            S.p_bootstrap(undefined | (d <= -m)))}
+    S.adjust_family([(tests, k) for k in list(tests)], options.study.alpha, method="holm")
+    a = options.study.alpha
+    decision = ("longer warmup raises it" if tests["q_raises"] < a else "longer warmup lowers it"
+                if tests["q_lowers"] < a else "no effect" if tests["q_equal"] < a
+                else "undetermined")
+    row.update(ci_lo=lo, ci_hi=hi, decision=decision, **tests)
+    return row
+
+
+COORDINATES = {"lr": (0, 0), "lr x width": (1, 0), "lr x width x steps": (1, 1)}
+
+
+def collapse(results: list[PointResult]) -> pl.DataFrame:
+    """Per coordinate: the residual SD (decades) of one monotone fit of log10(peak logit) of
+    the off arm's completed runs over every point, and whether it is within COLLAPSE_SD."""
+    frames = []
+    for r in results:
+        peaks = peak_logits(r.study).filter(pl.col("arm") == OFF)
+        frames.append(peaks.with_columns(point=pl.lit(r.name), width=pl.lit(r.point.d_model / WIDTH0),
+                                         length=pl.lit(r.point.steps / STEPS0)))
+    rows = []
+    if not frames or len(results) < 2:
+        return pl.DataFrame(schema={"coordinate": pl.String, "points": pl.Int64,
+                                    "runs": pl.Int64, "residual_sd": pl.Float64,
+                                    "collapses": pl.Boolean})
+    peaks = pl.concat(frames)
+    y_all = np.log10(peaks["peak_logit"].to_numpy())
+    for name, (w, s) in COORDINATES.items():
+        x = np.log10(peaks["lr"].to_numpy() * peaks["width"].to_numpy() ** w
+                     * peaks["length"].to_numpy() ** s)
+        order = np.argsort(x, kind="stable")
+        fit = S.isotonic(y_all[order][None], np.ones(len(order)))[0]
+        sd = float(np.sqrt(np.mean((y_all[order] - fit) ** 2)))
+        rows.append({"coordinate": name, "points": len(results), "runs": len(order),
+                     "residual_sd": sd, "collapses": sd <= COLLAPSE_SD})
+    return pl.DataFrame(rows)
+
+
+# --- the chart ----------------------------------------------------------------------------------
+
+def chart(table: pl.DataFrame, prediction: dict):
+    import altair as alt
+
+    rows = table.filter(pl.col("threshold_lr").is_not_null()).with_columns(
+        tokens_m=pl.col("steps") * 1024 / 1e6)
+    points = []
+    for axis, col in (("width (d_model)", "d_model"), ("training steps", "steps")):
+        other = "steps" if col == "d_model" else "d_model"
+        anchor = STEPS0 if col == "d_model" else WIDTH0
+        sub = rows.filter((pl.col(other) == anchor) & (pl.col("warmup") * 10 == pl.col("steps")))
+        for r in sub.iter_rows(named=True):
+            points.append({"axis": axis, "x": r[col], "lr": r["threshold_lr"],
+                           "lo": r["ci_lo"], "hi": r["ci_hi"], "kind": "measured"})
+    if prediction.get("lr"):
+        for axis, x in (("width (d_model)", STUDY_POINT.d_model),
+                        ("training steps", STUDY_POINT.steps)):
+            points.append({"axis": axis, "x": x, "lr": prediction["lr"], "lo": prediction["ci_lo"],
+                           "hi": prediction["ci_hi"], "kind": "predicted (study point)"})
+    data = alt.Data(values=points)
+    base = alt.Chart(data).encode(
+        x=alt.X("x:Q", scale=alt.Scale(type="log"), title=None),
+        color=alt.Color("kind:N", title=None))
+    bars = base.mark_rule().encode(y=alt.Y("lo:Q", scale=alt.Scale(type="log"),
+                                           title="necessity threshold LR (off vs rmsnorm)"),
+                                   y2="hi:Q")
+    dots = base.mark_point(filled=True, size=60).encode(y="lr:Q", tooltip=["x:Q", "lr:Q", "lo:Q",
+                                                                           "hi:Q"])
+    return (bars + dots).properties(width=260, height=220).facet(
+        column=alt.Column("axis:N", title=None)).resolve_scale(x="independent")
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+USAGE = """usage: python -m analysis ladder [SOURCE ...] [out=reports/ladder]
+
+The ladder's transfer analysis (docs/report.md, the ladder's plan). SOURCE: runs/ladder (one
+sweep folder per point), a point's sweep folder, results/ladder (point archives) or one
+<point>.tar.xz; default results/ladder when it exists, else runs/ladder. Writes tables
+(points, law, prediction, contrast, collapse; Parquet and CSV), the chart and summary.md."""
+
+
+def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
+                   ) -> dict[str, object]:
+    options = options or ReportOptions()
+    with contextlib.ExitStack() as stack:
+        folders = [f for s in sources for f in _point_dirs(s, stack)]
+        names = [f.name for f in folders]
+        twice = {n for n in names if names.count(n) > 1}
+        if twice:
+            raise UsageError(f"ladder point {sorted(twice)[0]} is given twice; give each once")
+        results = [load_point(f, options) for f in folders]
+        order = list(KNOWN)
+        results.sort(key=lambda r: order.index(r.name))
+        table = pl.DataFrame([point_row(r) for r in results])
+        law, prediction = fit_law(results, options)
+        contrast = warmup_contrast({r.name: r for r in results}, options)
+        return {"points": table, "law": law, "prediction": pl.DataFrame([prediction]),
+                "contrast": pl.DataFrame([contrast]) if contrast else pl.DataFrame(),
+                "collapse": collapse([r for r in results if r.complete])}
+
+
+def summary_text(out: dict) -> str:
+    """The ladder's tables as Markdown (what docs/results.md publishes)."""
+    t: pl.DataFrame = out["points"]  # type: ignore[assignment]
+    lines = ["| point | d_model | steps | warmup | runs | H1 | tested rule | threshold [95% CI] "
+             "| LR-sensitivity gap [95% CI] | max stable LR on/off [95% CI] | off peak logit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in t.iter_rows(named=True):
+        sens = (f"{r['sensitivity_gap']:+.3f} [{r['sensitivity_lo']:+.3f}, "
+                f"{r['sensitivity_hi']:+.3f}]" if r["sensitivity_lo"] is not None else "-")
+        ratio = (f"x{r['stable_ratio']:.2f} [{r['stable_ratio_lo']:.2f}, "
+                 f"{r['stable_ratio_hi']:.2f}]" if r["stable_ratio_lo"] is not None else "-")
+        runs = f"{r['runs']}" + ("" if r["complete"] else f" ({r['runs_left']} left)")
+        lines.append(f"| `{r['point']}` | {r['d_model']} | {r['steps']:,} | {r['warmup']} | "
+                     f"{runs} | {r['h1']} | {r['rule']} | {r['threshold']} | {sens} | {ratio} | "
+                     f"{r['off_peak_logit']:,.0f} |")
+    law: pl.DataFrame = out["law"]  # type: ignore[assignment]
+    p = out["prediction"].row(0, named=True)  # type: ignore[union-attr]
+    lines.append("")
+    if p["lr"] is None:
+        lines.append(f"Transfer law: {p['note']}.")
+    else:
+        terms = {r["term"]: r for r in law.iter_rows(named=True)}
+        lines.append(
+            f"Transfer law over {p['points']}: log10(threshold) = {terms['a']['estimate']:+.2f} "
+            f"{terms['b']['estimate']:+.2f} log2(d_model/64) {terms['c']['estimate']:+.2f} "
+            f"log2(steps/300); b {terms['b']['estimate']:+.2f} [{terms['b']['ci_lo']:+.2f}, "
+            f"{terms['b']['ci_hi']:+.2f}] decades per doubling of width ({terms['b']['decision']}),"
+            f" c {terms['c']['estimate']:+.2f} [{terms['c']['ci_lo']:+.2f}, "
+            f"{terms['c']['ci_hi']:+.2f}] per doubling of steps ({terms['c']['decision']}). "
+            f"Predicted threshold at the study point (d_model 192, 24,414 steps): LR "
+            f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] (an extrapolation).")
+    return "\n".join(lines) + "\n"
+
+
+def cli(argv: list[str]) -> int:
+    given = [a for a in argv if "=" not in a]
+    pairs = split_key_values([a for a in argv if "=" in a])
+    if set(pairs) - {"out"}:
+        raise UsageError(f"unknown key {sorted(set(pairs) - {'out'})[0]!r}; keys: out=")
+    if not given:
+        given = ["results/ladder" if Path("results/ladder").is_dir() else "runs/ladder"]
+    out = analyse_ladder([Path(g) for g in given])
+    folder = Path(pairs.get("out", "reports/ladder"))
+    from .report import write_table
+    from . import charts as C
+    tables = folder / "tables"
+    tables.mkdir(parents=True, exist_ok=True)
+    for name, df in out.items():
+        if isinstance(df, pl.DataFrame) and df.width:
+            write_table(df, tables, f"ladder_{name}")
+    text = summary_text(out)
+    (folder / "summary.md").write_text(text)
+    C.save_chart(chart(out["points"], out["prediction"].row(0, named=True)),  # type: ignore
+                 folder / "charts", "ladder_threshold")
+    sys.stdout.write(text)
+    print(f"ladder: {folder}/summary.md, tables/ and charts/ladder_threshold.png",
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,135 @@
+"""The ladder (qkstudy/sweep/ladder.py, analysis/ladder.py): each point is a plain sweep of the
+pre-registered design, the ladder command refuses what it cannot run, and the transfer law, its
+claims and its prediction have known answers on planted thresholds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis.ladder import STUDY_X, PointResult, fit_law, warmup_contrast
+from analysis.study import ReportOptions
+from analysis.threshold import tested_rule as rule_of
+from qkstudy.__main__ import main
+from qkstudy.sweep.config import parse_sweep_config
+from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, LRS, POINTS, point_words
+
+
+@pytest.mark.parametrize("name", list(POINTS))
+def test_each_point_is_the_plans_design(name):
+    p = KNOWN[name]
+    sweep = parse_sweep_config(point_words(p, [], "runs/ladder"))
+    t = sweep.train
+    assert sweep.depth == (4,) and t.head_dim == 32 and t.steps == p.steps
+    assert sweep.grid_lrs() == list(LRS) and LRS[0] == 1e-4 and LRS[-1] == 3.0
+    assert sweep.seeds == (0, 1, 2, 3, 4) and sweep.max_seeds == 5  # no adaptive seeds
+    assert sweep.refine and sweep.refine_steps == 1 and sweep.threshold_steps == 2
+    assert t.backend == "torch" and t.data == "data/synthetic-bytes"
+    assert t.eval_every == t.probe_every == t.divergence_window == p.steps // 6
+    assert t.independent_wd and t.weight_decay == 1e-4
+    assert sweep.runs_dir == "runs/ladder" and sweep.name == name
+    # the corpus holds enough tokens that no point reads one twice (19.8M training tokens)
+    assert t.steps * t.tokens_per_step < 19_800_000
+    assert t.warmup_steps == (30 if name.endswith("wu30") else p.steps // 10)
+
+
+def test_extra_words_replace_the_points_own_and_bad_ones_are_refused(capsys):
+    words = point_words(KNOWN["w64-s300"], ["jobs=1", "device=cpu"], "elsewhere")
+    assert "jobs=1" in words and "jobs=2" not in words and "runs_dir=elsewhere" in words
+    assert main(["ladder", "points=w64-s301", "--dry-run"]) == 2
+    assert "not a ladder point" in capsys.readouterr().err
+    assert main(["ladder", "name=x", "--dry-run"]) == 2
+    assert "set by each ladder point" in capsys.readouterr().err
+
+
+def result(name: str, log_t: float, spread: float = 0.05, seed: int = 0) -> PointResult:
+    rng = np.random.default_rng(seed)
+    draws = log_t + spread * rng.standard_normal(2000) if math.isfinite(log_t) else \
+        np.full(2000, log_t)
+    return PointResult(name=name, point=KNOWN[name], study=None, complete=True, left=0,  # type: ignore[arg-type]
+                       log_threshold=log_t, draws=draws, seeds=5)
+
+
+def planted(a: float, b: float, c: float, **kw) -> list[PointResult]:
+    out = []
+    for i, name in enumerate(LAW_POINTS):
+        p = KNOWN[name]
+        out.append(result(name, a + b * math.log2(p.d_model / 64) + c * math.log2(p.steps / 300),
+                          seed=i, **kw))
+    return out
+
+
+def test_the_law_recovers_planted_coefficients_and_predicts_the_study_point():
+    law, prediction = fit_law(planted(-2.0, -0.5, -0.3), ReportOptions())
+    terms = {r["term"]: r for r in law.iter_rows(named=True)}
+    assert terms["a"]["estimate"] == pytest.approx(-2.0)
+    assert terms["b"]["estimate"] == pytest.approx(-0.5)
+    assert terms["c"]["estimate"] == pytest.approx(-0.3)
+    assert terms["b"]["decision"] == "falls" and terms["c"]["decision"] == "falls"
+    expected = -2.0 - 0.5 * math.log2(192 / 64) - 0.3 * math.log2(24_414 / 300)
+    assert prediction["log10_lr"] == pytest.approx(expected)
+    assert STUDY_X[1] == pytest.approx(math.log2(3))
+    assert prediction["ci_lo"] < 10 ** expected < prediction["ci_hi"]
+
+
+def test_a_flat_law_is_never_read_as_a_fall_and_is_equal_when_precise():
+    law, _ = fit_law(planted(-2.0, 0.0, 0.0, spread=0.02), ReportOptions())
+    decisions = dict(zip(law["term"], law["decision"]))
+    assert decisions["b"] == "equal" and decisions["c"] == "equal"
+    noisy, _ = fit_law(planted(-2.0, 0.0, 0.0, spread=0.5), ReportOptions())
+    assert set(noisy.filter(pl.col("term") != "a")["decision"]) <= {"undetermined"}
+
+
+def test_the_law_is_not_fitted_without_both_axes_or_with_a_censored_point():
+    widths_only = [r for r in planted(-2, 0, 0) if KNOWN[r.name].steps == 300]
+    law, prediction = fit_law(widths_only, ReportOptions())
+    assert prediction["lr"] is None and "two widths and two lengths" in prediction["note"]
+    censored = planted(-2, 0, 0)
+    censored[1] = result(censored[1].name, math.inf)
+    _, prediction = fit_law(censored, ReportOptions())
+    assert prediction["lr"] is None and "censored at w128-s300" in prediction["note"]
+    unfinished = planted(-2, 0, 0)
+    unfinished[2].complete = False
+    _, prediction = fit_law(unfinished, ReportOptions())
+    assert "w64-s1200" not in prediction["points"]
+
+
+def test_the_warmup_contrast_reads_a_planted_difference():
+    long, short = result("w64-s4800", -2.0, seed=1), result("w64-s4800-wu30", -2.6, seed=2)
+    row = warmup_contrast({"w64-s4800": long, "w64-s4800-wu30": short}, ReportOptions())
+    assert row["log10_ratio"] == pytest.approx(0.6) and row["decision"] == "longer warmup raises it"
+    same = warmup_contrast({"w64-s4800": long, "w64-s4800-wu30": result("w64-s4800-wu30", -2.0,
+                                                                        spread=0.02, seed=3)},
+                           ReportOptions())
+    assert same["decision"] == "no effect"
+
+
+def cells(decisions: list[str], informative: list[bool] | None = None) -> pl.DataFrame:
+    lrs = [1e-4 * 3 ** i for i in range(len(decisions))]
+    return pl.DataFrame({"lr": lrs, "decision": decisions,
+                         "informative": informative or [True] * len(decisions)})
+
+
+@pytest.mark.parametrize("decisions, informative, a, b", [
+    (["no difference", "no difference", "undetermined", "off worse", "off worse"], None, 1, 3),
+    # an undecided cell inside the low run ends it; one inside the high run moves B above it
+    (["no difference", "undetermined", "no difference", "off worse", "undetermined",
+      "off worse"], None, 0, 5),
+    # uninformative cells (every run failed) are passed over
+    (["no difference", "off worse", "uninformative"], [True, True, False], 0, 1),
+    (["undetermined", "off worse"], None, None, 1),
+    (["no difference", "no difference"], None, 1, None),
+])
+def test_the_tested_rule_is_made_of_decided_cells_only(decisions, informative, a, b):
+    c = cells(decisions, informative)
+    rule = rule_of(c)
+    lrs = c["lr"].to_list()
+    assert rule["no_difference_up_to"] == (lrs[a] if a is not None else None)
+    assert rule["off_worse_from"] == (lrs[b] if b is not None else None)
+    if a is None:
+        assert "no LR decided" in rule["text"]
+    if b is None:
+        assert "no LR from which" in rule["text"]
