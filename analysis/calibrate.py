@@ -52,6 +52,7 @@ INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
 RAMP = 0.15  # decades: the logistic width of the onset
 THRESHOLD_STEPS, REFINE_STEPS, REFINE_FACTOR = 2, 1, 1.4  # the mini preset's bisection
+SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 0
 
 
 @dataclass(frozen=True)
@@ -317,6 +318,8 @@ def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> 
         logs = {d: math.log10(t) for d, t in scenario.onset.items()}
     slope = (float(np.polyfit(np.log2(DEPTHS), [logs[d] for d in DEPTHS], 1)[0])
              if scenario.onset is not None else math.nan)
+    if abs(slope) < SLOPE_TOLERANCE:  # polyfit's rounding of an equal onset (2.5e-16) is 0
+        slope = 0.0
     return Truth(h1=scenario.onset is not None, stable_effect=math.log(scenario.boundary_ratio),
                  sensitivity_drop=float(sens[0]) if sens.len() else 0.0, thresholds=logs,
                  slope=slope)
@@ -375,6 +378,7 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
     out["H3 false not supported"] = float(verdict["H3"] == "not supported" and (
         (d3 == "rises" and not (s > 0)) or (d3 == "equal" and not (abs(s) < sm))))
     out["H3 false no difference"] = float(d3 == "equal" and not (abs(s) < sm))
+    out["H3 false rises"] = float(d3 == "rises" and not (s > 0))
     out["H3 power"] = float(falls and supported(verdict["H3"]))
     # coverage: the threshold's interval (where the true threshold lies inside the grid) and
     # the slope's interval (where the slope is defined)
@@ -395,7 +399,8 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
     return out
 
 
-FALSE_KINDS = ("false supported", "false not supported", "false no difference", "false needed")
+FALSE_KINDS = ("false supported", "false not supported", "false no difference", "false needed",
+               "false rises")
 
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,

@@ -349,7 +349,7 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
     """Per compared arm with >= 2 depths: the slope in decades per doubling of depth, its 95%
     whole-seed interval, and three bootstrap tests: falls (slope < 0), rises (> 0), equal
     (|slope| < slope_margin, both one-sided). A draw with a censored threshold at some depth has
-    no slope: it counts against every claim. One family per compared arm, Benjamini-Hochberg."""
+    no slope: it counts against every claim. One family per compared arm, Holm."""
     if draws is None:
         draws = threshold_draws(points, gaps, options)
     rows = []

@@ -1,8 +1,8 @@
 """The verdicts on H1-H3: the labels the tests of analysis.hypotheses can bear.
 
 Each hypothesis (per compared arm) is one family of pre-specified, one-directional tests,
-adjusted together by Benjamini-Hochberg (analysis.stats); the family's size is printed beside
-its verdict. "No difference" and "not needed" come only from an equivalence test.
+adjusted together (H1 by Benjamini-Hochberg, H2 and H3 by Holm: analysis.hypotheses); the
+family's size is printed beside its verdict. "No difference" and "not needed" come only from an equivalence test.
 Per depth (H1) or per measure (H2) the data point for, against or neither way; H3 is one part,
 the slope of the threshold against depth. The label says what they can bear ("supported" needs
 3 paired seeds, "partly" when some parts are undecided, "mixed" when decided parts disagree).
@@ -155,8 +155,11 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                               f"depth {d}: needs >= 2 paired seeds"))
             continue
         informative = tested.filter("informative")
-        # the usual number of paired seeds (a boundary-refinement LR of some seeds has fewer)
-        n = int(tested["pairs"].median())
+        # the fewest paired seeds of the decided cells the direction rests on (docs/report.md,
+        # amendment 2): an undecided boundary-bisection LR run by some seeds does not lower it
+        decided = informative.filter(pl.col("decision").is_in([OFF_WORSE, NO_DIFFERENCE,
+                                                               ON_WORSE]))
+        n = int((decided if decided.height else tested)["pairs"].min())
         by = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
               for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE, UNDETERMINED)}
         worse, calm, harm = by[OFF_WORSE], by[NO_DIFFERENCE], by[ON_WORSE]

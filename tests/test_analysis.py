@@ -552,6 +552,19 @@ def test_calibration_runs_the_whole_procedure_on_a_tiny_scenario_count():
     assert power.height == 1
 
 
+def test_an_equal_onset_is_a_slope_of_exactly_zero_so_a_false_rise_is_counted():
+    """polyfit gives 2.5e-16 for equal thresholds; unrounded, "rises" could never be scored
+    false and "falls" would count as true (docs/report.md, amendment 4)."""
+    from analysis import calibrate as K
+
+    truth = K.truth_of(K.SCENARIOS["same onset"], K.NOISE, 5, M.Options())
+    assert truth.slope == 0.0
+    assert K._split("H3 false rises") == ("H3", "false rises")
+    table = K.calibrate(studies=1, seeds=5, scenarios=("same onset",))
+    assert table.filter((pl.col("hypothesis") == "H3")
+                        & (pl.col("claim") == "false rises")).height == 1
+
+
 def test_default_loss_threshold_is_reached_by_both_arms_mid_training():
     runs = pl.DataFrame({"run": ["a", "b"], "depth": [2, 2], "qk_norm": ["none", "rmsnorm"],
                          "lr": [0.01, 0.01], "seed": [0, 0], "status": ["completed"] * 2,
@@ -1333,3 +1346,26 @@ def test_h2_max_usable_lr_counts_degraded_runs_as_failed():
     assert h2["per_seed"] == ", ".join(["x10"] * 6) and h2["decision"] == "for"
     verdict = verdict_of(table, "H2")["verdict"]
     assert "exploratory max usable LR: for" in verdict and verdict.startswith("partly supported")
+
+
+def _h1_cells(pairs: list[int], decisions: list[str]) -> pl.DataFrame:
+    n = len(pairs)
+    return pl.DataFrame({
+        "on_kind": ["rmsnorm"] * n, "depth": [4] * n, "lr": [1e-3 * 3 ** i for i in range(n)],
+        "pairs": pairs, "decision": decisions, "informative": [True] * n,
+        "mean_gap": [0.5] * n, "ci_lo": [0.4] * n, "ci_hi": [0.6] * n,
+        "q_off_worse": [0.01] * n, "family_size": [3 * n] * n})
+
+
+@pytest.mark.parametrize("pairs, decisions, label", [
+    # an undecided boundary-bisection LR run by 2 seeds does not demote the verdict
+    ([5, 5, 2, 5], ["no difference", "off worse", "undetermined", "off worse"], "supported"),
+    # a decided cell on 2 seeds does: the verdict rests on it
+    ([5, 2, 5], ["no difference", "off worse", "off worse"], "suggestive (n=2)"),
+])
+def test_the_h1_label_counts_the_seeds_of_the_decided_cells_it_rests_on(pairs, decisions, label):
+    from analysis import verdicts as V
+
+    empty = pl.DataFrame(schema={"on_kind": pl.String, "depth": pl.Int64})
+    row = V._h1("rmsnorm", _h1_cells(pairs, decisions), empty, empty)
+    assert row["verdict"] == label
