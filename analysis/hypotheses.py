@@ -7,10 +7,10 @@ analysis.verdicts; the measures they test are analysis.metrics and analysis.thre
   the margin (mean < -min_gap), no difference (TOST, |mean| < min_gap); per depth one more, off's
   best loss worse than on's. One family per compared arm, Benjamini-Hochberg.
 - H2, pooled over depths, one unit per (depth, seed): max stable LR (log ratio on / off) and LR
-  sensitivity (off minus on), each with for (> 0), against (< 0) and equivalent (within
-  lr_ratio_margin or min_gap), by the exact sign-flip test (the ratios take a few grid values:
-  ties). "Equivalent" is tested only where every boundary is known more finely than the
-  margin. Max usable LR is exploratory: tested the same way, outside the family and the verdict.
+  sensitivity (off minus on), each with for (beyond +margin), against (beyond -margin) and
+  equivalent (within lr_ratio_margin or min_gap), by the exact sign-flip test (the ratios take
+  a few grid values: ties). "Equivalent" is tested only where every boundary is bracketed to
+  equivalence_bracket (x1.41) or finer. Max usable LR is exploratory: tested the same way, outside the family and the verdict.
 - H3, the slope of log10(threshold) against log2(depth), with whole-seed bootstrap tests of
   falls (< 0), rises (> 0) and equal (|slope| < slope_margin).
 """
@@ -256,18 +256,20 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
            "per_seed": ", ".join((f"x{math.exp(x):.3g}" if log_scale else f"{x:+.3g}")
                                  for x in diffs),
            "resolution": resolution,
-           "p_for": S.p_signflip(diffs) if tested else None,
-           "p_against": S.p_signflip([-x for x in diffs]) if tested else None,
+           # against the margin on both sides (amendment 3): a truth within the margin can
+           # reach only "equivalent", one beyond it only "for" or "against"
+           "p_for": S.p_signflip([x - margin for x in diffs]) if tested else None,
+           "p_against": S.p_signflip([-x - margin for x in diffs]) if tested else None,
            "p_equivalent": None, "smallest_p": None,
            "q_for": None, "q_against": None, "q_equivalent": None, "family_size": 0,
            "decision": PER_DEPTH if role == PER_DEPTH else None, "note": ""}
     if tested:
         row["smallest_p"] = S.smallest_signflip_p(sum(1 for x in diffs if x != 0) or len(diffs))
-        coarse = log_scale and (resolution is None or resolution >= options.lr_ratio_margin)
+        coarse = log_scale and (resolution is None or resolution > options.equivalence_bracket)
         if coarse:
             row["note"] = (f"equivalence not tested: a boundary known only to within "
-                           f"x{resolution:.3g}, not finer than the margin "
-                           f"x{options.lr_ratio_margin:g}" if resolution is not None else
+                           f"x{resolution:.3g}, not x{options.equivalence_bracket:g} or finer"
+                           if resolution is not None else
                            "equivalence not tested: a boundary is not bracketed")
         else:
             row["p_equivalent"] = S.p_signflip_equivalent(diffs, margin)

@@ -67,9 +67,12 @@ class Options:
     # a stable run whose final loss is above the training data's unigram entropy minus this
     # learned no more than token frequencies: "degraded" (both arms degraded says nothing)
     degraded_margin: float = 0.2
-    # max stable LR: on/off ratios within this factor either way are "equivalent"; tested only
-    # where the boundary is bracketed more finely (one bisection step of a half-decade grid: x1.83)
+    # max stable LR: on/off ratios within this factor either way are "equivalent", beyond it
+    # "raises" or "lowers" (the same margin for both: docs/report.md, amendment 3)
     lr_ratio_margin: float = 2.0
+    # "equivalent" is tested only where every boundary is bracketed at least this finely (two
+    # bisection steps of a half-decade grid give x1.33; one gives x1.83, too coarse)
+    equivalence_bracket: float = 1.41
     # H3: a slope of log10(threshold) on log2(depth) within +-this (decades per doubling) is
     # "equal" (half of the fall of one decade from depth 2 to 8 the plan powers for)
     slope_margin: float = 0.25

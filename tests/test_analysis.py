@@ -465,7 +465,7 @@ def test_collapsed_runs_are_uninformative():
     # coarser than the x2 margin, so "equivalent" is not claimed
     assert row["per_seed"] == ", ".join(["x1"] * 3) and row["resolution"] == pytest.approx(3)
     assert row["p_equivalent"] is None and row["decision"] == "undetermined"
-    assert "not finer than the margin x2" in row["note"]
+    assert "not x1.41 or finer" in row["note"]
 
 
 def lr_curves(off_first_bad: list[float], on_first_bad: list[float], depths=(2,),
@@ -495,14 +495,22 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
     # the same in 3 seeds at one depth cannot be told from chance (2^-3 = 0.125)
     row = part(lr_curves([3e-2] * 3, [1e-1] * 3))
     assert row["p_for"] == 0.125 and row["decision"] == "undetermined"
-    # equal in every seed, bisected to within x1.73 < the x2 margin: equivalent, so H2's max
-    # stable LR part is against; with 5 seeds at 3 depths the sign-flip TOST gives 2^-15
-    fine = sorted([*GRID, 1.73e-2])
+    # equal in every seed, bisected to within x1.30 (finer than the x1.41 the plan asks before
+    # "equivalent" is tested): equivalent, so H2's max stable LR part is against; with 5 seeds
+    # at 3 depths the sign-flip TOST gives 2^-15
+    fine = sorted([*GRID, 2.3e-2])
     same = lr_curves([3e-2] * 5, [3e-2] * 5, depths=(2, 4, 8), grid=fine)
     row = part(same)
-    assert row["resolution"] == pytest.approx(3e-2 / 1.73e-2)
+    assert row["resolution"] == pytest.approx(3e-2 / 2.3e-2)
     assert row["p_equivalent"] == pytest.approx(2 ** -15) and row["decision"] == "equivalent"
     assert "max stable LR: not supported" in verdict_of(same, "H2")["verdict"]
+    # a true x1.5 (finely bracketed) is within the x2 margin: it can read only "equivalent",
+    # never "raises", which is tested against the margin (amendment 3)
+    x15 = lr_curves([3e-2] * 5, [4.5e-2] * 5, depths=(2, 4, 8),
+                    grid=sorted([*GRID, 2.3e-2, 3.45e-2, 4.5e-2]))
+    row = part(x15)
+    assert row["effect"] == pytest.approx(1.5) and row["p_for"] == pytest.approx(1.0)
+    assert row["decision"] == "equivalent"
     # one seed of three disagrees: no consistent raise
     assert part(lr_curves([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["decision"] == "undetermined"
     # a seed where off diverged at every LR counts at the grid minimum (an upper bound)
