@@ -14,7 +14,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from qkstudy.config import NORM_EPS, ModelArgs
+from qkstudy.config import NORM_EPS, ModelArgs, engine_kind
 
 from . import kernels as cpu_kernels
 
@@ -40,15 +40,16 @@ class HeadNorm(nn.Module):
     has shape (head_dim,), shared by the heads of a layer, as in Qwen3's q_norm / k_norm.
     """
 
+    KINDS = {"rmsnorm": lambda x, w: mx.fast.rms_norm(x, w, NORM_EPS),
+             "layernorm": lambda x, w: mx.fast.layer_norm(x, w, None, NORM_EPS)}
+
     def __init__(self, head_dim: int, kind: str):
         super().__init__()
-        self.kind = kind
+        self.kind = engine_kind(kind, self.KINDS, "mlx")
         self.weight = mx.ones((head_dim,))
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.kind == "rmsnorm":
-            return mx.fast.rms_norm(x, self.weight, NORM_EPS)
-        return mx.fast.layer_norm(x, self.weight, None, NORM_EPS)
+        return self.KINDS[self.kind](x, self.weight)
 
 
 class CausalSelfAttention(nn.Module):

@@ -216,3 +216,19 @@ def test_rival_keys_validate_and_leave_old_run_ids_alone(tmp_path):
     for bad in ("attn_softcap=-1", "z_loss=nan", "z_loss=inf", "attn_softcap=-0.5"):
         with pytest.raises(UsageError, match="must be a finite number >= 0"):
             parse_train_config([bad])
+
+
+@pytest.mark.parametrize("engine", ["mlx", "torch"])
+def test_every_qk_norm_kind_is_implemented_by_each_engine_and_an_unknown_one_is_refused(engine):
+    """An unknown kind used to fall through to layernorm and train silently."""
+    from typing import get_args
+
+    from qkstudy.config import QKNorm
+    from qkstudy.errors import UsageError
+
+    model = pytest.importorskip({"mlx": "mlx_gpt.model", "torch": "torch_ref.model"}[engine])
+    assert set(model.HeadNorm.KINDS) == set(get_args(QKNorm)) - {"none"}
+    for kind in model.HeadNorm.KINDS:
+        assert model.HeadNorm(8, kind).kind == kind
+    with pytest.raises(UsageError, match=f"qk_norm='l2norm' is not implemented by the {engine}"):
+        model.HeadNorm(8, "l2norm")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkstudy.config import NORM_EPS, ModelArgs
+from qkstudy.config import NORM_EPS, ModelArgs, engine_kind
 
 __all__ = ["GPT", "HeadNorm", "ModelArgs", "cross_entropy", "objective_terms"]
 
@@ -25,15 +25,17 @@ class HeadNorm(nn.Module):
     layernorm: mean-centred, no bias (Wortsman et al. 2023), as mx.fast.layer_norm(x, w, None).
     """
 
+    KINDS = {"rmsnorm": lambda x, w: x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True)
+                                                    + NORM_EPS) * w,
+             "layernorm": lambda x, w: F.layer_norm(x, (x.shape[-1],), w, None, NORM_EPS)}
+
     def __init__(self, head_dim: int, kind: str):
         super().__init__()
-        self.kind = kind
+        self.kind = engine_kind(kind, self.KINDS, "torch")
         self.weight = nn.Parameter(torch.ones(head_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "rmsnorm":
-            return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS) * self.weight
-        return F.layer_norm(x, (x.shape[-1],), self.weight, None, NORM_EPS)
+        return self.KINDS[self.kind](x, self.weight)
 
 
 class CausalSelfAttention(nn.Module):
