@@ -10,6 +10,8 @@ from qkstudy.cli import dispatch
 COMMANDS = {
     "report": ("analysis.report", "tables, charts, verdicts and report.html from a runs folder"),
     "ladder": ("analysis.ladder", "the ladder's transfer law, prediction and per-point tables"),
+    "ladder-calibrate": ("analysis.ladder_calibration",
+                         "the transfer law's coverage and false-claim rates on simulated ladders"),
     "calibrate": ("analysis.calibrate",
                   "the verdicts' false-positive rate and power on simulated studies"),
 }

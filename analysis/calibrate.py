@@ -199,6 +199,9 @@ class World:
     on_offset: dict[int, np.ndarray]  # depth -> (seeds,) shared by both arms and LRs
     on_noise: dict[int, np.ndarray]  # depth -> (seeds, lattice): the collapsed runs' scatter
     boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
+    depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
+    lrs: tuple[float, ...] = LRS  # its grid
+    lattice: np.ndarray = field(default_factory=lambda: LATTICE)
 
     def sd(self, depth: int, lr: float) -> float:
         """The gap's seed SD at any LR: interpolated in log LR between the fitted grid LRs."""
@@ -210,7 +213,7 @@ class World:
         """(status, final val loss) of one run."""
         if math.log10(lr) >= self.boundary[(depth, arm)][seed]:
             return "diverged", None
-        i = int(np.argmin(np.abs(LATTICE - math.log10(lr))))
+        i = int(np.argmin(np.abs(self.lattice - math.log10(lr))))
         if lr >= self.noise.collapse_lr:
             return "completed", UNIGRAM - 0.05 + 0.02 * self.on_noise[depth][seed, i]
         # each arm carries half the gap's variance, so the null is symmetric in the arms
@@ -222,26 +225,29 @@ class World:
 
 
 def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
-               rng: np.random.Generator, noiseless: bool = False) -> World:
+               rng: np.random.Generator, noiseless: bool = False,
+               depths: tuple[int, ...] = DEPTHS, lrs: tuple[float, ...] = LRS,
+               lattice: np.ndarray = LATTICE) -> World:
     ell = 0.5 / -math.log(min(max(noise.correlation, 1e-3), 0.999))  # corr at 0.5 decades
-    d = np.abs(LATTICE[:, None] - LATTICE[None, :])
-    chol = np.linalg.cholesky(np.exp(-d / ell) + 1e-9 * np.eye(len(LATTICE)))
+    d = np.abs(lattice[:, None] - lattice[None, :])
+    chol = np.linalg.cholesky(np.exp(-d / ell) + 1e-9 * np.eye(len(lattice)))
 
     def process() -> np.ndarray:
-        return np.zeros((seeds, len(LATTICE))) if noiseless else \
-            rng.standard_normal((seeds, len(LATTICE))) @ chol.T
+        return np.zeros((seeds, len(lattice))) if noiseless else \
+            rng.standard_normal((seeds, len(lattice))) @ chol.T
 
     mean, spread = noise.boundary
     return World(
         scenario=scenario, noise=noise, margin=margin, seeds=seeds,
-        gap_noise={(dp, arm): process() for dp in DEPTHS for arm in ("none", "rmsnorm")},
+        gap_noise={(dp, arm): process() for dp in depths for arm in ("none", "rmsnorm")},
         on_offset={dp: np.zeros(seeds) if noiseless else rng.normal(0, noise.on_sd, seeds)
-                   for dp in DEPTHS},
-        on_noise={dp: process() for dp in DEPTHS},
+                   for dp in depths},
+        on_noise={dp: process() for dp in depths},
         boundary={(dp, arm): mean + (math.log10(scenario.boundary_ratio) if arm != "none"
                                      else 0.0)
                   + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
-                  for dp in DEPTHS for arm in ("none", "rmsnorm")})
+                  for dp in depths for arm in ("none", "rmsnorm")},
+        depths=depths, lrs=lrs, lattice=lattice)
 
 
 def sweep(world: World) -> pl.DataFrame:
@@ -255,14 +261,15 @@ def sweep(world: World) -> pl.DataFrame:
             runs[key] = world.run(depth, arm, lr, seed)
         return runs[key]
 
-    for depth in DEPTHS:
+    for depth in world.depths:
         for seed in range(world.seeds):
             for arm in ("none", "rmsnorm"):
-                results = {lr: train(depth, arm, lr, seed)[0] == "completed" for lr in LRS}
-                while (lr := next_midpoint(results, LRS, REFINE_STEPS, REFINE_FACTOR)) is not None:
+                results = {lr: train(depth, arm, lr, seed)[0] == "completed" for lr in world.lrs}
+                while (lr := next_midpoint(results, world.lrs, REFINE_STEPS,
+                                           REFINE_FACTOR)) is not None:
                     results[lr] = train(depth, arm, lr, seed)[0] == "completed"
         means: dict[float, float] = {}
-        lrs = list(LRS)
+        lrs = list(world.lrs)
         for step in range(THRESHOLD_STEPS + 1):
             for lr in lrs:
                 pairs = [(train(depth, "none", lr, s), train(depth, "rmsnorm", lr, s))
