@@ -22,6 +22,8 @@ Scenarios (the truth is the noiseless version of the same study):
   small (0.03-nat) low-LR gap at depth 2: H1 true, H3 false (slope 0), H2's LR sensitivity
   true, its max stable LR false.
 - one decade per doubling: the onset falls from 0.2 (depth 2) to 0.02 (4) and 0.002 (8).
+- sharp onset: the same onset at every depth, the gap stepping to its full size within 0.005
+  decades (between two grid LRs), so where each depth reads it depends on its bisection.
 - half a decade per doubling (the fall of one decade from depth 2 to 8 the plan powers for),
   with QK-norm's divergence boundary x3 higher: every hypothesis true.
 """
@@ -43,6 +45,8 @@ from qkstudy.sweep.refine import next_midpoint
 from . import stats as S
 from .hypotheses import MAX_STABLE, NO_DIFFERENCE, OFF_WORSE, ON_WORSE, SENSITIVITY
 from .metrics import Options
+from .hypotheses import h1_tests
+from .threshold import threshold_draws, threshold_interval
 from .verdicts import study_verdicts
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
@@ -50,7 +54,6 @@ DEPTHS = (2, 4, 8)
 UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
 INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
-RAMP = 0.15  # decades: the logistic width of the onset
 THRESHOLD_STEPS, REFINE_STEPS, REFINE_FACTOR = 2, 1, 1.4  # the mini preset's bisection
 SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 0
 
@@ -65,6 +68,9 @@ class Noise:
     collapse_lr: float  # from this LR both arms end near the unigram entropy (degraded)
     on_sd: float = 0.02  # seed SD of the on arm's loss (shared by both arms of a seed)
     source: str = ""
+    # decades: each seed's onset shifted by N(0, onset_sd) (0: one onset for every seed); real
+    # cells near the onset are two-humped: some seeds past their onset, some not
+    onset_sd: float = 0.0
 
 
 # Fitted from the earlier mini (docs/results.md's history, synthetic corpus, init=mlx): the SD of each
@@ -150,11 +156,13 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
 @dataclass(frozen=True)
 class Scenario:
     """A truth: the onset LR per depth (None: no effect), a small constant gap below the onset
-    at some depths, and how much higher QK-norm's divergence boundary sits (x)."""
+    at some depths, how much higher QK-norm's divergence boundary sits (x), and how sharp the
+    onset is (the logistic's width in decades)."""
 
     onset: dict[int, float] | None
     low_gap: dict[int, float] = field(default_factory=dict)
     boundary_ratio: float = 1.0
+    ramp: float = 0.15
 
 
 SCENARIOS = {
@@ -163,17 +171,24 @@ SCENARIOS = {
     "one decade per doubling": Scenario({2: 0.2, 4: 0.02, 8: 0.002}),
     "half a decade per doubling": Scenario({2: 10 ** -1.5, 4: 1e-2, 8: 10 ** -2.5},
                                            boundary_ratio=3.0),
+    # the gap steps from 0 to its full size within a tenth of a grid step, at one LR between
+    # grid points for every depth: the bisection's brackets decide where each depth reads it
+    "sharp onset": Scenario({2: 0.015, 4: 0.015, 8: 0.015}, ramp=0.005),
 }
 
 
-def true_gap(scenario: Scenario, depth: int, lr: float, margin: float) -> float:
-    """Off minus on without noise: a logistic in log LR that reaches `margin` at the onset."""
+def true_gap(scenario: Scenario, depth: int, lr: float, margin: float,
+             shift: float = 0.0) -> float:
+    """Off minus on without noise: a logistic in log LR that reaches `margin` at the onset
+    (moved by `shift` decades: one seed's own onset)."""
     if scenario.onset is None:
         return 0.0
-    onset = math.log10(scenario.onset[depth])
-    centre = onset + RAMP * math.log(PLATEAU / margin - 1)
-    ramp = PLATEAU / (1 + math.exp(-(math.log10(lr) - centre) / RAMP))
-    return ramp + (scenario.low_gap.get(depth, 0.0) if lr < scenario.onset[depth] else 0.0)
+    onset = math.log10(scenario.onset[depth]) + shift
+    width = scenario.ramp
+    centre = onset + width * math.log(PLATEAU / margin - 1)
+    z = (math.log10(lr) - centre) / width
+    ramp = PLATEAU / (1 + math.exp(-z)) if z > -700 else 0.0
+    return ramp + (scenario.low_gap.get(depth, 0.0) if math.log10(lr) < onset else 0.0)
 
 
 def base_loss(lr: float) -> float:
@@ -199,6 +214,7 @@ class World:
     on_offset: dict[int, np.ndarray]  # depth -> (seeds,) shared by both arms and LRs
     on_noise: dict[int, np.ndarray]  # depth -> (seeds, lattice): the collapsed runs' scatter
     boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
+    onset_shift: dict[int, np.ndarray] = field(default_factory=dict)  # depth -> (seeds,)
     depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
     lrs: tuple[float, ...] = LRS  # its grid
     lattice: np.ndarray = field(default_factory=lambda: LATTICE)
@@ -220,7 +236,8 @@ class World:
         loss = base_loss(lr) + self.on_offset[depth][seed] + \
             self.sd(depth, lr) / math.sqrt(2) * self.gap_noise[(depth, arm)][seed, i]
         if arm == "none":
-            loss += true_gap(self.scenario, depth, lr, self.margin)
+            shift = float(self.onset_shift[depth][seed]) if self.onset_shift else 0.0
+            loss += true_gap(self.scenario, depth, lr, self.margin, shift)
         return "completed", loss
 
 
@@ -247,6 +264,9 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                                      else 0.0)
                   + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
                   for dp in depths for arm in ("none", "rmsnorm")},
+        # drawn last and only when asked for, so the other draws are those of a world without it
+        onset_shift={dp: rng.normal(0, noise.onset_sd, seeds) for dp in depths}
+        if noise.onset_sd > 0 and not noiseless else {},
         depths=depths, lrs=lrs, lattice=lattice)
 
 
@@ -321,8 +341,9 @@ def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> 
     for r in th.iter_rows(named=True):
         logs[r["depth"]] = (math.log10(r["threshold_lr"]) if r["threshold_lr"] else
                             (math.inf if r["censored"] == "above" else -math.inf))
-    if scenario.onset is not None:  # the planted onset is the threshold by construction
-        logs = {d: math.log10(t) for d, t in scenario.onset.items()}
+    if scenario.onset is not None:  # where the seed-mean gap reaches the margin
+        logs = {d: mean_crossing(scenario, d, options.min_gap, noise.onset_sd)
+                for d in scenario.onset}
     slope = (float(np.polyfit(np.log2(DEPTHS), [logs[d] for d in DEPTHS], 1)[0])
              if scenario.onset is not None else math.nan)
     if abs(slope) < SLOPE_TOLERANCE:  # polyfit's rounding of an equal onset (2.5e-16) is 0
@@ -330,6 +351,26 @@ def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> 
     return Truth(h1=scenario.onset is not None, stable_effect=math.log(scenario.boundary_ratio),
                  sensitivity_drop=float(sens[0]) if sens.len() else 0.0, thresholds=logs,
                  slope=slope)
+
+
+def mean_crossing(scenario: Scenario, depth: int, margin: float, onset_sd: float) -> float:
+    """log10 of the LR where the expected gap over seeds reaches `margin`: the crossing the
+    threshold estimator targets. With one onset for every seed it is the planted onset; with
+    per-seed onsets the seed-mean curve is flatter and crosses elsewhere."""
+    if onset_sd == 0:
+        return math.log10(scenario.onset[depth])  # type: ignore[index]
+    shifts = onset_sd * np.sqrt(2) * np.polynomial.hermite.hermgauss(40)[0]
+    weights = np.polynomial.hermite.hermgauss(40)[1] / np.sqrt(np.pi)
+
+    def mean_gap(x: float) -> float:
+        return float(sum(w * true_gap(scenario, depth, 10 ** x, margin, z)
+                         for z, w in zip(shifts, weights)))
+
+    lo, hi = -6.0, 2.0
+    for _ in range(60):  # the seed-mean logistic rises in log LR: bisection
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_gap(mid) < margin else (lo, mid)
+    return (lo + hi) / 2
 
 
 def supported(verdict: str) -> bool:
@@ -390,6 +431,7 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
     # coverage: the threshold's interval (where the true threshold lies inside the grid) and
     # the slope's interval (where the slope is defined)
     hits = total = 0
+    errors = []
     for r in th.iter_rows(named=True):
         t = truth.thresholds.get(r["depth"])
         if t is None or not math.isfinite(t) or not (-3 <= t <= math.log10(0.3)):
@@ -398,7 +440,10 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
         hi = math.log10(r["ci_hi"]) if r["ci_hi"] else math.inf
         hits += lo <= t <= hi
         total += 1
+        if r["threshold_lr"]:
+            errors.append(math.log10(r["threshold_lr"]) - t)
     out["threshold coverage"] = hits / total if total else math.nan
+    out["threshold bias"] = float(np.mean(errors)) if errors else math.nan
     if row and not math.isnan(s) and not math.isnan(row["slope"]):
         out["slope coverage"] = float(row["ci_lo"] <= s <= row["ci_hi"])
     else:
@@ -422,8 +467,8 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
         scenario = SCENARIOS[name]
         truth = truth_of(scenario, noise, seeds, options)
         rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
-        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth, options)
-                  for _ in range(studies)]
+        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
+                        replace(options, draw_key=f"#{name}/{i}")) for i in range(studies)]
         for key in scores[0]:
             what, claim = _split(key)
             if isinstance(scores[0][key], tuple):  # (false claims, claims) pooled over studies
@@ -438,7 +483,7 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
             kind = "coverage" if "coverage" in claim else "power" if claim == "power" else claim
             if kind == "power" and not _true(name, what, truth):
                 continue  # no power to speak of where the hypothesis is false
-            hits = int(values.sum()) if kind != "coverage" else None
+            hits = int(values.sum()) if kind not in ("coverage", "bias") else None
             n = len(values)
             rows.append({"scenario": name, "seeds": seeds, "hypothesis": what, "claim": kind,
                          "count": hits, "studies": n,
@@ -451,8 +496,61 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
                                       "rate": pl.Float64, "upper_95": pl.Float64})
 
 
+WIDENINGS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0)  # amendment 5's candidates, in order
+COVERAGE_TARGET = 0.93
+
+
+def threshold_coverage(studies: int, seeds: int, noise: Noise, scenarios: tuple[str, ...],
+                       widenings: tuple[float, ...] = WIDENINGS, base_seed: int = 0
+                       ) -> pl.DataFrame:
+    """The necessity threshold's interval alone, on the same simulated studies for every
+    widening k: per scenario and k, its coverage (true threshold inside), the shares missed
+    below and above, and the estimate's bias (mean log10 estimate - truth), over every depth
+    whose true threshold lies inside the grid."""
+    options = Options()
+    counts: dict[tuple[str, float], list[int]] = {}
+    errors: dict[str, list[float]] = {}
+    for name in scenarios:
+        scenario = SCENARIOS[name]
+        if scenario.onset is None:
+            continue
+        truth = truth_of(scenario, noise, seeds, options)
+        rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name), 5])
+        for i in range(studies):
+            runs = sweep(make_world(scenario, noise, seeds, options.min_gap, rng))
+            opts = replace(options, draw_key=f"#{name}/{i}")
+            gaps, _ = h1_tests(runs, opts)
+            for (_, depth), d in threshold_draws(runs, gaps, opts).items():
+                t = truth.thresholds.get(depth)
+                if t is None or not (-3 <= t <= math.log10(0.3)):
+                    continue
+                if math.isfinite(d.point):
+                    errors.setdefault(name, []).append(d.point - t)
+                for k in widenings:
+                    lo, hi = threshold_interval(d, k)
+                    c = counts.setdefault((name, k), [0, 0, 0])
+                    c[0 if t < lo else 2 if t > hi else 1] += 1
+    rows = []
+    for (name, k), (below, inside, above) in counts.items():
+        n = below + inside + above
+        rows.append({"noise": noise.source, "scenario": name, "widening": k, "intervals": n,
+                     "coverage": inside / n, "below": below / n, "above": above / n,
+                     "bias": float(np.mean(errors.get(name, [math.nan])))})
+    return pl.DataFrame(rows)
+
+
+def chosen_widening(tables: list[pl.DataFrame]) -> float | None:
+    """Amendment 5's rule: the smallest candidate whose coverage is >= 93% in every scenario
+    of every noise model (None when none is)."""
+    table = pl.concat(tables)
+    for k in WIDENINGS:
+        if (table.filter(pl.col("widening") == k)["coverage"] >= COVERAGE_TARGET).all():
+            return k
+    return None
+
+
 def _split(key: str) -> tuple[str, str]:
-    for kind in (*FALSE_KINDS, "power", "coverage"):
+    for kind in (*FALSE_KINDS, "power", "coverage", "bias"):
         if key.endswith(kind):
             return key[: -len(kind)].strip(), kind if kind != "coverage" else key
     return key, key
@@ -475,6 +573,9 @@ def markdown(table: pl.DataFrame) -> str:
     for r in table.iter_rows(named=True):
         if r["claim"].endswith("coverage"):
             result = f"{r['rate']:.1%} of intervals" if math.isfinite(r["rate"]) else "-"
+        elif r["claim"] == "bias":
+            result = (f"mean {r['rate']:+.3f} decades (estimate - truth)"
+                      if math.isfinite(r["rate"]) else "-")
         elif math.isfinite(r["rate"]):
             result = f"{r['count']} ({r['rate']:.1%})"
         else:
@@ -498,7 +599,10 @@ keys (defaults shown):
   scenarios=   comma-separated, of: null, same onset, one decade per doubling, half a decade
                per doubling (default: all)
   runs=        a runs folder (e.g. runs/mini) to fit the noise from; default: the noise fitted
-               from the earlier mini's published intervals"""
+               from the earlier mini's published intervals
+  onset_sd=0   decades: each seed's onset shifted by N(0, onset_sd) (0.15: the per-seed-onset
+               noise model of docs/report.md, amendment 5)
+  threshold_widening=  the threshold interval's widening factor (default: the plan's)"""
 
 
 @dataclass(frozen=True)
@@ -509,6 +613,8 @@ class CalibrateArgs:
     seeds: int = 5
     scenarios: str = ""
     runs: str = ""
+    onset_sd: float = 0.0
+    threshold_widening: float = Options.threshold_widening
 
 
 def cli(argv: list[str]) -> int:
@@ -527,8 +633,16 @@ def cli(argv: list[str]) -> int:
         from .study import analyse
 
         noise = fit_noise(analyse(load_runs(args.runs)).points)
+    if not (math.isfinite(args.onset_sd) and args.onset_sd >= 0):
+        raise UsageError(f"onset_sd must be a number >= 0 (decades), not {args.onset_sd}")
+    if not (math.isfinite(args.threshold_widening) and args.threshold_widening >= 1):
+        raise UsageError(f"threshold_widening must be >= 1, not {args.threshold_widening}")
+    if args.onset_sd:
+        noise = replace(noise, onset_sd=args.onset_sd,
+                        source=f"{noise.source}; per-seed onsets N(0, {args.onset_sd:g} decades)")
     t0 = time.perf_counter()
-    table = calibrate(args.studies, args.seeds, noise, names)
+    table = calibrate(args.studies, args.seeds, noise, names,
+                      Options(threshold_widening=args.threshold_widening))
     print(f"noise: {noise.source} (correlation across LRs {noise.correlation:.2f})")
     print(markdown(table))
     false = table.filter(pl.col("claim").str.starts_with("false")

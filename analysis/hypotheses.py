@@ -237,7 +237,7 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
     lo = hi = None
     if len(diffs) >= 2 and len(set(units["seed"].to_list())) >= 2:
         means, counts = S.seed_bootstrap(matrix, S.seed_draws(len(seed_ids), options.bootstrap,
-                                                              f"h2/{on}/{measure}"))
+                                                              f"h2/{on}/{measure}{options.draw_key}"))
         with np.errstate(invalid="ignore"):
             pooled = np.nansum(means * counts, axis=1) / counts.sum(axis=1)
         finite = pooled[np.isfinite(pooled)]

@@ -63,6 +63,31 @@ class DepthDraws:
     seeds: int  # the most paired seeds of any of its cells
 
 
+def widened(d: DepthDraws, k: float) -> np.ndarray:
+    """The draws moved away from the point estimate by the factor k (censored draws and a
+    censored estimate are left as they are)."""
+    if k == 1 or not math.isfinite(d.point):
+        return d.draws
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(d.draws), d.point + k * (d.draws - d.point), d.draws)
+
+
+def threshold_interval(d: DepthDraws, k: float) -> tuple[float, float]:
+    """The 95% interval of log10(threshold) (docs/report.md, amendment 5): the whole-seed
+    percentile interval of the draws widened by k about the estimate, and never narrower than
+    the two informative LRs either side of the estimated crossing, between which the data
+    cannot place it (a sharp onset leaves every draw on one point inside that bracket)."""
+    lo, hi = S.percentile_interval(widened(d, k))
+    if math.isfinite(d.point):
+        logs = np.log10(d.lrs)
+        below, above = logs[logs <= d.point], logs[logs >= d.point]
+        if below.size:
+            lo = min(lo, float(below.max()))
+        if above.size:
+            hi = max(hi, float(above.min()))
+    return lo, hi
+
+
 def gap_matrix(gaps: pl.DataFrame, seeds: list[int], lrs: list[float]) -> np.ndarray:
     """(seeds, LRs) gaps, NaN where a seed has no pair at an LR."""
     out = np.full((len(seeds), len(lrs)), np.nan)
@@ -85,7 +110,7 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
     for on in sorted(set(informative["on_kind"].to_list())):
         mine = gaps.filter(pl.col("on_kind") == on)
         seeds = sorted(set(mine["seed"].to_list()))
-        draws = S.seed_draws(len(seeds), options.bootstrap, f"whole-seed/{on}")
+        draws = S.seed_draws(len(seeds), options.bootstrap, f"whole-seed/{on}{options.draw_key}")
         for depth in sorted(set(informative.filter(pl.col("on_kind") == on)["depth"].to_list())):
             c = informative.filter((pl.col("on_kind") == on) & (pl.col("depth") == depth))
             if int(c["pairs"].max()) < 2:
@@ -194,7 +219,7 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
             continue
         d = draws[(on, depth)]
         point, lrs = d.point, d.lrs
-        lo, hi = S.percentile_interval(d.draws)
+        lo, hi = threshold_interval(d, options.threshold_widening)
         row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
                    ci_hi=10 ** hi if np.isfinite(hi) else None,
                    rule=practitioner_line(depth, options.min_gap, point, lo, hi, lrs))

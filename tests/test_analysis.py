@@ -299,11 +299,13 @@ def test_necessity_threshold_known_answer_and_verdicts():
     # margin a fifth of the way, in log LR
     assert th["threshold_lr"].to_list() == pytest.approx(
         [1e-2 * 3 ** 0.2, 1e-3 * 3 ** 0.2], rel=0.02)
-    for r in th.iter_rows(named=True):  # the crossing and its interval lie in the bracket
-        assert r["bracket_lo"] <= r["ci_lo"] <= r["threshold_lr"] <= r["ci_hi"] <= r["bracket_hi"]
+    for r in th.iter_rows(named=True):  # the interval holds at least the whole bracket
+        assert r["ci_lo"] == pytest.approx(r["bracket_lo"]) and r["ci_hi"] == pytest.approx(
+            r["bracket_hi"])  # (amendment 5: the data cannot place the crossing within it)
+        assert r["ci_lo"] <= r["threshold_lr"] <= r["ci_hi"]
     assert th["censored"].to_list() == [None, None]
-    assert th["rule"][0].startswith("depth 2: below LR 0.0125 (95% lower bound 0.012")
-    assert "nats; from LR 0.01" in th["rule"][0] and th["rule"][0].endswith("it is needed")
+    assert th["rule"][0].startswith("depth 2: below LR 0.0125 (95% lower bound 0.01)")
+    assert "nats; from LR 0.03" in th["rule"][0] and th["rule"][0].endswith("it is needed")
     gaps = tables["gaps"].filter(pl.col("depth") == 2)
     # the top LR's gap is made by off diverging: a yes/no event, tested by sign flips, which
     # cannot decide anything on 3 seeds (2^-3)
@@ -550,7 +552,7 @@ def test_calibration_runs_the_whole_procedure_on_a_tiny_scenario_count():
 
     table = calibrate(studies=2, seeds=5)
     assert set(table["scenario"]) == {"null", "same onset", "one decade per doubling",
-                                      "half a decade per doubling"}
+                                      "half a decade per doubling", "sharp onset"}
     assert {"false supported", "false not supported", "false no difference"} <= set(
         table["claim"])
     false = table.filter(pl.col("claim").str.starts_with("false"))
@@ -1377,3 +1379,34 @@ def test_the_h1_label_counts_the_seeds_of_the_decided_cells_it_rests_on(pairs, d
     empty = pl.DataFrame(schema={"on_kind": pl.String, "depth": pl.Int64})
     row = V._h1("rmsnorm", _h1_cells(pairs, decisions), empty, empty)
     assert row["verdict"] == label
+
+
+def test_the_threshold_interval_is_widened_and_never_narrower_than_its_bracket():
+    """Amendment 5: a sharp onset leaves every whole-seed draw on one point; the data still
+    cannot place the crossing anywhere finer than between the informative LRs either side."""
+    import numpy as np
+
+    from analysis.threshold import DepthDraws, threshold_interval
+
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2]
+    point = math.log10(5e-3)
+    sharp = DepthDraws(lrs=lrs, point=point, draws=np.full(100, point), fit=np.zeros(4), seeds=5)
+    lo, hi = threshold_interval(sharp, 1.0)
+    assert (lo, hi) == (pytest.approx(math.log10(3e-3)), pytest.approx(-2.0))
+    spread = DepthDraws(lrs=lrs, point=point, draws=point + np.linspace(-0.5, 0.5, 101),
+                        fit=np.zeros(4), seeds=5)
+    plain, wide = threshold_interval(spread, 1.0), threshold_interval(spread, 2.0)
+    assert wide[1] - point == pytest.approx(2 * (plain[1] - point))
+    assert wide[0] - point == pytest.approx(2 * (plain[0] - point))
+
+
+def test_threshold_coverage_scores_every_widening_on_the_same_studies():
+    from analysis import calibrate as K
+
+    table = K.threshold_coverage(2, 5, K.NOISE, ("sharp onset",))
+    assert table["widening"].to_list() == list(K.WIDENINGS)
+    assert (table["coverage"] + table["below"] + table["above"]).to_list() == pytest.approx(
+        [1.0] * len(K.WIDENINGS))
+    assert table["coverage"].is_sorted()  # a wider interval never covers less
+    assert K.chosen_widening([table.with_columns(coverage=pl.lit(1.0))]) == 1.0
+    assert K.chosen_widening([table.with_columns(coverage=pl.lit(0.5))]) is None
