@@ -602,7 +602,10 @@ keys (defaults shown):
                from the earlier mini's published intervals
   onset_sd=0   decades: each seed's onset shifted by N(0, onset_sd) (0.15: the per-seed-onset
                noise model of docs/report.md, amendment 5)
-  threshold_widening=  the threshold interval's widening factor (default: the plan's)"""
+  threshold_widening=  the threshold interval's widening factor (default: the plan's)
+  thresholds=false     true: only the threshold interval, for every candidate widening, under
+               the default noise, per-seed onsets (onset_sd, default 0.15 here) and, with runs=,
+               the noise fitted from it; prints amendment 5's choice of widening"""
 
 
 @dataclass(frozen=True)
@@ -615,6 +618,7 @@ class CalibrateArgs:
     runs: str = ""
     onset_sd: float = 0.0
     threshold_widening: float = Options.threshold_widening
+    thresholds: bool = False
 
 
 def cli(argv: list[str]) -> int:
@@ -637,6 +641,8 @@ def cli(argv: list[str]) -> int:
         raise UsageError(f"onset_sd must be a number >= 0 (decades), not {args.onset_sd}")
     if not (math.isfinite(args.threshold_widening) and args.threshold_widening >= 1):
         raise UsageError(f"threshold_widening must be >= 1, not {args.threshold_widening}")
+    if args.thresholds:
+        return _threshold_cli(args, names, noise if args.runs else None)
     if args.onset_sd:
         noise = replace(noise, onset_sd=args.onset_sd,
                         source=f"{noise.source}; per-seed onsets N(0, {args.onset_sd:g} decades)")
@@ -652,3 +658,26 @@ def cli(argv: list[str]) -> int:
           f"{worst['upper_95']:.1%} ({worst['scenario']}, {worst['hypothesis']} "
           f"{worst['claim']}; must be < 5%); {time.perf_counter() - t0:.0f} s")
     return 0 if worst["upper_95"] < 0.05 else 1
+
+
+def _threshold_cli(args: CalibrateArgs, names: tuple[str, ...], fitted: Noise | None) -> int:
+    """Amendment 5's measurement: coverage of every candidate widening under each noise model."""
+    t0 = time.perf_counter()
+    onset_sd = args.onset_sd or 0.15
+    models = [NOISE, replace(NOISE, onset_sd=onset_sd,
+                             source=f"{NOISE.source}; per-seed onsets N(0, {onset_sd:g} decades)")]
+    if fitted is not None:
+        models.append(fitted)
+    tables = [threshold_coverage(args.studies, args.seeds, m, names) for m in models]
+    for table in tables:
+        print(f"noise: {table['noise'][0]}")
+        print("| scenario | widening | intervals | coverage | true below / above | bias (decades) |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in table.sort("scenario", "widening").iter_rows(named=True):
+            print(f"| {r['scenario']} | {r['widening']:g} | {r['intervals']} | "
+                  f"{r['coverage']:.1%} | {r['below']:.1%} / {r['above']:.1%} | {r['bias']:+.3f} |")
+        print()
+    k = chosen_widening(tables)
+    print(f"widening chosen by amendment 5 (coverage >= {COVERAGE_TARGET:.0%} everywhere): "
+          + (f"{k:g}" if k else "none of the candidates") + f"; {time.perf_counter() - t0:.0f} s")
+    return 0 if k else 1

@@ -183,8 +183,7 @@ def test_a_step_never_waits_for_the_device_and_the_fake_gpu_computes_the_cpus_nu
     assert [call.split()[0] for call in reads.calls] == ["cpu", "tolist"]
     assert got == expected  # bit for bit: loss, grad norm, lr, z-loss term
     assert [round(lr, 9) for _, _, lr, _ in got] == [round(float(np.float32(
-        reference.schedule.base_lrs[0] * reference.schedule.lr_lambdas[0](s))), 9)
-        for s in range(6)]
+        reference.schedule.rate(s))), 9) for s in range(6)]
 
 
 def test_with_the_sync_check_every_step_after_the_first_runs_in_torchs_error_mode(

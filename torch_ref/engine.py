@@ -40,7 +40,7 @@ from . import probes as probe_lib
 from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, measure.py's)
                      runs_per_device, set_determinism, set_precision)
 from .model import GPT
-from .optim import clip_and_step, lr_schedule, make_optimizer
+from .optim import clip_and_step, make_optimizer
 
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
@@ -108,11 +108,9 @@ class Engine:
         return stage(a, self.dev)
 
     def _lr_table(self) -> torch.Tensor:
-        """The rate of every update (LambdaLR's own formula: base rate x its lambda), float32 on
-        the device, so a step reads its rate without a copy from the host; past the last step
-        the schedule stays at its end."""
-        base, schedule = self.schedule.base_lrs[0], self.schedule.lr_lambdas[0]
-        rates = [base * schedule(s) for s in range(self.cfg.steps + 1)]
+        """The schedule's rate of every update, float32 on the device, so a step reads its rate
+        without a copy from the host; past the last step the schedule stays at its end."""
+        rates = [self.schedule.rate(s) for s in range(self.cfg.steps + 1)]
         return torch.tensor(rates, dtype=torch.float32).to(self.dev)
 
     # --- state ------------------------------------------------------------------------------
@@ -148,11 +146,7 @@ class Engine:
                     "exp_avg": torch.from_numpy(arrays[f"opt.{name}.exp_avg"].copy()).to(self.dev),
                     "exp_avg_sq": torch.from_numpy(arrays[f"opt.{name}.exp_avg_sq"].copy()
                                                    ).to(self.dev)}
-        step = int(arrays[f"opt.{self.names[0]}.step"])
-        self.schedule.last_epoch = step  # LambdaLR's count of schedule steps taken
-        for group, base in zip(self.opt.param_groups, self.schedule.base_lrs):
-            group["lr"] = base * lr_schedule(step, self.cfg) / self.cfg.lr
-        self.schedule._last_lr = [g["lr"] for g in self.opt.param_groups]
+        self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
 
     # --- the step, evaluation, probes -------------------------------------------------------
 
@@ -175,7 +169,7 @@ class Engine:
         total, loss, z = self.objective(self.model, self._tokens(x), self._tokens(y),
                                         self.cfg.z_loss, self.bf16)
         total.backward()
-        lr = self.lr_table[min(self.schedule.last_epoch, len(self.lr_table) - 1)]
+        lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
         grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)
         return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
 

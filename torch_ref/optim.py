@@ -2,41 +2,57 @@
 core (qkstudy/optimizer.py), so a torch run follows the MLX run.
 
 `torch.optim.AdamW` (bias correction is always on there) with two groups: the parameters the
-core's `decays` names, with its `decay_coefficient`, and the rest without decay; `LambdaLR`
-over the core's `learning_rates`; `torch.nn.utils.clip_grad_norm_` for global-norm clipping
-(grad_clip=0: none).
+core's `decays` names, with its `decay_coefficient`, and the rest without decay; `Schedule`
+over the core's `learning_rates`, the one place the engine's rates are held;
+`torch.nn.utils.clip_grad_norm_` for global-norm clipping (grad_clip=0: none).
 """
 
 from __future__ import annotations
 
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
 from qkstudy.config import TrainConfig
 from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 
 
-def lr_schedule(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for update number `step` (0-based): the core's number."""
-    rates = learning_rates(cfg)
-    return float(rates[min(step, rates.size - 1)])
+class Schedule:
+    """The rate of every update, set on the optimizer's groups before each step: the core's
+    rates, held once (the engine's device table and a resume read them here). Each rate is
+    base x (rate / base), as LambdaLR computes it, so runs keep their numbers to the bit."""
+
+    def __init__(self, opt: torch.optim.AdamW, cfg: TrainConfig):
+        self.opt, self.base = opt, cfg.lr
+        self.rates = [self.base * (r / self.base) for r in learning_rates(cfg).tolist()]
+        self.updates = 0  # updates taken so far: the next one uses rate(updates)
+        self.resume(0)
+
+    def rate(self, update: int) -> float:
+        """The rate of update number `update` (0-based); past the last, the last one."""
+        return self.rates[min(update, len(self.rates) - 1)]
+
+    def resume(self, updates: int) -> None:
+        """Continue after `updates` updates (a checkpoint's step count)."""
+        self.updates = updates
+        for group in self.opt.param_groups:
+            group["lr"] = self.rate(updates)
+
+    def step(self) -> None:
+        self.resume(self.updates + 1)
 
 
 def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
-                   ) -> tuple[torch.optim.AdamW, LambdaLR]:
+                   ) -> tuple[torch.optim.AdamW, Schedule]:
     """AdamW over `named_params` with its learning-rate schedule."""
     decay = [p for name, p in named_params.items() if decays(name, tuple(p.shape))]
     other = [p for name, p in named_params.items() if not decays(name, tuple(p.shape))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": decay_coefficient(cfg)},
                              {"params": other, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    rates = learning_rates(cfg).tolist()
-    last = len(rates) - 1
-    return opt, LambdaLR(opt, lambda step: rates[min(step, last)] / cfg.lr)
+    return opt, Schedule(opt, cfg)
 
 
-def clip_and_step(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
+def clip_and_step(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
                   ) -> torch.Tensor:
     """Clip the .grad tensors to global norm `grad_clip` (0: no clipping, as
     torch.nn.utils.clip_grad_norm_ does it in its two halves) and take one step. Returns the
@@ -51,7 +67,7 @@ def clip_and_step(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
     return norm
 
 
-def update(opt: torch.optim.AdamW, schedule: LambdaLR, grad_clip: float
+def update(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """clip_and_step, returning (pre-clip gradient norm, learning rate used) as 0-d tensors:
     for the cross-checks (the engine reads its rate from a table on the device)."""
