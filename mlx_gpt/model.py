@@ -86,11 +86,22 @@ class CausalSelfAttention(nn.Module):
         tanh = cpu_kernels.tanh if self.kernels == "cpu" else mx.tanh
         return self.softcap * tanh(scores * (1.0 / self.softcap))
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, capture: dict | None = None) -> mx.array:
+        """The attention, computed once. With `capture` (a dict) it is written out and keeps
+        what the probes read: q and k before and after QK-norm, the scaled logits before any
+        cap, the capped ones the softmax sees, the probabilities and the causal mask."""
         B, T, C = x.shape
-        q, k, v = self.heads(x)
-        q, k = self.normed(q, k)
-        if self.kernels == "cpu":  # written out so the softmax uses the vectorisable exp
+        q_raw, k_raw, v = self.heads(x)
+        q, k = self.normed(q_raw, k_raw)
+        if capture is not None:
+            causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
+            logits = (q * self.scale) @ k.transpose(0, 1, 3, 2)  # (B, nh, T, T)
+            capped = self.capped(logits)
+            probs = mx.softmax(mx.where(causal, capped, -mx.inf), axis=-1)
+            capture.update(q=q_raw, k=k_raw, q_normed=q, k_normed=k, logits=logits,
+                           capped=capped, probs=probs, causal=causal)
+            y = probs @ v
+        elif self.kernels == "cpu":  # written out so the softmax uses the vectorisable exp
             causal = mx.triu(mx.full((T, T), -1e30, dtype=q.dtype), k=1)
             scores = self.capped((q * self.scale) @ k.transpose(0, 1, 3, 2)) + causal
             y = cpu_kernels.softmax(scores) @ v  # scores: (B, nh, T, T)
@@ -122,9 +133,12 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
         self.mlp = MLP(args)
 
-    def __call__(self, x: mx.array) -> mx.array:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+    def __call__(self, x: mx.array, capture: dict | None = None) -> mx.array:
+        x = x + self.attn(self.ln1(x), capture)
+        x = x + self.mlp(self.ln2(x))
+        if capture is not None:
+            capture["residual"] = x
+        return x
 
 
 class GPT(nn.Module):
@@ -140,15 +154,20 @@ class GPT(nn.Module):
     def embed(self, idx: mx.array) -> mx.array:
         return self.wte(idx) + self.wpe(mx.arange(idx.shape[1]))  # (B, T, C)
 
-    def hidden(self, idx: mx.array) -> mx.array:
-        """Final normed hidden states (B, T, C); the tied head is `hidden @ wte.weight.T`."""
+    def hidden(self, idx: mx.array, captures: list[dict] | None = None) -> mx.array:
+        """Final normed hidden states (B, T, C); the tied head is `hidden @ wte.weight.T`.
+        With `captures` (a list), one dict per block is appended: what its attention keeps
+        (CausalSelfAttention) and the residual stream after the block."""
         x = self.embed(idx)
         for block in self.blocks:
-            x = block(x)
+            capture = None if captures is None else {}
+            x = block(x, capture)
+            if captures is not None:
+                captures.append(capture)
         return self.ln_f(x)
 
-    def __call__(self, idx: mx.array) -> mx.array:
-        return self.hidden(idx) @ self.wte.weight.T  # (B, T, padded_vocab)
+    def __call__(self, idx: mx.array, captures: list[dict] | None = None) -> mx.array:
+        return self.hidden(idx, captures) @ self.wte.weight.T  # (B, T, padded_vocab)
 
     def loss(self, idx: mx.array, targets: mx.array) -> mx.array:
         """Mean next-token cross-entropy in nats of the batch idx -> targets."""

@@ -55,10 +55,6 @@ def outlier_share(x: mx.array, sigmas: float = OUTLIER_SIGMAS) -> mx.array:
     return mx.mean((mx.abs(centred) > sigmas * std).astype(mx.float32))
 
 
-def causal_mask(T: int) -> mx.array:
-    return mx.tril(mx.ones((T, T), dtype=mx.bool_))
-
-
 def attention_entropy(logits: mx.array, causal: mx.array) -> mx.array:
     """Entropy in nats of each query's attention distribution: (B, nh, T) from (B, nh, T, T)."""
     masked = mx.where(causal, logits, -mx.inf)
@@ -79,58 +75,51 @@ def max_attention_logit_bound(q_gain: mx.array, k_gain: mx.array) -> mx.array:
 
 # --- measure -------------------------------------------------------------------------------------
 
+def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, mx.array]]:
+    """One block's forward probes from its capture (GPT.hidden), under stop_gradient."""
+    logits, capped, q, k, qn, kn, residual = (mx.stop_gradient(c[n]) for n in (
+        "logits", "capped", "q", "k", "q_normed", "k_normed", "residual"))
+    causal = c["causal"]
+    entropy_per_head = attention_entropy(capped, causal).mean(axis=(0, 2))  # (nh,)
+    values = []
+    if attn.softcap:
+        values.append((layer, "max_attention_logit_capped",
+                       mx.max(mx.where(causal, capped, -mx.inf))))
+    values += [
+        (layer, "max_attention_logit", mx.max(mx.where(causal, logits, -mx.inf))),
+        (layer, "attention_entropy_mean", entropy_per_head.mean()),
+        (layer, "attention_entropy_min_head", entropy_per_head.min()),
+        (layer, "q_rms", rms(q)),
+        (layer, "k_rms", rms(k)),
+    ]
+    if attn.qk_norm != "none":
+        q_gain, k_gain = attn.q_norm.weight, attn.k_norm.weight
+        values += [
+            (layer, "q_rms_normed", rms(qn)),
+            (layer, "k_rms_normed", rms(kn)),
+            (layer, "q_norm_gain_max_abs", mx.max(mx.abs(q_gain))),
+            (layer, "k_norm_gain_max_abs", mx.max(mx.abs(k_gain))),
+            (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
+        ]
+    residual_rms = rms(residual)
+    return values + [
+        (layer, "residual_rms", residual_rms),
+        (layer, "residual_kurtosis", kurtosis(residual)),
+        (layer, "residual_max_abs_over_rms", mx.max(mx.abs(residual)) / residual_rms),
+        (layer, "residual_outlier_share", outlier_share(residual)),
+    ]
+
+
 def _forward_with_probes(model: GPT, x: mx.array, y: mx.array):
-    """The model's forward written out with explicit attention, returning (objective, probe
-    values).
-
-    Same arithmetic as GPT.__call__ (the softmax is explicit instead of the fused kernel), so the
-    objective (GPT.objective: the cross-entropy, plus the z-loss term when z_loss > 0) and its
-    gradient are the model's; probe values are taken under stop_gradient.
-    """
+    """The model's own forward with its captures (its attention written out: the explicit
+    softmax instead of the fused kernel), returning (objective, probe values, their labels).
+    The objective is GPT.objective's (the cross-entropy, plus the z-loss term when z_loss > 0)
+    and its gradient the model's; probe values are taken under stop_gradient."""
+    captures: list[dict] = []
+    out_logits = model(x, captures)  # (B, T, padded_vocab)
     values: list[tuple[int, str, mx.array]] = []
-    causal = causal_mask(x.shape[1])
-    h = model.embed(x)
-    for layer, block in enumerate(model.blocks):
-        attn = block.attn
-        q, k, v = attn.heads(block.ln1(h))  # (B, nh, T, hs), before QK-norm
-        qn, kn = attn.normed(q, k)
-        logits = (qn * attn.scale) @ kn.transpose(0, 1, 3, 2)  # (B, nh, T, T), before any cap
-        capped = attn.capped(logits)  # what the softmax sees
-        p = mx.softmax(mx.where(causal, capped, -mx.inf), axis=-1)
-        out = (p @ v).transpose(0, 2, 1, 3).reshape(h.shape)  # (B, T, nh*hs)
-        h = h + attn.proj(out)
-        h = h + block.mlp(block.ln2(h))
-
-        logits, capped, q, k = (mx.stop_gradient(a) for a in (logits, capped, q, k))
-        entropy_per_head = attention_entropy(capped, causal).mean(axis=(0, 2))  # (nh,)
-        if attn.softcap:
-            values.append((layer, "max_attention_logit_capped",
-                           mx.max(mx.where(causal, capped, -mx.inf))))
-        values += [
-            (layer, "max_attention_logit", mx.max(mx.where(causal, logits, -mx.inf))),
-            (layer, "attention_entropy_mean", entropy_per_head.mean()),
-            (layer, "attention_entropy_min_head", entropy_per_head.min()),
-            (layer, "q_rms", rms(q)),
-            (layer, "k_rms", rms(k)),
-        ]
-        if attn.qk_norm != "none":
-            q_gain, k_gain = attn.q_norm.weight, attn.k_norm.weight
-            values += [
-                (layer, "q_rms_normed", rms(mx.stop_gradient(qn))),
-                (layer, "k_rms_normed", rms(mx.stop_gradient(kn))),
-                (layer, "q_norm_gain_max_abs", mx.max(mx.abs(q_gain))),
-                (layer, "k_norm_gain_max_abs", mx.max(mx.abs(k_gain))),
-                (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
-            ]
-        residual = mx.stop_gradient(h)
-        residual_rms = rms(residual)
-        values += [
-            (layer, "residual_rms", residual_rms),
-            (layer, "residual_kurtosis", kurtosis(residual)),
-            (layer, "residual_max_abs_over_rms", mx.max(mx.abs(residual)) / residual_rms),
-            (layer, "residual_outlier_share", outlier_share(residual)),
-        ]
-    out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab), as GPT.__call__
+    for layer, (c, block) in enumerate(zip(captures, model.blocks)):
+        values += layer_probes(layer, block.attn, c)
     if model.args.z_loss:
         objective, loss, _ = objective_terms(out_logits, y, model.args.z_loss, model.kernels)
     else:

@@ -68,11 +68,22 @@ class CausalSelfAttention(nn.Module):
             return scores
         return self.softcap * torch.tanh(scores * (1.0 / self.softcap))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
+        """The attention, computed once. With `capture` (a dict) it is written out and keeps
+        what the probes read: q and k before and after QK-norm, the scaled logits before any
+        cap, the capped ones the softmax sees, the probabilities and the causal mask."""
         B, T, C = x.shape
-        q, k, v = self.heads(x)
-        q, k = self.normed(q, k)
-        if self.softcap:  # scaled_dot_product_attention has no soft-cap: written out
+        q_raw, k_raw, v = self.heads(x)
+        q, k = self.normed(q_raw, k_raw)
+        if capture is not None:
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, nh, T, T)
+            capped = self.capped(logits)
+            probs = torch.softmax(capped.masked_fill(~causal, float("-inf")), dim=-1)
+            capture.update(q=q_raw, k=k_raw, q_normed=q, k_normed=k, logits=logits,
+                           capped=capped, probs=probs, causal=causal)
+            y = probs @ v
+        elif self.softcap:  # scaled_dot_product_attention has no soft-cap: written out
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             scores = self.capped((q * self.scale) @ k.transpose(-2, -1))  # (B, nh, T, T)
             y = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
@@ -99,9 +110,12 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
         self.mlp = MLP(args)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+    def forward(self, x: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), capture)
+        x = x + self.mlp(self.ln2(x))
+        if capture is not None:
+            capture["residual"] = x
+        return x
 
 
 class GPT(nn.Module):
@@ -118,14 +132,19 @@ class GPT(nn.Module):
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         return self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))  # (B, T, C)
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, captures: list[dict] | None = None) -> torch.Tensor:
+        """Final normed hidden states; with `captures` (a list) one dict per block is appended
+        (what its attention keeps, and the residual stream after the block)."""
         x = self.embed(idx)
         for block in self.blocks:
-            x = block(x)
+            capture = None if captures is None else {}
+            x = block(x, capture)
+            if captures is not None:
+                captures.append(capture)
         return self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.hidden(idx) @ self.wte.weight.T  # (B, T, padded_vocab)
+    def forward(self, idx: torch.Tensor, captures: list[dict] | None = None) -> torch.Tensor:
+        return self.hidden(idx, captures) @ self.wte.weight.T  # (B, T, padded_vocab)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -45,54 +45,50 @@ def max_attention_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> tor
     return q_gain.abs().max() * k_gain.abs().max() * math.sqrt(q_gain.shape[-1])
 
 
-def _forward_with_probes(model: GPT, x: torch.Tensor, y: torch.Tensor):
-    """The forward with explicit attention: (objective, [(layer, name, value)]), values
-    detached; the objective is the cross-entropy plus the z-loss term when z_loss > 0."""
-    values: list[tuple[int, str, torch.Tensor]] = []
-    T = x.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-    h = model.embed(x)
-    for layer, block in enumerate(model.blocks):
-        attn = block.attn
-        q, k, v = attn.heads(block.ln1(h))  # (B, nh, T, hs), before QK-norm
-        qn, kn = attn.normed(q, k)
-        logits = (qn * attn.scale) @ kn.transpose(-2, -1)  # (B, nh, T, T), before any cap
-        capped = attn.capped(logits)  # what the softmax sees
-        p = torch.softmax(capped.masked_fill(~causal, float("-inf")), dim=-1)
-        out = (p @ v).transpose(1, 2).reshape(h.shape)  # (B, T, nh*hs)
-        h = h + attn.proj(out)
-        h = h + block.mlp(block.ln2(h))
+def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, torch.Tensor]]:
+    """One block's forward probes from its capture (GPT.hidden), detached."""
+    logits, capped, q, k, qn, kn, residual = (c[n].detach() for n in (
+        "logits", "capped", "q", "k", "q_normed", "k_normed", "residual"))
+    causal = c["causal"]
+    entropy_per_head = attention_entropy(capped, causal).mean(dim=(0, 2))  # (nh,)
+    values = []
+    if attn.softcap:
+        values.append((layer, "max_attention_logit_capped",
+                       capped.masked_fill(~causal, float("-inf")).max()))
+    values += [
+        (layer, "max_attention_logit", logits.masked_fill(~causal, float("-inf")).max()),
+        (layer, "attention_entropy_mean", entropy_per_head.mean()),
+        (layer, "attention_entropy_min_head", entropy_per_head.min()),
+        (layer, "q_rms", rms(q)),
+        (layer, "k_rms", rms(k)),
+    ]
+    if attn.qk_norm != "none":
+        q_gain, k_gain = attn.q_norm.weight.detach(), attn.k_norm.weight.detach()
+        values += [
+            (layer, "q_rms_normed", rms(qn)),
+            (layer, "k_rms_normed", rms(kn)),
+            (layer, "q_norm_gain_max_abs", q_gain.abs().max()),
+            (layer, "k_norm_gain_max_abs", k_gain.abs().max()),
+            (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
+        ]
+    residual_rms = rms(residual)
+    return values + [
+        (layer, "residual_rms", residual_rms),
+        (layer, "residual_kurtosis", kurtosis(residual)),
+        (layer, "residual_max_abs_over_rms", residual.abs().max() / residual_rms),
+        (layer, "residual_outlier_share", outlier_share(residual)),
+    ]
 
-        logits, capped, q, k = (a.detach() for a in (logits, capped, q, k))
-        entropy_per_head = attention_entropy(capped, causal).mean(dim=(0, 2))  # (nh,)
-        if attn.softcap:
-            values.append((layer, "max_attention_logit_capped",
-                           capped.masked_fill(~causal, float("-inf")).max()))
-        values += [
-            (layer, "max_attention_logit", logits.masked_fill(~causal, float("-inf")).max()),
-            (layer, "attention_entropy_mean", entropy_per_head.mean()),
-            (layer, "attention_entropy_min_head", entropy_per_head.min()),
-            (layer, "q_rms", rms(q)),
-            (layer, "k_rms", rms(k)),
-        ]
-        if attn.qk_norm != "none":
-            q_gain, k_gain = attn.q_norm.weight.detach(), attn.k_norm.weight.detach()
-            values += [
-                (layer, "q_rms_normed", rms(qn.detach())),
-                (layer, "k_rms_normed", rms(kn.detach())),
-                (layer, "q_norm_gain_max_abs", q_gain.abs().max()),
-                (layer, "k_norm_gain_max_abs", k_gain.abs().max()),
-                (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
-            ]
-        residual = h.detach()
-        residual_rms = rms(residual)
-        values += [
-            (layer, "residual_rms", residual_rms),
-            (layer, "residual_kurtosis", kurtosis(residual)),
-            (layer, "residual_max_abs_over_rms", residual.abs().max() / residual_rms),
-            (layer, "residual_outlier_share", outlier_share(residual)),
-        ]
-    out_logits = model.ln_f(h) @ model.wte.weight.T  # (B, T, padded_vocab)
+
+def _forward_with_probes(model: GPT, x: torch.Tensor, y: torch.Tensor):
+    """The model's own forward with its captures (its attention written out): (objective,
+    [(layer, name, value)]), values detached; the objective is the cross-entropy plus the
+    z-loss term when z_loss > 0."""
+    captures: list[dict] = []
+    out_logits = model(x, captures)  # (B, T, padded_vocab)
+    values: list[tuple[int, str, torch.Tensor]] = []
+    for layer, (c, block) in enumerate(zip(captures, model.blocks)):
+        values += layer_probes(layer, block.attn, c)
     objective, loss, _ = objective_terms(out_logits, y, model.args.z_loss)
     out_logits = out_logits.detach()
     values += [
