@@ -1,6 +1,6 @@
 """MLX vs PyTorch, numerically: `python -m crosscheck parity` (also `just parity`).
 
-For qk_norm none / rmsnorm / layernorm and the rival arms (attention soft-cap, z-loss) at
+For qk_norm none and every variant (rmsnorm, layernorm, l2norm) and the rival arms (attention soft-cap, z-loss) at
 depth 1 and 3, on both of mlx_gpt's kernel paths
 (kernels=cpu: mlx_gpt/kernels.py; kernels=library: MLX's fused attention, GELU and
 cross-entropy, the path Apple GPUs run), in float32, with the same weights (moved through
@@ -40,6 +40,7 @@ from qkstudy.config import TrainConfig, model_args
 from qkstudy.data import synthetic
 from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
+from qkstudy.variants import VARIANTS
 from torch_ref import optim as torch_optim
 from torch_ref import probes as torch_probes
 from torch_ref.engine import Engine as TorchEngine
@@ -57,7 +58,7 @@ TRAJECTORY_RTOL = 1e-4
 # Probes both frameworks must report for every layer; any other shared name is compared too.
 REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
-QK_NORMS = ("none", "rmsnorm", "layernorm")
+QK_NORMS = ("none", *VARIANTS)  # every QK-norm variant (qkstudy/variants.py)
 # The rival arms, each one change against qk_norm=none. The cap is far below the study's 50 and
 # the weight far above its 1e-4 so that both change these small models' numbers: at C = 5 the
 # perturbed models' sharp logits are bent by the tanh (from init, over 50 steps at lr 1e-3, the

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from qkstudy.config import NORM_EPS, ModelArgs, engine_kind
+from qkstudy.variants import henry_scale
 
 from . import kernels as cpu_kernels
 
@@ -52,6 +53,22 @@ class HeadNorm(nn.Module):
         return self.KINDS[self.kind](x, self.weight)
 
 
+class QKScale(nn.Module):
+    """Henry et al. (2020)'s learnable softmax scale g (one a layer): the variant l2norm."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.weight = mx.full((1,), value)
+
+
+def l2_normalise(x: mx.array) -> mx.array:
+    return x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) + NORM_EPS)
+
+
+# each qkstudy/variants.py entry, implemented once: its modules and how it normalises q and k
+VARIANT_MODULES = ("rmsnorm", "layernorm", "l2norm")
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -59,8 +76,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(args.d_model, 3 * args.d_model, bias=args.bias)
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
         if args.qk_norm != "none":
+            engine_kind(args.qk_norm, dict.fromkeys(VARIANT_MODULES), "mlx")
+        if args.qk_norm in HeadNorm.KINDS:
             self.q_norm = HeadNorm(self.head_dim, args.qk_norm)
             self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
+        elif args.qk_norm == "l2norm":
+            self.qk_scale = QKScale(henry_scale(args.block_size, self.head_dim))
         self.qk_norm = args.qk_norm
         self.kernels = args.kernels
         self.softcap = args.attn_softcap
@@ -77,7 +98,13 @@ class CausalSelfAttention(nn.Module):
     def normed(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
         if self.qk_norm == "none":
             return q, k
+        if self.qk_norm == "l2norm":
+            return l2_normalise(q), l2_normalise(k)
         return self.q_norm(q), self.k_norm(k)
+
+    def scaled(self, q: mx.array) -> mx.array:
+        """q times the softmax scale: 1/sqrt(head_dim), or l2norm's learnable g."""
+        return q * (self.qk_scale.weight if self.qk_norm == "l2norm" else self.scale)
 
     def capped(self, scores: mx.array) -> mx.array:
         """Soft-capping (Gemma 2): C*tanh(scores/C), so every |logit| < C; identity when off."""
@@ -95,7 +122,7 @@ class CausalSelfAttention(nn.Module):
         q, k = self.normed(q_raw, k_raw)
         if capture is not None:
             causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
-            logits = (q * self.scale) @ k.transpose(0, 1, 3, 2)  # (B, nh, T, T)
+            logits = self.scaled(q) @ k.transpose(0, 1, 3, 2)  # (B, nh, T, T)
             capped = self.capped(logits)
             probs = mx.softmax(mx.where(causal, capped, -mx.inf), axis=-1)
             capture.update(q=q_raw, k=k_raw, q_normed=q, k_normed=k, logits=logits,
@@ -103,12 +130,15 @@ class CausalSelfAttention(nn.Module):
             y = probs @ v
         elif self.kernels == "cpu":  # written out so the softmax uses the vectorisable exp
             causal = mx.triu(mx.full((T, T), -1e30, dtype=q.dtype), k=1)
-            scores = self.capped((q * self.scale) @ k.transpose(0, 1, 3, 2)) + causal
+            scores = self.capped(self.scaled(q) @ k.transpose(0, 1, 3, 2)) + causal
             y = cpu_kernels.softmax(scores) @ v  # scores: (B, nh, T, T)
         elif self.softcap:  # the fused kernel has no soft-cap: the same maths written out
             causal = mx.triu(mx.full((T, T), -mx.inf, dtype=q.dtype), k=1)
-            scores = self.capped((q * self.scale) @ k.transpose(0, 1, 3, 2)) + causal
+            scores = self.capped(self.scaled(q) @ k.transpose(0, 1, 3, 2)) + causal
             y = mx.softmax(scores, axis=-1, precise=True) @ v
+        elif self.qk_norm == "l2norm":  # a learnable scale: q carries it into the fused kernel
+            y = mx.fast.scaled_dot_product_attention(self.scaled(q), k, v, scale=1.0,
+                                                     mask="causal")
         else:
             y = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
         return self.proj(y.transpose(0, 2, 1, 3).reshape(B, T, C))  # (B, T, nh*hs)

@@ -31,6 +31,8 @@ from qkstudy.probe_names import (  # noqa: F401  (the probe vocabulary, re-expor
     read_probes,
 )
 
+from qkstudy.variants import VARIANTS
+
 from .model import GPT, cross_entropy, objective_terms
 
 # --- statistics (each a scalar array; shared by the probes and their tests) -----------------------
@@ -93,14 +95,17 @@ def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, mx.array]]:
         (layer, "k_rms", rms(k)),
     ]
     if attn.qk_norm != "none":
+        values += [(layer, "q_rms_normed", rms(qn)), (layer, "k_rms_normed", rms(kn))]
+    if VARIANTS.get(attn.qk_norm) and VARIANTS[attn.qk_norm].bound == "gains":
         q_gain, k_gain = attn.q_norm.weight, attn.k_norm.weight
         values += [
-            (layer, "q_rms_normed", rms(qn)),
-            (layer, "k_rms_normed", rms(kn)),
             (layer, "q_norm_gain_max_abs", mx.max(mx.abs(q_gain))),
             (layer, "k_norm_gain_max_abs", mx.max(mx.abs(k_gain))),
             (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
         ]
+    elif VARIANTS.get(attn.qk_norm):  # "scale": unit vectors, |logit| <= |g|
+        g = mx.max(mx.abs(attn.qk_scale.weight))
+        values += [(layer, "qk_scale", g), (layer, "max_attention_logit_bound", g)]
     residual_rms = rms(residual)
     return values + [
         (layer, "residual_rms", residual_rms),

@@ -3,6 +3,7 @@
     none           every control off (the off arm every other arm is compared with)
     rmsnorm        qk_norm=rmsnorm
     layernorm      qk_norm=layernorm
+    l2norm         qk_norm=l2norm (Henry et al. 2020)
     softcap<C>     attn_softcap=C, e.g. softcap50 (Gemma 2's attention cap)
     zloss<W>       z_loss=W, e.g. zloss1e-4 (PaLM; Wortsman et al. 2023)
 
@@ -20,12 +21,13 @@ from typing import Any
 
 from .config import TrainConfig, short_number
 from .errors import UsageError
+from .variants import VARIANTS
 
 OFF = "none"
-QK_NORM_ARMS = ("rmsnorm", "layernorm")
+QK_NORM_ARMS = tuple(VARIANTS)  # qkstudy/variants.py
 # Every key an arm may set, with its off value: each run of a sweep starts from these.
 CONTROLS: dict[str, Any] = {"qk_norm": "none", "attn_softcap": 0.0, "z_loss": 0.0}
-VOCABULARY = "none, rmsnorm, layernorm, softcap<C> (e.g. softcap50), zloss<W> (e.g. zloss1e-4)"
+VOCABULARY = "none, rmsnorm, layernorm, l2norm, softcap<C> (e.g. softcap50), zloss<W> (e.g. zloss1e-4)"
 _NUMBERED = re.compile(r"(softcap|zloss)(.+)")
 _KEY_OF = {"softcap": "attn_softcap", "zloss": "z_loss"}
 

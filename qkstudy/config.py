@@ -66,7 +66,7 @@ def auto_backend(torch_options: bool = False) -> tuple[str, str]:
         return "mlx", "PyTorch is not installed"
     return "torch", "neither MLX nor PyTorch is installed"
 
-QKNorm = Literal["none", "rmsnorm", "layernorm"]
+QKNorm = Literal["none", "rmsnorm", "layernorm", "l2norm"]  # none and qkstudy/variants.py's
 
 
 def engine_kind(kind: str, implemented: dict, engine: str) -> str:
@@ -253,7 +253,7 @@ class ModelArgs:
     n_heads: int = 4
     block_size: int = 128
     bias: bool = False
-    qk_norm: str = "none"  # none | rmsnorm | layernorm
+    qk_norm: str = "none"  # none or a qkstudy/variants.py entry
     attn_softcap: float = 0.0  # > 0: scaled attention logits become C*tanh(logit/C)
     z_loss: float = 0.0  # > 0: GPT.objective adds z_loss * mean(logsumexp(logits)^2)
     kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)

@@ -4,7 +4,8 @@ Both trainers (mlx_gpt/model.py, torch_ref/model.py) build exactly these paramet
 start a run from `initial_weights`: numpy arrays drawn from (seed, parameter name), so an MLX
 run and a torch run of one config start from identical weights and neither framework needs the
 other. nanoGPT's scheme: N(0, 0.02) for every matrix, residual projections (attn.proj,
-mlp.proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, norm gains 1. Each tensor's stream depends on
+mlp.proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, norm gains 1, a QK-norm variant's own
+parameters their entry's initial value (qkstudy/variants.py). Each tensor's stream depends on
 (seed, its name) only, so every weight the QK-norm arms share starts identical for one seed:
 the arms differ only in the QK-norm gains.
 
@@ -20,6 +21,7 @@ import zlib
 import numpy as np
 
 from .config import ModelArgs
+from .variants import variant
 
 INIT_SCHEME = "numpy"
 
@@ -45,9 +47,9 @@ def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
         norm(f"{b}.ln1")
         linear(f"{b}.attn.qkv", c, 3 * c)
         linear(f"{b}.attn.proj", c, c)
-        if args.qk_norm != "none":
-            shapes[f"{b}.attn.q_norm.weight"] = (head_dim,)
-            shapes[f"{b}.attn.k_norm.weight"] = (head_dim,)
+        qk = variant(args.qk_norm)
+        for name, shape in (qk.shapes(head_dim) if qk else {}).items():
+            shapes[f"{b}.attn.{name}.weight"] = shape
         norm(f"{b}.ln2")
         linear(f"{b}.mlp.fc", c, 4 * c)
         linear(f"{b}.mlp.proj", 4 * c, c)
@@ -66,6 +68,7 @@ def count_params(args: ModelArgs) -> dict[str, int]:
 def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
     """The run's initial parameters as float32 arrays (the module docstring's scheme)."""
     residual_std = 0.02 / math.sqrt(2 * args.depth)
+    qk = variant(args.qk_norm)
     weights = {}
     for name, shape in parameter_shapes(args).items():
         if name.endswith(".weight") and len(shape) == 2:
@@ -74,6 +77,10 @@ def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
             weights[name] = (std * rng.standard_normal(shape, dtype=np.float64)).astype(np.float32)
         elif name.endswith(".bias"):
             weights[name] = np.zeros(shape, np.float32)
-        else:
+        elif ".attn." in name and qk is not None:  # the variant's own parameters
+            value = qk.initial(name.split(".attn.")[1].removesuffix(".weight"), args.block_size,
+                               args.d_model // args.n_heads)
+            weights[name] = np.full(shape, value, np.float32)
+        else:  # the LayerNorm gains
             weights[name] = np.ones(shape, np.float32)
     return weights

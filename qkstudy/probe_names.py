@@ -16,7 +16,7 @@ ATTENTION_NAMES = ("max_attention_logit", "attention_entropy_mean", "attention_e
                    "q_rms", "k_rms")
 SOFTCAP_NAMES = ("max_attention_logit_capped",)  # attn_softcap > 0
 QK_NORM_NAMES = ("q_rms_normed", "k_rms_normed", "q_norm_gain_max_abs", "k_norm_gain_max_abs",
-                 "max_attention_logit_bound")
+                 "qk_scale", "max_attention_logit_bound")
 RESIDUAL_NAMES = ("residual_rms", "residual_kurtosis", "residual_max_abs_over_rms",
                   "residual_outlier_share")
 OUTPUT_NAMES = ("loss", "grad_norm", "output_logit_max", "output_logsumexp_mean")
@@ -26,7 +26,7 @@ GROUPS = ("wte", "wpe", "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "ln", "qk
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _GROUP_ALIASES = {"ln1": "ln", "ln2": "ln", "ln_f": "ln", "attn.q_norm": "qk_norm",
-                  "attn.k_norm": "qk_norm"}
+                  "attn.k_norm": "qk_norm", "attn.qk_scale": "qk_norm"}
 
 
 def parameter_group(name: str) -> tuple[str, int]:

@@ -219,16 +219,70 @@ def test_rival_keys_validate_and_leave_old_run_ids_alone(tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["mlx", "torch"])
-def test_every_qk_norm_kind_is_implemented_by_each_engine_and_an_unknown_one_is_refused(engine):
-    """An unknown kind used to fall through to layernorm and train silently."""
+def test_every_qk_norm_variant_is_implemented_by_each_engine_and_an_unknown_one_is_refused(engine):
+    """The config's choices are the registry's (qkstudy/variants.py); each engine implements
+    every entry; an unknown kind, which used to fall through to layernorm and train silently,
+    is refused in one line."""
     from typing import get_args
 
-    from qkstudy.config import QKNorm
+    from qkstudy.config import ModelArgs, QKNorm
     from qkstudy.errors import UsageError
+    from qkstudy.parameters import parameter_shapes
+    from qkstudy.variants import VARIANTS
 
     model = pytest.importorskip({"mlx": "mlx_gpt.model", "torch": "torch_ref.model"}[engine])
-    assert set(model.HeadNorm.KINDS) == set(get_args(QKNorm)) - {"none"}
-    for kind in model.HeadNorm.KINDS:
-        assert model.HeadNorm(8, kind).kind == kind
-    with pytest.raises(UsageError, match=f"qk_norm='l2norm' is not implemented by the {engine}"):
-        model.HeadNorm(8, "l2norm")
+    assert get_args(QKNorm) == ("none", *VARIANTS)
+    assert model.VARIANT_MODULES == tuple(VARIANTS)
+    for kind in VARIANTS:
+        args = ModelArgs(vocab_size=257, depth=1, d_model=32, n_heads=2, block_size=16,
+                         qk_norm=kind)
+        gpt = model.GPT(args)
+        names = ({n for n, _ in gpt.named_parameters()} if engine == "torch" else
+                 {n for n, _ in __import__("mlx.utils").utils.tree_flatten(gpt.parameters())})
+        assert names == set(parameter_shapes(args)), kind
+    with pytest.raises(UsageError, match=f"qk_norm='cosine' is not implemented by the {engine}"):
+        model.GPT(ModelArgs(vocab_size=257, depth=1, d_model=32, n_heads=2, block_size=16,
+                            qk_norm="cosine"))
+
+
+@pytest.mark.parametrize("engine", ["mlx", "torch"])
+def test_l2norm_logits_match_a_float64_reference_and_stay_within_the_probe_bound(engine):
+    """Henry et al. (2020): q and k L2-normalised per head, logits g * cos(q, k) with g
+    initialised to log2(L^2 - L); |logit| <= |g|, the bound the probes report."""
+    import math
+
+    import numpy as np
+
+    from qkstudy.config import NORM_EPS, ModelArgs
+    from qkstudy.parameters import initial_weights
+
+    args = ModelArgs(vocab_size=257, depth=1, d_model=32, n_heads=2, block_size=16,
+                     qk_norm="l2norm")
+    w = initial_weights(args, 3)
+    g = float(w["blocks.0.attn.qk_scale.weight"][0])
+    assert g == pytest.approx(math.log2(16 * 16 - 16))
+    x = np.random.default_rng(0).standard_normal((2, 16, 32))  # the attention's input
+    qkv = x @ w["blocks.0.attn.qkv.weight"].astype(np.float64).T
+    q, k = (a.reshape(2, 16, 2, 16).transpose(0, 2, 1, 3) for a in np.split(qkv, 3, -1)[:2])
+    unit = [a / np.sqrt((a ** 2).sum(-1, keepdims=True) + NORM_EPS) for a in (q, k)]
+    expected = g * unit[0] @ unit[1].transpose(0, 1, 3, 2)
+    capture: dict = {}
+    if engine == "mlx":
+        import mlx.core as mx
+
+        from mlx_gpt.model import GPT
+        model = GPT(args)
+        model.load_weights([(n, mx.array(v)) for n, v in w.items()])
+        model.blocks[0].attn(mx.array(x.astype(np.float32)), capture)
+        got = np.array(capture["logits"])
+    else:
+        import torch
+
+        from torch_ref.model import GPT
+        model = GPT(args)
+        model.load_state_dict({n: torch.from_numpy(v) for n, v in w.items()})
+        with torch.no_grad():
+            model.blocks[0].attn(torch.from_numpy(x.astype(np.float32)), capture)
+        got = capture["logits"].numpy()
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-5)
+    assert np.abs(got).max() <= g * (1 + 1e-6)

@@ -146,7 +146,7 @@ def test_overrides_reach_every_run():
     (["depth=2.5"], "depth: '2.5' is not an integer"),
     (["qk_norms=none,l2"], "qk_norms: 'l2' is not one of"),
     (["qk_norms=none,softcap50"], "qk_norms: 'softcap50' is not one of"),
-    (["arms=none,cap50"], "unknown arm 'cap50'; arms are: none, rmsnorm, layernorm, softcap<C>"),
+    (["arms=none,cap50"], "unknown arm 'cap50'; arms are: none, rmsnorm, layernorm, l2norm, softcap<C>"),
     (["arms=softcap0"], "softcap needs a number > 0 after it"),
     (["arms=zloss-1e-4"], "zloss needs a number > 0 after it"),
     (["arms=softcap50,softcap50.0"], "arms: softcap50 given more than once"),

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkstudy.config import NORM_EPS, ModelArgs, engine_kind
+from qkstudy.variants import henry_scale
 
 __all__ = ["GPT", "HeadNorm", "ModelArgs", "cross_entropy", "objective_terms"]
 
@@ -38,6 +39,22 @@ class HeadNorm(nn.Module):
         return self.KINDS[self.kind](x, self.weight)
 
 
+class QKScale(nn.Module):
+    """Henry et al. (2020)'s learnable softmax scale g (one a layer): the variant l2norm."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((1,), value))
+
+
+def l2_normalise(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + NORM_EPS)
+
+
+# each qkstudy/variants.py entry, implemented once: its modules and how it normalises q and k
+VARIANT_MODULES = ("rmsnorm", "layernorm", "l2norm")
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -45,8 +62,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(args.d_model, 3 * args.d_model, bias=args.bias)
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
         if args.qk_norm != "none":
+            engine_kind(args.qk_norm, dict.fromkeys(VARIANT_MODULES), "torch")
+        if args.qk_norm in HeadNorm.KINDS:
             self.q_norm = HeadNorm(self.head_dim, args.qk_norm)
             self.k_norm = HeadNorm(self.head_dim, args.qk_norm)
+        elif args.qk_norm == "l2norm":
+            self.qk_scale = QKScale(henry_scale(args.block_size, self.head_dim))
         self.qk_norm = args.qk_norm
         self.softcap = args.attn_softcap
         self.scale = 1.0 / math.sqrt(self.head_dim)
@@ -60,7 +81,13 @@ class CausalSelfAttention(nn.Module):
     def normed(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.qk_norm == "none":
             return q, k
+        if self.qk_norm == "l2norm":
+            return l2_normalise(q), l2_normalise(k)
         return self.q_norm(q), self.k_norm(k)
+
+    def scaled(self, q: torch.Tensor) -> torch.Tensor:
+        """q times the softmax scale: 1/sqrt(head_dim), or l2norm's learnable g."""
+        return q * (self.qk_scale.weight if self.qk_norm == "l2norm" else self.scale)
 
     def capped(self, scores: torch.Tensor) -> torch.Tensor:
         """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
@@ -77,7 +104,7 @@ class CausalSelfAttention(nn.Module):
         q, k = self.normed(q_raw, k_raw)
         if capture is not None:
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            logits = (q * self.scale) @ k.transpose(-2, -1)  # (B, nh, T, T)
+            logits = self.scaled(q) @ k.transpose(-2, -1)  # (B, nh, T, T)
             capped = self.capped(logits)
             probs = torch.softmax(capped.masked_fill(~causal, float("-inf")), dim=-1)
             capture.update(q=q_raw, k=k_raw, q_normed=q, k_normed=k, logits=logits,
@@ -85,8 +112,10 @@ class CausalSelfAttention(nn.Module):
             y = probs @ v
         elif self.softcap:  # scaled_dot_product_attention has no soft-cap: written out
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-            scores = self.capped((q * self.scale) @ k.transpose(-2, -1))  # (B, nh, T, T)
+            scores = self.capped(self.scaled(q) @ k.transpose(-2, -1))  # (B, nh, T, T)
             y = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+        elif self.qk_norm == "l2norm":  # a learnable scale: q carries it into the fused kernel
+            y = F.scaled_dot_product_attention(self.scaled(q), k, v, is_causal=True, scale=1.0)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, nh*hs)

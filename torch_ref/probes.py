@@ -13,6 +13,8 @@ import torch
 
 from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
 
+from qkstudy.variants import VARIANTS
+
 from .model import GPT, objective_terms
 
 
@@ -63,14 +65,17 @@ def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, torch.Tensor
         (layer, "k_rms", rms(k)),
     ]
     if attn.qk_norm != "none":
+        values += [(layer, "q_rms_normed", rms(qn)), (layer, "k_rms_normed", rms(kn))]
+    if VARIANTS.get(attn.qk_norm) and VARIANTS[attn.qk_norm].bound == "gains":
         q_gain, k_gain = attn.q_norm.weight.detach(), attn.k_norm.weight.detach()
         values += [
-            (layer, "q_rms_normed", rms(qn)),
-            (layer, "k_rms_normed", rms(kn)),
             (layer, "q_norm_gain_max_abs", q_gain.abs().max()),
             (layer, "k_norm_gain_max_abs", k_gain.abs().max()),
             (layer, "max_attention_logit_bound", max_attention_logit_bound(q_gain, k_gain)),
         ]
+    elif VARIANTS.get(attn.qk_norm):  # "scale": unit vectors, |logit| <= |g|
+        g = attn.qk_scale.weight.detach().abs().max()
+        values += [(layer, "qk_scale", g), (layer, "max_attention_logit_bound", g)]
     residual_rms = rms(residual)
     return values + [
         (layer, "residual_rms", residual_rms),

@@ -28,7 +28,7 @@ class SweepConfig:
     lr_max: float = 3e-1
     points_per_decade: float = 2.0  # Wortsman et al. 2023 sweep LRs in half-decades
     seeds: tuple[int, ...] = (0, 1, 2)
-    # named logit controls (sweep/arms.py): none, rmsnorm, layernorm, softcap<C>, zloss<W>
+    # named logit controls (qkstudy/arms.py): none, a QK-norm variant, softcap<C>, zloss<W>
     arms: tuple[str, ...] = ("none", "rmsnorm")
     refine: bool = True
     refine_steps: int = 2  # bisection steps per (depth, arm, seed)
