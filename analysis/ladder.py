@@ -294,7 +294,8 @@ def chart(table: pl.DataFrame, prediction: dict):
         sub = rows.filter((pl.col(other) == anchor) & (pl.col("warmup") * 10 == pl.col("steps")))
         for r in sub.iter_rows(named=True):
             points.append({"axis": axis, "x": r[col], "lr": r["threshold_lr"],
-                           "lo": r["ci_lo"], "hi": r["ci_hi"], "kind": "measured"})
+                           "lo": r["ci_lo"], "hi": r["ci_hi"],
+                           "kind": "measured" if r["complete"] else "unfinished point"})
     if prediction.get("lr"):
         for axis, x in (("width (d_model)", STUDY_POINT.d_model),
                         ("training steps", STUDY_POINT.steps)):
