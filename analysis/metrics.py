@@ -14,12 +14,12 @@ so arms are compared seed by seed. Every rule here is written out in docs/report
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import polars as pl
 
 from qkstudy.arms import OFF, QK_NORM_ARMS
+from qkstudy.probe_names import PROBES, probe
 
 
 ARM = "arm"
@@ -323,18 +323,14 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
 
 # --- per-run extras ---------------------------------------------------------------------------
 
-# A probe named like a minimum is reduced over layers by min, one named like a peak or an
-# outlier measure by max (the worst layer is the one that matters), anything else by mean.
-MIN_PATTERN = r"(^|_)min(_|$)"
-MAX_PATTERN = r"(^|_)max(_|$)|kurtosis|outlier"
 WHOLE_MODEL = -1  # the layer of whole-model rows and of values pooled over all layers
 
 
 def layer_reduction(name: str) -> str:
-    """How a probe is reduced over layers: "min", "max" or "mean" (see the patterns above)."""
-    if re.search(MIN_PATTERN, name):
-        return "min"
-    return "max" if re.search(MAX_PATTERN, name) else "mean"
+    """How a probe is reduced over layers: "min", "max" or "mean", as its entry in the probe
+    registry (qkstudy/probe_names.py) says; a name it does not know (another tool's) by mean."""
+    entry = probe(name)
+    return entry.over_layers if entry else "mean"
 
 
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
@@ -346,17 +342,17 @@ def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
                .group_by("run", "step", "name")
                .agg(whole=value.filter(~per_layer).first(), lo=value.filter(per_layer).min(),
                     hi=value.filter(per_layer).max(), mean=value.filter(per_layer).mean()))
-    name = pl.col("name")
-    by_name = (pl.when(name.str.contains(MIN_PATTERN)).then("lo")
-               .when(name.str.contains(MAX_PATTERN)).then("hi").otherwise("mean"))
+    reduction = pl.col("name").str.split("/").list.first().replace_strict(
+        {n: p.over_layers for n, p in PROBES.items()}, default="mean", return_dtype=pl.String)
+    by_name = (pl.when(reduction == "min").then("lo")
+               .when(reduction == "max").then("hi").otherwise("mean"))
     return reduced.select("run", "step", "name", value=pl.coalesce("whole", by_name))
 
 
 # Worst value over training: (probe name, "min" or "max"). Attention entropy collapses towards 0,
 # the others grow; the step is when the worst value was reached.
-WORST = (("attention_entropy_min_head", "min"), ("attention_entropy_mean", "min"),
-         ("max_attention_logit", "max"), ("residual_kurtosis", "max"),
-         ("residual_max_abs_over_rms", "max"), ("output_logit_max", "max"))
+WORST = tuple((p.name, "max" if p.worse == "larger" else "min")
+              for p in PROBES.values() if p.tracked)
 
 
 def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:

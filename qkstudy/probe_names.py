@@ -4,6 +4,7 @@ groups, the outlier threshold, and reading a run's probe rows back (docs/probes.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
@@ -23,6 +24,69 @@ OUTPUT_NAMES = ("loss", "grad_norm", "output_logit_max", "output_logsumexp_mean"
 GROUP_NAMES = ("grad_rms", "param_rms")  # from `measure`
 UPDATE_NAMES = ("update_rms_ratio",)  # from `update_stats`
 GROUPS = ("wte", "wpe", "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "ln", "qk_norm")
+
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: how the analysis reduces it over layers (min, max or mean; a whole-model
+    value, layer -1, is used as it is), which direction is worse (or None), whether its worst
+    value over training is summarised per run, and its words (docs/probes.md's table)."""
+
+    name: str
+    over_layers: str
+    worse: str | None
+    words: str
+    tracked: bool = False
+
+
+# Every probe either engine writes (before the `/<group>` suffix), in one place: the analysis
+# (analysis/metrics.py), the charts and docs/probes.md's generated table read it.
+PROBES: dict[str, Probe] = {p.name: p for p in (
+    Probe("attention_entropy_min_head", "min", "smaller", "the lowest head's mean attention "
+          "entropy (nats)", tracked=True),
+    Probe("attention_entropy_mean", "mean", "smaller", "attention entropy (nats), mean over "
+          "queries, heads and the batch", tracked=True),
+    Probe("max_attention_logit", "max", "larger", "largest scaled q.k logit over causal pairs, "
+          "before any soft-cap", tracked=True),
+    Probe("max_attention_logit_capped", "max", "larger", "the same after the soft-cap "
+          "(attn_softcap > 0)"),
+    Probe("q_rms", "mean", None, "RMS of q before QK-norm"),
+    Probe("k_rms", "mean", None, "RMS of k before QK-norm"),
+    Probe("q_rms_normed", "mean", None, "RMS of q after QK-norm (QK-norm on)"),
+    Probe("k_rms_normed", "mean", None, "RMS of k after QK-norm (QK-norm on)"),
+    Probe("q_norm_gain_max_abs", "max", "larger", "largest |gain| of q's norm (rmsnorm, "
+          "layernorm)"),
+    Probe("k_norm_gain_max_abs", "max", "larger", "largest |gain| of k's norm (rmsnorm, "
+          "layernorm)"),
+    Probe("qk_scale", "max", "larger", "|g|, the learnable softmax scale (l2norm)"),
+    Probe("max_attention_logit_bound", "max", "larger", "the bound QK-norm puts on |logit|: "
+          "max|g_q| max|g_k| sqrt(head_dim), or |g| for l2norm"),
+    Probe("residual_rms", "mean", None, "RMS of the residual stream after the block"),
+    Probe("residual_kurtosis", "max", "larger", "kurtosis of the residual stream's entries "
+          "(3 for a Gaussian)", tracked=True),
+    Probe("residual_max_abs_over_rms", "max", "larger", "largest |entry| of the residual "
+          "stream over its RMS", tracked=True),
+    Probe("residual_outlier_share", "max", "larger", f"share of residual entries beyond "
+          f"{OUTLIER_SIGMAS:g} standard deviations"),
+    Probe("loss", "mean", "larger", "cross-entropy on the probe batch (whole model)"),
+    Probe("grad_norm", "mean", "larger", "global gradient norm on the probe batch (whole "
+          "model)"),
+    Probe("output_logit_max", "max", "larger", "largest output logit (whole model)",
+          tracked=True),
+    Probe("output_logsumexp_mean", "mean", "larger", "mean log-sum-exp of the output logits "
+          "(whole model; what z-loss penalises)"),
+    Probe("grad_rms", "mean", None, "RMS of a parameter group's gradient"),
+    Probe("param_rms", "mean", None, "RMS of a parameter group"),
+    Probe("update_rms_ratio", "mean", None, "RMS of an update over the RMS of the parameters "
+          "it changes, per group"),
+)}
+
+
+def probe(name: str) -> Probe | None:
+    """The registry's entry of a probe row's name (`grad_rms/attn.qkv` -> grad_rms)."""
+    return PROBES.get(name.split("/", 1)[0])
+
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _GROUP_ALIASES = {"ln1": "ln", "ln2": "ln", "ln_f": "ln", "attn.q_norm": "qk_norm",

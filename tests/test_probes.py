@@ -443,3 +443,34 @@ def test_train_writes_documented_probe_parts(tiny_cfg):
         v for v, step in entropies if step == 30)
     with pytest.raises(UsageError, match="no probe rows"):
         probes.read_probes(run_dir / "metrics")
+
+
+@pytest.mark.parametrize("qk_norm, softcap", [("none", 0.0), ("rmsnorm", 0.0), ("l2norm", 0.0),
+                                               ("none", 5.0)])
+def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
+    """The probe registry (qkstudy/probe_names.py) is the one list the analysis reduces and the
+    docs describe: a probe an engine writes outside it would be reduced by a default."""
+    import mlx.core as mx
+    import torch
+
+    from mlx_gpt.model import GPT as MlxGPT
+    from mlx_gpt.probes import measure as mlx_measure
+    from qkstudy.config import ModelArgs
+    from qkstudy.parameters import initial_weights
+    from qkstudy.probe_names import probe
+    from torch_ref.model import GPT as TorchGPT
+    from torch_ref.probes import measure as torch_measure
+
+    args = ModelArgs(vocab_size=257, depth=2, d_model=32, n_heads=2, block_size=16,
+                     qk_norm=qk_norm, attn_softcap=softcap)
+    w = initial_weights(args, 0)
+    x = np.random.default_rng(0).integers(0, 257, (2, 16))
+    y = np.roll(x, -1, axis=1)
+    mlx = MlxGPT(args)
+    mlx.load_weights([(n, mx.array(v)) for n, v in w.items()])
+    tch = TorchGPT(args)
+    tch.load_state_dict({n: torch.from_numpy(v) for n, v in w.items()})
+    names = {r["name"] for r in mlx_measure(mlx, mx.array(x), mx.array(y), 0)}
+    torch_names = {r["name"] for r in torch_measure(tch, torch.from_numpy(x), torch.from_numpy(y), 0)}
+    assert names == torch_names
+    assert [n for n in names if probe(n) is None] == []

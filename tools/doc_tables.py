@@ -241,7 +241,18 @@ def run_keys_table() -> str:
     return _table(["key", "default", "takes", "in the run id", "the code's comment"], rows)
 
 
+def probes_table() -> str:
+    """The probe registry (qkstudy/probe_names.py): every probe, how the analysis reduces it
+    over layers, which direction is worse, what it measures."""
+    from qkstudy.probe_names import PROBES
+
+    return _table(["probe", "over layers", "worse when", "what", "worst value per run"],
+                  [[f"`{p.name}`", p.over_layers, p.worse or "-", p.words,
+                    "yes" if p.tracked else ""] for p in PROBES.values()])
+
+
 BLOCKS = {"presets": presets_table, "preset-parameters": parameters_table,
+          "probes": probes_table,
           "run-keys": run_keys_table}
 
 
