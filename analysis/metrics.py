@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from qkstudy.arms import OFF, QK_NORM_ARMS
-from qkstudy.probe_names import PROBES, probe
+from qkstudy.probe_names import PROBES, WHOLE_MODEL, probe
 
 
 ARM = "arm"
@@ -323,7 +323,7 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
 
 # --- per-run extras ---------------------------------------------------------------------------
 
-WHOLE_MODEL = -1  # the layer of whole-model rows and of values pooled over all layers
+
 
 
 def layer_reduction(name: str) -> str:

@@ -57,7 +57,12 @@ def verdicts(t: pl.DataFrame) -> str:
 
 
 def rules(necessity: pl.DataFrame) -> str:
-    return "\n".join(f"- {r['rule']}" for r in necessity.sort("depth").iter_rows(named=True))
+    """Per depth the rule made of tested claims (docs/report.md, amendment 1) and, beside it,
+    the fitted crossing as an estimate with its interval."""
+    return "\n".join(
+        f"- {r['tested_rule']}; the fitted crossing (an estimate, not a test): "
+        f"{r['threshold'] or r['note']}" if r.get("tested_rule") else f"- {r['rule']}"
+        for r in necessity.sort("depth").iter_rows(named=True))
 
 
 def evidence(t: pl.DataFrame) -> str:
