@@ -605,7 +605,8 @@ keys (defaults shown):
   threshold_widening=  the threshold interval's widening factor (default: the plan's)
   thresholds=false     true: only the threshold interval, for every candidate widening, under
                the default noise, per-seed onsets (onset_sd, default 0.15 here) and, with runs=,
-               the noise fitted from it; prints amendment 5's choice of widening"""
+               the noise fitted from it; prints amendment 5's choice of widening
+  models=default,onsets,fitted  with thresholds=true: which noise models (fitted needs runs=)"""
 
 
 @dataclass(frozen=True)
@@ -619,6 +620,7 @@ class CalibrateArgs:
     onset_sd: float = 0.0
     threshold_widening: float = Options.threshold_widening
     thresholds: bool = False
+    models: str = "default,onsets,fitted"
 
 
 def cli(argv: list[str]) -> int:
@@ -664,10 +666,18 @@ def _threshold_cli(args: CalibrateArgs, names: tuple[str, ...], fitted: Noise | 
     """Amendment 5's measurement: coverage of every candidate widening under each noise model."""
     t0 = time.perf_counter()
     onset_sd = args.onset_sd or 0.15
-    models = [NOISE, replace(NOISE, onset_sd=onset_sd,
-                             source=f"{NOISE.source}; per-seed onsets N(0, {onset_sd:g} decades)")]
-    if fitted is not None:
+    wanted = {m.strip() for m in args.models.split(",") if m.strip()}
+    if wanted - {"default", "onsets", "fitted"}:
+        raise UsageError(f"models: {sorted(wanted - {'default', 'onsets', 'fitted'})[0]!r} is "
+                         "not one of default, onsets, fitted")
+    models = [NOISE] if "default" in wanted else []
+    if "onsets" in wanted:
+        models.append(replace(NOISE, onset_sd=onset_sd, source=f"{NOISE.source}; per-seed "
+                                                               f"onsets N(0, {onset_sd:g} decades)"))
+    if fitted is not None and "fitted" in wanted:
         models.append(fitted)
+    if not models:
+        raise UsageError("models: none to run (fitted needs runs=)")
     tables = [threshold_coverage(args.studies, args.seeds, m, names) for m in models]
     for table in tables:
         print(f"noise: {table['noise'][0]}")
