@@ -24,3 +24,30 @@ def test_the_ladder_table_is_rebuilt_from_its_archives():
 
     rebuilt = summary_text(analyse_ladder([ROOT / "results" / "ladder"]))
     assert rebuilt.strip() == block("ladder")
+
+
+STUDIES = {"mini": "## The mini (synthetic corpus, seeds 0-4)",
+           "mini-seeds5-9": "## Replication: the mini with five new seeds (5-9)",
+           "mini-tinystories": "## The mini on real text: a TinyStories sample (5 fixed seeds)"}
+
+
+def section(title: str) -> str:
+    start = RESULTS.index(title)
+    end = RESULTS.find("\n## ", start + 1)
+    return RESULTS[start:end if end > 0 else None]
+
+
+@pytest.mark.parametrize("name", [n for n in STUDIES if (ROOT / "results" / f"{n}.tar.xz").exists()])
+def test_a_studys_verdicts_rules_and_gaps_are_rebuilt_from_its_archive(name, tmp_path):
+    """`just report results/<study>.tar.xz` computes these same tables (analysis.study)."""
+    from analysis.load import load_runs
+    from analysis.study import analyse
+    from qkstudy.archive import extract
+    from tools import results_tables as rt
+
+    folder, _, _ = extract(ROOT / "results" / f"{name}.tar.xz", tmp_path)
+    study = analyse(load_runs(folder))
+    text = section(STUDIES[name])
+    assert rt.verdicts(study.verdicts) in text
+    assert rt.rules(study.thresholds) in text
+    assert rt.gaps(study.gaps.filter(study.gaps["on_kind"] == "rmsnorm")) in text
