@@ -174,6 +174,9 @@ SCENARIOS = {
     # the gap steps from 0 to its full size within a tenth of a grid step, at one LR between
     # grid points for every depth: the bisection's brackets decide where each depth reads it
     "sharp onset": Scenario({2: 0.015, 4: 0.015, 8: 0.015}, ramp=0.005),
+    # H2's max stable LR at true ratios inside, at and beyond its x2 margin (amendment 3)
+    "boundary x1.5": Scenario({2: 0.012, 4: 0.012, 8: 0.012}, boundary_ratio=1.5),
+    "boundary x2": Scenario({2: 0.012, 4: 0.012, 8: 0.012}, boundary_ratio=2.0),
 }
 
 
@@ -411,12 +414,13 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
                                      math.log(options.lr_ratio_margin)),
                                     (SENSITIVITY, truth.sensitivity_drop, m)):
         d = decision.get(measure)
-        out[f"H2 {measure} false supported"] = float(d == "for" and effect <= 0)
+        # each claim against the margin (amendment 3): "for" is an effect beyond +margin
+        out[f"H2 {measure} false supported"] = float(d == "for" and effect <= margin)
         out[f"H2 {measure} false not supported"] = float(
-            (d == "against" and effect >= 0) or (d == "equivalent" and abs(effect) >= margin))
+            (d == "against" and effect >= -margin) or (d == "equivalent" and abs(effect) >= margin))
         out[f"H2 {measure} false no difference"] = float(d == "equivalent"
                                                          and abs(effect) >= margin)
-        out[f"H2 {measure} power"] = float(effect > 0 and d == "for")
+        out[f"H2 {measure} power"] = float(effect > margin and d == "for")
     # H3: the slope's claims against the planted one
     row = h3.row(0, named=True) if h3.height else None
     d3 = row["decision"] if row else None
@@ -560,9 +564,9 @@ def _true(scenario: str, what: str, truth: Truth) -> bool:
     if what == "H1":
         return truth.h1
     if what == f"H2 {MAX_STABLE}":
-        return truth.stable_effect > 0
+        return truth.stable_effect > math.log(Options.lr_ratio_margin)
     if what == f"H2 {SENSITIVITY}":
-        return truth.sensitivity_drop > 0
+        return truth.sensitivity_drop > Options.min_gap
     return not math.isnan(truth.slope) and truth.slope < 0
 
 

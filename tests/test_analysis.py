@@ -552,7 +552,8 @@ def test_calibration_runs_the_whole_procedure_on_a_tiny_scenario_count():
 
     table = calibrate(studies=2, seeds=5)
     assert set(table["scenario"]) == {"null", "same onset", "one decade per doubling",
-                                      "half a decade per doubling", "sharp onset"}
+                                      "half a decade per doubling", "sharp onset",
+                                      "boundary x1.5", "boundary x2"}
     assert {"false supported", "false not supported", "false no difference"} <= set(
         table["claim"])
     false = table.filter(pl.col("claim").str.starts_with("false"))
