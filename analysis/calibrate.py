@@ -43,11 +43,11 @@ from qkstudy.sweep.adaptive import next_threshold_lr
 from qkstudy.sweep.refine import next_midpoint
 
 from . import stats as S
-from .hypotheses import MAX_STABLE, NO_DIFFERENCE, OFF_WORSE, ON_WORSE, SENSITIVITY
+from .hypotheses import (MAX_STABLE, NO_DIFFERENCE, OFF_WORSE, ON_WORSE, SENSITIVITY, TOO_FEW,
+                         h1_tests, h3_tests)
 from .metrics import Options
-from .hypotheses import h1_tests
 from .threshold import threshold_draws, threshold_interval
-from .verdicts import study_verdicts
+from .verdicts import FOR, h1_direction, study_verdicts
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 DEPTHS = (2, 4, 8)
@@ -71,6 +71,15 @@ class Noise:
     # decades: each seed's onset shifted by N(0, onset_sd) (0: one onset for every seed); real
     # cells near the onset are two-humped: some seeds past their onset, some not
     onset_sd: float = 0.0
+    # the off arm's first degraded LR (unigram-level loss while stable), in decades above the
+    # depth's threshold, one value per real (depth, seed); a simulated seed draws one of them
+    # (empty: the off arm degrades only from collapse_lr)
+    off_degrade: tuple[float, ...] = ()
+    # log10 of the on arm's first degraded LR per real (depth, seed), +inf where it never
+    # degraded before it diverged; drawn the same way (and by both arms where there is no effect)
+    on_degrade: tuple[float, ...] = ()
+    # of one seed's two divergence boundaries (a seed's data order moves both)
+    boundary_correlation: float = 0.0
 
 
 # Fitted from the earlier mini (docs/results.md's history, synthetic corpus, init=mlx): the SD of each
@@ -99,10 +108,22 @@ def _published_noise() -> Noise:
         sd[depth] = tuple(values) + (math.nan, math.nan)
     return Noise(gap_sd=sd, correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
                  source="the earlier mini's gap intervals (docs/results.md's history); correlation "
-                        "across LRs assumed 0.5")
+                        "across LRs assumed 0.5; failures short of divergence from the mini",
+                 off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE,
+                 boundary_correlation=0.65)
 
 
+# How the republished mini's runs (results/mini.tar.xz, 330 runs) fail short of divergence,
+# by `fit_failures`, per (depth 2, 4, 8) x seeds 0-4: the off arm's first degraded LR in decades
+# above the depth's threshold (every off seed degrades, 0.3 to 1.7 decades past it), and the on
+# arm's (log10; inf: never before it diverged). Its arms' first diverged LRs correlate 0.65.
+MINI_OFF_DEGRADE = (0.815, 0.815, 0.815, 1.292, 0.292, 0.66, 1.66, 1.183, 0.66, 0.66, 1.022,
+                    1.022, 1.022, 0.5, 1.022)
+MINI_ON_DEGRADE = (0.0, math.inf, 0.0, math.inf, 0.0, math.inf, math.inf, math.inf, math.inf,
+                   math.inf, -0.261, math.inf, -0.261, math.inf, math.inf)
 NOISE = _published_noise()
+
+
 
 
 def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
@@ -111,7 +132,7 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
     freedom, so a 3-seed cell does not set a near-zero SD), the mean correlation of seeds'
     gap deviations at adjacent informative grid LRs, the divergence boundary over every
     (depth, arm, seed) and the smallest grid LR where every on-arm run failed to learn."""
-    from .hypotheses import h1_tests
+    from .hypotheses import h1_tests, h3_tests
     from .metrics import max_stable_lr_per_seed, paired_gaps
 
     options = options or Options()
@@ -147,10 +168,42 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
     first = np.log10(stable["first_divergent_lr"].to_numpy())
     on_failed = (cells.filter(~pl.col("informative"))["lr"].to_list())
     collapse = min([lr for lr in LRS if lr in on_failed] or [max(LRS)])
+    off_degrade, on_degrade, rho = fit_failures(points, cells, options)
     return Noise(gap_sd=sd, correlation=float(np.clip(np.mean(r), 0, 0.95)) if r else 0.5,
                  boundary=(float(first.mean()), float(first.std(ddof=1)) if first.size > 1
                            else 0.13), collapse_lr=collapse,
-                 source=f"fitted from {points.height} runs")
+                 source=f"fitted from {points.height} runs", off_degrade=off_degrade,
+                 on_degrade=on_degrade, boundary_correlation=rho)
+
+
+def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
+                 ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """How a real sweep's runs fail short of divergence, per (depth, seed): the off arm's first
+    degraded LR in decades above its depth's threshold estimate, the on arm's (log10, +inf
+    where it never degraded), and the correlation of the two arms' first diverged LRs (log10;
+    0.5, assumed, where one arm's boundary does not vary)."""
+    from .metrics import with_losses
+
+    runs = with_losses(points, options.degraded_margin)
+    points_at = {d: v.point for (_, d), v in threshold_draws(points, cells, options).items()}
+    first = (runs.group_by("depth", "arm", "seed")
+             .agg(degraded=pl.col("lr").filter(pl.col("degraded")).min(),
+                  diverged=pl.col("lr").filter(pl.col("diverged")).min()))
+    off, on = [], []
+    for depth, arm, _, degraded, _ in first.sort("depth", "arm", "seed").iter_rows():
+        if arm == "none":
+            if degraded is not None and math.isfinite(points_at.get(depth, math.inf)):
+                off.append(round(math.log10(degraded) - points_at[depth], 3))
+        else:
+            on.append(math.inf if degraded is None else round(math.log10(degraded), 3))
+    wide = (first.filter(pl.col("diverged").is_not_null())
+            .pivot(on="arm", index=["depth", "seed"], values="diverged").drop_nulls())
+    rho = 0.5
+    if {"none", "rmsnorm"} <= set(wide.columns) and wide.height >= 3:
+        a, b = (np.log10(wide[c].to_numpy()) for c in ("none", "rmsnorm"))
+        if a.std() > 0 and b.std() > 0:
+            rho = float(np.clip(np.corrcoef(a, b)[0, 1], 0, 0.95))
+    return tuple(off), tuple(on), rho
 
 
 @dataclass(frozen=True)
@@ -218,6 +271,8 @@ class World:
     on_noise: dict[int, np.ndarray]  # depth -> (seeds, lattice): the collapsed runs' scatter
     boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
     onset_shift: dict[int, np.ndarray] = field(default_factory=dict)  # depth -> (seeds,)
+    # (depth, arm) -> (seeds,) log10 of the first degraded LR (inf: only from collapse_lr)
+    degrade: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
     lrs: tuple[float, ...] = LRS  # its grid
     lattice: np.ndarray = field(default_factory=lambda: LATTICE)
@@ -233,7 +288,8 @@ class World:
         if math.log10(lr) >= self.boundary[(depth, arm)][seed]:
             return "diverged", None
         i = int(np.argmin(np.abs(self.lattice - math.log10(lr))))
-        if lr >= self.noise.collapse_lr:
+        degraded = self.degrade and math.log10(lr) >= self.degrade[(depth, arm)][seed]
+        if lr >= self.noise.collapse_lr or degraded:
             return "completed", UNIGRAM - 0.05 + 0.02 * self.on_noise[depth][seed, i]
         # each arm carries half the gap's variance, so the null is symmetric in the arms
         loss = base_loss(lr) + self.on_offset[depth][seed] + \
@@ -257,7 +313,7 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
             rng.standard_normal((seeds, len(lattice))) @ chol.T
 
     mean, spread = noise.boundary
-    return World(
+    world = World(
         scenario=scenario, noise=noise, margin=margin, seeds=seeds,
         gap_noise={(dp, arm): process() for dp in depths for arm in ("none", "rmsnorm")},
         on_offset={dp: np.zeros(seeds) if noiseless else rng.normal(0, noise.on_sd, seeds)
@@ -267,10 +323,48 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                                      else 0.0)
                   + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
                   for dp in depths for arm in ("none", "rmsnorm")},
-        # drawn last and only when asked for, so the other draws are those of a world without it
+        # drawn after the others and only when asked for, so the other draws are those of a
+        # world without it
         onset_shift={dp: rng.normal(0, noise.onset_sd, seeds) for dp in depths}
         if noise.onset_sd > 0 and not noiseless else {},
         depths=depths, lrs=lrs, lattice=lattice)
+    rho = noise.boundary_correlation
+    if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
+        for dp in depths:
+            shared = rng.normal(0, spread, seeds)
+            for arm in ("none", "rmsnorm"):
+                own = world.boundary[(dp, arm)] - mean - (
+                    math.log10(scenario.boundary_ratio) if arm != "none" else 0.0)
+                world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
+    if noise.off_degrade or noise.on_degrade:
+        world.degrade = failure_draws(scenario, noise, seeds, margin, rng, noiseless, depths,
+                                      world.onset_shift)
+    return world
+
+
+def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
+                  rng: np.random.Generator, noiseless: bool, depths: tuple[int, ...],
+                  onset_shift: dict[int, np.ndarray]) -> dict[tuple[int, str], np.ndarray]:
+    """Each simulated (depth, arm, seed)'s first degraded LR (log10), drawn from a real sweep's
+    (`Noise.off_degrade`, `on_degrade`; their medians in the noiseless study): the off arm's
+    above its seed's own onset where there is an effect, the on arm's wherever it is, and both
+    arms' from the on arm's where there is none."""
+    def pick(values: tuple[float, ...]) -> np.ndarray:
+        if not values:
+            return np.full(seeds, math.inf)
+        v = np.asarray(values, float)
+        return np.full(seeds, float(np.median(v))) if noiseless else rng.choice(v, seeds)
+
+    out = {}
+    for dp in depths:
+        out[(dp, "rmsnorm")] = pick(noise.on_degrade)
+        if scenario.onset is None or not noise.off_degrade:
+            out[(dp, "none")] = pick(noise.on_degrade)
+        else:
+            shift = onset_shift.get(dp, np.zeros(seeds))
+            out[(dp, "none")] = (mean_crossing(scenario, dp, margin, 0.0) + shift
+                                 + pick(noise.off_degrade))
+    return out
 
 
 def sweep(world: World) -> pl.DataFrame:
@@ -338,7 +432,8 @@ class Truth:
 def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> Truth:
     world = make_world(scenario, noise, seeds, options.min_gap, np.random.default_rng(0),
                        noiseless=True)
-    _, _, _, th, h2, h3 = study_verdicts(sweep(world), replace(options, bootstrap=10))
+    r = study_verdicts(sweep(world), replace(options, bootstrap=10))
+    th, h2 = r.thresholds, r.h2
     sens = h2.filter((pl.col("measure") == SENSITIVITY) & pl.col("depth").is_null())["effect"]
     logs = {}
     for r in th.iter_rows(named=True):
@@ -381,10 +476,15 @@ def supported(verdict: str) -> bool:
     return verdict.startswith(("supported", "partly supported"))
 
 
-def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
+def judge(world: World, truth: Truth, options: Options, slope_widenings: tuple[float, ...] = (),
+          threshold_widenings: tuple[float, ...] = ()) -> dict[str, float]:
     """Run the procedure on one simulated study and score every claim against the truth:
-    1 where a claim of that kind was made and false (or, for power and coverage, held)."""
-    v, gaps, _, th, h2, h3 = study_verdicts(sweep(world), options)
+    1 where a claim of that kind was made and false (or, for power and coverage, held).
+    slope_widenings, threshold_widenings: candidate widenings of H3's slope draws and of the
+    threshold's interval, scored on the same study beside the plan's."""
+    runs = sweep(world)
+    study = study_verdicts(runs, options)
+    v, gaps, th, h2, h3 = study.verdicts, study.gaps, study.thresholds, study.h2, study.h3
     verdict = dict(zip(v["hypothesis"], v["verdict"]))
     m = options.min_gap
     out: dict[str, float] = {}
@@ -392,6 +492,11 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
     out["H1 false supported"] = float(not truth.h1 and supported(verdict["H1"]))
     out["H1 false not supported"] = float(truth.h1 and verdict["H1"] == "not supported")
     out["H1 power"] = float(truth.h1 and supported(verdict["H1"]))
+    if truth.h1:  # each depth's part: every seed can favour QK-norm and a depth stay undecided
+        for depth in world.depths:
+            cells = gaps.filter((pl.col("depth") == depth) & pl.col("informative")
+                                & (pl.col("decision") != TOO_FEW))
+            out[f"H1 depth {depth} power"] = float(h1_direction(cells) == FOR)
     # cells: the share of studies with any false cell claim (under the complete null what
     # Benjamini-Hochberg bounds), and beside it the share of false claims among the cell claims
     # made, pooled over studies (what it bounds otherwise; no bound is asked of it: in the null
@@ -432,6 +537,14 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
     out["H3 false no difference"] = float(d3 == "equal" and not (abs(s) < sm))
     out["H3 false rises"] = float(d3 == "rises" and not (s > 0))
     out["H3 power"] = float(falls and supported(verdict["H3"]))
+    for k in slope_widenings:
+        rows = h3_tests(runs, gaps, replace(options, slope_widening=k), study.draws)
+        d = rows["decision"][0] if rows.height else None
+        name = f"H3 slope draws x{k:g}"
+        out[f"{name} false supported"] = float(d == "falls" and not falls)
+        out[f"{name} false rises"] = float(d == "rises" and not (s > 0))
+        out[f"{name} false no difference"] = float(d == "equal" and not (abs(s) < sm))
+        out[f"{name} power"] = float(falls and d == "falls")
     # coverage: the threshold's interval (where the true threshold lies inside the grid) and
     # the slope's interval (where the slope is defined)
     hits = total = 0
@@ -447,6 +560,16 @@ def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
         if r["threshold_lr"]:
             errors.append(math.log10(r["threshold_lr"]) - t)
     out["threshold coverage"] = hits / total if total else math.nan
+    for k in threshold_widenings:
+        inside = inner = 0
+        for (_, depth), d in study.draws.items():
+            t = truth.thresholds.get(depth)
+            if t is None or not math.isfinite(t) or not (-3 <= t <= math.log10(0.3)):
+                continue
+            lo, hi = threshold_interval(d, k)
+            inside += lo <= t <= hi
+            inner += 1
+        out[f"threshold x{k:g} coverage"] = inside / inner if inner else math.nan
     out["threshold bias"] = float(np.mean(errors)) if errors else math.nan
     if row and not math.isnan(s) and not math.isnan(row["slope"]):
         out["slope coverage"] = float(row["ci_lo"] <= s <= row["ci_hi"])
@@ -461,10 +584,12 @@ FALSE_KINDS = ("false supported", "false not supported", "false no difference", 
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
-              base_seed: int = 0) -> pl.DataFrame:
+              base_seed: int = 0, candidates: bool = False) -> pl.DataFrame:
     """Per scenario and claim: how many of `studies` simulated studies made it, the rate and
     the upper end of its 95% Clopper-Pearson interval (false claims), or the rate (power) or
-    mean (coverage)."""
+    mean (coverage). candidates: also score every candidate widening of H3's slope draws
+    (SLOPE_WIDENINGS) and of the threshold interval (WIDENINGS) on the same studies."""
+    extra = (SLOPE_WIDENINGS, WIDENINGS) if candidates else ((), ())
     options = options or Options()
     rows = []
     for name in scenarios:
@@ -472,7 +597,8 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
         truth = truth_of(scenario, noise, seeds, options)
         rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
         scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
-                        replace(options, draw_key=f"#{name}/{i}")) for i in range(studies)]
+                        replace(options, draw_key=f"#{name}/{i}"), *extra)
+                  for i in range(studies)]
         for key in scores[0]:
             what, claim = _split(key)
             if isinstance(scores[0][key], tuple):  # (false claims, claims) pooled over studies
@@ -553,6 +679,20 @@ def chosen_widening(tables: list[pl.DataFrame]) -> float | None:
     return None
 
 
+SLOPE_WIDENINGS = (1.75, 2.0, 2.5, 3.0)  # candidates beside the plan's t(0.975, n - 1) / z
+
+
+def chosen_slope_widening(table: pl.DataFrame) -> float | None:
+    """The smallest candidate widening of H3's slope draws whose every false-claim rate has an
+    upper 95% bound below 5% in every scenario of `table` (None when none has)."""
+    for k in SLOPE_WIDENINGS:
+        rows = table.filter((pl.col("hypothesis") == f"H3 slope draws x{k:g}")
+                            & pl.col("claim").str.starts_with("false"))
+        if rows.height and (rows["upper_95"] < 0.05).all():
+            return k
+    return None
+
+
 def _split(key: str) -> tuple[str, str]:
     for kind in (*FALSE_KINDS, "power", "coverage", "bias"):
         if key.endswith(kind):
@@ -561,7 +701,7 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def _true(scenario: str, what: str, truth: Truth) -> bool:
-    if what == "H1":
+    if what.startswith("H1"):
         return truth.h1
     if what == f"H2 {MAX_STABLE}":
         return truth.stable_effect > math.log(Options.lr_ratio_margin)
@@ -610,7 +750,9 @@ keys (defaults shown):
   thresholds=false     true: only the threshold interval, for every candidate widening, under
                the default noise, per-seed onsets (onset_sd, default 0.15 here) and, with runs=,
                the noise fitted from it; prints amendment 5's choice of widening
-  models=default,onsets,fitted  with thresholds=true: which noise models (fitted needs runs=)"""
+  models=default,onsets,fitted  with thresholds=true: which noise models (fitted needs runs=)
+  candidates=false     true: also score candidate widenings of H3's slope draws and of the
+               threshold interval on the same studies, and print the smallest that passes"""
 
 
 @dataclass(frozen=True)
@@ -625,6 +767,7 @@ class CalibrateArgs:
     threshold_widening: float = Options.threshold_widening
     thresholds: bool = False
     models: str = "default,onsets,fitted"
+    candidates: bool = False
 
 
 def cli(argv: list[str]) -> int:
@@ -654,10 +797,23 @@ def cli(argv: list[str]) -> int:
                         source=f"{noise.source}; per-seed onsets N(0, {args.onset_sd:g} decades)")
     t0 = time.perf_counter()
     table = calibrate(args.studies, args.seeds, noise, names,
-                      Options(threshold_widening=args.threshold_widening))
+                      Options(threshold_widening=args.threshold_widening),
+                      candidates=args.candidates)
     print(f"noise: {noise.source} (correlation across LRs {noise.correlation:.2f})")
-    print(markdown(table))
-    false = table.filter(pl.col("claim").str.starts_with("false")
+    candidate = pl.col("hypothesis").str.contains(" x")
+    print(markdown(table.filter(~candidate)))
+    if args.candidates:
+        print("\ncandidate widenings, scored on the same studies:")
+        print(markdown(table.filter(candidate)))
+        k = chosen_slope_widening(table)
+        cover = table.filter(pl.col("hypothesis").str.starts_with("threshold x"))
+        ok = [float(h.removeprefix("threshold x")) for h, g in
+              cover.group_by("hypothesis") for h in [h[0]] if (g["rate"] >= COVERAGE_TARGET).all()]
+        print(f"H3: smallest slope widening with every false-claim bound < 5%: "
+              f"{'x' + format(k, 'g') if k else 'none of ' + str(SLOPE_WIDENINGS)}; threshold: "
+              f"smallest widening covering >= {COVERAGE_TARGET:.0%} in every scenario: "
+              f"{'x' + format(min(ok), 'g') if ok else 'none'}")
+    false = table.filter(pl.col("claim").str.starts_with("false") & ~candidate
                          & pl.col("upper_95").is_not_nan())
     worst = false.sort("upper_95").row(-1, named=True)
     print(f"\nlargest false-claim rate: {false['rate'].max():.1%}; largest upper 95% bound "

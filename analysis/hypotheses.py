@@ -362,10 +362,10 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
         point = float(slope(depths, np.array([[draws[(on, d)].point for d in depths]]))[0])
         boot = slope(depths, np.stack([draws[(on, d)].draws for d in depths], axis=1))
         # the whole-seed bootstrap of a few seeds is too narrow (the calibration: 77-87%
-        # coverage at 5 seeds); widen the draws about the estimate by t(n - 1) / z, as a
-        # t-interval would be against a normal one
-        boot = point + small_sample_widening(min(draws[(on, d)].seeds for d in depths)) * (
-            boot - point)
+        # coverage at 5 seeds): its draws are widened about the estimate
+        k = options.slope_widening or small_sample_widening(
+            min(draws[(on, d)].seeds for d in depths))
+        boot = point + k * (boot - point)
         undefined = np.isnan(boot)
         finite = boot[~undefined]
         lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)

@@ -100,11 +100,26 @@ def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
     ("fdr_bh") or Holm ("holm"), statsmodels' multipletests."""
     tested = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
     out: list[float | None] = [None] * len(pvalues)
-    if tested:
+    if tested and method == "holm":
+        adjusted = holm([pvalues[i] for i in tested])
+    elif tested:
         _, adjusted, _, _ = multipletests([pvalues[i] for i in tested], alpha=alpha,
                                           method=method)
+    if tested:
         for i, q in zip(tested, adjusted):
             out[i] = float(q)
+    return out
+
+
+def holm(pvalues: list[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values, as statsmodels' multipletests(method="holm") gives
+    them (tests/test_stats.py holds the two equal), without the gc.collect() it runs on every
+    call, which costs the calibration's thousands of small families a third of their time."""
+    p = np.asarray(pvalues, float)
+    order = np.argsort(p, kind="stable")
+    stepped = np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1))
+    out = np.empty_like(p)
+    out[order] = np.minimum(stepped, 1.0)
     return out
 
 

@@ -133,7 +133,7 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
         exploratory_gaps = H.h1_tests(points, study)[0]
         points = points.filter(~pl.col("added_seed").fill_null(False))
     arms = M.arm_table(points)
-    verdicts, gaps, best_gaps, thresholds, h2_tests, h3_tests = V.study_verdicts(points, study)
+    verdicts, gaps, best_gaps, thresholds, h2_tests, h3_tests, _ = V.study_verdicts(points, study)
     if options.loss_threshold is not None:
         loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
             .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))

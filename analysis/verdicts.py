@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import polars as pl
 
@@ -35,7 +36,7 @@ from .hypotheses import (
     mark_needed,
 )
 from .metrics import Options, control_words, on_kinds
-from .threshold import necessity_threshold, threshold_draws
+from .threshold import DepthDraws, necessity_threshold, threshold_draws
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, MIXED, NO_DATA = (
     "supported", "not supported", "inconclusive", "mixed", "not enough data")
@@ -105,14 +106,23 @@ VERDICT_SCHEMA = {"hypothesis": pl.String, "on_kind": pl.String, "claim": pl.Str
 def verdicts(points: pl.DataFrame, options: Options | None = None) -> pl.DataFrame:
     """H1-H3 per on_kind (every arm but the off arm, each against the off arm by the same
     rules), with the family size, the seeds and the per-depth numbers behind each verdict."""
-    return study_verdicts(points, options or Options())[0]
+    return study_verdicts(points, options or Options()).verdicts
 
 
-def study_verdicts(points: pl.DataFrame, options: Options
-                   ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame, pl.DataFrame,
-                              pl.DataFrame, pl.DataFrame]:
-    """(verdicts, H1 gap cells, H1 best-loss gaps, necessity thresholds, H2 tests, H3 tests):
-    the verdict table and every table of tests and estimates behind it."""
+class StudyVerdicts(NamedTuple):
+    """The verdict table and every table of tests and estimates behind it."""
+
+    verdicts: pl.DataFrame
+    gaps: pl.DataFrame  # H1's cells
+    best: pl.DataFrame  # H1's best-loss gaps
+    thresholds: pl.DataFrame
+    h2: pl.DataFrame
+    h3: pl.DataFrame
+    draws: dict[tuple[str, int], DepthDraws]  # the thresholds' whole-seed draws, per (arm, depth)
+
+
+def study_verdicts(points: pl.DataFrame, options: Options) -> StudyVerdicts:
+    """H1-H3 and the tables behind them, from one study's runs."""
     gaps, best = h1_tests(points, options)
     draws = threshold_draws(points, gaps, options)
     thresholds = necessity_threshold(points, options, gaps, draws)
@@ -122,7 +132,8 @@ def study_verdicts(points: pl.DataFrame, options: Options
     rows = []
     for on in on_kinds(points):
         rows += [_h1(on, gaps, best, thresholds), _h2(on, h2), _h3(on, h3, thresholds)]
-    return pl.DataFrame(rows, schema=VERDICT_SCHEMA), gaps, best, thresholds, h2, h3
+    return StudyVerdicts(pl.DataFrame(rows, schema=VERDICT_SCHEMA), gaps, best, thresholds, h2,
+                         h3, draws)
 
 
 def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str, family: int,
@@ -140,11 +151,27 @@ def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str, fam
 
 # --- H1 -----------------------------------------------------------------------------------------
 
+def h1_direction(informative: pl.DataFrame) -> str:
+    """One depth's H1 direction from its informative, tested cells (`decision`, `lr`): FOR when
+    off is worse at some LR and a lower LR shows no difference; AGAINST when the on arm is
+    worse anywhere, when off is worse at every informative LR (not LR-conditional), or when
+    every informative LR shows no difference; else UNCLEAR."""
+    lrs = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
+           for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE)}
+    worse, calm, harm = lrs[OFF_WORSE], lrs[NO_DIFFERENCE], lrs[ON_WORSE]
+    if harm:
+        return AGAINST
+    if worse and any(lr < min(worse) for lr in calm):
+        return FOR
+    if worse and len(worse) == informative.height:
+        return AGAINST
+    if not worse and informative.height and len(calm) == informative.height:
+        return AGAINST
+    return UNCLEAR
+
+
 def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
-    """Per depth: FOR when off is worse at some LR and a lower LR shows no difference (TOST);
-    AGAINST when the on arm is worse anywhere, when off is worse at every informative LR (the
-    effect is not LR-conditional), or when every informative LR shows no difference; else
-    UNCLEAR."""
+    """H1 for one compared arm: one part per depth, its direction from `h1_direction`."""
     mine = gaps.filter(pl.col("on_kind") == on)
     parts = []
     for d in sorted(mine["depth"].unique().to_list()):
@@ -163,16 +190,7 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
         by = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
               for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE, UNDETERMINED)}
         worse, calm, harm = by[OFF_WORSE], by[NO_DIFFERENCE], by[ON_WORSE]
-        if harm:
-            direction = AGAINST
-        elif worse and any(lr < min(worse) for lr in calm):
-            direction = FOR
-        elif worse and len(worse) == informative.height:
-            direction = AGAINST  # needed at every informative LR: not LR-conditional
-        elif not worse and informative.height and len(calm) == informative.height:
-            direction = AGAINST  # no effect anywhere
-        else:
-            direction = UNCLEAR
+        direction = h1_direction(informative)
         t = thresholds.filter((pl.col("on_kind") == on) & (pl.col("depth") == d))
         b = best.filter((pl.col("on_kind") == on) & (pl.col("depth") == d))
         strongest = informative.filter(pl.col("decision") == OFF_WORSE).sort("mean_gap").tail(1)

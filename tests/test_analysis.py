@@ -187,8 +187,7 @@ def verdict_of(table: pl.DataFrame, hypothesis: str, options: M.Options | None =
 
 def study_tables(table: pl.DataFrame, options: M.Options | None = None) -> dict:
     """The study's tables by name: verdicts, gaps, best, thresholds, h2, h3."""
-    names = ("verdicts", "gaps", "best", "thresholds", "h2", "h3")
-    return dict(zip(names, V.study_verdicts(table, options or M.Options())))
+    return V.study_verdicts(table, options or M.Options())._asdict()
 
 
 def gap_table(table: pl.DataFrame) -> pl.DataFrame:
@@ -213,6 +212,14 @@ def test_statistics_known_values():
     # Benjamini-Hochberg: q_(i) = min over j >= i of p_(j) m / j
     assert S.adjust([0.01, 0.04, 0.03, None], 0.05) == [pytest.approx(0.03), pytest.approx(0.04),
                                                          pytest.approx(0.04), None]
+    # Holm, written out (statsmodels' runs gc.collect() each call): the same adjusted p-values
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(3)
+    for p in ([0.01, 0.04, 0.03], [0.2, 0.001, 0.02, 0.02, 0.9], rng.uniform(0, 0.2, 7)):
+        assert S.holm(list(p)) == pytest.approx(multipletests(p, method="holm")[1])
+    assert S.adjust([0.01, None, 0.04], 0.05, "holm") == [pytest.approx(0.02), None,
+                                                          pytest.approx(0.04)]
     # Clopper-Pearson: 2 of 200 bounds the rate only below 3.6%; 0 of 100 below 3.7%
     assert S.clopper_pearson_upper(2, 200) == pytest.approx(0.0357, abs=1e-4)
     assert S.clopper_pearson_upper(0, 100) == pytest.approx(0.0362, abs=1e-4)
@@ -574,6 +581,49 @@ def test_an_equal_onset_is_a_slope_of_exactly_zero_so_a_false_rise_is_counted():
     table = K.calibrate(studies=1, seeds=5, scenarios=("same onset",))
     assert table.filter((pl.col("hypothesis") == "H3")
                         & (pl.col("claim") == "false rises")).height == 1
+
+
+def test_the_calibration_noise_degrades_the_off_arm_past_its_onset_and_couples_boundaries():
+    """Real off runs collapse to unigram-level loss from 0.3-1.7 decades past the onset, and one
+    seed's two divergence boundaries move together (docs/report.md, amendment 6)."""
+    from dataclasses import replace as change
+
+    from analysis import calibrate as K
+
+    noise = change(K.NOISE, off_degrade=(0.5,), on_degrade=(math.inf,), boundary_correlation=0.9)
+    world = K.make_world(K.SCENARIOS["same onset"], noise, 400, 0.1, np.random.default_rng(0))
+    onset = math.log10(0.012)
+    assert world.degrade[(4, "none")] == pytest.approx(np.full(400, onset + 0.5))
+    assert np.isinf(world.degrade[(4, "rmsnorm")]).all()
+    status, loss = world.run(4, "none", 10 ** (onset + 0.6), 0)
+    assert status == "completed" and loss > K.UNIGRAM - M.Options.degraded_margin
+    assert world.run(4, "rmsnorm", 10 ** (onset + 0.6), 0)[1] < 2.5
+    r = np.corrcoef(world.boundary[(4, "none")], world.boundary[(4, "rmsnorm")])[0, 1]
+    assert 0.85 < r < 0.95
+    assert np.std(world.boundary[(4, "none")]) == pytest.approx(K.NOISE.boundary[1], rel=0.1)
+    # without an effect both arms degrade alike, from the on arm's draws
+    null = K.make_world(K.SCENARIOS["null"], noise, 5, 0.1, np.random.default_rng(0))
+    assert np.isinf(null.degrade[(2, "none")]).all()
+    # fitted back from the simulated sweep: every off seed degrades 0.3-1.2 decades past the
+    # threshold estimate (the grid's half-decade steps round the planted 0.5)
+    points = K.sweep(K.make_world(K.SCENARIOS["same onset"], noise, 5, 0.1,
+                                  np.random.default_rng(1)))
+    fitted = K.fit_failures(points, H.h1_tests(points, M.Options())[0], M.Options())
+    assert len(fitted[0]) == 15 and all(0.2 < x < 1.3 for x in fitted[0])
+
+
+def test_the_calibration_scores_h1_per_depth_and_candidate_widenings():
+    from analysis import calibrate as K
+
+    table = K.calibrate(studies=2, seeds=5, scenarios=("same onset",), candidates=True)
+    hyps = set(table["hypothesis"])
+    assert {"H1 depth 2", "H1 depth 4", "H1 depth 8"} <= hyps
+    assert {f"H3 slope draws x{k:g}" for k in K.SLOPE_WIDENINGS} <= hyps
+    assert {f"threshold x{k:g}" for k in K.WIDENINGS} <= hyps
+    # the plan's own threshold interval is the candidate of its widening, on the same studies
+    plan = table.filter((pl.col("hypothesis") == "threshold") & (pl.col("claim") == "coverage"))
+    same = table.filter(pl.col("hypothesis") == f"threshold x{M.Options.threshold_widening:g}")
+    assert plan["rate"][0] == pytest.approx(same["rate"][0])
 
 
 def test_default_loss_threshold_is_reached_by_both_arms_mid_training():
