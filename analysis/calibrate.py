@@ -132,7 +132,6 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
     freedom, so a 3-seed cell does not set a near-zero SD), the mean correlation of seeds'
     gap deviations at adjacent informative grid LRs, the divergence boundary over every
     (depth, arm, seed) and the smallest grid LR where every on-arm run failed to learn."""
-    from .hypotheses import h1_tests, h3_tests
     from .metrics import max_stable_lr_per_seed, paired_gaps
 
     options = options or Options()

@@ -11,9 +11,7 @@ its own run folder beside the MLX one, the torch twin of the run:
                        grad norm and each probe, over the steps both have, and the judgement
 
 A finished spot check is not re-run (its comparison is refreshed); an interrupted one resumes
-from its checkpoint like any run. MLX runs made before the numpy initialisation (init=mlx in
-their config.json) started from MLX's own generator and cannot be re-run without MLX's weights:
-re-run them with the current version (the sweep does, since their run ids differ).
+from its checkpoint like any run.
 """
 
 from __future__ import annotations
@@ -55,9 +53,6 @@ def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = Non
         raise UsageError(f"{RunFolder(run_dir).config_file} rebuilds run_id {cfg.run_id}, not the run's "
                          f"{reference_id}: the file is damaged or from another version, so the "
                          "run cannot be re-run faithfully")
-    if cfg.init == "mlx":
-        raise UsageError(f"{run_dir} started from MLX's own generator (init=mlx, made before the "
-                         "numpy initialisation); spot-check a run made with init=numpy")
     # config.json leaves out where the run lives; the folder says it: <runs_dir>/<sweep>/<run>
     where = run_dir.resolve()
     changes = {"runs_dir": str(where.parent.parent), "sweep": where.parent.name,

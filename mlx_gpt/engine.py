@@ -17,7 +17,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from qkstudy.config import TrainConfig, model_args
-from qkstudy.parameters import count_params, initial_weights
+from qkstudy.parameters import count_params
 
 from . import probes as probe_lib
 from .blas import loaded as blas
@@ -26,13 +26,9 @@ from .optim import make_optimizer, update
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
-    """The run's model with its initial weights (cfg.init: numpy, or MLX's legacy generator)."""
+    """The run's model with its initial weights (qkstudy/parameters.py)."""
     model = GPT(model_args(cfg, vocab_size))
-    if cfg.init == "mlx":
-        init_weights(model, cfg.seed)
-    else:
-        model.load_weights([(k, mx.array(v)) for k, v in initial_weights(model.args, cfg.seed).items()])
-    mx.eval(model.parameters())
+    init_weights(model, cfg.seed)
     return model
 
 

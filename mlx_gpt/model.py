@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from qkstudy.config import NORM_EPS, ModelArgs, engine_kind
+from qkstudy.parameters import initial_weights
 from qkstudy.variants import henry_scale
 
 from . import kernels as cpu_kernels
@@ -217,25 +218,9 @@ class GPT(nn.Module):
 
 
 def init_weights(model: GPT, seed: int) -> None:
-    """nanoGPT init: N(0, 0.02) everywhere, residual projections N(0, 0.02/sqrt(2*depth)),
-    biases 0, norm gains 1. Each tensor's key derives from (seed, its name), so every weight the
-    QK-norm arms share starts identical for one seed: the arms differ only in the QK-norm."""
-    import zlib
-
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    residual_std = 0.02 / math.sqrt(2 * model.args.depth)
-    new = []
-    for name, p in tree_flatten(model.parameters()):
-        if name.endswith(".weight") and p.ndim == 2:
-            std = residual_std if name.endswith("proj.weight") else 0.02
-            key = mx.random.key((seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63)
-            new.append((name, std * mx.random.normal(p.shape, key=key)))
-        elif name.endswith(".bias"):
-            new.append((name, mx.zeros_like(p)))
-        else:
-            new.append((name, mx.ones_like(p)))
-    model.update(tree_unflatten(new))
+    """The run's initial weights: qkstudy.parameters' numpy scheme, the same in both engines."""
+    model.load_weights([(k, mx.array(v)) for k, v in initial_weights(model.args, seed).items()])
+    mx.eval(model.parameters())
 
 
 def cross_entropy(logits: mx.array, targets: mx.array, kernels: str) -> mx.array:

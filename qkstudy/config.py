@@ -107,9 +107,9 @@ class TrainConfig:
     # torch: deterministic algorithms and cuBLAS's fixed workspace, CUDA's repeatable kernels
     # (false lets CUDA pick faster non-deterministic ones; docs/torch_ref.md#determinism)
     deterministic: bool = True
-    # initial weights: numpy (qkstudy/parameters.py, the same in both backends) or mlx (MLX's own
-    # generator: runs made before the numpy scheme; MLX only)
-    init: Literal["numpy", "mlx"] = "numpy"
+    # the initial weights' scheme (qkstudy/parameters.py, the same in both backends), named in
+    # every run's identity
+    init: Literal["numpy"] = "numpy"
     # optimisation: AdamW, warmup + cosine, clipping; standard parametrisation
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -194,8 +194,6 @@ class TrainConfig:
             (self.backend == "torch" or all(getattr(self, k) == v for k, v in TORCH_OPTIONS.items()),
              "device, precision, compile and deterministic are options of backend=torch; MLX "
              "picks its own device and computes in float32"),
-            (self.backend == "mlx" or self.init == "numpy",
-             "init=mlx draws the weights with MLX's generator: backend=mlx only"),
         ]
         for name in ("attn_softcap", "z_loss"):
             value = getattr(self, name)
@@ -224,8 +222,7 @@ class TrainConfig:
     # Keys added after runs were made, with the value every earlier run had: left out of the
     # identity while they hold it, so those runs keep their run ids, and a config.json without
     # them reads back with it (load_config).
-    LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32",
-              "init": "mlx"}
+    LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32"}
 
     def identity(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY

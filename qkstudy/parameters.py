@@ -9,8 +9,7 @@ parameters their entry's initial value (qkstudy/variants.py). Each tensor's stre
 (seed, its name) only, so every weight the QK-norm arms share starts identical for one seed:
 the arms differ only in the QK-norm gains.
 
-INIT_SCHEME names this scheme in each run's identity (TrainConfig.init): runs made before it
-(init="mlx", drawn by MLX's own generator) keep their run ids and stay readable.
+INIT_SCHEME names this scheme in each run's identity (TrainConfig.init).
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     for seed in plan.get("seeds", []):
         for depth in plan.get("depths", []):
             for lr in plan.get("grid_lrs", []):
-                for arm in plan.get("arms") or plan.get("qk_norms", []):
+                for arm in plan.get("arms", []):
                     if (depth, lr, arm, seed) not in covered:
                         name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
                         runs[name] = Run(name, depth, lr, arm, seed, steps, tps,

@@ -189,7 +189,7 @@ def task_lines(folder: Path) -> list[str]:
 
 def test_sweep_as_a_job_array(cluster, tiny_data, tmp_path, capsys):
     runs = tmp_path / "runs"
-    words = sweep_words(tiny_data, runs, "s", "lrs=1e-3,1", "qk_norms=none,rmsnorm",
+    words = sweep_words(tiny_data, runs, "s", "lrs=1e-3,1", "arms=none,rmsnorm",
                         "refine=true", "refine_steps=1", "slurm_max_parallel=2")
     job, out = submit(words, capsys)
     assert job and "4 runs to submit as one array: 4 grid runs not finished" in out
@@ -260,7 +260,7 @@ def train_alone(cfg) -> Path:
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
 def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys, backend):
     runs = tmp_path / "runs"
-    words = sweep_words(tiny_data, runs, "c", "lrs=1e-3", "qk_norms=none", "max_steps=200",
+    words = sweep_words(tiny_data, runs, "c", "lrs=1e-3", "arms=none", "max_steps=200",
                         "eval_every=50", "probe_every=50", f"backend={backend}")
     job, out = submit(words, capsys)
     assert job and "1 run to submit" in out
@@ -290,7 +290,7 @@ def test_cancelled_task_resumes_bit_exact(cluster, tiny_data, tmp_path, capsys, 
 
 def test_preempted_task_is_requeued_and_finishes_bit_exact(cluster, tiny_data, tmp_path, capsys):
     runs = tmp_path / "runs"
-    words = sweep_words(tiny_data, runs, "p", "lrs=1e-3", "qk_norms=none", "max_steps=200",
+    words = sweep_words(tiny_data, runs, "p", "lrs=1e-3", "arms=none", "max_steps=200",
                         "eval_every=50", "probe_every=50")
     job, out = submit(words, capsys)
     assert job
@@ -331,7 +331,7 @@ def test_task_list_is_the_sweeps_runs(tiny_data, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))  # no sbatch, no squeue here
     runs = tmp_path / "runs"
-    words = sweep_words(tiny_data, runs, "f", "lrs=1e-3,1e-2", "qk_norms=none,rmsnorm")
+    words = sweep_words(tiny_data, runs, "f", "lrs=1e-3,1e-2", "arms=none,rmsnorm")
     for bad, message in ((["slurm_cpus=2"], "slurm_cpus is a Slurm setting; add --slurm"),
                          (["slurm_time=soon", "--slurm"], "slurm_time='soon' is not a Slurm time"),
                          (["slurm_gpu=1", "--slurm"], "unknown key 'slurm_gpu'"),
@@ -366,7 +366,7 @@ def test_array_asks_for_a_signal_before_the_time_limit_and_requeues(tiny_data, t
                                                                   monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     runs = tmp_path / "runs"
-    words = sweep_words(tiny_data, runs, "f", "lrs=1e-3", "qk_norms=none")
+    words = sweep_words(tiny_data, runs, "f", "lrs=1e-3", "arms=none")
     assert main(["sweep", *words, "--slurm", "slurm_time=1:00:00"]) == 0
     script = (runs / "f" / "slurm" / "001" / "array.sbatch").read_text().splitlines()
     for option in ("--time=1:00:00", "--signal=B:TERM@120", "--requeue", "--open-mode=append"):

@@ -33,7 +33,7 @@ def tiny_words(data: str, runs_dir: Path, *extra: str) -> list[str]:
         "preset=demo", f"data={data}", f"runs_dir={runs_dir}", "name=t", "depth=1", "d_model=32",
         "n_heads=2", "block_size=32", "batch_size=4", "max_steps=20", "warmup_steps=5",
         "eval_every=10", "eval_batches=2", "probe_every=10", "log_every=5", "ckpt_every=10",
-        "qk_norms=none", "seeds=0", "jobs=1", "divergence_window=5"))
+        "arms=none", "seeds=0", "jobs=1", "divergence_window=5"))
     words.update(w.split("=", 1) for w in extra if "=" in w)
     return [f"{k}={v}" for k, v in words.items()] + [w for w in extra if "=" not in w]
 
@@ -127,7 +127,7 @@ def test_log_grid():
 def test_overrides_reach_every_run():
     sc = sweep.parse_sweep_config(["preset=demo", "d_model=64", "n_heads=2", "refine=off",
                                    "lr_min=1e-3", "lr_max=1e-2", "points_per_decade=1",
-                                   "qk_norms=rmsnorm", "seeds=3", "refine_factor=1.1"])
+                                   "arms=rmsnorm", "seeds=3", "refine_factor=1.1"])
     assert (sc.preset, sc.refine, sc.refine_factor, sc.seeds) == ("demo", False, 1.1, (3,))
     runs = sweep.grid(sc)
     assert [c.lr for c in runs] == [1e-3, 1e-2]
@@ -144,13 +144,11 @@ def test_overrides_reach_every_run():
     (["lrs=1e-3", "lr_max=1"], "give lrs or lr_max, not both"),
     (["lrs=1e-3,fast"], "lrs: 'fast' is not a number"),
     (["depth=2.5"], "depth: '2.5' is not an integer"),
-    (["qk_norms=none,l2"], "qk_norms: 'l2' is not one of"),
-    (["qk_norms=none,softcap50"], "qk_norms: 'softcap50' is not one of"),
+    (["qk_norms=none,layernorm"], "unknown key 'qk_norms'"),
     (["arms=none,cap50"], "unknown arm 'cap50'; arms are: none, rmsnorm, layernorm, l2norm, softcap<C>"),
     (["arms=softcap0"], "softcap needs a number > 0 after it"),
     (["arms=zloss-1e-4"], "zloss needs a number > 0 after it"),
     (["arms=softcap50,softcap50.0"], "arms: softcap50 given more than once"),
-    (["arms=none", "qk_norms=none"], "give arms or qk_norms"),
     (["attn_softcap=50"], "attn_softcap is set by the sweep grid; use arms (softcap<C>)"),
     (["z_loss=1e-4"], "use arms (zloss<W>)"),
     (["lr=1e-3"], "lr is set by the sweep grid; use lrs"),
@@ -178,7 +176,7 @@ def test_missing_data_is_a_usage_error_before_anything_is_written(tmp_path, caps
 
 
 def test_dry_run_prints_the_plan_only(tiny_data, tmp_path, capsys):
-    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "qk_norms=none,rmsnorm")
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2", "arms=none,rmsnorm")
     assert main(["sweep", *words, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "4 grid runs = 2 LRs x 2 arms x 1 seed x 1 depth" in out
@@ -270,7 +268,7 @@ def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_pa
     calls = []
     fake_trainer(monkeypatch, {"none": 0.0123, "rmsnorm": 0.05}, calls)
     words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,3.16e-3,1e-2,3.16e-2,1e-1",
-                       "qk_norms=none,rmsnorm", "seeds=0,1", "refine=true", "refine_steps=2",
+                       "arms=none,rmsnorm", "seeds=0,1", "refine=true", "refine_steps=2",
                        "refine_factor=1.01")
     assert main(["sweep", *words]) == 0
     done = [(c.lr, c.qk_norm, c.seed) for c, _ in calls]
@@ -511,7 +509,7 @@ def test_sweep_declares_its_base_grid_for_the_analysis(tiny_data, tmp_path):
     assert main(["sweep", *tiny_words(tiny_data, runs, "lrs=3e-3", "max_steps=5",
                                       "ckpt_every=5", "eval_every=5", "probe_every=5")]) == 0
     declared = json.loads((runs / "t" / "sweep.json").read_text())
-    assert declared["grid_lrs"] == [1e-3, 3e-3, 1e-2] and declared["qk_norms"] == ["none"]
+    assert declared["grid_lrs"] == [1e-3, 3e-3, 1e-2]
     assert declared["arms"] == ["none"]
 
 
@@ -536,9 +534,6 @@ def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
     assert len({c.run_id for c in runs}) == 8
     assert [c.attn_softcap for c in runs[:4]] == [0, 0, 50.0, 0]
     assert [c.z_loss for c in runs[:4]] == [0, 0, 0, 1e-4]
-    # the older key still works for QK-norm kinds, and means the same runs
-    alias = sweep.parse_sweep_config(["qk_norms=none,layernorm"])
-    assert alias.arms == ("none", "layernorm")
     assert sweep.PRESETS["study"].arms == sweep.PRESETS["demo"].arms == ("none", "rmsnorm")
     assert canonical("zloss3e-05") == "zloss3e-5" and canonical("softcap7.5") == "softcap7.5"
     # a base config with a control on does not leak into the off arm

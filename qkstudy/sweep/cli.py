@@ -30,8 +30,7 @@ still undecided. Presets: preset=study (default), mini, mini-coupled-wd or demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
             seeds=0,1,2  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
             threshold_steps=2  max_seeds=6  min_gap=0.1
-            (arms: none, rmsnorm, layernorm, l2norm, softcap<C>, zloss<W>; qk_norms= is arms= for
-            QK-norm kinds only)
+            (arms: none, rmsnorm, layernorm, l2norm, softcap<C>, zloss<W>)
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan, its device and estimated time, and stop (--calibrate times

@@ -212,11 +212,6 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     base = PRESETS[preset]
-    if "qk_norms" in pairs:  # the older name of arms, for QK-norm kinds only
-        if "arms" in pairs:
-            raise UsageError("give arms or qk_norms (its older name), not both")
-        parse_list("qk_norms", pairs["qk_norms"], str)
-        pairs["arms"] = pairs.pop("qk_norms")
     sweep_keys = {f.name for f in fields(SweepConfig)} - NOT_KEYS
     train_keys = {f.name for f in fields(TrainConfig)}
     for key in pairs:

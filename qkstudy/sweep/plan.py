@@ -11,7 +11,6 @@ from pathlib import Path
 
 from .. import backends, files, memory, trainer
 from ..errors import UsageError
-from ..arms import arm_changes
 from ..config import TrainConfig, model_args
 from ..parameters import count_params
 from .adaptive import compared_arms, extra_runs, extra_seeds
@@ -210,9 +209,6 @@ def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> 
         "preset": sweep.preset, "depths": sorted(set(earlier.get("depths", [])) | set(sweep.depth)),
         "seeds": sorted(set(earlier.get("seeds", [])) | set(sweep.seeds)),
         "arms": sorted(set(earlier.get("arms", [])) | set(sweep.arms)),
-        # the arms that change qk_norm alone, by their qk_norm (what sweep.json held before arms)
-        "qk_norms": sorted(set(earlier.get("qk_norms", []))
-                           | {a for a in sweep.arms if set(arm_changes(a)) <= {"qk_norm"}}),
         "refine": sweep.refine, "refine_steps": sweep.refine_steps, "refine_factor": sweep.refine_factor,
         "threshold_steps": sweep.threshold_steps, "max_seeds": sweep.max_seeds,
         "min_gap": sweep.min_gap,
