@@ -112,6 +112,19 @@ class Plan:
         return out
 
 
+def writable_folder(path: str) -> Path:
+    """The report's folder, made and written to once, before anything is measured."""
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".bench-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    return out
+
+
 def validate(bench: BenchConfig) -> Plan:
     """Every check that can fail, before anything is measured."""
     if bench.rounds < 1:
@@ -140,14 +153,7 @@ def validate(bench: BenchConfig) -> Plan:
     for b in missing:
         print(f"warning: {b} is not installed here; measuring "
               f"{', '.join(x for x in backends if x not in missing)} only", file=sys.stderr)
-    out = Path(bench.out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".bench-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    out = writable_folder(bench.out)
     builds = list(BUILDS) if bench.builds and tuned_build_supported() else ["plain"]
     return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
                 [b for b in backends if b not in missing], builds, out)
