@@ -16,20 +16,7 @@ import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from qkstudy.probe_names import (  # noqa: F401  (the probe vocabulary, re-exported)
-    ATTENTION_NAMES,
-    GROUP_NAMES,
-    GROUPS,
-    OUTLIER_SIGMAS,
-    OUTPUT_NAMES,
-    QK_NORM_NAMES,
-    RESIDUAL_NAMES,
-    SOFTCAP_NAMES,
-    UPDATE_NAMES,
-    WHOLE_MODEL,
-    parameter_group,
-    read_probes,
-)
+from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
 
 from qkstudy.variants import VARIANTS
 

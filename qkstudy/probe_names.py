@@ -12,17 +12,6 @@ from .errors import UsageError
 WHOLE_MODEL = -1
 OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 2024 use far more)
 
-# Names that `measure` and `update_stats` write (before the `/<group>` suffix where there is one).
-ATTENTION_NAMES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head",
-                   "q_rms", "k_rms")
-SOFTCAP_NAMES = ("max_attention_logit_capped",)  # attn_softcap > 0
-QK_NORM_NAMES = ("q_rms_normed", "k_rms_normed", "q_norm_gain_max_abs", "k_norm_gain_max_abs",
-                 "qk_scale", "max_attention_logit_bound")
-RESIDUAL_NAMES = ("residual_rms", "residual_kurtosis", "residual_max_abs_over_rms",
-                  "residual_outlier_share")
-OUTPUT_NAMES = ("loss", "grad_norm", "output_logit_max", "output_logsumexp_mean")
-GROUP_NAMES = ("grad_rms", "param_rms")  # from `measure`
-UPDATE_NAMES = ("update_rms_ratio",)  # from `update_stats`
 GROUPS = ("wte", "wpe", "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "ln", "qk_norm")
 
 

@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_gpt import probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
+from qkstudy import probe_names
 from qkstudy.batches import probe_batch
 from qkstudy.errors import UsageError
 from qkstudy.run_folder import read_parts
@@ -193,7 +194,7 @@ def np_group_rms(arrays: dict[str, np.ndarray]) -> dict[tuple[int, str], float]:
     """sqrt(sum of squares / count) per (layer, group) and pooled over layers (layer -1)."""
     totals: dict[tuple[int, str], list[float]] = {}
     for name, a in arrays.items():
-        group, layer = probes.parameter_group(name)
+        group, layer = probe_names.parameter_group(name)
         for key in {(layer, group), (-1, group)}:
             entry = totals.setdefault(key, [0.0, 0])
             entry[0] += float(np.sum(a.astype(np.float64) ** 2))
@@ -253,17 +254,17 @@ def test_update_stats_matches_numpy():
 
 
 def test_parameter_groups():
-    assert probes.parameter_group("wte.weight") == ("wte", -1)
-    assert probes.parameter_group("wpe.weight") == ("wpe", -1)
-    assert probes.parameter_group("ln_f.bias") == ("ln", -1)
-    assert probes.parameter_group("blocks.11.ln2.weight") == ("ln", 11)
-    assert probes.parameter_group("blocks.3.attn.qkv.weight") == ("attn.qkv", 3)
-    assert probes.parameter_group("blocks.3.attn.proj.bias") == ("attn.proj", 3)
-    assert probes.parameter_group("blocks.0.attn.k_norm.weight") == ("qk_norm", 0)
-    assert probes.parameter_group("blocks.0.mlp.fc.weight") == ("mlp.fc", 0)
-    assert probes.parameter_group("blocks.0.mlp.proj.weight") == ("mlp.proj", 0)
+    assert probe_names.parameter_group("wte.weight") == ("wte", -1)
+    assert probe_names.parameter_group("wpe.weight") == ("wpe", -1)
+    assert probe_names.parameter_group("ln_f.bias") == ("ln", -1)
+    assert probe_names.parameter_group("blocks.11.ln2.weight") == ("ln", 11)
+    assert probe_names.parameter_group("blocks.3.attn.qkv.weight") == ("attn.qkv", 3)
+    assert probe_names.parameter_group("blocks.3.attn.proj.bias") == ("attn.proj", 3)
+    assert probe_names.parameter_group("blocks.0.attn.k_norm.weight") == ("qk_norm", 0)
+    assert probe_names.parameter_group("blocks.0.mlp.fc.weight") == ("mlp.fc", 0)
+    assert probe_names.parameter_group("blocks.0.mlp.proj.weight") == ("mlp.proj", 0)
     names = [n for n, _ in tree_flatten(make_model("rmsnorm", bias=True).parameters())]
-    assert {probes.parameter_group(n)[0] for n in names} == set(probes.GROUPS)
+    assert {probe_names.parameter_group(n)[0] for n in names} == set(probe_names.GROUPS)
 
 
 # --- properties with known answers ---------------------------------------------------------------
@@ -394,10 +395,10 @@ def test_documented_names_are_exactly_the_written_ones():
         rows = probes.measure(model, x, y, 0) + probes.update_stats(0, params, params)
         written |= {row_name_pattern(r["name"]) for r in rows}
         groups = {r["name"].split("/")[1] for r in rows if "/" in r["name"]}
-        assert groups == set(probes.GROUPS) - ({"qk_norm"} if qk_norm == "none" else set())
+        assert groups == set(probe_names.GROUPS) - ({"qk_norm"} if qk_norm == "none" else set())
     assert written == documented_names()
     text = DOCS.read_text()
-    assert all(f"`{group}`" in text for group in probes.GROUPS)
+    assert all(f"`{group}`" in text for group in probe_names.GROUPS)
 
 
 def test_train_writes_documented_probe_parts(tiny_cfg):
@@ -442,7 +443,7 @@ def test_train_writes_documented_probe_parts(tiny_cfg):
     assert summary["final_attention_entropy_min_head"] == min(
         v for v, step in entropies if step == 30)
     with pytest.raises(UsageError, match="no probe rows"):
-        probes.read_probes(run_dir / "metrics")
+        probe_names.read_probes(run_dir / "metrics")
 
 
 @pytest.mark.parametrize("qk_norm, softcap", [("none", 0.0), ("rmsnorm", 0.0), ("l2norm", 0.0),
