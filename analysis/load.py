@@ -28,6 +28,8 @@ METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
                    "train_loss": pl.Float64, "grad_norm": pl.Float64, "val_loss": pl.Float64,
                    "val_ppl": pl.Float64, "elapsed_s": pl.Float64}
 PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value": pl.Float64}
+# probe columns added after parts were written: null where a part lacks them
+PROBES_OPTIONAL = {"head": pl.Int64}
 SUMMARY_KEYS = ("status", "lr", "depth", "qk_norm", "seed", "init_loss")
 STATUSES = (*FINISHED, "failed")
 # Identity fields that define a point of the study design rather than its setting (the arm's
@@ -249,9 +251,10 @@ RUN_SCHEMA = {
 }
 
 
-def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]],
-          columns: dict[str, pl.DataType]) -> pl.LazyFrame:
-    """One lazy frame over every run's parts with a `run` column, columns cast to `columns`.
+def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, pl.DataType],
+          optional: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
+    """One lazy frame over every run's parts with a `run` column, columns cast to `columns`
+    (and `optional`, null in parts written without them).
 
     One scan per distinct file schema (usually one in all): a scan per run would open files
     from hundreds of plans at once.
@@ -262,13 +265,19 @@ def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]],
         for path, schema in parts:
             by_schema.setdefault(schema, []).append(str(path))
             run_of[str(path)] = run
+    columns = {**columns, **(optional or {})}
     if not by_schema:
         return pl.LazyFrame(schema={**columns, "run": pl.String})
     runs = pl.LazyFrame({"_part": list(run_of), "run": list(run_of.values())})
+
+    def cast(c: str, t: pl.DataType, schema: tuple) -> pl.Expr:
+        present = any(name == c for name, _ in schema)
+        return pl.col(c).cast(t) if present else pl.lit(None, t).alias(c)
+
     frames = [pl.scan_parquet(paths, glob=False, hive_partitioning=False,
                               include_file_paths="_part")
-              .select("_part", *[pl.col(c).cast(t) for c, t in columns.items()])
-              for paths in by_schema.values()]
+              .select("_part", *[cast(c, t, schema) for c, t in columns.items()])
+              for schema, paths in by_schema.items()]
     return (pl.concat(frames, how="vertical").join(runs, on="_part")
             .select(*columns, "run"))
 
@@ -304,5 +313,5 @@ def load_runs(root: str | Path) -> Runs:
     table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "arm", "lr", "seed",
                                                        "framework")
     return Runs(root=root, table=table, metrics=_scan(metric_parts, METRICS_COLUMNS),
-                probes=_scan(probe_parts, PROBES_COLUMNS), manifests=manifests,
+                probes=_scan(probe_parts, PROBES_COLUMNS, PROBES_OPTIONAL), manifests=manifests,
                 warnings=warnings)

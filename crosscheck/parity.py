@@ -204,18 +204,22 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
 
 
 def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple[str, float]]:
-    """(layer/name, relative deviation) for every probe both frameworks report (all of
-    mlx_gpt's today; REQUIRED_PROBES must be there)."""
-    mlx_values = {(r["layer"], r["name"]): r["value"] for r in mlx_rows}
-    torch_values = {(r["layer"], r["name"]): r["value"] for r in torch_rows}
+    """(layer/name, relative deviation) for every probe both frameworks report (each head of a
+    per-head probe on its own; all of mlx_gpt's today; REQUIRED_PROBES must be there)."""
+    def key(r: dict) -> tuple:
+        return r["layer"], -1 if r.get("head") is None else r["head"], r["name"]
+
+    mlx_values = {key(r): r["value"] for r in mlx_rows}
+    torch_values = {key(r): r["value"] for r in torch_rows}
     for layer in range(depth):
         for name in REQUIRED_PROBES:
-            if (layer, name) not in mlx_values or (layer, name) not in torch_values:
+            if (layer, -1, name) not in mlx_values or (layer, -1, name) not in torch_values:
                 raise AssertionError(f"probe {name} of layer {layer} is missing from "
-                                     f"{'mlx_gpt' if (layer, name) not in mlx_values else 'torch_ref'}")
+                                     f"{'mlx_gpt' if (layer, -1, name) not in mlx_values else 'torch_ref'}")
     shared = sorted(mlx_values.keys() & torch_values.keys())
-    return [(f"L{layer} {name}", relative(torch_values[(layer, name)], mlx_values[(layer, name)]))
-            for layer, name in shared]
+    return [(f"L{layer}{'' if head < 0 else f' head {head}'} {name}",
+             relative(torch_values[(layer, head, name)], mlx_values[(layer, head, name)]))
+            for layer, head, name in shared]
 
 
 def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -111,7 +111,7 @@ def compare(mlx_dir: Path, torch_dir: Path) -> dict:
     torch_probes, mlx_probes = torch.read_probes(), mlx.read_probes()
     if torch_probes is not None and mlx_probes is not None:
         def key(r: dict) -> tuple:
-            return r["step"], r["layer"], r["name"]
+            return r["step"], r["layer"], r.get("head"), r["name"]
 
         mlx_values = {key(r): r["value"] for r in mlx_probes.to_pylist()}
         by_name: dict[str, tuple[float, int, int]] = {}

@@ -16,7 +16,7 @@ import numpy as np
 from mlx import nn
 from mlx.utils import tree_flatten
 
-from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
+from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group, probe_rows
 
 from qkstudy.variants import VARIANTS
 
@@ -51,6 +51,14 @@ def attention_entropy(logits: mx.array, causal: mx.array) -> mx.array:
     return -mx.sum(mx.where(causal, mx.exp(log_p) * log_p, 0.0), axis=-1)
 
 
+def attention_sink_share(logits: mx.array, causal: mx.array) -> mx.array:
+    """Each head's attention probability on the first position, mean over the batch and the
+    queries: (nh,) from (B, nh, T, T) logits."""
+    masked = mx.where(causal, logits, -mx.inf)
+    first = mx.exp(masked[..., 0] - mx.logsumexp(masked, axis=-1))  # (B, nh, T)
+    return first.mean(axis=(0, 2))
+
+
 def max_attention_logit_bound(q_gain: mx.array, k_gain: mx.array) -> mx.array:
     """Upper bound on |scaled logit| under QK-norm: max|g_q| * max|g_k| * sqrt(head_dim).
 
@@ -78,6 +86,7 @@ def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, mx.array]]:
         (layer, "max_attention_logit", mx.max(mx.where(causal, logits, -mx.inf))),
         (layer, "attention_entropy_mean", entropy_per_head.mean()),
         (layer, "attention_entropy_min_head", entropy_per_head.min()),
+        (layer, "attention_sink_share", attention_sink_share(capped, causal)),  # per head
         (layer, "q_rms", rms(q)),
         (layer, "k_rms", rms(k)),
     ]
@@ -157,8 +166,7 @@ def measure(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
                          ("param_rms", dict(tree_flatten(model.parameters())))):
         extra += [(layer, f"{name}/{group}", value) for layer, group, value in _group_rms(arrays)]
     labels += [(layer, name) for layer, name, _ in extra]
-    values = mx.stack([*values, *(value for *_, value in extra)]).astype(mx.float32)
-    return _rows(step, labels, values)
+    return _rows(step, labels, [*values, *(value for *_, value in extra)])
 
 
 def update_stats(step: int, before: dict[str, mx.array], after: dict[str, mx.array]) -> list[dict]:
@@ -166,11 +174,11 @@ def update_stats(step: int, before: dict[str, mx.array], after: dict[str, mx.arr
     update = _group_rms({name: after[name] - before[name] for name in before})
     param = _group_rms(before)
     labels = [(layer, f"update_rms_ratio/{group}") for layer, group, _ in update]
-    values = mx.stack([u / p for (*_, u), (*_, p) in zip(update, param)])
-    return _rows(step, labels, values)
+    return _rows(step, labels, [u / p for (*_, u), (*_, p) in zip(update, param)])
 
 
-def _rows(step: int, labels: list[tuple[int, str]], values: mx.array) -> list[dict]:
-    """One device sync for all values."""
-    return [{"step": step, "layer": layer, "name": name, "value": value}
-            for (layer, name), value in zip(labels, np.array(values, dtype=np.float64).tolist())]
+def _rows(step: int, labels: list[tuple[int, str]], values: list[mx.array]) -> list[dict]:
+    """One device sync for all values (scalars, or one entry per head)."""
+    flat = mx.concatenate([v.reshape(-1) for v in values]).astype(mx.float32)
+    heads = [v.shape[0] if v.ndim == 1 else None for v in values]
+    return probe_rows(step, labels, heads, np.array(flat, dtype=np.float64).tolist())

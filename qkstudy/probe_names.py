@@ -19,14 +19,17 @@ GROUPS = ("wte", "wpe", "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "ln", "qk
 @dataclass(frozen=True)
 class Probe:
     """One probe: how the analysis reduces it over layers (min, max or mean; a whole-model
-    value, layer -1, is used as it is), which direction is worse (or None), whether its worst
-    value over training is summarised per run, and its words (docs/probes.md's table)."""
+    value, layer -1, is used as it is; a per-head probe is reduced over its heads the same way),
+    which direction is worse (or None), whether its worst value over training is summarised
+    per run, its words (docs/probes.md's table), and whether it has one row per head (its rows
+    carry a `head` index; every other row's head is null)."""
 
     name: str
     over_layers: str
     worse: str | None
     words: str
     tracked: bool = False
+    per_head: bool = False
 
 
 # Every probe either engine writes (before the `/<group>` suffix), in one place: the analysis
@@ -40,6 +43,8 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
           "before any soft-cap", tracked=True),
     Probe("max_attention_logit_capped", "max", "larger", "the same after the soft-cap "
           "(attn_softcap > 0)"),
+    Probe("attention_sink_share", "max", None, "attention probability on the first position, "
+          "mean over queries and the batch", per_head=True),
     Probe("q_rms", "mean", None, "RMS of q before QK-norm"),
     Probe("k_rms", "mean", None, "RMS of k before QK-norm"),
     Probe("q_rms_normed", "mean", None, "RMS of q after QK-norm (QK-norm on)"),
@@ -97,8 +102,24 @@ def parameter_group(name: str) -> tuple[str, int]:
 
 
 
+def probe_rows(step: int, labels: list[tuple[int, str]], heads: list[int | None],
+               numbers: list[float]) -> list[dict]:
+    """The rows of one probe call: labels[i] = (layer, name) of a value that is a scalar
+    (heads[i] None) or has one entry per head (heads[i] = n_heads), `numbers` every value's
+    entries flattened in that order."""
+    rows, at = [], 0
+    for (layer, name), n in zip(labels, heads):
+        for head in range(n) if n is not None else (None,):
+            rows.append({"step": step, "layer": layer, "head": head, "name": name,
+                         "value": numbers[at]})
+            at += 1
+    if at != len(numbers):
+        raise ValueError(f"{len(numbers)} probe values for {at} labelled entries")
+    return rows
+
+
 def read_probes(run_dir: str | Path):
-    """All probe rows of a run folder as a pyarrow Table (step, layer, name, value)."""
+    """All probe rows of a run folder as a pyarrow Table (step, layer, head, name, value)."""
     from .run_folder import RunFolder
 
     folder = RunFolder(Path(run_dir))

@@ -60,6 +60,7 @@ METRICS_SCHEMA = pa.schema([
 ])
 PROBES_SCHEMA = pa.schema([
     ("step", pa.int64()), ("layer", pa.int64()), ("name", pa.string()), ("value", pa.float64()),
+    ("head", pa.int64()),  # a per-head probe's head; null for every other probe
 ])
 
 

@@ -1461,3 +1461,31 @@ def test_threshold_coverage_scores_every_widening_on_the_same_studies():
     assert table["coverage"].is_sorted()  # a wider interval never covers less
     assert K.chosen_widening([table.with_columns(coverage=pl.lit(1.0))]) == 1.0
     assert K.chosen_widening([table.with_columns(coverage=pl.lit(0.5))]) is None
+
+
+def test_probe_parts_with_and_without_a_head_column_read_together(tmp_path):
+    """Parts written before the head column read back with it null; a per-head probe's rows
+    reduce over heads and layers together by its registry entry (attention_sink_share: max)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from analysis import load as L
+
+    old, new = tmp_path / "old" / "probes", tmp_path / "new" / "probes"
+    old.mkdir(parents=True)
+    new.mkdir(parents=True)
+    pq.write_table(pa.table({"step": [0], "layer": [0], "name": ["max_attention_logit"],
+                             "value": [2.0]}), old / "part-00000000-00000000.parquet")
+    pq.write_table(pa.table({"step": [0] * 5, "layer": [0, 0, 1, 1, 0],
+                             "name": ["attention_sink_share"] * 4 + ["max_attention_logit"],
+                             "value": [0.2, 0.7, 0.4, 0.1, 3.0],
+                             "head": pa.array([0, 1, 0, 1, None], pa.int64())}),
+                   new / "part-00000000-00000000.parquet")
+    parts = {run: L._check_parts(tmp_path / run / "probes", L.PROBES_COLUMNS)[0]
+             for run in ("old", "new")}
+    probes = L._scan(parts, L.PROBES_COLUMNS, L.PROBES_OPTIONAL).collect().sort("run", "value")
+    assert probes.filter(pl.col("run") == "old")["head"].to_list() == [None]
+    assert probes.filter(pl.col("name") == "attention_sink_share")["head"].to_list() == [1, 0, 0, 1]
+    reduced = M.probe_over_layers(probes.lazy()).collect()
+    share = reduced.filter(pl.col("name") == "attention_sink_share")
+    assert share["value"].to_list() == [0.7]

@@ -57,9 +57,13 @@ def weights64(model: GPT) -> dict[str, np.ndarray]:
     return {name: np.array(p, dtype=np.float64) for name, p in tree_flatten(model.parameters())}
 
 
-def by_key(rows: list[dict]) -> dict[tuple[int, str], float]:
-    keyed = {(r["layer"], r["name"]): r["value"] for r in rows}
-    assert len(keyed) == len(rows), "duplicate (layer, name) in one probe call"
+def by_key(rows: list[dict]) -> dict[tuple, float]:
+    """(layer, name), or (layer, name, head) for a per-head probe's rows -> value."""
+    keyed = {(r["layer"], r["name"], *([] if r["head"] is None else [r["head"]])): r["value"]
+             for r in rows}
+    assert len(keyed) == len(rows), "duplicate (layer, name, head) in one probe call"
+    assert all((r["head"] is not None) == probe_names.PROBES[r["name"].split("/")[0]].per_head
+               for r in rows)
     return keyed
 
 
@@ -131,6 +135,7 @@ def np_expected_forward(P: dict, qk_norm: str, x: np.ndarray, y: np.ndarray) -> 
             (i, "max_attention_logit"): L["logits"][np.isfinite(L["logits"])].max(),
             (i, "attention_entropy_mean"): per_head.mean(),
             (i, "attention_entropy_min_head"): per_head.min(),
+            **{(i, "attention_sink_share", h): p[:, h, :, 0].mean() for h in range(p.shape[1])},
             (i, "q_rms"): np.sqrt(np.mean(L["q"] ** 2)),
             (i, "k_rms"): np.sqrt(np.mean(L["k"] ** 2)),
             (i, "residual_rms"): np.sqrt(np.mean(r**2)),

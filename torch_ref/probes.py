@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
+from qkstudy.probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group, probe_rows
 
 from qkstudy.variants import VARIANTS
 
@@ -42,6 +42,14 @@ def attention_entropy(logits: torch.Tensor, causal: torch.Tensor) -> torch.Tenso
     return -torch.where(causal, log_p.exp() * log_p, torch.zeros_like(log_p)).sum(dim=-1)
 
 
+def attention_sink_share(logits: torch.Tensor, causal: torch.Tensor) -> torch.Tensor:
+    """Each head's attention probability on the first position, mean over the batch and the
+    queries: (nh,) from (B, nh, T, T) logits."""
+    masked = logits.masked_fill(~causal, float("-inf"))
+    first = (masked[..., 0] - torch.logsumexp(masked, dim=-1)).exp()  # (B, nh, T)
+    return first.mean(dim=(0, 2))
+
+
 def max_attention_logit_bound(q_gain: torch.Tensor, k_gain: torch.Tensor) -> torch.Tensor:
     """max|g_q| * max|g_k| * sqrt(head_dim): the ceiling QK-norm puts on |logit|."""
     return q_gain.abs().max() * k_gain.abs().max() * math.sqrt(q_gain.shape[-1])
@@ -61,6 +69,7 @@ def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, torch.Tensor
         (layer, "max_attention_logit", logits.masked_fill(~causal, float("-inf")).max()),
         (layer, "attention_entropy_mean", entropy_per_head.mean()),
         (layer, "attention_entropy_min_head", entropy_per_head.min()),
+        (layer, "attention_sink_share", attention_sink_share(capped, causal)),  # per head
         (layer, "q_rms", rms(q)),
         (layer, "k_rms", rms(k)),
     ]
@@ -119,10 +128,11 @@ def _group_rms(tensors: dict[str, torch.Tensor]) -> list[tuple[int, str, torch.T
 
 
 def _rows(step: int, values: list[tuple[int, str, torch.Tensor]]) -> list[dict]:
-    """One device sync for all values."""
-    numbers = torch.stack([v.float() for *_, v in values]).cpu().double().tolist()  # MPS: no float64
-    return [{"step": step, "layer": layer, "name": name, "value": number}
-            for (layer, name, _), number in zip(values, numbers)]
+    """One device sync for all values (scalars, or one entry per head)."""
+    flat = torch.cat([v.float().reshape(-1) for *_, v in values])
+    numbers = flat.cpu().double().tolist()  # MPS: no float64
+    heads = [v.shape[0] if v.dim() == 1 else None for *_, v in values]
+    return probe_rows(step, [(layer, name) for layer, name, _ in values], heads, numbers)
 
 
 def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:

@@ -15,7 +15,6 @@ or when anything failed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 from .. import files
+from ..run_folder import run_folders
 from ..cli import keys_usage
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
@@ -81,12 +81,8 @@ def sweep_summaries(backend: str, lrs: list[float], jobs: int, max_steps: int,
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise StepFailed(f"the {backend} sweep exited {done.returncode}: {tail[0]}")
-    summaries = []
-    for path in sorted((folder / "in-sweep").glob("*/summary.json")):
-        s = json.loads(path.read_text())
-        if s.get("status") == "completed":
-            summaries.append(s)
-    return summaries, wall
+    summaries = [run.read_summary() for run in run_folders(folder / "in-sweep")]
+    return [s for s in summaries if s and s.get("status") == "completed"], wall
 
 
 def compare(summaries: list[dict], bench: list[float]) -> list[dict]:
