@@ -97,7 +97,8 @@ class Recorder:
     """
 
     def __init__(self, cfg: TrainConfig, folder: RunFolder, *, init_loss: float | None = None,
-                 elapsed: float = 0.0, train_seconds: float = 0.0, health: dict | None = None):
+                 elapsed: float = 0.0, train_seconds: float = 0.0, measure_seconds: float = 0.0,
+                 health: dict | None = None):
         self.cfg, self.folder = cfg, folder
         self.metric_rows: list[dict] = []
         self.probe_rows: list[dict] = []
@@ -105,7 +106,8 @@ class Recorder:
         self.init_loss = init_loss
         self.last_val: float | None = None
         self.wall0 = time.perf_counter() - elapsed
-        self.train_seconds = train_seconds
+        self.train_seconds = train_seconds  # the update steps (batches and read-backs included)
+        self.measure_seconds = measure_seconds  # evaluation and probes
         self.health = Health(cfg, health)
         self.status, self.diverged_step, self.reason = "completed", None, None
 
@@ -180,7 +182,8 @@ class Recorder:
 
     def state(self) -> dict:
         return {"init_loss": self.init_loss, "elapsed": self.elapsed(),
-                "train_seconds": self.train_seconds, "health": self.health.state()}
+                "train_seconds": self.train_seconds, "measure_seconds": self.measure_seconds,
+                "health": self.health.state()}
 
     # files ----------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -220,6 +223,7 @@ class Recorder:
             "tokens_seen": final_step * cfg.tokens_per_step,
             "wall_seconds": self.elapsed(),
             "train_seconds": self.train_seconds,
+            "measure_seconds": self.measure_seconds,
             "tokens_per_second": final_step * cfg.tokens_per_step / max(self.train_seconds, 1e-9),
             "params": params,
             "peak_max_attention_logit": self.peak_logit(),

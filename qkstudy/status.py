@@ -72,11 +72,13 @@ class Run:
 
 
 def checkpoint_clocks(folder: RunFolder) -> dict:
-    """{step, train_seconds} from the checkpoint's header metadata, or {} without one."""
+    """{step, train_seconds} from the checkpoint's header metadata, or {} without one; its
+    train_seconds counts evaluation and probes too (measure_seconds), as a run's pace does."""
     meta = folder.checkpoint_metadata()
     try:
         return {"step": int(meta["step"]),
-                "train_seconds": float(ast.literal_eval(meta.get("train_seconds", "0")))}
+                "train_seconds": sum(float(ast.literal_eval(meta.get(k, "0")))
+                                     for k in ("train_seconds", "measure_seconds"))}
     except (TypeError, KeyError, ValueError, SyntaxError):
         return {}
 

@@ -259,12 +259,19 @@ def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbos
         for step in range(start, steps):
             if guard is not None:  # the one place a signal stops the run: between steps
                 guard.check()
+            t_measure = time.perf_counter()
             measure(step)
             probing = rec.update_probe_due(step)
             before = engine.snapshot() if probing else None
+            spent = time.perf_counter() - t_measure
             pending.append((step, engine.step(*next(batches))))
             if probing:
+                t_measure = time.perf_counter()
                 rec.record_probes(engine.update_stats(step, before))
+                spent += time.perf_counter() - t_measure
+            # evaluation and probes are not training time: the interval's clock skips them
+            rec.measure_seconds += spent
+            t_sync += spent
             if not rec.sync_due(step):
                 continue
             diverged = rec.sync(read(pending), t_sync, display)

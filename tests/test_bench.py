@@ -286,17 +286,19 @@ def test_the_cache_key_separates_cpus_and_compilers(tmp_path):
 def test_in_sweep_speed_is_each_lrs_median_run_against_the_benchs_median_round():
     from qkstudy.bench import in_sweep as I
 
-    def run(lr, tok_s, train_s, wall_s):
+    def run(lr, tok_s, train_s, wall_s, measure_s=0.5):
         return {"lr": lr, "tokens_per_second": tok_s, "train_seconds": train_s,
-                "wall_seconds": wall_s, "tokens_seen": tok_s * train_s}
+                "measure_seconds": measure_s, "wall_seconds": wall_s,
+                "tokens_seen": tok_s * train_s}
 
-    summaries = [run(1e-3, 900, 10, 12.5), run(1e-3, 1000, 9, 10), run(1e-3, 950, 9.5, 10),
+    summaries = [run(1e-3, 900, 10, 12.5, 1.25), run(1e-3, 1000, 9, 10), run(1e-3, 950, 9.5, 10),
                  run(0.1, 600, 15, 16)]
     rows = I.compare(summaries, [1000, 1100, 990])
     low, high = rows
     assert (low["lr"], low["runs"], low["bench_tokens_per_s"]) == (1e-3, 3, 1000)
     assert low["train_ratio"] == pytest.approx(0.95) and low["train_range"] == [900, 1000]
-    assert low["outside_loop_share"] == pytest.approx(0.1)  # median of 0.2, 0.1, 0.05
+    assert low["measure_share"] == pytest.approx(0.05)  # median of 0.1, 0.05, 0.05
+    assert low["other_share"] == pytest.approx(0.05)  # median of 0.1, 0.05, 0
     assert high["train_ratio"] == pytest.approx(0.6)
     report = {"lrs": [1e-3, 0.1, 1.0], "tolerance": 0.15, "jobs": 2,
               "engines": {"torch": {"rows": rows, "sweep_wall_s": 40.0,

@@ -5,8 +5,9 @@ Per backend, side by side in one run: the bench's step (qkstudy/bench/step.py: t
 compiled step on one random batch, `jobs` processes at once, median of `rounds`), then a real
 sweep of the demo preset (both arms, 2 seeds, the given LRs, `jobs` processes, no refinement)
 into a temporary folder. From each run's summary: its training loop's tokens/s (train_seconds:
-steps, data batches and the loss read-back; evaluation, probes and checkpoints excluded) and its
-whole-run tokens/s (wall_seconds: everything from start to the final write). The table gives,
+the update steps, their data batches and the loss read-backs; evaluation and probes are
+measure_seconds, checkpoints neither) and its whole-run tokens/s (wall_seconds: everything from
+start to the final write). The table gives,
 per LR, the median in-sweep tokens/s a process against the bench's, and where the rest of a
 run's time went. Exit 1 when some LR's training loop is more than `tolerance` below the bench,
 or when anything failed.
@@ -87,18 +88,23 @@ def sweep_summaries(backend: str, lrs: list[float], jobs: int, max_steps: int,
 
 def compare(summaries: list[dict], bench: list[float]) -> list[dict]:
     """Per LR: the runs' median training-loop and whole-run tokens/s, each against the bench's
-    median a process, and the median share of a run's wall time outside its training loop."""
+    median a process, and the median shares of a run's wall time spent on evaluation and
+    probes and on neither (rows and checkpoint writes, the final evaluation's set-up)."""
     reference = statistics.median(bench)
     rows = []
     for lr in sorted({s["lr"] for s in summaries}):
         mine = [s for s in summaries if s["lr"] == lr]
         train = statistics.median(s["tokens_per_second"] for s in mine)
         whole = statistics.median(s["tokens_seen"] / s["wall_seconds"] for s in mine)
-        outside = statistics.median(1 - s["train_seconds"] / s["wall_seconds"] for s in mine)
+        measuring = statistics.median(s.get("measure_seconds", 0.0) / s["wall_seconds"]
+                                      for s in mine)
+        other = statistics.median(
+            1 - (s["train_seconds"] + s.get("measure_seconds", 0.0)) / s["wall_seconds"]
+            for s in mine)
         rows.append({"lr": lr, "runs": len(mine), "train_tokens_per_s": train,
                      "run_tokens_per_s": whole, "bench_tokens_per_s": reference,
                      "train_ratio": train / reference, "run_ratio": whole / reference,
-                     "outside_loop_share": outside,
+                     "measure_share": measuring, "other_share": other,
                      "train_range": [min(s["tokens_per_second"] for s in mine),
                                      max(s["tokens_per_second"] for s in mine)]})
     return rows
@@ -108,12 +114,12 @@ def markdown(report: dict) -> str:
     lines = [f"In-sweep speed against the bench ({report['jobs']} processes, demo shape, "
              f"tolerance {report['tolerance']:.0%}):", "",
              "| engine | LR | runs | bench tok/s a process (median of rounds) | training loop "
-             "tok/s (median, range) | loop / bench | whole run tok/s | run / bench | wall "
-             "outside the loop | sweep wall (outside any run) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "tok/s (median, range) | loop / bench | whole run tok/s | run / bench | a run's "
+             "wall on eval + probes | on neither | sweep wall (outside any run) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for backend, entry in report["engines"].items():
         if "error" in entry:
-            lines.append(f"| {LABEL[backend]} | failed: {entry['error']} |" + " |" * 8)
+            lines.append(f"| {LABEL[backend]} | failed: {entry['error']} |" + " |" * 9)
             continue
         for r in entry["rows"]:
             lo, hi = r["train_range"]
@@ -121,7 +127,7 @@ def markdown(report: dict) -> str:
                 f"| {LABEL[backend]} | {r['lr']:g} | {r['runs']} | "
                 f"{r['bench_tokens_per_s']:,.0f} | {r['train_tokens_per_s']:,.0f} "
                 f"({lo:,.0f}-{hi:,.0f}) | {r['train_ratio']:.2f} | {r['run_tokens_per_s']:,.0f} | "
-                f"{r['run_ratio']:.2f} | {r['outside_loop_share']:.0%} | "
+                f"{r['run_ratio']:.2f} | {r['measure_share']:.0%} | {r['other_share']:.0%} | "
                 f"{entry['sweep_wall_s']:.0f} s ({entry['outside_runs_share']:.0%}) |")
     return "\n".join(lines)
 
