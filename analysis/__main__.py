@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from qkstudy import interrupts
-from qkstudy.cli import dispatch
+from qkstudy.cli import entry
 
 COMMANDS = {
     "report": ("analysis.report", "tables, charts, verdicts and report.html from a runs folder"),
@@ -17,8 +15,7 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m analysis", COMMANDS, sys.argv[1:] if argv is None else argv)
+main = entry("python -m analysis", COMMANDS)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from qkstudy import interrupts
-from qkstudy.cli import dispatch
+from qkstudy.cli import entry
 
 COMMANDS = {
     "parity": ("crosscheck.parity", "MLX vs PyTorch: logits, loss, gradients, probes, 50 steps"),
@@ -14,10 +12,9 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m crosscheck", COMMANDS, sys.argv[1:] if argv is None else argv,
-                    missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'",
-                             "mlx": "MLX is not installed; pip install -e '.[mlx]'"})
+main = entry("python -m crosscheck", COMMANDS,
+             missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'",
+                      "mlx": "MLX is not installed; pip install -e '.[mlx]'"})
 
 
 if __name__ == "__main__":

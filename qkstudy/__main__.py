@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from . import interrupts
-from .cli import dispatch
+from .cli import entry
 
 COMMANDS = {
     "prepare": ("qkstudy.data.prepare", "tokenise a corpus into uint16 train/val files"),
@@ -20,8 +18,7 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m qkstudy", COMMANDS, sys.argv[1:] if argv is None else argv)
+main = entry("python -m qkstudy", COMMANDS)
 
 
 if __name__ == "__main__":

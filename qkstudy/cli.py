@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import sys
 import textwrap
+from collections.abc import Callable
 
 from . import fault_injection, files, interrupts
 from .errors import UsageError
@@ -20,6 +21,15 @@ def keys_usage(usage: str, what: str, config: type) -> str:
     keys = textwrap.fill("  ".join(words), width=96, initial_indent="  ",
                          subsequent_indent="  ", break_on_hyphens=False)
     return f"usage: {usage}\n\n{what}\n\nkeys (defaults shown):\n{keys}"
+
+
+def entry(prog: str, commands: dict[str, tuple[str, str]],
+          missing: dict[str, str] | None = None) -> Callable[[list[str] | None], int]:
+    """A package's `main(argv=None)`: `dispatch` over its commands (sys.argv by default)."""
+    def main(argv: list[str] | None = None) -> int:
+        return dispatch(prog, commands, sys.argv[1:] if argv is None else argv, missing)
+
+    return main
 
 
 def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],

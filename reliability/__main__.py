@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from qkstudy import interrupts
-from qkstudy.cli import dispatch
+from qkstudy.cli import entry
 
 COMMANDS = {
     "chaos": ("reliability.chaos", "the storm test: a sweep under random faults must end identical"),
@@ -14,8 +12,7 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m reliability", COMMANDS, sys.argv[1:] if argv is None else argv)
+main = entry("python -m reliability", COMMANDS)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
 from qkstudy import interrupts
-from qkstudy.cli import dispatch
+from qkstudy.cli import entry
 
 COMMANDS = {
     "gpu-check": ("torch_ref.gpu_check",
@@ -13,9 +11,8 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    return dispatch("python -m torch_ref", COMMANDS, sys.argv[1:] if argv is None else argv,
-                    missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'"})
+main = entry("python -m torch_ref", COMMANDS,
+             missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'"})
 
 
 if __name__ == "__main__":
