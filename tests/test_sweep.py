@@ -554,3 +554,19 @@ def test_eta_starts_from_calibration_and_moves_smoothly():
     assert two.eta(100, first=10) == pytest.approx(100 / 0.675 / 2)
     assert math.isinf(Tally(total=1).eta(100, first=0.0))  # not calibrated: "?"
     assert Tally(total=1).eta(0.0, first=0.0) == 0.0
+
+
+def test_an_interrupted_sweep_stops_the_workers_a_signal_to_it_alone_did_not_reach():
+    """kill -INT <the sweep's pid> reaches the first process only: its workers get SIGINT
+    after the grace period; one that stopped by itself (a terminal's Ctrl-C) gets nothing."""
+    import subprocess
+    import sys
+
+    from qkstudy.sweep.cli import stop_workers
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    stubborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    start = time.monotonic()
+    stop_workers([quick, stubborn], grace=1.0)
+    assert stubborn.wait(timeout=20) != 0 and quick.returncode == 0
+    assert time.monotonic() - start < 20

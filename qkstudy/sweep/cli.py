@@ -117,6 +117,7 @@ def _cli(argv: list[str]) -> int:
     try:
         tally = execute(sweep, speeds, verbose=True)
     except KeyboardInterrupt as e:
+        stop_workers(workers)
         print(f"\nsweep {sweep.name} interrupted; the current run is checkpointed. Run the same "
               f"command again to resume: python -m qkstudy sweep {shlex.join(words)}",
               file=sys.stderr, flush=True)
@@ -154,6 +155,22 @@ class _Tee:
 
     def isatty(self) -> bool:
         return self.stream.isatty()
+
+
+WORKER_GRACE_S = 10.0  # how long an interrupted sweep waits for its workers to stop by themselves
+
+
+def stop_workers(workers: list, grace: float = WORKER_GRACE_S) -> None:
+    """After this process was interrupted: a Ctrl-C in a terminal reached the workers too, and
+    they stop at their next safe point; a signal sent to this process alone (kill PID) did not,
+    so a worker still running after `grace` seconds gets SIGINT (never two while it
+    checkpoints)."""
+    deadline = time.monotonic() + grace
+    for w in workers:
+        try:
+            w.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.send_signal(signal.SIGINT)
 
 
 def log_to(path: Path) -> None:
