@@ -380,23 +380,25 @@ def test_h3_is_a_slope_with_a_known_value():
     assert verdict_of(table, "H3")["verdict"] == "supported"
 
 
-def test_h3_interval_is_widened_by_t_over_z_for_few_seeds(monkeypatch):
-    """The slope's whole-seed draws are spread about the estimate by t(0.975, n - 1) /
-    z(0.975): 1.416 at 5 seeds (the plain bootstrap covered 77-87% in the calibration)."""
+def test_h3_interval_is_widened_by_the_calibrated_factor():
+    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening
+    (2: amendment 6's calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at
+    5 seeds (the plain bootstrap covered 77-87% in the calibration)."""
     import analysis.hypotheses as H
 
+    assert M.Options().slope_widening == 2.0
     assert H.small_sample_widening(5) == pytest.approx(2.7764 / 1.95996, rel=1e-4)
     assert H.small_sample_widening(2) == pytest.approx(12.7062 / 1.95996, rel=1e-4)
     assert 1 < H.small_sample_widening(200) < 1.01
-    k = H.small_sample_widening(5)
     table = necessity_table({2: 1e-1, 4: 3e-2, 8: 1e-2}, seeds=5)
-    wide = study_tables(table)["h3"].row(0, named=True)
-    monkeypatch.setattr(H, "small_sample_widening", lambda seeds: 1.0)
-    plain = study_tables(table)["h3"].row(0, named=True)
-    assert wide["slope"] == plain["slope"]
-    for end in ("ci_lo", "ci_hi"):
-        assert wide[end] - wide["slope"] == pytest.approx(
-            k * (plain[end] - plain["slope"]), rel=1e-9, abs=1e-12)
+    rows = {k: study_tables(table, M.Options(slope_widening=k))["h3"].row(0, named=True)
+            for k in (1.0, 2.0, 0.0)}
+    plain = rows[1.0]
+    for k, factor in ((2.0, 2.0), (0.0, H.small_sample_widening(5))):
+        assert rows[k]["slope"] == plain["slope"]
+        for end in ("ci_lo", "ci_hi"):
+            assert rows[k][end] - rows[k]["slope"] == pytest.approx(
+                factor * (plain[end] - plain["slope"]), rel=1e-9, abs=1e-12)
 
 
 def test_equal_thresholds_are_not_a_fall():
