@@ -143,3 +143,26 @@ def test_the_plan_says_which_engine_auto_chose_and_why(tmp_path):
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     line = next(x for x in named.stdout.splitlines() if x.strip().startswith("backend"))
     assert line.split()[1] == "mlx" and "auto" not in line
+
+
+def test_flush_to_zero_is_set_once_per_process_unless_kept(monkeypatch):
+    """An engine load sets FTZ/DAZ (subnormals become 0) on x86-64 with PyTorch present;
+    QKSTUDY_DENORMALS=keep leaves the CPU's default."""
+    import platform
+
+    from qkstudy import denormals
+
+    monkeypatch.setattr(denormals, "_state", {})
+    monkeypatch.setenv(denormals.ENV, "keep")
+    assert denormals.flush_to_zero() is False
+    monkeypatch.setattr(denormals, "_state", {})
+    monkeypatch.delenv(denormals.ENV)
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        assert denormals.flush_to_zero() is False
+        return
+    torch = pytest.importorskip("torch")
+    small = torch.tensor([1e-30], dtype=torch.float32)
+    was_flushing = float(small * 1e-9) == 0.0
+    assert denormals.flush_to_zero() is True
+    assert float(small * 1e-9) == 0.0  # 1e-39 is subnormal in float32: flushed
+    torch.set_flush_denormal(was_flushing)  # the process as it was
