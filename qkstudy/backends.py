@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import denormals, interrupts
+from . import interrupts
 from .config import TrainConfig
 from .errors import UsageError
 
@@ -89,7 +89,6 @@ def load(backend: str) -> Backend:
     """The backend's module, its contract checked; UsageError saying what to install when its
     framework is missing."""
     name, hint = BACKENDS[backend]
-    denormals.flush_to_zero()  # before the engine's threads start: they inherit it
     try:
         # a signal while a framework's C extension initialises is held until the import is
         # done: interrupted there, the extension aborts the process

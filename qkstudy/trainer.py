@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, denormals, files, interrupts, memory, provenance, run_folder
+from . import backends, files, interrupts, memory, provenance, run_folder
 from .backends import Engine
 from .checkpoint import resume_point, save_checkpoint
 from .batches import probe_batch, train_stream, val_batches
@@ -222,7 +222,6 @@ def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbos
                                    engine.manifest_extra)
     manifest["data"] = data_identity(meta)  # checked when the run is resumed or skipped
     manifest["pid"] = os.getpid()
-    manifest["flush_denormals"] = denormals.flush_to_zero()  # set when the engine was loaded
 
     ckpt_path = folder.checkpoint_file
     start, clocks = resume_point(cfg, folder, engine,

@@ -59,7 +59,7 @@ SWEEP = ("preset=mini depth=2 lrs=0.01,1 seeds=0,1 max_steps=40 warmup_steps=5 e
          "probe_every=10 log_every=5 ckpt_every=10 divergence_window=10 max_seeds=2 "
          "threshold_steps=0").split()
 NAME = "chaos"
-WALL_CLOCK = ("wall_seconds", "train_seconds", "tokens_per_second")  # summary keys left out
+WALL_CLOCK = ("wall_seconds", "train_seconds", "measure_seconds", "tokens_per_second")  # summary keys left out
 PER_RUN_OTHER = (*WALL_CLOCK, "run_dir")  # per_run columns that differ between two trees
 TABLES = ("arms", "sensitivity_per_seed", "stable_per_seed", "gaps", "thresholds", "spikes",
           "verdicts", "best_gaps", "h2_tests", "h3_tests", "loss_thresholds", "per_run")
