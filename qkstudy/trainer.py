@@ -82,11 +82,13 @@ Repair = Callable[[Path, str], None]  # told (where the damaged folder went, wha
 
 
 def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
-          repair: Repair | None = None) -> dict:
+          repair: Repair | None = None, started: Callable[[], None] | None = None) -> dict:
     """Run (or resume, or skip if finished) one config. Returns its summary. A finished run
     whose files are damaged raises run_folder.DamagedRun, or with `repair` is moved aside
     (nothing deleted, set_aside_damaged), `repair` is told where, and the run is trained again.
-    A run trained on other data than cfg.data holds now raises run_folder.DataChanged."""
+    A run trained on other data than cfg.data holds now raises run_folder.DataChanged.
+    `started` is called once this process has the run (its lock, or its finished summary),
+    never when another process holds it (RunBusy)."""
     cfg.validate()
     # a missing framework, device or toolchain is a one-line error, before any folder
     backends.load(cfg.backend).preflight(cfg)
@@ -104,6 +106,8 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
         done = folder.intact_summary()  # None, unless another process retrained it meanwhile
     if done:
         folder.tidy()  # what a process killed in the run's last writes left
+        if started:
+            started()
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
         return done
@@ -111,6 +115,8 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
     with folder.lock() as acquired:
         if not acquired:
             raise RunBusy(f"{folder} is being trained by another process")
+        if started:
+            started()
         done = folder.intact_summary()  # finished while we took the lock
         if done:
             return done

@@ -50,8 +50,10 @@ def no_calibration(monkeypatch):
 def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
     """Replace train.train by a stub that writes a summary: stable iff lr < threshold[qk_norm]."""
 
-    def fake(cfg, verbose=True, prefix="", repair=None):
+    def fake(cfg, verbose=True, prefix="", repair=None, started=None):
         calls.append((cfg, prefix))
+        if started:
+            started()
         status = "completed" if cfg.lr < threshold[cfg.qk_norm] else "diverged"
         folder = RunFolder.of(cfg).path
         folder.mkdir(parents=True, exist_ok=True)
@@ -325,11 +327,11 @@ def test_busy_runs_are_passed_over_and_retried_at_the_end(monkeypatch, tiny_data
     stub = trainer.train
     attempts = {}
 
-    def sometimes_busy(cfg, verbose=True, prefix="", repair=None):
+    def sometimes_busy(cfg, verbose=True, prefix="", repair=None, started=None):
         attempts[cfg.lr] = attempts.get(cfg.lr, 0) + 1
         if cfg.lr == 1e-3 and attempts[cfg.lr] == 1 or cfg.lr == 3e-3:
             raise RunBusy("held")
-        return stub(cfg, verbose, prefix)
+        return stub(cfg, verbose, prefix, started=started)
 
     monkeypatch.setattr(trainer, "train", sometimes_busy)
     words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,3e-3,1e-2", "refine=false")

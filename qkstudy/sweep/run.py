@@ -117,14 +117,19 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     if sibling and cfg.run_id in tally.siblings:  # looked at again: its line is printed
         tally.busy.append(cfg)
         return
-    if verbose:
-        counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
-        busy = ("with its other processes" if tally.processes > 1 or sibling
-                else "passed over (held elsewhere)")
-        print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
-              f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
-              + (f": trained by {sibling}" if sibling else ""), flush=True)
+    def announce(by: str | None = None) -> None:
+        """The run's one progress line: printed once this process has the run (a sibling that
+        takes it first gets the line instead, when the run is looked at again)."""
+        if verbose:
+            counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
+            busy = ("with its other processes" if tally.processes > 1 or by
+                    else "passed over (held elsewhere)")
+            print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
+                  f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
+                  + (f": trained by {by}" if by else ""), flush=True)
+
     if sibling:  # one line for the run, whichever of the sweep's processes trains it
+        announce(sibling)
         tally.busy.append(cfg)
         tally.siblings.add(cfg.run_id)
         return
@@ -136,7 +141,8 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
               flush=True)
 
     try:
-        summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired)
+        summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired,
+                                started=announce)
     except RunBusy:
         tally.busy.append(cfg)
         pid = holder(cfg)
