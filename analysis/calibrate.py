@@ -805,9 +805,9 @@ def cli(argv: list[str]) -> int:
         print("\ncandidate widenings, scored on the same studies:")
         print(markdown(table.filter(candidate)))
         k = chosen_slope_widening(table)
-        cover = table.filter(pl.col("hypothesis").str.starts_with("threshold x"))
-        ok = [float(h.removeprefix("threshold x")) for h, g in
-              cover.group_by("hypothesis") for h in [h[0]] if (g["rate"] >= COVERAGE_TARGET).all()]
+        ok = [w for w in WIDENINGS
+              if (table.filter(pl.col("hypothesis") == f"threshold x{w:g}")["rate"]
+                  .drop_nans() >= COVERAGE_TARGET).all()]
         print(f"H3: smallest slope widening with every false-claim bound < 5%: "
               f"{'x' + format(k, 'g') if k else 'none of ' + str(SLOPE_WIDENINGS)}; threshold: "
               f"smallest widening covering >= {COVERAGE_TARGET:.0%} in every scenario: "
