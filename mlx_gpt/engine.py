@@ -16,6 +16,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from qkstudy import denormals
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.parameters import count_params
 
@@ -79,7 +80,7 @@ class Engine:
         self.model = build_model(cfg, vocab_size)
         self.opt = make_optimizer(cfg, self.model.parameters())
         self.device = f"{mx.default_device()}"
-        self.manifest_extra = {"blas": blas}
+        self.manifest_extra = {"blas": blas, "flush_denormals": denormals.flushing()}
         self.params = count_params(self.model.args)
         self.val = [(mx.array(x), mx.array(y)) for x, y in val]
         self.px, self.py = (mx.array(a) for a in probe)

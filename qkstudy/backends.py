@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import interrupts
+from . import denormals, interrupts
 from .config import TrainConfig
 from .errors import UsageError
 
@@ -87,8 +87,9 @@ CONTRACT = ("Engine", "preflight", "device", "calibrate", "facts", "matmul_gflop
 
 def load(backend: str) -> Backend:
     """The backend's module, its contract checked; UsageError saying what to install when its
-    framework is missing."""
+    framework is missing. Sets flush-to-zero first (qkstudy/denormals.py)."""
     name, hint = BACKENDS[backend]
+    denormals.flush()  # before the framework starts its threads, which inherit it
     try:
         # a signal while a framework's C extension initialises is held until the import is
         # done: interrupted there, the extension aborts the process

@@ -143,21 +143,3 @@ def test_the_plan_says_which_engine_auto_chose_and_why(tmp_path):
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     line = next(x for x in named.stdout.splitlines() if x.strip().startswith("backend"))
     assert line.split()[1] == "mlx" and "auto" not in line
-
-
-def test_the_torch_engine_flushes_denormals_unless_kept(monkeypatch):
-    """On the CPU the torch engine sets FTZ/DAZ (subnormals become 0); QKSTUDY_DENORMALS=keep
-    leaves the CPU's default."""
-    torch = pytest.importorskip("torch")
-    from torch_ref import engine
-
-    small = torch.tensor([1e-30], dtype=torch.float32)
-    was_flushing = float(small * 1e-9) == 0.0
-    try:
-        monkeypatch.setenv(engine.DENORMALS, "keep")
-        assert engine.flush_denormals() is False
-        monkeypatch.delenv(engine.DENORMALS)
-        if engine.flush_denormals():  # the CPU supports it (x86-64, ARM)
-            assert float(small * 1e-9) == 0.0  # 1e-39 is subnormal in float32: flushed
-    finally:
-        torch.set_flush_denormal(was_flushing)  # the process as it was

@@ -32,6 +32,7 @@ import time
 import numpy as np
 import torch
 
+from qkstudy import denormals
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.parameters import count_params, initial_weights
 
@@ -63,17 +64,6 @@ def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-DENORMALS = "QKSTUDY_DENORMALS"  # keep: the CPU's default handling of subnormal floats
-
-
-def flush_denormals() -> bool:
-    """FTZ/DAZ on this thread (x86-64 and ARM CPUs; threads started after it inherit it):
-    subnormal floats, below 1.2e-38 in float32, become 0. A high-LR run's saturated softmax and
-    Adam moments make many, each a ~100-cycle assist on x86-64 (docs/performance.md, "In-sweep
-    speed"); QKSTUDY_DENORMALS=keep leaves them. Whether it is set."""
-    return os.environ.get(DENORMALS, "flush") != "keep" and bool(torch.set_flush_denormal(True))
-
-
 class Engine:
     """qkstudy.trainer.Engine for PyTorch."""
 
@@ -82,7 +72,6 @@ class Engine:
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
         self.cfg = cfg
         set_determinism(cfg.deterministic)  # before this engine's first CUDA call
-        flushing = flush_denormals() if cfg.device in ("auto", "cpu") else False
         self.dev = place(cfg.device)
         set_precision(cfg.precision, self.dev)
         share = runs_per_device()
@@ -104,7 +93,7 @@ class Engine:
         self.manifest_extra = {"torch_threads": torch.get_num_threads(),
                                "precision": cfg.precision, "compile": cfg.compile,
                                "deterministic": cfg.deterministic,
-                               "flush_denormals": flushing,
+                               "flush_denormals": denormals.flushing(),
                                "float32_matmul_precision": torch.get_float32_matmul_precision()}
         self.warmup_note = ("compiling the step with torch.compile (a minute or more)"
                             if cfg.compile else "first step")
