@@ -3,8 +3,8 @@ truth, counts every kind of false claim and measures power and interval coverage
 (docs/report.md shows the table; `just calibrate`).
 
 One simulated study is the mini's design run by the sweep's own rules: depths 2, 4, 8, both
-arms, the 8 grid LRs, a fixed number of seeds, one boundary-bisection step per curve
-(qkstudy.sweep.refine.next_midpoint) and two threshold-bisection steps per depth
+arms, the 8 grid LRs, a fixed number of seeds, the mini preset's boundary-bisection steps per
+curve (two; qkstudy.sweep.refine.next_midpoint) and two threshold-bisection steps per depth
 (qkstudy.sweep.adaptive.next_threshold_lr), then the report's verdict code
 (analysis.verdicts.study_verdicts) on the runs.
 
@@ -40,6 +40,7 @@ import polars as pl
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.errors import UsageError
 from qkstudy.sweep.adaptive import next_threshold_lr
+from qkstudy.sweep.config import MINI
 from qkstudy.sweep.refine import next_midpoint
 
 from . import stats as S
@@ -54,7 +55,10 @@ DEPTHS = (2, 4, 8)
 UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
 INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
-THRESHOLD_STEPS, REFINE_STEPS, REFINE_FACTOR = 2, 1, 1.4  # the mini preset's bisection
+# the mini preset's bisection: boundary steps per curve (refine_steps= overrides), threshold
+# steps per depth, the ratio at which both stop
+REFINE_STEPS, THRESHOLD_STEPS, REFINE_FACTOR = MINI.refine_steps, MINI.threshold_steps, \
+    MINI.refine_factor
 SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 0
 
 
@@ -274,6 +278,7 @@ class World:
     degrade: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
     lrs: tuple[float, ...] = LRS  # its grid
+    refine_steps: int = REFINE_STEPS  # boundary-bisection steps per curve
     lattice: np.ndarray = field(default_factory=lambda: LATTICE)
 
     def sd(self, depth: int, lr: float) -> float:
@@ -302,7 +307,7 @@ class World:
 def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                rng: np.random.Generator, noiseless: bool = False,
                depths: tuple[int, ...] = DEPTHS, lrs: tuple[float, ...] = LRS,
-               lattice: np.ndarray = LATTICE) -> World:
+               lattice: np.ndarray = LATTICE, refine_steps: int = REFINE_STEPS) -> World:
     ell = 0.5 / -math.log(min(max(noise.correlation, 1e-3), 0.999))  # corr at 0.5 decades
     d = np.abs(lattice[:, None] - lattice[None, :])
     chol = np.linalg.cholesky(np.exp(-d / ell) + 1e-9 * np.eye(len(lattice)))
@@ -326,7 +331,7 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
         # world without it
         onset_shift={dp: rng.normal(0, noise.onset_sd, seeds) for dp in depths}
         if noise.onset_sd > 0 and not noiseless else {},
-        depths=depths, lrs=lrs, lattice=lattice)
+        depths=depths, lrs=lrs, refine_steps=refine_steps, lattice=lattice)
     rho = noise.boundary_correlation
     if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
         for dp in depths:
@@ -367,8 +372,9 @@ def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
 
 
 def sweep(world: World) -> pl.DataFrame:
-    """The runs the mini's sweep would train in this world: the grid, one boundary bisection
-    step per curve, then two threshold-bisection steps per depth (every seed, both arms)."""
+    """The runs the mini's sweep would train in this world: the grid, world.refine_steps
+    boundary-bisection steps per curve, then two threshold-bisection steps per depth (every
+    seed, both arms)."""
     runs: dict[tuple[int, str, float, int], tuple[str, float | None]] = {}
 
     def train(depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:
@@ -381,7 +387,7 @@ def sweep(world: World) -> pl.DataFrame:
         for seed in range(world.seeds):
             for arm in ("none", "rmsnorm"):
                 results = {lr: train(depth, arm, lr, seed)[0] == "completed" for lr in world.lrs}
-                while (lr := next_midpoint(results, world.lrs, REFINE_STEPS,
+                while (lr := next_midpoint(results, world.lrs, world.refine_steps,
                                            REFINE_FACTOR)) is not None:
                     results[lr] = train(depth, arm, lr, seed)[0] == "completed"
         means: dict[float, float] = {}
@@ -525,6 +531,8 @@ def judge(world: World, truth: Truth, options: Options, slope_widenings: tuple[f
         out[f"H2 {measure} false no difference"] = float(d == "equivalent"
                                                          and abs(effect) >= margin)
         out[f"H2 {measure} power"] = float(effect > margin and d == "for")
+        # "equivalent" where the truth lies inside the margin (x1 and x1.5 of the boundary)
+        out[f"H2 {measure} equivalence power"] = float(abs(effect) < margin and d == "equivalent")
     # H3: the slope's claims against the planted one
     row = h3.row(0, named=True) if h3.height else None
     d3 = row["decision"] if row else None
@@ -583,11 +591,13 @@ FALSE_KINDS = ("false supported", "false not supported", "false no difference", 
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
-              base_seed: int = 0, candidates: bool = False) -> pl.DataFrame:
+              base_seed: int = 0, candidates: bool = False,
+              refine_steps: int = REFINE_STEPS) -> pl.DataFrame:
     """Per scenario and claim: how many of `studies` simulated studies made it, the rate and
     the upper end of its 95% Clopper-Pearson interval (false claims), or the rate (power) or
     mean (coverage). candidates: also score every candidate widening of H3's slope draws
-    (SLOPE_WIDENINGS) and of the threshold interval (WIDENINGS) on the same studies."""
+    (SLOPE_WIDENINGS) and of the threshold interval (WIDENINGS) on the same studies.
+    refine_steps: boundary-bisection steps per curve (the mini preset's by default)."""
     extra = (SLOPE_WIDENINGS, WIDENINGS) if candidates else ((), ())
     options = options or Options()
     rows = []
@@ -595,7 +605,8 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
         scenario = SCENARIOS[name]
         truth = truth_of(scenario, noise, seeds, options)
         rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
-        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
+        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng,
+                                   refine_steps=refine_steps), truth,
                         replace(options, draw_key=f"#{name}/{i}"), *extra)
                   for i in range(studies)]
         for key in scores[0]:
@@ -700,6 +711,10 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def _true(scenario: str, what: str, truth: Truth) -> bool:
+    if what.endswith(" equivalence"):  # H2's "no change": the truth within the margin
+        effect, margin = ((truth.stable_effect, math.log(Options.lr_ratio_margin))
+                          if MAX_STABLE in what else (truth.sensitivity_drop, Options.min_gap))
+        return abs(effect) < margin
     if what.startswith("H1"):
         return truth.h1
     if what == f"H2 {MAX_STABLE}":
@@ -750,6 +765,7 @@ keys (defaults shown):
                the default noise, per-seed onsets (onset_sd, default 0.15 here) and, with runs=,
                the noise fitted from it; prints amendment 5's choice of widening
   models=default,onsets,fitted  with thresholds=true: which noise models (fitted needs runs=)
+  refine_steps=2       boundary-bisection steps per curve (the mini preset's)
   candidates=false     true: also score candidate widenings of H3's slope draws and of the
                threshold interval on the same studies, and print the smallest that passes"""
 
@@ -767,12 +783,16 @@ class CalibrateArgs:
     thresholds: bool = False
     models: str = "default,onsets,fitted"
     candidates: bool = False
+    refine_steps: int = REFINE_STEPS
 
 
 def cli(argv: list[str]) -> int:
     args = apply_overrides(CalibrateArgs(), split_key_values(argv))
     if args.studies < 1:
         raise UsageError(f"studies must be >= 1, not {args.studies}")
+    if not 0 <= args.refine_steps <= 4:
+        raise UsageError(f"refine_steps must be 0-4 (bisection steps per curve), not "
+                         f"{args.refine_steps}")
     if args.seeds < 2:
         raise UsageError(f"seeds must be >= 2 (a paired test needs two), not {args.seeds}")
     names = tuple(n.strip() for n in args.scenarios.split(",") if n.strip()) or tuple(SCENARIOS)
@@ -797,8 +817,9 @@ def cli(argv: list[str]) -> int:
     t0 = time.perf_counter()
     table = calibrate(args.studies, args.seeds, noise, names,
                       Options(threshold_widening=args.threshold_widening),
-                      candidates=args.candidates)
-    print(f"noise: {noise.source} (correlation across LRs {noise.correlation:.2f})")
+                      candidates=args.candidates, refine_steps=args.refine_steps)
+    print(f"noise: {noise.source} (correlation across LRs {noise.correlation:.2f}); "
+          f"{args.refine_steps} boundary-bisection step(s) per curve")
     candidate = pl.col("hypothesis").str.contains(" x")
     print(markdown(table.filter(~candidate)))
     if args.candidates:

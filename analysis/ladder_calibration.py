@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from qkstudy.config import apply_overrides, split_key_values
-from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, LRS
+from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, LRS, REFINE_STEPS
 
 from . import calibrate as K
 from . import stats as S
@@ -50,7 +50,8 @@ def simulate(law: tuple[float, float], noise: K.Noise, seeds: int, options: Opti
     x = design(points)
     onset = {k: 10 ** float(x[k] @ [A, b, c]) for k in keys}
     world = K.make_world(K.Scenario(onset), replace(noise, gap_sd={k: noise.gap_sd[4] for k in keys}),
-                         seeds, options.min_gap, rng, depths=keys, lrs=LRS, lattice=LATTICE)
+                         seeds, options.min_gap, rng, depths=keys, lrs=LRS, lattice=LATTICE,
+                         refine_steps=REFINE_STEPS)
     runs = K.sweep(world)
     gaps, _ = h1_tests(runs, options)
     paired = paired_gaps(runs, options)

@@ -132,13 +132,14 @@ STUDY = SweepConfig(
 
 # The smallest study that decides H1-H3 on a laptop CPU (`just mini`): three depths, both arms,
 # five seeds fixed in advance (no adaptive seeds: the confirmatory tests of docs/report.md need
-# a seed count that does not depend on the data), 8 half-decade LRs from 1e-3 (stable) to 3 (every arm diverges), one bisection step
-# per curve between its last stable and first diverged LR; 300 steps of 16 x 64 byte tokens on a
+# a seed count that does not depend on the data), 8 half-decade LRs from 1e-3 (stable) to 3 (every
+# arm diverges), two bisection steps per curve between its last stable and first diverged LR (a
+# bracket of x1.33, finer than H2's equivalence bracket x1.41: docs/report.md, amendment 3); 300 steps of 16 x 64 byte tokens on a
 # d_model-64 model (head_dim 32). Calibrated at depth 4: QK-norm off vs on final val loss 2.60 vs
 # 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max attention logit 114 vs 6 and 6,571 vs 12.
 MINI = SweepConfig(
     preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
-    seeds=(0, 1, 2, 3, 4), arms=("none", "rmsnorm"), refine=True, refine_steps=1,
+    seeds=(0, 1, 2, 3, 4), arms=("none", "rmsnorm"), refine=True, refine_steps=2,
     refine_factor=1.4, max_seeds=5, jobs=2,
     train=TrainConfig(
         data="data/synthetic-bytes", d_model=64, n_heads=2, block_size=64, batch_size=16,

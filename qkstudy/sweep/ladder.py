@@ -28,6 +28,7 @@ backend=torch. A finished point is skipped, an unfinished one resumes.
 # Half-decades from below any threshold measured so far to past divergence
 LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 SEEDS = (0, 1, 2, 3, 4)
+REFINE_STEPS = 1  # boundary-bisection steps per curve (the ladder's plan: H2 is secondary here)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Point:
         return [
             "preset=mini", f"name={self.name}", f"depth={self.depth}",
             f"lrs={','.join(f'{lr:g}' for lr in LRS)}", f"seeds={','.join(map(str, SEEDS))}",
-            "max_seeds=5", "refine=true", "refine_steps=1", "threshold_steps=2", "jobs=2",
+            "max_seeds=5", "refine=true", f"refine_steps={REFINE_STEPS}", "threshold_steps=2", "jobs=2",
             f"data={self.data}", f"d_model={self.d_model}",
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
             f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
