@@ -10,10 +10,10 @@ import mlx.core as mx
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 
-from .engine import Engine, calibrate
+from .engine import Engine
 from .measure import facts, matmul_gflops, peak_memory_bytes
 
-__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "memory_limit",
+__all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
            "peak_memory_bytes", "preflight"]
 
 

@@ -7,7 +7,6 @@ of tree_flatten(opt.state): moments, learning rate and step).
 
 from __future__ import annotations
 
-import time
 from functools import partial
 
 import mlx.core as mx
@@ -128,19 +127,3 @@ class Engine:
     def weights(self) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in tree_flatten(self.model.parameters())}
 
-
-def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
-              ) -> tuple[float, int]:
-    """(tokens/s, steps timed): compiled AdamW steps of this exact shape after one warm-up step
-    (which compiles); up to `steps` of them, fewer once `max_seconds` have passed."""
-    model = build_model(cfg, vocab)
-    step_fn, state = make_train_step(model, make_optimizer(cfg, model.parameters()),
-                                     cfg.grad_clip)
-    x = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
-    y = mx.random.randint(0, vocab, (cfg.batch_size, cfg.block_size))
-    mx.eval(step_fn(x, y), state)
-    start, timed = time.perf_counter(), 0
-    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
-        mx.eval(step_fn(x, y), state)
-        timed += 1
-    return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed

@@ -1,9 +1,9 @@
 """The one seam between the core and an engine: how a backend is found and what it must provide.
 
 `backend=mlx|torch` names a module (BACKENDS), and that module's contract is the `Backend`
-protocol below, checked when it is loaded: the run's Engine (the train step), a preflight (the
-checks that need the framework, before anything is written), where a run trains, a calibration
-(tokens/s of one shape, for the sweep's plan) and the bench step's facts (qkstudy/bench/step.py).
+protocol below, checked when it is loaded: the run's Engine (the train step, which the sweep's
+plan and the benchmarks time too), a preflight (the checks that need the framework, before
+anything is written), where a run trains and the bench step's facts (qkstudy/bench/step.py).
 The core finds every backend here and nowhere else; mlx_gpt/backend.py and torch_ref/backend.py
 are the two sides of it.
 """
@@ -62,10 +62,6 @@ class Backend(Protocol):
     def device(self, cfg: TrainConfig) -> str:
         """Where a run of `cfg` trains, described ("cpu", "gpu", "cuda (NVIDIA H200)")."""
 
-    def calibrate(self, cfg: TrainConfig, vocab: int, steps: int, max_seconds: float
-                  ) -> tuple[float, int]:
-        """(tokens/s, steps timed) of the run's compiled step at this exact shape."""
-
     def facts(self, cfg: TrainConfig) -> dict:
         """The bench's record of the framework: version, device, BLAS or threads."""
 
@@ -81,7 +77,7 @@ class Backend(Protocol):
         process's environment says); None: the machine's (qkstudy/memory.py)."""
 
 
-CONTRACT = ("Engine", "preflight", "device", "calibrate", "facts", "matmul_gflops",
+CONTRACT = ("Engine", "preflight", "device", "facts", "matmul_gflops",
             "peak_memory_bytes", "memory_limit")
 
 

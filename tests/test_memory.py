@@ -111,7 +111,7 @@ def test_the_sweep_plan_refuses_a_depth_that_cannot_fit_before_calibrating(tiny_
     def calibrate(*args):
         raise AssertionError("calibrated a plan that cannot fit")
 
-    monkeypatch.setattr(sweep.plan, "calibrate", calibrate)
+    monkeypatch.setattr(sweep.plan, "step_speed", calibrate)
     words = ["sweep", "preset=demo", f"data={tiny_data}", f"runs_dir={tmp_path / 'runs'}",
              "d_model=512", "n_heads=4", "block_size=32", "batch_size=4", "seeds=0"]
     one = memory.estimate(dataclasses.replace(TrainConfig(), d_model=512, n_heads=4,
@@ -125,7 +125,7 @@ def test_the_sweep_plan_refuses_a_depth_that_cannot_fit_before_calibrating(tiny_
     assert not (tmp_path / "runs").exists()
     # one process: each depth's estimate is printed beside its parameters (and the plan's time
     # from a short timing, stubbed here)
-    monkeypatch.setattr(sweep.plan, "calibrate", lambda *args, **kwargs: (1000.0, 1))
+    monkeypatch.setattr(sweep.plan, "step_speed", lambda *args, **kwargs: (1000.0, 1))
     assert main([*words, "depth=1,8", "jobs=1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"memory ~{memory.format_bytes(one)} a run" in out

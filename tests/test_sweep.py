@@ -44,7 +44,7 @@ def status_of(cfg) -> str | None:
 
 @pytest.fixture
 def no_calibration(monkeypatch):
-    monkeypatch.setattr(sweep.plan, "calibrate", lambda cfg, vocab: (1000.0, 3))
+    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab: (1000.0, 3))
 
 
 def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):
@@ -217,7 +217,7 @@ def test_dry_run_of_the_study_says_how_long_and_warns(tmp_path, monkeypatch, cap
     # a bench report from another machine is not used, and the plan says why
     files.write_json(tmp_path / "reports" / "bench.json",
                       bench | {"machine": {"cpu": "another CPU", "cpus": 64}})
-    monkeypatch.setattr("qkstudy.sweep.plan.calibrate", lambda cfg, vocab, **k: (1000.0, 1))
+    monkeypatch.setattr("qkstudy.sweep.plan.step_speed", lambda cfg, vocab, **k: (1000.0, 1))
     assert main(["sweep", "preset=study", "depth=6", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "reports/bench.json was measured on another machine (64-core another CPU)" in out

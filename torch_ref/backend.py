@@ -5,10 +5,10 @@ from __future__ import annotations
 from qkstudy.config import TrainConfig
 
 from .device import memory_limit
-from .engine import Engine, calibrate, describe, preflight, resolve_device
+from .engine import Engine, describe, preflight, resolve_device
 from .measure import facts, matmul_gflops, peak_memory_bytes
 
-__all__ = ["Engine", "calibrate", "device", "facts", "matmul_gflops", "memory_limit",
+__all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
            "peak_memory_bytes", "preflight"]
 
 

@@ -27,7 +27,6 @@ runs under torch.cuda.set_sync_debug_mode("error"): one that makes the host wait
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import torch
@@ -195,17 +194,3 @@ class Engine:
     def weights(self) -> dict[str, np.ndarray]:
         return {n: p.detach().cpu().numpy().copy() for n, p in self.model.named_parameters()}
 
-
-def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
-              ) -> tuple[float, int]:
-    """(tokens/s, steps timed): train steps of this exact shape after one warm-up step."""
-    rng = np.random.default_rng(0)
-    batch = (cfg.batch_size, cfg.block_size)
-    engine = Engine(cfg, vocab, [], (rng.integers(0, vocab, batch), rng.integers(0, vocab, batch)))
-    x, y = rng.integers(0, vocab, batch), rng.integers(0, vocab, batch)
-    engine.read([engine.step(x, y)])
-    start, timed = time.perf_counter(), 0
-    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
-        engine.read([engine.step(x, y)])
-        timed += 1
-    return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed

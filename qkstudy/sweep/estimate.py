@@ -91,10 +91,10 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
                           f"shape, measured {stamp}) scaled by FLOPs per token"), None
 
 
-def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, calibrate) -> Speeds:
+def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed) -> Speeds:
     """Time a few steps of the first depth here and scale to the others by FLOPs per token."""
     depth, cfg = next(iter(cfgs.items()))
-    tok_s, timed = calibrate(cfg, vocab, steps=10, max_seconds=3.0)
+    tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
     base = flops_of(cfg, vocab)
     speeds = {d: tok_s * base / flops_of(c, vocab) for d, c in cfgs.items()}
     others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 
 from .. import backends, files, memory, trainer
+from ..bench.shapes import random_batch
 from ..errors import UsageError
 from ..config import TrainConfig, model_args
 from ..parameters import count_params
@@ -38,10 +40,20 @@ def param_counts(cfg: TrainConfig, vocab: int) -> dict[str, int]:
     return count_params(model_args(cfg, vocab))
 
 
-def calibrate(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
-              ) -> tuple[float, int]:
-    """(tokens/s, steps timed) of this exact shape, timed by the run's backend."""
-    return backends.load(cfg.backend).calibrate(cfg, vocab, steps, max_seconds)
+def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
+                ) -> tuple[float, int]:
+    """(tokens/s, steps timed) of the run's own train step (its backend's Engine) at this exact
+    shape, on a random batch, after one warm-up step (which compiles); up to `steps` of them,
+    fewer once `max_seconds` have passed. The benchmarks time the same step longer
+    (qkstudy/bench/step.py)."""
+    x, y = random_batch(cfg, vocab, 0)
+    engine = backends.load(cfg.backend).Engine(cfg, vocab, [], random_batch(cfg, vocab, 1))
+    engine.read([engine.step(x, y)])
+    start, timed = time.perf_counter(), 0
+    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
+        engine.read([engine.step(x, y)])
+        timed += 1
+    return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
 
 
 def run_cost_tokens(cfg: TrainConfig) -> float:
@@ -112,7 +124,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
         if calibrate_speed and vocab:
             print(line + "; calibrating (compile, then up to 10 s of steps) ...", end="",
                   flush=True)
-            speeds[depth], timed = calibrate(cfg, vocab)
+            speeds[depth], timed = step_speed(cfg, vocab)
             print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
             line += (f"; {speeds[depth]:,.0f} tok/s ({counted(timed, 'timed step')}); "
                      f"{trainer.format_seconds(run_cost_tokens(cfg) / speeds[depth])} a run")
@@ -130,7 +142,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
             print(f"  time        timing depth {sweep.depth[0]} here (compile, then a step or "
                   "two) ...", end="", flush=True)
             try:
-                found = estimate.from_short_timing(cfgs, vocab, calibrate)
+                found = estimate.from_short_timing(cfgs, vocab, step_speed)
             except UsageError as e:  # the backend is not installed here
                 print(f"{done}  time        not estimated: {e}")
                 return speeds
