@@ -482,7 +482,7 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
         .then(pl.lit(BOTH_DIVERGED))
         .otherwise(pl.col("decision").replace_strict(words, default="untested")),
         tested=pl.col("decision").is_in(list(DECISION_STYLE)),
-        compared=pl.format("off minus {}", pl.col("on_kind").map_elements(
+        compared=pl.format("off minus {}", pl.col("compared_arm").map_elements(
             M.arm_words, return_dtype=pl.String)),
         kind=pl.lit("cell"))
     tested = cells.filter("tested")
@@ -494,8 +494,8 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
     lrs = cells["lr"].to_list()
     width = panel_width(cells["depth"].n_unique())
     lo, hi = min(lrs) / 1.3, max(lrs) * 1.3
-    panels = cells.select("depth", "on_kind", "compared").unique()
-    th = (thresholds.join(panels, on=["depth", "on_kind"])
+    panels = cells.select("depth", "compared_arm", "compared").unique()
+    th = (thresholds.join(panels, on=["depth", "compared_arm"])
           .filter(pl.col("threshold_lr").is_not_null())
           .with_columns(band_lo=pl.col("ci_lo").fill_null(lo).clip(lo, hi),
                         band_hi=pl.col("ci_hi").fill_null(hi).clip(lo, hi),
@@ -596,9 +596,9 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
 def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
     """Cells with log-midpoint edges per depth, plus the necessity boundary per depth."""
     ratio = (pl.col("lr") / pl.col("prev")).sqrt()
-    cells = (gaps.sort("on_kind", "depth", "lr")
-             .with_columns(prev=pl.col("lr").shift(1).over("on_kind", "depth"),
-                           next=pl.col("lr").shift(-1).over("on_kind", "depth"))
+    cells = (gaps.sort("compared_arm", "depth", "lr")
+             .with_columns(prev=pl.col("lr").shift(1).over("compared_arm", "depth"),
+                           next=pl.col("lr").shift(-1).over("compared_arm", "depth"))
              .with_columns(x_lo=pl.when(pl.col("prev").is_not_null())
                            .then(pl.col("lr") / ratio)
                            .otherwise(pl.col("lr") / (pl.col("next") / pl.col("lr")).sqrt()),
@@ -621,14 +621,14 @@ def gap_map_data(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
                            outcome=pl.when(pl.col("pairs") < 2).then(None)
                            .when(pl.col("worse")).then(pl.lit("off worse"))
                            .when(pl.col("no_difference")).then(pl.lit("no difference")),
-                           compared=pl.format("off minus {}", pl.col("on_kind").map_elements(
+                           compared=pl.format("off minus {}", pl.col("compared_arm").map_elements(
                                M.arm_words, return_dtype=pl.String)),
                            kind=pl.lit("cell")))
-    boundary = (cells.select("depth", "on_kind", "row", "compared").unique()
+    boundary = (cells.select("depth", "compared_arm", "row", "compared").unique()
                 .join(thresholds.filter(pl.col("threshold_lr").is_not_null())
-                      .select("depth", "on_kind", lr="threshold_lr"), on=["depth", "on_kind"])
+                      .select("depth", "compared_arm", lr="threshold_lr"), on=["depth", "compared_arm"])
                 .with_columns(x_lo=pl.col("lr"), y_lo=pl.lit(0.0), y_hi=pl.lit(0.0))
-                .select("depth", "row", "on_kind", "compared", "lr", "x_lo", "y_lo", "y_hi")
+                .select("depth", "row", "compared_arm", "compared", "lr", "x_lo", "y_lo", "y_hi")
                 .with_columns(kind=pl.lit("boundary"), y_lo=pl.col("row") - 0.5,
                               y_hi=pl.col("row") + 0.5))
     return pl.concat([cells.drop("prev", "next"), boundary], how="diagonal_relaxed")
@@ -690,7 +690,7 @@ def gap_map_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
             y_mark=pl.col("row") + pl.col(col).replace_strict(
                 {k: v[2] for k, v in GAP_MARKERS.items()}, default=0.0))
         for col in ("divergence", "outcome")], how="diagonal_relaxed").select(
-            "on_kind", "compared", "depth", "row", "lr", "y_mark", "marker",
+            "compared_arm", "compared", "depth", "row", "lr", "y_mark", "marker",
             kind=pl.lit("marker"))
     shape = alt.Shape("marker:N", title="markers", scale=alt.Scale(
         domain=[GAP_MARKERS[k][0] for k in present], range=[GAP_MARKERS[k][1] for k in present]))
@@ -770,7 +770,7 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
         .with_columns(measure=pl.lit("max stable LR")),
         # a bootstrap end that is censored (beyond the LRs run) is null: drawn to the edge
         thresholds.select("depth", value="threshold_lr", lo="ci_lo", hi="ci_hi",
-                          arm=pl.format("necessity ({} vs off)", "on_kind"),
+                          arm=pl.format("necessity ({} vs off)", "compared_arm"),
                           interval="threshold")
         .with_columns(measure=pl.lit("necessity threshold"), bound=pl.lit(False)),
     ]
@@ -787,7 +787,7 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
         hi=pl.col("hi").fill_null(pl.when(cut).then(y_max).otherwise("value")))
     depths = sorted(arms["depth"].unique().to_list())
     scale = arm_scale(arms[M.ARM].unique().to_list())
-    kinds = thresholds["on_kind"].unique().to_list()
+    kinds = thresholds["compared_arm"].unique().to_list()
     scale = alt.Scale(domain=list(scale.domain) + [f"necessity ({k} vs off)" for k in kinds],
                       range=list(scale.range) + ["#000000"] * len(kinds))
     data = data.with_columns(

@@ -10,7 +10,7 @@ from . import charts as C
 from .study import Study
 
 
-KEYS = ["on_kind", "depth", "lr"]
+KEYS = ["compared_arm", "depth", "lr"]
 
 
 def gap_agreement(a: Study, b: Study) -> pl.DataFrame:
@@ -21,7 +21,7 @@ def gap_agreement(a: Study, b: Study) -> pl.DataFrame:
     right = b.gaps.select(*KEYS, *[pl.col(c).alias(f"{c}_b") for c in cols])
     both = left.with_columns(lr_key=pl.col("lr").round_sig_figs(4)).join(
         right.with_columns(lr_key=pl.col("lr").round_sig_figs(4)).drop("lr"),
-        on=["on_kind", "depth", "lr_key"]).drop("lr_key")
+        on=["compared_arm", "depth", "lr_key"]).drop("lr_key")
     return (both.with_columns(
         decisions_agree=pl.col("decision") == pl.col("decision_b"),
         intervals_overlap=(pl.col("ci_lo") <= pl.col("ci_hi_b"))
@@ -30,7 +30,7 @@ def gap_agreement(a: Study, b: Study) -> pl.DataFrame:
 
 
 def verdict_agreement(a: Study, b: Study) -> pl.DataFrame:
-    keys = ["hypothesis", "on_kind"]
+    keys = ["hypothesis", "compared_arm"]
     return (a.verdicts.select(*keys, "claim", "verdict", "seeds")
             .join(b.verdicts.select(*keys, verdict_b="verdict", seeds_b="seeds"), on=keys,
                   how="full", coalesce=True)
@@ -53,7 +53,7 @@ def sentences(gaps: pl.DataFrame, verdicts: pl.DataFrame, a: str, b: str) -> lis
     else:
         out.append(f"No (depth, LR) cell was run in both {a} and {b}.")
     for r in verdicts.iter_rows(named=True):
-        out.append(f"{r['hypothesis']} ({r['on_kind']}): {r['verdict'] or 'absent'} in {a}, "
+        out.append(f"{r['hypothesis']} ({r['compared_arm']}): {r['verdict'] or 'absent'} in {a}, "
                    f"{r['verdict_b'] or 'absent'} in {b}"
                    + (" (the same)" if r["agree"] else " (they differ)") + ".")
     return out
@@ -79,7 +79,7 @@ def gap_scatter(gaps: pl.DataFrame, a: str, b: str) -> alt.Chart:
                                                                    y=alt.Y("v:Q", scale=scale)))
     points = (alt.Chart(C.values(data)).mark_point(filled=True, size=60)
               .encode(x=x, y=y, color=color, shape=alt.Shape("depth:N"),
-                      tooltip=["depth:Q", alt.Tooltip("lr:Q", format=".3g"), "on_kind:N",
+                      tooltip=["depth:Q", alt.Tooltip("lr:Q", format=".3g"), "compared_arm:N",
                                alt.Tooltip("mean_gap:Q", format="+.3f"),
                                alt.Tooltip("mean_gap_b:Q", format="+.3f"), "decision:N",
                                "decision_b:N"]))

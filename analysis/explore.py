@@ -18,7 +18,7 @@ def _(mo, runs_dir, study):
     # the first thing on the page is the answer: the verdicts, then what was left out and why
     _notes = [*study.notes, *study.runs.warnings]
     _verdicts = study.verdicts.select(
-        "hypothesis", "on_kind", "verdict", "measured", "seeds", "family_size", "correction",
+        "hypothesis", "compared_arm", "verdict", "measured", "seeds", "family_size", "correction",
         "claim", "evidence")
     mo.vstack([
         mo.md(f"# QK-norm study: `{runs_dir}`\n\n"
@@ -102,14 +102,14 @@ def _(arm_pick, depth_pick, lr_pick, pl, study):
     # the selection as one filter; gaps are keyed by the compared arm (off is always one side)
     picked = (pl.col("depth").is_in(depth_pick.value) & pl.col("lr").is_in(lr_pick.value))
     picked_runs = study.points.filter(picked & pl.col("arm").is_in(arm_pick.value))
-    picked_gaps = study.gaps.filter(picked & pl.col("on_kind").is_in(arm_pick.value))
+    picked_gaps = study.gaps.filter(picked & pl.col("compared_arm").is_in(arm_pick.value))
     return picked_gaps, picked_runs
 
 
 @app.cell(hide_code=True)
 def _(C, mo, pl, picked_gaps, study):
     # the gap table: off minus on per depth and LR with its interval and the cell's decision
-    _cols = ["depth", "on_kind", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "p_off_worse",
+    _cols = ["depth", "compared_arm", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "p_off_worse",
              "q_off_worse", "q_equivalent", "family_size", "decision", "seed_gaps"]
     _depths = picked_gaps["depth"].unique()
     _thresholds = study.thresholds.filter(pl.col("depth").is_in(_depths.implode()))
@@ -122,7 +122,7 @@ def _(C, mo, pl, picked_gaps, study):
                     format_mapping={**{c: "{:+.3f}" for c in ("mean_gap", "ci_lo", "ci_hi")},
                                     **{c: "{:.2g}" for c in _cols if c[:2] in ("p_", "q_")}},
                     label="Gap table, filtered to the selection"),
-        mo.ui.table(_thresholds.select("depth", "on_kind", "threshold", "threshold_lr", "ci_lo",
+        mo.ui.table(_thresholds.select("depth", "compared_arm", "threshold", "threshold_lr", "ci_lo",
                                        "ci_hi", "censored", "note"),
                     selection=None, show_column_summaries=False,
                     format_mapping={c: "{:.3g}" for c in ("threshold_lr", "ci_lo", "ci_hi")},

@@ -30,7 +30,7 @@ from .metrics import (
     full_curves,
     lr_sensitivity_per_seed,
     max_stable_lr_per_seed,
-    on_kinds,
+    compared_arms,
     paired_gaps,
     with_losses,
 )
@@ -40,7 +40,7 @@ from .threshold import DepthDraws, threshold_draws
 OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
     "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
 
-GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs": pl.Int64,
+GAP_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "lr": pl.Float64, "pairs": pl.Int64,
               "mean_gap": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
               "gap_sd": pl.Float64, "seed_gaps": pl.String, "spread": pl.String,
               "p_off_worse": pl.Float64, "p_on_worse": pl.Float64, "p_equivalent": pl.Float64,
@@ -51,7 +51,7 @@ GAP_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "lr": pl.Float64, "pairs"
               "significant": pl.Boolean, "worse": pl.Boolean, "no_difference": pl.Boolean,
               "both_diverged": pl.Boolean, "needed": pl.Boolean}
 
-BEST_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "pairs": pl.Int64,
+BEST_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "pairs": pl.Int64,
                "best_loss_off": pl.Float64, "best_loss_on": pl.Float64, "mean_gap": pl.Float64,
                "ci_lo": pl.Float64, "ci_hi": pl.Float64, "seed_gaps": pl.String,
                "p_off_worse": pl.Float64, "q_off_worse": pl.Float64, "family_size": pl.Int64,
@@ -61,7 +61,7 @@ BEST_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "pairs": pl.Int64,
 # --- H1 -----------------------------------------------------------------------------------------
 
 def _cell(g: dict[str, list], options: Options) -> dict:
-    """One (depth, on_kind, lr) cell's gaps with their interval and raw one-sided p-values
+    """One (depth, compared_arm, lr) cell's gaps with their interval and raw one-sided p-values
     (`g`: the cell's paired_gaps rows as columns, in seed order). A cell where no run of either
     arm learned (each diverged or degraded) is uninformative: it tells nothing about whether
     the control is needed and is not tested."""
@@ -106,22 +106,22 @@ def _decide(cell: dict, alpha: float) -> str:
 
 
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, on_kind, seed): each arm's best final loss over every LR run (its own optimal
+    """Per (depth, compared_arm, seed): each arm's best final loss over every LR run (its own optimal
     LR) and gap = off - on. Seeds where either arm never finished with a finite loss are out."""
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
     off = best.filter(pl.col(ARM) == OFF).drop(ARM)
     frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],
-                       suffix="_on").with_columns(on_kind=pl.lit(on))
-              for on in on_kinds(points)]
+                       suffix="_on").with_columns(compared_arm=pl.lit(on))
+              for on in compared_arms(points)]
     schema = {"depth": pl.Int64, "seed": pl.Int64, "best": pl.Float64, "best_on": pl.Float64,
-              "on_kind": pl.String}
+              "compared_arm": pl.String}
     return (pl.concat(frames) if frames else pl.DataFrame(schema=schema)).sort(
-        "on_kind", "depth", "seed")
+        "compared_arm", "depth", "seed")
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(gap cells, best-loss gaps): every test of H1's family, adjusted together per on_kind
+    """(gap cells, best-loss gaps): every test of H1's family, adjusted together per compared_arm
     (module docstring). The `needed` column is filled by `mark_needed` once the threshold is
     known."""
     gaps = paired_gaps(points, options)
@@ -130,26 +130,26 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
     by_cell: dict[tuple, dict[str, list]] = {}
     columns = ("gap", "diverged_off", "degraded_off", "diverged_on", "degraded_on", "loss_off",
                "loss_on")
-    for row in gaps.sort("on_kind", "depth", "lr", "seed").iter_rows(named=True):
-        cell = by_cell.setdefault((row["on_kind"], row["depth"], row["lr"]),
+    for row in gaps.sort("compared_arm", "depth", "lr", "seed").iter_rows(named=True):
+        cell = by_cell.setdefault((row["compared_arm"], row["depth"], row["lr"]),
                                   {c: [] for c in columns})
         for c in columns:
             cell[c].append(row[c])
     for (on, depth, lr), g in by_cell.items():
-        cells.append({"depth": depth, "on_kind": on, "lr": lr, **_cell(g, options)})
-    for (on, depth), g in bests.group_by("on_kind", "depth", maintain_order=True):
+        cells.append({"depth": depth, "compared_arm": on, "lr": lr, **_cell(g, options)})
+    for (on, depth), g in bests.group_by("compared_arm", "depth", maintain_order=True):
         values = (g["best"] - g["best_on"]).to_list()
         lo, hi = S.interval(values)
-        best_rows.append({"depth": depth, "on_kind": on, "pairs": len(values),
+        best_rows.append({"depth": depth, "compared_arm": on, "pairs": len(values),
                           "best_loss_off": float(g["best"].mean()),
                           "best_loss_on": float(g["best_on"].mean()),
                           "mean_gap": float(np.mean(values)), "ci_lo": lo, "ci_hi": hi,
                           "seed_gaps": ", ".join(f"{v:+.3g}" for v in values),
                           "p_off_worse": S.p_greater(values)})
-    for on in {c["on_kind"] for c in cells} | {b["on_kind"] for b in best_rows}:
-        keys = [(c, k) for c in cells if c["on_kind"] == on
+    for on in {c["compared_arm"] for c in cells} | {b["compared_arm"] for b in best_rows}:
+        keys = [(c, k) for c in cells if c["compared_arm"] == on
                 for k in ("p_off_worse", "p_on_worse", "p_equivalent")]
-        keys += [(b, "p_off_worse") for b in best_rows if b["on_kind"] == on]
+        keys += [(b, "p_off_worse") for b in best_rows if b["compared_arm"] == on]
         S.adjust_family(keys, options.alpha)
     for c in cells:
         c["decision"] = _decide(c, options.alpha)
@@ -159,25 +159,25 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
     for b in best_rows:
         b["decision"] = (TOO_FEW if b["pairs"] < 2 else OFF_WORSE if (
             b["q_off_worse"] is not None and b["q_off_worse"] < options.alpha) else UNDETERMINED)
-    return (pl.DataFrame(cells, schema=GAP_SCHEMA).sort("on_kind", "depth", "lr"),
-            pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("on_kind", "depth"))
+    return (pl.DataFrame(cells, schema=GAP_SCHEMA).sort("compared_arm", "depth", "lr"),
+            pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("compared_arm", "depth"))
 
 
 def mark_needed(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
     """`needed`: the cell is "off worse" and lies at or above its depth's threshold."""
     return (gaps.drop("needed")
-            .join(thresholds.select("depth", "on_kind", "threshold_lr", "censored"),
-                  on=["depth", "on_kind"], how="left")
+            .join(thresholds.select("depth", "compared_arm", "threshold_lr", "censored"),
+                  on=["depth", "compared_arm"], how="left")
             .with_columns(needed=(pl.col("decision") == OFF_WORSE)
                           & ((pl.col("censored") == "below")
                              | (pl.col("lr") >= pl.col("threshold_lr")).fill_null(False)))
             .drop("threshold_lr", "censored").select(list(GAP_SCHEMA))
-            .sort("on_kind", "depth", "lr"))
+            .sort("compared_arm", "depth", "lr"))
 
 
 # --- H2 -----------------------------------------------------------------------------------------
 
-H2_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "measure": pl.String, "role": pl.String,
+H2_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "measure": pl.String, "role": pl.String,
              "pairs": pl.Int64, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
              "unit": pl.String, "per_seed": pl.String, "resolution": pl.Float64,
              "p_for": pl.Float64, "p_against": pl.Float64, "p_equivalent": pl.Float64,
@@ -247,7 +247,7 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
                   and not units["resolution"].null_count() else None)
     seeds = units["seed"].n_unique()
     tested = role != PER_DEPTH and seeds >= 2 and not censored
-    row = {"depth": depth, "on_kind": on, "measure": measure, "role": role,
+    row = {"depth": depth, "compared_arm": on, "measure": measure, "role": role,
            "pairs": len(diffs),
            "effect": math.exp(np.mean(diffs)) if log_scale else float(np.mean(diffs)),
            "ci_lo": None if lo is None else (math.exp(lo) if log_scale else lo),
@@ -285,7 +285,7 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
     rows = []
     per_seed = max_stable_lr_per_seed(points, options)
     sensitivity = lr_sensitivity_per_seed(points)
-    for on in on_kinds(points):
+    for on in compared_arms(points):
         for measure, role in H2_MEASURES:
             units = _h2_units(per_seed, sensitivity, on, measure)
             if not units.height:
@@ -296,8 +296,8 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
                 rows.append(_h2_row(on, d, measure, PER_DEPTH,
                                     units.filter(pl.col("depth") == d), options, seed_ids))
     a = options.alpha
-    for on in {r["on_kind"] for r in rows}:
-        family = [r for r in rows if r["on_kind"] == on and r["role"] == PRIMARY]
+    for on in {r["compared_arm"] for r in rows}:
+        family = [r for r in rows if r["compared_arm"] == on and r["role"] == PRIMARY]
         S.adjust_family([(r, k) for r in family for k in ("p_for", "p_against", "p_equivalent")],
                         a, method="holm")
     for r in rows:
@@ -316,12 +316,12 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         else:
             r["decision"] = UNDETERMINED
     return pl.DataFrame(rows, schema=H2_SCHEMA).sort(
-        "on_kind", "measure", pl.col("depth").fill_null(0))
+        "compared_arm", "measure", pl.col("depth").fill_null(0))
 
 
 # --- H3 -----------------------------------------------------------------------------------------
 
-H3_SCHEMA = {"on_kind": pl.String, "depths": pl.String, "slope": pl.Float64,
+H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64,
              "ci_lo": pl.Float64, "ci_hi": pl.Float64, "undefined_share": pl.Float64,
              "p_fall": pl.Float64, "p_rise": pl.Float64, "p_equal": pl.Float64,
              "q_fall": pl.Float64, "q_rise": pl.Float64, "q_equal": pl.Float64,
@@ -355,7 +355,7 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
     if draws is None:
         draws = threshold_draws(points, gaps, options)
     rows = []
-    for on in on_kinds(points):
+    for on in compared_arms(points):
         depths = sorted(d for (k, d) in draws if k == on)
         if len(depths) < 2:
             continue
@@ -372,7 +372,7 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
         m = options.slope_margin
         censored = [d for d in depths if not math.isfinite(draws[(on, d)].point)]
         rows.append({
-            "on_kind": on, "depths": ", ".join(map(str, depths)), "slope": point,
+            "compared_arm": on, "depths": ", ".join(map(str, depths)), "slope": point,
             "ci_lo": lo, "ci_hi": hi, "undefined_share": float(undefined.mean()),
             "p_fall": S.p_bootstrap(undefined | (boot >= 0)),
             "p_rise": S.p_bootstrap(undefined | (boot <= 0)),
@@ -388,4 +388,4 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
         a = options.alpha
         r["decision"] = ("falls" if r["q_fall"] < a else "rises" if r["q_rise"] < a
                          else "equal" if r["q_equal"] < a else UNDETERMINED)
-    return pl.DataFrame(rows, schema=H3_SCHEMA).sort("on_kind")
+    return pl.DataFrame(rows, schema=H3_SCHEMA).sort("compared_arm")

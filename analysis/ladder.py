@@ -86,8 +86,8 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     todo, extra = remaining_runs(sweep)
     study = analyse(load_runs(folder), options)
     gaps = paired_gaps(study.points, options.study)
-    on = gaps.filter(pl.col("on_kind") == ON)
-    cells = study.gaps.filter((pl.col("on_kind") == ON) & pl.col("informative"))
+    on = gaps.filter(pl.col("compared_arm") == ON)
+    cells = study.gaps.filter((pl.col("compared_arm") == ON) & pl.col("informative"))
     lrs = sorted(cells["lr"].to_list())
     seeds = sorted(set(on["seed"].to_list()))
     if not lrs or len(seeds) < 2:
@@ -111,9 +111,9 @@ def _lr(x: float | None) -> str:
 
 def point_row(r: PointResult) -> dict:
     s = r.study
-    thr = s.thresholds.filter(pl.col("on_kind") == ON).row(0, named=True)
-    h1 = s.verdicts.filter((pl.col("hypothesis") == "H1") & (pl.col("on_kind") == ON))
-    rule = tested_rule(s.gaps.filter(pl.col("on_kind") == ON))
+    thr = s.thresholds.filter(pl.col("compared_arm") == ON).row(0, named=True)
+    h1 = s.verdicts.filter((pl.col("hypothesis") == "H1") & (pl.col("compared_arm") == ON))
+    rule = tested_rule(s.gaps.filter(pl.col("compared_arm") == ON))
     sens = s.sensitivity_per_seed.pivot("arm", index=["depth", "seed"], values="lr_sensitivity")
     drop = (sens[OFF] - sens[ON]).drop_nulls().to_list() if ON in sens.columns else []
     stable = s.stable_per_seed.pivot("arm", index=["depth", "seed"], values="max_stable_lr")

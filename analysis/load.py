@@ -21,7 +21,7 @@ from qkstudy.arms import arm_of
 from qkstudy.config import ENGINE_KEYS, FOLDER_KEYS, framework_label
 from qkstudy.errors import UsageError
 from qkstudy.files import load_object
-from qkstudy.run_folder import FINISHED, RunFolder, find_runs
+from qkstudy.run_folder import FINISHED, SUMMARY_FIELDS, RunFolder, find_runs
 
 # The columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA).
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
@@ -212,20 +212,7 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         "seed": int(seed),
         "data_seed": int(_number(summary.get("data_seed")) or 0),
         "status": status,
-        "init_loss": _number(summary.get("init_loss")),
-        "final_val_loss": _number(summary.get("final_val_loss")),
-        "min_val_loss": _number(summary.get("min_val_loss")),
-        "final_train_loss": _number(summary.get("final_train_loss")),
-        "diverged_step": _integer(summary.get("diverged_step")),
-        "diverged_reason": summary.get("diverged_reason"),
-        "loss_spikes": _integer(summary.get("loss_spikes")),
-        "max_spike": _number(summary.get("max_spike")),
-        "unigram_entropy": _number(summary.get("unigram_entropy")),
-        "max_spike_step": _integer(summary.get("max_spike_step")),
-        "steps": _integer(summary.get("steps")),
-        "tokens_seen": _integer(summary.get("tokens_seen")),
-        "wall_seconds": _number(summary.get("wall_seconds")),
-        "tokens_per_second": _number(summary.get("tokens_per_second")),
+        **{key: read(summary.get(key)) for key, (read, _) in _COPIED.items()},
         "params_total": _number(params.get("total")),
         "refine": refine if isinstance(refine, bool) else None,
         "added_seed": (None if (base := _sweep_seeds(folder.parent)) is None
@@ -237,15 +224,17 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     return row, metric_parts, probe_parts, manifest, warnings
 
 
+# the summary's fields copied as they are (run_folder.SUMMARY_FIELDS): how each kind is read
+_INTEGER = (_integer, pl.Int64)
+_KINDS = {"number": (_number, pl.Float64), "text": (lambda v: v, pl.String), "step": _INTEGER,
+          "count": _INTEGER, "step count": _INTEGER}
+_COPIED = {key: _KINDS[f.kind] for key, f in SUMMARY_FIELDS.items() if f.column}
 RUN_SCHEMA = {
     "run": pl.String, "sweep": pl.String, "run_id": pl.String, "framework": pl.String,
     "depth": pl.Int64, "qk_norm": pl.String, "arm": pl.String, "lr": pl.Float64,
     "seed": pl.Int64,
-    "data_seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
-    "final_val_loss": pl.Float64, "min_val_loss": pl.Float64, "final_train_loss": pl.Float64,
-    "diverged_step": pl.Int64, "diverged_reason": pl.String, "loss_spikes": pl.Int64,
-    "max_spike": pl.Float64, "unigram_entropy": pl.Float64, "max_spike_step": pl.Int64, "steps": pl.Int64,
-    "tokens_seen": pl.Int64, "wall_seconds": pl.Float64, "tokens_per_second": pl.Float64,
+    "data_seed": pl.Int64, "status": pl.String,
+    **{key: dtype for key, (_, dtype) in _COPIED.items()},
     "params_total": pl.Float64, "refine": pl.Boolean, "added_seed": pl.Boolean, "identity": pl.String,
     "setting": pl.String, "run_dir": pl.String,
 }

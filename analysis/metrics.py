@@ -299,30 +299,30 @@ def spike_table(points: pl.DataFrame) -> pl.DataFrame:
 
 # --- pairing ----------------------------------------------------------------------------------
 
-def on_kinds(points: pl.DataFrame) -> list[str]:
+def compared_arms(points: pl.DataFrame) -> list[str]:
     return sorted(k for k in with_arm(points)[ARM].unique().to_list() if k != OFF)
 
 
 def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """One row per (depth, on_kind, lr, seed) run in both arms: gap = off - on (clipped losses),
+    """One row per (depth, compared_arm, lr, seed) run in both arms: gap = off - on (clipped losses),
     with each arm's divergence and degradation."""
     p = with_losses(points, options.degraded_margin).select(
         "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
     off = p.filter(pl.col(ARM) == OFF).drop(ARM)
     frames = []
-    for on in on_kinds(p):
+    for on in compared_arms(p):
         on_runs = p.filter(pl.col(ARM) == on).drop(ARM)
         frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
                       .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
                                "diverged": "diverged_off", "degraded": "degraded_off"})
-                      .with_columns(on_kind=pl.lit(on), gap=pl.col("loss_off") - pl.col("loss_on")))
+                      .with_columns(compared_arm=pl.lit(on), gap=pl.col("loss_off") - pl.col("loss_on")))
     if not frames:
         return pl.DataFrame(schema={"depth": pl.Int64, "lr": pl.Float64, "seed": pl.Int64,
                                     "loss_off": pl.Float64, "diverged_off": pl.Boolean,
                                     "degraded_off": pl.Boolean, "loss_on": pl.Float64,
                                     "diverged_on": pl.Boolean, "degraded_on": pl.Boolean,
-                                    "on_kind": pl.String, "gap": pl.Float64})
-    return pl.concat(frames).sort("on_kind", "depth", "lr", "seed")
+                                    "compared_arm": pl.String, "gap": pl.Float64})
+    return pl.concat(frames).sort("compared_arm", "depth", "lr", "seed")
 
 
 # --- per-run extras ---------------------------------------------------------------------------

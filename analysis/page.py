@@ -79,7 +79,7 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
 def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
     """The verdict table's rows for the template (text is escaped there)."""
     return [{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
-             "arm": M.arm_words(r["on_kind"])}
+             "arm": M.arm_words(r["compared_arm"])}
             for r in verdicts.iter_rows(named=True)]
 
 

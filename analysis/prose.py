@@ -147,8 +147,8 @@ def headline(study: Study) -> list[str]:
     numbers (each claim with error control, each "no difference" from the equivalence test)."""
     gaps, th = study.gaps, study.thresholds
     out = []
-    for on in M.on_kinds(study.points):
-        g = gaps.filter(pl.col("on_kind") == on)
+    for on in M.compared_arms(study.points):
+        g = gaps.filter(pl.col("compared_arm") == on)
         who = f"QK-norm ({on})" if on in M.QK_NORM_ARMS else M.arm_words(on)
         worse, calm = [], []
         for d in sorted(g["depth"].unique().to_list()):
@@ -172,7 +172,7 @@ def headline(study: Study) -> list[str]:
         out.append(("No difference within the margin (equivalence test) at "
                     + "; ".join(calm) + ".") if calm else
                    "No LR passes the equivalence test: \"no difference\" is shown nowhere.")
-        t = th.filter(pl.col("on_kind") == on).filter(pl.col("threshold").is_not_null())
+        t = th.filter(pl.col("compared_arm") == on).filter(pl.col("threshold").is_not_null())
         placed = [(r["depth"], _threshold_text(r), r["rule"]) for r in t.iter_rows(named=True)]
         stated = [f"{text} at depth {d}" for d, text, _ in placed if text]
         vague = [str(d) for d, text, _ in placed if not text]
@@ -184,7 +184,7 @@ def headline(study: Study) -> list[str]:
         if vague:
             out.append(f"Too few seeds to place the threshold at depth {', '.join(vague)}: its "
                        "95% interval spans every LR run.")
-        v = study.verdicts.filter(pl.col("on_kind") == on)
+        v = study.verdicts.filter(pl.col("compared_arm") == on)
         out.append("Verdicts: " + "; ".join(
             f"{r['hypothesis']} {r['verdict']} ({r['family_size']} tests, n={r['seeds']})"
             for r in v.iter_rows(named=True)) + ".")

@@ -267,10 +267,10 @@ def _report(runs_dir: Path, out: Path, options: ReportOptions,
         print(f"warning: {warning}", file=sys.stderr)
     for note in study.notes:
         print(f"note: {note}", file=sys.stderr)
-    several = study.verdicts["on_kind"].n_unique() > 1  # name the arm when there are several
+    several = study.verdicts["compared_arm"].n_unique() > 1  # name the arm when there are several
 
     def verdict_text(r: dict) -> str:
-        arm = f" ({r['on_kind']})" if several else ""
+        arm = f" ({r['compared_arm']})" if several else ""
         return f"{r['hypothesis']}{arm} {r['verdict']}"
 
     verdicts = ", ".join(verdict_text(r) for r in study.verdicts.iter_rows(named=True))

@@ -100,19 +100,19 @@ def gap_matrix(gaps: pl.DataFrame, seeds: list[int], lrs: list[float]) -> np.nda
 
 def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
                     ) -> dict[tuple[str, int], DepthDraws]:
-    """Per (on_kind, depth) with at least 2 paired seeds somewhere: the threshold's point
+    """Per (compared_arm, depth) with at least 2 paired seeds somewhere: the threshold's point
     estimate and its whole-seed bootstrap draws. Seeds are drawn once for the whole study (the
     same draw at every depth, LR and arm: a seed's runs share its data order), from a generator
     seeded by the arm's name, so a report is reproducible."""
     gaps = paired_gaps(points, options)
     out: dict[tuple[str, int], DepthDraws] = {}
     informative = cells.filter(pl.col("informative"))
-    for on in sorted(set(informative["on_kind"].to_list())):
-        mine = gaps.filter(pl.col("on_kind") == on)
+    for on in sorted(set(informative["compared_arm"].to_list())):
+        mine = gaps.filter(pl.col("compared_arm") == on)
         seeds = sorted(set(mine["seed"].to_list()))
         draws = S.seed_draws(len(seeds), options.bootstrap, f"whole-seed/{on}{options.draw_key}")
-        for depth in sorted(set(informative.filter(pl.col("on_kind") == on)["depth"].to_list())):
-            c = informative.filter((pl.col("on_kind") == on) & (pl.col("depth") == depth))
+        for depth in sorted(set(informative.filter(pl.col("compared_arm") == on)["depth"].to_list())):
+            c = informative.filter((pl.col("compared_arm") == on) & (pl.col("depth") == depth))
             if int(c["pairs"].max()) < 2:
                 continue
             lrs = sorted(c["lr"].to_list())
@@ -138,7 +138,7 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
 
 def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     """The practitioner's rule made of tested claims (docs/report.md, amendment 1), from one
-    (depth, on_kind)'s H1 cells: no_difference_up_to, the largest LR such that every
+    (depth, compared_arm)'s H1 cells: no_difference_up_to, the largest LR such that every
     informative cell at or below it is decided "no difference"; off_worse_from, the smallest LR
     such that every informative cell from it up to the largest is decided "off worse"; None
     where no such LR exists; and the rule in words."""
@@ -160,7 +160,7 @@ def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     return {"no_difference_up_to": a, "off_worse_from": b, "text": f"{low}; {high}"}
 
 
-THRESHOLD_SCHEMA = {"depth": pl.Int64, "on_kind": pl.String, "seeds": pl.Int64,
+THRESHOLD_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,
                     "lrs": pl.Int64, "lr_min": pl.Float64, "lr_max": pl.Float64,
                     "min_gap": pl.Float64, "threshold_lr": pl.Float64, "censored": pl.String,
                     "ci_lo": pl.Float64, "ci_hi": pl.Float64, "threshold": pl.String,
@@ -193,7 +193,7 @@ def practitioner_line(depth: int, margin: float, point: float, lo: float, hi: fl
 
 def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFrame,
                         draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
-    """Per (depth, on_kind): the threshold with its 95% whole-seed interval and the
+    """Per (depth, compared_arm): the threshold with its 95% whole-seed interval and the
     practitioner's line. `gaps` is the H1 cell table (analysis.hypotheses.h1_tests).
     censored: "above" (shown as "> largest LR"), "below" ("<= smallest LR") or null.
     bracket_lo/hi: the informative LRs either side of the crossing. not_needed_below: the
@@ -202,8 +202,8 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
     if draws is None:
         draws = threshold_draws(points, gaps, options)
     rows = []
-    for (on, depth), g in gaps.sort("lr").group_by("on_kind", "depth", maintain_order=True):
-        row = {"depth": depth, "on_kind": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
+    for (on, depth), g in gaps.sort("lr").group_by("compared_arm", "depth", maintain_order=True):
+        row = {"depth": depth, "compared_arm": on, "seeds": int(g["pairs"].max()), "lrs": g.height,
                "lr_min": float(g["lr"].min()), "lr_max": float(g["lr"].max()),
                "min_gap": options.min_gap, "threshold_lr": None, "censored": None,
                "ci_lo": None, "ci_hi": None, "threshold": None, "bracket_lo": None,
@@ -241,4 +241,4 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
         calm = g.filter(pl.col("no_difference") & (pl.col("lr") < limit))
         row["not_needed_below"] = float(calm["lr"].max()) if calm.height else None
         rows.append(row)
-    return pl.DataFrame(rows, schema=THRESHOLD_SCHEMA).sort("on_kind", "depth")
+    return pl.DataFrame(rows, schema=THRESHOLD_SCHEMA).sort("compared_arm", "depth")

@@ -35,7 +35,7 @@ from .hypotheses import (
     h3_tests,
     mark_needed,
 )
-from .metrics import Options, control_words, on_kinds
+from .metrics import Options, control_words, compared_arms
 from .threshold import DepthDraws, necessity_threshold, threshold_draws
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, MIXED, NO_DATA = (
@@ -98,13 +98,13 @@ def _lrs(values: list[float]) -> str:
     return ", ".join(_lr(v) for v in values) or "none"
 
 
-VERDICT_SCHEMA = {"hypothesis": pl.String, "on_kind": pl.String, "claim": pl.String,
+VERDICT_SCHEMA = {"hypothesis": pl.String, "compared_arm": pl.String, "claim": pl.String,
                   "verdict": pl.String, "family_size": pl.Int64, "correction": pl.String,
                   "seeds": pl.Int64, "measured": pl.String, "evidence": pl.String}
 
 
 def verdicts(points: pl.DataFrame, options: Options | None = None) -> pl.DataFrame:
-    """H1-H3 per on_kind (every arm but the off arm, each against the off arm by the same
+    """H1-H3 per compared_arm (every arm but the off arm, each against the off arm by the same
     rules), with the family size, the seeds and the per-depth numbers behind each verdict."""
     return study_verdicts(points, options or Options()).verdicts
 
@@ -130,7 +130,7 @@ def study_verdicts(points: pl.DataFrame, options: Options) -> StudyVerdicts:
     h2 = h2_tests(points, options)
     h3 = h3_tests(points, gaps, options, draws)
     rows = []
-    for on in on_kinds(points):
+    for on in compared_arms(points):
         rows += [_h1(on, gaps, best, thresholds), _h2(on, h2), _h3(on, h3, thresholds)]
     return StudyVerdicts(pl.DataFrame(rows, schema=VERDICT_SCHEMA), gaps, best, thresholds, h2,
                          h3, draws)
@@ -141,7 +141,7 @@ def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str, fam
     judged = sum(p.direction != NO_DATA for p in parts)
     decided = sum(p.direction in (FOR, AGAINST) for p in parts)
     seeds = [p.seeds for p in parts if p.direction != NO_DATA]
-    return {"hypothesis": hypothesis, "on_kind": on, "claim": claim,
+    return {"hypothesis": hypothesis, "compared_arm": on, "claim": claim,
             "verdict": verdict or combine(parts), "family_size": family,
             "correction": correction, "seeds": min(seeds) if seeds else 0,
             "measured": f"{decided} of {len(parts)} {unit if len(parts) != 1 else unit[:-1]} "
@@ -172,7 +172,7 @@ def h1_direction(informative: pl.DataFrame) -> str:
 
 def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
     """H1 for one compared arm: one part per depth, its direction from `h1_direction`."""
-    mine = gaps.filter(pl.col("on_kind") == on)
+    mine = gaps.filter(pl.col("compared_arm") == on)
     parts = []
     for d in sorted(mine["depth"].unique().to_list()):
         g = mine.filter(pl.col("depth") == d).sort("lr")
@@ -191,8 +191,8 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
               for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE, UNDETERMINED)}
         worse, calm, harm = by[OFF_WORSE], by[NO_DIFFERENCE], by[ON_WORSE]
         direction = h1_direction(informative)
-        t = thresholds.filter((pl.col("on_kind") == on) & (pl.col("depth") == d))
-        b = best.filter((pl.col("on_kind") == on) & (pl.col("depth") == d))
+        t = thresholds.filter((pl.col("compared_arm") == on) & (pl.col("depth") == d))
+        b = best.filter((pl.col("compared_arm") == on) & (pl.col("depth") == d))
         strongest = informative.filter(pl.col("decision") == OFF_WORSE).sort("mean_gap").tail(1)
         # only the outcomes some LR had: a list is never empty ("at lr none")
         outcomes = "; ".join(
@@ -226,7 +226,7 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
     """Two primary parts, max stable LR and LR sensitivity, each decided on its pooled tests;
     max usable LR is exploratory and only shown. combine() gives the label ("mixed" when one
     part is for and the other against)."""
-    mine = h2.filter(pl.col("on_kind") == on)
+    mine = h2.filter(pl.col("compared_arm") == on)
     parts, shown, exploratory = [], {}, ""
     for measure, role in ((MAX_STABLE, PRIMARY), (SENSITIVITY, PRIMARY),
                           (MAX_USABLE, EXPLORATORY)):
@@ -273,10 +273,10 @@ def _h3(on: str, h3: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
     """FOR when the slope of log10(threshold) on log2(depth) is negative with error control;
     AGAINST when it is positive, or equal to 0 within slope_margin (equivalence); else UNCLEAR."""
     claim = "the necessity LR falls with depth"
-    t = thresholds.filter((pl.col("on_kind") == on) & (pl.col("seeds") >= 2)).sort("depth")
+    t = thresholds.filter((pl.col("compared_arm") == on) & (pl.col("seeds") >= 2)).sort("depth")
     per_depth = "; ".join(f"depth {r['depth']}: {r['threshold'] or r['note']}"
                           for r in t.iter_rows(named=True))
-    mine = h3.filter(pl.col("on_kind") == on)
+    mine = h3.filter(pl.col("compared_arm") == on)
     if mine.is_empty():
         part = Part(NO_DATA, 0, (per_depth + "; " if per_depth else "")
                     + "needs >= 2 depths with a threshold estimate (>= 2 paired seeds)")

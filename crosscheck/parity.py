@@ -173,8 +173,8 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
         raise AssertionError(f"gradient names differ: {sorted(torch_grads.keys() ^ mlx_grads.keys())}")
 
     px, py = probe_batch(tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
-    mlx_rows = mlx_probes.measure(mlx_model, mx.array(px), mx.array(py), 0)
-    torch_rows = torch_probes.measure(torch_model, torch.from_numpy(px.astype(np.int64)),
+    mlx_rows = mlx_probes.collect(mlx_model, mx.array(px), mx.array(py), 0)
+    torch_rows = torch_probes.collect(torch_model, torch.from_numpy(px.astype(np.int64)),
                                       torch.from_numpy(py.astype(np.int64)), 0)
     # one AdamW update from these gradients on each side, for the update probes
     mlx_before = dict(tree_flatten(mlx_model.parameters()))

@@ -11,7 +11,7 @@ from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 
 from .engine import Engine
-from .measure import facts, matmul_gflops, peak_memory_bytes
+from .hardware import facts, matmul_gflops, peak_memory_bytes
 
 __all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
            "peak_memory_bytes", "preflight"]

@@ -116,7 +116,7 @@ class Engine:
         return mx.stack([self._eval(x, y) for x, y in self.val]).mean().item()
 
     def probes(self, step: int) -> list[dict]:
-        return probe_lib.measure(self.model, self.px, self.py, step)
+        return probe_lib.collect(self.model, self.px, self.py, step)
 
     def snapshot(self):
         return dict(tree_flatten(self.model.parameters()))

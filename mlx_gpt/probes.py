@@ -1,6 +1,6 @@
 """Mechanistic probes on a fixed probe batch, outside the hot train step.
 
-`measure` runs one forward with intermediates and one backward on the probe batch; `update_stats`
+`collect` runs one forward with intermediates and one backward on the probe batch; `update_stats`
 compares the parameters before and after one update. Both return long rows
 {"step", "layer", "name", "value"}: layer is the block index, or -1 for whole-model values and for
 per-group values pooled over all layers. Per-parameter-group names carry the group after a slash
@@ -70,7 +70,7 @@ def max_attention_logit_bound(q_gain: mx.array, k_gain: mx.array) -> mx.array:
     return mx.max(mx.abs(q_gain)) * mx.max(mx.abs(k_gain)) * math.sqrt(head_dim)
 
 
-# --- measure -------------------------------------------------------------------------------------
+# --- collect -------------------------------------------------------------------------------------
 
 def layer_probes(layer: int, attn, c: dict) -> list[tuple[int, str, mx.array]]:
     """One block's forward probes from its capture (GPT.hidden), under stop_gradient."""
@@ -149,7 +149,7 @@ def _group_rms(arrays: dict[str, mx.array]) -> list[tuple[int, str, mx.array]]:
             for (layer, group), (total, count) in sorted(sums.items())]
 
 
-def measure(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
+def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
     """Every forward and gradient probe on the batch (x, y), for params after `step` updates."""
     labels: list[tuple[int, str]] = []
 

@@ -195,7 +195,7 @@ def gap_table(table: pl.DataFrame) -> pl.DataFrame:
 
 
 def thresholds(table: pl.DataFrame) -> pl.DataFrame:
-    return study_tables(table)["thresholds"].sort("on_kind", "depth")
+    return study_tables(table)["thresholds"].sort("compared_arm", "depth")
 
 
 def test_statistics_known_values():
@@ -714,7 +714,7 @@ def test_gap_map_greys_untested_cells_and_marks_the_paired_outcome():
     assert shallow["outcome"].to_list() == ["no difference"] * 3 + ["off worse", None]
     spec = C.gap_map_chart(gaps, th).to_dict()
     text = json.dumps(spec)
-    assert "off minus QK-norm on (rmsnorm)" in text and "on_kind" not in spec["facet"]["row"]
+    assert "off minus QK-norm on (rmsnorm)" in text and "compared_arm" not in spec["facet"]["row"]
     layer = spec["spec"]["layer"]
     colour = layer[0]["encoding"]["color"]
     assert colour["value"] == C.UNTESTED_GREY and colour["condition"]["test"] == "datum.tested"
@@ -1285,12 +1285,12 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     four = pl.concat([base.with_columns(arm=pl.col("qk_norm")), rival_cap, rival_z])
     v = V.verdicts(four)
     assert v.height == 3 * 3  # one row per (hypothesis, compared arm)
-    assert sorted(set(v["on_kind"])) == ["rmsnorm", "softcap50", "zloss1e-4"]
+    assert sorted(set(v["compared_arm"])) == ["rmsnorm", "softcap50", "zloss1e-4"]
     alone = V.verdicts(pl.concat([off.with_columns(arm=pl.col("qk_norm")), rival_cap]))
-    both = v.filter(pl.col("on_kind") == "softcap50")
+    both = v.filter(pl.col("compared_arm") == "softcap50")
     assert both.select("hypothesis", "verdict", "evidence").rows() == \
         alone.select("hypothesis", "verdict", "evidence").rows()
-    same_as_rms = v.filter(pl.col("on_kind") == "rmsnorm")["verdict"].to_list()
+    same_as_rms = v.filter(pl.col("compared_arm") == "rmsnorm")["verdict"].to_list()
     # off diverges at 0.1 in every seed, on never: x3.33 in 6 (depth, seed) units, p = 2^-6,
     # which Holm's first cut-off in a family of 5 (0.01) does not reach
     assert both["verdict"].to_list() == same_as_rms == [
@@ -1298,11 +1298,11 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
         "exploratory max usable LR: for)",
         "supported"]
     assert "attention soft-cap 50 raises the max stable LR" in both["claim"][1]
-    assert "QK-norm raises" in v.filter(pl.col("on_kind") == "rmsnorm")["claim"][1]
-    z = v.filter(pl.col("on_kind") == "zloss1e-4")
+    assert "QK-norm raises" in v.filter(pl.col("compared_arm") == "rmsnorm")["claim"][1]
+    z = v.filter(pl.col("compared_arm") == "zloss1e-4")
     # off is 0.05 worse at every LR, also the lowest: the effect is not LR-conditional (H1)
     assert z["verdict"][0] == "not supported"
-    th = thresholds(four).filter(pl.col("on_kind") == "softcap50").sort("depth")
+    th = thresholds(four).filter(pl.col("compared_arm") == "softcap50").sort("depth")
     assert th["bracket_hi"].to_list() == [3e-2, 3e-3]
     arms = M.arm_table(four)
     assert sorted(set(arms["arm"])) == ["none", "rmsnorm", "softcap50", "zloss1e-4"]
@@ -1414,7 +1414,7 @@ def test_h2_max_usable_lr_counts_degraded_runs_as_failed():
 def _h1_cells(pairs: list[int], decisions: list[str]) -> pl.DataFrame:
     n = len(pairs)
     return pl.DataFrame({
-        "on_kind": ["rmsnorm"] * n, "depth": [4] * n, "lr": [1e-3 * 3 ** i for i in range(n)],
+        "compared_arm": ["rmsnorm"] * n, "depth": [4] * n, "lr": [1e-3 * 3 ** i for i in range(n)],
         "pairs": pairs, "decision": decisions, "informative": [True] * n,
         "mean_gap": [0.5] * n, "ci_lo": [0.4] * n, "ci_hi": [0.6] * n,
         "q_off_worse": [0.01] * n, "family_size": [3 * n] * n})
@@ -1429,7 +1429,7 @@ def _h1_cells(pairs: list[int], decisions: list[str]) -> pl.DataFrame:
 def test_the_h1_label_counts_the_seeds_of_the_decided_cells_it_rests_on(pairs, decisions, label):
     from analysis import verdicts as V
 
-    empty = pl.DataFrame(schema={"on_kind": pl.String, "depth": pl.Int64})
+    empty = pl.DataFrame(schema={"compared_arm": pl.String, "depth": pl.Int64})
     row = V._h1("rmsnorm", _h1_cells(pairs, decisions), empty, empty)
     assert row["verdict"] == label
 

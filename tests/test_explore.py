@@ -48,14 +48,14 @@ def tiny_runs(tiny_data, tmp_path_factory) -> Path:
 def test_load_study_returns_the_report_tables(tiny_runs):
     study = load_study(tiny_runs)
     expected = {
-        "gaps": {"depth", "on_kind", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "decision"},
-        "thresholds": {"depth", "on_kind", "threshold_lr", "ci_lo", "ci_hi", "threshold"},
-        "verdicts": {"hypothesis", "on_kind", "verdict", "family_size", "seeds", "evidence"},
+        "gaps": {"depth", "compared_arm", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "decision"},
+        "thresholds": {"depth", "compared_arm", "threshold_lr", "ci_lo", "ci_hi", "threshold"},
+        "verdicts": {"hypothesis", "compared_arm", "verdict", "family_size", "seeds", "evidence"},
         "per_run": {"run", "depth", "arm", "lr", "seed", "status", "final_val_loss"},
         "arms": {"depth", "arm", "max_stable_lr", "optimal_lr", "best_loss"},
-        "h2_tests": {"depth", "on_kind", "measure", "effect", "decision"},
-        "h3_tests": {"on_kind", "depths", "slope", "ci_lo", "ci_hi", "decision"},
-        "best_gaps": {"depth", "on_kind", "mean_gap", "ci_lo", "ci_hi", "decision"},
+        "h2_tests": {"depth", "compared_arm", "measure", "effect", "decision"},
+        "h3_tests": {"compared_arm", "depths", "slope", "ci_lo", "ci_hi", "decision"},
+        "best_gaps": {"depth", "compared_arm", "mean_gap", "ci_lo", "ci_hi", "decision"},
     }
     for name, columns in expected.items():
         table = getattr(study, name)

@@ -125,7 +125,7 @@ def test_softcap_bounds_every_attention_logit_by_c(kernels):
 
     rng = np.random.default_rng(0)
     x, y = (mx.array(rng.integers(0, 257, (4, 32)), dtype=mx.int32) for _ in range(2))
-    rows = {(r["layer"], r["name"]): r["value"] for r in probes.measure(model, x, y, 0)}
+    rows = {(r["layer"], r["name"]): r["value"] for r in probes.collect(model, x, y, 0)}
     for layer in range(args.depth):
         assert rows[(layer, "max_attention_logit")] > 2 * cap  # before the cap
         assert rows[(layer, "max_attention_logit_capped")] <= cap  # after it

@@ -221,7 +221,7 @@ def test_measure_matches_independent_recomputation(qk_norm, bias):
     x, y = make_batch()
     P = weights64(model)
     xn, yn = np.array(x), np.array(y)
-    rows = probes.measure(model, x, y, step=7)
+    rows = probes.collect(model, x, y, step=7)
     assert {r["step"] for r in rows} == {7}
     actual = by_key(rows)
 
@@ -283,7 +283,7 @@ def test_uniform_causal_attention_entropy(qk_norm):
         w = block.attn.qkv.weight
         block.attn.qkv.weight = mx.concatenate([mx.zeros((2 * C, C)), w[2 * C:]], axis=0)
     x, y = make_batch()
-    rows = by_key(probes.measure(model, x, y, 0))
+    rows = by_key(probes.collect(model, x, y, 0))
     T = x.shape[1]
     expected = float(np.mean(np.log(np.arange(1, T + 1))))
     for layer in range(ARGS["depth"]):
@@ -313,7 +313,7 @@ def test_max_attention_logit_respects_qk_norm_bound(qk_norm):
             norm.weight = mx.array(rng.normal(0.0, 3.0, norm.weight.shape).astype(np.float32))
     for seed in range(3):
         x, y = make_batch(seed)
-        rows = by_key(probes.measure(model, x, y, 0))
+        rows = by_key(probes.collect(model, x, y, 0))
         P = weights64(model)
         raw = np_forward(P, "none", np.array(x), np.array(y))  # the same q, k without the norm
         hs = ARGS["d_model"] // ARGS["n_heads"]
@@ -397,7 +397,7 @@ def test_documented_names_are_exactly_the_written_ones():
         model = make_model(qk_norm, attn_softcap=cap)
         x, y = make_batch()
         params = dict(tree_flatten(model.parameters()))
-        rows = probes.measure(model, x, y, 0) + probes.update_stats(0, params, params)
+        rows = probes.collect(model, x, y, 0) + probes.update_stats(0, params, params)
         written |= {row_name_pattern(r["name"]) for r in rows}
         groups = {r["name"].split("/")[1] for r in rows if "/" in r["name"]}
         assert groups == set(probe_names.GROUPS) - ({"qk_norm"} if qk_norm == "none" else set())

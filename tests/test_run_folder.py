@@ -132,3 +132,14 @@ def test_the_states_of_a_run_folder(tmp_path):
     assert folder.state() == "damaged"  # its rows end at step 0
     with pytest.raises(run_folder.DamagedRun, match="metrics/ ends at step 0"):
         folder.intact_summary()
+
+
+@pytest.mark.parametrize("summary, why", [
+    ({}, "has steps=None, not a step count"), ({"steps": -1}, "has steps=-1, not a step count"),
+    ({"steps": 3, "init_loss": "x"}, "has init_loss='x', not a number"),
+    ({"steps": 3, "diverged_step": 1.5}, "has diverged_step=1.5, not a step"),
+    ({"steps": 3, "tokens_seen": -1}, "has tokens_seen=-1, not a count"),
+    ({"steps": 3, "min_val_loss": None}, None),  # null, or missing as in older runs: fine
+])
+def test_a_finished_summary_is_checked_by_the_kinds_of_its_fields(summary, why):
+    assert run_folder.summary_problem({"status": "completed", **summary}, Path("r")) == why

@@ -251,8 +251,16 @@ def probes_table() -> str:
                     "yes" if p.tracked else ""] for p in PROBES.values()])
 
 
+def summary_keys_table() -> str:
+    """summary.json's keys (run_folder.SUMMARY_FIELDS): kind, which runs write it, meaning."""
+    from qkstudy.run_folder import SUMMARY_FIELDS
+
+    return _table(["key", "kind", "runs", "what"],
+                  [[f"`{k}`", f.kind, f.runs, f.words] for k, f in SUMMARY_FIELDS.items()])
+
+
 BLOCKS = {"presets": presets_table, "preset-parameters": parameters_table,
-          "probes": probes_table,
+          "probes": probes_table, "summary-keys": summary_keys_table,
           "run-keys": run_keys_table}
 
 

@@ -6,7 +6,7 @@ from qkstudy.config import TrainConfig
 
 from .device import memory_limit
 from .engine import Engine, describe, preflight, resolve_device
-from .measure import facts, matmul_gflops, peak_memory_bytes
+from .hardware import facts, matmul_gflops, peak_memory_bytes
 
 __all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
            "peak_memory_bytes", "preflight"]

@@ -37,7 +37,7 @@ from qkstudy.parameters import count_params, initial_weights
 
 from . import compiled
 from . import probes as probe_lib
-from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, measure.py's)
+from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, hardware.py's)
                      runs_per_device, set_determinism, set_precision)
 from .model import GPT
 from .optim import clip_and_step, make_optimizer
@@ -183,7 +183,7 @@ class Engine:
         return torch.stack(losses).mean().item()
 
     def probes(self, step: int) -> list[dict]:
-        return probe_lib.measure(self.model, self.px, self.py, step)
+        return probe_lib.collect(self.model, self.px, self.py, step)
 
     def snapshot(self):
         return probe_lib.snapshot(self.model)

@@ -135,7 +135,7 @@ def _rows(step: int, values: list[tuple[int, str, torch.Tensor]]) -> list[dict]:
     return probe_rows(step, [(layer, name) for layer, name, _ in values], heads, numbers)
 
 
-def measure(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
+def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
     """Every forward and gradient probe on the batch (x, y), for params after `step` updates.
 
     Gradients come from torch.autograd.grad, so the parameters' .grad is left alone.

@@ -7,7 +7,7 @@ for about `seconds` (at least `min_steps`), dispatched and read back every `log_
 the trainer does, on one random batch of the shape. With "overheads" it also times one
 evaluation batch and one probe call (measure, snapshot, update_stats), with "matmul" the
 backend's matmul peak; the backend's own facts come through the engine seam (qkstudy/backends.py:
-mlx_gpt/measure.py, torch_ref/measure.py). The last line on stdout is the result as JSON.
+mlx_gpt/hardware.py, torch_ref/hardware.py). The last line on stdout is the result as JSON.
 
 With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
 timing: `measure_together` lines up K such processes (a start barrier) and gives them one stop

@@ -19,8 +19,8 @@ after another under <runs_dir>/<name>/<run_id>/:
 from .cli import cli
 from .config import PRESETS, SweepConfig, grid, groups, log_grid, parse_sweep_config, run_config
 from .plan import param_counts, remaining_runs
-from .refine import Outcome, bisect_boundary, boundary, next_midpoint, verdict
+from .refine import Outcome, bisect_boundary, boundary, next_midpoint, run_outcome
 
 __all__ = ["PRESETS", "SweepConfig", "Outcome", "bisect_boundary", "boundary", "cli",
            "grid", "groups", "log_grid", "next_midpoint", "param_counts", "parse_sweep_config",
-           "remaining_runs", "run_config", "verdict"]
+           "remaining_runs", "run_config", "run_outcome"]

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from ..run_folder import RunFolder
 from ..config import TrainConfig
 from .config import SweepConfig, run_config, three_significant
-from .refine import group_state, verdict
+from .refine import group_state, run_outcome
 
 OFF = "none"
 # A stable run within this many nats of the corpus's unigram entropy learned token frequencies
@@ -45,7 +45,7 @@ def _pair(cfg_off: TrainConfig, cfg_on: TrainConfig) -> Cell | None:
     """The seed's paired gap and whether neither run learned, or None until both finished."""
     out = []
     for cfg in (cfg_off, cfg_on):
-        if not verdict(cfg).finished:
+        if not run_outcome(cfg).finished:
             return None
         s = RunFolder.of(cfg).summary_record()
         init, final = s.get("init_loss"), s.get("final_val_loss")
@@ -69,7 +69,7 @@ def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[in
         off, on = (run_config(sweep, depth, lr, a, seed) for a in (OFF, arm))
         pair = _pair(off, on)
         if pair is None:
-            pending += [c for c in (off, on) if not verdict(c).finished]
+            pending += [c for c in (off, on) if not run_outcome(c).finished]
             continue
         gaps.append(pair[0])
         failed = failed and pair[1]
@@ -186,5 +186,5 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
             if sweep.max_seeds > len(sweep.seeds):
                 lrs = sorted(set(sweep.grid_lrs()) | set(means))
                 out += seed_state(sweep, depth, arm, lrs)
-    unique = {c.run_id: c for c in out if not verdict(c).finished}
+    unique = {c.run_id: c for c in out if not run_outcome(c).finished}
     return list(unique.values())

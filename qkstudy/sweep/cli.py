@@ -18,7 +18,7 @@ from ..errors import UsageError
 from . import slurm
 from .config import grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
-from .refine import Outcome, verdict
+from .refine import Outcome, run_outcome
 from .run import execute, record_processes, report, spawn_workers
 
 USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
@@ -130,7 +130,7 @@ def _cli(argv: list[str]) -> int:
                       "recorded as failed) when the sweep runs again", file=sys.stderr, flush=True)
     if not worker:
         if workers:  # the other processes may have finished runs this one passed over
-            tally.busy = [c for c in tally.busy if verdict(c) is Outcome.PENDING]
+            tally.busy = [c for c in tally.busy if run_outcome(c) is Outcome.PENDING]
         report(sweep, tally, time.perf_counter() - start)
         if "--no-notify" not in flags:
             failed = tally.status["failed"]

@@ -18,7 +18,7 @@ from ..parameters import count_params
 from .adaptive import compared_arms, extra_runs, extra_seeds
 from . import estimate
 from .config import SweepConfig, grid, groups, run_config
-from .refine import verdict
+from .refine import run_outcome
 
 # --- plan printing, calibration -----------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     t = sweep.train
     vocab, vocab_from = vocab_size(t.data)
     memory_needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
-    unfinished = [c for c in runs if not verdict(c).finished]
+    unfinished = [c for c in runs if not run_outcome(c).finished]
     n_groups = len(groups(sweep))
     refine_max = n_groups * sweep.refine_steps if sweep.refine else 0
     print(f"sweep {sweep.name} (preset {sweep.preset}): {counted(len(runs), 'grid run')} = "
@@ -204,7 +204,7 @@ def command_line(cfg: TrainConfig) -> str:
 def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
     """(grid runs without a finished result, the runs the results on disk now call for once the
     grid is done: boundary or threshold refinement, adaptive seeds; sweep/adaptive.py)."""
-    todo = [c for c in grid(sweep) if not verdict(c).finished]
+    todo = [c for c in grid(sweep) if not run_outcome(c).finished]
     return todo, extra_runs(sweep, groups(sweep)) if not todo else []
 
 

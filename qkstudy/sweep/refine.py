@@ -19,7 +19,7 @@ def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float
     """The next LR to try, or None when the boundary is known well enough.
 
     `results` maps every LR tried so far to True (stable), False (diverged) or None (failed,
-    no verdict). The bracket is [lo, hi]: hi = the smallest diverged LR, lo = the largest stable
+    no outcome). The bracket is [lo, hi]: hi = the smallest diverged LR, lo = the largest stable
     LR below it. The next point is their geometric mean (bisection in log LR), until `steps`
     points off the grid have been tried or hi / lo <= factor.
     """
@@ -56,12 +56,12 @@ class Outcome(Enum):
 
     COMPLETED = "completed"
     DIVERGED = "diverged"
-    FAILED = "failed"  # trained and raised: no verdict on stability; the next sweep retries it
+    FAILED = "failed"  # trained and raised: no outcome on stability; the next sweep retries it
     PENDING = "pending"  # no result yet
 
     @property
     def stable(self) -> bool | None:
-        """True (completed) or False (diverged) for a refinement; None without a verdict."""
+        """True (completed) or False (diverged) for a refinement; None without an outcome."""
         return {Outcome.COMPLETED: True, Outcome.DIVERGED: False}.get(self)
 
     @property
@@ -69,7 +69,7 @@ class Outcome(Enum):
         return self in (Outcome.COMPLETED, Outcome.DIVERGED)
 
 
-def verdict(cfg: TrainConfig) -> Outcome:
+def run_outcome(cfg: TrainConfig) -> Outcome:
     """The run's outcome from its summary.json (PENDING when there is none or it is unreadable)."""
     summary = RunFolder.of(cfg).summary_record()
     status = summary.get("status") if isinstance(summary, dict) else None
@@ -89,14 +89,14 @@ def group_state(sweep: SweepConfig, group: Group) -> tuple[dict[float, bool | No
     grid_lrs = sweep.grid_lrs()
     results: dict[float, bool | None] = {}
     for lr in grid_lrs:
-        v = verdict(run_config(sweep, depth, lr, arm, seed))
+        v = run_outcome(run_config(sweep, depth, lr, arm, seed))
         if v is Outcome.PENDING:
             return results, None
         results[lr] = v.stable
     while sweep.refine and (lr := next_midpoint(results, grid_lrs, sweep.refine_steps,
                                              sweep.refine_factor)) is not None:
         cfg = run_config(sweep, depth, lr, arm, seed)
-        v = verdict(cfg)
+        v = run_outcome(cfg)
         if v is Outcome.PENDING:
             return results, cfg
         results[lr] = v.stable

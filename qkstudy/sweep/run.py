@@ -21,7 +21,7 @@ from ..run_folder import RunFolder, run_folders
 from .adaptive import extra_runs
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted, run_cost_tokens
-from .refine import Outcome, boundary, group_state, verdict
+from .refine import Outcome, boundary, group_state, run_outcome
 
 # --- running ------------------------------------------------------------------------------------
 
@@ -80,7 +80,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         raise UsageError(f"{cfg.data} was prepared again while this sweep ran ({change}); the "
                          "runs it trained so far used the earlier data. Prepare that data again "
                          "at this path, or run the sweep on the new data under another name=")
-    v = verdict(cfg)
+    v = run_outcome(cfg)
     changed = trainer.data_problem(cfg)
     if changed:  # made of other data: neither skipped as finished nor resumed nor repaired
         tally.data_changed.append(changed)
@@ -211,7 +211,7 @@ def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
 def _held_elsewhere(cfg: TrainConfig) -> bool:
     """Whether another live process holds this run's lock now (it is training it)."""
     folder = RunFolder.of(cfg)
-    if not folder.path.is_dir() or verdict(cfg).finished:
+    if not folder.path.is_dir() or run_outcome(cfg).finished:
         return False
     with folder.lock() as acquired:
         return not acquired
@@ -232,7 +232,7 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
         """Calibrated seconds of these runs (0 when a depth was not calibrated)."""
         return sum(run_cost_tokens(c) / speed(c) if speed(c) > 0 else 0.0 for c in cfgs)
 
-    finished = [c for c in runs if verdict(c).finished]
+    finished = [c for c in runs if run_outcome(c).finished]
     for cfg in finished:  # skipped silently; a damaged one is repaired (and says so)
         run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
     if tally.skipped and verbose:
@@ -288,7 +288,7 @@ def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> lis
         for arm in sweep.arms:
             cfg = run_config(sweep, depth, float(lr), arm, seed)
             if cfg.run_id == folder.name:
-                if verdict(cfg).finished:
+                if run_outcome(cfg).finished:
                     out.append(cfg)
                 break
     return out
@@ -322,7 +322,7 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     runs += added_runs(sweep, {c.run_id for c in runs})
     counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
     for cfg in runs:
-        counts[verdict(cfg).value] += 1
+        counts[run_outcome(cfg).value] += 1
     print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "

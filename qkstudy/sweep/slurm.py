@@ -34,7 +34,7 @@ from ..locks import RunBusy
 from ..run_folder import RunFolder
 from .config import SweepConfig
 from .plan import command_line, declare_grid, remaining_runs
-from .refine import verdict
+from .refine import run_outcome
 
 # Slurm job states in which an array task still holds (or will soon hold) its run.
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
@@ -295,7 +295,7 @@ def run_task(args: list[str]) -> int:
     cfg = parse_train_config(words[words.index("train") + 1:])
     label = f"task {index}: run {cfg.run_id}"
     print(f"{label} on {os.uname().nodename}, pid {os.getpid()}", flush=True)
-    outcome = verdict(cfg)
+    outcome = run_outcome(cfg)
     if outcome.finished:
         print(f"{label} is already {outcome.value}; nothing to do", flush=True)
         return 0
