@@ -460,12 +460,12 @@ def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
     import torch
 
     from mlx_gpt.model import GPT as MlxGPT
-    from mlx_gpt.probes import measure as mlx_measure
+    from mlx_gpt.probes import collect as mlx_collect
     from qkstudy.config import ModelArgs
     from qkstudy.parameters import initial_weights
     from qkstudy.probe_names import probe
     from torch_ref.model import GPT as TorchGPT
-    from torch_ref.probes import measure as torch_measure
+    from torch_ref.probes import collect as torch_collect
 
     args = ModelArgs(vocab_size=257, depth=2, d_model=32, n_heads=2, block_size=16,
                      qk_norm=qk_norm, attn_softcap=softcap)
@@ -476,7 +476,7 @@ def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
     mlx.load_weights([(n, mx.array(v)) for n, v in w.items()])
     tch = TorchGPT(args)
     tch.load_state_dict({n: torch.from_numpy(v) for n, v in w.items()})
-    names = {r["name"] for r in mlx_measure(mlx, mx.array(x), mx.array(y), 0)}
-    torch_names = {r["name"] for r in torch_measure(tch, torch.from_numpy(x), torch.from_numpy(y), 0)}
+    names = {r["name"] for r in mlx_collect(mlx, mx.array(x), mx.array(y), 0)}
+    torch_names = {r["name"] for r in torch_collect(tch, torch.from_numpy(x), torch.from_numpy(y), 0)}
     assert names == torch_names
     assert [n for n in names if probe(n) is None] == []
