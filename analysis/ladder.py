@@ -282,36 +282,56 @@ def collapse(results: list[PointResult]) -> pl.DataFrame:
 
 # --- the chart ----------------------------------------------------------------------------------
 
-def chart(table: pl.DataFrame, prediction: dict):
+CHART_LRS = (1e-5, 10.0)  # the chart's LR axis: the ladder's grid and a decade either side
+
+
+def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None):
+    """The threshold against width (at 300 steps) and against steps (at d_model 64), with each
+    point's interval, the fitted law along each axis and the extrapolated study point.
+    Intervals reaching past the axis (or censored: no bound) are drawn to its edge."""
     import altair as alt
 
-    rows = table.filter(pl.col("threshold_lr").is_not_null()).with_columns(
-        tokens_m=pl.col("steps") * 1024 / 1e6)
-    points = []
+    lo_edge, hi_edge = CHART_LRS
+
+    def clip(v: float | None, edge: float) -> float:
+        return edge if v is None or not math.isfinite(v) else min(max(v, lo_edge), hi_edge)
+
+    rows = table.filter(pl.col("threshold_lr").is_not_null())
+    points, lines = [], []
+    coef = dict(zip(law["term"], law["estimate"])) if law is not None and law.height else {}
     for axis, col in (("width (d_model)", "d_model"), ("training steps", "steps")):
         other = "steps" if col == "d_model" else "d_model"
         anchor = STEPS0 if col == "d_model" else WIDTH0
         sub = rows.filter((pl.col(other) == anchor) & (pl.col("warmup") * 10 == pl.col("steps")))
         for r in sub.iter_rows(named=True):
             points.append({"axis": axis, "x": r[col], "lr": r["threshold_lr"],
-                           "lo": r["ci_lo"], "hi": r["ci_hi"],
+                           "lo": clip(r["ci_lo"], lo_edge), "hi": clip(r["ci_hi"], hi_edge),
                            "kind": "measured" if r["complete"] else "unfinished point"})
-    if prediction.get("lr"):
-        for axis, x in (("width (d_model)", STUDY_POINT.d_model),
-                        ("training steps", STUDY_POINT.steps)):
-            points.append({"axis": axis, "x": x, "lr": prediction["lr"], "lo": prediction["ci_lo"],
-                           "hi": prediction["ci_hi"], "kind": "predicted (study point)"})
-    data = alt.Data(values=points)
-    base = alt.Chart(data).encode(
-        x=alt.X("x:Q", scale=alt.Scale(type="log"), title=None),
-        color=alt.Color("kind:N", title=None))
-    bars = base.mark_rule().encode(y=alt.Y("lo:Q", scale=alt.Scale(type="log"),
-                                           title="necessity threshold LR (off vs rmsnorm)"),
-                                   y2="hi:Q")
-    dots = base.mark_point(filled=True, size=60).encode(y="lr:Q", tooltip=["x:Q", "lr:Q", "lo:Q",
-                                                                           "hi:Q"])
-    return (bars + dots).properties(width=260, height=220).facet(
-        column=alt.Column("axis:N", title=None)).resolve_scale(x="independent")
+        if prediction.get("lr"):
+            x = STUDY_POINT.d_model if col == "d_model" else STUDY_POINT.steps
+            points.append({"axis": axis, "x": x, "lr": prediction["lr"],
+                           "lo": clip(prediction["ci_lo"], lo_edge),
+                           "hi": clip(prediction["ci_hi"], hi_edge), "kind": "predicted (study point)"})
+        if {"a", "b", "c"} <= coef.keys():
+            x0, slope = (WIDTH0, coef["b"]) if col == "d_model" else (STEPS0, coef["c"])
+            far = STUDY_POINT.d_model * 1.5 if col == "d_model" else STUDY_POINT.steps * 1.5
+            for x in np.geomspace(x0 / 1.5, max(far, x0 * 4), 40):
+                lines.append({"axis": axis, "x": float(x), "kind": "fitted law",
+                              "lr": clip(10 ** (coef["a"] + slope * math.log2(x / x0)), lo_edge)})
+    x = alt.X("x:Q", scale=alt.Scale(type="log"), title=None)
+    scale = alt.Scale(type="log", domain=list(CHART_LRS), clamp=True)
+    title = "necessity threshold LR (off vs rmsnorm)"
+    y = alt.Y("lr:Q", scale=scale, title=title)
+    base = alt.Chart().encode(x=x, color=alt.Color("kind:N", title=None))
+    marked = alt.datum.kind != "fitted law"
+    bars = base.mark_rule().encode(y=alt.Y("lo:Q", scale=scale, title=title),
+                                   y2="hi:Q").transform_filter(marked)
+    dots = base.mark_point(filled=True, size=60).encode(
+        y=y, tooltip=["x:Q", "lr:Q", "lo:Q", "hi:Q"]).transform_filter(marked)
+    fit = base.mark_line(strokeDash=[4, 3]).encode(y=y).transform_filter(~marked)
+    return alt.layer(fit, bars, dots, data=alt.Data(values=points + lines)).properties(
+        width=260, height=220).facet(column=alt.Column("axis:N", title=None)).resolve_scale(
+        x="independent")
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -396,8 +416,8 @@ def cli(argv: list[str]) -> int:
             write_table(df, tables, f"ladder_{name}")
     text = summary_text(out)
     (folder / "summary.md").write_text(text)
-    C.save_chart(chart(out["points"], out["prediction"].row(0, named=True)),  # type: ignore
-                 folder / "charts", "ladder_threshold")
+    C.save_chart(chart(out["points"], out["prediction"].row(0, named=True),  # type: ignore
+                       out.get("law")), folder / "charts", "ladder_threshold")
     sys.stdout.write(text)
     print(f"ladder: {folder}/summary.md, tables/ and charts/ladder_threshold.png",
           file=sys.stderr)
