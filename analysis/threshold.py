@@ -137,27 +137,41 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
 
 
 def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
-    """The practitioner's rule made of tested claims (docs/report.md, amendment 1), from one
-    (depth, compared_arm)'s H1 cells: no_difference_up_to, the largest LR such that every
+    """The practitioner's rule made of tested claims (docs/report.md, amendments 1 and 9), from
+    one (depth, compared_arm)'s H1 cells: no_difference_up_to, the largest LR such that every
     informative cell at or below it is decided "no difference"; off_worse_from, the smallest LR
-    such that every informative cell from it up to the largest is decided "off worse"; None
-    where no such LR exists; and the rule in words."""
+    such that every informative cell from it up to `trained_up_to` is decided "off worse";
+    trained_up_to, the largest informative LR at which no run of the compared arm diverged or
+    degraded (above it QK-norm fails too, and the rule says nothing); None where no such LR
+    exists; and the rule in words. Cells without the arm's failure counts count as trained."""
     informative = cells.filter(pl.col("informative")).sort("lr")
     lrs, decisions = informative["lr"].to_list(), informative["decision"].to_list()
+    failed = [0] * len(lrs)
+    for column in ("on_diverged", "on_degraded"):
+        if column in informative.columns:
+            failed = [f + (v or 0) for f, v in zip(failed, informative[column].to_list())]
+    trained = [lr for lr, f in zip(lrs, failed) if f == 0]
+    top = max(trained) if trained else None
     a = b = None
     for lr, decision in zip(lrs, decisions):
         if decision != "no difference":
             break
         a = lr
     for lr, decision in zip(reversed(lrs), reversed(decisions)):
+        if top is None or lr > top:
+            continue
         if decision != "off worse":
             break
         b = lr
     low = (f"no difference within {margin:g} nats decided up to LR {a:.3g}" if a is not None
            else "no LR decided \"no difference\" from the smallest up")
-    high = (f"off worse decided from LR {b:.3g}" if b is not None
-            else "no LR from which every larger one is decided \"off worse\"")
-    return {"no_difference_up_to": a, "off_worse_from": b, "text": f"{low}; {high}"}
+    span = "" if b is None else f"at LR {b:.3g}" if b == top else f"from LR {b:.3g} up to {top:.3g}"
+    high = (f"off worse decided {span}, the largest at which every QK-norm run trained"
+            if b is not None
+            else "no LR from which every larger one is decided \"off worse\" up to where "
+            "QK-norm's runs fail")
+    return {"no_difference_up_to": a, "off_worse_from": b, "trained_up_to": top,
+            "text": f"{low}; {high}"}
 
 
 THRESHOLD_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,

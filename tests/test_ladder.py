@@ -133,3 +133,19 @@ def test_the_tested_rule_is_made_of_decided_cells_only(decisions, informative, a
         assert "no LR decided" in rule["text"]
     if b is None:
         assert "no LR from which" in rule["text"]
+
+
+def test_the_rules_off_worse_range_ends_where_qk_norms_own_runs_fail():
+    """Amendment 9: an undecided cell where some QK-norm run diverged or degraded does not take
+    B away; an undecided cell below it does."""
+    c = cells(["no difference", "off worse", "off worse", "undetermined"]).with_columns(
+        on_diverged=pl.Series([0, 0, 0, 1]), on_degraded=pl.Series([0, 0, 0, 0]))
+    rule = rule_of(c)
+    lrs = c["lr"].to_list()
+    assert rule["off_worse_from"] == lrs[1] and rule["trained_up_to"] == lrs[2]
+    assert f"up to {lrs[2]:.3g}, the largest at which every QK-norm run trained" in rule["text"]
+    degraded = c.with_columns(on_degraded=pl.Series([0, 0, 1, 0]))
+    assert rule_of(degraded)["off_worse_from"] == lrs[1]  # the trained range ends at lrs[1]
+    inside = c.with_columns(decision=pl.Series(["no difference", "undetermined", "off worse",
+                                                "undetermined"]))
+    assert rule_of(inside)["off_worse_from"] == lrs[2]
