@@ -237,8 +237,16 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
         row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
                    ci_hi=10 ** hi if np.isfinite(hi) else None,
                    rule=practitioner_line(depth, options.min_gap, point, lo, hi, lrs))
-        interval = (f"[{'< ' + f'{lrs[0]:.3g}' if lo == -np.inf else _lr_text(lo)}, "
-                    f"{'> ' + f'{lrs[-1]:.3g}' if hi == np.inf else _lr_text(hi)}]")
+        # a censored estimate's bound beyond the informative LRs on its own side is shown as
+        # beyond them (10 ** -400 would print as 0)
+        bottom, top = np.log10(lrs[0]), np.log10(lrs[-1])
+        low_text = f"< {lrs[0]:.3g}" if lo == -np.inf else _lr_text(lo)
+        high_text = (f"> {lrs[-1]:.3g}" if hi == np.inf
+                     else f"< {lrs[0]:.3g}" if point == -np.inf and hi < bottom
+                     else _lr_text(hi))
+        if point == np.inf and lo > top:
+            low_text = f"> {lrs[-1]:.3g}"
+        interval = f"[{low_text}, {high_text}]"
         if point == np.inf:
             row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
                        note=f"the fitted gap stays under {options.min_gap:g} nats up to the "
