@@ -188,6 +188,16 @@ def _lr_text(log_lr: float) -> str:
     return f"{10 ** log_lr:.3g}"
 
 
+def _bound_text(v: float, point: float, lrs: list[float]) -> str:
+    """An interval bound (log10 LR); one past the grid on a censored estimate's side reads as
+    past it (a draw of 10 ** -400 would print as 0)."""
+    if v == -np.inf or (point == -np.inf and v < np.log10(lrs[0])):
+        return f"< {lrs[0]:.3g}"
+    if v == np.inf or (point == np.inf and v > np.log10(lrs[-1])):
+        return f"> {lrs[-1]:.3g}"
+    return _lr_text(v)
+
+
 def practitioner_line(depth: int, margin: float, point: float, lo: float, hi: float,
                       lrs: list[float]) -> str:
     """The rule the study exists to give, in one line (log10 LRs; +-inf when censored)."""
@@ -237,16 +247,7 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
         row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
                    ci_hi=10 ** hi if np.isfinite(hi) else None,
                    rule=practitioner_line(depth, options.min_gap, point, lo, hi, lrs))
-        # a censored estimate's bound beyond the informative LRs on its own side is shown as
-        # beyond them (10 ** -400 would print as 0)
-        bottom, top = np.log10(lrs[0]), np.log10(lrs[-1])
-        low_text = f"< {lrs[0]:.3g}" if lo == -np.inf else _lr_text(lo)
-        high_text = (f"> {lrs[-1]:.3g}" if hi == np.inf
-                     else f"< {lrs[0]:.3g}" if point == -np.inf and hi < bottom
-                     else _lr_text(hi))
-        if point == np.inf and lo > top:
-            low_text = f"> {lrs[-1]:.3g}"
-        interval = f"[{low_text}, {high_text}]"
+        interval = f"[{_bound_text(lo, point, lrs)}, {_bound_text(hi, point, lrs)}]"
         if point == np.inf:
             row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
                        note=f"the fitted gap stays under {options.min_gap:g} nats up to the "

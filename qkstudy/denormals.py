@@ -36,12 +36,15 @@ def _libm():
     return ctypes.CDLL(name) if name else None
 
 
-def _control(libm, layout) -> tuple[ctypes.Array, int] | None:
-    """This thread's floating-point environment and its control register (None: unsupported)."""
+def _resolve(libm, layout):
+    """(libm, layout): the given ones, else this machine's; None where it is not supported."""
     layout = layout or LAYOUTS.get((platform.system(), platform.machine()))
     libm = libm or (_libm() if layout else None)
-    if not (libm and layout):
-        return None
+    return (libm, layout) if libm and layout else None
+
+
+def _control(libm, layout) -> tuple[ctypes.Array, int] | None:
+    """This thread's floating-point environment and its control register (None: unsupported)."""
     size, offset, _ = layout
     env = (ctypes.c_ubyte * size)()
     if libm.fegetenv(env) != 0:
@@ -51,9 +54,9 @@ def _control(libm, layout) -> tuple[ctypes.Array, int] | None:
 
 def flushing(libm=None, layout=None) -> bool:
     """Whether this thread flushes subnormals now."""
-    layout = layout or LAYOUTS.get((platform.system(), platform.machine()))
-    got = _control(libm, layout)
-    return got is not None and got[1] & layout[2] == layout[2]
+    found = _resolve(libm, layout)
+    got = _control(*found) if found else None
+    return got is not None and got[1] & found[1][2] == found[1][2]
 
 
 def flush(libm=None, layout=None) -> bool:
@@ -61,12 +64,11 @@ def flush(libm=None, layout=None) -> bool:
     `libm` and `layout` default to this machine's (tests pass others)."""
     if os.environ.get(ENV, "flush") == "keep":
         return flushing(libm, layout)
-    layout = layout or LAYOUTS.get((platform.system(), platform.machine()))
-    libm = libm or (_libm() if layout else None)
-    got = _control(libm, layout)
+    found = _resolve(libm, layout)
+    got = _control(*found) if found else None
     if got is None:
         return False
-    env, control = got
+    (libm, layout), (env, control) = found, got
     _, offset, bits = layout
     env[offset:offset + 4] = list((control | bits).to_bytes(4, "little"))
     return libm.fesetenv(env) == 0 and flushing(libm, layout)
