@@ -21,7 +21,7 @@ from qkstudy.arms import arm_of
 from qkstudy.config import ENGINE_KEYS, FOLDER_KEYS, framework_label
 from qkstudy.errors import UsageError
 from qkstudy.files import load_object
-from qkstudy.run_folder import FINISHED, SUMMARY_FIELDS, RunFolder, find_runs
+from qkstudy.run_folder import FINISHED, SUMMARY_FIELDS, RunFolder, find_runs, metrics_gap
 
 # The columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA).
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
@@ -84,20 +84,6 @@ def _check_parts(folder: Path, columns: dict[str, pl.DataType]
                         f"({', '.join(f'{c}: {schema[c]}' for c in wrong)})")
         checked.append((part, tuple((k, str(v)) for k, v in schema.items())))
     return checked, None
-
-
-def _step_gap(parts: list[tuple[Path, tuple]]) -> str | None:
-    """How a run's metric rows fail to cover steps 0..last once each, or None."""
-    try:
-        steps = sorted(pl.concat([pl.read_parquet(p, columns=["step"]) for p, _ in parts])
-                       ["step"].to_list()) if parts else []
-    except (pl.exceptions.PolarsError, OSError) as e:
-        return f"are unreadable ({type(e).__name__})"
-    if steps == list(range(len(steps))):
-        return None
-    missing = sorted(set(range(steps[-1] + 1)) - set(steps))
-    return (f"lack step {missing[0]} ({len(missing)} steps missing)" if missing
-            else "repeat a step")
 
 
 def _number(value: Any) -> float | None:
@@ -176,10 +162,10 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     metric_parts, why = _check_parts(run.metrics_dir, METRICS_COLUMNS)
     if why and status != "failed":
         return None, [], [], {}, [f"run {name}: {why}; skipped"]
-    gap = _step_gap(metric_parts) if status != "failed" else None
+    gap = metrics_gap(folder) if status != "failed" else None
     if gap:
-        warnings.append(f"run {name}: its metrics {gap}; retrain it (rm -r {folder} and run the "
-                        "same command again)")
+        warnings.append(f"run {name}: {gap}; retrain it (rm -r {folder} and run the same command "
+                        "again)")
     probe_parts, why = _check_parts(run.probes_dir, PROBES_COLUMNS)
     if why and status != "failed":
         warnings.append(f"run {name}: {why}; its probe columns are empty")

@@ -2,11 +2,15 @@
 a study's finished runs as one compact, reproducible file, and back.
 
 An archive is a .tar.xz of the sweep folder's sweep.json and, for every finished run
-(completed or diverged), its config.json, summary.json, manifest.json, metrics/ and probes/
-parts: everything the report reads, without weights, checkpoints, locks or logs (about 6.5 kB a
-300-step run). Its bytes depend only on those files (sorted members, fixed times and owners),
-so archiving the same runs twice gives the same file. Each run folder in it holds
-`archived.json`, which says its weights were left out: the run stays finished when restored.
+(completed or diverged), its config.json, summary.json, manifest.json, probes/ parts and
+metrics/ parts thinned to about ROWS rows: every k-th step (k = ceil(last step / ROWS)), every
+evaluation and the last step. That is everything the report's tables read (they use the
+evaluations' losses, the probes and the summaries; the training-curve charts drawn from an
+archive are sampled every k steps), without weights, checkpoints, locks or logs. Its bytes
+depend only on those files (sorted members, fixed times and owners), so archiving the same runs
+twice gives the same file. Each run folder in it holds `archived.json`, which says what was
+left out (the weights, and k as `metrics_every`): the run stays finished when restored, and
+its thinned rows are what a run folder's checks then expect (qkstudy/run_folder.py).
 
 `just report FILE.tar.xz` reads an archive as it reads a runs folder (analysis/report.py), and
 `restore=` unpacks one into a runs tree (runs_dir=, default runs) so that a sweep there skips
@@ -20,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import lzma
+import math
 import re
 import sys
 import tarfile
@@ -28,9 +33,10 @@ from pathlib import Path, PurePosixPath
 from . import files
 from .config import split_key_values
 from .errors import UsageError
-from .run_folder import CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, finished, find_runs
+from .run_folder import ARCHIVED, CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, finished, \
+    find_runs, part_steps
 
-ARCHIVED = "archived.json"  # in each archived run folder: its weights were left out
+ROWS = 60  # metric rows an archived run keeps besides its evaluations: every k-th step
 SWEEP_FILES = ("sweep.json",)
 RUN_FILES = (CONFIG, SUMMARY, MANIFEST, ARCHIVED)
 PART = re.compile(r"part-\d{8}-\d{8}\.parquet")
@@ -66,26 +72,39 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
         for f in (CONFIG, SUMMARY, MANIFEST):
             if (run.path / f).is_file():
                 out.append((f"{name}/{rel}/{f}", (run.path / f).read_bytes()))
+        last = max(part_steps(run.path / METRICS)[0])
+        record = {"left_out": sorted(p.name for p in run.path.glob("*.safetensors"))}
+        if (run.path / ARCHIVED).is_file():  # restored from an archive: its record as it was
+            record = json.loads((run.path / ARCHIVED).read_bytes())
+        # finished() checked the record: thinned already, or k from the run's length
+        every = record.get("metrics_every") or max(1, math.ceil(last / ROWS))
         for folder in (METRICS, PROBES):
             for part in sorted((run.path / folder).glob("part-*.parquet")):
-                out.append((f"{name}/{rel}/{folder}/{part.name}", _plain_parquet(part)))
-        if (run.path / ARCHIVED).is_file():  # restored from an archive: its record as it was
-            record = (run.path / ARCHIVED).read_bytes()
-        else:
-            left_out = sorted(p.name for p in run.path.glob("*.safetensors"))
-            record = json.dumps({"left_out": left_out}, sort_keys=True).encode() + b"\n"
-        out.append((f"{name}/{rel}/{ARCHIVED}", record))
+                rows = (every, last) if folder == METRICS else None
+                out.append((f"{name}/{rel}/{folder}/{part.name}", _plain_parquet(part, rows)))
+        record["metrics_every"] = every
+        out.append((f"{name}/{rel}/{ARCHIVED}",
+                    json.dumps(record, sort_keys=True).encode() + b"\n"))
     return sorted(out)
 
 
-def _plain_parquet(path: Path) -> bytes:
-    """A part re-encoded without Parquet's own compression: xz then compresses the whole
+def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
+    """A part re-encoded without Parquet's own compression (xz then compresses the whole
     archive at once, about half the size of xz over compressed parts; the same rows always give
-    the same bytes."""
+    the same bytes); `thin` = (k, last step) keeps a metrics part's rows at every k-th step,
+    every evaluation and the last step."""
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    table = pq.read_table(path)
+    if thin is not None:
+        every, last = thin
+        step = table.column("step").to_numpy()
+        evaluated = table.column("val_loss").is_valid().to_numpy(zero_copy_only=False)
+        table = table.filter(pa.array((step % every == 0) | evaluated | (step == last)))
     buffer = io.BytesIO()
-    pq.write_table(pq.read_table(path), buffer, compression="NONE")
+    pq.write_table(table, buffer, compression="NONE")
     return buffer.getvalue()
 
 

@@ -11,6 +11,8 @@ runs/<sweep>/<run_id>/
   final.safetensors                    final weights (once finished)
   summary.json     written last: its presence with status completed|diverged means finished
                    (its keys: SUMMARY_FIELDS)
+  archived.json    in a run restored from a study archive (archive.py): what the archive left
+                   out (the weights; metric rows between every k-th step and the evaluations)
   traceback.txt    why a failed run failed
   .lock            present while a process trains the run (its pid inside; locks.py)
 
@@ -50,6 +52,7 @@ CONFIG, MANIFEST, SUMMARY, TRACEBACK = "config.json", "manifest.json", "summary.
 METRICS, PROBES = "metrics", "probes"
 CHECKPOINT, FINAL = "checkpoint.safetensors", "final.safetensors"
 LOCK = ".lock"
+ARCHIVED = "archived.json"
 
 FINISHED = ("completed", "diverged")
 
@@ -267,6 +270,34 @@ def resume_problem(run_dir: Path, step: int, probe_every: int) -> str | None:
             or _coverage(run_dir / PROBES, list(range(0, step, probe_every)), once=False))
 
 
+def metrics_every(run_dir: Path) -> tuple[int, str | None]:
+    """(k, None): the run's metrics/ holds a row at every k-th step, its last step and every
+    evaluation (k = 1: every step; k > 1: an archived run, archive.py, whose archived.json says
+    k), or (1, why archived.json cannot be read)."""
+    record = run_dir / ARCHIVED
+    if not record.exists():
+        return 1, None
+    obj, why = load_object(record)
+    every = (obj or {}).get("metrics_every", 1)
+    if why or not _is_int(every) or every < 1:
+        return 1, (f"{ARCHIVED} {why or f'has metrics_every {every!r}, not a whole number >= 1'}"
+                   "; restore the run from its archive again")
+    return every, None
+
+
+def metrics_gap(run_dir: Path) -> str | None:
+    """How the run's metric rows fail to cover steps 0..last once each (an archived run: every
+    k-th step, its evaluations and its last step, metrics_every), or None."""
+    steps, why = part_steps(run_dir / METRICS)
+    every, why = (1, why) if why else metrics_every(run_dir)
+    if why or not steps:
+        return why
+    last = max(steps)
+    required = set(range(0, last + 1, every)) | {last}
+    # every required step once; an archived run's other rows (its evaluations) once too
+    return _coverage(run_dir / METRICS, sorted(required | set(steps)))
+
+
 def finished_problem(run_dir: Path, summary: dict) -> str | None:
     """Why a finished run's files are damaged (a gap or unreadable part, final weights that
     fail their checksum), or None."""
@@ -276,11 +307,10 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
     last = max(steps, default=-1)
     if summary["status"] == "completed" and last != summary["steps"]:
         return f"metrics/ ends at step {last}, not at the run's last step {summary['steps']}"
-    why = _coverage(run_dir / METRICS, list(range(last + 1))) or part_steps(
-        run_dir / PROBES)[1]
+    why = metrics_gap(run_dir) or part_steps(run_dir / PROBES)[1]
     # an archived run (qkstudy/archive.py) keeps its logs, not its weights
     if why is None and summary.get("final_weights_sha256") and not (
-            run_dir / "archived.json").exists():
+            run_dir / ARCHIVED).exists():
         try:
             _, meta = read_tensors(run_dir / FINAL)
             if meta["sha256"] != summary["final_weights_sha256"]:
@@ -288,8 +318,6 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
         except DamagedFile as e:
             why = str(e)
     return why
-
-
 
 
 class DataChanged(UsageError):

@@ -114,3 +114,46 @@ def test_a_damaged_or_foreign_archive_is_refused_in_one_line_before_anything_is_
     assert analysis(["report", str(bad), f"out={tmp_path / 'rep'}"]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "rep").exists()
+
+
+def test_a_thinned_archive_keeps_the_tables_and_its_restored_runs_stay_finished(
+        swept, tiny_data, tmp_path, monkeypatch, capsys):
+    """Metric rows every k-th step plus every evaluation and the last step: the report's
+    tables do not change, a restored run is not taken for damaged, and a thinned run's record
+    that cannot be read makes it damaged in one line."""
+    from analysis.__main__ import main as analysis
+    from qkstudy import archive, run_folder
+    monkeypatch.setattr(archive, "ROWS", 3)  # 10 steps: k = 4, rows at 0, 4, 5, 8, 10
+    path = tmp_path / f"t{SUFFIX}"
+    assert main(["archive", str(swept), f"out={path}"]) == 0
+    _, members = read_archive(path)
+    completed = next(r for r in find_runs(swept) if "lr0.001" in r.path.name)
+    steps = [s for p in sorted(members) if completed.path.name in p and "/metrics/" in p
+             for s in pl.read_parquet(io.BytesIO(members[p]))["step"].to_list()]
+    assert steps == [0, 4, 5, 8, 10]
+    assert analysis(["report", str(swept), f"out={tmp_path / 'from-runs'}"]) == 0
+    assert analysis(["report", str(path), f"out={tmp_path / 'from-archive'}"]) == 0
+    for table in sorted((tmp_path / "from-runs" / "tables").glob("*.parquet")):
+        a = pl.read_parquet(table).drop("run_dir", strict=False)
+        b = pl.read_parquet(tmp_path / "from-archive" / "tables" / table.name).drop(
+            "run_dir", strict=False)
+        assert a.equals(b, null_equal=True), table.name
+
+    elsewhere = tmp_path / "machine2"
+    assert main(["archive", f"restore={path}", f"runs_dir={elsewhere}"]) == 0
+    again = tmp_path / f"again{SUFFIX}"
+    assert main(["archive", str(elsewhere / "t"), f"out={again}"]) == 0
+    assert again.read_bytes() == path.read_bytes()
+    restored = elsewhere / "t" / completed.path.name
+    summary = run_folder.read_summary(restored)
+    assert run_folder.finished_problem(restored, summary) is None
+    capsys.readouterr()
+    assert main(tiny_sweep(tiny_data, elsewhere)) == 0  # nothing retrained
+    assert not any((r.path / "final.safetensors").exists() for r in find_runs(elsewhere / "t"))
+
+    # a missing required row, or a record that does not say k, is a damaged run
+    (restored / run_folder.ARCHIVED).write_text('{"metrics_every": "four"}')
+    why = run_folder.finished_problem(restored, summary)
+    assert "archived.json has metrics_every 'four'" in why and "restore the run" in why
+    (restored / run_folder.ARCHIVED).write_text('{"metrics_every": 2}')
+    assert "metrics/ lacks step 2" in run_folder.finished_problem(restored, summary)

@@ -291,6 +291,36 @@ def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_pa
     assert calls == []
 
 
+def test_a_failed_refinement_run_is_retried_by_the_next_sweep(monkeypatch, tiny_data, tmp_path,
+                                                              capsys, no_calibration):
+    """A boundary-bisection run that raised (a part cut short under it, say) is trained again
+    by the next invocation, and the bisection goes on from its result, as for a grid run."""
+    calls = []
+    fake_trainer(monkeypatch, {"none": 0.02}, calls)
+    real = trainer.train
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2,1e-1", "refine=true",
+                       "refine_steps=2", "refine_factor=1.01")
+
+    def fails_at_the_first_midpoint(cfg, *args, **kwargs):
+        if cfg.lr == 3.16e-2:
+            calls.append((cfg, ""))
+            folder = RunFolder.of(cfg)
+            folder.path.mkdir(parents=True, exist_ok=True)
+            folder.write_summary({"run_id": cfg.run_id, "status": "failed", "error": "boom"})
+            raise RuntimeError("boom")
+        return real(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "train", fails_at_the_first_midpoint)
+    assert main(["sweep", *words]) == 0
+    assert [c.lr for c, _ in calls] == [1e-3, 1e-2, 1e-1, 3.16e-2]  # tried once, then left
+    assert "1 failed" in capsys.readouterr().out
+    calls.clear()
+    monkeypatch.setattr(trainer, "train", real)
+    assert main(["sweep", *words]) == 0
+    assert [c.lr for c, _ in calls] == [3.16e-2, 1.78e-2]  # retried, then the next midpoint
+    assert status_of(calls[0][0]) == "diverged"
+
+
 def test_emit_commands_are_standalone_and_follow_the_results(monkeypatch, tiny_data, tmp_path,
                                                             capsys):
     words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2,1e-1", "refine=true",

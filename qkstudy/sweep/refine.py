@@ -84,6 +84,9 @@ def group_state(sweep: SweepConfig, group: Group) -> tuple[dict[float, bool | No
 
     Returns (results so far, the next run to train or None). The next run is None when the
     group is done or waits on a run without a result (for example one held by another process).
+    A refinement run that failed is the next run again (its LR in the results, as None): the
+    sweep retries it as it retries a failed grid run, once an invocation (run.execute's
+    `attempted`), and not at all when it killed its process (run.run_one).
     """
     depth, arm, seed = group
     grid_lrs = sweep.grid_lrs()
@@ -100,6 +103,8 @@ def group_state(sweep: SweepConfig, group: Group) -> tuple[dict[float, bool | No
         if v is Outcome.PENDING:
             return results, cfg
         results[lr] = v.stable
+        if v is Outcome.FAILED:
+            return results, cfg
     return results, None
 
 
