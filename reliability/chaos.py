@@ -286,15 +286,14 @@ class Storm:
         """Fill the tmpfs under the runs folder, hold it full a few seconds, free it."""
         filler = self.sweep_dir.parent / ".filler"
         try:
-            with open(filler, "wb") as f:
-                chunk = b"\0" * (1 << 20)
+            # unbuffered: a buffered file's close would flush what did not fit, and raise
+            with open(filler, "wb", buffering=0) as f:
                 with contextlib.suppress(OSError):
-                    while True:
-                        f.write(chunk)
-                        f.flush()
+                    while f.write(b"\0" * (1 << 20)):
+                        pass
                 with contextlib.suppress(OSError):  # the last pages a smaller write still fits
-                    while True:
-                        os.write(f.fileno(), b"\0" * 4096)
+                    while f.write(b"\0" * 4096):
+                        pass
             time.sleep(self.rng.uniform(1.0, 4.0))
         finally:
             filler.unlink(missing_ok=True)
