@@ -27,11 +27,14 @@ from . import stats as S
 from .metrics import Options, paired_gaps
 
 
-def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> np.ndarray:
+def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float,
+                       floor: float | None = None) -> np.ndarray:
     """log10 of the threshold for each row of a monotone fit (rows x LRs, ascending): where the
     fit first reaches `margin`, linear in log LR from the LR before; -inf when it is already
     there at the smallest LR (censored below), +inf when it never gets there (censored above).
-    NaN fits (no data at an LR in a draw) are passed over."""
+    NaN fits (no data at an LR in a draw) are passed over. `floor` (nats) interpolates log(gap)
+    instead, the gap below it read as `floor`: a logistic onset's lower half is straight
+    there, where the gap itself is convex (a candidate estimator, analysis/calibrate.py)."""
     fit = np.atleast_2d(fit)
     valid = ~np.isnan(fit)
     reached = valid & (np.where(valid, fit, -np.inf) >= margin)
@@ -46,7 +49,11 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> n
     r, i, kk = rows[inside], first[inside], k[inside]
     lo, hi = fit[r, kk], fit[r, i]
     with np.errstate(invalid="ignore", divide="ignore"):
-        t = np.where(hi > lo, (margin - lo) / (hi - lo), 1.0)
+        if floor is None:
+            t = np.where(hi > lo, (margin - lo) / (hi - lo), 1.0)
+        else:  # lo < margin <= hi; floor < margin
+            lo = np.log(np.maximum(lo, floor))
+            t = np.where(np.log(hi) > lo, (math.log(margin) - lo) / (np.log(hi) - lo), 1.0)
     out[inside] = log_lrs[kk] + np.clip(t, 0.0, 1.0) * (log_lrs[i] - log_lrs[kk])
     return out
 
@@ -61,6 +68,16 @@ class DepthDraws:
     draws: np.ndarray
     fit: np.ndarray  # the monotone fit of the seed-mean gaps at `lrs`
     seeds: int  # the most paired seeds of any of its cells
+    boot_fit: np.ndarray | None = None  # the fit under each draw (draws x LRs)
+
+
+def reread(d: DepthDraws, margin: float, floor: float | None) -> DepthDraws:
+    """The same fits read by threshold_from_fit's other interpolation (`floor`)."""
+    logs = np.log10(d.lrs)
+    return DepthDraws(lrs=d.lrs, point=float(threshold_from_fit(logs, d.fit[None], margin,
+                                                                 floor)[0]),
+                      draws=threshold_from_fit(logs, d.boot_fit, margin, floor), fit=d.fit,
+                      seeds=d.seeds, boot_fit=d.boot_fit)
 
 
 def widened(d: DepthDraws, k: float) -> np.ndarray:
@@ -133,7 +150,7 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
     boot_means, counts = S.seed_bootstrap(values, draws)
     boot_fit = S.isotonic(boot_means, counts.astype(float))
     return DepthDraws(lrs=lrs, point=point, draws=threshold_from_fit(log_lrs, boot_fit, margin),
-                      fit=fit[0], seeds=int(n.max()))
+                      fit=fit[0], seeds=int(n.max()), boot_fit=boot_fit)
 
 
 def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:

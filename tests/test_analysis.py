@@ -1457,12 +1457,35 @@ def test_threshold_coverage_scores_every_widening_on_the_same_studies():
     from analysis import calibrate as K
 
     table = K.threshold_coverage(2, 5, K.NOISE, ("sharp onset",))
-    assert table["widening"].to_list() == list(K.WIDENINGS)
-    assert (table["coverage"] + table["below"] + table["above"]).to_list() == pytest.approx(
-        [1.0] * len(K.WIDENINGS))
-    assert table["coverage"].is_sorted()  # a wider interval never covers less
+    for estimator in K.ESTIMATORS:
+        mine = table.filter(pl.col("estimator") == estimator)
+        assert mine["widening"].to_list() == list(K.WIDENINGS)
+        assert (mine["coverage"] + mine["below"] + mine["above"]).to_list() == pytest.approx(
+            [1.0] * len(K.WIDENINGS))
+        assert mine["coverage"].is_sorted()  # a wider interval never covers less
     assert K.chosen_widening([table.with_columns(coverage=pl.lit(1.0))]) == 1.0
     assert K.chosen_widening([table.with_columns(coverage=pl.lit(0.5))]) is None
+
+
+def test_the_log_gap_reading_of_a_logistic_onset_finds_its_crossing():
+    """Between two LRs on a logistic onset's lower half, the straight line in the gap crosses
+    the margin early (the gap is convex there); the straight line in log(gap) almost exactly
+    where the curve does; a gap under the floor reads as the floor."""
+    import numpy as np
+
+    from analysis.threshold import threshold_from_fit
+
+    def gap(x):  # plateau 0.45, centre -1.5, width 0.1 decades: 0.1 nats at x = -1.6254
+        return 0.45 / (1 + np.exp(-(x - (-1.5)) / 0.1))
+
+    logs = np.array([-2.0, -1.5])
+    truth = -1.5 + 0.1 * math.log(0.1 / 0.35)
+    linear = threshold_from_fit(logs, gap(logs)[None], 0.1)[0]
+    logged = threshold_from_fit(logs, gap(logs)[None], 0.1, floor=0.01)[0]
+    assert linear < truth - 0.1 and abs(logged - truth) < 0.03
+    # a gap below the floor: log(0.1 / 0.01) / log(0.45 / 0.01) of the way
+    floored = threshold_from_fit(logs, np.array([[-0.05, 0.45]]), 0.1, floor=0.01)[0]
+    assert floored == pytest.approx(-2.0 + 0.5 * math.log(10) / math.log(45))
 
 
 def test_probe_parts_with_and_without_a_head_column_read_together(tmp_path):
