@@ -27,7 +27,7 @@ from qkstudy import archive
 from qkstudy.config import split_key_values
 from qkstudy.errors import UsageError
 from qkstudy.sweep.config import parse_sweep_config
-from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, STUDY_POINT, Point, point_words
+from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, LRS, STUDY_POINT, Point, point_words
 from qkstudy.sweep.plan import remaining_runs
 
 from . import stats as S
@@ -296,17 +296,27 @@ def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None
     def clip(v: float | None, edge: float) -> float:
         return edge if v is None or not math.isfinite(v) else min(max(v, lo_edge), hi_edge)
 
-    rows = table.filter(pl.col("threshold_lr").is_not_null())
+    # a censored point is drawn at the grid's edge on its side (the grid is LRS), marked so
+    edge = {"below": min(LRS), "above": max(LRS)}
+    rows = table.filter(pl.col("threshold_lr").is_not_null() | pl.col("censored").is_not_null())
     points, lines = [], []
-    coef = dict(zip(law["term"], law["estimate"])) if law is not None and law.height else {}
+    # an unfitted law ("not estimable": a censored point) has no estimates to draw
+    coef = ({t: e for t, e in zip(law["term"], law["estimate"]) if e is not None}
+            if law is not None and law.height else {})
     for axis, col in (("width (d_model)", "d_model"), ("training steps", "steps")):
         other = "steps" if col == "d_model" else "d_model"
         anchor = STEPS0 if col == "d_model" else WIDTH0
         sub = rows.filter((pl.col(other) == anchor) & (pl.col("warmup") * 10 == pl.col("steps")))
         for r in sub.iter_rows(named=True):
-            points.append({"axis": axis, "x": r[col], "lr": r["threshold_lr"],
-                           "lo": clip(r["ci_lo"], lo_edge), "hi": clip(r["ci_hi"], hi_edge),
-                           "kind": "measured" if r["complete"] else "unfinished point"})
+            censored = r["threshold_lr"] is None
+            kind = ("unfinished point" if not r["complete"] else
+                    f"censored ({r['censored']} the grid)" if censored else "measured")
+            # a bound missing on a censored point's own side lies past the grid's edge there
+            lo = edge["above"] if r["ci_lo"] is None and r["censored"] == "above" else r["ci_lo"]
+            hi = edge["below"] if r["ci_hi"] is None and r["censored"] == "below" else r["ci_hi"]
+            points.append({"axis": axis, "x": r[col],
+                           "lr": edge[r["censored"]] if censored else r["threshold_lr"],
+                           "lo": clip(lo, lo_edge), "hi": clip(hi, hi_edge), "kind": kind})
         if prediction.get("lr"):
             x = STUDY_POINT.d_model if col == "d_model" else STUDY_POINT.steps
             points.append({"axis": axis, "x": x, "lr": prediction["lr"],

@@ -149,3 +149,29 @@ def test_the_rules_off_worse_range_ends_where_qk_norms_own_runs_fail():
     inside = c.with_columns(decision=pl.Series(["no difference", "undetermined", "off worse",
                                                 "undetermined"]))
     assert rule_of(inside)["off_worse_from"] == lrs[2]
+
+
+def test_the_chart_draws_a_censored_point_at_the_grids_edge_and_no_law_when_unfitted():
+    """The law is "not estimable" when a point is censored (the plan): the chart then shows
+    each point, the censored one at the grid's edge on its side, and no fitted line."""
+    from analysis.ladder import chart
+    from qkstudy.sweep.ladder import LRS
+
+    censored = planted(-2, 0, 0)
+    censored[-1] = result(censored[-1].name, -math.inf)
+    law, prediction = fit_law(censored, ReportOptions())
+    rows = []
+    for r in censored:
+        p = KNOWN[r.name]
+        finite = math.isfinite(r.log_threshold)
+        rows.append({"d_model": p.d_model, "steps": p.steps, "warmup": p.warmup,
+                     "complete": True, "threshold_lr": 10 ** r.log_threshold if finite else None,
+                     "censored": None if finite else "below",
+                     "ci_lo": None, "ci_hi": None if not finite else 0.02})
+    spec = chart(pl.DataFrame(rows), prediction, law).to_dict()
+    values = spec["data"]["values"]
+    kinds = [v["kind"] for v in values]
+    assert "fitted law" not in kinds and "predicted (study point)" not in kinds
+    edge = [v for v in values if v["kind"] == "censored (below the grid)"]
+    assert len(edge) == 1 and edge[0]["lr"] == min(LRS) and edge[0]["x"] == 4800
+    assert edge[0]["hi"] == min(LRS)  # its upper bound is below the grid, not the axis's top
