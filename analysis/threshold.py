@@ -232,6 +232,21 @@ def practitioner_line(depth: int, margin: float, point: float, lo: float, hi: fl
             f"bound) it is needed")
 
 
+def _training_note(cells: pl.DataFrame, lr: float) -> str:
+    """Both arms' final losses at `lr` beside the best either reaches at any LR: a gap at LRs
+    too small to train either arm measures how fast each learns, not the off arm's instability
+    (the ladder's w64-s4800, docs/results.md). Descriptive: the rule is not changed by it."""
+    if not {"loss_off", "loss_on"} <= set(cells.columns):
+        return ""
+    at = cells.filter(pl.col("lr") == lr)
+    best = cells.select(pl.min_horizontal("loss_off", "loss_on").min()).item()
+    if not at.height or best is None or at["loss_off"][0] is None or at["loss_on"][0] is None:
+        return ""
+    return (f" (there off ends at {at['loss_off'][0]:.3g} nats and on at {at['loss_on'][0]:.3g};"
+            f" the best LR reaches {best:.3g}: where neither arm is trained, the gap measures how "
+            "fast each learns, not instability)")
+
+
 def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFrame,
                         draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
     """Per (depth, compared_arm): the threshold with its 95% whole-seed interval and the
@@ -271,7 +286,8 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
                             f"largest informative LR {lrs[-1]:.3g}")
         elif point == -np.inf:
             row.update(censored="below", threshold=f"<= {lrs[0]:.3g} {interval}",
-                       note="needed already at the smallest informative LR")
+                       note="needed already at the smallest informative LR"
+                            + _training_note(g, lrs[0]))
         else:
             k = max(i for i, lr in enumerate(lrs) if np.log10(lr) <= point)
             row.update(threshold_lr=10 ** point, threshold=f"{_lr_text(point)} {interval}",

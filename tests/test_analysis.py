@@ -1514,3 +1514,14 @@ def test_probe_parts_with_and_without_a_head_column_read_together(tmp_path):
     reduced = M.probe_over_layers(probes.lazy()).collect()
     share = reduced.filter(pl.col("name") == "attention_sink_share")
     assert share["value"].to_list() == [0.7]
+
+
+def test_a_threshold_censored_below_says_how_trained_both_arms_are_there():
+    """A gap at the grid's smallest LR can be under-training (the ladder's w64-s4800): the
+    note gives both arms' losses there and the best any LR reaches."""
+    from analysis.threshold import _training_note
+
+    cells = pl.DataFrame({"lr": [1e-4, 1e-2], "loss_off": [2.1, 0.38], "loss_on": [1.75, 0.377]})
+    note = _training_note(cells, 1e-4)
+    assert "off ends at 2.1 nats and on at 1.75" in note and "best LR reaches 0.377" in note
+    assert _training_note(cells.drop("loss_on"), 1e-4) == ""
