@@ -249,15 +249,19 @@ def _coverage(folder: Path, expected: list[int], once: bool = True) -> str | Non
     `once=False` any number of rows per step, as probes/ has one row per layer and name), else
     what is off."""
     steps, why = part_steps(folder)
-    if why:
-        return why
+    return why or _steps_cover(folder.name, steps, expected, once)
+
+
+def _steps_cover(name: str, steps: list[int], expected: list[int], once: bool = True
+                 ) -> str | None:
+    """_coverage on rows' steps already read."""
     if not once:
         steps = sorted(set(steps))
     if sorted(steps) == expected:
         return None
     missing = sorted(set(expected) - set(steps))
     extra = sorted(set(steps) - set(expected)) or sorted({s for s in steps if steps.count(s) > 1})
-    return (f"{folder.name}/ " + (f"lacks step {missing[0]}" if missing else "")
+    return (f"{name}/ " + (f"lacks step {missing[0]}" if missing else "")
             + (" and " if missing and extra else "") + (f"has extra rows at step {extra[0]}"
                                                        if extra else "")
             + f" ({len(missing)} missing, {len(extra)} extra)")
@@ -285,17 +289,20 @@ def metrics_every(run_dir: Path) -> tuple[int, str | None]:
     return every, None
 
 
-def metrics_gap(run_dir: Path) -> str | None:
+def metrics_gap(run_dir: Path, steps: list[int] | None = None) -> str | None:
     """How the run's metric rows fail to cover steps 0..last once each (an archived run: every
-    k-th step, its evaluations and its last step, metrics_every), or None."""
-    steps, why = part_steps(run_dir / METRICS)
+    k-th step, its evaluations and its last step, metrics_every), or None. `steps`: the rows'
+    steps when the caller has read them already."""
+    why = None
+    if steps is None:
+        steps, why = part_steps(run_dir / METRICS)
     every, why = (1, why) if why else metrics_every(run_dir)
     if why or not steps:
         return why
     last = max(steps)
     required = set(range(0, last + 1, every)) | {last}
     # every required step once; an archived run's other rows (its evaluations) once too
-    return _coverage(run_dir / METRICS, sorted(required | set(steps)))
+    return _steps_cover(METRICS, steps, sorted(required | set(steps)))
 
 
 def finished_problem(run_dir: Path, summary: dict) -> str | None:
@@ -307,7 +314,7 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
     last = max(steps, default=-1)
     if summary["status"] == "completed" and last != summary["steps"]:
         return f"metrics/ ends at step {last}, not at the run's last step {summary['steps']}"
-    why = metrics_gap(run_dir) or part_steps(run_dir / PROBES)[1]
+    why = metrics_gap(run_dir, steps) or part_steps(run_dir / PROBES)[1]
     # an archived run (qkstudy/archive.py) keeps its logs, not its weights
     if why is None and summary.get("final_weights_sha256") and not (
             run_dir / ARCHIVED).exists():
