@@ -35,7 +35,8 @@ from .hypotheses import small_sample_widening
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .study import ReportOptions, Study, analyse
-from .threshold import depth_draws, gap_matrix, tested_rule
+from .threshold import (DepthDraws, bound_text, depth_draws, gap_matrix, tested_rule,
+                        threshold_interval)
 
 ON = "rmsnorm"
 WIDTH0, STEPS0 = 64, 300  # the anchor: the law's coefficients are per doubling from here
@@ -53,6 +54,15 @@ class PointResult:
     log_threshold: float  # the estimate (log10 LR; +-inf censored)
     draws: np.ndarray  # whole-seed bootstrap draws of it, this point's own
     seeds: int
+    onset: DepthDraws | None = None  # amendment 11's reading of the same gaps and draws
+
+    def reading(self, name: str) -> tuple[float, np.ndarray]:
+        """(estimate, draws) of log10 LR under the plan's threshold or amendment 11's onset."""
+        if name == "plan":
+            return self.log_threshold, self.draws
+        if self.onset is None:
+            raise ValueError(f"{self.name}: no onset reading")
+        return self.onset.point, self.onset.draws
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -94,11 +104,13 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
         raise UsageError(f"{folder}: no informative cell with 2 or more paired seeds yet")
     values = gap_matrix(on.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
     # each point's own seed draws: the points share no run (docs/report.md, the ladder's plan)
-    d = depth_draws(values, lrs, S.seed_draws(len(seeds), options.study.bootstrap,
-                                              f"ladder/{name}"), options.study.min_gap)
+    draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
+    d = depth_draws(values, lrs, draws, options.study.min_gap)
+    # amendment 11: the same gaps and seed draws, read from the gap's valley up
+    onset = depth_draws(values, lrs, draws, options.study.min_gap, reading="onset")
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
                        left=len(todo) + len(extra), log_threshold=d.point, draws=d.draws,
-                       seeds=int((~np.isnan(values)).sum(axis=0).min()))
+                       seeds=int((~np.isnan(values)).sum(axis=0).min()), onset=onset)
 
 
 # --- per point ----------------------------------------------------------------------------------
@@ -109,7 +121,7 @@ def _lr(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def point_row(r: PointResult) -> dict:
+def point_row(r: PointResult, options: ReportOptions) -> dict:
     s = r.study
     thr = s.thresholds.filter(pl.col("compared_arm") == ON).row(0, named=True)
     h1 = s.verdicts.filter((pl.col("hypothesis") == "H1") & (pl.col("compared_arm") == ON))
@@ -123,6 +135,7 @@ def point_row(r: PointResult) -> dict:
     rlo, rhi = S.interval(ratio)
     peaks = peak_logits(s).filter(pl.col("arm") == OFF)
     p = r.point
+    onset = onset_columns(r.onset, options.study.threshold_widening) if r.onset else {}
     return {
         "point": r.name, "d_model": p.d_model, "steps": p.steps, "warmup": p.warmup,
         "complete": r.complete, "runs_left": r.left, "runs": s.points.height, "seeds": r.seeds,
@@ -131,6 +144,7 @@ def point_row(r: PointResult) -> dict:
         "off_worse_from": rule["off_worse_from"], "rule": rule["text"],
         "threshold_lr": thr["threshold_lr"], "threshold": thr["threshold"],
         "ci_lo": thr["ci_lo"], "ci_hi": thr["ci_hi"], "censored": thr["censored"],
+        **onset,
         "sensitivity_gap": float(np.mean(drop)) if drop else None, "sensitivity_lo": lo,
         "sensitivity_hi": hi,
         "stable_ratio": float(np.exp(np.mean(ratio))) if ratio else None,
@@ -139,6 +153,23 @@ def point_row(r: PointResult) -> dict:
         "off_peak_logit": float(peaks["peak_logit"].max()) if peaks.height else None,
         "run_seconds": float(s.points["wall_seconds"].sum()),
     }
+
+
+def onset_columns(d: DepthDraws, k: float) -> dict:
+    """Amendment 11's onset reading of one point: estimate, widened interval (the plan's k and
+    bracket rule), which side it is censored on, its valley LR and the text."""
+    lo, hi = threshold_interval(d, k)
+    point = d.point
+    censored = "below" if point == -math.inf else "above" if point == math.inf else None
+    interval = f"[{bound_text(lo, point, d.lrs)}, {bound_text(hi, point, d.lrs)}]"
+    head = (f"<= {d.lrs[0]:.3g}" if censored == "below" else f"> {d.lrs[-1]:.3g}"
+            if censored == "above" else f"{10 ** point:.3g}")
+    valley = d.lrs[int(np.nanargmin(d.fit))] if np.isfinite(d.fit).any() else None
+    finite = math.isfinite
+    return {"onset_lr": 10 ** point if finite(point) else None,
+            "onset_lo": 10 ** lo if finite(lo) else None,
+            "onset_hi": 10 ** hi if finite(hi) else None, "onset_censored": censored,
+            "onset_valley": valley, "onset": f"{head} {interval}"}
 
 
 def peak_logits(study: Study) -> pl.DataFrame:
@@ -167,11 +198,14 @@ LAW_SCHEMA = {"term": pl.String, "estimate": pl.Float64, "ci_lo": pl.Float64,
               "note": pl.String}
 
 
-def fit_law(results: list[PointResult], options: ReportOptions) -> tuple[pl.DataFrame, dict]:
+def fit_law(results: list[PointResult], options: ReportOptions, reading: str = "plan"
+            ) -> tuple[pl.DataFrame, dict]:
     """The law's coefficients with intervals and the six claims (b, c: falls, rises, equal),
-    and the prediction at the study point. Needs a width step and a length step besides the
-    anchor, every point complete and none censored."""
+    and the prediction at the study point, on the plan's threshold or (reading="onset")
+    amendment 11's onset. Needs a width step and a length step besides the anchor, every point
+    complete and none censored."""
     law = [r for r in results if r.name in LAW_POINTS and r.complete]
+    values = [r.reading(reading) for r in law]
     pts = [r.point for r in law]
     widths, lengths = {p.d_model for p in pts}, {p.steps for p in pts}
     prediction = {"log10_lr": None, "lr": None, "ci_lo": None, "ci_hi": None,
@@ -180,7 +214,7 @@ def fit_law(results: list[PointResult], options: ReportOptions) -> tuple[pl.Data
     if len(widths) < 2 or len(lengths) < 2 or len(law) < 3:
         why = (f"not estimable yet: the law needs complete points at two widths and two lengths "
                f"(has {', '.join(r.name for r in law) or 'none'})")
-    censored = [r.name for r in law if not math.isfinite(r.log_threshold)]
+    censored = [r.name for r, (t, _) in zip(law, values) if not math.isfinite(t)]
     if not why and censored:
         why = f"not estimable: the threshold is censored at {', '.join(censored)}"
     if why:
@@ -189,8 +223,8 @@ def fit_law(results: list[PointResult], options: ReportOptions) -> tuple[pl.Data
                             schema=LAW_SCHEMA), prediction
     x = design(pts)
     pinv = np.linalg.pinv(x)
-    est = pinv @ np.array([r.log_threshold for r in law])
-    y = np.stack([r.draws for r in law], axis=1)  # (B, points): each point's own draws
+    est = pinv @ np.array([t for t, _ in values])
+    y = np.stack([d for _, d in values], axis=1)  # (B, points): each point's own draws
     undefined = ~np.isfinite(y).all(axis=1)
     boot = np.where(undefined[:, None], np.nan, np.where(np.isfinite(y), y, 0.0) @ pinv.T)
     k = small_sample_widening(min(r.seeds for r in law))
@@ -222,18 +256,22 @@ def fit_law(results: list[PointResult], options: ReportOptions) -> tuple[pl.Data
     return pl.DataFrame(rows, schema=LAW_SCHEMA), prediction
 
 
-def warmup_contrast(results: dict[str, PointResult], options: ReportOptions) -> dict | None:
-    """log10 threshold at the longest point with 10% warmup minus with 30 steps' warmup."""
+def warmup_contrast(results: dict[str, PointResult], options: ReportOptions,
+                    reading: str = "plan") -> dict | None:
+    """log10 threshold (or amendment 11's onset) at the longest point with 10% warmup minus
+    with 30 steps' warmup."""
     long, short = (results.get(n) for n in CONTRAST)
     if not (long and short and long.complete and short.complete):
         return None
-    est = long.log_threshold - short.log_threshold
-    row = {"contrast": f"{CONTRAST[0]} - {CONTRAST[1]}", "log10_ratio": est, "ci_lo": None,
+    (t_long, d_long), (t_short, d_short) = long.reading(reading), short.reading(reading)
+    est = t_long - t_short
+    row = {"contrast": f"{CONTRAST[0]} - {CONTRAST[1]}", "reading": reading,
+           "log10_ratio": est, "ci_lo": None,
            "ci_hi": None, "decision": "undetermined", "note": ""}
     if not math.isfinite(est):
         row.update(decision=None, note="a threshold is censored")
         return row
-    d = long.draws - short.draws
+    d = d_long - d_short
     undefined = ~np.isfinite(d)
     d = est + small_sample_widening(min(long.seeds, short.seeds)) * (d - est)
     lo, hi = S.percentile_interval(d[~undefined])
@@ -285,11 +323,20 @@ def collapse(results: list[PointResult]) -> pl.DataFrame:
 CHART_LRS = (1e-5, 10.0)  # the chart's LR axis: the ladder's grid and a decade either side
 
 
-def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None):
-    """The threshold against width (at 300 steps) and against steps (at d_model 64), with each
-    point's interval, the fitted law along each axis and the extrapolated study point.
-    Intervals reaching past the axis (or censored: no bound) are drawn to its edge."""
+ONSET_COLUMNS = {"onset_lr": "threshold_lr", "onset_lo": "ci_lo", "onset_hi": "ci_hi",
+                 "onset_censored": "censored"}
+
+
+def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None,
+          reading: str = "plan"):
+    """The threshold (or, reading="onset", amendment 11's onset) against width (at 300 steps)
+    and against steps (at d_model 64), with each point's interval, the fitted law along each
+    axis and the extrapolated study point. Intervals reaching past the axis (or censored: no
+    bound) are drawn to its edge."""
     import altair as alt
+
+    if reading == "onset":
+        table = table.drop(ONSET_COLUMNS.values()).rename(ONSET_COLUMNS)
 
     lo_edge, hi_edge = CHART_LRS
 
@@ -330,7 +377,8 @@ def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None
                               "lr": clip(10 ** (coef["a"] + slope * math.log2(x / x0)), lo_edge)})
     x = alt.X("x:Q", scale=alt.Scale(type="log"), title=None)
     scale = alt.Scale(type="log", domain=list(CHART_LRS), clamp=True)
-    title = "necessity threshold LR (off vs rmsnorm)"
+    title = ("necessity threshold LR (off vs rmsnorm)" if reading == "plan"
+             else "instability onset LR (amendment 11)")
     y = alt.Y("lr:Q", scale=scale, title=title)
     base = alt.Chart().encode(x=x, color=alt.Color("kind:N", title=None))
     marked = alt.datum.kind != "fitted law"
@@ -366,20 +414,51 @@ def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
         results = [load_point(f, options) for f in folders]
         order = list(KNOWN)
         results.sort(key=lambda r: order.index(r.name))
-        table = pl.DataFrame([point_row(r) for r in results])
+        table = pl.DataFrame([point_row(r, options) for r in results])
         law, prediction = fit_law(results, options)
-        contrast = warmup_contrast({r.name: r for r in results}, options)
+        # amendment 11 (exploratory): the same law, prediction and contrast on the onset
+        onset_law, onset_prediction = fit_law(results, options, reading="onset")
+        by_name = {r.name: r for r in results}
+        contrasts = [c for c in (warmup_contrast(by_name, options, reading)
+                                 for reading in ("plan", "onset")) if c]
         return {"points": table, "law": law, "prediction": pl.DataFrame([prediction]),
-                "contrast": pl.DataFrame([contrast]) if contrast else pl.DataFrame(),
+                "onset_law": onset_law, "onset_prediction": pl.DataFrame([onset_prediction]),
+                "contrast": pl.DataFrame(contrasts) if contrasts else pl.DataFrame(),
                 "collapse": collapse([r for r in results if r.complete])}
+
+
+def _law_text(law: pl.DataFrame, p: dict, label: str) -> str:
+    """One law's fit and prediction in a sentence, or why it was not fitted."""
+    if p["lr"] is None:
+        return f"{label}: {p['note']}."
+    terms = {r["term"]: r for r in law.iter_rows(named=True)}
+    a, b, c = terms["a"], terms["b"], terms["c"]
+    return (
+        f"{label} over {p['points']}: log10(LR) = {a['estimate']:+.2f} "
+        f"{b['estimate']:+.2f} log2(d_model/64) {c['estimate']:+.2f} log2(steps/300); b "
+        f"{b['estimate']:+.2f} [{b['ci_lo']:+.2f}, {b['ci_hi']:+.2f}] decades per doubling of "
+        f"width ({b['decision']}), c {c['estimate']:+.2f} [{c['ci_lo']:+.2f}, "
+        f"{c['ci_hi']:+.2f}] per doubling of steps ({c['decision']}). Predicted at the study "
+        f"point (d_model 192, 24,414 steps): LR {p['lr']:.3g} [{p['ci_lo']:.3g}, "
+        f"{p['ci_hi']:.3g}] (an extrapolation).")
+
+
+def _contrast_text(row: dict) -> str:
+    label = ("Warmup contrast, the plan's threshold" if row["reading"] == "plan"
+             else "Warmup contrast, the onset (amendment 11, exploratory)")
+    if row["decision"] is None:
+        return f"{label}: not estimable ({row['note']})."
+    return (f"{label}: log10 {row['contrast']} = {row['log10_ratio']:+.2f} "
+            f"[{row['ci_lo']:+.2f}, {row['ci_hi']:+.2f}] ({row['decision']}).")
 
 
 def summary_text(out: dict) -> str:
     """The ladder's tables as Markdown (what docs/results.md publishes)."""
     t: pl.DataFrame = out["points"]  # type: ignore[assignment]
     lines = ["| point | d_model | steps | warmup | runs | H1 | tested rule | threshold [95% CI] "
-             "| LR-sensitivity gap [95% CI] | max stable LR on/off [95% CI] | off peak logit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| onset [95% CI] (amendment 11) | LR-sensitivity gap [95% CI] "
+             "| max stable LR on/off [95% CI] | off peak logit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in t.iter_rows(named=True):
         sens = (f"{r['sensitivity_gap']:+.3f} [{r['sensitivity_lo']:+.3f}, "
                 f"{r['sensitivity_hi']:+.3f}]" if r["sensitivity_lo"] is not None else "-")
@@ -387,24 +466,17 @@ def summary_text(out: dict) -> str:
                  f"{r['stable_ratio_hi']:.2f}]" if r["stable_ratio_lo"] is not None else "-")
         runs = f"{r['runs']}" + ("" if r["complete"] else f" ({r['runs_left']} left)")
         lines.append(f"| `{r['point']}` | {r['d_model']} | {r['steps']:,} | {r['warmup']} | "
-                     f"{runs} | {r['h1']} | {r['rule']} | {r['threshold']} | {sens} | {ratio} | "
-                     f"{r['off_peak_logit']:,.0f} |")
-    law: pl.DataFrame = out["law"]  # type: ignore[assignment]
-    p = out["prediction"].row(0, named=True)  # type: ignore[union-attr]
+                     f"{runs} | {r['h1']} | {r['rule']} | {r['threshold']} | {r['onset']} | "
+                     f"{sens} | {ratio} | {r['off_peak_logit']:,.0f} |")
     lines.append("")
-    if p["lr"] is None:
-        lines.append(f"Transfer law: {p['note']}.")
-    else:
-        terms = {r["term"]: r for r in law.iter_rows(named=True)}
-        lines.append(
-            f"Transfer law over {p['points']}: log10(threshold) = {terms['a']['estimate']:+.2f} "
-            f"{terms['b']['estimate']:+.2f} log2(d_model/64) {terms['c']['estimate']:+.2f} "
-            f"log2(steps/300); b {terms['b']['estimate']:+.2f} [{terms['b']['ci_lo']:+.2f}, "
-            f"{terms['b']['ci_hi']:+.2f}] decades per doubling of width ({terms['b']['decision']}),"
-            f" c {terms['c']['estimate']:+.2f} [{terms['c']['ci_lo']:+.2f}, "
-            f"{terms['c']['ci_hi']:+.2f}] per doubling of steps ({terms['c']['decision']}). "
-            f"Predicted threshold at the study point (d_model 192, 24,414 steps): LR "
-            f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] (an extrapolation).")
+    lines.append(_law_text(out["law"], out["prediction"].row(0, named=True),  # type: ignore
+                           "Transfer law"))
+    lines.append("")
+    lines.append(_law_text(out["onset_law"], out["onset_prediction"].row(0, named=True),  # type: ignore
+                           "Onset law (amendment 11, exploratory)"))
+    contrast: pl.DataFrame = out["contrast"]  # type: ignore[assignment]
+    for row in contrast.iter_rows(named=True) if contrast.width else []:
+        lines += ["", _contrast_text(row)]
     return "\n".join(lines) + "\n"
 
 
@@ -426,9 +498,12 @@ def cli(argv: list[str]) -> int:
             write_table(df, tables, f"ladder_{name}")
     text = summary_text(out)
     (folder / "summary.md").write_text(text)
-    C.save_chart(chart(out["points"], out["prediction"].row(0, named=True),  # type: ignore
-                       out.get("law")), folder / "charts", "ladder_threshold")
+    for reading, law, prediction, name in (("plan", "law", "prediction", "ladder_threshold"),
+                                           ("onset", "onset_law", "onset_prediction",
+                                            "ladder_onset")):
+        C.save_chart(chart(out["points"], out[prediction].row(0, named=True),  # type: ignore
+                           out[law], reading), folder / "charts", name)
     sys.stdout.write(text)
-    print(f"ladder: {folder}/summary.md, tables/ and charts/ladder_threshold.png",
-          file=sys.stderr)
+    print(f"ladder: {folder}/summary.md, tables/ and charts/ladder_threshold.png, "
+          "ladder_onset.png", file=sys.stderr)
     return 0

@@ -139,16 +139,44 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
     return out
 
 
-def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float
-                ) -> DepthDraws:
-    """The threshold of one depth from its (seeds, LRs) gaps, and under each whole-seed draw."""
+READINGS = ("plan", "onset")  # the plan's threshold; amendment 11's instability onset
+
+
+def above_valley(means: np.ndarray) -> np.ndarray:
+    """Each row of seed-mean gaps (rows x LRs) with every LR below its valley (the smallest LR
+    at which the row's mean is smallest) set to NaN: the rising branch the onset reading fits
+    (docs/report.md, amendment 11). A row without data is left as it is."""
+    means = np.atleast_2d(means)
+    has = ~np.isnan(means).all(axis=1)
+    valley = np.where(has, np.argmin(np.where(np.isnan(means), np.inf, means), axis=1), 0)
+    below = np.arange(means.shape[1])[None, :] < valley[:, None]
+    return np.where(below, np.nan, means)
+
+
+def _fit(means: np.ndarray, counts: np.ndarray, reading: str) -> np.ndarray:
+    """The monotone fit the reading reads: over every LR (plan), or from the valley up (onset;
+    NaN below it, where threshold_from_fit then finds no LR to start from: censored below when
+    the valley itself reaches the margin)."""
+    if reading == "plan":
+        return S.isotonic(means, counts)
+    kept = above_valley(means)
+    return np.where(np.isnan(kept), np.nan, S.isotonic(kept, counts))
+
+
+def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float,
+                reading: str = "plan") -> DepthDraws:
+    """The threshold of one depth from its (seeds, LRs) gaps, and under each whole-seed draw;
+    `reading="onset"` reads amendment 11's instability onset instead (the fit from the gap's
+    valley up, the valley found again in every draw)."""
+    if reading not in READINGS:
+        raise ValueError(f"reading {reading!r}; known: {', '.join(READINGS)}")
     log_lrs = np.log10(lrs)
     n = (~np.isnan(values)).sum(axis=0)
     means = np.where(n > 0, np.nansum(values, axis=0) / np.maximum(n, 1), np.nan)
-    fit = S.isotonic(means[None], n.astype(float))
+    fit = _fit(means[None], n.astype(float), reading)
     point = float(threshold_from_fit(log_lrs, fit, margin)[0])
     boot_means, counts = S.seed_bootstrap(values, draws)
-    boot_fit = S.isotonic(boot_means, counts.astype(float))
+    boot_fit = _fit(boot_means, counts.astype(float), reading)
     return DepthDraws(lrs=lrs, point=point, draws=threshold_from_fit(log_lrs, boot_fit, margin),
                       fit=fit[0], seeds=int(n.max()), boot_fit=boot_fit)
 
@@ -205,7 +233,7 @@ def _lr_text(log_lr: float) -> str:
     return f"{10 ** log_lr:.3g}"
 
 
-def _bound_text(v: float, point: float, lrs: list[float]) -> str:
+def bound_text(v: float, point: float, lrs: list[float]) -> str:
     """An interval bound (log10 LR); one past the grid on a censored estimate's side reads as
     past it (a draw of 10 ** -400 would print as 0)."""
     if v == -np.inf or (point == -np.inf and v < np.log10(lrs[0])):
@@ -279,7 +307,7 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
         row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
                    ci_hi=10 ** hi if np.isfinite(hi) else None,
                    rule=practitioner_line(depth, options.min_gap, point, lo, hi, lrs))
-        interval = f"[{_bound_text(lo, point, lrs)}, {_bound_text(hi, point, lrs)}]"
+        interval = f"[{bound_text(lo, point, lrs)}, {bound_text(hi, point, lrs)}]"
         if point == np.inf:
             row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
                        note=f"the fitted gap stays under {options.min_gap:g} nats up to the "

@@ -12,6 +12,8 @@ import pytest
 
 from analysis.ladder import STUDY_X, PointResult, fit_law, warmup_contrast
 from analysis.study import ReportOptions
+from analysis import stats as S
+from analysis.threshold import DepthDraws, depth_draws
 from analysis.threshold import tested_rule as rule_of
 from qkstudy.__main__ import main
 from qkstudy.sweep.config import parse_sweep_config
@@ -175,3 +177,61 @@ def test_the_chart_draws_a_censored_point_at_the_grids_edge_and_no_law_when_unfi
     edge = [v for v in values if v["kind"] == "censored (below the grid)"]
     assert len(edge) == 1 and edge[0]["lr"] == min(LRS) and edge[0]["x"] == 4800
     assert edge[0]["hi"] == min(LRS)  # its upper bound is below the grid, not the axis's top
+
+
+def gaps_with(means: list[float], sd: float = 0.01, seeds: int = 5) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    return np.array(means)[None] + sd * rng.standard_normal((seeds, len(means)))
+
+
+ONSET_LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+
+
+def test_the_onset_reading_skips_an_under_training_gap_below_the_valley():
+    """Amendment 11: a gap of 0.3 nats at the smallest LRs (QK-norm learns faster where neither
+    arm is trained) censors the plan's threshold below the grid; the onset reading fits from the
+    valley up and finds the crossing between 0.03 (gap 0.05) and 0.1 (gap 1.0)."""
+    values = gaps_with([0.35, 0.31, 0.01, 0.02, 0.03, 0.05, 1.0])
+    draws = S.seed_draws(5, 500, "onset-test")
+    plan = depth_draws(values, ONSET_LRS, draws, 0.1)
+    onset = depth_draws(values, ONSET_LRS, draws, 0.1, reading="onset")
+    assert plan.point == -math.inf and np.isneginf(plan.draws).all()
+    assert math.log10(0.03) < onset.point < math.log10(0.1)
+    means = values.mean(axis=0)
+    t = (0.1 - means[5]) / (means[6] - means[5])  # the plan's straight line, above the valley
+    assert onset.point == pytest.approx(math.log10(0.03) + t * (math.log10(0.1) - math.log10(0.03)))
+    assert np.isfinite(onset.draws).all()
+
+
+def test_the_onset_reading_is_the_plans_where_the_gap_only_rises():
+    values = gaps_with([0.0, 0.01, 0.02, 0.04, 0.2, 0.5, 1.0], sd=0.002)
+    draws = S.seed_draws(5, 500, "onset-test")
+    plan = depth_draws(values, ONSET_LRS, draws, 0.1)
+    onset = depth_draws(values, ONSET_LRS, draws, 0.1, reading="onset")
+    assert onset.point == pytest.approx(plan.point)
+    assert np.allclose(onset.draws, plan.draws)
+
+
+def test_the_onset_reading_is_censored_below_where_the_arms_never_agree():
+    values = gaps_with([0.4, 0.3, 0.25, 0.3, 0.5, 0.9, 1.0])
+    onset = depth_draws(values, ONSET_LRS, S.seed_draws(5, 200, "onset-test"), 0.1,
+                        reading="onset")
+    assert onset.point == -math.inf
+    with pytest.raises(ValueError, match="reading"):
+        depth_draws(values, ONSET_LRS, S.seed_draws(5, 200, "onset-test"), 0.1, reading="x")
+
+
+def test_the_onset_law_is_fitted_where_the_plans_is_censored():
+    """The law on amendment 11's reading: a point censored under the plan but not under the
+    onset reading leaves the plan's law unfitted and the onset's fitted."""
+    points = planted(-2.0, 0.0, 0.2, spread=0.02)
+    for r in points:
+        r.onset = DepthDraws(lrs=ONSET_LRS, point=r.log_threshold, draws=r.draws,
+                             fit=np.zeros(len(ONSET_LRS)), seeds=5)
+    points[-1].log_threshold, points[-1].draws = -math.inf, np.full(2000, -math.inf)
+    _, plan = fit_law(points, ReportOptions())
+    law, onset = fit_law(points, ReportOptions(), reading="onset")
+    assert plan["lr"] is None and "censored at w64-s4800" in plan["note"]
+    terms = {r["term"]: r for r in law.iter_rows(named=True)}
+    assert terms["c"]["estimate"] == pytest.approx(0.2) and terms["c"]["decision"] == "rises"
+    assert onset["log10_lr"] == pytest.approx(-2.0 + 0.2 * math.log2(24_414 / 300))
