@@ -107,7 +107,8 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
     d = depth_draws(values, lrs, draws, options.study.min_gap)
     # amendment 11: the same gaps and seed draws, read from the gap's valley up
-    onset = depth_draws(values, lrs, draws, options.study.min_gap, reading="onset")
+    onset = depth_draws(values, lrs, draws, options.study.min_gap, reading="onset",
+                        trained_up_to=tested_rule(cells)["trained_up_to"])
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
                        left=len(todo) + len(extra), log_threshold=d.point, draws=d.draws,
                        seeds=int((~np.isnan(values)).sum(axis=0).min()), onset=onset)

@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from qkstudy.config import apply_overrides, split_key_values
+from qkstudy.errors import UsageError
 from qkstudy.sweep.ladder import KNOWN, LAW_POINTS, LRS, REFINE_STEPS
 
 from . import calibrate as K
@@ -31,25 +32,34 @@ from .hypotheses import h1_tests
 from .ladder import STUDY_X, PointResult, design, fit_law
 from .metrics import Options, paired_gaps
 from .study import ReportOptions
-from .threshold import depth_draws, gap_matrix
+from .threshold import READINGS, depth_draws, gap_matrix, tested_rule
 
 A = math.log10(0.008)  # the anchor's threshold: the published minis' depth-4 estimates
 LAWS = {  # (b, c) decades per doubling of width and of steps
     "flat": (0.0, 0.0),
     "half a decade per doubling": (-0.5, -0.5),  # the plan's
     "a quarter decade per doubling": (-0.25, -0.25),  # added: every point's threshold in the grid
+    # amendment 11: a rise with training length only, as the onset reading's cells suggest
+    "a quarter decade rise per doubling of steps": (0.0, 0.25),
 }
+ONSET_LAWS = ("flat", "a quarter decade per doubling", "a quarter decade rise per doubling of steps")
+# amendment 11: the under-training gap (nats) at the points where the ladder showed one
+UNDERTRAIN = {"w256-s300": 0.3, "w64-s4800": 0.3}
 LATTICE = np.arange(-4.25, 0.75, 1 / 32)  # the ladder's grid starts at 1e-4
 
 
 def simulate(law: tuple[float, float], noise: K.Noise, seeds: int, options: Options,
-             rng: np.random.Generator, study: int) -> list[PointResult]:
+             rng: np.random.Generator, study: int, reading: str = "plan",
+             undertrain: bool = False) -> list[PointResult]:
+    """One simulated ladder's five law points, each read by `reading` (the plan's threshold or
+    amendment 11's onset); `undertrain` adds UNDERTRAIN's gap at the smallest LRs."""
     b, c = law
     points = [KNOWN[n] for n in LAW_POINTS]
     keys = tuple(range(len(points)))
     x = design(points)
     onset = {k: 10 ** float(x[k] @ [A, b, c]) for k in keys}
-    world = K.make_world(K.Scenario(onset), replace(noise, gap_sd={k: noise.gap_sd[4] for k in keys}),
+    low = {k: UNDERTRAIN.get(p.name, 0.0) for k, p in zip(keys, points)} if undertrain else {}
+    world = K.make_world(K.Scenario(onset, undertrain=low), replace(noise, gap_sd={k: noise.gap_sd[4] for k in keys}),
                          seeds, options.min_gap, rng, depths=keys, lrs=LRS, lattice=LATTICE,
                          refine_steps=REFINE_STEPS)
     runs = K.sweep(world)
@@ -62,7 +72,8 @@ def simulate(law: tuple[float, float], noise: K.Noise, seeds: int, options: Opti
         mine = paired.filter((pl.col("depth") == k) & pl.col("lr").is_in(lrs))
         d = depth_draws(gap_matrix(mine, list(range(seeds)), lrs), lrs,
                         S.seed_draws(seeds, options.bootstrap, f"ladder-calibration/{study}/{k}"),
-                        options.min_gap)
+                        options.min_gap, reading=reading,
+                        trained_up_to=tested_rule(cells)["trained_up_to"])
         out.append(PointResult(name=p.name, point=p, study=None, complete=True,  # type: ignore[arg-type]
                                left=0, log_threshold=d.point, draws=d.draws, seeds=seeds))
     return out
@@ -93,13 +104,14 @@ def judge(results: list[PointResult], law: tuple[float, float], options: ReportO
 
 
 def calibrate_ladder(studies: int, seeds: int = 5, laws: tuple[str, ...] = tuple(LAWS),
-                     noise: K.Noise = K.NOISE, base_seed: int = 0) -> pl.DataFrame:
+                     noise: K.Noise = K.NOISE, base_seed: int = 0, reading: str = "plan",
+                     undertrain: bool = False) -> pl.DataFrame:
     options = ReportOptions()
     rows = []
     for name in laws:
         rng = np.random.default_rng([base_seed, seeds, list(LAWS).index(name)])
-        scores = [judge(simulate(LAWS[name], noise, seeds, options.study, rng, i), LAWS[name],
-                        options) for i in range(studies)]
+        scores = [judge(simulate(LAWS[name], noise, seeds, options.study, rng, i, reading,
+                                 undertrain), LAWS[name], options) for i in range(studies)]
         keys = sorted({k for s in scores for k in s})
         for key in keys:
             values = np.array([s.get(key, math.nan) for s in scores], float)
@@ -132,11 +144,15 @@ def markdown(table: pl.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-USAGE = """usage: python -m analysis ladder-calibrate [studies=100] [seeds=5]
+USAGE = """usage: python -m analysis ladder-calibrate [studies=100] [seeds=5] [reading=plan|onset]
+       [undertrain=auto|true|false]
 
 The transfer law's calibration on simulated ladders of known law (docs/report.md): coverage
-of the b, c and prediction intervals, false falls / rises / equal, power. Exits 1 when a
-false-claim rate's 95% upper bound passes 5%."""
+of the b, c and prediction intervals, false falls / rises / equal, power. reading=onset
+calibrates amendment 11's onset reading, with the under-training gap at w256-s300 and w64-s4800
+(undertrain=auto: with reading=onset only) and the laws flat, a quarter decade fall per
+doubling and a quarter decade rise per doubling of steps. Exits 1 when a false-claim rate's
+95% upper bound passes 5%."""
 
 
 def cli(argv: list[str]) -> int:
@@ -146,10 +162,20 @@ def cli(argv: list[str]) -> int:
     class Args:
         studies: int = 100
         seeds: int = 5
+        reading: str = "plan"
+        undertrain: str = "auto"
 
     args = apply_overrides(Args(), split_key_values(argv))
+    if args.reading not in READINGS:
+        raise UsageError(f"reading={args.reading!r}; known: {', '.join(READINGS)}")
+    if args.undertrain not in ("auto", "true", "false"):
+        raise UsageError(f"undertrain={args.undertrain!r}; give auto, true or false")
+    undertrain = (args.reading == "onset" if args.undertrain == "auto"
+                  else args.undertrain == "true")
     t0 = time.perf_counter()
-    table = calibrate_ladder(args.studies, args.seeds)
+    table = calibrate_ladder(args.studies, args.seeds,
+                             ONSET_LAWS if args.reading == "onset" else tuple(LAWS)[:3],
+                             reading=args.reading, undertrain=undertrain)
     sys.stdout.write(markdown(table))
     bad = table.filter(pl.col("measure").str.contains(" false ") & (pl.col("upper_95") > 0.05))
     print(f"{args.studies} simulated ladders a law, {time.perf_counter() - t0:.0f} s; "

@@ -142,41 +142,47 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
 READINGS = ("plan", "onset")  # the plan's threshold; amendment 11's instability onset
 
 
-def above_valley(means: np.ndarray) -> np.ndarray:
+def above_valley(means: np.ndarray, searched: int | None = None) -> np.ndarray:
     """Each row of seed-mean gaps (rows x LRs) with every LR below its valley (the smallest LR
-    at which the row's mean is smallest) set to NaN: the rising branch the onset reading fits
-    (docs/report.md, amendment 11). A row without data is left as it is."""
+    at which the row's mean is smallest, among the first `searched` LRs: those up to where
+    every QK-norm run trained) set to NaN: the rising branch the onset reading fits
+    (docs/report.md, amendments 11 and 11a). A row without data is left as it is."""
     means = np.atleast_2d(means)
-    has = ~np.isnan(means).all(axis=1)
-    valley = np.where(has, np.argmin(np.where(np.isnan(means), np.inf, means), axis=1), 0)
+    window = np.where(np.isnan(means), np.inf, means)[:, :searched]
+    has = np.isfinite(window).any(axis=1)
+    valley = np.where(has, np.argmin(window, axis=1), 0)
     below = np.arange(means.shape[1])[None, :] < valley[:, None]
     return np.where(below, np.nan, means)
 
 
-def _fit(means: np.ndarray, counts: np.ndarray, reading: str) -> np.ndarray:
+def _fit(means: np.ndarray, counts: np.ndarray, reading: str, searched: int | None = None
+         ) -> np.ndarray:
     """The monotone fit the reading reads: over every LR (plan), or from the valley up (onset;
     NaN below it, where threshold_from_fit then finds no LR to start from: censored below when
     the valley itself reaches the margin)."""
     if reading == "plan":
         return S.isotonic(means, counts)
-    kept = above_valley(means)
+    kept = above_valley(means, searched)
     return np.where(np.isnan(kept), np.nan, S.isotonic(kept, counts))
 
 
 def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float,
-                reading: str = "plan") -> DepthDraws:
+                reading: str = "plan", trained_up_to: float | None = None) -> DepthDraws:
     """The threshold of one depth from its (seeds, LRs) gaps, and under each whole-seed draw;
     `reading="onset"` reads amendment 11's instability onset instead (the fit from the gap's
-    valley up, the valley found again in every draw)."""
+    valley up, the valley found again in every draw, and searched only up to `trained_up_to`,
+    the largest LR at which every QK-norm run trained: above it both arms fail and the gap
+    sits near 0 for that reason; None: every LR)."""
     if reading not in READINGS:
         raise ValueError(f"reading {reading!r}; known: {', '.join(READINGS)}")
+    searched = None if trained_up_to is None else sum(lr <= trained_up_to for lr in lrs) or None
     log_lrs = np.log10(lrs)
     n = (~np.isnan(values)).sum(axis=0)
     means = np.where(n > 0, np.nansum(values, axis=0) / np.maximum(n, 1), np.nan)
-    fit = _fit(means[None], n.astype(float), reading)
+    fit = _fit(means[None], n.astype(float), reading, searched)
     point = float(threshold_from_fit(log_lrs, fit, margin)[0])
     boot_means, counts = S.seed_bootstrap(values, draws)
-    boot_fit = _fit(boot_means, counts.astype(float), reading)
+    boot_fit = _fit(boot_means, counts.astype(float), reading, searched)
     return DepthDraws(lrs=lrs, point=point, draws=threshold_from_fit(log_lrs, boot_fit, margin),
                       fit=fit[0], seeds=int(n.max()), boot_fit=boot_fit)
 

@@ -235,3 +235,16 @@ def test_the_onset_law_is_fitted_where_the_plans_is_censored():
     terms = {r["term"]: r for r in law.iter_rows(named=True)}
     assert terms["c"]["estimate"] == pytest.approx(0.2) and terms["c"]["decision"] == "rises"
     assert onset["log10_lr"] == pytest.approx(-2.0 + 0.2 * math.log2(24_414 / 300))
+
+
+def test_the_onset_readings_valley_is_searched_only_where_qk_norm_trained():
+    """Amendment 11a: at an LR where both arms failed (the gap near 0 for that reason, here
+    -0.05) the valley would sit above the onset and no crossing would follow; searched up to
+    the largest LR at which every QK-norm run trained, the crossing is found."""
+    lrs = ONSET_LRS + [0.3]
+    values = gaps_with([0.35, 0.31, 0.01, 0.02, 0.03, 0.05, 1.0, -0.05])
+    draws = S.seed_draws(5, 300, "onset-test")
+    blind = depth_draws(values, lrs, draws, 0.1, reading="onset")
+    seen = depth_draws(values, lrs, draws, 0.1, reading="onset", trained_up_to=0.1)
+    assert blind.point == math.inf
+    assert math.log10(0.03) < seen.point < math.log10(0.1)
