@@ -659,7 +659,9 @@ COVERAGE_TARGET = 0.93
 
 # the threshold's estimators scored side by side: the plan's (linear in the gap) and a
 # candidate reading log(gap), gaps under a tenth of the margin read as that (threshold_from_fit)
-ESTIMATORS = {"linear": None, "log-gap": 0.01}
+# the plan's reading and the candidates: amendment 10's log-gap, amendment 12's midpoint
+ESTIMATORS: dict[str, dict] = {"linear": {}, "log-gap": {"floor": 0.01},
+                               "bracket midpoint": {"midpoint": True}}
 
 
 def threshold_coverage(studies: int, seeds: int, noise: Noise, scenarios: tuple[str, ...],
@@ -686,8 +688,8 @@ def threshold_coverage(studies: int, seeds: int, noise: Noise, scenarios: tuple[
                 t = truth.thresholds.get(depth)
                 if t is None or not (-3 <= t <= math.log10(0.3)):
                     continue
-                for estimator, floor in ESTIMATORS.items():
-                    d = linear if floor is None else reread(linear, options.min_gap, floor)
+                for estimator, how in ESTIMATORS.items():
+                    d = reread(linear, options.min_gap, **how) if how else linear
                     if math.isfinite(d.point):
                         errors.setdefault((name, estimator), []).append(d.point - t)
                     for k in widenings:

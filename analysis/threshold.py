@@ -28,13 +28,15 @@ from .metrics import Options, paired_gaps
 
 
 def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float,
-                       floor: float | None = None) -> np.ndarray:
+                       floor: float | None = None, midpoint: bool = False) -> np.ndarray:
     """log10 of the threshold for each row of a monotone fit (rows x LRs, ascending): where the
     fit first reaches `margin`, linear in log LR from the LR before; -inf when it is already
     there at the smallest LR (censored below), +inf when it never gets there (censored above).
     NaN fits (no data at an LR in a draw) are passed over. `floor` (nats) interpolates log(gap)
     instead, the gap below it read as `floor`: a logistic onset's lower half is straight
-    there, where the gap itself is convex (a candidate estimator, analysis/calibrate.py)."""
+    there, where the gap itself is convex (a candidate estimator, analysis/calibrate.py).
+    `midpoint` reads the bracket's geometric midpoint instead (amendment 12's candidate: where
+    the data cannot place a sharp onset inside its bracket)."""
     fit = np.atleast_2d(fit)
     valid = ~np.isnan(fit)
     reached = valid & (np.where(valid, fit, -np.inf) >= margin)
@@ -49,7 +51,9 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float,
     r, i, kk = rows[inside], first[inside], k[inside]
     lo, hi = fit[r, kk], fit[r, i]
     with np.errstate(invalid="ignore", divide="ignore"):
-        if floor is None:
+        if midpoint:
+            t = np.full(lo.shape, 0.5)
+        elif floor is None:
             t = np.where(hi > lo, (margin - lo) / (hi - lo), 1.0)
         else:  # lo < margin <= hi; floor < margin
             lo = np.log(np.maximum(lo, floor))
@@ -71,12 +75,14 @@ class DepthDraws:
     boot_fit: np.ndarray | None = None  # the fit under each draw (draws x LRs)
 
 
-def reread(d: DepthDraws, margin: float, floor: float | None) -> DepthDraws:
-    """The same fits read by threshold_from_fit's other interpolation (`floor`)."""
+def reread(d: DepthDraws, margin: float, floor: float | None = None,
+           midpoint: bool = False) -> DepthDraws:
+    """The same fits read by one of threshold_from_fit's other readings (`floor`, `midpoint`)."""
     logs = np.log10(d.lrs)
     return DepthDraws(lrs=d.lrs, point=float(threshold_from_fit(logs, d.fit[None], margin,
-                                                                 floor)[0]),
-                      draws=threshold_from_fit(logs, d.boot_fit, margin, floor), fit=d.fit,
+                                                                 floor, midpoint)[0]),
+                      draws=threshold_from_fit(logs, d.boot_fit, margin, floor, midpoint),
+                      fit=d.fit,
                       seeds=d.seeds, boot_fit=d.boot_fit)
 
 

@@ -1525,3 +1525,18 @@ def test_a_threshold_censored_below_says_how_trained_both_arms_are_there():
     note = _training_note(cells, 1e-4)
     assert "off ends at 2.1 nats and on at 1.75" in note and "best LR reaches 0.377" in note
     assert _training_note(cells.drop("loss_on"), 1e-4) == ""
+
+
+def test_the_midpoint_reading_sits_at_the_brackets_geometric_centre():
+    """Amendment 12's candidate: wherever inside its bracket the fit reaches the margin, the
+    reading is the bracket's centre in log LR; censored fits stay censored."""
+    from analysis.threshold import threshold_from_fit
+
+    logs = np.log10([0.003, 0.01, 0.0133, 0.03])
+    for fit in ([0.0, 0.02, 0.45, 0.5], [0.0, 0.099, 0.101, 0.5]):
+        assert threshold_from_fit(logs, np.array([fit]), 0.1, midpoint=True)[0] == \
+            pytest.approx((logs[1] + logs[2]) / 2)
+    assert threshold_from_fit(logs, np.array([[0.2, 0.3, 0.4, 0.5]]), 0.1, midpoint=True)[0] \
+        == -np.inf
+    assert threshold_from_fit(logs, np.array([[0.0, 0.0, 0.0, 0.05]]), 0.1, midpoint=True)[0] \
+        == np.inf
