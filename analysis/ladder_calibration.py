@@ -84,7 +84,11 @@ def judge(results: list[PointResult], law: tuple[float, float], options: ReportO
     b, c = law
     truth = {"b": b, "c": c}
     out: dict[str, float] = {"fitted": float(prediction["lr"] is not None)}
-    if prediction["lr"] is None:
+    if prediction["lr"] is None:  # an unfitted law makes no claim: none false, none found
+        out |= {f"{term} false {claim}": 0.0 for term in "bc"
+                for claim in ("falls", "rises", "equal")}
+        out |= {f"{term} power ({claim})": 0.0 for term, true in truth.items()
+                for claim, sign in (("falls", -1), ("rises", 1)) if sign * true > 0}
         return out
     rows = {r["term"]: r for r in table.iter_rows(named=True)}
     for term, true in truth.items():
@@ -95,6 +99,7 @@ def judge(results: list[PointResult], law: tuple[float, float], options: ReportO
         out[f"{term} false equal"] = float(r["decision"] == "equal"
                                            and not abs(true) < options.study.slope_margin)
         out[f"{term} power (falls)"] = float(r["decision"] == "falls") if true < 0 else math.nan
+        out[f"{term} power (rises)"] = float(r["decision"] == "rises") if true > 0 else math.nan
         out[f"{term} error"] = r["estimate"] - true
     true_prediction = float(STUDY_X @ [A, b, c])
     out["prediction coverage"] = float(
