@@ -659,9 +659,11 @@ COVERAGE_TARGET = 0.93
 
 # the threshold's estimators scored side by side: the plan's (linear in the gap) and a
 # candidate reading log(gap), gaps under a tenth of the margin read as that (threshold_from_fit)
-# the plan's reading and the candidates: amendment 10's log-gap, amendment 12's midpoint
+# the plan's reading and the candidates: amendment 10's log-gap, amendment 12's midpoint,
+# amendment 13's fitted logistic
 ESTIMATORS: dict[str, dict] = {"linear": {}, "log-gap": {"floor": 0.01},
-                               "bracket midpoint": {"midpoint": True}}
+                               "bracket midpoint": {"midpoint": True},
+                               "logistic": {"logistic": True}}
 
 
 def threshold_coverage(studies: int, seeds: int, noise: Noise, scenarios: tuple[str, ...],

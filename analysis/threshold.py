@@ -73,12 +73,57 @@ class DepthDraws:
     fit: np.ndarray  # the monotone fit of the seed-mean gaps at `lrs`
     seeds: int  # the most paired seeds of any of its cells
     boot_fit: np.ndarray | None = None  # the fit under each draw (draws x LRs)
+    # the seed-mean gaps and paired seeds behind the fits (LRs; draws x LRs under each draw)
+    means: np.ndarray | None = None
+    counts: np.ndarray | None = None
+    boot_means: np.ndarray | None = None
+    boot_counts: np.ndarray | None = None
+
+
+LOGISTIC_CAP = 0.5  # nats: amendment 13 caps each seed-mean gap here before fitting
+LOGISTIC_WIDTHS = (0.0125, 0.025, 0.05, 0.1, 0.2, 0.4)  # decades: doublings
+LOGISTIC_STEP = 1 / 64  # decades: the lattice of the logistic's centre
+
+
+def logistic_threshold(log_lrs: np.ndarray, means: np.ndarray, counts: np.ndarray,
+                       margin: float) -> np.ndarray:
+    """Amendment 13's candidate reading: per row of seed-mean gaps (rows x LRs, NaN where no
+    data; `counts` the paired seeds), the weighted least-squares logistic P / (1 + exp(-(x -
+    c) / w)) in x = log10 LR (P >= 0 in closed form, c on a lattice, w from LOGISTIC_WIDTHS)
+    fitted to the gaps capped at LOGISTIC_CAP, and log10 of where it reaches `margin`: -inf
+    when it is there at the smallest LR, +inf when it does not get there by the largest."""
+    means = np.atleast_2d(means)
+    weights = np.where(np.isnan(means), 0.0, np.atleast_2d(counts).astype(float))
+    y = np.where(np.isnan(means), 0.0, np.minimum(means, LOGISTIC_CAP))
+    lo, hi = float(log_lrs.min()), float(log_lrs.max())
+    centres = np.arange(lo - 0.5, hi + 0.5 + 1e-9, LOGISTIC_STEP)
+    c = np.repeat(centres, len(LOGISTIC_WIDTHS))
+    w = np.tile(LOGISTIC_WIDTHS, len(centres))
+    shapes = 1 / (1 + np.exp(-np.clip((log_lrs[None, :] - c[:, None]) / w[:, None], -700, 700)))
+    num = (weights * y) @ shapes.T  # (rows, shapes)
+    den = weights @ (shapes ** 2).T
+    with np.errstate(invalid="ignore", divide="ignore"):
+        height = np.where(den > 0, np.maximum(num / den, 0.0), 0.0)
+    best = np.argmin(height * height * den - 2 * height * num, axis=1)
+    rows = np.arange(means.shape[0])
+    p, cc, ww = height[rows, best], c[best], w[best]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = np.where(p > margin, cc + ww * np.log(margin / np.maximum(p - margin, 1e-300)),
+                     np.inf)
+    x = np.where(x <= lo, -np.inf, np.where(x > hi, np.inf, x))
+    return np.where(weights.sum(axis=1) > 0, x, np.inf)
 
 
 def reread(d: DepthDraws, margin: float, floor: float | None = None,
-           midpoint: bool = False) -> DepthDraws:
-    """The same fits read by one of threshold_from_fit's other readings (`floor`, `midpoint`)."""
+           midpoint: bool = False, logistic: bool = False) -> DepthDraws:
+    """The same fits read by one of threshold_from_fit's other readings (`floor`, `midpoint`),
+    or the same gaps read by amendment 13's fitted logistic (`logistic`)."""
     logs = np.log10(d.lrs)
+    if logistic:
+        point = float(logistic_threshold(logs, d.means[None], d.counts, margin)[0])  # type: ignore[index]
+        return DepthDraws(lrs=d.lrs, point=point, fit=d.fit, seeds=d.seeds,
+                          draws=logistic_threshold(logs, d.boot_means, d.boot_counts, margin),  # type: ignore[arg-type]
+                          boot_fit=d.boot_fit)
     return DepthDraws(lrs=d.lrs, point=float(threshold_from_fit(logs, d.fit[None], margin,
                                                                  floor, midpoint)[0]),
                       draws=threshold_from_fit(logs, d.boot_fit, margin, floor, midpoint),
@@ -190,7 +235,8 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
     boot_means, counts = S.seed_bootstrap(values, draws)
     boot_fit = _fit(boot_means, counts.astype(float), reading, searched)
     return DepthDraws(lrs=lrs, point=point, draws=threshold_from_fit(log_lrs, boot_fit, margin),
-                      fit=fit[0], seeds=int(n.max()), boot_fit=boot_fit)
+                      fit=fit[0], seeds=int(n.max()), boot_fit=boot_fit, means=means,
+                      counts=n, boot_means=boot_means, boot_counts=counts)
 
 
 def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:

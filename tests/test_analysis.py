@@ -1540,3 +1540,25 @@ def test_the_midpoint_reading_sits_at_the_brackets_geometric_centre():
         == -np.inf
     assert threshold_from_fit(logs, np.array([[0.0, 0.0, 0.0, 0.05]]), 0.1, midpoint=True)[0] \
         == np.inf
+
+
+def test_the_logistic_reading_finds_a_planted_onset_and_ignores_the_gap_past_its_cap():
+    """Amendment 13's candidate: a logistic of a width on its grid and a centre on its lattice
+    is recovered where it reaches the margin; a diverged run's huge gap at the top (capped at
+    0.5 nats) does not move it; a gap never reaching the margin is censored above, one already
+    there at the smallest LR below."""
+    from analysis.threshold import logistic_threshold
+
+    x = np.log10([1e-3, 3e-3, 5.5e-3, 7.4e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0])
+    centre, width, plateau = -2.0, 0.1, 0.45
+    g = plateau / (1 + np.exp(-(x - centre) / width))
+    truth = centre + width * math.log(0.1 / (plateau - 0.1))
+    counts = np.full(len(x), 5)
+    assert logistic_threshold(x, g[None], counts, 0.1)[0] == pytest.approx(truth, abs=0.02)
+    spiked = g.copy()
+    spiked[-1] = 3.0  # off diverged: its clipped loss
+    assert logistic_threshold(x, spiked[None], counts, 0.1)[0] == pytest.approx(truth, abs=0.02)
+    flat = np.full(len(x), 0.02)
+    high = np.full(len(x), 0.45)
+    assert logistic_threshold(x, np.stack([flat, high]), counts, 0.1).tolist() == [math.inf,
+                                                                                  -math.inf]
