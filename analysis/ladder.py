@@ -8,7 +8,9 @@ the max-stable-LR ratio and the off arm's peak attention logit. Across the point
 10% of the run: the transfer law log10(threshold) = a + b log2(d_model / 64) + c log2(steps /
 300) with whole-seed intervals (each point's seeds drawn on their own), its six claims under
 Holm, and the prediction at the study preset's point; the warmup contrast; the peak logit's
-collapse onto lr x width x steps. A point enters only once its sweep has nothing left to run.
+collapse onto lr x width x steps. Beside them, amendment 11's onset reading (the threshold read
+from the gap's valley up: exploratory) per point, with its own law, prediction and contrast. A
+point enters the law only once its sweep has nothing left to run.
 """
 
 from __future__ import annotations
@@ -400,7 +402,8 @@ USAGE = """usage: python -m analysis ladder [SOURCE ...] [out=reports/ladder]
 The ladder's transfer analysis (docs/report.md, the ladder's plan). SOURCE: runs/ladder (one
 sweep folder per point), a point's sweep folder, results/ladder (point archives) or one
 <point>.tar.xz; default results/ladder when it exists, else runs/ladder. Writes tables
-(points, law, prediction, contrast, collapse; Parquet and CSV), the chart and summary.md."""
+(points, law, prediction, onset_law, onset_prediction, contrast, collapse; Parquet and CSV), the
+charts ladder_threshold and ladder_onset (amendment 11, exploratory) and summary.md."""
 
 
 def analyse_ladder(sources: list[Path], options: ReportOptions | None = None

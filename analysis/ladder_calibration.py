@@ -9,7 +9,7 @@ sweep's own rules (one boundary-bisection step per curve, two threshold-bisectio
 cells tested, its threshold estimated with its own fresh whole-seed draws (analysis.threshold),
 then the law fitted and tested by analysis.ladder.fit_law.
 
-    python -m analysis ladder-calibrate [studies=100] [seeds=5]
+    python -m analysis ladder-calibrate [studies=100] [seeds=5] [reading=plan|onset]
 """
 
 from __future__ import annotations
