@@ -456,6 +456,26 @@ def _contrast_text(row: dict) -> str:
             f"[{row['ci_lo']:+.2f}, {row['ci_hi']:+.2f}] ({row['decision']}).")
 
 
+def prediction_check(points: pl.DataFrame, prediction: dict, reading: str = "plan") -> str:
+    """The study point's measured threshold (or onset) against the law's prediction, in one
+    sentence, or "" when the study point has not been run or the law was not fitted."""
+    if prediction.get("lr") is None or "study-point" not in points["point"].to_list():
+        return ""
+    col, lo, hi, text = (("threshold_lr", "ci_lo", "ci_hi", "threshold") if reading == "plan"
+                         else ("onset_lr", "onset_lo", "onset_hi", "onset"))
+    r = points.filter(pl.col("point") == "study-point").row(0, named=True)
+    what = "threshold" if reading == "plan" else "onset"
+    head = (f"Study point ({r['runs']} runs{'' if r['complete'] else ', unfinished'}): measured "
+            f"{what} {r[text]} against the predicted {prediction['lr']:.3g} "
+            f"[{prediction['ci_lo']:.3g}, {prediction['ci_hi']:.3g}]")
+    if r[col] is None:
+        return f"{head}: censored, so the prediction is not tested."
+    inside = prediction["ci_lo"] <= r[col] <= prediction["ci_hi"]
+    overlap = (r[lo] or 0.0) <= prediction["ci_hi"] and (r[hi] or math.inf) >= prediction["ci_lo"]
+    return (f"{head}: the measured estimate lies {'inside' if inside else 'outside'} the "
+            f"prediction interval, and the two intervals {'overlap' if overlap else 'do not overlap'}.")
+
+
 def summary_text(out: dict) -> str:
     """The ladder's tables as Markdown (what docs/results.md publishes)."""
     t: pl.DataFrame = out["points"]  # type: ignore[assignment]
@@ -478,6 +498,10 @@ def summary_text(out: dict) -> str:
     lines.append("")
     lines.append(_law_text(out["onset_law"], out["onset_prediction"].row(0, named=True),  # type: ignore
                            "Onset law (amendment 11, exploratory)"))
+    for reading, key in (("plan", "prediction"), ("onset", "onset_prediction")):
+        check = prediction_check(t, out[key].row(0, named=True), reading)  # type: ignore[union-attr]
+        if check:
+            lines += ["", check]
     contrast: pl.DataFrame = out["contrast"]  # type: ignore[assignment]
     for row in contrast.iter_rows(named=True) if contrast.width else []:
         lines += ["", _contrast_text(row)]

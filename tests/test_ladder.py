@@ -248,3 +248,22 @@ def test_the_onset_readings_valley_is_searched_only_where_qk_norm_trained():
     seen = depth_draws(values, lrs, draws, 0.1, reading="onset", trained_up_to=0.1)
     assert blind.point == math.inf
     assert math.log10(0.03) < seen.point < math.log10(0.1)
+
+
+def test_the_study_points_measurement_is_set_against_the_prediction():
+    """Item 4 of the ladder: once the GPU's study point is run, the ladder's summary says whether
+    its measured threshold (and onset) falls inside the law's prediction interval."""
+    from analysis.ladder import prediction_check
+
+    row = {"point": "study-point", "runs": 110, "complete": True, "threshold_lr": 0.05,
+           "ci_lo": 0.03, "ci_hi": 0.08, "threshold": "0.05 [0.03, 0.08]", "onset_lr": None,
+           "onset_lo": None, "onset_hi": None, "onset": "<= 0.0001 [< 0.0001, < 0.0001]"}
+    points = pl.DataFrame([row])
+    prediction = {"lr": 0.1, "ci_lo": 0.06, "ci_hi": 0.3}
+    text = prediction_check(points, prediction)
+    assert "measured threshold 0.05 [0.03, 0.08] against the predicted 0.1 [0.06, 0.3]" in text
+    assert "outside the prediction interval" in text and "intervals overlap" in text
+    assert "censored, so the prediction is not tested" in prediction_check(points, prediction,
+                                                                          "onset")
+    assert prediction_check(points, {"lr": None}) == ""
+    assert prediction_check(points.with_columns(point=pl.lit("w64-s300")), prediction) == ""
