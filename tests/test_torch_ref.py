@@ -336,3 +336,36 @@ def test_torch_rival_controls_match_the_hand_derivation():
     by_hand = weight * 2 * lse * torch.softmax(logits.detach(), dim=-1) / lse.numel()
     assert by_hand.abs().max() > 1e-4
     torch.testing.assert_close(g_total - g_ce, by_hand, rtol=1e-9, atol=1e-12)
+
+
+def test_the_deterministic_engine_skips_nan_fills_and_trains_bit_identically_without_them():
+    """Deterministic mode's NaN fill of new tensors is off (torch_ref/device.py): it only guards
+    against kernels reading memory they did not write, and no kernel of this model does, so a
+    run's weights are the same bit for bit with and without it."""
+    import hashlib
+
+    import torch
+
+    from qkstudy import backends
+    from qkstudy.bench.shapes import random_batch
+    from qkstudy.config import TrainConfig
+
+    def weights(fill: bool) -> str:
+        cfg = TrainConfig(backend="torch", device="cpu", d_model=64, n_heads=2, depth=2,
+                          block_size=32, batch_size=4, qk_norm="rmsnorm", lr=3e-2,
+                          max_steps=20, warmup_steps=2).validate()
+        probe = random_batch(cfg, 257, 1)
+        engine = backends.load("torch").Engine(cfg, 257, [probe], probe)
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+        for i in range(6):
+            engine.read([engine.step(*random_batch(cfg, 257, 10 + i))])
+        digest = hashlib.sha256()
+        for p in engine.model.parameters():
+            digest.update(p.detach().numpy().tobytes())
+        return digest.hexdigest()
+
+    try:
+        assert weights(True) == weights(False)
+    finally:
+        torch.utils.deterministic.fill_uninitialized_memory = False

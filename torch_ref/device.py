@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.utils.deterministic
 
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
@@ -61,10 +62,15 @@ def set_precision(precision: str, device: torch.device) -> None:
 
 def set_determinism(deterministic: bool) -> None:
     """Deterministic algorithms on or off; the cuBLAS workspace setting with them, which must be
-    in the environment before CUDA starts (the first CUDA call of the process)."""
+    in the environment before CUDA starts (the first CUDA call of the process). Deterministic
+    mode also fills every new uninitialised tensor with NaN (a guard against kernels that read
+    memory they did not write); no kernel of this model does (a run's weights are bit-identical
+    without it: tests/test_torch_ref.py), and the fills cost a pass over every new tensor
+    (docs/performance.md), so they are off."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def _env_int(name: str, default: int, least: int) -> int:
