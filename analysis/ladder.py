@@ -37,7 +37,7 @@ from .hypotheses import small_sample_widening
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .study import ReportOptions, Study, analyse
-from .threshold import (DepthDraws, bound_text, depth_draws, gap_matrix, tested_rule,
+from .threshold import (DepthDraws, depth_draws, estimate_text, gap_matrix, tested_rule,
                         threshold_interval)
 
 ON = "rmsnorm"
@@ -164,15 +164,12 @@ def onset_columns(d: DepthDraws, k: float) -> dict:
     lo, hi = threshold_interval(d, k)
     point = d.point
     censored = "below" if point == -math.inf else "above" if point == math.inf else None
-    interval = f"[{bound_text(lo, point, d.lrs)}, {bound_text(hi, point, d.lrs)}]"
-    head = (f"<= {d.lrs[0]:.3g}" if censored == "below" else f"> {d.lrs[-1]:.3g}"
-            if censored == "above" else f"{10 ** point:.3g}")
     valley = d.lrs[int(np.nanargmin(d.fit))] if np.isfinite(d.fit).any() else None
     finite = math.isfinite
     return {"onset_lr": 10 ** point if finite(point) else None,
             "onset_lo": 10 ** lo if finite(lo) else None,
             "onset_hi": 10 ** hi if finite(hi) else None, "onset_censored": censored,
-            "onset_valley": valley, "onset": f"{head} {interval}"}
+            "onset_valley": valley, "onset": estimate_text(point, lo, hi, d.lrs)}
 
 
 def peak_logits(study: Study) -> pl.DataFrame:
@@ -326,8 +323,16 @@ def collapse(results: list[PointResult]) -> pl.DataFrame:
 CHART_LRS = (1e-5, 10.0)  # the chart's LR axis: the ladder's grid and a decade either side
 
 
+# amendment 11's columns under the names of the plan's: a table read as the onset
 ONSET_COLUMNS = {"onset_lr": "threshold_lr", "onset_lo": "ci_lo", "onset_hi": "ci_hi",
-                 "onset_censored": "censored"}
+                 "onset_censored": "censored", "onset": "threshold"}
+
+
+def as_reading(table: pl.DataFrame, reading: str) -> pl.DataFrame:
+    """The points table with the reading's columns under the plan's names."""
+    if reading == "plan":
+        return table
+    return table.drop(ONSET_COLUMNS.values(), strict=False).rename(ONSET_COLUMNS, strict=False)
 
 
 def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None,
@@ -338,9 +343,7 @@ def chart(table: pl.DataFrame, prediction: dict, law: pl.DataFrame | None = None
     bound) are drawn to its edge."""
     import altair as alt
 
-    if reading == "onset":
-        table = table.drop(ONSET_COLUMNS.values()).rename(ONSET_COLUMNS)
-
+    table = as_reading(table, reading)
     lo_edge, hi_edge = CHART_LRS
 
     def clip(v: float | None, edge: float) -> float:
@@ -461,17 +464,16 @@ def prediction_check(points: pl.DataFrame, prediction: dict, reading: str = "pla
     sentence, or "" when the study point has not been run or the law was not fitted."""
     if prediction.get("lr") is None or "study-point" not in points["point"].to_list():
         return ""
-    col, lo, hi, text = (("threshold_lr", "ci_lo", "ci_hi", "threshold") if reading == "plan"
-                         else ("onset_lr", "onset_lo", "onset_hi", "onset"))
-    r = points.filter(pl.col("point") == "study-point").row(0, named=True)
+    r = as_reading(points, reading).filter(pl.col("point") == "study-point").row(0, named=True)
     what = "threshold" if reading == "plan" else "onset"
     head = (f"Study point ({r['runs']} runs{'' if r['complete'] else ', unfinished'}): measured "
-            f"{what} {r[text]} against the predicted {prediction['lr']:.3g} "
+            f"{what} {r['threshold']} against the predicted {prediction['lr']:.3g} "
             f"[{prediction['ci_lo']:.3g}, {prediction['ci_hi']:.3g}]")
-    if r[col] is None:
+    if r["threshold_lr"] is None:
         return f"{head}: censored, so the prediction is not tested."
-    inside = prediction["ci_lo"] <= r[col] <= prediction["ci_hi"]
-    overlap = (r[lo] or 0.0) <= prediction["ci_hi"] and (r[hi] or math.inf) >= prediction["ci_lo"]
+    inside = prediction["ci_lo"] <= r["threshold_lr"] <= prediction["ci_hi"]
+    overlap = ((r["ci_lo"] or 0.0) <= prediction["ci_hi"]
+               and (r["ci_hi"] or math.inf) >= prediction["ci_lo"])
     return (f"{head}: the measured estimate lies {'inside' if inside else 'outside'} the "
             f"prediction interval, and the two intervals {'overlap' if overlap else 'do not overlap'}.")
 

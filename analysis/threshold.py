@@ -301,6 +301,14 @@ def bound_text(v: float, point: float, lrs: list[float]) -> str:
     return _lr_text(v)
 
 
+def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
+    """A threshold estimate with its interval (log10 LRs; +-inf censored), as the tables print
+    it: "0.0066 [0.0055, 0.022]", "<= 0.0001 [...]" or "> 3 [...]"."""
+    head = (f"<= {lrs[0]:.3g}" if point == -np.inf else f"> {lrs[-1]:.3g}" if point == np.inf
+            else _lr_text(point))
+    return f"{head} [{bound_text(lo, point, lrs)}, {bound_text(hi, point, lrs)}]"
+
+
 def practitioner_line(depth: int, margin: float, point: float, lo: float, hi: float,
                       lrs: list[float]) -> str:
     """The rule the study exists to give, in one line (log10 LRs; +-inf when censored)."""
@@ -365,18 +373,18 @@ def necessity_threshold(points: pl.DataFrame, options: Options, gaps: pl.DataFra
         row.update(ci_lo=10 ** lo if np.isfinite(lo) else None,
                    ci_hi=10 ** hi if np.isfinite(hi) else None,
                    rule=practitioner_line(depth, options.min_gap, point, lo, hi, lrs))
-        interval = f"[{bound_text(lo, point, lrs)}, {bound_text(hi, point, lrs)}]"
+        text = estimate_text(point, lo, hi, lrs)
         if point == np.inf:
-            row.update(censored="above", threshold=f"> {lrs[-1]:.3g} {interval}",
+            row.update(censored="above", threshold=text,
                        note=f"the fitted gap stays under {options.min_gap:g} nats up to the "
                             f"largest informative LR {lrs[-1]:.3g}")
         elif point == -np.inf:
-            row.update(censored="below", threshold=f"<= {lrs[0]:.3g} {interval}",
+            row.update(censored="below", threshold=text,
                        note="needed already at the smallest informative LR"
                             + _training_note(g, lrs[0]))
         else:
             k = max(i for i, lr in enumerate(lrs) if np.log10(lr) <= point)
-            row.update(threshold_lr=10 ** point, threshold=f"{_lr_text(point)} {interval}",
+            row.update(threshold_lr=10 ** point, threshold=text,
                        bracket_lo=lrs[k], bracket_hi=lrs[min(k + 1, len(lrs) - 1)])
         limit = row["threshold_lr"] if row["threshold_lr"] is not None else (
             math.inf if point == np.inf else -math.inf)
