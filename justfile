@@ -61,6 +61,12 @@ mini *args:
     MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
     {{py}} -m analysis report "$runs/$name" out="reports/$name"
 
+# the ladder (docs/report.md): each point a sweep into runs/ladder/<point>, resumable: just ladder [points=NAME,NAME] [--dry-run]
+[group('2 run the study')]
+ladder *args:
+    @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
+    @{{py}} -m qkstudy ladder "$@"
+
 # a study's finished runs as one compact .tar.xz (no weights), or restore=FILE into runs/: just archive runs/mini [out=results/mini.tar.xz]
 [group('2 run the study')]
 archive *args:

@@ -29,6 +29,11 @@ backend=torch. A finished point is skipped, an unfinished one resumes.
 LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 SEEDS = (0, 1, 2, 3, 4)
 REFINE_STEPS = 1  # boundary-bisection steps per curve (the ladder's plan: H2 is secondary here)
+# The warmup ladder's grid: the width ladder's without 1e-4 and 3e-4, where no point's onset
+# can be (every onset measured lay between 0.003 and 0.1; docs/report.md, the warmup ladder)
+WARMUP_LRS = LRS[2:]
+PROBE_SEEDS = (0, 1)
+PROBE_LRS = (0.01, 0.03, 0.1)  # around the onsets at 4,800 steps (0.0079 and 0.046)
 
 
 @dataclass(frozen=True)
@@ -43,18 +48,25 @@ class Point:
     head_dim: int = 32
     block_size: int = 64
     data: str = "data/synthetic-bytes"
+    lrs: tuple[float, ...] = LRS
+    # a probe point: the off arm only, no bisection, probes every `probe_every` steps (the
+    # warmup figure's runs); 0 for a ladder point (both arms, bisection, probes at sixths)
+    probe_every: int = 0
 
     def words(self) -> list[str]:
         """The point as `python -m qkstudy sweep` words (the analysis plan's design)."""
         every = self.steps // 6  # evaluation, probes and divergence at the same fractions
+        design = (["arms=none", "refine=false", "threshold_steps=0"] if self.probe_every else
+                  ["refine=true", f"refine_steps={REFINE_STEPS}", "threshold_steps=2"])
         return [
             "preset=mini", f"name={self.name}", f"depth={self.depth}",
-            f"lrs={','.join(f'{lr:g}' for lr in LRS)}", f"seeds={','.join(map(str, SEEDS))}",
-            "max_seeds=5", "refine=true", f"refine_steps={REFINE_STEPS}", "threshold_steps=2", "jobs=2",
+            f"lrs={','.join(f'{lr:g}' for lr in self.lrs)}",
+            f"seeds={','.join(map(str, PROBE_SEEDS if self.probe_every else SEEDS))}",
+            "max_seeds=5", *design, "jobs=2",
             f"data={self.data}", f"d_model={self.d_model}",
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
             f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
-            f"probe_every={every}", f"divergence_window={every}",
+            f"probe_every={self.probe_every or every}", f"divergence_window={every}",
             f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch",
         ]
 
@@ -66,7 +78,18 @@ POINTS = {p.name: p for p in (
     Point("w256-s300", 256, 300, 30),
     Point("w64-s4800", 64, 4800, 480),
     Point("w64-s4800-wu30", 64, 4800, 30),
+    # the warmup ladder (docs/report.md: fixed 2026-12-03, before any of its runs)
+    Point("w64-s300-wu120", 64, 300, 120, lrs=WARMUP_LRS),
+    Point("w64-s1200-wu30", 64, 1200, 30, lrs=WARMUP_LRS),
+    Point("w64-s1200-wu480", 64, 1200, 480, lrs=WARMUP_LRS),
+    Point("w64-s4800-wu1920", 64, 4800, 1920, lrs=WARMUP_LRS),
+    # the warmup figure's runs: the off arm's probes every 48 steps through 4,800 steps
+    Point("probes-s4800-wu30", 64, 4800, 30, lrs=PROBE_LRS, probe_every=48),
+    Point("probes-s4800-wu480", 64, 4800, 480, lrs=PROBE_LRS, probe_every=48),
 )}
+# The warmup law's points: every width-64 ladder point
+WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
+                 "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")
 # The points with warmup at 10% of the run: the transfer law's (the last one is the contrast)
 LAW_POINTS = ("w64-s300", "w128-s300", "w64-s1200", "w256-s300", "w64-s4800")
 # The study preset's point, where the law's prediction is tested (a GPU's run: not in the
