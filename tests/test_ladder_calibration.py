@@ -1,4 +1,4 @@
-"""The transfer law's calibration runs the whole procedure on simulated ladders of known law."""
+"""The warmup law's calibration runs the whole procedure on simulated ladders of known law."""
 
 from __future__ import annotations
 
@@ -8,61 +8,47 @@ import numpy as np
 import polars as pl
 
 from analysis import calibrate as K
-from analysis.ladder_calibration import LAWS, calibrate_ladder, simulate
+from analysis.ladder import design
+from analysis.ladder_calibration import A, LAWS, calibrate_ladder, judge, simulate
 from analysis.metrics import Options
-from qkstudy.sweep.ladder import LAW_POINTS
+from analysis.study import ReportOptions
+from qkstudy.sweep.ladder import WARMUP_POINTS
+
+QUIET = K.Noise(gap_sd={4: tuple(1e-6 for _ in K.LRS)}, correlation=0.5, boundary=(0.0, 1e-6),
+                collapse_lr=1.0, on_sd=1e-6)
 
 
-def test_a_noiseless_ladder_recovers_each_points_planted_threshold():
-    quiet = K.Noise(gap_sd={4: tuple(1e-6 for _ in K.LRS)}, correlation=0.5,
-                    boundary=(0.0, 1e-6), collapse_lr=1.0, on_sd=1e-6)
-    results = simulate(LAWS["a quarter decade per doubling"], quiet, 5, Options(),
-                       np.random.default_rng(0), 0)
-    assert [r.name for r in results] == list(LAW_POINTS)
-    # the estimate interpolates straight across a convex onset: within a tenth of a decade
-    from analysis.ladder import design
-    from analysis.ladder_calibration import A
-    truth = design([r.point for r in results]) @ [A, -0.25, -0.25]
-    assert np.allclose([r.log_threshold for r in results], truth, atol=0.1)
+def test_a_noiseless_ladder_recovers_each_points_planted_onset_past_an_under_training_gap():
+    """Each point read as a real one: the under-training gap at the smallest LRs of the longer
+    points is skipped, and the onset interpolates straight across the planted convex onset
+    (within a tenth of a decade)."""
+    results = simulate(LAWS["share"], QUIET, 5, Options(), np.random.default_rng(0), 0)
+    assert [r.name for r in results] == list(WARMUP_POINTS)
+    truth = design([r.point for r in results]) @ [A, *LAWS["share"]]
+    assert np.allclose([r.onset.point for r in results], truth, atol=0.1)
+    scores = judge(results, LAWS["share"], ReportOptions())
+    assert scores["fitted"] == 1.0
+    assert abs(scores["b error"]) < 0.05 and abs(scores["c error"]) < 0.05
 
 
-def test_the_calibration_table_scores_every_claim_kind():
-    table = calibrate_ladder(studies=2, laws=("flat", "a quarter decade per doubling"))
-    measures = set(table["measure"])
-    for term in "bc":
-        assert {f"{term} coverage", f"{term} false falls", f"{term} false rises",
-                f"{term} false equal"} <= measures
-    assert "prediction coverage" in measures and "fitted" in measures
-    false = table.filter(pl.col("measure").str.contains(" false "))
+def test_the_calibration_table_scores_every_claim_as_false_or_power_by_the_truth():
+    table = calibrate_ladder(studies=2, laws=("no warmup effect", "share"))
+    rows = {(r["law"], r["measure"]) for r in table.iter_rows(named=True)}
+    assert ("no warmup effect", "false: warmup raises it") in rows
+    assert ("no warmup effect", "power: it follows the warmup's steps") in rows
+    assert ("share", "false: it follows the warmup's steps") in rows
+    assert ("share", "power: it follows the warmup's share of the run") in rows
+    for law in ("no warmup effect", "share"):
+        assert {(law, m) for m in ("b coverage", "c coverage", "prediction coverage", "fitted")} <= rows
+    false = table.filter(pl.col("measure").str.starts_with("false"))
     assert (false["upper_95"] >= false["rate"]).all()
-    power = table.filter((pl.col("law") == "flat") & pl.col("measure").str.contains("power"))
-    assert power.is_empty()  # no power to speak of where nothing falls
     assert all(math.isfinite(x) for x in table["rate"])
 
 
-def test_an_under_training_gap_censors_the_plans_reading_and_not_the_onsets():
-    """Amendment 11's calibration: the simulated under-training gap (0.3 nats below LR 3e-4 at
-    w256-s300 and w64-s4800) leaves a plan threshold censored below the grid, while the onset reading recovers every point's planted onset, as without the gap."""
-    from analysis.ladder import design
-    from analysis.ladder_calibration import A, UNDERTRAIN
-
-    quiet = K.Noise(gap_sd={4: tuple(1e-6 for _ in K.LRS)}, correlation=0.5,
-                    boundary=(0.0, 1e-6), collapse_lr=1.0, on_sd=1e-6)
-    law = LAWS["a quarter decade rise per doubling of steps"]
-    plan = simulate(law, quiet, 5, Options(), np.random.default_rng(0), 0, "plan", True)
-    onset = simulate(law, quiet, 5, Options(), np.random.default_rng(0), 0, "onset", True)
-    censored = {r.name for r in plan if r.log_threshold == -math.inf}
-    assert censored and censored <= set(UNDERTRAIN)  # (w64-s4800's long flat middle dilutes it)
-    truth = design([r.point for r in onset]) @ [A, *law]
-    assert np.allclose([r.log_threshold for r in onset], truth, atol=0.1)
-
-
-def test_an_unfitted_simulated_law_makes_no_claim_and_finds_nothing():
-    from analysis.ladder_calibration import judge
-    from analysis.study import ReportOptions
-
-    results = simulate(LAWS["flat"], K.NOISE, 5, Options(), np.random.default_rng(3), 0)
-    results[0].log_threshold = -math.inf
-    scores = judge(results, (0.0, 0.25), ReportOptions())
-    assert scores["fitted"] == 0.0 and scores["c power (rises)"] == 0.0
-    assert all(v == 0.0 for k, v in scores.items() if " false " in f" {k} ")
+def test_an_unfitted_simulated_law_makes_no_claim():
+    results = simulate(LAWS["steps"], K.NOISE, 5, Options(), np.random.default_rng(3), 0)
+    for r in results[1:]:
+        r.complete = False  # too few points: the law is not fitted
+    scores = judge(results, LAWS["steps"], ReportOptions())
+    assert scores["fitted"] == 0.0
+    assert all(v == 0.0 for k, v in scores.items() if k.startswith(("false", "power")))
