@@ -100,13 +100,27 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
 
 # --- per point ----------------------------------------------------------------------------------
 
-def _per_seed_ratio(table: pl.DataFrame, column: str, log: bool) -> list[float]:
-    """Per seed, on minus off of `column` (of its log when `log`), seeds with both arms."""
-    wide = table.pivot("arm", index=["depth", "seed"], values=column)
+def _per_seed(table: pl.DataFrame, depth: int, column: str, log: bool) -> list[float]:
+    """Per seed at one depth: on minus off of log(`column`) when `log`, else off minus on."""
+    wide = table.filter(pl.col("depth") == depth).pivot("arm", index="seed", values=column)
     if ON not in wide.columns or OFF not in wide.columns:
         return []
     on, off = wide[ON], wide[OFF]
     return ((on.log() - off.log()) if log else (off - on)).drop_nulls().to_list()
+
+
+def seed_effects(study: Study, depth: int) -> dict:
+    """H2's two measures at one depth, as per-seed effects with their 95% intervals: the
+    LR-sensitivity gap (off - on, nats) and the max usable LR ratio (on / off)."""
+    drop = _per_seed(study.sensitivity_per_seed, depth, "lr_sensitivity", log=False)
+    ratio = _per_seed(study.usable_per_seed, depth, "max_usable_lr", log=True)
+    lo, hi = S.interval(drop)
+    rlo, rhi = S.interval(ratio)
+    return {"sensitivity_gap": float(np.mean(drop)) if drop else None, "sensitivity_gap_lo": lo,
+            "sensitivity_gap_hi": hi,
+            "usable_ratio": float(np.exp(np.mean(ratio))) if ratio else None,
+            "usable_ratio_lo": math.exp(rlo) if rlo is not None else None,
+            "usable_ratio_hi": math.exp(rhi) if rhi is not None else None}
 
 
 def onset_columns(d: DepthDraws, k: float) -> dict:
@@ -123,10 +137,6 @@ def onset_columns(d: DepthDraws, k: float) -> dict:
 def point_row(r: PointResult, options: ReportOptions) -> dict:
     s = r.study
     rule = tested_rule(s.gaps.filter(pl.col("compared_arm") == ON))
-    drop = _per_seed_ratio(s.sensitivity_per_seed, "lr_sensitivity", log=False)
-    ratio = _per_seed_ratio(s.stable_per_seed, "max_stable_lr", log=True)
-    lo, hi = S.interval(drop)
-    rlo, rhi = S.interval(ratio)
     peaks = peak_logits(s).filter(pl.col("arm") == OFF)
     p = r.point
     return {
@@ -135,11 +145,7 @@ def point_row(r: PointResult, options: ReportOptions) -> dict:
         "no_difference_up_to": rule["no_difference_up_to"],
         "off_worse_from": rule["off_worse_from"], "rule": rule["text"],
         **onset_columns(r.onset, options.study.threshold_widening),
-        "sensitivity_gap": float(np.mean(drop)) if drop else None, "sensitivity_gap_lo": lo,
-        "sensitivity_gap_hi": hi,
-        "usable_ratio": float(np.exp(np.mean(ratio))) if ratio else None,
-        "usable_ratio_lo": math.exp(rlo) if rlo is not None else None,
-        "usable_ratio_hi": math.exp(rhi) if rhi is not None else None,
+        **seed_effects(s, p.depth),
         "off_peak_logit": float(peaks["peak_logit"].max()) if peaks.height else None,
         "run_seconds": float(s.points["wall_seconds"].sum()),
     }
@@ -281,6 +287,44 @@ def summary_text(out: dict) -> str:
     return "\n".join(lines + (["", check] if check else [])) + "\n"
 
 
+# --- the warmup figure -------------------------------------------------------------------------
+
+PROBED = {"max_attention_logit": "max attention logit (off)",
+          "attention_entropy_mean": "attention entropy, nats (off)"}
+
+
+def warmup_probes(folders: list[Path]) -> pl.DataFrame:
+    """The probe sweeps' max attention logit and attention entropy through the first 20% of
+    training: (warmup, lr, seed, step, probe, value)."""
+    from .metrics import probe_over_layers
+
+    frames = []
+    for folder in folders:
+        runs = load_runs(folder)
+        point = KNOWN[folder.name]
+        keys = runs.table.select("run", "lr", "seed")
+        steps = probe_over_layers(runs.probes).filter(
+            pl.col("name").is_in(list(PROBED)) & (pl.col("step") <= point.steps // 5)).collect()
+        frames.append(steps.join(keys, on="run").with_columns(
+            warmup=pl.lit(point.warmup), probe=pl.col("name").replace_strict(PROBED)))
+    return pl.concat(frames).select("warmup", "lr", "seed", "step", "probe", "value")
+
+
+def warmup_chart(table: pl.DataFrame):
+    """One figure: each probe (rows) at each LR (columns) against step, a line per seed,
+    coloured by the warmup's length."""
+    import altair as alt
+
+    data = table.with_columns(lr=pl.format("LR {}", pl.col("lr").round_sig_figs(3)),
+                              line=pl.format("{}-{}", "warmup", "seed"))
+    return alt.Chart(data).mark_line().encode(
+        x=alt.X("step:Q", title="step"), y=alt.Y("value:Q", title=None),
+        color=alt.Color("warmup:N", title="warmup steps"), detail="line:N",
+    ).properties(width=200, height=140).facet(
+        row=alt.Row("probe:N", title=None), column=alt.Column("lr:N", title=None)
+    ).resolve_scale(y="independent")
+
+
 # --- the command line ---------------------------------------------------------------------------
 
 USAGE = """usage: python -m analysis ladder [SOURCE ...] [out=reports/ladder]
@@ -319,6 +363,12 @@ def cli(argv: list[str]) -> int:
         given = ["results/ladder" if Path("results/ladder").is_dir() else "runs/ladder"]
     out = analyse_ladder([Path(g) for g in given])
     folder = Path(pairs.get("out", "reports/ladder"))
+    with contextlib.ExitStack() as stack:
+        probed = [f for g in given for f in point_dirs(Path(g), stack)
+                  if f.name.startswith("probes-")]
+        if probed:
+            from .charts import save_chart
+            save_chart(warmup_chart(warmup_probes(probed)), folder / "charts", "warmup_probes")
     from .report import write_table
     tables = folder / "tables"
     tables.mkdir(parents=True, exist_ok=True)
