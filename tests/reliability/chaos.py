@@ -1,7 +1,7 @@
 """The storm test: a whole small sweep with jobs=2, once undisturbed and once under random
 faults, must end with every run folder and the report's tables identical.
 
-    python -m reliability chaos [faults=30] [seed=N] [work=DIR] [keep=true] [sweep key=value ...]
+    python -m tests.reliability chaos [faults=30] [seed=N] [work=DIR] [keep=true] [sweep key=value ...]
 
 Faults (kinds drawn in turn, moments at random from a seeded RNG, the seed printed):
   kill9_main    SIGKILL to the main sweep process (its worker goes on alone, an orphan)
@@ -12,7 +12,7 @@ Faults (kinds drawn in turn, moments at random from a seeded RNG, the seed print
   truncate_part a metrics part of a finished or running run cut short
   stale_lock    a run's .lock left holding the pid of a process that is gone
   full_disk_lock  another invocation (jobs=1) whose first write of a run's lock finds the disk
-                full (qkstudy/fault_injection.py): one error line, exit 2, no lock file left
+                full (fault_injection.py): one error line, exit 2, no lock file left
   full_disk_report  once, after the storm: the report of the storm's tree written onto a full
                 disk: one error line, exit 2, the earlier report byte-identical
 
@@ -162,11 +162,11 @@ def one_error_line(out: subprocess.CompletedProcess) -> str | None:
 
 
 def faulted(command: list[str], fault: str, root: Path, **kwargs) -> subprocess.CompletedProcess:
-    """Run `command` with one injected fault (qkstudy/fault_injection.py) under `root`."""
-    from qkstudy.fault_injection import ENV, ROOT_ENV
+    """Run `command` with one injected fault (fault_injection.py) under `root`."""
+    from .fault_injection import environment
 
     return subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, ENV: fault, ROOT_ENV: str(root)}, **kwargs)
+                          env=environment(fault, root), **kwargs)
 
 
 
