@@ -33,8 +33,8 @@ from pathlib import Path, PurePosixPath
 from . import files
 from .config import split_key_values
 from .errors import UsageError
-from .run_folder import ARCHIVED, CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, finished, \
-    find_runs, part_steps
+from .run_folder import ARCHIVED, CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, find_runs, \
+    part_steps
 
 ROWS = 60  # metric rows an archived run keeps besides its evaluations: every k-th step
 SWEEP_FILES = ("sweep.json",)
@@ -61,7 +61,7 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
            if (sweep_dir / f).is_file()]
     for run in find_runs(sweep_dir):
         try:
-            done = finished(run.path)
+            done = run.finished()
         except UsageError as e:
             raise UsageError(f"cannot archive {sweep_dir}: {e}") from None
         if not done:
@@ -93,7 +93,6 @@ def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
     archive at once, about half the size of xz over compressed parts; the same rows always give
     the same bytes); `thin` = (k, last step) keeps a metrics part's rows at every k-th step,
     every evaluation and the last step."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
