@@ -30,23 +30,22 @@ import contextlib
 import math
 import os
 import random
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
-from qkstudy import files, run_folder
-from qkstudy.run_folder import RunFolder
+from qkstudy import run_folder
 from qkstudy.config import split_key_values
 from qkstudy.errors import UsageError
+
+from .compare import compare_trees, full_disk_report, run_folders
+from .storm import Storm
 
 KINDS = ("kill9_main", "kill9_worker", "sigint", "sigterm", "disk_full", "truncate_part",
          "stale_lock", "full_disk_lock", "full_disk_report")
@@ -59,10 +58,6 @@ SWEEP = ("preset=mini depth=2 lrs=0.01,1 seeds=0,1 max_steps=40 warmup_steps=5 e
          "probe_every=10 log_every=5 ckpt_every=10 divergence_window=10 max_seeds=2 "
          "threshold_steps=0").split()
 NAME = "chaos"
-WALL_CLOCK = ("wall_seconds", "train_seconds", "measure_seconds", "tokens_per_second")  # summary keys left out
-PER_RUN_OTHER = (*WALL_CLOCK, "run_dir")  # per_run columns that differ between two trees
-TABLES = ("arms", "sensitivity_per_seed", "stable_per_seed", "gaps", "thresholds", "spikes",
-          "verdicts", "best_gaps", "h2_tests", "h3_tests", "loss_thresholds", "per_run")
 
 USAGE = "usage: " + __doc__.split("\n\n")[1].strip() + """
 
@@ -71,292 +66,6 @@ keys: faults=30 (at least one of each kind from 7 on)  seed= (default: drawn, pr
       keep=false (keep work even on success)  data= (a prepared corpus; default: synthetic bytes)
       any other key=value is a sweep key and replaces the default's
       (default sweep: """ + " ".join(SWEEP) + ")"
-
-
-# --- what is compared --------------------------------------------------------------------------
-
-def metric_rows(folder: Path) -> list[dict]:
-    """A run's metric rows without the wall clock (elapsed_s)."""
-    return RunFolder(folder).read_metrics().drop(["elapsed_s"]).to_pylist()
-
-
-def probe_rows(folder: Path) -> list[dict]:
-    return RunFolder(folder).read_probes().to_pylist()
-
-
-def run_folders(sweep_dir: Path) -> list[str]:
-    """The run folders of a sweep folder (dot-folders such as .damaged/ are not runs)."""
-    return [f.name for f in run_folder.run_folders(sweep_dir)]
-
-
-def compare_run(ref: Path, got: Path) -> list[str]:
-    """What differs between two folders of one run (empty: identical)."""
-    out = []
-    ref, got = RunFolder(ref), RunFolder(got)
-    try:
-        checks = [("metrics rows", lambda f: metric_rows(f.path)),
-                  ("probe rows", lambda f: probe_rows(f.path)),
-                  ("config", RunFolder.read_config),
-                  ("summary", lambda f: {k: v for k, v in f.summary_record().items()
-                                         if k not in WALL_CLOCK}),
-                  ("files", lambda f: sorted(p.name for p in f.path.iterdir()
-                                             if p != f.lock_file))]
-        for what, read in checks:
-            if read(ref) != read(got):
-                out.append(f"{got.name}: {what} differ")
-        want, _ = files.read_tensors(ref.final_file)
-        have, _ = files.read_tensors(got.final_file)
-        if want.keys() != have.keys() or any(
-                want[k].dtype != have[k].dtype or not np.array_equal(want[k], have[k])
-                for k in want):
-            out.append(f"{got.name}: final weights differ")
-    except Exception as e:  # noqa: BLE001 - a file that cannot be read is a difference too
-        out.append(f"{got.name}: unreadable ({type(e).__name__}: {e})")
-    return out
-
-
-def report_tables(sweep_dir: Path) -> dict:
-    """The report's tables (analysis.study.analyse), wall-clock and path columns left out."""
-    from analysis.load import load_runs
-    from analysis.study import analyse
-
-    study = analyse(load_runs(sweep_dir))
-    tables = {name: getattr(study, name) for name in TABLES}
-    tables["per_run"] = tables["per_run"].drop(PER_RUN_OTHER, strict=False)
-    return {**tables, "notes": study.notes}
-
-
-def compare_trees(ref: Path, got: Path) -> list[str]:
-    """Every difference between two sweep folders: run folders, then the report's tables."""
-    want, have = run_folders(ref), run_folders(got)
-    out = [f"run folder {r} missing" for r in sorted(set(want) - set(have))]
-    out += [f"run folder {r} not in the undisturbed sweep" for r in sorted(set(have) - set(want))]
-    for run in sorted(set(want) & set(have)):
-        out += compare_run(ref / run, got / run)
-    try:
-        a, b = report_tables(ref), report_tables(got)
-    except Exception as e:  # noqa: BLE001
-        return out + [f"report tables: {type(e).__name__}: {e}"]
-    for name in a:
-        same = a[name] == b[name] if name == "notes" else a[name].equals(b[name])
-        if not same:
-            out.append(f"report table {name} differs")
-    return out
-
-
-# --- processes ---------------------------------------------------------------------------------
-
-def one_error_line(out: subprocess.CompletedProcess) -> str | None:
-    """Why the failed command's output is not one clean error line, or None."""
-    if out.returncode != 2:
-        return f"exit code {out.returncode}" + (f": {out.stderr.strip()[-300:]}"
-                                                if out.stderr.strip() else "")
-    if "Traceback" in out.stderr + out.stdout:
-        return "a traceback"
-    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    if len(errors) != 1:
-        return f"{len(errors)} error lines"
-    if not re.search(r"; .*(again|space|disk|writable)", errors[0]):
-        return f"the error line says nothing of what to do: {errors[0]}"
-    return None
-
-
-def faulted(command: list[str], fault: str, root: Path, **kwargs) -> subprocess.CompletedProcess:
-    """Run `command` with one injected fault (fault_injection.py) under `root`."""
-    from .fault_injection import environment
-
-    return subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env=environment(fault, root), **kwargs)
-
-
-
-def processes() -> list[tuple[int, int, str]]:
-    """(pid, process group, command line) of every live process (ps; zombies left out)."""
-    text = subprocess.run(["ps", "-A", "-o", "pid=,pgid=,stat=,args="], capture_output=True,
-                          text=True, check=True).stdout
-    out = []
-    for line in text.splitlines():
-        pid, pgid, stat, *args = line.split(None, 3)
-        if not stat.startswith("Z"):
-            out.append((int(pid), int(pgid), args[0] if args else ""))
-    return out
-
-
-@dataclass
-class Storm:
-    """One storm's settings, state and counts."""
-
-    command: list[str]
-    sweep_dir: Path
-    rng: random.Random
-    spread: float  # seconds: a fault "anywhere" lands up to this long after the one before
-    run_seconds: float  # the undisturbed sweep's mean wall time a run (jobs=2 at once)
-    tmpfs: bool
-    log: Path
-    run_ids: list[str] = field(default_factory=list)  # the undisturbed sweep's run folders
-    groups: list[int] = field(default_factory=list)  # one process group per invocation
-    main: subprocess.Popen | None = None
-    injected: Counter = field(default_factory=Counter)
-    mid_run: Counter = field(default_factory=Counter)  # a run was being trained at that moment
-    no_target: Counter = field(default_factory=Counter)  # nothing there to hit
-    exits: Counter = field(default_factory=Counter)  # exit codes of the invocations
-    problems: list[str] = field(default_factory=list)  # a fault not met with one clean line
-    invocations: int = 0
-    counted: bool = True  # the current invocation's exit code is in `exits`
-
-    def start(self) -> None:
-        with open(self.log, "a") as log:
-            log.write(f"\n--- invocation {self.invocations + 1} at {files.now()}\n")
-            log.flush()
-            self.main = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.groups.append(self.main.pid)
-        self.invocations += 1
-        self.counted = False
-
-    def wait_main(self, seconds: float) -> bool:
-        """Whether the current invocation has ended (within `seconds`); its exit code is
-        counted once."""
-        try:
-            code = self.main.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            return False
-        if not self.counted:
-            self.exits[code] += 1
-            self.counted = True
-        return True
-
-    def wait_training(self, timeout: float) -> None:
-        """Until a run is being trained, the invocation has ended, or `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        while (not self.training() and self.main.poll() is None
-               and time.monotonic() < deadline):
-            time.sleep(0.1)
-
-    def ours(self, workers_only: bool = False) -> list[int]:
-        """Live processes of every invocation (orphaned workers included)."""
-        groups = set(self.groups)
-        return [pid for pid, pgid, args in processes() if pgid in groups
-                and (not workers_only or "--worker" in args)]
-
-    def training(self) -> bool:
-        """Whether some process holds a run's lock now (read from /proc/locks, like status)."""
-        from qkstudy.locks import flock_holders
-
-        held = flock_holders()
-        return held is not None and any(
-            f.holder(held) for f in run_folder.run_folders(self.sweep_dir))
-
-    def inject(self, kind: str) -> None:
-        self.injected[kind] += 1
-        self.mid_run[kind] += self.training()
-        hit = getattr(self, kind)()
-        self.no_target[kind] += not hit
-        with open(self.log, "a") as log:
-            log.write(f"--- fault {kind} at {files.now()}{'' if hit else ' (no target)'}\n")
-
-    def _signal_group(self, signum: int) -> bool:
-        if self.main.poll() is not None:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.main.pid, signum)
-        return True
-
-    def kill9_main(self) -> bool:
-        if self.main.poll() is not None:
-            return False
-        self.main.kill()
-        return True
-
-    def kill9_worker(self) -> bool:
-        workers = self.ours(workers_only=True)
-        if not workers:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.rng.choice(workers), signal.SIGKILL)
-        return True
-
-    def sigint(self) -> bool:
-        return self._signal_group(signal.SIGINT)
-
-    def sigterm(self) -> bool:
-        return self._signal_group(signal.SIGTERM)
-
-    def disk_full(self) -> bool:
-        """Fill the tmpfs under the runs folder, hold it full a few seconds, free it."""
-        filler = self.sweep_dir.parent / ".filler"
-        try:
-            # unbuffered: a buffered file's close would flush what did not fit, and raise
-            with open(filler, "wb", buffering=0) as f:
-                with contextlib.suppress(OSError):
-                    while f.write(b"\0" * (1 << 20)):
-                        pass
-                with contextlib.suppress(OSError):  # the last pages a smaller write still fits
-                    while f.write(b"\0" * 4096):
-                        pass
-            time.sleep(self.rng.uniform(1.0, 4.0))
-        finally:
-            filler.unlink(missing_ok=True)
-        return True
-
-    def truncate_part(self) -> bool:
-        parts = sorted(p for f in run_folder.run_folders(self.sweep_dir)
-                       for _, p in f.metric_parts())
-        if not parts:
-            return False
-        part = self.rng.choice(parts)
-        try:
-            with open(part, "r+b") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.truncate(self.rng.randrange(size) if size else 0)
-        except FileNotFoundError:  # replaced or dropped by a run meanwhile
-            return False
-        return True
-
-    def stale_lock(self) -> bool:
-        """A run's lock file left by a process killed (kill -9) while it held the lock, unless a
-        live process holds it: a process takes the run's lock and kills itself."""
-        folder = self.sweep_dir / self.rng.choice(self.run_ids)
-        folder.mkdir(parents=True, exist_ok=True)
-        code = ("import os, signal, sys; from pathlib import Path; "
-                "from qkstudy.run_folder import RunFolder\n"
-                "with RunFolder(Path(sys.argv[1])).lock() as held:\n"
-                "    if held:\n        os.kill(os.getpid(), signal.SIGKILL)\n")
-        done = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True)
-        return done.returncode == -signal.SIGKILL
-
-    def full_disk_lock(self) -> bool:
-        """Another invocation of the sweep (jobs=1) whose first write of a run's lock meets a
-        full disk; no target if it wrote no lock (every run finished or held)."""
-        command = [w if not w.startswith("jobs=") else "jobs=1" for w in self.command]
-        out = faulted(command, f"write@{run_folder.LOCK}:ENOSPC", self.sweep_dir.parent)
-        if out.returncode == 0:
-            return False
-        why = one_error_line(out)
-        lock = re.search(r"run lock (\S+):", out.stderr)
-        if why is None and (lock is None or Path(lock.group(1)).exists()
-                            and not RunFolder(Path(lock.group(1)).parent).holder(None)):
-            why = "its lock file is left behind"
-        if why:
-            self.problems.append(f"full_disk_lock: {why}")
-        return True
-
-    def wait_all(self, seconds: float) -> None:
-        """Until no process of any invocation is left (orphaned workers finish their queue)."""
-        deadline = time.monotonic() + seconds
-        while self.ours():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"processes {self.ours()} still running after {seconds:.0f} s")
-            time.sleep(0.5)
-
-    def kill_all(self) -> None:
-        """SIGKILL every process the storm started that is still there (cleanup)."""
-        for pid in self.ours():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if self.main is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.main.wait(timeout=10)
 
 
 def schedule(rng: random.Random, n: int, kinds: list[str]) -> list[str]:
@@ -404,23 +113,6 @@ class Result:
         return "\n".join(lines)
 
 
-def full_disk_report(sweep_dir: Path, out: Path) -> list[str]:
-    """Build the report of `sweep_dir` into `out`, then again onto a full disk (the first table
-    written fails): one error line, exit 2, the first report byte-identical, nothing left."""
-    command = [sys.executable, "-m", "analysis", "report", str(sweep_dir), f"out={out}"]
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if first.returncode:
-        return [f"full_disk_report: the report exited {first.returncode}"]
-    before = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    again = faulted(command, "open@tables/:ENOSPC", out.parent)
-    why = one_error_line(again)
-    left = [p.name for p in out.parent.glob(f".{out.name}.*")]
-    after = {p: p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-    return ([f"full_disk_report: {why}"] if why else []) + (
-        [f"full_disk_report: left {left}"] if left else []) + (
-        ["full_disk_report: the earlier report changed"] if after != before else [])
-
-
 def mount_tmpfs(folder: Path, megabytes: int) -> str | None:
     """Mount a tmpfs of this size on `folder`; None, or why it cannot be done here."""
     if not sys.platform.startswith("linux"):
@@ -434,6 +126,59 @@ def mount_tmpfs(folder: Path, megabytes: int) -> str | None:
     if out.returncode:
         return f"mount -t tmpfs failed: {(out.stderr or out.stdout).strip()[:200]}"
     return None
+
+
+def undisturbed(command: list[str], work: Path, say=print) -> tuple[list[str], float]:
+    """The sweep run once, undisturbed, into work/reference: (its run folders, its seconds)."""
+    reference = work / "reference"
+    say(f"undisturbed sweep into {reference} ...")
+    t0 = time.monotonic()
+    with open(work / "reference.log", "w") as log:
+        rc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+    seconds = time.monotonic() - t0
+    if rc:
+        raise RuntimeError(f"the undisturbed sweep exited {rc}; see {work / 'reference.log'}")
+    run_ids = run_folders(reference / NAME)
+    say(f"  {len(run_ids)} runs in {seconds:.0f} s")
+    return run_ids, seconds
+
+
+def rage(s: Storm, plan: list[str], say=print) -> None:
+    """Inject the planned faults one by one (see the module docstring), starting the sweep
+    again whenever it has ended."""
+    for i, kind in enumerate(plan):
+        if s.main is None or s.wait_main(0):
+            s.start()
+        if s.rng.random() < 1 / 3:  # anywhere: start-up, calibration, between runs, the end
+            time.sleep(s.rng.uniform(0, s.spread))
+        else:  # somewhere in a run being trained, if the sweep gets to one
+            s.wait_training(timeout=4 * s.spread)
+            time.sleep(s.rng.uniform(0, s.run_seconds))
+        s.inject(kind)
+        if kind in ENDS_THE_INVOCATION:
+            if not s.wait_main(600):
+                raise RuntimeError(f"the sweep did not end within 600 s of {kind}")
+        else:
+            s.wait_main(s.rng.uniform(0, s.run_seconds))
+        say(f"  fault {i + 1}/{len(plan)}: {kind}"
+            + ("" if s.main.poll() is None else f" (sweep exited {s.main.returncode})"))
+    s.wait_main(600)
+
+
+def to_the_end(s: Storm) -> int:
+    """The same command to the end, undisturbed, with no earlier process left; again if a run
+    it passed over (held by a process of its own) still has no result. Returns how many
+    times it ran."""
+    final = 0
+    while True:
+        s.wait_all(1800)
+        s.start()
+        final += 1
+        s.wait_main(3600)
+        if set(run_folders(s.sweep_dir)) >= set(s.run_ids) or final == 3:
+            break
+    s.wait_all(1800)
+    return final
 
 
 def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str | None = None,
@@ -451,18 +196,8 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
         return [*python, "sweep", *sweep_words, f"data={data}", f"runs_dir={runs_dir}",
                 f"name={NAME}", "jobs=2", "--no-notify"]
 
-    reference = work / "reference"
-    say(f"undisturbed sweep into {reference} ...")
-    t0 = time.monotonic()
-    with open(work / "reference.log", "w") as log:
-        rc = subprocess.run(command(reference), stdout=log, stderr=subprocess.STDOUT).returncode
-    reference_seconds = time.monotonic() - t0
-    if rc:
-        raise RuntimeError(f"the undisturbed sweep exited {rc}; see {work / 'reference.log'}")
-    run_ids = run_folders(reference / NAME)
-    say(f"  {len(run_ids)} runs in {reference_seconds:.0f} s")
-
-    root = work / "storm"
+    reference, root = work / "reference", work / "storm"
+    run_ids, reference_seconds = undisturbed(command(reference), work, say)
     root.mkdir(exist_ok=True)
     size = sum(p.stat().st_size for p in reference.rglob("*") if p.is_file())
     why = mount_tmpfs(root, max(64, math.ceil(8 * size / 2**20)))
@@ -478,34 +213,8 @@ def storm(faults: int, seed: int, work: Path, sweep_words: list[str], data: str 
     try:
         plan = schedule(rng, faults, [k for k in kinds if k not in AFTER_THE_STORM])
         say(f"storm of {faults} faults (seed {seed}) into {root} ...")
-        for i, kind in enumerate(plan):
-            if s.main is None or s.wait_main(0):
-                s.start()
-            if rng.random() < 1 / 3:  # anywhere: start-up, calibration, between runs, the end
-                time.sleep(rng.uniform(0, s.spread))
-            else:  # somewhere in a run being trained, if the sweep gets to one
-                s.wait_training(timeout=4 * s.spread)
-                time.sleep(rng.uniform(0, s.run_seconds))
-            s.inject(kind)
-            if kind in ENDS_THE_INVOCATION:
-                if not s.wait_main(600):
-                    raise RuntimeError(f"the sweep did not end within 600 s of {kind}")
-            else:
-                s.wait_main(rng.uniform(0, s.run_seconds))
-            say(f"  fault {i + 1}/{faults}: {kind}"
-                + ("" if s.main.poll() is None else f" (sweep exited {s.main.returncode})"))
-        s.wait_main(600)
-        # the same command to the end, undisturbed, with no earlier process left; again if a
-        # run it passed over (held by a process of its own) still has no result
-        final = 0
-        while True:
-            s.wait_all(1800)
-            s.start()
-            final += 1
-            s.wait_main(3600)
-            if set(run_folders(root / NAME)) >= set(run_ids) or final == 3:
-                break
-        s.wait_all(1800)
+        rage(s, plan, say)
+        final = to_the_end(s)
         storm_seconds = time.monotonic() - t0
         say(f"compared: {len(run_ids)} run folders and the report's tables")
         differences = compare_trees(reference / NAME, root / NAME) + s.problems

@@ -25,6 +25,7 @@ import io
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 ENV, ROOT_ENV = "QKSTUDY_FAULT", "QKSTUDY_FAULT_ROOT"
@@ -177,6 +178,12 @@ def environment(fault: str | None, root: Path) -> dict[str, str]:
         env[ENV] = fault
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(INJECT), env.get("PYTHONPATH")]))
     return env
+
+
+def faulted(command: list[str], fault: str, root: Path, **kwargs) -> subprocess.CompletedProcess:
+    """Run `command` with one injected fault under `root`."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=environment(fault, root), **kwargs)
 
 
 def install_from_env() -> None:

@@ -42,7 +42,7 @@ from qkstudy.config import split_key_values
 from qkstudy.errors import UsageError
 from qkstudy.run_folder import run_folders
 
-from .chaos import compare_run, one_error_line
+from .compare import compare_run, one_error_line
 from .fault_injection import KINDS, SIGNALS, environment
 
 PY = [sys.executable, "-m"]
