@@ -23,7 +23,6 @@ replaced only once the new one is complete.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os

@@ -38,10 +38,6 @@ class Corpus:
     val_rule: str = ""  # says which file is the official validation split
 
 
-
-# ---------------------------------------------------------------- reading local files
-
-
 def _scan(path: Path, marker: bytes) -> tuple[dict, bool]:
     """One pass over a file: its input record (size, sha256) and whether `marker` occurs."""
     digest, size, found, tail = hashlib.sha256(), 0, False, b""
@@ -105,9 +101,6 @@ def _local_files(path: Path) -> list[Path]:
         raise UsageError(f"{path}: unsupported file type {path.suffix or '(none)'}; "
                          f"expected .txt or .parquet")
     return [path]
-
-
-# ---------------------------------------------------------------- sources
 
 
 def _synthetic(size_mb: float, seed: int) -> Corpus:
@@ -191,5 +184,3 @@ def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Cor
     inputs: list[dict] = []
     return Corpus(name or "local", f"local {'folder' if path.is_dir() else 'file'} {path}",
                   _file_documents(files, inputs), inputs)
-
-
