@@ -159,8 +159,7 @@ def read_archive(path: Path) -> tuple[str, dict[str, bytes]]:
                     raise UsageError(f"{path}: member {member.name!r} is {member.size:,} bytes, "
                                      f"more than a study archive holds; {repair}")
                 total += member.size
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                out[member.name] = data
+                out[member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
     except FileNotFoundError:
         raise UsageError(f"archive {path} does not exist") from None
     except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
@@ -180,11 +179,7 @@ def extract(path: Path, runs_dir: Path) -> tuple[Path, int, int]:
     they are. Returns (the sweep folder, runs restored, runs already present)."""
     name, members = read_archive(path)
     sweep_dir = runs_dir / name
-    runs: dict[str, list[str]] = {}
-    for p in members:
-        parts = PurePosixPath(p).parts
-        if len(parts) > 2:
-            runs.setdefault(parts[1], []).append(p)
+    runs = {PurePosixPath(p).parts[1] for p in members if len(PurePosixPath(p).parts) > 2}
     present = {r for r in runs if (sweep_dir / r).exists()}
     sweep_dir.mkdir(parents=True, exist_ok=True)
     for p, data in members.items():

@@ -3,15 +3,11 @@
 `python -m qkstudy train key=value ...`. Running the same config again resumes from its
 checkpoint; a finished run (summary.json says completed or diverged) is not re-run.
 
-Everything here is free of any framework. The backend (TrainConfig.backend, found through
-qkstudy/backends.py) supplies an Engine:
-the model and optimizer, one update, evaluation, probes, and its state as numpy arrays. This
-module owns the rest, so an MLX run and a torch run write the same run folder the same way:
-
-  the batches        qkstudy/batches.py: batch k is a pure function of (data_seed, k)
-  the rows           qkstudy/recorder.py: metrics, probes, divergence, the summary
-  the checkpoint     qkstudy/checkpoint.py: the engine's state as numpy arrays, verified on
-                     resume against the engine's own shapes
+Everything here is free of any framework. The backend (TrainConfig.backend, qkstudy/backends.py)
+supplies an Engine: the model and optimizer, one update, evaluation, probes, and its state as
+numpy arrays. This module owns the rest, so an MLX run and a torch run write the same run folder
+the same way: the batches (batches.py), the rows and summary (recorder.py), the checkpoint
+(checkpoint.py).
 """
 
 from __future__ import annotations
