@@ -71,6 +71,6 @@ def steps_cover(name: str, steps: list[int], expected: list[int], once: bool = T
         return None
     missing = sorted(set(expected) - set(steps))
     extra = sorted(set(steps) - set(expected)) or sorted({s for s in steps if steps.count(s) > 1})
-    said = [f"lacks step {missing[0]}"] * bool(missing) + [
-        f"has extra rows at step {extra[0]}"] * bool(extra)
+    said = ([f"lacks step {missing[0]}"] if missing else []) + (
+        [f"has extra rows at step {extra[0]}"] if extra else [])
     return f"{name}/ {' and '.join(said)} ({len(missing)} missing, {len(extra)} extra)"
