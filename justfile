@@ -110,12 +110,12 @@ calibrate *args:
 # the storm test: a small jobs=2 sweep under 30 random faults (kill -9, Ctrl-C, SIGTERM, full disk, truncated part, stale lock, full disk at a lock and at the report) must end bit-identical to an undisturbed one: just chaos [faults=N seed=N]
 [group('4 check the statistics and the tooling')]
 chaos *args:
-    @{{py}} -m reliability chaos "$@"
+    @{{py}} -m tests.reliability chaos "$@"
 
 # the I/O-error and crash tests: every file operation of prepare, train, a sweep, report, status and the Slurm writer failed in turn (ENOSPC, EIO; kill -9, SIGINT, SIGTERM for train and sweep): just faults [cases=train,sweep every=true]
 [group('4 check the statistics and the tooling')]
 faults *args:
-    @{{py}} -m reliability faults "$@"
+    @{{py}} -m tests.reliability faults "$@"
 
 # the test suite, one worker per core, each test file on one worker (so one Slurm cluster at a time)
 [group('4 check the statistics and the tooling')]

@@ -33,8 +33,8 @@ from pathlib import Path, PurePosixPath
 from . import files
 from .config import split_key_values
 from .errors import UsageError
-from .run_folder import ARCHIVED, CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, finished, \
-    find_runs, part_steps
+from .run_folder import ARCHIVED, CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, find_runs, \
+    part_steps
 
 ROWS = 60  # metric rows an archived run keeps besides its evaluations: every k-th step
 SWEEP_FILES = ("sweep.json",)
@@ -61,7 +61,7 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
            if (sweep_dir / f).is_file()]
     for run in find_runs(sweep_dir):
         try:
-            done = finished(run.path)
+            done = run.finished()
         except UsageError as e:
             raise UsageError(f"cannot archive {sweep_dir}: {e}") from None
         if not done:
@@ -93,7 +93,6 @@ def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
     archive at once, about half the size of xz over compressed parts; the same rows always give
     the same bytes); `thin` = (k, last step) keeps a metrics part's rows at every k-th step,
     every evaluation and the last step."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -160,8 +159,7 @@ def read_archive(path: Path) -> tuple[str, dict[str, bytes]]:
                     raise UsageError(f"{path}: member {member.name!r} is {member.size:,} bytes, "
                                      f"more than a study archive holds; {repair}")
                 total += member.size
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                out[member.name] = data
+                out[member.name] = tar.extractfile(member).read()  # type: ignore[union-attr]
     except FileNotFoundError:
         raise UsageError(f"archive {path} does not exist") from None
     except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:
@@ -181,11 +179,7 @@ def extract(path: Path, runs_dir: Path) -> tuple[Path, int, int]:
     they are. Returns (the sweep folder, runs restored, runs already present)."""
     name, members = read_archive(path)
     sweep_dir = runs_dir / name
-    runs: dict[str, list[str]] = {}
-    for p in members:
-        parts = PurePosixPath(p).parts
-        if len(parts) > 2:
-            runs.setdefault(parts[1], []).append(p)
+    runs = {PurePosixPath(p).parts[1] for p in members if len(PurePosixPath(p).parts) > 2}
     present = {r for r in runs if (sweep_dir / r).exists()}
     sweep_dir.mkdir(parents=True, exist_ok=True)
     for p, data in members.items():

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 
-from . import fault_injection, files, interrupts
+from . import files, interrupts
 from .errors import UsageError
 
 HELP = ("-h", "--help", "help")
@@ -42,7 +42,6 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
         for name, (_, help_) in commands.items():
             print(f"  {name:<{width}} {help_}")
         return 0
-    fault_injection.install_from_env()  # only for the I/O-error tests (reliability/faults.py)
     command, rest = argv[0], argv[1:]
     if command not in commands:
         print(f"error: unknown command {command!r}; expected one of {', '.join(commands)}",

@@ -31,18 +31,15 @@ class DamagedFile(Exception):
     """A tensor file that is truncated, unparsable or fails its checksum."""
 
 
-def disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and (error.errno in (errno.ENOSPC, errno.EDQUOT)
-                                           or "No space left on device" in str(error))
-
-
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # what the storage can answer a write with, as opposed to a bug: one line, nothing lost
-_IO_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG}
+_IO_ERRNOS = {*_FULL, errno.EIO, errno.EROFS}
 
 
 def io_failure(error: BaseException) -> bool:
     """Whether `error` is the storage refusing a read or write (full, failing, read-only)."""
-    return disk_full(error) or (isinstance(error, OSError) and error.errno in _IO_ERRNOS)
+    return isinstance(error, OSError) and (error.errno in _IO_ERRNOS
+                                           or "No space left on device" in str(error))
 
 
 def describe_io_failure(error: OSError, where: Path | str) -> str:
@@ -53,7 +50,7 @@ def describe_io_failure(error: OSError, where: Path | str) -> str:
 
 def io_advice(error: OSError) -> str:
     """What to do about an io_failure, as a verb phrase."""
-    if disk_full(error) or error.errno == errno.EFBIG:
+    if error.errno in _FULL or "No space left on device" in str(error):
         return "free some space"
     if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return "make the folder writable"

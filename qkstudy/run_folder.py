@@ -17,7 +17,7 @@ runs/<sweep>/<run_id>/
   .lock            present while a process trains the run (its pid inside; locks.py)
 
 No other module spells these names: everything goes through `RunFolder` (a test holds the code
-to it). Files are written atomically and tensors carry a checksum (files.py); what a dead process
+to it); the rows' parts are written and read by parts.py. Files are written atomically and tensors carry a checksum (files.py); what a dead process
 left is cleaned up by forensics.py. Every file is read back as untrusted: a file that fails says
 so in one line with the way to repair it.
 
@@ -32,28 +32,25 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import forensics, locks
 from .config import TrainConfig
 from .errors import UsageError
-from .files import DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata, \
-    read_tensors, write_json
+from .files import DamagedFile, load_object, now, read_json, read_tensor_metadata, read_tensors, \
+    write_json
+from .parts import coverage, part_steps, parts, read_parts, steps_cover, write_part
 
 
-CONFIG, MANIFEST, SUMMARY, TRACEBACK = "config.json", "manifest.json", "summary.json", \
-    "traceback.txt"
-METRICS, PROBES = "metrics", "probes"
+CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.json", \
+    "archived.json"
+METRICS, PROBES, TRACEBACK, LOCK = "metrics", "probes", "traceback.txt", ".lock"
 CHECKPOINT, FINAL = "checkpoint.safetensors", "final.safetensors"
-LOCK = ".lock"
-ARCHIVED = "archived.json"
-
+DAMAGED = ".damaged"  # <runs_dir>/<sweep>/.damaged/: damaged run folders moved aside, kept whole
 FINISHED = ("completed", "diverged")
 
 METRICS_SCHEMA = pa.schema([
@@ -74,10 +71,6 @@ class DamagedRun(UsageError):
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 class SummaryField(NamedTuple):
@@ -124,8 +117,8 @@ SUMMARY_FIELDS = {  # summary.json's keys: all the recorder writes (tests/test_t
                                    "probe value; null if none"),
     "final_weights_sha256": _F("text", "finished", "the sha256 of final.safetensors"),
 }
-_CHECKS = {"number": _is_number, "whole number": _is_int, "step": _is_int,  # by summary_problem
-           **dict.fromkeys(("count", "step count"), lambda v: _is_int(v) and v >= 0)}
+_CHECKS = {"number": lambda v: _is_int(v) or isinstance(v, float), "whole number": _is_int,
+           "step": _is_int, **dict.fromkeys(("count", "step count"), lambda v: _is_int(v) and v >= 0)}
 
 
 def summary_problem(summary: dict, run_dir: Path) -> str | None:
@@ -143,135 +136,11 @@ def summary_problem(summary: dict, run_dir: Path) -> str | None:
     return None
 
 
-def read_summary(run_dir: Path) -> dict | None:
-    """The run's summary.json (None if there is none yet); DamagedRun if it fails its checks."""
-    path = run_dir / SUMMARY
-    summary, why = load_object(path)
-    if summary is None and why == "is missing":
-        return None
-    why = why or summary_problem(summary, run_dir)
-    if why:
-        raise DamagedRun(f"{path} {why}; remove it (rm {path}) and run again to resume or "
-                         f"retrain the run")
-    return summary
-
-
-def finished(run_dir: Path) -> dict | None:
-    """The summary of a finished run (completed or diverged), else None (failed runs retry)."""
-    summary = read_summary(run_dir)
-    return summary if summary and summary["status"] in FINISHED else None
-
-
-DAMAGED = ".damaged"  # <runs_dir>/<sweep>/.damaged/: damaged run folders moved aside, kept whole
-
-
-def set_aside(run_dir: Path, why: str) -> Path:
-    """Move a damaged run folder to <sweep>/.damaged/<run_id>-<UTC time>/ by one rename (no file
-    is copied or deleted), and record why in <that folder>.json beside it. Returns where it went;
-    DamagedRun if it cannot be moved. The caller holds the run's lock."""
-    aside = run_dir.parent / DAMAGED
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    try:
-        aside.mkdir(exist_ok=True)
-        for n in range(1000):  # two repairs of one run within a second get their own folders
-            dest = aside / (f"{run_dir.name}-{stamp}" + (f"-{n}" if n else ""))
-            if not dest.exists():
-                break
-        os.rename(run_dir, dest)
-    except OSError as e:
-        raise DamagedRun(f"run {run_dir} is damaged ({why}) and cannot be moved aside to "
-                         f"{aside}: {e.strerror or e}") from None
-    write_json(dest.with_name(dest.name + ".json"), {
-        "run_id": run_dir.name, "from": str(run_dir), "moved_to": str(dest), "damage": why,
-        "moved": now(), "pid": os.getpid()})
-    return dest
-
-
 def set_aside_records(sweep_dir: Path) -> list[dict]:
     """The records of the damaged runs moved aside in this sweep folder, oldest first."""
     records = [read_json(p) for p in sorted((sweep_dir / DAMAGED).glob("*.json"))]
     return sorted((r for r in records if r and isinstance(r.get("moved"), str)),
                   key=lambda r: r["moved"])
-
-
-def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
-    """Write rows as one immutable part named by its step range; None if there are no rows."""
-    if not rows:
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    steps = [r["step"] for r in rows]
-    path = folder / f"part-{min(steps):08d}-{max(steps):08d}.parquet"
-    table = pa.Table.from_pylist(rows, schema=schema)
-    with atomic(path, "wb") as f:
-        pq.write_table(table, f)
-    return path
-
-
-_PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
-
-
-def parts(folder: Path) -> list[tuple[int, Path]]:
-    """(first step, path) of each part-<first>-<last>.parquet in `folder`, in step order."""
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
-    return sorted(found)
-
-
-def drop_parts_from(folder: Path, step: int) -> None:
-    """On resume from a checkpoint at `step`, remove parts written after it (they are redone)."""
-    for first, part in parts(folder):
-        if first >= step:
-            part.unlink()
-
-
-def read_parts(folder: Path) -> pa.Table | None:
-    found = parts(folder)
-    if not found:
-        return None
-    # parts written before a column was added lack it: it reads back as null there
-    return pa.concat_tables((pq.read_table(p) for _, p in found), promote_options="default")
-
-
-def part_steps(folder: Path) -> tuple[list[int], str | None]:
-    """Every row's step in the folder's parts, or why a part cannot be read."""
-    steps: list[int] = []
-    for _, part in parts(folder):
-        try:
-            steps += pq.read_table(part, columns=["step"]).column("step").to_pylist()
-        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
-            return [], f"{folder.name}/{part.name} is unreadable ({type(e).__name__})"
-    return steps, None
-
-
-def _coverage(folder: Path, expected: list[int], once: bool = True) -> str | None:
-    """None if the folder's rows hold exactly the steps `expected` (once each, or with
-    `once=False` any number of rows per step, as probes/ has one row per layer and name), else
-    what is off."""
-    steps, why = part_steps(folder)
-    return why or _steps_cover(folder.name, steps, expected, once)
-
-
-def _steps_cover(name: str, steps: list[int], expected: list[int], once: bool = True
-                 ) -> str | None:
-    """_coverage on rows' steps already read."""
-    if not once:
-        steps = sorted(set(steps))
-    if sorted(steps) == expected:
-        return None
-    missing = sorted(set(expected) - set(steps))
-    extra = sorted(set(steps) - set(expected)) or sorted({s for s in steps if steps.count(s) > 1})
-    return (f"{name}/ " + (f"lacks step {missing[0]}" if missing else "")
-            + (" and " if missing and extra else "") + (f"has extra rows at step {extra[0]}"
-                                                       if extra else "")
-            + f" ({len(missing)} missing, {len(extra)} extra)")
-
-
-def resume_problem(run_dir: Path, step: int, probe_every: int) -> str | None:
-    """Why the rows on disk do not match a checkpoint at `step` (metrics rows 0..step-1 once
-    each, probe rows at every probe step below it), or None."""
-    return (_coverage(run_dir / METRICS, list(range(step)))
-            or _coverage(run_dir / PROBES, list(range(0, step, probe_every)), once=False))
 
 
 def metrics_every(run_dir: Path) -> tuple[int, str | None]:
@@ -302,7 +171,7 @@ def metrics_gap(run_dir: Path, steps: list[int] | None = None) -> str | None:
     last = max(steps)
     required = set(range(0, last + 1, every)) | {last}
     # every required step once; an archived run's other rows (its evaluations) once too
-    return _steps_cover(METRICS, steps, sorted(required | set(steps)))
+    return steps_cover(METRICS, steps, sorted(required | set(steps)))
 
 
 def finished_problem(run_dir: Path, summary: dict) -> str | None:
@@ -355,46 +224,16 @@ class RunFolder:
     def __str__(self) -> str:
         return str(self.path)
 
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    # the paths --------------------------------------------------------------------------------
-    @property
-    def config_file(self) -> Path:
-        return self.path / CONFIG
-
-    @property
-    def manifest_file(self) -> Path:
-        return self.path / MANIFEST
-
-    @property
-    def summary_file(self) -> Path:
-        return self.path / SUMMARY
-
-    @property
-    def traceback_file(self) -> Path:
-        return self.path / TRACEBACK
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.path / METRICS
-
-    @property
-    def probes_dir(self) -> Path:
-        return self.path / PROBES
-
-    @property
-    def checkpoint_file(self) -> Path:
-        return self.path / CHECKPOINT
-
-    @property
-    def final_file(self) -> Path:
-        return self.path / FINAL
-
-    @property
-    def lock_file(self) -> Path:
-        return self.path / LOCK
+    name = property(lambda self: self.path.name)
+    config_file = property(lambda self: self.path / CONFIG)
+    manifest_file = property(lambda self: self.path / MANIFEST)
+    summary_file = property(lambda self: self.path / SUMMARY)
+    traceback_file = property(lambda self: self.path / TRACEBACK)
+    metrics_dir = property(lambda self: self.path / METRICS)
+    probes_dir = property(lambda self: self.path / PROBES)
+    checkpoint_file = property(lambda self: self.path / CHECKPOINT)
+    final_file = property(lambda self: self.path / FINAL)
+    lock_file = property(lambda self: self.path / LOCK)
 
     def is_run(self) -> bool:
         """Whether the folder holds a run (a config.json or a summary.json)."""
@@ -420,20 +259,31 @@ class RunFolder:
         return read_json(self.summary_file) or {}
 
     def read_summary(self) -> dict | None:
-        return read_summary(self.path)
+        """The run's summary.json (None if there is none yet); DamagedRun if it fails its
+        checks."""
+        summary, why = load_object(self.summary_file)
+        if summary is None and why == "is missing":
+            return None
+        why = why or summary_problem(summary, self.path)
+        if why:
+            raise DamagedRun(f"{self.summary_file} {why}; remove it (rm {self.summary_file}) and "
+                             "run again to resume or retrain the run")
+        return summary
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.summary_file, summary)
 
     # the states -------------------------------------------------------------------------------
     def finished(self) -> dict | None:
-        """The summary if it says finished (completed or diverged; its files unchecked)."""
-        return finished(self.path)
+        """The summary if it says finished (completed or diverged; its files unchecked), else
+        None (failed runs retry)."""
+        summary = self.read_summary()
+        return summary if summary and summary["status"] in FINISHED else None
 
     def intact_summary(self) -> dict | None:
         """The summary of a finished run whose files are intact, None if it is not finished, or
         DamagedRun naming the damage and the repair."""
-        done = finished(self.path)
+        done = self.finished()
         why = done and finished_problem(self.path, done)
         if why:
             raise DamagedRun(f"run {self.path} is {done['status']} but damaged: {why}; to "
@@ -456,7 +306,7 @@ class RunFolder:
 
     def data_problem(self, identity: dict, data_dir: str) -> str | None:
         """Why the run was trained on other data than `identity` (the prepared data's identity
-        now, tokens.data_identity), or None: the data is part of what a run is."""
+        now, data.load.data_identity), or None: the data is part of what a run is."""
         recorded = (self.read_manifest() or {}).get("data")
         if not isinstance(recorded, dict):
             return None  # nothing trained yet (the manifest is written before the first step)
@@ -467,7 +317,25 @@ class RunFolder:
                            "(name=...) or runs_dir=")
 
     def set_aside(self, why: str) -> Path:
-        return set_aside(self.path, why)
+        """Move a damaged run folder to <sweep>/.damaged/<run_id>-<UTC time>/ by one rename (no
+        file is copied or deleted), and record why in <that folder>.json beside it. Returns
+        where it went; DamagedRun if it cannot be moved. The caller holds the run's lock."""
+        aside = self.path.parent / DAMAGED
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        try:
+            aside.mkdir(exist_ok=True)
+            for n in range(1000):  # two repairs of one run within a second get their own folders
+                dest = aside / (f"{self.name}-{stamp}" + (f"-{n}" if n else ""))
+                if not dest.exists():
+                    break
+            os.rename(self.path, dest)
+        except OSError as e:
+            raise DamagedRun(f"run {self.path} is damaged ({why}) and cannot be moved aside to "
+                             f"{aside}: {e.strerror or e}") from None
+        write_json(dest.with_name(dest.name + ".json"), {
+            "run_id": self.name, "from": str(self.path), "moved_to": str(dest), "damage": why,
+            "moved": now(), "pid": os.getpid()})
+        return dest
 
     # the lock ---------------------------------------------------------------------------------
     def lock(self) -> contextlib.AbstractContextManager[bool]:
@@ -481,7 +349,7 @@ class RunFolder:
     def trained_by(self) -> int | None:
         """The pid of the process that trained the run last (from its manifest), or None."""
         pid = (self.read_manifest() or {}).get("pid")
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        return pid if _is_int(pid) else None
 
     def holder(self, held: dict | None) -> int | None:
         """The pid holding the run's lock (locks.holder), or None; never takes it."""
@@ -502,12 +370,17 @@ class RunFolder:
         return parts(self.metrics_dir)
 
     def drop_rows_from(self, step: int) -> None:
-        """On resume from a checkpoint at `step`: remove the parts written after it."""
-        for folder in (self.metrics_dir, self.probes_dir):
-            drop_parts_from(folder, step)
+        """On resume from a checkpoint at `step`: remove the parts written after it (they are
+        redone)."""
+        for first, part in parts(self.metrics_dir) + parts(self.probes_dir):
+            if first >= step:
+                part.unlink()
 
     def resume_problem(self, step: int, probe_every: int) -> str | None:
-        return resume_problem(self.path, step, probe_every)
+        """Why the rows on disk do not match a checkpoint at `step` (metrics rows 0..step-1 once
+        each, probe rows at every probe step below it), or None."""
+        return (coverage(self.metrics_dir, list(range(step)))
+                or coverage(self.probes_dir, list(range(0, step, probe_every)), once=False))
 
     def checkpoint_metadata(self) -> dict[str, str] | None:
         """The checkpoint's header metadata (step, the recorder's clocks), unverified: for

@@ -3,15 +3,11 @@
 `python -m qkstudy train key=value ...`. Running the same config again resumes from its
 checkpoint; a finished run (summary.json says completed or diverged) is not re-run.
 
-Everything here is free of any framework. The backend (TrainConfig.backend, found through
-qkstudy/backends.py) supplies an Engine:
-the model and optimizer, one update, evaluation, probes, and its state as numpy arrays. This
-module owns the rest, so an MLX run and a torch run write the same run folder the same way:
-
-  the batches        qkstudy/batches.py: batch k is a pure function of (data_seed, k)
-  the rows           qkstudy/recorder.py: metrics, probes, divergence, the summary
-  the checkpoint     qkstudy/checkpoint.py: the engine's state as numpy arrays, verified on
-                     resume against the engine's own shapes
+Everything here is free of any framework. The backend (TrainConfig.backend, qkstudy/backends.py)
+supplies an Engine: the model and optimizer, one update, evaluation, probes, and its state as
+numpy arrays. This module owns the rest, so an MLX run and a torch run write the same run folder
+the same way: the batches (batches.py), the rows and summary (recorder.py), the checkpoint
+(checkpoint.py).
 """
 
 from __future__ import annotations
@@ -23,22 +19,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import backends, files, interrupts, memory, provenance, run_folder
 from .backends import Engine
-from .checkpoint import resume_point, save_checkpoint
 from .batches import probe_batch, train_stream, val_batches
+from .checkpoint import resume_point, save_checkpoint
 from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
-from .progress import Display, format_seconds  # noqa: F401  (format_seconds: the sweep's)
+from .data.load import data_identity, load_tokens
 from .errors import UsageError
 from .locks import RunBusy
+from .progress import Display
 from .recorder import Recorder
 from .run_folder import RunFolder
-from .data.load import data_identity
 
-Batch = tuple[np.ndarray, np.ndarray]
 # K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
 # threads, or caps its memory at 1/K of the GPU
 RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
@@ -56,15 +49,9 @@ def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] 
         return None
 
 
-def make_engine(cfg: TrainConfig, vocab_size: int, val: list[Batch], probe: Batch) -> Engine:
-    return backends.load(cfg.backend).Engine(cfg, vocab_size, val, probe)
-
-
 def load_data(cfg: TrainConfig):
     """(train tokens, val tokens, meta) after every check that needs the data, the memory
     estimate included, so train and the sweep refuse before anything is written."""
-    from .data.load import load_tokens
-
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) < cfg.block_size + 2:
@@ -74,6 +61,20 @@ def load_data(cfg: TrainConfig):
     # against the GPU's share when the run trains on one
     memory.check(cfg, meta["vocab_size"], limit=device_memory(cfg))
     return train_tokens, val_tokens, meta
+
+
+def data_check(cfg: TrainConfig, meta: dict | None = None) -> tuple[dict | None, str | None]:
+    """(the identity of the data cfg.data holds now, data.load.data_identity; why cfg's run was
+    trained on other data than that, or None): the data is part of what a run is. `meta` is
+    load_tokens's when the caller has it; without it, data that cannot be read gives (None,
+    None) (training the run says why). The tokens' hash is computed once per process."""
+    if meta is None:
+        try:
+            meta = load_tokens(cfg.data)[2]
+        except UsageError:
+            return None, None
+    now = data_identity(meta)
+    return now, RunFolder.of(cfg).data_problem(now, cfg.data)
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -94,7 +95,9 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
     backends.load(cfg.backend).preflight(cfg)
     train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
     folder = RunFolder.of(cfg)
-    check_data(folder, cfg, meta)  # resumed, skipped or repaired: on the data it was made of
+    changed = data_check(cfg, meta)[1]  # resumed, skipped or repaired: on the data it was made of
+    if changed:
+        raise run_folder.DataChanged(changed)
     try:
         done = folder.intact_summary()
     except run_folder.DamagedRun:
@@ -117,37 +120,41 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
             raise RunBusy(f"{folder} is being trained by another process")
         if started:
             started()
-        done = folder.intact_summary()  # finished while we took the lock
-        if done:
-            return done
-        # Ctrl-C and SIGTERM wait for the step in flight and its bookkeeping (interrupts.py)
-        with interrupts.Deferred() as guard:
-            try:
-                crashes = folder.clean_leftovers()
-                if crashes:
-                    error = RunCrashed("an earlier attempt died by a fatal signal: "
-                                       + crashes[-1].splitlines()[0])
-                    folder.record_failure(summary_base(cfg), error, crashes[-1],
-                                          fatal_signal=True)
-                    raise error
-                with folder.fatal_signal_log():
-                    return _train_locked(cfg, folder, train_tokens, val_tokens, meta, verbose,
-                                         prefix, guard)
-            except (KeyboardInterrupt, UsageError, RunCrashed):
-                raise
-            except Exception as e:
-                if guard.signum is not None:  # e.g. Ctrl-C also killed a kernel compiler:
-                    raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
-                if files.io_failure(e):  # the last checkpoint stays: the run can resume
-                    raise UsageError(f"{files.describe_io_failure(e, folder.path)}; "
-                                     f"{files.io_advice(e)} and run the same command again to "
-                                     "resume the run") from None
-                folder.record_failure(summary_base(cfg), e)
-                raise
+        # finished while we took the lock, or trained here
+        return folder.intact_summary() or _train_guarded(
+            cfg, folder, (train_tokens, val_tokens, meta), verbose, prefix)
 
 
 class RunCrashed(RuntimeError):
     """The run's previous process died by a fatal signal (its traceback is in traceback.txt)."""
+
+
+def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bool,
+                   prefix: str) -> dict:
+    """_train_locked with the lock held: Ctrl-C and SIGTERM wait for the step in flight and its
+    bookkeeping (interrupts.py); a run that fails is recorded failed, one whose storage fails
+    keeps its last checkpoint."""
+    with interrupts.Deferred() as guard:
+        try:
+            crashes = folder.clean_leftovers()
+            if crashes:
+                error = RunCrashed("an earlier attempt died by a fatal signal: "
+                                   + crashes[-1].splitlines()[0])
+                folder.record_failure(summary_base(cfg), error, crashes[-1], fatal_signal=True)
+                raise error
+            with folder.fatal_signal_log():
+                return _train_locked(cfg, folder, *data, verbose, prefix, guard)
+        except (KeyboardInterrupt, UsageError, RunCrashed):
+            raise
+        except Exception as e:
+            if guard.signum is not None:  # e.g. Ctrl-C also killed a kernel compiler:
+                raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
+            if files.io_failure(e):  # the last checkpoint stays: the run can resume
+                raise UsageError(f"{files.describe_io_failure(e, folder.path)}; "
+                                 f"{files.io_advice(e)} and run the same command again to "
+                                 "resume the run") from None
+            folder.record_failure(summary_base(cfg), e)
+            raise
 
 
 def make_folder(path: Path, what: str) -> None:
@@ -157,39 +164,6 @@ def make_folder(path: Path, what: str) -> None:
     except OSError as e:
         raise UsageError(f"cannot create {what} {path}: {e.strerror or e}; {files.io_advice(e)} "
                          "and run the same command again") from None
-
-
-def data_identity_now(data_dir: str) -> dict | None:
-    """The identity of the prepared data in `data_dir` now (data.load.data_identity; the tokens'
-    hash is computed once per version of the files in a process), None if it cannot be read."""
-    from .data.load import load_tokens
-
-    try:
-        return data_identity(load_tokens(data_dir)[2])
-    except UsageError:
-        return None
-
-
-def data_problem(cfg: TrainConfig) -> str | None:
-    """Why cfg's run was made of other data than cfg.data holds now, or None (None too when the
-    data cannot be read: training it says why)."""
-    from .data.load import load_tokens
-
-    folder = RunFolder.of(cfg)
-    if not folder.manifest_file.exists():
-        return None
-    try:
-        meta = load_tokens(cfg.data)[2]  # the tokens' hash is computed once per process
-    except UsageError:
-        return None
-    return folder.data_problem(data_identity(meta), cfg.data)
-
-
-def check_data(folder: RunFolder, cfg: TrainConfig, meta: dict) -> None:
-    """run_folder.DataChanged if the run was trained on other data than cfg.data holds now."""
-    why = folder.data_problem(data_identity(meta), cfg.data)
-    if why:
-        raise run_folder.DataChanged(why)
 
 
 def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:
@@ -217,56 +191,43 @@ def summary_base(cfg: TrainConfig) -> dict:
             "d_model": cfg.d_model, "sweep": cfg.sweep, "config": cfg.identity()}
 
 
-def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbose, prefix,
-                  guard: interrupts.Deferred | None = None) -> dict:
-    steps = cfg.steps
+def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
+           prefix: str) -> tuple[Engine, dict, int, Recorder]:
+    """The run's config and manifest written, its engine built and resumed: (engine, manifest,
+    the step to start from, the recorder with the checkpoint's clocks)."""
     folder.write_config({**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
-    engine = make_engine(cfg, meta["vocab_size"], list(val),
-                         probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
+    probe = probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
+    engine = backends.load(cfg.backend).Engine(cfg, meta["vocab_size"], val, probe)
     manifest = provenance.manifest(cfg.data, engine.framework, engine.device,
                                    engine.manifest_extra)
     manifest["data"] = data_identity(meta)  # checked when the run is resumed or skipped
     manifest["pid"] = os.getpid()
-
-    ckpt_path = folder.checkpoint_file
     start, clocks = resume_point(cfg, folder, engine,
                                  lambda line: print(prefix + line, file=sys.stderr, flush=True))
     if start:
         manifest["resumed_from_step"] = start
     folder.write_manifest(manifest)
-    rec = Recorder(cfg, folder, **clocks)
+    return engine, manifest, start, Recorder(cfg, folder, **clocks)
 
-    def measure(step: int) -> None:
-        """Evaluation and probes at `step` (params after `step` updates); off the hot step."""
-        if rec.eval_due(step):
-            rec.record_val(step, engine.evaluate())
-        if rec.probe_due(step):
-            rec.record_probes(engine.probes(step))
 
-    def checkpoint() -> int:
-        rec.flush()
-        return save_checkpoint(ckpt_path, engine, rec.state())
-
-    def read(pending: list[tuple[int, Any]]) -> list[tuple[int, float, float, float, float | None]]:
-        """One device sync for a whole log interval of (loss, grad norm, lr, z-loss term)."""
-        values = engine.read([handle for _, handle in pending])
-        return [(s, a, b, c, z if cfg.z_loss else None)
-                for (s, _), (a, b, c, z) in zip(pending, values)]
-
-    display = Display(cfg.run_id, steps, cfg.tokens_per_step, start, verbose, prefix)
-    display.begin((f"resuming from step {start} of {steps}; " if start else "")
+def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens, meta: dict,
+                  verbose: bool, prefix: str, guard: interrupts.Deferred) -> dict:
+    """The run from its resume point to its summary: one update a step, values read back once a
+    log interval, evaluation and probes at their steps, a checkpoint every ckpt_every."""
+    engine, manifest, start, rec = _start(cfg, folder, val_tokens, meta, prefix)
+    display = Display(cfg.run_id, cfg.steps, cfg.tokens_per_step, start, verbose, prefix)
+    display.begin((f"resuming from step {start} of {cfg.steps}; " if start else "")
                   + engine.warmup_note, always=bool(start))
-    pending: list[tuple[int, Any]] = []
-    batches = train_stream(train_tokens, cfg.data_seed, start, steps, cfg.batch_size,
+    batches = train_stream(train_tokens, cfg.data_seed, start, cfg.steps, cfg.batch_size,
                            cfg.block_size)
+    pending: list[tuple[int, Any]] = []  # (step, the engine's handle on its values), unread
     try:
         t_sync = time.perf_counter()
-        for step in range(start, steps):
-            if guard is not None:  # the one place a signal stops the run: between steps
-                guard.check()
+        for step in range(start, cfg.steps):
+            guard.check()  # the one place a signal stops the run: between steps
             t_measure = time.perf_counter()
-            measure(step)
+            _measure(rec, engine, step)
             probing = rec.update_probe_due(step)
             before = engine.snapshot() if probing else None
             spent = time.perf_counter() - t_measure
@@ -280,41 +241,59 @@ def _train_locked(cfg, folder: RunFolder, train_tokens, val_tokens, meta, verbos
             t_sync += spent
             if not rec.sync_due(step):
                 continue
-            diverged = rec.sync(read(pending), t_sync, display)
+            diverged = rec.sync(_read(cfg, engine, pending), t_sync, display)
             pending.clear()
             if diverged:  # probe the weights as they are when the run is declared diverged
                 rec.record_probes(engine.probes(step + 1))
                 break
             if rec.checkpoint_due(step):
-                checkpoint()
+                _checkpoint(folder, engine, rec)
             t_sync = time.perf_counter()
     except KeyboardInterrupt as stop:
         # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
         if pending:
-            rec.record_steps(read(pending))
+            rec.record_steps(_read(cfg, engine, pending))
         if rec.status == "diverged":
-            summary = _finish(cfg, folder, rec, engine, manifest, meta)
-            display.close(rec.closing_line(summary))
+            _finish(cfg, folder, rec, engine, manifest, meta, display)
         else:
-            display.close(f"interrupted; checkpointed at step {checkpoint()} of {steps}: the "
-                          "same command resumes it")
+            display.close(f"interrupted; checkpointed at step {_checkpoint(folder, engine, rec)} "
+                          f"of {cfg.steps}: the same command resumes it")
             stop.said = True  # the line above is the run's last word: cli adds none
         raise
-
     if rec.status == "completed":
-        measure(steps)
-    summary = _finish(cfg, folder, rec, engine, manifest, meta)
-    display.close(rec.closing_line(summary))
-    return summary
+        _measure(rec, engine, cfg.steps)
+    return _finish(cfg, folder, rec, engine, manifest, meta, display)
 
 
-def _finish(cfg, folder: RunFolder, rec: Recorder, engine: Engine, manifest: dict,
-            meta: dict) -> dict:
+def _measure(rec: Recorder, engine: Engine, step: int) -> None:
+    """Evaluation and probes at `step` (the parameters after `step` updates), when due."""
+    if rec.eval_due(step):
+        rec.record_val(step, engine.evaluate())
+    if rec.probe_due(step):
+        rec.record_probes(engine.probes(step))
+
+
+def _read(cfg: TrainConfig, engine: Engine, pending: list[tuple[int, Any]]) -> list[tuple]:
+    """One device sync for a whole log interval: (step, loss, grad norm, lr, z-loss term)."""
+    values = engine.read([handle for _, handle in pending])
+    return [(s, a, b, c, z if cfg.z_loss else None)
+            for (s, _), (a, b, c, z) in zip(pending, values)]
+
+
+def _checkpoint(folder: RunFolder, engine: Engine, rec: Recorder) -> int:
+    """The rows so far, then the checkpoint; returns its step."""
+    rec.flush()
+    return save_checkpoint(folder.checkpoint_file, engine, rec.state())
+
+
+def _finish(cfg: TrainConfig, folder: RunFolder, rec: Recorder, engine: Engine, manifest: dict,
+            meta: dict, display: Display) -> dict:
     digest = files.save_tensors(folder.final_file, engine.weights(), {"run_id": cfg.run_id})
     summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest,
                           "unigram_entropy": meta["unigram_entropy"]}, manifest, engine.params)
     # the checkpoint, and an earlier attempt's failure record: this summary replaces them
     folder.drop_finished_leftovers()
+    display.close(rec.closing_line(summary))
     return summary
 
 

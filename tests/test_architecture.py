@@ -14,20 +14,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck", "reliability", "tools")
+PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck", "tools")
 
 # package -> the top-level modules it must never import (anywhere, lazily included)
 FORBIDDEN = {
     "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "tools",
-                "reliability", "polars", "altair", "marimo"},
+                "polars", "altair", "marimo"},
     "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
     "mlx_gpt": {"torch", "torch_ref", "analysis", "crosscheck"},
     "torch_ref": {"mlx", "mlx_gpt", "analysis", "crosscheck"},
     "crosscheck": {"analysis"},  # above both engines: it may import either, never the analysis
-    # the reliability checks run whole commands in subprocesses: they import neither engine
-    "reliability": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
     # the docs generator reads the core's config and presets, nothing that needs a framework
-    "tools": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "reliability"},
+    "tools": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis"},
 }
 
 
@@ -57,7 +55,7 @@ def test_no_arrow_points_up_or_across_the_frameworks():
 # on it, side by side; the cross-engine checks on top of both engines
 GRAPH = {"qkstudy": set(), "mlx_gpt": {"qkstudy"}, "torch_ref": {"qkstudy"},
          "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"},
-         "reliability": {"qkstudy", "analysis"}, "tools": {"qkstudy"}}
+         "tools": {"qkstudy"}}
 
 
 def test_the_engines_are_siblings_over_the_core():
@@ -83,8 +81,7 @@ def imports_for_type_checking_only(path: Path) -> list[str]:
     return found
 
 
-CIRCLE_FREE = ("qkstudy", "mlx_gpt", "torch_ref", "crosscheck", "reliability", "tools",
-               "analysis")
+CIRCLE_FREE = ("qkstudy", "mlx_gpt", "torch_ref", "crosscheck", "tools", "analysis")
 
 
 def test_no_import_circle_is_hidden_behind_type_checking(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from reliability import chaos
+from reliability import chaos, compare
 from qkstudy import files, run_folder
 
 # 4 grid runs + 2 refinement runs of 20 steps, mini-shaped
@@ -30,10 +30,10 @@ def test_a_storm_of_faults_ends_bit_identical(tiny_data, tmp_path):
 
     # the comparison sees a changed loss and a changed weight (a storm that broke them fails)
     ref = tmp_path / "reference" / chaos.NAME
-    run = chaos.run_folders(ref)[0]
+    run = compare.run_folders(ref)[0]
     changed = tmp_path / "changed"
     shutil.copytree(ref / run, changed / run)
-    assert chaos.compare_run(ref / run, changed / run) == []
+    assert compare.compare_run(ref / run, changed / run) == []
     part = run_folder.parts(changed / run / "metrics")[-1][1]
     table = pq.read_table(part)
     losses = table.column("train_loss")
@@ -45,5 +45,5 @@ def test_a_storm_of_faults_ends_bit_identical(tiny_data, tmp_path):
     weights[name] = np.nextafter(weights[name], np.inf).astype(weights[name].dtype)
     files.save_tensors(changed / run / "final.safetensors", weights,
                         {k: v for k, v in meta.items() if k != "sha256"})
-    assert chaos.compare_run(ref / run, changed / run) == [
+    assert compare.compare_run(ref / run, changed / run) == [
         f"{run}: metrics rows differ", f"{run}: final weights differ"]

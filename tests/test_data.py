@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from pathlib import Path
@@ -23,7 +24,7 @@ BYTES = get_tokenizer("bytes")
 
 
 def stories(n: int, seed: int = 0) -> list[str]:
-    return synthetic.generate_stories(n, seed)
+    return list(itertools.islice(synthetic.iter_stories(seed), n))
 
 
 def prepare_ok(capsys, *args: str) -> dict:

@@ -148,6 +148,6 @@ def test_every_reliability_command_has_help(command, capsys):
 
     assert main([command, "help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"usage: python -m reliability {command}")
+    assert out.startswith(f"usage: python -m tests.reliability {command}")
     assert main([command, "faults=0" if command == "chaos" else "cases=nothing"]) == 2
     assert capsys.readouterr().err.startswith("error: ")

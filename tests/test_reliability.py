@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reliability import chaos
+from reliability import compare
 from qkstudy import files, run_folder
 from qkstudy.errors import UsageError
 from qkstudy.sweep.plan import command_line
@@ -121,8 +121,8 @@ FORK_SERVER = textwrap.dedent("""
 """)
 
 
-# what a run is compared by, here and in the storm test (reliability/chaos.py)
-_metric_rows, _probe_rows = chaos.metric_rows, chaos.probe_rows
+# what a run is compared by, here and in the storm test (reliability/compare.py)
+_metric_rows, _probe_rows = compare.metric_rows, compare.probe_rows
 
 
 def test_sigint_and_sigterm_at_random_times_resume_bit_exact(tiny_cfg, tmp_path):

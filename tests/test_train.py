@@ -443,8 +443,8 @@ def test_resume_check_counts_probe_steps_not_probe_rows(tmp_path):
     probes = [{"step": s, "layer": layer, "name": "max_attention_logit", "value": 1.0}
               for s in (0, 10) for layer in range(3)]
     run_folder.write_part(tmp_path / "probes", probes, run_folder.PROBES_SCHEMA)
-    assert run_folder.resume_problem(tmp_path, 20, probe_every=10) is None
-    assert "lacks step 20" in run_folder.resume_problem(tmp_path, 30, probe_every=10)
+    assert RunFolder(tmp_path).resume_problem(20, probe_every=10) is None
+    assert "lacks step 20" in RunFolder(tmp_path).resume_problem(30, probe_every=10)
 
 
 def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, capsys):

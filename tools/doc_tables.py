@@ -33,16 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated -->)", re.S)
 
 
-def _n(x: int) -> str:
-    return f"{x:,}"
+_n, _lr = "{:,}".format, "{:.3g}".format  # 12,345 tokens; an LR to 3 digits
 
 
 def _list(values) -> str:
     return ", ".join(str(v) for v in values)
-
-
-def _lr(x: float) -> str:
-    return f"{x:.3g}"
 
 
 def _vocab(sweep: SweepConfig) -> int | None:
@@ -287,12 +282,10 @@ def stale(root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if argv in (["--help"], ["-h"]):
-        print("usage: python -m tools.doc_tables [--check]")
-        return 0
     if argv not in ([], ["--check"]):
-        print("usage: python -m tools.doc_tables [--check]", file=sys.stderr)
-        return 2
+        asked = argv in (["--help"], ["-h"])
+        print("usage: python -m tools.doc_tables [--check]", file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     differ = stale()
     if argv == ["--check"]:
         for line in differ:

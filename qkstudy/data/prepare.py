@@ -23,7 +23,6 @@ replaced only once the new one is complete.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
@@ -50,8 +49,6 @@ BATCH_CHARS = 1 << 22  # ~4 MB of text per encode_batch call: enough work for ti
 MAX_SYNTHETIC_MB = 10_000.0  # the generator writes ~10-20 MB/s: this is already minutes
 
 
-
-
 @dataclass(frozen=True)
 class PrepareConfig:
     out: str = ""  # "" -> data/<source-name>-<tokenizer>
@@ -74,18 +71,11 @@ class PrepareConfig:
         return self
 
 
-
-# ---------------------------------------------------------------- tokenising and writing
-
-
 class _Split:
     """One output file of uint16 ids, appended batch by batch."""
 
     def __init__(self, file: BinaryIO) -> None:
-        self.file = file
-        self.tokens = 0
-        self.documents = 0
-        self.max_id = -1
+        self.file, self.tokens, self.documents, self.max_id = file, 0, 0, -1
 
     def write(self, docs: list[list[int]], eot: int) -> None:
         if not docs:
@@ -114,7 +104,7 @@ def _take(documents: Iterator[str], max_chars: int) -> list[str]:
 
 
 @dataclass
-class _Timer:
+class _Timer:  # the text read and the seconds spent encoding it
     text_bytes: int = 0
     seconds: float = 0.0
 
@@ -238,8 +228,6 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
     return out, meta
 
 
-# ---------------------------------------------------------------- command line
-
 USAGE = """usage: python -m qkstudy prepare SOURCE [key=value ...]
 
 SOURCE: synthetic | tinystories | fineweb-edu | a .txt or .parquet file | a folder of them
@@ -268,5 +256,5 @@ def cli(argv: list[str]) -> int:
     print(f"prepared {out}: train {m['train_tokens']:,} tokens ({m['train_documents']:,} docs), "
           f"val {m['val_tokens']:,} tokens ({m['val_documents']:,} docs), {m['tokenizer']}")
     print(f"tokenised {m['text_bytes'] / 1e6:.1f} MB of text at {m['tokenize_mb_per_s']:.1f} MB/s; "
-          f"{meta['prepare_seconds']:.1f} s in all")
+          f"{m['prepare_seconds']:.1f} s in all")
     return 0

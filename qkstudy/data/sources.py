@@ -38,10 +38,6 @@ class Corpus:
     val_rule: str = ""  # says which file is the official validation split
 
 
-
-# ---------------------------------------------------------------- reading local files
-
-
 def _scan(path: Path, marker: bytes) -> tuple[dict, bool]:
     """One pass over a file: its input record (size, sha256) and whether `marker` occurs."""
     digest, size, found, tail = hashlib.sha256(), 0, False, b""
@@ -107,9 +103,6 @@ def _local_files(path: Path) -> list[Path]:
     return [path]
 
 
-# ---------------------------------------------------------------- sources
-
-
 def _synthetic(size_mb: float, seed: int) -> Corpus:
     n_chars = int(size_mb * 1_000_000)
     name = f"qkstudy.data.synthetic seed={seed} size_mb={size_mb:g}"
@@ -128,16 +121,22 @@ def _synthetic(size_mb: float, seed: int) -> Corpus:
     return Corpus("synthetic", f"generated stories ({name})", documents(), [record])
 
 
-def _hf_download(repo: str, filename: str) -> Path:
-    """One file from a Hugging Face dataset repo; cached, and resumed if interrupted."""
+def _hub(what: str, call):
+    """call(huggingface_hub); its network, auth and hub errors as one line: cannot <what>."""
     try:
-        from huggingface_hub import hf_hub_download
-        return Path(hf_hub_download(repo, filename, repo_type="dataset"))
+        import huggingface_hub
+        return call(huggingface_hub)
     except ImportError:
         raise UsageError("downloading needs huggingface_hub: pip install huggingface_hub") from None
     except Exception as e:  # noqa: BLE001 - network, auth and hub errors all end the same way
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UsageError(f"cannot download {filename} from {repo}: {first}") from None
+        raise UsageError(f"cannot {what}: {first}") from None
+
+
+def _hf_download(repo: str, filename: str) -> Path:
+    """One file from a Hugging Face dataset repo; cached, and resumed if interrupted."""
+    return Path(_hub(f"download {filename} from {repo}",
+                     lambda hub: hub.hf_hub_download(repo, filename, repo_type="dataset")))
 
 
 def _tinystories() -> Corpus:
@@ -150,16 +149,10 @@ def _tinystories() -> Corpus:
 
 def _fineweb_shards() -> Iterator[Path]:
     """The sample/10BT parquet shards in name order, each downloaded only when reached."""
-    try:
-        from huggingface_hub import HfApi
-        api = HfApi()
-        tree = api.list_repo_tree(FINEWEB_REPO, path_in_repo=FINEWEB_FOLDER, repo_type="dataset")
-        names = sorted(f.path for f in tree if f.path.endswith(".parquet"))
-    except ImportError:
-        raise UsageError("downloading needs huggingface_hub: pip install huggingface_hub") from None
-    except Exception as e:  # noqa: BLE001 - network, auth and hub errors all end the same way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UsageError(f"cannot list {FINEWEB_REPO}/{FINEWEB_FOLDER}: {first}") from None
+    names = _hub(f"list {FINEWEB_REPO}/{FINEWEB_FOLDER}", lambda hub: sorted(
+        f.path for f in hub.HfApi().list_repo_tree(FINEWEB_REPO, path_in_repo=FINEWEB_FOLDER,
+                                                  repo_type="dataset")
+        if f.path.endswith(".parquet")))
     for name in names:
         yield _hf_download(FINEWEB_REPO, name)
 
@@ -191,5 +184,3 @@ def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Cor
     inputs: list[dict] = []
     return Corpus(name or "local", f"local {'folder' if path.is_dir() else 'file'} {path}",
                   _file_documents(files, inputs), inputs)
-
-

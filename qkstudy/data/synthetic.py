@@ -379,12 +379,6 @@ def iter_stories(seed: int) -> Iterator[str]:
         yield story(rng)
 
 
-def generate_stories(n_stories: int, seed: int) -> list[str]:
-    """The first `n_stories` stories of seed `seed`."""
-    stream = iter_stories(seed)
-    return [next(stream) for _ in range(n_stories)]
-
-
 def iter_text(n_chars: int, seed: int) -> Iterator[str]:
     """Stories from seed `seed` until their total length reaches `n_chars` characters."""
     total = 0

@@ -1,26 +1,24 @@
 """Tokenizers: GPT-2 BPE (tiktoken, obtainable offline) and raw UTF-8 bytes.
 
-GPT-2 offline: tiktoken downloads its rank file on first use, which fails on a machine
-that reaches only the package registries. The `r50k_base` encoding is GPT-2's (same ranks,
-same split pattern), and the openai-whisper sdist on PyPI (MIT) ships the very same rank
-file as `whisper/assets/gpt2.tiktoken`. So, as a last resort, we fetch that sdist with pip,
-check the file's sha256 against the hash tiktoken itself pins for r50k_base, and put it
-where tiktoken's cache looks (`TIKTOKEN_CACHE_DIR`, file name = sha1 of the blob URL).
+GPT-2 offline: tiktoken downloads its rank file on first use, which fails on a machine that
+reaches only the package registries. The `r50k_base` encoding is GPT-2's, and the openai-whisper
+sdist on PyPI (MIT) ships the very same rank file as `whisper/assets/gpt2.tiktoken`. So, as a
+last resort, we fetch that sdist with pip, check the file's sha256 against the hash tiktoken
+pins for r50k_base, and put it where tiktoken's cache looks (`TIKTOKEN_CACHE_DIR`, file name =
+sha1 of the blob URL).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import inspect
 import os
-import re
 import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from unittest import mock
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import UsageError
@@ -29,7 +27,7 @@ if TYPE_CHECKING:
     import tiktoken
 
 ENDOFTEXT = "<|endoftext|>"
-# What tiktoken 0.x pins for r50k_base; read from the installed tiktoken when possible.
+# what tiktoken pins for r50k_base
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 WHISPER_SDIST = "openai-whisper==20250625"
@@ -97,39 +95,17 @@ def get_tokenizer(name: str) -> Tokenizer:
 
 
 def cache_dir() -> Path:
-    """Where tiktoken's rank files live: TIKTOKEN_CACHE_DIR, else a project cache dir."""
+    """Where tiktoken's rank files live: TIKTOKEN_CACHE_DIR, else a project cache dir (tiktoken's
+    own default is a temp dir that the OS may wipe)."""
     env = os.environ.get("TIKTOKEN_CACHE_DIR")
     if env:
         return Path(env)
-    # tiktoken's own default is a temp dir that the OS may wipe; ours persists.
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlx_gpt" / "tiktoken"
 
 
-def r50k_pins() -> tuple[str, str]:
-    """(blob URL, sha256) that the installed tiktoken uses for r50k_base."""
-    try:
-        from tiktoken_ext import openai_public
-        source = inspect.getsource(openai_public.r50k_base)
-        match = re.search(r'"(https://[^"]+)",\s*expected_hash="([0-9a-f]{64})"', source)
-        if match:
-            return match.group(1), match.group(2)
-    except (ImportError, OSError):
-        pass
-    return R50K_URL, R50K_SHA256
-
-
-@contextlib.contextmanager
-def _tiktoken_cache(path: Path) -> Iterator[None]:
-    """Point tiktoken at `path` for the duration (it reads the env var on every load)."""
-    old = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(path)
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TIKTOKEN_CACHE_DIR"]
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = old
+def _in_cache(where: Path | None):
+    """tiktoken pointed at `where` for the duration (it reads the variable on every load)."""
+    return mock.patch.dict(os.environ, {"TIKTOKEN_CACHE_DIR": str(where)} if where else {})
 
 
 def _load_gpt2_encoding() -> tiktoken.Encoding:
@@ -137,21 +113,19 @@ def _load_gpt2_encoding() -> tiktoken.Encoding:
         import tiktoken
     except ImportError:
         raise UsageError("tokenizer gpt2 needs tiktoken: pip install tiktoken") from None
-    url, sha256 = r50k_pins()
-    cached = cache_dir() / hashlib.sha1(url.encode()).hexdigest()
-    attempts = []
-    if cached.exists():  # offline fast path: no network attempt at all
-        attempts.append(("r50k_base", cache_dir()))
-    # Then tiktoken's own downloads (with the user's cache settings), then ours.
+    cached = cache_dir() / hashlib.sha1(R50K_URL.encode()).hexdigest()
+    # our cache first when it holds the file (no network attempt at all), then tiktoken's own
+    # downloads (with the user's cache settings), then ours
+    attempts = [("r50k_base", cache_dir())] if cached.exists() else []
     attempts += [("gpt2", None), ("r50k_base", None), ("r50k_base", cache_dir())]
     for name, where in attempts:
         try:
-            with _tiktoken_cache(where) if where else contextlib.nullcontext():
+            with _in_cache(where):
                 return _checked(tiktoken.get_encoding(name))
         except Exception:  # noqa: BLE001, S112 - no network, no requests, bad cache: next way
             continue
-    install_r50k_from_whisper(cached, sha256)
-    with _tiktoken_cache(cache_dir()):
+    install_r50k_from_whisper(cached, R50K_SHA256)
+    with _in_cache(cache_dir()):
         return _checked(tiktoken.get_encoding("r50k_base"))
 
 

@@ -15,6 +15,7 @@ from ..bench.shapes import random_batch
 from ..errors import UsageError
 from ..config import TrainConfig, model_args
 from ..parameters import count_params
+from ..progress import format_seconds
 from .adaptive import compared_arms, extra_runs, extra_seeds
 from . import estimate
 from .config import SweepConfig, grid, groups, run_config
@@ -127,7 +128,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
             speeds[depth], timed = step_speed(cfg, vocab)
             print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
             line += (f"; {speeds[depth]:,.0f} tok/s ({counted(timed, 'timed step')}); "
-                     f"{trainer.format_seconds(run_cost_tokens(cfg) / speeds[depth])} a run")
+                     f"{format_seconds(run_cost_tokens(cfg) / speeds[depth])} a run")
         print(line, flush=True)
     source = "tok/s timed here for every depth (--calibrate)"
     if not vocab:

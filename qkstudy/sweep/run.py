@@ -17,6 +17,7 @@ from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
 from ..locks import RunBusy
+from ..progress import format_seconds
 from ..run_folder import RunFolder, run_folders
 from .adaptive import extra_runs
 from .config import SweepConfig, grid, groups, run_config
@@ -74,14 +75,13 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     calibrated seconds of the queue from this run on."""
     attempted.add(cfg.run_id)
     folder = RunFolder.of(cfg)
-    now = trainer.data_identity_now(cfg.data)
+    now, changed = trainer.data_check(cfg)
     change = tally.data and now and run_folder.data_change(tally.data, now)
     if change:  # one sweep, one data: its runs are compared with each other
         raise UsageError(f"{cfg.data} was prepared again while this sweep ran ({change}); the "
                          "runs it trained so far used the earlier data. Prepare that data again "
                          "at this path, or run the sweep on the new data under another name=")
     v = run_outcome(cfg)
-    changed = trainer.data_problem(cfg)
     if changed:  # made of other data: neither skipped as finished nor resumed nor repaired
         tally.data_changed.append(changed)
         if verbose:
@@ -111,7 +111,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
                   f"Remove {folder.summary_file} to retry it", flush=True)
         return
     planned = run_cost_tokens(cfg) / speed if speed > 0 else 0.0
-    eta = trainer.format_seconds(tally.eta(queue_left, planned))
+    eta = format_seconds(tally.eta(queue_left, planned))
     position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
     sibling = sibling_name(cfg, holder(cfg))
     if sibling and cfg.run_id in tally.siblings:  # looked at again: its line is printed
@@ -222,7 +222,7 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     refinement, adaptive seeds); runs held elsewhere are looked at again after the grid."""
     runs = grid(sweep)
     tally = Tally(total=len(runs), processes=sweep.jobs,
-                  data=trainer.data_identity_now(sweep.train.data))
+                  data=trainer.data_check(sweep.train)[0])
     attempted: set[str] = set()
 
     def speed(cfg: TrainConfig) -> float:
@@ -326,7 +326,7 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "
-          f"time {trainer.format_seconds(seconds)} (plan and calibration included); results in "
+          f"time {format_seconds(seconds)} (plan and calibration included); results in "
           f"{Path(sweep.runs_dir) / sweep.name}"
           + (f"; {counted(len(tally.repaired), 'damaged run')} repaired, the damaged files kept "
              f"in {Path(sweep.runs_dir) / sweep.name / run_folder.DAMAGED}" if tally.repaired else ""))

@@ -1,7 +1,8 @@
-"""Failing the Nth file operation on purpose, as SQLite's I/O-error tests do (reliability/faults.py).
+"""Failing the Nth file operation on purpose, as SQLite's I/O-error tests do (faults.py).
 
-Off unless the environment asks for it; then every file operation a command makes under
-QKSTUDY_FAULT_ROOT is numbered from 1 in the order it happens:
+A command run with `environment(fault, root)` loads this module at its start (inject/
+sitecustomize.py, on its PYTHONPATH), as does every Python process it starts; then every file
+operation it makes under QKSTUDY_FAULT_ROOT is numbered from 1 in the order it happens:
 
   QKSTUDY_FAULT=count:FILE     append "<n> <operation> <path>" to FILE for each operation
   QKSTUDY_FAULT=N:ENOSPC       operation N fails with "No space left on device" (N:EIO: with an
@@ -13,7 +14,7 @@ QKSTUDY_FAULT_ROOT is numbered from 1 in the order it happens:
 The operations: opening a file for writing, each write to it (a file object's write, os.write),
 fsync, rename/replace, mkdir, unlink, rmdir and the removal of a whole tree (one operation). The
 Parquet and safetensors writers write through Python file objects, so their writes count too.
-Reads are never failed. `install_from_env` is called once by the command line (qkstudy/cli.py).
+Reads are never failed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import io
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 ENV, ROOT_ENV = "QKSTUDY_FAULT", "QKSTUDY_FAULT_ROOT"
@@ -32,6 +34,7 @@ KINDS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO, "KILL": signal.SIGKILL,
          "SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
 SIGNALS = ("KILL", "SIGINT", "SIGTERM")
 
+INJECT = Path(__file__).resolve().parent / "inject"  # holds the sitecustomize.py that installs it
 _real = {"open": builtins.open, "os.open": os.open, "os.write": os.write, "os.fsync": os.fsync,
          "os.replace": os.replace, "os.rename": os.rename, "os.mkdir": os.mkdir,
          "os.unlink": os.unlink, "os.remove": os.remove, "os.rmdir": os.rmdir,
@@ -165,6 +168,22 @@ def _rmtree(path, ignore_errors=False, *args, **kwargs):
         return _real["shutil.rmtree"](path, ignore_errors, *args, **kwargs)
     finally:
         _injector.depth -= 1
+
+
+def environment(fault: str | None, root: Path) -> dict[str, str]:
+    """os.environ for a command run in `root` with `fault` (QKSTUDY_FAULT's value; None: none)."""
+    env = {**os.environ, ROOT_ENV: str(root)}
+    env.pop(ENV, None)
+    if fault:
+        env[ENV] = fault
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(INJECT), env.get("PYTHONPATH")]))
+    return env
+
+
+def faulted(command: list[str], fault: str, root: Path, **kwargs) -> subprocess.CompletedProcess:
+    """Run `command` with one injected fault under `root`."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env=environment(fault, root), **kwargs)
 
 
 def install_from_env() -> None:

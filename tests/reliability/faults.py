@@ -1,11 +1,11 @@
 """I/O-error and crash tests at every file operation, in the manner of SQLite's: each command is
-run once to count its file operations (qkstudy/fault_injection.py), then again with operation N
+run once to count its file operations (fault_injection.py), then again with operation N
 failing, for each N, with "No space left on device" (ENOSPC), with an I/O error (EIO) and, for
 train and sweep, with a kill -9, a SIGINT (Ctrl-C) and a SIGTERM just before it.
 
-    python -m reliability faults [cases=prepare,train,sweep,report,status,slurm] [every=true]
-                                 [sample=K] [kinds=ENOSPC,EIO,KILL,SIGINT,SIGTERM] [work=DIR]
-                                 [keep=false]
+    python -m tests.reliability faults [cases=prepare,train,sweep,report,status,slurm] [every=true]
+                                       [sample=K] [kinds=ENOSPC,EIO,KILL,SIGINT,SIGTERM] [work=DIR]
+                                       [keep=false]
 
 After each injected error: exit code 2, exactly one `error:` line on stderr and no traceback, no
 lock or temporary file left, and every file that existed before byte-identical. After SIGINT or
@@ -40,10 +40,10 @@ from pathlib import Path
 
 from qkstudy.config import split_key_values
 from qkstudy.errors import UsageError
-from qkstudy.fault_injection import ENV, KINDS, ROOT_ENV, SIGNALS
 from qkstudy.run_folder import run_folders
 
-from .chaos import compare_run, one_error_line
+from .compare import compare_run, one_error_line
+from .fault_injection import KINDS, SIGNALS, environment
 
 PY = [sys.executable, "-m"]
 TRAIN = ("data=data depth=2 d_model=32 n_heads=2 block_size=32 batch_size=4 max_steps=20 "
@@ -75,12 +75,8 @@ def leftovers(root: Path) -> list[str]:
 
 def run(world: Path, argv: list[str], fault: str | None = None,
         timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, ROOT_ENV: str(world)}
-    env.pop(ENV, None)
-    if fault:
-        env[ENV] = fault
-    return subprocess.run([*PY, *argv], cwd=world, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([*PY, *argv], cwd=world, env=environment(fault, world),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 # --- what an undisturbed run and a run after a fault must share ---------------------------------
