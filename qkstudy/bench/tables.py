@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .forecast import NIGHT_HOURS
+from ..forecast import NIGHT_HOURS
 from .plan import LABEL
 
 

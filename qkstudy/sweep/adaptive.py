@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..run_folder import RunFolder
 from ..config import TrainConfig
+from ..run_folder import RunFolder
 from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, run_outcome
 
@@ -81,18 +81,17 @@ def is_open(gaps: list[float], min_gap: float) -> bool:
     n = len(gaps)
     if n < 2:
         return True
-    mean = sum(gaps) / n
-    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (n - 1))
-    se = sd / math.sqrt(n)
     from scipy import stats  # here: importing it costs every sweep process ~1 s
 
-    t = stats.t.ppf(1 - DESIGN_ALPHA, n - 1)
-    if mean - t * se > min_gap or mean + t * se < -min_gap:
-        return False
-    return not (-min_gap < mean - t * se and mean + t * se < min_gap)
+    mean = sum(gaps) / n
+    half = stats.t.ppf(1 - DESIGN_ALPHA, n - 1) * math.sqrt(
+        sum((g - mean) ** 2 for g in gaps) / (n - 1) / n)
+    lo, hi = mean - half, mean + half
+    return not (lo > min_gap or hi < -min_gap or -min_gap < lo and hi < min_gap)
 
 
 def compared_arms(sweep: SweepConfig) -> list[str]:
+    """The arms compared with the off arm (none when the sweep has no off arm)."""
     return [a for a in sweep.arms if a != OFF] if OFF in sweep.arms else []
 
 
@@ -122,9 +121,8 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
 
 def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
                       ) -> float | None:
-    """The next LR of the threshold bisection (the geometric mean of the bracket, to three
-    digits), or None when there is no bracket or it is already within `factor`. Shared with
-    the calibration's simulated sweeps (analysis/calibrate.py), which run the same rule."""
+    """The next LR of the threshold bisection (the bracket's geometric mean, to three digits),
+    or None without a bracket or within `factor` (analysis/calibrate.py runs the same rule)."""
     bracket = threshold_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:
         return None
@@ -178,8 +176,7 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
     out: list[TrainConfig] = []
     for depth in sweep.depth:
         for arm in compared_arms(sweep):
-            means, pending = (threshold_state(sweep, depth, arm) if sweep.refine
-                              else ({}, []))
+            means, pending = threshold_state(sweep, depth, arm) if sweep.refine else ({}, [])
             if pending:
                 out += pending
                 continue
