@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files, provenance
+from . import files, interrupts, provenance
 from .bench.shapes import flops_per_token
 from .config import TrainConfig, model_args
 from .errors import UsageError
@@ -126,7 +126,9 @@ def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
         return found
     try:
         return from_short_timing(cfgs, vocab, step_speed)
-    except UsageError as e:  # no engine installed here
+    except (UsageError, ImportError) as e:  # no engine installed here
+        if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
+            raise
         return from_flops(cfgs, vocab, str(e))
 
 
