@@ -168,12 +168,9 @@ def queue_eta(left: float, first: float, planned: float, seconds: float, process
               ) -> float:
     """Seconds until a sweep's queue is trained by its `processes`. `left`: the queue's cost in
     calibrated seconds, `first` that of the run about to start; `planned` and `seconds`: the
-    calibrated and the wall seconds of the runs this process trained (after its first).
-
-    Calibration times steps alone in one process; a run also evaluates, probes, compiles and
-    shares the cores with K - 1 others (two on 2 cores measured 1.32-1.44x the throughput of
-    one, so each gets about 1.35/K). The ratio of wall to calibrated time starts there, counted
-    as one run, and moves towards the measured ratio as runs finish."""
+    calibrated and wall seconds of the runs this process trained (after its first). The ratio of
+    wall to calibrated time starts at 1.35/K of one process's speed each (two processes on 2
+    cores measured 1.32-1.44x one), counted as one run, and moves to the measured ratio."""
     if left <= 0 or first <= 0:
         return math.inf if left > 0 else 0.0
     prior = 1.0 / min(1.0, 1.35 / processes)

@@ -1,21 +1,15 @@
 """The runs a sweep's results call for after its grid, replayed from the results on disk (so
-every stage is resumable and a Slurm re-submission finds the same runs):
+every stage is resumable and a Slurm re-submission finds the same runs): 1. boundary refinement
+(refine.py); 2. threshold refinement: per (depth, compared arm), bisection in log LR between the
+largest LR where the seed-mean gap (off minus on) is under min_gap and the LR above it, with
+every base seed in both arms; 3. adaptive seeds: one more seed at a time (both arms), up to
+max_seeds, for the (depth, LR) cells whose decision is still open.
 
-1. boundary refinement (refine.py): bisection of each curve's divergence boundary;
-2. threshold refinement: per (depth, compared arm), bisection in log LR between the largest LR
-   where the seed-mean gap (off minus on) is under min_gap and the LR above it, from where it is
-   at least min_gap at every larger informative LR, with every base seed in both arms;
-3. adaptive seeds: one more seed at a time (both arms), up to max_seeds, for the (depth, LR)
-   cells whose decision is still open.
-
-These are design rules (where to spend runs), read off summary.json alone; the claims are made
-by the analysis on every run (docs/report.md). Seeds added by rule 3 depend on the data seen so
-far (optional stopping), so the analysis plan treats them as exploratory: the confirmatory tests
-use the seeds the sweep declares, and the mini preset fixes five (max_seeds = its seed count).
-A cell is open unless a one-sided t-test at DESIGN_ALPHA (0.005) finds off worse by more than
-min_gap (the plan's margin), on worse by more than min_gap, or the mean inside +-min_gap (TOST
-at the same level): the analysis's three cell claims; cells where no run of either arm learned
-are never open.
+These are design rules (where to spend runs), read off summary.json alone; the claims are the
+analysis's (docs/report.md), which treats seeds added by rule 3 (optional stopping) as
+exploratory. A cell is open unless a one-sided t-test at DESIGN_ALPHA finds off worse by more
+than min_gap, on worse by more than min_gap, or the mean inside +-min_gap (TOST): the analysis's
+three cell claims; a cell where neither arm learned is never open.
 """
 
 from __future__ import annotations
