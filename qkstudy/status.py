@@ -1,16 +1,11 @@
 """`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
 
-One screen per sweep: every run with its state, the process that holds it, its Slurm task when
-the sweep was submitted with `--slurm`, and the sweep's progress, ETA and time left
-(qkstudy/forecast.py). It only reads files (and asks squeue/sacct): it never takes a run lock,
-so a sweep process never passes over a run because of it, and it never writes.
-
-Where the numbers come from: summary.json (finished and failed runs); the run lock (held or
-not: /proc/locks on Linux, else whether the pid written in it is alive); the checkpoint's header
-(step and training seconds, so steps advance once per checkpoint interval); the last metrics
-part (train loss); sweep.json (grid points with no folder yet are waiting);
-slurm/<NNN>/submission.json (runs submitted to Slurm); .damaged/*.json (damaged runs moved
-aside and trained again).
+One screen per sweep: every run's state, the process holding it, its Slurm task (`--slurm`),
+and the sweep's progress, ETA and time left (qkstudy/forecast.py). It only reads files (and asks
+squeue/sacct), never takes a run lock and never writes. The numbers come from summary.json, the
+run lock, the checkpoint's header (step and training seconds), the last metrics part (train
+loss), sweep.json (grid points with no folder yet are waiting), slurm/<NNN>/submission.json and
+.damaged/*.json (damaged runs moved aside and trained again).
 """
 
 from __future__ import annotations
