@@ -87,11 +87,6 @@ spot-check *args:
 bench *args:
     @{{py}} -m qkstudy bench "$@"
 
-# a real demo sweep's training speed against the bench's step, per engine, at a low and a high LR (jobs=2); exits 1 when a run's training loop is more than 15% below the bench; writes reports/in-sweep.md
-[group('3 check the engines and the machine')]
-bench-sweep *args:
-    @{{py}} -m qkstudy bench-sweep "$@"
-
 # the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
 [group('3 check the engines and the machine')]
 bench-memory *args:

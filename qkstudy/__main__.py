@@ -1,4 +1,4 @@
-"""`python -m qkstudy <command> [key=value ...]`: prepare, train, sweep, ladder, archive, status, bench, bench-sweep."""
+"""`python -m qkstudy <command> [key=value ...]`: prepare, train, sweep, ladder, archive, status, bench."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ COMMANDS = {
     "archive": ("qkstudy.archive", "a study's finished runs as one compact .tar.xz, and back"),
     "status": ("qkstudy.status", "every run of a sweep: state, progress, ETA (reads files only)"),
     "bench": ("qkstudy.bench.cli", "tokens/s, FLOP/s and overheads of every backend, side by side"),
-    "bench-sweep": ("qkstudy.bench.in_sweep",
-                    "a real sweep's training speed against the bench's, per engine and LR"),
 }
 
 

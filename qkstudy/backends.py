@@ -1,11 +1,10 @@
 """The one seam between the core and an engine: how a backend is found and what it must provide.
 
-`backend=mlx|torch` names a module (BACKENDS), and that module's contract is the `Backend`
-protocol below, checked when it is loaded: the run's Engine (the train step, which the sweep's
-plan and the benchmarks time too), a preflight (the checks that need the framework, before
-anything is written), where a run trains and the bench step's facts (qkstudy/bench/step.py).
-The core finds every backend here and nowhere else; mlx_gpt/backend.py and torch_ref/backend.py
-are the two sides of it.
+`backend=mlx|torch` names a module (BACKENDS) whose contract, the `Backend` protocol below, is
+checked when it is loaded: the run's Engine (the train step, which the sweep's plan and the
+benchmarks time too), a preflight (the checks that need the framework, before anything is
+written), where a run trains and the bench step's facts. mlx_gpt/backend.py and
+torch_ref/backend.py are the two sides of it.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ BACKENDS = {"mlx": ("mlx_gpt.backend", "MLX is not installed: pip install -e '.[
 
 
 class Engine(Protocol):
-    """One run's model, optimizer and step (mlx_gpt/engine.py, torch_ref/engine.py), built as
-    `Engine(cfg, vocab_size, val_batches, probe_batch)`; the trainer (qkstudy/trainer.py) drives it."""
+    """One run's model, optimizer and step, built as `Engine(cfg, vocab_size, val_batches,
+    probe_batch)`; the trainer (qkstudy/trainer.py) drives it."""
 
     framework: str  # "mlx" | "torch"
     device: str  # described, e.g. "cpu" or "cuda (NVIDIA H200)"
@@ -51,13 +50,12 @@ class Engine(Protocol):
 
 
 class Backend(Protocol):
-    """What a backend's module provides (mlx_gpt/backend.py, torch_ref/backend.py)."""
+    """What a backend's module provides."""
 
     Engine: type  # the train step: Engine(cfg, vocab_size, val, probe) -> an Engine
 
     def preflight(self, cfg: TrainConfig) -> None:
-        """UsageError when `cfg` cannot run here (device, precision, toolchain), before any
-        folder is made."""
+        """UsageError when `cfg` cannot run here (device, precision, toolchain)."""
 
     def device(self, cfg: TrainConfig) -> str:
         """Where a run of `cfg` trains, described ("cpu", "gpu", "cuda (NVIDIA H200)")."""
@@ -72,9 +70,8 @@ class Backend(Protocol):
         """The framework's peak allocation so far in this process (None: not known)."""
 
     def memory_limit(self, cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-        """(bytes, the words for them) a run of `cfg` may use on its device when that is not
-        the machine's memory (a GPU's share, `runs` processes sharing the GPUs; None: as this
-        process's environment says); None: the machine's (qkstudy/memory.py)."""
+        """(bytes, the words for them) a run may use on its device when that is not the
+        machine's memory (a GPU's share with `runs` processes on the GPUs); None otherwise."""
 
 
 CONTRACT = ("Engine", "preflight", "device", "facts", "matmul_gflops",
@@ -83,16 +80,17 @@ CONTRACT = ("Engine", "preflight", "device", "facts", "matmul_gflops",
 
 def load(backend: str) -> Backend:
     """The backend's module, its contract checked; UsageError saying what to install when its
-    framework is missing. Sets flush-to-zero first (qkstudy/denormals.py)."""
+    framework is missing. Sets flush-to-zero first (qkstudy/denormals.py), before the framework
+    starts the threads that inherit it."""
     name, hint = BACKENDS[backend]
-    denormals.flush()  # before the framework starts its threads, which inherit it
+    denormals.flush()
     try:
         # a signal while a framework's C extension initialises is held until the import is
         # done: interrupted there, the extension aborts the process
         with interrupts.Deferred():
             module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in ("mlx", "torch"):
+    except ImportError as e:  # the framework itself missing, not a failure inside the engine
+        if (e.name or "").split(".")[0] in ("mlx", "torch"):
             raise UsageError(hint) from None
         raise
     missing = [n for n in CONTRACT if not hasattr(module, n)]

@@ -12,6 +12,7 @@ import platform
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal, get_args, get_origin
 
@@ -311,8 +312,25 @@ def _coerce(name: str, hint: Any, text: str) -> Any:
     return text
 
 
+def split_flags(argv: list[str], known: Sequence[str], shown: str = "") -> tuple[list[str],
+                                                                               dict[str, str]]:
+    """(the other words, {flag: its value after '=', or ''}) of a command's `--flag[=value]`
+    words; UsageError naming the flags (`shown`, else `known`) for one it does not know."""
+    flags = {}
+    for word in argv:
+        name, _, value = word.partition("=")
+        if word.startswith("--") and name not in known:
+            raise UsageError(f"unknown flag {word}; flags: {shown or ', '.join(known)}")
+        if word.startswith("--"):
+            flags[name] = value
+    return [w for w in argv if not w.startswith("--")], flags
+
+
 def split_key_values(words: list[str]) -> dict[str, str]:
-    """['lr=1e-3', 'depth=6'] -> {'lr': '1e-3', 'depth': '6'}; a word without '=' is an error."""
+    """The one key=value parser of every command: ['lr=1e-3', 'depth=6'] -> {'lr': '1e-3',
+    'depth': '6'}; a word without '=' or a key given twice is an error. A dataclass's fields
+    take the values through apply_overrides; a command's own key that is no field (train's
+    repair=, ladder's points=) through `take`."""
     out: dict[str, str] = {}
     for word in words:
         key, sep, value = word.partition("=")
@@ -323,6 +341,12 @@ def split_key_values(words: list[str]) -> dict[str, str]:
             raise UsageError(f"{key} is given twice ({key}={out[key]} and {key}={value.strip()})")
         out[key] = value.strip()
     return out
+
+
+def take(pairs: dict[str, str], key: str, hint: Any, default: Any = None) -> Any:
+    """Remove `key` from parsed pairs and return its value coerced to `hint` (bool, int, float,
+    str, a Literal), or `default` when it is not given."""
+    return _coerce(key, hint, pairs.pop(key)) if key in pairs else default
 
 
 def apply_overrides(base: Any, overrides: dict[str, str]) -> Any:

@@ -20,24 +20,15 @@ from .parameters import count_params
 FLOAT32 = 4
 HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
 
-# Copies of each tensor family alive at the step's peak, float32. Measured with mx.get_peak_memory
-# on MLX 0.32's CPU backend (kernels=cpu, the Linux default) at 15 shapes (docs/performance.md:
-# a least-squares fit gave 5.4, 17.4, 2.0, 4.6, 80 and 7.9) and rounded up, so the estimate is
-# an upper-ish bound there; MLX's library kernels (Metal's) measured lower.
-PARAM_COPIES = 7  # weights, gradients, AdamW's two moments, and the new weights and moments the
-#                   update writes before the old ones are freed
-LAYER_RESIDUAL_COPIES = 20  # per layer, kept for the backward, each batch x block x d_model: the
-#                   two layer norms' outputs, q, k, v, the scaled q, the attention output and its
-#                   projection, the residual sums, and the MLP hidden (4 x d_model) before and
-#                   after GELU
-LAYER_SCORE_COPIES = 3  # per layer, kept, each batch x heads x block^2: scores, their
-#                   exponentials and the probabilities
-BACKWARD_SCORE_COPIES = 5  # one layer's backward at a time: gradients of probabilities and
-#                   scores and the softmax's temporaries (batch x heads x block^2)
-BACKWARD_RESIDUAL_COPIES = 84  # one block's backward at a time: GELU's derivative and the MLP's
-#                   gradients at width 4 x d_model, evaluated unfused (batch x block x d_model)
-LOGIT_COPIES = 8  # batch x block x padded vocabulary: the logits, the log-sum-exp's exponentials
-#                   and temporaries, and the logits' gradient
+# Copies of each tensor family alive at the step's peak, float32: measured with
+# mx.get_peak_memory on MLX 0.32's CPU backend (kernels=cpu) at 15 shapes (docs/performance.md:
+# a least-squares fit gave 5.4, 17.4, 2.0, 4.6, 80 and 7.9) and rounded up, an upper-ish bound.
+PARAM_COPIES = 7  # weights, gradients, AdamW's moments, and the update's new ones
+LAYER_RESIDUAL_COPIES = 20  # per layer, kept for the backward (batch x block x d_model each)
+LAYER_SCORE_COPIES = 3  # per layer, kept: scores, exponentials, probabilities (b x h x t^2)
+BACKWARD_SCORE_COPIES = 5  # one layer's backward at a time (batch x heads x block^2)
+BACKWARD_RESIDUAL_COPIES = 84  # one block's backward at a time, the MLP's unfused (b x t x c)
+LOGIT_COPIES = 8  # logits, the log-sum-exp's temporaries, their gradient (b x t x vocab)
 
 TERMS = {  # term -> (what it is, in a sentence; the knobs that shrink it)
     "state": ("the parameters, gradients and AdamW state", "lower d_model or depth"),
@@ -76,15 +67,10 @@ class Estimate:
                           f"{self.vocab_size}"}[self.dominant]
 
 
-def parameter_count(cfg: TrainConfig, vocab_size: int) -> int:
-    """The model's parameters (qkstudy/parameters.py's shapes, counted without building it)."""
-    return count_params(model_args(cfg, vocab_size))["total"]
-
-
 def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
     """Peak bytes of one compiled training step (forward, backward, AdamW update)."""
     b, t, c, h, layers = cfg.batch_size, cfg.block_size, cfg.d_model, cfg.n_heads, cfg.depth
-    params = parameter_count(cfg, vocab_size)
+    params = count_params(model_args(cfg, vocab_size))["total"]
     residual, scores = b * t * c, b * h * t * t
     return Estimate(cfg, vocab_size, params, {
         "state": FLOAT32 * PARAM_COPIES * params,
@@ -127,12 +113,10 @@ def _mem_available() -> int | None:
     """Linux's estimate of the memory that can be allocated without swapping (MemAvailable)."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+            return next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
-    return None
 
 
 def available(gpu_bytes: int | None = None) -> tuple[int, str]:

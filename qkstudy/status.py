@@ -1,23 +1,16 @@
 """`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
 
-One screen per sweep: every run with its state (completed, diverged at step N, failed with its
-error, running with step, loss and tok/s, interrupted at a checkpoint, waiting), the process
-that holds it, the Slurm task state beside it when the sweep was submitted with `--slurm`, and
-the sweep's progress and ETA. It only reads files (and asks squeue/sacct): it never takes a run
-lock, so it cannot make a sweep process pass over a run, and it never writes.
-
-Where the numbers come from: summary.json (finished and failed runs); the run lock (`.lock`:
-held or not, read from /proc/locks on Linux, else whether the pid written in it is alive);
-checkpoint.safetensors' header (step and training seconds, so steps advance once per
-checkpoint interval); the last metrics part (train loss); sweep.json (grid points with no
-folder yet are waiting); slurm/<NNN>/submission.json (runs submitted to Slurm); .damaged/*.json (damaged runs moved
-aside and trained again).
+One screen per sweep: every run's state, the process holding it, its Slurm task (`--slurm`),
+and the sweep's progress, ETA and time left (qkstudy/forecast.py). It only reads files (and asks
+squeue/sacct), never takes a run lock and never writes. The numbers come from summary.json, the
+run lock, the checkpoint's header (step and training seconds), the last metrics part (train
+loss), sweep.json (grid points with no folder yet are waiting), slurm/<NNN>/submission.json and
+.damaged/*.json (damaged runs moved aside and trained again).
 """
 
 from __future__ import annotations
 
 import ast
-import statistics
 import sys
 import time
 from collections import Counter
@@ -25,11 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import files, run_folder
-from .locks import flock_holders
-from .run_folder import RunFolder, run_folders
 from .arms import arm_of
-from .progress import format_seconds
+from .config import split_flags
 from .errors import UsageError
+from .forecast import eta_seconds, time_left_line
+from .locks import flock_holders
+from .progress import format_seconds
+from .run_folder import RunFolder, run_folders
 
 USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
 
@@ -46,7 +41,7 @@ class Run:
     run_id: str
     depth: int | None = None
     lr: float | None = None
-    arm: str = "?"  # none, rmsnorm, softcap50, ... (qkstudy/sweep/arms.py)
+    arm: str = "?"  # none, rmsnorm, softcap50, ... (qkstudy/arms.py)
     seed: int | None = None
     steps: int | None = None
     tokens_per_step: int | None = None
@@ -68,12 +63,9 @@ class Run:
                 self.arm, self.run_id)
 
 
-# --- reading one run ---------------------------------------------------------------------------
-
-
 def checkpoint_clocks(folder: RunFolder) -> dict:
-    """{step, train_seconds} from the checkpoint's header metadata, or {} without one; its
-    train_seconds counts evaluation and probes too (measure_seconds), as a run's pace does."""
+    """{step, train_seconds} from the checkpoint's header, or {} without one; train_seconds
+    counts evaluation and probes too (measure_seconds), as a run's pace does."""
     meta = folder.checkpoint_metadata()
     try:
         return {"step": int(meta["step"]),
@@ -84,18 +76,15 @@ def checkpoint_clocks(folder: RunFolder) -> dict:
 
 
 def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
-    """(step, train loss) of the last metrics row written, and the latest train loss in that
-    part (an evaluation row at the end has none), or (None, None)."""
+    """(step of the last metrics row written, the latest train loss in its part), or Nones."""
     import pyarrow.parquet as pq
 
     found = folder.metric_parts()
-    if not found:
-        return None, None
     try:
-        table = pq.read_table(found[-1][1], columns=["step", "train_loss"])
+        table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
     except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
-        return None, None
-    if table.num_rows == 0:
+        table = None
+    if table is None or table.num_rows == 0:
         return None, None
     losses = [x for x in table.column("train_loss").to_pylist() if x is not None]
     return int(table.column("step")[-1].as_py()), losses[-1] if losses else None
@@ -103,25 +92,19 @@ def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
 
 def read_run(run_dir: Path, held: dict | None) -> Run:
     folder = RunFolder(run_dir)
-    config = folder.read_config() or {}
-    summary = folder.summary_record()
-    steps = summary.get("steps")
+    config, summary = folder.read_config() or {}, folder.summary_record()
+    steps, tps = summary.get("steps"), None
     if config.get("batch_size") and config.get("block_size"):
         tps = config["batch_size"] * config["block_size"]
         budget = config.get("budget_tokens") or 0
         steps = max(1, budget // tps) if budget > 0 else config.get("max_steps", steps)
-    else:
-        tps = None
-    run = Run(run_dir.name, depth=config.get("depth", summary.get("depth")),
-              lr=config.get("lr", summary.get("lr")),
-              arm=arm_of(config),
-              seed=config.get("seed", summary.get("seed")), steps=steps, tokens_per_step=tps)
-    run.holder = folder.holder(held)
+    run = Run(run_dir.name, config.get("depth", summary.get("depth")),
+              config.get("lr", summary.get("lr")), arm_of(config),
+              config.get("seed", summary.get("seed")), steps, tps, holder=folder.holder(held))
     status = summary.get("status")
     if status in ("completed", "diverged") and run.holder is None:
-        run.state = status
+        run.state, run.tok_s = status, summary.get("tokens_per_second")
         run.step = summary.get("steps") or run.steps or 0
-        run.tok_s = summary.get("tokens_per_second")
         if status == "diverged":
             run.step = summary.get("diverged_step") or run.step
             run.detail = f"at step {run.step}"
@@ -135,31 +118,24 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
     if ckpt.get("train_seconds") and run.tokens_per_step:
         run.tok_s = run.step * run.tokens_per_step / ckpt["train_seconds"]
     if run.holder is not None:
-        run.state = "running"
-        run.detail = f"pid {run.holder}"
+        run.state, run.detail = "running", f"pid {run.holder}"
     elif status == "failed":
         run.state = "failed"
-        run.detail = str(summary.get("error", "")).splitlines()[0] if summary.get("error") else ""
+        run.detail = str(summary.get("error") or "").split("\n")[0]
     elif ckpt:
-        run.state = "interrupted"
-        run.detail = f"checkpoint at step {run.step}; resumes"
+        run.state, run.detail = "interrupted", f"checkpoint at step {run.step}; resumes"
     return run
 
 
-# --- a sweep -----------------------------------------------------------------------------------
-
-
-def is_run_dir(path: Path) -> bool:
-    return RunFolder(path).is_run()
-
-
 def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
-    """Every run of the sweep: its run folders, the grid points of sweep.json without a folder
-    and the runs submitted to Slurm without a folder (both waiting)."""
+    """Every run of the sweep: its run folders, and waiting, the runs submitted to Slurm and the
+    grid points of sweep.json without a folder."""
+    from .sweep.slurm import submissions
+
     runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
-            if p.is_dir() and is_run_dir(p)}
-    for submission in sorted((sweep_dir / "slurm").glob("[0-9][0-9][0-9]*/submission.json")):
-        for r in (files.read_json(submission) or {}).get("runs", []):
+            if p.is_dir() and RunFolder(p).is_run()}
+    for _, record in submissions(sweep_dir):
+        for r in record.get("runs", []):
             if isinstance(r, dict) and r.get("run_id") and r["run_id"] not in runs:
                 runs[r["run_id"]] = Run(r["run_id"], r.get("depth"), r.get("lr"),
                                         r.get("arm", "?"), r.get("seed"), r.get("steps"),
@@ -179,32 +155,22 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     return sorted(runs.values(), key=lambda r: r.order)
 
 
-def slurm_tasks(sweep_dir: Path) -> dict[str, tuple[str | None, int, Path]]:
-    """{run_id: (job id or None if not submitted, task index, submission folder)}, the latest
-    submission of each run."""
-    tasks = {}
-    for folder in sorted(p for p in (sweep_dir / "slurm").glob("[0-9][0-9][0-9]*") if p.is_dir()):
-        record = files.read_json(folder / "submission.json") or {}
-        for i, r in enumerate(record.get("runs", [])):
-            if isinstance(r, dict) and r.get("run_id"):
-                tasks[r["run_id"]] = (record.get("job_id"), i, folder)
-    return tasks
-
-
 def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
-    """Fill each submitted run's `slurm` column; returns where the states came from."""
+    """Fill each submitted run's `slurm` column (its latest submission); returns where the
+    states came from, or None when nothing was submitted."""
     from .sweep import slurm
 
-    tasks = slurm_tasks(sweep_dir)
+    tasks = {r["run_id"]: (record.get("job_id"), i, folder)
+             for folder, record in slurm.submissions(sweep_dir)
+             for i, r in enumerate(record.get("runs", [])) if isinstance(r, dict) and r.get("run_id")}
     if not tasks:
         return None
     jobs = sorted({job for job, _, _ in tasks.values() if job})
-    queued = slurm.queue_states(jobs)
-    ended = slurm.accounting_states(jobs)
+    queued, ended = slurm.queue_states(jobs), slurm.accounting_states(jobs)
     for run in runs:
-        if run.run_id.split()[0] not in tasks:
+        if run.run_id not in tasks:
             continue
-        job, i, folder = tasks[run.run_id.split()[0]]
+        job, i, folder = tasks[run.run_id]
         if job is None:
             run.slurm = f"not submitted ({folder.name})"
             continue
@@ -214,37 +180,24 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
             state = ("ended" if log else "not in queue") if queued is not None else (
                 "log written" if log else "submitted")
         run.slurm = f"{job}_{i} {state}"
-    return ("squeue" if queued is not None else "") + (
-        (" + " if queued is not None else "") + "sacct" if ended is not None else "") or "files"
-
-
-# --- progress and ETA --------------------------------------------------------------------------
-
-
-def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
-    """Seconds left at `rate` tokens/s, None when nothing is being trained (rate 0)."""
-    if rate <= 0:
-        return None
-    return max(0.0, remaining_tokens) / rate
+    sources = ["squeue"] * (queued is not None) + ["sacct"] * (ended is not None)
+    return " + ".join(sources) or "files"
 
 
 def progress(runs: list[Run]) -> tuple[float, float, float, int]:
     """(tokens done, tokens planned, combined tok/s of the runs being trained, their number).
-
-    A finished run counts in full (a diverged run stops early: nothing of it is left); a run in
-    progress counts its checkpointed steps. A running run without a measured rate yet is
-    counted at the mean rate of the sweep's finished runs."""
+    A finished run counts in full (a diverged run stops early: nothing of it is left), a run in
+    progress its checkpointed steps; a running run without a measured rate yet counts at the
+    mean rate of the sweep's finished runs."""
     done = total = 0.0
     for r in runs:
-        if not (r.steps and r.tokens_per_step):
-            continue
-        total += r.steps * r.tokens_per_step
-        done += r.steps * r.tokens_per_step if r.finished else min(r.step, r.steps) * r.tokens_per_step
-    finished_rates = [r.tok_s for r in runs if r.finished and r.tok_s]
-    typical = sum(finished_rates) / len(finished_rates) if finished_rates else 0.0
+        if r.steps and r.tokens_per_step:
+            total += r.steps * r.tokens_per_step
+            done += (r.steps if r.finished else min(r.step, r.steps)) * r.tokens_per_step
+    rates = [r.tok_s for r in runs if r.finished and r.tok_s]
+    typical = sum(rates) / len(rates) if rates else 0.0
     running = [r for r in runs if r.state == "running"]
-    rate = sum(r.tok_s or typical for r in running)
-    return done, total, rate, len(running)
+    return done, total, sum(r.tok_s or typical for r in running), len(running)
 
 
 def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
@@ -253,62 +206,20 @@ def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
     grid, seeds = sweep_json.get("grid_lrs"), sweep_json.get("seeds")
     out = []
     if isinstance(grid, list):
+        grid = [g for g in grid if isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0]
         off_grid = sorted({r.lr for r in runs if r.lr is not None
-                           and all(abs(r.lr - g) > 1e-12 * g for g in grid if _is_number(g))})
+                           and all(abs(r.lr - g) > 1e-12 * g for g in grid)})
         if off_grid:
             out.append("refinement LRs off the grid: " + ", ".join(f"{x:.3g}" for x in off_grid))
-    if isinstance(seeds, list):
-        added = [r for r in runs if r.seed is not None and r.seed not in seeds]
-        if added:
-            cells = sorted({(r.depth, r.lr) for r in added}, key=lambda c: (c[0] or 0, c[1] or 0))
-            out.append(f"adaptive seeds: {len(added)} runs of seeds "
-                       f"{', '.join(map(str, sorted({r.seed for r in added})))} in "
-                       f"{len(cells)} open cells (depth, LR): "
-                       + ", ".join(f"({d}, {lr:.3g})" for d, lr in cells))
+    added = [r for r in runs if r.seed is not None and r.seed not in seeds] \
+        if isinstance(seeds, list) else []
+    if added:
+        cells = sorted({(r.depth, r.lr) for r in added}, key=lambda c: (c[0] or 0, c[1] or 0))
+        out.append(f"adaptive seeds: {len(added)} runs of seeds "
+                   f"{', '.join(map(str, sorted({r.seed for r in added})))} in "
+                   f"{len(cells)} open cells (depth, LR): "
+                   + ", ".join(f"({d}, {lr:.3g})" for d, lr in cells))
     return out
-
-
-def rates_by_depth(runs: list[Run], sweep_json: dict) -> tuple[dict, list[str]]:
-    """({depth: tokens/s}, where they come from): the median rate of a depth's finished runs,
-    else the rate the sweep calibrated for it at its start (sweep.json)."""
-    rates, measured, calibrated = {}, [], []
-    stored = sweep_json.get("calibrated_tokens_per_s")
-    for depth in sorted({r.depth for r in runs if r.depth is not None}):
-        done = sorted(r.tok_s for r in runs if r.depth == depth and r.finished and r.tok_s)
-        if done:
-            rates[depth] = statistics.median(done)
-            measured.append(str(depth))
-        elif isinstance(stored, dict) and _is_number(stored.get(str(depth))):
-            rates[depth] = float(stored[str(depth)])
-            calibrated.append(str(depth))
-    sources = ([f"measured by its finished runs (depth {', '.join(measured)})"] if measured
-               else []) + ([f"calibrated at its start (depth {', '.join(calibrated)})"]
-                           if calibrated else [])
-    return rates, sources
-
-
-def time_left_line(runs: list[Run], sweep_json: dict) -> str:
-    """The time the runs not yet finished take in one process, as the sweep's plan counts it."""
-    from .sweep.estimate import time_text
-
-    left = [r for r in runs if not r.finished and r.state != "failed"]
-    if not left:
-        return "time left: none (every run has a result" + (
-            "; failed runs are retried by the sweep's command)" if any(
-                r.state == "failed" for r in runs) else ")")
-    rates, sources = rates_by_depth(runs, sweep_json)
-    seconds, unknown = 0.0, 0
-    for r in left:
-        if r.depth in rates and r.steps and r.tokens_per_step:
-            seconds += (r.steps - min(r.step, r.steps)) * r.tokens_per_step / rates[r.depth]
-        else:
-            unknown += 1
-    if unknown == len(left):
-        return (f"time left: not known for the {len(left)} runs left (no finished run and no "
-                "calibration of their depths yet)")
-    return (f"time left: ~{time_text(seconds)} for {len(left) - unknown} of the {len(left)} runs "
-            f"left in one process (training only; tok/s {' and '.join(sources)})"
-            + (f"; {unknown} runs of depths not yet timed not counted" if unknown else ""))
 
 
 def report_line(sweep_dir: Path) -> str:
@@ -325,38 +236,37 @@ def report_line(sweep_dir: Path) -> str:
             + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
 
 
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-
-
-def render(sweep_dir: Path, now: float | None = None) -> str:
-    held = flock_holders()
-    runs = sweep_runs(sweep_dir, held)
-    source = add_slurm_states(sweep_dir, runs)
+def summary_lines(sweep_dir: Path, runs: list[Run], now: float | None) -> list[str]:
     counts = Counter(r.state for r in runs)
     done, total, rate, n_running = progress(runs)
     eta = eta_seconds(total - done, rate)
-    stamp = time.strftime("%H:%M:%S", time.localtime(now))
-    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {stamp}",
-             f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES)]
     share = f"{done / total:.0%} of {total:,.0f} planned tokens" if total else "no planned tokens"
     if eta is not None:
-        lines.append(f"progress {share} | ETA {format_seconds(eta)} at {rate:,.0f} tok/s "
-                     f"({n_running} run{'s' if n_running != 1 else ''} training)")
+        line = (f"progress {share} | ETA {format_seconds(eta)} at {rate:,.0f} tok/s "
+                f"({n_running} run{'s' if n_running != 1 else ''} training)")
     else:
-        lines.append(f"progress {share} | no run is being trained now"
-                     + ("" if counts["running"] else "; resume with the sweep's command"
-                        if counts["waiting"] + counts["interrupted"] + counts["failed"] else ""))
+        line = f"progress {share} | no run is being trained now" + (
+            "; resume with the sweep's command" if not counts["running"] and counts["waiting"]
+            + counts["interrupted"] + counts["failed"] else "")
     sweep_json = files.read_json(sweep_dir / "sweep.json") or {}
-    lines.append(time_left_line(runs, sweep_json))
-    lines.append(report_line(sweep_dir))
+    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at "
+             f"{time.strftime('%H:%M:%S', time.localtime(now))}",
+             f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES), line,
+             time_left_line(runs, sweep_json.get("calibrated_tokens_per_s")),
+             report_line(sweep_dir)]
     if sweep_json.get("refine"):
         lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
                      "as the grid's results come in)")
-    lines += extras_lines(runs, sweep_json)
+    return lines + extras_lines(runs, sweep_json)
+
+
+def render(sweep_dir: Path, now: float | None = None) -> str:
+    runs = sweep_runs(sweep_dir, flock_holders())
+    source = add_slurm_states(sweep_dir, runs)
+    lines = summary_lines(sweep_dir, runs, now)
     if source:
         lines.append(f"Slurm task states from {source}")
-    for r in run_folder.set_aside_records(sweep_dir):  # damaged runs moved aside, then trained again
+    for r in run_folder.set_aside_records(sweep_dir):  # damaged runs moved aside, trained again
         lines.append(f"repaired {r['moved']}: {r.get('run_id')} ({r.get('damage')}); the damaged "
                      f"files are kept in {r.get('moved_to')}")
     width = max([len(r.run_id) for r in runs] + [3])
@@ -374,15 +284,15 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
 
 
 def sweep_dirs(path: Path) -> list[Path]:
-    """The sweep folders at `path`: itself when it holds runs or sweep.json, else its children
-    that do."""
+    """The sweep folders at `path`: itself when it holds runs, sweep.json or slurm/, else its
+    children that do."""
     def is_sweep(p: Path) -> bool:
         return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
-            c.is_dir() and is_run_dir(c) for c in p.iterdir())
+            c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())
 
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
-    if is_run_dir(path):
+    if RunFolder(path).is_run():
         raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
     if is_sweep(path):
         return [path]
@@ -393,24 +303,16 @@ def sweep_dirs(path: Path) -> list[Path]:
 
 
 def cli(argv: list[str]) -> int:
-    if any(a in ("-h", "--help", "help") for a in argv):
-        print(USAGE)
-        return 0
+    paths, flags = split_flags(argv, ("--watch",), "--watch[=SECONDS]")
     watch = None
-    paths = []
-    for a in argv:
-        if a == "--watch" or a.startswith("--watch="):
-            text = a.partition("=")[2] or "5"
-            try:
-                watch = float(text)
-            except ValueError:
-                raise UsageError(f"--watch={text}: not a number of seconds") from None
-            if watch <= 0:
-                raise UsageError(f"--watch={text}: must be > 0 seconds")
-        elif a.startswith("-"):
-            raise UsageError(f"unknown flag {a}; flags: --watch[=SECONDS]")
-        else:
-            paths.append(a)
+    if "--watch" in flags:
+        text = flags["--watch"] or "5"
+        try:
+            watch = float(text)
+        except ValueError:
+            raise UsageError(f"--watch={text}: not a number of seconds") from None
+        if not watch > 0:
+            raise UsageError(f"--watch={text}: must be > 0 seconds")
     if len(paths) > 1:
         raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
     folders = sweep_dirs(Path(paths[0] if paths else "runs"))

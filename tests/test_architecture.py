@@ -6,6 +6,8 @@ above both engines, with no arrow back, and a core that plans sweeps and reads r
 from __future__ import annotations
 
 import ast
+import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -155,6 +157,35 @@ def test_core_plans_a_sweep_and_reads_runs_without_mlx_or_torch(tiny_cfg, tmp_pa
         "GPU machine)"]
     assert not (tmp_path / "none").exists()  # nothing written for a run that cannot start
     assert "sweep mini (preset mini): 240 grid runs" in out.stdout, out.stdout[-2000:]
+
+
+NOT_INSTALLED = textwrap.dedent("""
+    import runpy, sys
+    sys.modules.update(dict.fromkeys(["mlx", "mlx.core", "torch"]))  # as if not installed
+    sys.argv = ["qkstudy", *sys.argv[1:]]
+    runpy.run_module("qkstudy", run_name="__main__", alter_sys=True)
+""")
+
+
+def test_the_core_alone_plans_a_sweep_by_the_flop_model_and_names_the_extra(tmp_path):
+    """Neither engine importable and backend=auto (no QKSTUDY_BACKEND): the dry run plans and
+    its time comes from the FLOP model; a command that needs an engine says what to install."""
+    env = {k: v for k, v in os.environ.items() if k != "QKSTUDY_BACKEND"}
+
+    def qkstudy(*words: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", NOT_INSTALLED, *words], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    out = qkstudy("sweep", "preset=mini", f"runs_dir={tmp_path}", "--dry-run")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert "backend=auto: neither MLX nor PyTorch is installed" in out.stdout
+    assert re.search(r"time        ~.* for the 240 unfinished grid runs .* tok/s from the FLOP "
+                     r"model: 30% of numpy's float32 matmul peak here \([\d,]+ GFLOP/s\), not "
+                     r"timed \(PyTorch is not installed: pip install -e '\.\[torch\]'", out.stdout)
+    out = qkstudy("train", f"runs_dir={tmp_path}")
+    assert (out.returncode, out.stderr.count("\n")) == (2, 1), out.stderr
+    assert out.stderr.startswith("error: PyTorch is not installed: pip install -e '.[torch]'")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("package", ["qkstudy", "analysis"])

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from mlx_gpt import cpu_jit
-from qkstudy.bench import forecast, measure, plan, tables
+from qkstudy import forecast
+from qkstudy.bench import measure, plan, tables
 from qkstudy.__main__ import main
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.errors import UsageError
@@ -281,45 +282,3 @@ def test_the_cache_key_separates_cpus_and_compilers(tmp_path):
     assert one != cpu_jit.cache_key("model name: B\nflags: avx2", str(gxx))
     gxx.write_text("#!/bin/sh\n# another compiler\n")
     assert one != cpu_jit.cache_key("model name: A\nflags: avx2", str(gxx))
-
-
-def test_in_sweep_speed_is_each_lrs_median_run_against_the_benchs_median_round():
-    from qkstudy.bench import in_sweep as I
-
-    def run(lr, tok_s, train_s, wall_s, measure_s=0.5):
-        return {"lr": lr, "tokens_per_second": tok_s, "train_seconds": train_s,
-                "measure_seconds": measure_s, "wall_seconds": wall_s,
-                "tokens_seen": tok_s * train_s}
-
-    summaries = [run(1e-3, 900, 10, 12.5, 1.25), run(1e-3, 1000, 9, 10), run(1e-3, 950, 9.5, 10),
-                 run(0.1, 600, 15, 16)]
-    rows = I.compare(summaries, [1000, 1100, 990])
-    low, high = rows
-    assert (low["lr"], low["runs"], low["bench_tokens_per_s"]) == (1e-3, 3, 1000)
-    assert low["train_ratio"] == pytest.approx(0.95) and low["train_range"] == [900, 1000]
-    assert low["measure_share"] == pytest.approx(0.05)  # median of 0.1, 0.05, 0.05
-    assert low["other_share"] == pytest.approx(0.05)  # median of 0.1, 0.05, 0
-    assert high["train_ratio"] == pytest.approx(0.6)
-    report = {"lrs": [1e-3, 0.1, 1.0], "tolerance": 0.15, "jobs": 2,
-              "engines": {"torch": {"rows": rows, "sweep_wall_s": 40.0,
-                                    "outside_runs_share": 0.25},
-                          "mlx": {"error": "the mlx sweep exited 1: boom"}}}
-    assert I.failures(report) == ["torch: no completed run at LR 1",
-                                  "torch at LR 0.1: training loop 0.60x the bench",
-                                  "mlx: the mlx sweep exited 1: boom"]
-    table = I.markdown(report)
-    assert "| PyTorch | 0.001 | 3 | 1,000 | 950 (900-1,000) | 0.95 |" in table
-    assert "40 s (25%)" in table and "| MLX | failed: the mlx sweep exited 1: boom |" in table
-
-
-@pytest.mark.parametrize("words, message", [
-    (["lrs=fast"], "lrs must be numbers"),
-    (["tolerance=1.5"], "0 < tolerance < 1"),
-    (["backends=jax"], "unknown backend 'jax'"),
-])
-def test_in_sweep_bad_input_is_one_line_and_measures_nothing(words, message, capsys, tmp_path):
-    from qkstudy.__main__ import main
-
-    assert main(["bench-sweep", *words, f"out={tmp_path / 'r'}"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from qkstudy import memory, sweep
+from qkstudy import memory
+from qkstudy.sweep import plan
 from qkstudy.__main__ import main
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.errors import UsageError
+from qkstudy.parameters import count_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +45,7 @@ def test_parameter_shapes_are_both_models(changes, vocab):
     assert {k: tuple(v.shape) for k, v in tree_flatten(GPT(args).parameters())} == shapes
     torch_model = pytest.importorskip("torch_ref.model")
     assert {k: tuple(v.shape) for k, v in torch_model.GPT(args).named_parameters()} == shapes
-    assert memory.parameter_count(cfg, vocab) == sum(math.prod(s) for s in shapes.values())
+    assert count_params(model_args(cfg, vocab))["total"] == sum(math.prod(s) for s in shapes.values())
 
 
 def test_attention_grows_with_the_square_of_block_size_and_the_rest_does_not():
@@ -111,7 +113,7 @@ def test_the_sweep_plan_refuses_a_depth_that_cannot_fit_before_calibrating(tiny_
     def calibrate(*args):
         raise AssertionError("calibrated a plan that cannot fit")
 
-    monkeypatch.setattr(sweep.plan, "step_speed", calibrate)
+    monkeypatch.setattr(plan, "step_speed", calibrate)
     words = ["sweep", "preset=demo", f"data={tiny_data}", f"runs_dir={tmp_path / 'runs'}",
              "d_model=512", "n_heads=4", "block_size=32", "batch_size=4", "seeds=0"]
     one = memory.estimate(dataclasses.replace(TrainConfig(), d_model=512, n_heads=4,
@@ -125,7 +127,7 @@ def test_the_sweep_plan_refuses_a_depth_that_cannot_fit_before_calibrating(tiny_
     assert not (tmp_path / "runs").exists()
     # one process: each depth's estimate is printed beside its parameters (and the plan's time
     # from a short timing, stubbed here)
-    monkeypatch.setattr(sweep.plan, "step_speed", lambda *args, **kwargs: (1000.0, 1))
+    monkeypatch.setattr(plan, "step_speed", lambda *args, **kwargs: (1000.0, 1))
     assert main([*words, "depth=1,8", "jobs=1", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"memory ~{memory.format_bytes(one)} a run" in out

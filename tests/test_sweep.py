@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from qkstudy import files, run_folder, sweep, trainer
+from qkstudy import files, forecast, run_folder, sweep, trainer
 from qkstudy.__main__ import main
 from qkstudy.config import parse_train_config
 from qkstudy.errors import UsageError
 from qkstudy.locks import RunBusy
 from qkstudy.run_folder import RunFolder
+from qkstudy.sweep.config import groups, log_grid, run_config
+from qkstudy.sweep.plan import param_counts
+from qkstudy.sweep.refine import bisect_boundary, boundary, next_midpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +79,7 @@ def test_study_preset_is_the_studys_plan():
     runs = sweep.grid(sc)
     assert len(runs) == 7 * 2 * 3  # LRs x arms x seeds
     assert runs[0].steps == 24_414 and runs[0].tokens_per_step == 4096
-    params = sweep.param_counts(runs[0], 50257)
+    params = param_counts(runs[0], 50257)
     assert 10e6 < params["total"] < 15e6
     assert sc.refine and sc.jobs == 1
 
@@ -117,13 +120,13 @@ def test_plan_size_and_order():
     # one seed replicates init and batch order; every LR and arm of a seed share the batches
     assert all(c.data_seed == c.seed for c in runs)
     assert all(c.sweep == "night" and c.runs_dir == "/tmp/r" for c in runs)
-    assert sweep.groups(sc)[:2] == [(2, "none", 0), (2, "rmsnorm", 0)]
+    assert groups(sc)[:2] == [(2, "none", 0), (2, "rmsnorm", 0)]
 
 
 def test_log_grid():
-    assert sweep.log_grid(1e-3, 1e-1, 2) == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
-    assert sweep.log_grid(1e-3, 5e-2, 1) == [1e-3, 1e-2]
-    assert sweep.log_grid(1e-3, 1e-2, 4) == [1e-3, 1.78e-3, 3.16e-3, 5.62e-3, 1e-2]
+    assert log_grid(1e-3, 1e-1, 2) == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    assert log_grid(1e-3, 5e-2, 1) == [1e-3, 1e-2]
+    assert log_grid(1e-3, 1e-2, 4) == [1e-3, 1.78e-3, 3.16e-3, 5.62e-3, 1e-2]
 
 
 def test_overrides_reach_every_run():
@@ -236,32 +239,32 @@ def test_bisection_narrows_the_bracket_around_a_stub_threshold():
         asked.append(lr)
         return lr < 0.0123
 
-    results = sweep.bisect_boundary(GRID, stable, steps=3, factor=1.1)
+    results = bisect_boundary(GRID, stable, steps=3, factor=1.1)
     # geometric means of the bracket, rounded to 3 digits: [1e-2, 3.16e-2] -> 1.78e-2 (diverged)
     # -> [1e-2, 1.78e-2] -> 1.33e-2 (diverged) -> [1e-2, 1.33e-2] -> 1.15e-2 (stable); 3 steps
     assert asked == GRID + [1.78e-2, 1.33e-2, 1.15e-2]
-    assert sweep.boundary(results) == (1.15e-2, 1.33e-2)
+    assert boundary(results) == (1.15e-2, 1.33e-2)
 
 
 def test_bisection_stops_within_factor_and_without_a_bracket():
-    assert list(sweep.bisect_boundary(GRID, lambda lr: lr < 0.0123, 5, 2.0))[5:] == [1.78e-2]
+    assert list(bisect_boundary(GRID, lambda lr: lr < 0.0123, 5, 2.0))[5:] == [1.78e-2]
     # ratio after k steps is 3.16 ** (1 / 2**k): within 1.2 after 3 steps, so the 4th is not run
-    steps = list(sweep.bisect_boundary(GRID, lambda lr: lr < 0.005, 10, 1.2))[5:]
+    steps = list(bisect_boundary(GRID, lambda lr: lr < 0.005, 10, 1.2))[5:]
     assert len(steps) == 3
-    assert sweep.bisect_boundary(GRID, lambda lr: True, 3, 1.1).keys() == set(GRID)
-    assert sweep.bisect_boundary(GRID, lambda lr: False, 3, 1.1).keys() == set(GRID)
-    assert sweep.bisect_boundary(GRID, lambda lr: lr < 0.0123, 0, 1.1).keys() == set(GRID)
+    assert bisect_boundary(GRID, lambda lr: True, 3, 1.1).keys() == set(GRID)
+    assert bisect_boundary(GRID, lambda lr: False, 3, 1.1).keys() == set(GRID)
+    assert bisect_boundary(GRID, lambda lr: lr < 0.0123, 0, 1.1).keys() == set(GRID)
 
 
 def test_bisection_uses_the_first_divergence_and_survives_failures():
     # a stable run above a diverged one (noise) does not move the bracket past the first failure
     noisy = {1e-3: True, 3.16e-3: True, 1e-2: False, 3.16e-2: True, 1e-1: False}
-    assert sweep.next_midpoint(noisy, GRID, 3, 1.1) == 5.62e-3
+    assert next_midpoint(noisy, GRID, 3, 1.1) == 5.62e-3
     # a failed run (None) gives no verdict; the same point is not asked for again
-    results = sweep.bisect_boundary(GRID, lambda lr: None if lr not in GRID else lr < 0.02, 3, 1.1)
+    results = bisect_boundary(GRID, lambda lr: None if lr not in GRID else lr < 0.02, 3, 1.1)
     assert list(results)[5:] == [1.78e-2] and results[1.78e-2] is None
     # the midpoint stays strictly inside a narrow bracket even where rounding would hit an end
-    mid = sweep.next_midpoint({1e-2: True, 1.01e-2: False}, [1e-2, 1.01e-2], 1, 1.001)
+    mid = next_midpoint({1e-2: True, 1.01e-2: False}, [1e-2, 1.01e-2], 1, 1.001)
     assert 1e-2 < mid < 1.01e-2
 
 
@@ -464,7 +467,7 @@ WORKER = textwrap.dedent("""
         return real_locked(cfg, *args)
 
     trainer._train_locked = marked
-    plan.calibrate = lambda cfg, vocab, *a: (1000.0, 3)  # plan.describe calls it
+    plan.step_speed = lambda cfg, vocab, *a, **k: (1000.0, 3)  # plan.describe calls it
     sys.exit(sweep.cli(sys.argv[4:]))
 """)
 
@@ -570,22 +573,19 @@ def test_arms_each_make_one_change_against_none_and_share_init_and_batches():
     assert canonical("zloss3e-05") == "zloss3e-5" and canonical("softcap7.5") == "softcap7.5"
     # a base config with a control on does not leak into the off arm
     on = dataclasses.replace(sc, train=dataclasses.replace(sc.train, attn_softcap=9.0))
-    assert sweep.run_config(on, 4, 1e-3, "none", 0).attn_softcap == 0
+    assert run_config(on, 4, 1e-3, "none", 0).attn_softcap == 0
 
 
 def test_eta_starts_from_calibration_and_moves_smoothly():
-    from qkstudy.sweep.run import Tally
-
-    tally = Tally(total=10)  # the queue: 100 calibrated seconds; the next run: 10
-    assert tally.eta(100, first=10) == pytest.approx(100.0)  # calibration only
-    tally.planned, tally.seconds = 10, 20.0  # one run took twice its calibrated time
-    assert tally.eta(100, first=10) == pytest.approx(150.0)  # pulled towards 2x, no jump
-    tally.planned, tally.seconds = 100, 200.0  # the measurements take over
-    assert tally.eta(100, first=10) == pytest.approx(100 * 210 / 110)
-    two = Tally(total=10, processes=2)  # each of 2 processes gets ~1.35/2 of one alone
-    assert two.eta(100, first=10) == pytest.approx(100 / 0.675 / 2)
-    assert math.isinf(Tally(total=1).eta(100, first=0.0))  # not calibrated: "?"
-    assert Tally(total=1).eta(0.0, first=0.0) == 0.0
+    eta = forecast.queue_eta  # the queue: 100 calibrated seconds; the next run: 10
+    assert eta(100, 10, planned=0, seconds=0, processes=1) == pytest.approx(100.0)
+    # one run took twice its calibrated time: pulled towards 2x, no jump
+    assert eta(100, 10, planned=10, seconds=20.0, processes=1) == pytest.approx(150.0)
+    assert eta(100, 10, planned=100, seconds=200.0, processes=1) == pytest.approx(100 * 210 / 110)
+    # each of 2 processes gets ~1.35/2 of one alone
+    assert eta(100, 10, 0, 0, processes=2) == pytest.approx(100 / 0.675 / 2)
+    assert math.isinf(eta(100, 0.0, 0, 0, 1))  # not calibrated: "?"
+    assert eta(0.0, 0.0, 0, 0, 1) == 0.0
 
 
 def test_an_interrupted_sweep_stops_the_workers_a_signal_to_it_alone_did_not_reach():

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from qkstudy.bench.forecast import study_plan
 from qkstudy.bench.shapes import flops_per_token, preset_base, preset_shape, shape_config
 from qkstudy.bench.step import Spec, StepFailed, measure_together
+from qkstudy.forecast import study_hours, study_plan
 from qkstudy.trainer import RUNS_PER_DEVICE
 
 from .engine import SYNC_CHECK
@@ -79,17 +79,16 @@ def overlap(windows: list[list[float]]) -> float:
 
 def where_to_run(rows: list[dict]) -> list[dict]:
     """Hours of the study preset at the study-shape speeds measured here (one run at a time)."""
-    plan = study_plan()
     out = []
     for r in rows:
         if r["shape"] != "study" or r["status"] != "ok" or r["processes"] != 1 \
                 or not r["deterministic"]:
             continue
-        hours = plan["cost_tokens"] / r["tokens_per_s"] / 3600
+        hours = study_hours(r["tokens_per_s"])
         out.append({"precision": r["precision"], "compile": r["compile"],
-                    "tokens_per_s": r["tokens_per_s"], "hours_per_run": hours,
-                    "gpu_hours_per_depth": hours * plan["runs_per_depth"],
-                    "gpu_hours_whole_study": hours * plan["runs_per_depth"] * plan["depths"]})
+                    "tokens_per_s": r["tokens_per_s"], "hours_per_run": hours["hours_per_run"],
+                    "gpu_hours_per_depth": hours["hours_per_depth"],
+                    "gpu_hours_whole_study": hours["hours_whole_study"]})
     return out
 
 

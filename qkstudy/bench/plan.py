@@ -70,11 +70,9 @@ class Variant:
 
 
 def tuned_build_supported() -> bool:
-    """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py supported())."""
+    """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py's supported())."""
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
-
-# --- options ---------------------------------------------------------------------------------
 
 def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[str]:
     """Comma-separated names; `none` is the empty list."""
@@ -127,17 +125,17 @@ def writable_folder(path: str) -> Path:
 
 def validate(bench: BenchConfig) -> Plan:
     """Every check that can fail, before anything is measured."""
-    if bench.rounds < 1:
-        raise UsageError(f"rounds must be >= 1, got {bench.rounds}")
-    if bench.warmup < 1:
-        raise UsageError(f"warmup must be >= 1 (it also sizes the timed steps), got {bench.warmup}")
-    if not (math.isfinite(bench.seconds) and bench.seconds > 0):
-        raise UsageError(f"seconds must be a number > 0, got {bench.seconds}")
-    if bench.min_steps < 1:
-        raise UsageError(f"min_steps must be >= 1, got {bench.min_steps}")
-    if bench.parallel < 1:
-        raise UsageError(f"parallel must be >= 1 (1 leaves the comparison out), got "
-                         f"{bench.parallel}")
+    for ok, message in [
+            (bench.rounds >= 1, f"rounds must be >= 1, got {bench.rounds}"),
+            (bench.warmup >= 1, f"warmup must be >= 1 (it also sizes the timed steps), got "
+                                f"{bench.warmup}"),
+            (math.isfinite(bench.seconds) and bench.seconds > 0,
+             f"seconds must be a number > 0, got {bench.seconds}"),
+            (bench.min_steps >= 1, f"min_steps must be >= 1, got {bench.min_steps}"),
+            (bench.parallel >= 1, f"parallel must be >= 1 (1 leaves the comparison out), got "
+                                  f"{bench.parallel}")]:
+        if not ok:
+            raise UsageError(message)
     shapes = names_of(bench.shapes, "shapes")
     cpu_shapes = names_of(bench.cpu_shapes, "cpu_shapes")
     for name in shapes + cpu_shapes:
@@ -149,7 +147,8 @@ def validate(bench: BenchConfig) -> Plan:
         raise UsageError("backends needs at least one of mlx, torch")
     missing = [b for b in backends if importlib.util.find_spec(b) is None]
     if missing == backends:
-        raise UsageError(f"{' and '.join(missing)} not installed: nothing to measure with")
+        raise UsageError(f"{' and '.join(missing)} not installed: nothing to measure with; "
+                         + " or ".join(f"pip install -e '.[{b}]'" for b in missing))
     for b in missing:
         print(f"warning: {b} is not installed here; measuring "
               f"{', '.join(x for x in backends if x not in missing)} only", file=sys.stderr)

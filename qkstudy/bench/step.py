@@ -1,20 +1,15 @@
 """One measurement of the benchmarks, in a fresh process: a backend's real training step.
 
-`python -m qkstudy.bench.step SPEC_JSON` builds the run's own engine (qkstudy.backends
-.load(backend).Engine: the model, optimizer and compiled step a run trains with), takes
-`warmup` synced steps (compilation, the optimizer's first allocation), then times enough steps
-for about `seconds` (at least `min_steps`), dispatched and read back every `log_every` steps as
-the trainer does, on one random batch of the shape. With "overheads" it also times one
-evaluation batch and one probe call (measure, snapshot, update_stats), with "matmul" the
-backend's matmul peak; the backend's own facts come through the engine seam (qkstudy/backends.py:
-mlx_gpt/hardware.py, torch_ref/hardware.py). The last line on stdout is the result as JSON.
+`python -m qkstudy.bench.step SPEC_JSON` builds the run's own engine (qkstudy/backends.py) at the
+spec's shape, takes `warmup` synced steps (compilation, first allocations), then times about
+`seconds` of steps (at least `min_steps`) on one random batch, read back every `log_every` steps
+as the trainer does; optionally also one evaluation batch and one probe call ("overheads") and
+the backend's matmul peak ("matmul"). The last line on stdout is the result as JSON.
 
-With "sync", the process prints `ready` after its warm-up and waits for a line on stdin before
-timing: `measure_together` lines up K such processes (a start barrier) and gives them one stop
-time, so they time the same window (each to the end of the log interval in which the stop
-falls: the start and end of each are in its result). Every process is started with the
-caller's environment plus `env` (MLX_GPT_CPU_JIT, QKSTUDY_RUNS_PER_DEVICE, ...) and its number
-among the K (QKSTUDY_DEVICE_SLOT: on N GPUs, process i trains on GPU i mod N, as in a sweep).
+With "sync" the process prints `ready` after its warm-up and waits for `go STOP_TIME` on stdin:
+`measure_together` lines up K such processes and gives them one stop time, so they time the
+same window. Each is started with the caller's environment plus `env` and its number among the
+K (QKSTUDY_DEVICE_SLOT: on N GPUs, process i trains on GPU i mod N, as in a sweep).
 """
 
 from __future__ import annotations
@@ -119,18 +114,12 @@ def overheads(engine, cfg: TrainConfig, step_s: float, repeats: int = 2) -> dict
             "probe_every": cfg.probe_every}
 
 
-# --- the parent's side: fresh processes -------------------------------------------------------
-
 class StepFailed(RuntimeError):
     """A measurement process failed or ran out of time; the message says which and why."""
 
 
-def _command(spec: Spec) -> list[str]:
-    return [sys.executable, "-m", "qkstudy.bench.step", json.dumps(dataclasses.asdict(spec))]
-
-
 def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None = None,
-                     timeout: float | None = None, cwd: str | Path | None = None) -> list[dict]:
+                     timeout: float | None = None) -> list[dict]:
     """`processes` fresh processes measuring `spec` at once: each warms up, then all start their
     timed steps together. Their results, in start order; StepFailed if any fails (or, with
     `timeout` seconds, is not done by then: all are then killed)."""
@@ -150,8 +139,9 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
                 err = open(Path(tmp) / f"stderr-{i}", "w+")
                 errs.append(err)
                 procs.append(subprocess.Popen(
-                    _command(spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                    text=True, env={**environment, trainer.DEVICE_SLOT: str(i)}, cwd=cwd))
+                    [sys.executable, "-m", "qkstudy.bench.step",
+                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                    text=True, env={**environment, trainer.DEVICE_SLOT: str(i)}))
             if spec.sync:
                 for p, err in zip(procs, errs):
                     _wait_for_ready(p, err, deadline)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .forecast import NIGHT_HOURS
+from ..forecast import BENCH_KEY, NIGHT_HOURS
 from .plan import LABEL
 
 
@@ -32,17 +32,20 @@ def hours_text(hours: float, unit: str) -> str:
 
 
 def markdown(report: dict) -> str:
+    lines = machine_lines(report) + speed_table(report)
+    return "\n".join(lines + processes_table(report) + where_to_run_table(report["where_to_run"]))
+
+
+def machine_lines(report: dict) -> list[str]:
     m, cfg = report["machine"], report["config"]
-    load = m.get("load_average")
-    after = m.get("load_average_after")
-    during = m.get("load_before_each")
-    matmul = report.get("matmul_gflops", {})
-    facts = report.get("facts", {})
+    load, after, during = (m.get(k) for k in ("load_average", "load_average_after",
+                                              "load_before_each"))
+    matmul, facts = report.get("matmul_gflops", {}), report.get("facts", {})
     versions = [f"MLX {facts['mlx']['mlx']} on {facts['mlx']['device']} (BLAS "
                 f"{facts['mlx']['blas']})" if "mlx" in facts else "",
                 f"PyTorch {facts['torch']['torch']} on {facts['torch']['device']}, "
                 f"{facts['torch']['threads']} threads" if "torch" in facts else ""]
-    lines = [
+    return [
         f"Machine: {m['platform']}, {m['cpu'] or 'CPU unknown'}, {m['cpus']} CPUs; "
         + "; ".join(v for v in versions if v)
         + (f"; 1-minute load average {load[0]:.2f} at the start" if load else "")
@@ -57,20 +60,16 @@ def markdown(report: dict) -> str:
         f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
         "the median (range) of the per-round ratios.",
     ]
-    shapes = report["shapes"]
-    backends = report["backends"]
-    base_key = {"mlx": "mlx-plain-1", "torch": "torch-1"}
-    both = backends == ["mlx", "torch"] or backends == ["torch", "mlx"]
-    head = ["shape", "params", "MFLOPs/token"]
-    for b in backends:
-        head += [f"{LABEL[b]} tok/s"]
-    if both:
-        head += ["PyTorch / MLX"]
-    for b in backends:
-        head += [f"{LABEL[b]} GFLOP/s (share of sgemm peak)"]
-    for b in backends:
-        head += [f"{LABEL[b]} probe / eval overhead"]
-    lines += ["", "The shapes (each preset's model at its largest depth):", "",
+
+
+def speed_table(report: dict) -> list[str]:
+    shapes, backends = report["shapes"], report["backends"]
+    both = sorted(backends) == ["mlx", "torch"]
+    head = (["shape", "params", "MFLOPs/token"] + [f"{LABEL[b]} tok/s" for b in backends]
+            + ["PyTorch / MLX"] * both
+            + [f"{LABEL[b]} GFLOP/s (share of sgemm peak)" for b in backends]
+            + [f"{LABEL[b]} probe / eval overhead" for b in backends])
+    lines = ["", "The shapes (each preset's model at its largest depth):", "",
               "| shape | depth | d_model | heads | block | batch | vocabulary |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, e in shapes.items():
@@ -81,11 +80,11 @@ def markdown(report: dict) -> str:
               "|" + " --- |" * len(head)]
     for name, e in shapes.items():
         row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
-        row += [median_range(e["tokens_per_s"].get(base_key[b])) for b in backends]
+        row += [median_range(e["tokens_per_s"].get(BENCH_KEY[b])) for b in backends]
         if both:
             row += [ratio_text(e["ratios"].get("torch-1/mlx-plain-1"))]
         for b in backends:
-            k = base_key[b]
+            k = BENCH_KEY[b]
             row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
                     if k in e["gflops"] else "-"]
         for b in backends:
@@ -96,9 +95,7 @@ def markdown(report: dict) -> str:
         lines += ["", "Overhead: one probe call (measure, snapshot, update_stats) per probe_every "
                       "steps and one evaluation (eval_batches batches) per eval_every steps, at "
                       "each preset's own intervals, as a share of its training time."]
-    lines += processes_table(report)
-    lines += where_to_run_table(report["where_to_run"])
-    return "\n".join(lines)
+    return lines
 
 
 def processes_table(report: dict) -> list[str]:

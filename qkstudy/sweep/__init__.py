@@ -1,26 +1,17 @@
-"""`python -m qkstudy sweep [key=value ...]`: arms (QK-norm and rival logit controls) x learning rate x seed (x depth) grids.
+"""`python -m qkstudy sweep [key=value ...]`: arms (QK-norm and rival logit controls) x learning
+rate x seed (x depth) grids (docs/sweeps.md).
 
-A sweep is a preset (a frozen `SweepConfig`) crossed with key=value overrides. It expands to a
-list of independent `TrainConfig`s, each content addressed by its run_id, and trains them one
-after another under <runs_dir>/<name>/<run_id>/:
-
-- finished runs are skipped and interrupted ones resume from their checkpoint (train.train);
-- a run held by another process (its lock) is passed over and looked at again at the end, so
-  several sweep processes on one runs/ tree share the work and never train a run twice;
-- a run that raises is recorded as failed by train.train and the sweep goes on;
-- after the grid, boundary refinement bisects (in log space) between the largest stable and the
-  smallest diverged LR of each (depth, arm, seed), so the max stable LR is known to within
-  `refine_factor`. Every refinement point is a pure function of the results before it, so any
-  process (or machine) that sees the same results asks for the same next run.
-
-`--emit-commands` prints each remaining run as a standalone `python -m qkstudy train` command.
+A sweep is a preset (a frozen SweepConfig, config.py) crossed with key=value overrides. It
+expands to independent TrainConfigs, each content addressed by its run_id, trained one after
+another under <runs_dir>/<name>/<run_id>/ (run.py): finished runs are skipped, interrupted ones
+resume, a run held by another process (its lock) is passed over and looked at again, and a run
+that raises is recorded as failed while the sweep goes on. After the grid, the results call for
+boundary refinement (refine.py), threshold bisection and adaptive seeds (adaptive.py), each a
+pure function of the results on disk, so any process that sees the same results asks for the
+same next run. plan.py prints the plan, cli.py is the command, slurm.py writes job arrays.
 """
 
-from .cli import cli
-from .config import PRESETS, SweepConfig, grid, groups, log_grid, parse_sweep_config, run_config
-from .plan import param_counts, remaining_runs
-from .refine import Outcome, bisect_boundary, boundary, next_midpoint, run_outcome
+from .cli import USAGE, cli
+from .config import PRESETS, grid, parse_sweep_config
 
-__all__ = ["PRESETS", "SweepConfig", "Outcome", "bisect_boundary", "boundary", "cli",
-           "grid", "groups", "log_grid", "next_midpoint", "param_counts", "parse_sweep_config",
-           "remaining_runs", "run_config", "run_outcome"]
+__all__ = ["PRESETS", "USAGE", "cli", "grid", "parse_sweep_config"]

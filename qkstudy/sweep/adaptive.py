@@ -1,21 +1,15 @@
 """The runs a sweep's results call for after its grid, replayed from the results on disk (so
-every stage is resumable and a Slurm re-submission finds the same runs):
+every stage is resumable and a Slurm re-submission finds the same runs): 1. boundary refinement
+(refine.py); 2. threshold refinement: per (depth, compared arm), bisection in log LR between the
+largest LR where the seed-mean gap (off minus on) is under min_gap and the LR above it, with
+every base seed in both arms; 3. adaptive seeds: one more seed at a time (both arms), up to
+max_seeds, for the (depth, LR) cells whose decision is still open.
 
-1. boundary refinement (refine.py): bisection of each curve's divergence boundary;
-2. threshold refinement: per (depth, compared arm), bisection in log LR between the largest LR
-   where the seed-mean gap (off minus on) is under min_gap and the LR above it, from where it is
-   at least min_gap at every larger informative LR, with every base seed in both arms;
-3. adaptive seeds: one more seed at a time (both arms), up to max_seeds, for the (depth, LR)
-   cells whose decision is still open.
-
-These are design rules (where to spend runs), read off summary.json alone; the claims are made
-by the analysis on every run (docs/report.md). Seeds added by rule 3 depend on the data seen so
-far (optional stopping), so the analysis plan treats them as exploratory: the confirmatory tests
-use the seeds the sweep declares, and the mini preset fixes five (max_seeds = its seed count).
-A cell is open unless a one-sided t-test at DESIGN_ALPHA (0.005) finds off worse by more than
-min_gap (the plan's margin), on worse by more than min_gap, or the mean inside +-min_gap (TOST
-at the same level): the analysis's three cell claims; cells where no run of either arm learned
-are never open.
+These are design rules (where to spend runs), read off summary.json alone; the claims are the
+analysis's (docs/report.md), which treats seeds added by rule 3 (optional stopping) as
+exploratory. A cell is open unless a one-sided t-test at DESIGN_ALPHA finds off worse by more
+than min_gap, on worse by more than min_gap, or the mean inside +-min_gap (TOST): the analysis's
+three cell claims; a cell where neither arm learned is never open.
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..run_folder import RunFolder
 from ..config import TrainConfig
+from ..run_folder import RunFolder
 from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, run_outcome
 
@@ -81,18 +75,17 @@ def is_open(gaps: list[float], min_gap: float) -> bool:
     n = len(gaps)
     if n < 2:
         return True
-    mean = sum(gaps) / n
-    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (n - 1))
-    se = sd / math.sqrt(n)
     from scipy import stats  # here: importing it costs every sweep process ~1 s
 
-    t = stats.t.ppf(1 - DESIGN_ALPHA, n - 1)
-    if mean - t * se > min_gap or mean + t * se < -min_gap:
-        return False
-    return not (-min_gap < mean - t * se and mean + t * se < min_gap)
+    mean = sum(gaps) / n
+    half = stats.t.ppf(1 - DESIGN_ALPHA, n - 1) * math.sqrt(
+        sum((g - mean) ** 2 for g in gaps) / (n - 1) / n)
+    lo, hi = mean - half, mean + half
+    return not (lo > min_gap or hi < -min_gap or -min_gap < lo and hi < min_gap)
 
 
 def compared_arms(sweep: SweepConfig) -> list[str]:
+    """The arms compared with the off arm (none when the sweep has no off arm)."""
     return [a for a in sweep.arms if a != OFF] if OFF in sweep.arms else []
 
 
@@ -122,9 +115,8 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
 
 def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
                       ) -> float | None:
-    """The next LR of the threshold bisection (the geometric mean of the bracket, to three
-    digits), or None when there is no bracket or it is already within `factor`. Shared with
-    the calibration's simulated sweeps (analysis/calibrate.py), which run the same rule."""
+    """The next LR of the threshold bisection (the bracket's geometric mean, to three digits),
+    or None without a bracket or within `factor` (analysis/calibrate.py runs the same rule)."""
     bracket = threshold_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:
         return None
@@ -178,8 +170,7 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
     out: list[TrainConfig] = []
     for depth in sweep.depth:
         for arm in compared_arms(sweep):
-            means, pending = (threshold_state(sweep, depth, arm) if sweep.refine
-                              else ({}, []))
+            means, pending = threshold_state(sweep, depth, arm) if sweep.refine else ({}, [])
             if pending:
                 out += pending
                 continue

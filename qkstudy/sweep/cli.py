@@ -10,16 +10,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from .. import files, interrupts, trainer
+from ..config import split_flags
 from ..errors import UsageError
 from . import slurm
-from .config import grid, parse_sweep_config
+from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
-from .run import execute, record_processes, report, spawn_workers
+from .run import Tally, execute, record_processes, report, spawn_workers
 
 USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
                                 [--slurm [--submit] [slurm_key=value ...]]
@@ -46,6 +46,7 @@ any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes in
 
 FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--no-notify",
          "--worker")
+WORKER_GRACE_S = 10.0  # how long an interrupted sweep waits for its workers to stop by themselves
 
 
 def cli(argv: list[str]) -> int:
@@ -59,61 +60,66 @@ def cli(argv: list[str]) -> int:
 
 
 def _cli(argv: list[str]) -> int:
-    if any(a in ("-h", "--help", "help") for a in argv):
-        print(USAGE)
-        return 0
     if argv[:1] == ["--slurm-task"]:  # one task of a job array written by --slurm
         return slurm.run_task(argv[1:])
-    flags = {a for a in argv if a.startswith("--")}
-    unknown = flags - set(FLAGS)
-    if unknown:
-        raise UsageError(f"unknown flag {min(unknown)}; flags: {', '.join(FLAGS[:5])}")
-    words = [a for a in argv if not a.startswith("--")]
+    words, flags = split_flags(argv, FLAGS, ", ".join(FLAGS[:5]))
     words, slurm_options = slurm.split_options(words, "--slurm" in flags)
     if "--submit" in flags and "--slurm" not in flags:
         raise UsageError("--submit goes with --slurm")
-    if "--slurm" in flags and flags & {"--dry-run", "--calibrate", "--emit-commands"}:
+    if "--slurm" in flags and flags.keys() & {"--dry-run", "--calibrate", "--emit-commands"}:
         raise UsageError("--slurm writes the job array; give it without --dry-run, --calibrate "
                          "or --emit-commands")
     sweep = parse_sweep_config(words)
     runs = [c.validate() for c in grid(sweep)]  # every run's config is checked before anything runs
-
     if "--emit-commands" in flags:
-        todo, refine = remaining_runs(sweep)
-        for cfg in todo + refine:
-            print(command_line(cfg))
-        print(f"# {len(todo)} of {len(runs)} grid runs left, {len(refine)} refinement runs "
-              "called for by the results so far" + (" (run --emit-commands again once these "
-                                                    "finish and their folders are merged)"
-                                                    if sweep.refine else ""), file=sys.stderr)
-        return 0
-    worker = "--worker" in flags
-    if not flags & {"--dry-run"} and not worker:
+        return emit_commands(sweep, len(runs))
+    worker, dry = "--worker" in flags, "--dry-run" in flags
+    if not dry and not worker:
         trainer.load_data(sweep.train)  # the data must exist before anything is written
     if "--slurm" in flags:
         return slurm.submit(sweep, slurm_options, send="--submit" in flags)
     start = time.perf_counter()
-    if not worker and "--dry-run" not in flags:
+    if not dry and not worker:
         log_to(Path(sweep.runs_dir) / sweep.name / "sweep.log")
-    if worker:
-        speeds: Mapping[int, float] = {}
-    else:
-        speeds = describe(sweep, runs, calibrate_speed="--dry-run" not in flags
-                          or "--calibrate" in flags)
-    if "--dry-run" in flags:
+    speeds = {} if worker else describe(sweep, runs, not dry or "--calibrate" in flags)
+    if dry:
         return 0
-
     if not worker:
-        declare_grid(sweep, dict(speeds))
+        declare_grid(sweep, speeds)
+    tally = run_with_workers(sweep, words, speeds)  # a worker has jobs=1: no workers of its own
+    if isinstance(tally, int) or worker:  # interrupted: its exit code
+        return tally if isinstance(tally, int) else 0
+    report(sweep, tally, time.perf_counter() - start)
+    if "--no-notify" not in flags:
+        failed = tally.status["failed"]
+        notify(f"sweep {sweep.name} finished", f"{tally.done} runs have a result"
+               + (f", {failed} failed" if failed else ""))
+    return 0
+
+
+def emit_commands(sweep: SweepConfig, n_grid: int) -> int:
+    todo, refine = remaining_runs(sweep)
+    for cfg in todo + refine:
+        print(command_line(cfg))
+    print(f"# {len(todo)} of {n_grid} grid runs left, {len(refine)} refinement runs called for "
+          "by the results so far" + (" (run --emit-commands again once these finish and their "
+                                     "folders are merged)" if sweep.refine else ""),
+          file=sys.stderr)
+    return 0
+
+
+def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]
+                     ) -> Tally | int:
+    """This process trains with jobs - 1 workers beside it; the tally, or the exit code of an
+    interrupt (the workers stopped and waited for)."""
+    workers = []
     if sweep.jobs > 1:  # this process is the first of the K sharing the device(s)
         os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
         os.environ[trainer.DEVICE_SLOT] = "0"
-    workers = spawn_workers(words, sweep) if sweep.jobs > 1 and not worker else []
-    if workers:
+        workers = spawn_workers(words, sweep)
         record_processes(sweep, [os.getpid(), *(w.pid for w in workers)])
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
               f"(logs in {Path(sweep.runs_dir) / sweep.name}/sweep-worker-*.log)", flush=True)
-    tally = None
     try:
         tally = execute(sweep, speeds, verbose=True)
     except KeyboardInterrupt as e:
@@ -128,15 +134,9 @@ def _cli(argv: list[str]) -> int:
                 print(f"sweep worker {w.pid} died by signal {signal.Signals(-w.returncode).name};"
                       " the run it held resumes from its checkpoint (or, after a fatal signal, is "
                       "recorded as failed) when the sweep runs again", file=sys.stderr, flush=True)
-    if not worker:
-        if workers:  # the other processes may have finished runs this one passed over
-            tally.busy = [c for c in tally.busy if run_outcome(c) is Outcome.PENDING]
-        report(sweep, tally, time.perf_counter() - start)
-        if "--no-notify" not in flags:
-            failed = tally.status["failed"]
-            notify(f"sweep {sweep.name} finished", f"{tally.done} runs have a result"
-                   + (f", {failed} failed" if failed else ""))
-    return 0
+    if workers:  # the other processes may have finished runs this one passed over
+        tally.busy = [c for c in tally.busy if run_outcome(c) is Outcome.PENDING]
+    return tally
 
 
 class _Tee:
@@ -155,9 +155,6 @@ class _Tee:
 
     def isatty(self) -> bool:
         return self.stream.isatty()
-
-
-WORKER_GRACE_S = 10.0  # how long an interrupted sweep waits for its workers to stop by themselves
 
 
 def stop_workers(workers: list, grace: float = WORKER_GRACE_S) -> None:

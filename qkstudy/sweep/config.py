@@ -1,19 +1,18 @@
-"""Sweep configuration: the SweepConfig dataclass, the LR grid, the presets and key=value
-parsing."""
+"""Sweep configuration: the SweepConfig dataclass, the LR grid, the presets, key=value parsing
+and the expansion of a sweep into its runs."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
-from typing import get_args
 
 from ..arms import apply_arm, parse_arms
-from ..config import (INDEPENDENT_WD_DEFAULT, TORCH_OPTIONS, QKNorm, TrainConfig, apply_overrides,
+from ..config import (INDEPENDENT_WD_DEFAULT, TORCH_OPTIONS, TrainConfig, apply_overrides,
                       auto_backend, split_key_values)
 from ..errors import UsageError
 
-# --- configuration -----------------------------------------------------------------------------
+MAX_GRID_LRS = 1000  # a sanity bound: a grid this size is already years of training
 
 
 @dataclass(frozen=True)
@@ -47,22 +46,19 @@ class SweepConfig:
     backend_why: str = ""
 
     def validate(self) -> SweepConfig:
-        if self.preset not in PRESETS:
-            raise UsageError(f"unknown preset {self.preset!r}; known: {', '.join(PRESETS)}")
+        lo, hi, per = self.lr_min, self.lr_max, self.points_per_decade
         checks = [
             (bool(self.depth), "depth needs at least one value"),
             (bool(self.seeds), "seeds needs at least one value"),
             (bool(self.arms), "arms needs at least one value"),
-            (all(math.isfinite(getattr(self, k)) for k in (
-                "lr_min", "lr_max", "points_per_decade", "refine_factor")),
+            (all(math.isfinite(x) for x in (lo, hi, per, self.refine_factor)),
              "lr_min, lr_max, points_per_decade and refine_factor must be finite numbers"),
-            (self.lr_min > 0, f"lr_min must be > 0, got {self.lr_min}"),
-            (self.lr_min < self.lr_max, f"lr_min={self.lr_min:g} must be below lr_max={self.lr_max:g}"),
-            (self.points_per_decade > 0, f"points_per_decade must be > 0, got {self.points_per_decade}"),
-            (self.lr_min <= 0 or self.lr_max <= self.lr_min or self.lrs or math.log10(
-                self.lr_max / self.lr_min) * self.points_per_decade < MAX_GRID_LRS,
-             f"lr_min={self.lr_min:g} to lr_max={self.lr_max:g} at points_per_decade="
-             f"{self.points_per_decade:g} is more than {MAX_GRID_LRS} learning rates"),
+            (lo > 0, f"lr_min must be > 0, got {lo}"),
+            (lo < hi, f"lr_min={lo:g} must be below lr_max={hi:g}"),
+            (per > 0, f"points_per_decade must be > 0, got {per}"),
+            (lo <= 0 or hi <= lo or self.lrs or math.log10(hi / lo) * per < MAX_GRID_LRS,
+             f"lr_min={lo:g} to lr_max={hi:g} at points_per_decade={per:g} is more than "
+             f"{MAX_GRID_LRS} learning rates"),
             (len(self.lrs) <= MAX_GRID_LRS, f"lrs has more than {MAX_GRID_LRS} values"),
             (all(lr > 0 for lr in self.lrs), "every value in lrs must be > 0"),
             (self.refine_steps >= 0, f"refine_steps must be >= 0, got {self.refine_steps}"),
@@ -93,24 +89,19 @@ def three_significant(x: float) -> float:
 
 
 def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[float]:
-    """lr_min * 10**(i / points_per_decade) up to lr_max (inclusive), rounded to 3 digits."""
+    """lr_min * 10**(i / points_per_decade) up to lr_max (inclusive), rounded to 3 digits;
+    half-decades (points_per_decade 2) snap to the 1-3-10 series within 6%."""
     if not (0 < lr_min < lr_max and points_per_decade > 0):
         return []
     n = math.floor(math.log10(lr_max / lr_min) * points_per_decade + 1e-9)
     lrs = [three_significant(lr_min * 10 ** (i / points_per_decade)) for i in range(n + 1)]
-    if points_per_decade == 2:  # Wortsman et al.'s half-decades are written 1, 3, 10, 30, ...
-        lrs = [one_three(lr) for lr in lrs]
-    return lrs
+    return [one_three(lr) for lr in lrs] if points_per_decade == 2 else lrs
 
 
 def one_three(lr: float) -> float:
-    """Snap a half-decade point to the 1-3-10 series when it lies within 6% of it."""
     exponent = math.floor(math.log10(lr))
-    for mantissa in (1, 3, 10):
-        nice = float(f"{mantissa}e{exponent}")
-        if abs(lr / nice - 1) < 0.06:
-            return nice
-    return lr
+    nice = [float(f"{m}e{exponent}") for m in (1, 3, 10)]
+    return next((x for x in nice if abs(lr / x - 1) < 0.06), lr)
 
 
 # Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): nanoGPT's 0.1
@@ -131,12 +122,12 @@ STUDY = SweepConfig(
 )
 
 # The smallest study that decides H1-H3 on a laptop CPU (`just mini`): three depths, both arms,
-# five seeds fixed in advance (no adaptive seeds: the confirmatory tests of docs/report.md need
-# a seed count that does not depend on the data), 8 half-decade LRs from 1e-3 (stable) to 3 (every
-# arm diverges), two bisection steps per curve between its last stable and first diverged LR (a
-# bracket of x1.33, finer than H2's equivalence bracket x1.41: docs/report.md, amendment 3); 300 steps of 16 x 64 byte tokens on a
-# d_model-64 model (head_dim 32). Calibrated at depth 4: QK-norm off vs on final val loss 2.60 vs
-# 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max attention logit 114 vs 6 and 6,571 vs 12.
+# five seeds fixed in advance (the confirmatory tests of docs/report.md need a seed count that
+# does not depend on the data), 8 half-decade LRs from 1e-3 (stable) to 3 (every arm diverges),
+# two bisection steps per curve (a bracket of x1.33, finer than H2's equivalence bracket x1.41);
+# 300 steps of 16 x 64 byte tokens on a d_model-64 model (head_dim 32). Calibrated at depth 4:
+# QK-norm off vs on final val loss 2.60 vs 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max
+# attention logit 114 vs 6 and 6,571 vs 12.
 MINI = SweepConfig(
     preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
     seeds=(0, 1, 2, 3, 4), arms=("none", "rmsnorm"), refine=True, refine_steps=2,
@@ -147,12 +138,11 @@ MINI = SweepConfig(
         log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD),
 )
 
-# A first result in about two minutes (docs/sweeps.md#demo): the mini's model and run (d_model 64,
-# 300 steps of 16 x 64 byte tokens) at depth 2, both arms, four seeds fixed in advance, four LRs
-# fixed in advance from the mini's published results: 1e-3 (where the mini decided "no
-# difference" at every depth), 1e-2 (near the onset), 0.1 (where it decided "off worse" at
-# every depth) and 1 (divergent). No refinement, no adaptive seeds: the report's H1 cells are
-# tested under the plan (docs/report.md) on exactly these runs.
+# A first result in about two minutes (docs/sweeps.md#demo): the mini's model and run at depth
+# 2, both arms, four seeds and four LRs fixed in advance from the mini's published results:
+# 1e-3 ("no difference" at every depth), 1e-2 (near the onset), 0.1 ("off worse" at every depth)
+# and 1 (divergent). No refinement, no adaptive seeds: the report's H1 cells are tested under the
+# plan (docs/report.md) on exactly these runs.
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(2,), lrs=(1e-3, 1e-2, 0.1, 1.0),
     seeds=(0, 1, 2, 3), arms=("none", "rmsnorm"), refine=False, threshold_steps=0, max_seeds=0,
@@ -169,9 +159,7 @@ PRESETS: dict[str, SweepConfig] = {"study": STUDY, "demo": DEMO, "mini": MINI,
                                    "mini-coupled-wd": MINI_COUPLED_WD}
 
 NOT_KEYS = {"train", "preset", "backend_why"}  # SweepConfig fields a command line cannot set
-MAX_GRID_LRS = 1000  # a sanity bound: a grid this size is already years of training
-
-LIST_KEYS = {"depth": int, "lrs": float, "seeds": int, "arms": "arm"}
+LIST_KEYS = {"depth": int, "lrs": float, "seeds": int}
 # TrainConfig keys the sweep sets itself, with the sweep key to use instead.
 GRID_KEYS = {"lr": "lrs (or lr_min, lr_max, points_per_decade)", "seed": "seeds",
              "qk_norm": "arms", "attn_softcap": "arms (softcap<C>)",
@@ -183,26 +171,16 @@ def parse_list(key: str, text: str, kind: type) -> tuple:
     if not items:
         raise UsageError(f"{key} needs at least one value")
     out = []
-    if kind == "arm":
-        return parse_arms(key, text)
     for item in items:
-        if kind is str:
-            choices = get_args(QKNorm)
-            if item not in choices:
-                raise UsageError(f"{key}: {item!r} is not one of {', '.join(choices)}")
-            out.append(item)
-            continue
         try:
             value = float(item)
         except ValueError:
             raise UsageError(f"{key}: {item!r} is not a number") from None
         if not math.isfinite(value):
             raise UsageError(f"{key}: {item!r} is not a finite number")
-        if kind is int:
-            if value != int(value):
-                raise UsageError(f"{key}: {item!r} is not an integer")
-            value = int(value)
-        out.append(value)
+        if kind is int and value != int(value):
+            raise UsageError(f"{key}: {item!r} is not an integer")
+        out.append(kind(value))
     return tuple(out)
 
 
@@ -218,30 +196,27 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
     for key in pairs:
         if key in GRID_KEYS:
             raise UsageError(f"{key} is set by the sweep grid; use {GRID_KEYS[key]}")
-        if key not in sweep_keys and key not in train_keys:
+        if key not in sweep_keys | train_keys:
             raise UsageError(f"unknown key {key!r}; sweep keys: {', '.join(sorted(sweep_keys))}; "
                              f"run keys: {', '.join(sorted(train_keys - set(GRID_KEYS)))}")
     range_keys = [k for k in ("lr_min", "lr_max", "points_per_decade") if k in pairs]
     if range_keys and "lrs" in pairs:
         raise UsageError(f"give lrs or {'/'.join(range_keys)}, not both")
     lists = {k: parse_list(k, pairs.pop(k), kind) for k, kind in LIST_KEYS.items() if k in pairs}
+    if "arms" in pairs:
+        lists["arms"] = parse_arms("arms", pairs.pop("arms"))
     if range_keys:
         lists["lrs"] = ()  # a range given here replaces a preset's explicit list
-    scalars = {k: pairs.pop(k) for k in list(pairs) if k in sweep_keys}
-    sweep = apply_overrides(base, scalars)
+    sweep = apply_overrides(base, {k: pairs.pop(k) for k in list(pairs) if k in sweep_keys})
     why = ""
     if pairs.get("backend", "auto") == "auto":
-        torch_options = any(k in pairs for k in TORCH_OPTIONS)
-        pairs["backend"], why = auto_backend(torch_options)
+        pairs["backend"], why = auto_backend(any(k in pairs for k in TORCH_OPTIONS))
     train = apply_overrides(base.train, pairs)  # what is left: TrainConfig keys
     return dataclasses.replace(sweep, train=train, backend_why=why, **lists).validate()
 
 
-# --- expanding a sweep into runs ------------------------------------------------------------
-
-
 def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
-    """One run of the sweep: arm `arm` (its one change against none, sweep/arms.py). data_seed
+    """One run of the sweep: arm `arm` (its one change against none, qkstudy/arms.py). data_seed
     follows the seed (offset by the base data_seed), so a seed replicates all of training's
     randomness while every LR and arm of one seed is paired (same init weights, same batches)."""
     return apply_arm(dataclasses.replace(
@@ -251,8 +226,8 @@ def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -
 
 def grid(sweep: SweepConfig) -> list[TrainConfig]:
     """Grid runs in the order they are trained: seed, then depth, then LR (ascending), with the
-    arms of one LR adjacent. A partial night thus holds whole paired LR curves for seed 0 at
-    every depth before any run of seed 1 starts."""
+    arms of one LR adjacent, so a partial night holds whole paired LR curves for seed 0 at every
+    depth before any run of seed 1 starts."""
     return [run_config(sweep, depth, lr, arm, seed)
             for seed in sweep.seeds for depth in sweep.depth
             for lr in sweep.grid_lrs() for arm in sweep.arms]

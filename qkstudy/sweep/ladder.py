@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import split_key_values
+from ..config import split_flags, split_key_values, take
 from ..errors import UsageError
 from .cli import cli as sweep_cli
 
@@ -111,12 +111,10 @@ def point_words(point: Point, extra: list[str], runs_dir: str) -> list[str]:
 
 
 def cli(argv: list[str]) -> int:
-    flags = [a for a in argv if a.startswith("--")]
-    if set(flags) - {"--dry-run", "--no-notify"}:
-        raise UsageError(f"unknown flag {sorted(set(flags) - {'--dry-run', '--no-notify'})[0]}; "
-                         "flags: --dry-run, --no-notify")
-    pairs = split_key_values([a for a in argv if not a.startswith("--")])
-    names = [n.strip() for n in pairs.pop("points", ",".join(POINTS)).split(",") if n.strip()]
+    words, flags = split_flags(argv, ("--dry-run", "--no-notify"))
+    pairs = split_key_values(words)
+    names = [n.strip() for n in take(pairs, "points", str, ",".join(POINTS)).split(",")
+             if n.strip()]
     unknown = [n for n in names if n not in KNOWN]
     if unknown or not names:
         raise UsageError(f"points: {unknown[0] if unknown else '(none)'!r} is not a ladder point; "
@@ -124,13 +122,14 @@ def cli(argv: list[str]) -> int:
     for key in ("name", "preset"):
         if key in pairs:
             raise UsageError(f"{key} is set by each ladder point; give points= instead")
-    runs_dir = pairs.pop("runs_dir", "runs/ladder")
+    runs_dir = take(pairs, "runs_dir", str, "runs/ladder")
     extra = [f"{k}={v}" for k, v in pairs.items()]
+    passed = [f"{k}={v}" if v else k for k, v in flags.items()]  # to each point's sweep
     for i, name in enumerate(names, 1):
         words = point_words(KNOWN[name], extra, runs_dir)
         print(f"=== ladder point {i} of {len(names)}: {name}\n    python -m qkstudy sweep "
               + " ".join(words), flush=True)
-        code = sweep_cli(words + flags)
+        code = sweep_cli(words + passed)
         if code:
             return code
     return 0

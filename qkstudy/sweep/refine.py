@@ -1,5 +1,5 @@
 """Boundary refinement: bisect in log space between the largest stable and the smallest
-diverged LR of each (depth, arm, seed) curve, from the results on disk."""
+diverged LR of each (depth, arm, seed) curve, replayed from the results on disk."""
 
 from __future__ import annotations
 
@@ -7,34 +7,23 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 
-from ..run_folder import RunFolder
 from ..config import TrainConfig
+from ..run_folder import RunFolder
 from .config import Group, SweepConfig, run_config, three_significant
-
-# --- boundary refinement ----------------------------------------------------------------------
 
 
 def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float], steps: int,
                   factor: float) -> float | None:
     """The next LR to try, or None when the boundary is known well enough.
 
-    `results` maps every LR tried so far to True (stable), False (diverged) or None (failed,
-    no outcome). The bracket is [lo, hi]: hi = the smallest diverged LR, lo = the largest stable
-    LR below it. The next point is their geometric mean (bisection in log LR), until `steps`
-    points off the grid have been tried or hi / lo <= factor.
-    """
-    on_grid = set(grid_lrs)
-    if sum(1 for lr in results if lr not in on_grid) >= steps:
+    `results` maps every LR tried so far to True (stable), False (diverged) or None (failed).
+    The bracket is hi = the smallest diverged LR, lo = the largest stable LR below it; the next
+    point is their geometric mean, until `steps` points off the grid were tried or hi / lo <=
+    `factor`."""
+    if sum(1 for lr in results if lr not in set(grid_lrs)) >= steps:
         return None
-    diverged = [lr for lr, stable in results.items() if stable is False]
-    if not diverged:
-        return None
-    hi = min(diverged)
-    stable_below = [lr for lr, stable in results.items() if stable and lr < hi]
-    if not stable_below:
-        return None
-    lo = max(stable_below)
-    if hi / lo <= factor:
+    lo, hi = boundary(results)
+    if lo is None or hi is None or hi / lo <= factor:
         return None
     mid = math.sqrt(lo * hi)
     rounded = three_significant(mid)
@@ -61,7 +50,6 @@ class Outcome(Enum):
 
     @property
     def stable(self) -> bool | None:
-        """True (completed) or False (diverged) for a refinement; None without an outcome."""
         return {Outcome.COMPLETED: True, Outcome.DIVERGED: False}.get(self)
 
     @property
@@ -72,22 +60,18 @@ class Outcome(Enum):
 def run_outcome(cfg: TrainConfig) -> Outcome:
     """The run's outcome from its summary.json (PENDING when there is none or it is unreadable)."""
     summary = RunFolder.of(cfg).summary_record()
-    status = summary.get("status") if isinstance(summary, dict) else None
     try:
-        return Outcome(status)
+        return Outcome(summary.get("status") if isinstance(summary, dict) else None)
     except ValueError:
         return Outcome.PENDING
 
 
-def group_state(sweep: SweepConfig, group: Group) -> tuple[dict[float, bool | None], TrainConfig | None]:
-    """Replay a group's refinement from the results on disk.
-
-    Returns (results so far, the next run to train or None). The next run is None when the
-    group is done or waits on a run without a result (for example one held by another process).
-    A refinement run that failed is the next run again (its LR in the results, as None): the
-    sweep retries it as it retries a failed grid run, once an invocation (run.execute's
-    `attempted`), and not at all when it killed its process (run.run_one).
-    """
+def group_state(sweep: SweepConfig, group: Group
+                ) -> tuple[dict[float, bool | None], TrainConfig | None]:
+    """(results so far, the next run to train or None) of one curve's refinement. None when the
+    curve is done or waits on a run without a result (one held by another process, say). A
+    refinement run that failed is the next run again: the sweep retries it once an invocation
+    (run.execute's `attempted`), and not at all when it killed its process (run.run_one)."""
     depth, arm, seed = group
     grid_lrs = sweep.grid_lrs()
     results: dict[float, bool | None] = {}
@@ -97,13 +81,12 @@ def group_state(sweep: SweepConfig, group: Group) -> tuple[dict[float, bool | No
             return results, None
         results[lr] = v.stable
     while sweep.refine and (lr := next_midpoint(results, grid_lrs, sweep.refine_steps,
-                                             sweep.refine_factor)) is not None:
+                                                sweep.refine_factor)) is not None:
         cfg = run_config(sweep, depth, lr, arm, seed)
         v = run_outcome(cfg)
-        if v is Outcome.PENDING:
-            return results, cfg
-        results[lr] = v.stable
-        if v is Outcome.FAILED:
+        if v is not Outcome.PENDING:
+            results[lr] = v.stable
+        if v in (Outcome.PENDING, Outcome.FAILED):
             return results, cfg
     return results, None
 

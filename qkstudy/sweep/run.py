@@ -3,16 +3,15 @@ processes, start worker processes (jobs=K), and report what was done."""
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import files, run_folder, trainer
+from .. import files, forecast, run_folder, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
@@ -21,10 +20,11 @@ from ..progress import format_seconds
 from ..run_folder import RunFolder, run_folders
 from .adaptive import extra_runs
 from .config import SweepConfig, grid, groups, run_config
-from .plan import counted, run_cost_tokens
+from .plan import counted
 from .refine import Outcome, boundary, group_state, run_outcome
 
-# --- running ------------------------------------------------------------------------------------
+HELD_POLL_SECONDS = 5.0
+PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own processes
 
 
 @dataclass
@@ -50,23 +50,6 @@ class Tally:
     def done(self) -> int:
         return sum(self.status.values())
 
-    def eta(self, left: float, first: float) -> float:
-        """Seconds until the queue is trained by all processes. `left` is the queue's cost in
-        calibrated seconds (run_cost_tokens / the calibrated tokens/s of each run's depth),
-        `first` that of the run about to start.
-
-        Calibration times steps alone in one process; a run also evaluates, probes, compiles and
-        shares the cores with K - 1 other processes (two on 2 cores measured 1.32-1.44x the
-        throughput of one, so each gets about 1.35/K). The ratio of wall to calibrated time
-        starts there, counted as one run, and is pulled towards the measured ratio as runs
-        finish, so the estimate moves smoothly instead of jumping.
-        """
-        if left <= 0 or first <= 0:
-            return math.inf if left > 0 else 0.0
-        prior = 1.0 / min(1.0, 1.35 / self.processes)
-        ratio = (first * prior + self.seconds) / (first + self.planned)
-        return left * ratio / self.processes
-
 
 def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
             verbose: bool) -> None:
@@ -74,49 +57,17 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     `speed` is the calibrated tokens/s of this run's depth (0: unknown), `queue_left` the
     calibrated seconds of the queue from this run on."""
     attempted.add(cfg.run_id)
-    folder = RunFolder.of(cfg)
-    now, changed = trainer.data_check(cfg)
-    change = tally.data and now and run_folder.data_change(tally.data, now)
-    if change:  # one sweep, one data: its runs are compared with each other
-        raise UsageError(f"{cfg.data} was prepared again while this sweep ran ({change}); the "
-                         "runs it trained so far used the earlier data. Prepare that data again "
-                         "at this path, or run the sweep on the new data under another name=")
-    v = run_outcome(cfg)
-    if changed:  # made of other data: neither skipped as finished nor resumed nor repaired
-        tally.data_changed.append(changed)
-        if verbose:
-            print(f"data changed: {changed}", flush=True)
+    if passed_by(cfg, tally, verbose):
         return
-    if v.finished:
-        try:
-            folder.intact_summary()  # its files must be intact
-        except run_folder.DamagedRun:
-            pass  # trained again below; train moves the damaged folder aside first
-        else:
-            folder.tidy()  # what a process killed in the run's last writes left
-            tally.skipped += 1
-            tally.status[v.value] += 1
-            sibling = sibling_name(cfg, folder.trained_by())
-            if verbose and sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
-                tally.siblings.add(cfg.run_id)
-                print(f"[sweep {tally.done + len(tally.busy)}/{tally.total}] lr {cfg.lr:.3g} "
-                      f"arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}: {v.value}, "
-                      f"trained by {sibling}", flush=True)
-            return
-    summary = folder.summary_record()
-    if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
-        tally.status["failed"] += 1
-        if verbose:
-            print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
-                  f"Remove {folder.summary_file} to retry it", flush=True)
-        return
-    planned = run_cost_tokens(cfg) / speed if speed > 0 else 0.0
-    eta = format_seconds(tally.eta(queue_left, planned))
+    planned = forecast.run_cost_tokens(cfg) / speed if speed > 0 else 0.0
+    eta = format_seconds(forecast.queue_eta(queue_left, planned, tally.planned, tally.seconds,
+                                            tally.processes))
     position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
     sibling = sibling_name(cfg, holder(cfg))
     if sibling and cfg.run_id in tally.siblings:  # looked at again: its line is printed
         tally.busy.append(cfg)
         return
+
     def announce(by: str | None = None) -> None:
         """The run's one progress line: printed once this process has the run (a sibling that
         takes it first gets the line instead, when the run is looked at again)."""
@@ -134,37 +85,8 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         tally.siblings.add(cfg.run_id)
         return
     start = time.perf_counter()
-
-    def repaired(moved_to: Path, why: str) -> None:
-        tally.repaired.append((cfg.run_id, why, moved_to))
-        print(f"[{position}] repair: {why}; its files are kept in {moved_to}; training it again",
-              flush=True)
-
-    try:
-        summary = trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired,
-                                started=announce)
-    except RunBusy:
-        tally.busy.append(cfg)
-        pid = holder(cfg)
-        if verbose and not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
-            print(f"[{position}] {cfg.run_id} is held by a process outside this sweep"
-                  + (f" (pid {pid})" if pid else "") + "; passing over", flush=True)
-        return
-    except run_folder.DamagedRun as e:
-        tally.damaged.append(str(e))
-        print(f"[{position}] damaged: {e}", flush=True)
-        return
-    except run_folder.DataChanged as e:  # the data was prepared again while the sweep ran
-        tally.data_changed.append(str(e))
-        print(f"[{position}] data changed: {e}", flush=True)
-        return
-    except (KeyboardInterrupt, UsageError):
-        raise
-    except Exception as e:  # noqa: BLE001 - one failed run must not stop the sweep
-        tally.status["failed"] += 1
-        tally.trained += 1
-        print(f"[{position}] {cfg.run_id} failed: {type(e).__name__}: {e} (traceback in "
-              f"{folder.traceback_file})", flush=True)
+    summary = train_guarded(cfg, tally, position, announce, verbose)
+    if summary is None:
         return
     tally.trained += 1
     if tally.trained > 1 and planned > 0:  # the first run pays the cold compile: not a rate
@@ -173,8 +95,78 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
 
 
-HELD_POLL_SECONDS = 5.0
-PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own processes
+def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
+    """Whether the run is not to be trained: made of other data, finished with intact files, or
+    failed by killing its process. UsageError when the data changed while the sweep ran."""
+    now, changed = trainer.data_check(cfg)
+    change = tally.data and now and run_folder.data_change(tally.data, now)
+    if change:  # one sweep, one data: its runs are compared with each other
+        raise UsageError(f"{cfg.data} was prepared again while this sweep ran ({change}); the "
+                         "runs it trained so far used the earlier data. Prepare that data again "
+                         "at this path, or run the sweep on the new data under another name=")
+    if changed:  # neither skipped as finished nor resumed nor repaired
+        tally.data_changed.append(changed)
+        if verbose:
+            print(f"data changed: {changed}", flush=True)
+        return True
+    folder, v = RunFolder.of(cfg), run_outcome(cfg)
+    if v.finished:
+        try:
+            folder.intact_summary()
+        except run_folder.DamagedRun:
+            return False  # trained again; train moves the damaged folder aside first
+        folder.tidy()  # what a process killed in the run's last writes left
+        tally.skipped += 1
+        tally.status[v.value] += 1
+        sibling = sibling_name(cfg, folder.trained_by())
+        if verbose and sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
+            tally.siblings.add(cfg.run_id)
+            print(f"[sweep {tally.done + len(tally.busy)}/{tally.total}] lr {cfg.lr:.3g} "
+                  f"arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}: {v.value}, "
+                  f"trained by {sibling}", flush=True)
+        return True
+    summary = folder.summary_record()
+    if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
+        tally.status["failed"] += 1
+        if verbose:
+            print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
+                  f"Remove {folder.summary_file} to retry it", flush=True)
+        return True
+    return False
+
+
+def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable,
+                  verbose: bool) -> dict | None:
+    """trainer.train's summary, or None when the run was held, damaged, made of other data or
+    failed (each recorded in the tally and said in one line)."""
+    def repaired(moved_to: Path, why: str) -> None:
+        tally.repaired.append((cfg.run_id, why, moved_to))
+        print(f"[{position}] repair: {why}; its files are kept in {moved_to}; training it again",
+              flush=True)
+
+    try:
+        return trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired,
+                             started=announce)
+    except RunBusy:
+        tally.busy.append(cfg)
+        pid = holder(cfg)
+        if verbose and not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
+            print(f"[{position}] {cfg.run_id} is held by a process outside this sweep"
+                  + (f" (pid {pid})" if pid else "") + "; passing over", flush=True)
+    except run_folder.DamagedRun as e:
+        tally.damaged.append(str(e))
+        print(f"[{position}] damaged: {e}", flush=True)
+    except run_folder.DataChanged as e:  # the data was prepared again while the sweep ran
+        tally.data_changed.append(str(e))
+        print(f"[{position}] data changed: {e}", flush=True)
+    except (KeyboardInterrupt, UsageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - one failed run must not stop the sweep
+        tally.status["failed"] += 1
+        tally.trained += 1
+        print(f"[{position}] {cfg.run_id} failed: {type(e).__name__}: {e} (traceback in "
+              f"{RunFolder.of(cfg).traceback_file})", flush=True)
+    return None
 
 
 def record_processes(sweep: SweepConfig, pids: list[int]) -> None:
@@ -225,16 +217,14 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
                   data=trainer.data_check(sweep.train)[0])
     attempted: set[str] = set()
 
-    def speed(cfg: TrainConfig) -> float:
-        return speeds.get(cfg.depth, 0.0)
-
-    def cost(cfgs: list[TrainConfig]) -> float:
-        """Calibrated seconds of these runs (0 when a depth was not calibrated)."""
-        return sum(run_cost_tokens(c) / speed(c) if speed(c) > 0 else 0.0 for c in cfgs)
+    def train_all(cfgs: list[TrainConfig]) -> None:
+        for i, cfg in enumerate(cfgs):
+            run_one(cfg, tally, attempted, speeds.get(cfg.depth, 0.0),
+                    forecast.run_seconds(cfgs[i:], speeds), verbose)
 
     finished = [c for c in runs if run_outcome(c).finished]
     for cfg in finished:  # skipped silently; a damaged one is repaired (and says so)
-        run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
+        train_all([cfg])
     if tally.skipped and verbose:
         print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
               flush=True)
@@ -244,59 +234,33 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
             RunFolder.of(cfg).intact_summary()
         except run_folder.DamagedRun:
             tally.total += 1
-            run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
-
-    queue = [c for c in runs if c.run_id not in attempted]
-    for i, cfg in enumerate(queue):
-        run_one(cfg, tally, attempted, speed(cfg), cost(queue[i:]), verbose)
-    # runs that were busy: finished by now (skipped), still busy, or free again (trained)
-    for cfg in list(tally.busy):
+            train_all([cfg])
+    train_all([c for c in runs if c.run_id not in attempted])
+    for cfg in list(tally.busy):  # finished by now (skipped), still busy, or free (trained)
         tally.busy.remove(cfg)
-        run_one(cfg, tally, attempted, speed(cfg), cost([cfg]), verbose)
+        train_all([cfg])
     while True:  # one round = at most one new point per curve, cell or threshold, together
         wanted = extra_runs(sweep, groups(sweep))
         new = [cfg for cfg in wanted if cfg.run_id not in attempted]
-        if not new:
-            # runs another process holds: the next round waits on them, so wait with it
-            # rather than leave the rest of the extras to that process alone
-            held = [cfg for cfg in wanted if _held_elsewhere(cfg)]
-            if not held:
-                return tally
-            time.sleep(HELD_POLL_SECONDS)
-            for cfg in held:
-                attempted.discard(cfg.run_id)
-                tally.busy = [c for c in tally.busy if c.run_id != cfg.run_id]
+        if new:
+            tally.total += len(new)
+            train_all(new)
             continue
-        tally.total += len(new)
-        for i, cfg in enumerate(new):
-            run_one(cfg, tally, attempted, speed(cfg), cost(new[i:]), verbose)
-
-
-def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> list[TrainConfig]:
-    """The finished runs in the sweep's folder that this sweep makes after its grid (boundary and
-    threshold points, added seeds): every folder whose run_id is run_config's for its own depth,
-    LR, seed and one of the sweep's arms."""
-    on_grid = {c.run_id for c in grid_runs}
-    out = []
-    for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
-        if folder.name in on_grid:
-            continue
-        config = folder.read_config() or {}
-        depth, lr, seed = config.get("depth"), config.get("lr"), config.get("seed")
-        if not (type(depth) is int and type(seed) is int and type(lr) in (int, float)):
-            continue
-        for arm in sweep.arms:
-            cfg = run_config(sweep, depth, float(lr), arm, seed)
-            if cfg.run_id == folder.name:
-                if run_outcome(cfg).finished:
-                    out.append(cfg)
-                break
-    return out
+        # runs another process holds: the next round waits on them, so wait with it rather
+        # than leave the rest of the extras to that process alone
+        held = [cfg for cfg in wanted if _held_elsewhere(cfg)]
+        if not held:
+            return tally
+        time.sleep(HELD_POLL_SECONDS)
+        for cfg in held:
+            attempted.discard(cfg.run_id)
+            tally.busy = [c for c in tally.busy if c.run_id != cfg.run_id]
 
 
 def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
-    """The runs of this sweep's folder beyond the grid and boundary refinement: threshold
-    bisection and adaptive seeds (sweep/adaptive.py), read back from their config.json."""
+    """The runs in the sweep's folder, beyond `known`, that this sweep makes after its grid
+    (boundary and threshold points, added seeds): every folder whose config.json is the config
+    run_config makes for its depth, LR, arm and seed (config.json holds no folder keys)."""
     out = []
     for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
         if folder.name in known:
@@ -305,20 +269,25 @@ def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
             cfg = load_config(str(folder.config_file))
         except UsageError:
             continue  # not this sweep's run (or damaged): the status and report name it
-        # config.json holds the identity (no folder keys): the run is this sweep's when the
-        # sweep would have made exactly this config for its depth, LR, arm and seed
-        mine = run_config(sweep, cfg.depth, cfg.lr, arm_name(cfg), cfg.seed)
-        if mine.run_id == folder.name == cfg.run_id:
+        arm = arm_name(cfg)
+        mine = run_config(sweep, cfg.depth, cfg.lr, arm, cfg.seed)
+        if arm in sweep.arms and mine.run_id == folder.name == cfg.run_id:
             out.append(mine)
     return out
 
 
+def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> list[TrainConfig]:
+    """The finished runs of the sweep's folder that it made after its grid."""
+    return [c for c in added_runs(sweep, {c.run_id for c in grid_runs})
+            if run_outcome(c).finished]
+
+
 def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
+    folder, on_grid = Path(sweep.runs_dir) / sweep.name, set(sweep.grid_lrs())
     curves = {g: group_state(sweep, g)[0] for g in groups(sweep)}
-    on_grid = set(sweep.grid_lrs())
     runs = grid(sweep) + [run_config(sweep, depth, lr, arm, seed) for (depth, arm, seed), results
-                       in curves.items() for lr in results if lr not in on_grid]
+                          in curves.items() for lr in results if lr not in on_grid]
     runs += added_runs(sweep, {c.run_id for c in runs})
     counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
     for cfg in runs:
@@ -326,10 +295,9 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "
-          f"time {format_seconds(seconds)} (plan and calibration included); results in "
-          f"{Path(sweep.runs_dir) / sweep.name}"
+          f"time {format_seconds(seconds)} (plan and calibration included); results in {folder}"
           + (f"; {counted(len(tally.repaired), 'damaged run')} repaired, the damaged files kept "
-             f"in {Path(sweep.runs_dir) / sweep.name / run_folder.DAMAGED}" if tally.repaired else ""))
+             f"in {folder / run_folder.DAMAGED}" if tally.repaired else ""))
     for run_id, why, moved_to in tally.repaired:
         print(f"  repaired: {run_id} ({why}); trained again, the damaged files kept in {moved_to}")
     if tally.busy:
@@ -346,15 +314,19 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               "data than the data folder holds now; left untouched:")
     for line in tally.data_changed:
         print(f"  data changed: {line}")
+    print_boundaries(sweep, curves)
+    print_peak_logits(sweep, runs)
+
+
+def print_boundaries(sweep: SweepConfig, curves: dict) -> None:
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
-    width = max(len(a) for a in sweep.arms)
+    width, on_grid = max(len(a) for a in sweep.arms), len(sweep.grid_lrs())
     for (depth, arm, seed), results in curves.items():
         lo, hi = boundary(results)
         print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
-              + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
-    print_peak_logits(sweep, runs)
+              + ("" if len(results) >= on_grid else "  (grid incomplete)"))
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
@@ -362,8 +334,7 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
     LR, from the runs' summary.json (runs finished before it was recorded there show -)."""
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
-        summary = RunFolder.of(cfg).summary_record()
-        peak = summary.get("peak_max_attention_logit")
+        peak = RunFolder.of(cfg).summary_record().get("peak_max_attention_logit")
         if isinstance(peak, (int, float)) and not isinstance(peak, bool):
             table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = peak
     if not table:

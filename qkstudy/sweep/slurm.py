@@ -28,12 +28,12 @@ from pathlib import Path
 
 from .. import files, interrupts, trainer
 from ..arms import arm_name
-from ..config import TrainConfig, apply_overrides, parse_train_config, split_key_values
+from ..config import apply_overrides, parse_train_config, split_key_values
 from ..errors import UsageError
 from ..locks import RunBusy
 from ..run_folder import RunFolder
 from .config import SweepConfig
-from .plan import command_line, declare_grid, remaining_runs
+from .plan import command_line, counted, declare_grid, remaining_runs
 from .refine import run_outcome
 
 # Slurm job states in which an array task still holds (or will soon hold) its run.
@@ -116,23 +116,15 @@ KEYS = {f"slurm_{f.name}": f.name for f in dataclasses.fields(SlurmOptions)}
 
 def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOptions]:
     """(the words that are not slurm_* keys, the SlurmOptions those keys give)."""
-    pairs = split_key_values([w for w in words if w.replace("-", "_").startswith("slurm_")])
-    unknown = sorted(set(pairs) - set(KEYS))
+    pairs = split_key_values(words)
+    mine = {k: pairs.pop(k) for k in list(pairs) if k.startswith("slurm_")}
+    unknown = sorted(set(mine) - set(KEYS))
     if unknown:
         raise UsageError(f"unknown key {unknown[0]!r}; Slurm keys: {', '.join(KEYS)}")
-    if pairs and not enabled:
-        raise UsageError(f"{min(pairs)} is a Slurm setting; add --slurm")
-    rest = [w for w in words if not w.replace("-", "_").startswith("slurm_")]
-    options = apply_overrides(SlurmOptions(), {KEYS[k]: v for k, v in pairs.items()})
-    return rest, options.validate()
-
-
-# --- writing and submitting the array --------------------------------------------------------
-
-
-def train_command(cfg: TrainConfig) -> str:
-    """The run's standalone `train` command with this environment's interpreter."""
-    return command_line(cfg)
+    if mine and not enabled:
+        raise UsageError(f"{min(mine)} is a Slurm setting; add --slurm")
+    options = apply_overrides(SlurmOptions(), {KEYS[k]: v for k, v in mine.items()})
+    return [f"{k}={v}" for k, v in pairs.items()], options.validate()
 
 
 def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
@@ -213,10 +205,6 @@ def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions
     return "\n".join(lines)
 
 
-def plural(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
 def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     """Write the task list and array script of what is left (and sbatch it when `send`)."""
     if send and shutil.which("sbatch") is None:
@@ -249,32 +237,37 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     # written whole in a hidden folder and renamed into place: a failed write leaves no
     # half submission that a later one would count
     with files.atomic_folder(folder) as tmp:
-        files.write_text(tmp / "tasks.txt", "".join(train_command(c) + "\n" for c in runs))
+        files.write_text(tmp / "tasks.txt", "".join(command_line(c) + "\n" for c in runs))
         files.write_json(tmp / "submission.json", record)
         files.write_text(tmp / script.name, array_script(folder, len(runs), sweep, options))
-    print(f"sweep {sweep.name}: {plural(len(runs), 'run')} to submit as one array: "
-          f"{plural(n_grid, 'grid run')} not finished (interrupted ones resume from their "
-          f"checkpoint), {plural(len(runs) - n_grid, 'boundary-refinement run')} the results so "
+    print(f"sweep {sweep.name}: {counted(len(runs), 'run')} to submit as one array: "
+          f"{counted(n_grid, 'grid run')} not finished (interrupted ones resume from their "
+          f"checkpoint), {counted(len(runs) - n_grid, 'boundary-refinement run')} the results so "
           f"far call for{held}.", flush=True)
     print(f"  task list {folder / 'tasks.txt'}\n  logs      {folder}/task-<i>.log")
-    line = f"sbatch {shlex.quote(str(script))}"
-    if not send:
-        print(f"submit with:\n  {line}")
+    if send:
+        sbatch(script, record)
     else:
-        try:
-            out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
-                                 text=True, timeout=60)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise UsageError(f"{line} failed: {e}") from None
-        if out.returncode != 0:
-            raise UsageError(f"{line} failed: {(out.stderr or out.stdout).strip()}")
-        job_id = out.stdout.strip().split(";")[0]
-        files.write_json(folder / "submission.json", {**record, "job_id": job_id})
-        print(f"{line}\nsubmitted job array {job_id} ({plural(len(runs), 'task')})")
+        print(f"submit with:\n  sbatch {shlex.quote(str(script))}")
     print("Once the array ends, run the same command again: it submits only what is left "
           "(unfinished runs and the next round of boundary refinement). "
           f"Progress: python -m qkstudy status {sweep_dir}", flush=True)
     return 0
+
+
+def sbatch(script: Path, record: dict) -> None:
+    """Submit the array and keep its job id in submission.json."""
+    line = f"sbatch {shlex.quote(str(script))}"
+    try:
+        out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise UsageError(f"{line} failed: {e}") from None
+    if out.returncode != 0:
+        raise UsageError(f"{line} failed: {(out.stderr or out.stdout).strip()}")
+    job_id = out.stdout.strip().split(";")[0]
+    files.write_json(script.parent / "submission.json", {**record, "job_id": job_id})
+    print(f"{line}\nsubmitted job array {job_id} ({counted(len(record['runs']), 'task')})")
 
 
 # --- one array task ------------------------------------------------------------------------

@@ -1,0 +1,278 @@
+"""How long training takes, forecast in one place: a sweep's plan (`--dry-run`), the ETA of its
+progress line, `just status`'s time left, and the hours of the study preset in `just bench` and
+`just gpu-check`.
+
+A run costs its training tokens plus its evaluations, a forward counted as a third of a step
+(run_cost_tokens); its seconds are that cost over the tokens/s of its depth. A plan's tokens/s
+come, in this order, from `--calibrate` (every depth timed here), the bench's stored figure
+(reports/bench.json from `just bench` on this machine: the shape nearest in FLOPs per token), a
+short timing of the first depth here, or, where no engine is installed, the FLOP model (numpy's
+float32 matmul peak here times CPU_SHARE, over the model's FLOPs per token). All but the first
+are scaled to the other depths by FLOPs per token (qkstudy/bench/shapes.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import files, interrupts, provenance
+from .bench.shapes import flops_per_token
+from .config import TrainConfig, model_args
+from .errors import UsageError
+from .progress import format_seconds
+
+NIGHT_HOURS = 10  # a night on a workstation
+DAY_SECONDS = 24 * 3600
+BENCH_JSON = Path("reports/bench.json")
+BENCH_KEY = {"mlx": "mlx-plain-1", "torch": "torch-1"}  # one process, the run's default build
+# The share of numpy's sgemm peak a CPU train step reaches: 15-52% measured at the presets'
+# shapes (docs/performance.md); the FLOP model assumes the lower middle.
+CPU_SHARE = 0.3
+STUDY_DEPTHS = 3  # the whole study: three depths, each counted at the study preset's depth
+
+
+def run_cost_tokens(cfg: TrainConfig) -> float:
+    """Train tokens plus evaluation, counted as train-step equivalents (a forward ~ 1/3 step)."""
+    evals = cfg.steps // cfg.eval_every + 1
+    return cfg.tokens_per_step * (cfg.steps + evals * cfg.eval_batches / 3)
+
+
+def run_seconds(cfgs: list[TrainConfig], speeds: Mapping[int, float]) -> float:
+    """Seconds of these runs at tokens/s per depth (a depth without a speed counts 0)."""
+    return sum(run_cost_tokens(c) / speeds[c.depth] for c in cfgs if speeds.get(c.depth, 0) > 0)
+
+
+@dataclass
+class Speeds:
+    """Tokens/s per depth and where they come from (one phrase for the printed plan)."""
+
+    per_depth: dict[int, float]
+    source: str
+
+
+def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConfig
+           ) -> dict[int, float]:
+    """`tok_s` measured at config `at`, carried to every depth by FLOPs per token."""
+    flops = flops_per_token(model_args(at, vocab))
+    return {d: tok_s * flops / flops_per_token(model_args(c, vocab)) for d, c in cfgs.items()}
+
+
+def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
+               ) -> tuple[Speeds | None, str | None]:
+    """(Speeds, None) from a bench report measured on this machine with this backend; (None,
+    why not in one line) when it cannot serve; (None, None) when there is none."""
+    if not path.exists():
+        return None, None
+    report, backend = files.read_json(path), next(iter(cfgs.values())).backend
+    try:
+        machine = report["machine"]
+        if (machine.get("cpu"), machine.get("cpus")) != (provenance.chip(), os.cpu_count()):
+            return None, (f"{path} was measured on another machine ({machine.get('cpus')}-core "
+                          f"{machine.get('cpu')}); run `just bench` here to refresh it")
+        measured = [(name, float(s["median"]), float(e["flops_per_token"]))
+                    for name, e in report["shapes"].items()
+                    if (s := (e.get("tokens_per_s") or {}).get(BENCH_KEY[backend]))
+                    and s.get("median", 0) > 0 and e.get("flops_per_token", 0) > 0]
+    except (TypeError, KeyError, AttributeError, ValueError):
+        return None, f"{path} is not a bench report (rewrite it with `just bench`)"
+    if not measured:
+        return None, f"{path} holds no {backend} figure (run `just bench backends={backend}`)"
+    speeds, used = {}, set()
+    for depth, cfg in cfgs.items():
+        want = flops_per_token(model_args(cfg, vocab))
+        name, tok_s, flops = min(measured, key=lambda m: abs(math.log(m[2] / want)))
+        speeds[depth] = tok_s * flops / want
+        used.add(name)
+    stamp = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
+    return Speeds(speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
+                          f"shape, measured {stamp}) scaled by FLOPs per token"), None
+
+
+def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable) -> Speeds:
+    """A few steps of the first depth timed here, scaled to the others by FLOPs per token."""
+    depth, cfg = next(iter(cfgs.items()))
+    tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
+    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
+    return Speeds(scaled(cfgs, vocab, tok_s, cfg), f"tok/s from a short timing here (depth "
+                  f"{depth}, {timed} step{'s' if timed != 1 else ''}){others}; --calibrate times "
+                  "every depth" + busy_note())
+
+
+def from_flops(cfgs: dict[int, TrainConfig], vocab: int, why: str) -> Speeds:
+    """The FLOP model, for a machine where no step can be timed (`why`: no engine)."""
+    from .bench.measure import sgemm_gflops
+
+    depth, cfg = next(iter(cfgs.items()))
+    peak = sgemm_gflops(n=1024, repeats=2)
+    tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
+    return Speeds(scaled(cfgs, vocab, tok_s, cfg), f"tok/s from the FLOP model: {CPU_SHARE:.0%} "
+                  f"of numpy's float32 matmul peak here ({peak:,.0f} GFLOP/s), not timed ({why})")
+
+
+def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
+                say: Callable[[str], None]) -> Speeds:
+    """A plan's tokens/s without `--calibrate`: the bench's figure, a short timing, else the
+    FLOP model. `say` prints a note (why the bench's figure cannot serve)."""
+    found, why = from_bench(cfgs, vocab)
+    if why:
+        say(why)
+    if found:
+        return found
+    try:
+        return from_short_timing(cfgs, vocab, step_speed)
+    except (UsageError, ImportError) as e:  # no engine installed here
+        if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
+            raise
+        return from_flops(cfgs, vocab, str(e))
+
+
+def busy_note() -> str:
+    """'; timed while the machine was busy (...)' when the 1-minute load is above half the cores."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return ""
+    cores = os.cpu_count() or 1
+    return (f"; timed while the machine was busy (load {load:.1f} on {cores} cores): an idle "
+            "one is faster" if load > cores / 2 else "")
+
+
+def time_text(seconds: float) -> str:
+    """'4h10m', '2,588 h (259 nights of 10 h)', '25m10s'."""
+    hours = seconds / 3600
+    if hours < 10:
+        return format_seconds(seconds)
+    return f"{hours:,.0f} h ({hours / NIGHT_HOURS:,.0f} nights of {NIGHT_HOURS} h)"
+
+
+def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
+    """One line when a plan takes more than a day here, with the faster ways to run it."""
+    if seconds <= DAY_SECONDS:
+        return None
+    faster = ["backend=torch (faster than MLX on CPUs: docs/performance.md)"] * (t.backend == "mlx")
+    faster += ["one CUDA GPU (`just gpu-check` there; docs/performance.md's where-to-run table)",
+               "--slurm across a cluster's nodes"]
+    if preset != "mini":
+        faster.append("preset=mini (the smallest study that decides the hypotheses)")
+    return (f"more than a day on this machine ({seconds / DAY_SECONDS:,.0f} days); faster: "
+            + "; ".join(faster))
+
+
+def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int
+              ) -> float:
+    """Seconds until a sweep's queue is trained by its `processes`. `left`: the queue's cost in
+    calibrated seconds, `first` that of the run about to start; `planned` and `seconds`: the
+    calibrated and wall seconds of the runs this process trained (after its first). The ratio of
+    wall to calibrated time starts at 1.35/K of one process's speed each (two processes on 2
+    cores measured 1.32-1.44x one), counted as one run, and moves to the measured ratio."""
+    if left <= 0 or first <= 0:
+        return math.inf if left > 0 else 0.0
+    prior = 1.0 / min(1.0, 1.35 / processes)
+    return left * (first * prior + seconds) / (first + planned) / processes
+
+
+def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
+    """Seconds left at `rate` tokens/s, None when nothing is being trained (rate 0)."""
+    return max(0.0, remaining_tokens) / rate if rate > 0 else None
+
+
+def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[str]]:
+    """({depth: tokens/s}, where they come from) for `just status`: the median rate of a depth's
+    finished runs, else the rate the sweep calibrated at its start (`stored`, from sweep.json)."""
+    rates, measured, calibrated = {}, [], []
+    stored = stored if isinstance(stored, dict) else {}
+    for depth in sorted({r.depth for r in runs if r.depth is not None}):
+        done = [r.tok_s for r in runs if r.depth == depth and r.finished and r.tok_s]
+        value = stored.get(str(depth))
+        if done:
+            rates[depth] = statistics.median(done)
+            measured.append(str(depth))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            rates[depth] = float(value)
+            calibrated.append(str(depth))
+    return rates, [f"{how} (depth {', '.join(ds)})" for how, ds in (
+        ("measured by its finished runs", measured), ("calibrated at its start", calibrated)) if ds]
+
+
+def time_left_line(runs: list, stored: object) -> str:
+    """The training time of the runs without a result, in one process, for `just status`."""
+    left = [r for r in runs if not r.finished and r.state != "failed"]
+    if not left:
+        return "time left: none (every run has a result" + (
+            "; failed runs are retried by the sweep's command)" if any(
+                r.state == "failed" for r in runs) else ")")
+    rates, sources = rates_by_depth(runs, stored)
+    known = [r for r in left if r.depth in rates and r.steps and r.tokens_per_step]
+    if not known:
+        return (f"time left: not known for the {len(left)} runs left (no finished run and no "
+                "calibration of their depths yet)")
+    seconds = sum((r.steps - min(r.step, r.steps)) * r.tokens_per_step / rates[r.depth]
+                  for r in known)
+    unknown = len(left) - len(known)
+    return (f"time left: ~{time_text(seconds)} for {len(known)} of the {len(left)} runs left in "
+            f"one process (training only; tok/s {' and '.join(sources)})"
+            + (f"; {unknown} runs of depths not yet timed not counted" if unknown else ""))
+
+
+def study_plan() -> dict:
+    """The study preset's run cost and grid: (train + evaluation) tokens per run at its depth,
+    runs per depth (arms x LRs x seeds) and FLOPs per token."""
+    from .bench.shapes import preset_base, preset_shape, shape_config
+    from .sweep.config import PRESETS
+
+    study, shape = PRESETS["study"], preset_shape("study")
+    cfg, args = shape_config(shape, preset_base("study"))
+    runs = len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
+    return {"depth": shape["depth"], "cost_tokens": run_cost_tokens(cfg),
+            "budget_tokens": cfg.budget_tokens, "arms": len(study.arms),
+            "lrs": len(study.grid_lrs()), "seeds": len(study.seeds), "runs_per_depth": runs,
+            "depths": STUDY_DEPTHS, "flops_per_token": flops_per_token(args)}
+
+
+def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
+    """Hours of the study preset at `tokens_per_s`, one run at a time: a run, a depth, all."""
+    plan = plan or study_plan()
+    run = plan["cost_tokens"] / tokens_per_s / 3600
+    return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],
+            "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
+
+
+# Machines not measured here, estimated from FLOPs: tokens/s = peak x share / FLOPs per token.
+# Peaks are the vendors' dense figures; the shares are this project's assumptions for a model
+# this small (its 50k-vocabulary head is most of the FLOPs). `just gpu-check` measures the CUDA
+# rows on a real GPU.
+ESTIMATES = (
+    {"platform": "Apple M2 Max GPU (38-core)", "backend": "mlx", "peak_tflops": 13.6,
+     "share": 0.30, "unit": "nights"},
+    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch fp32", "peak_tflops": 67.0,
+     "share": 0.35, "unit": "GPU-hours"},
+    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch tf32", "peak_tflops": 495.0,
+     "share": 0.12, "unit": "GPU-hours"},
+    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch bf16", "peak_tflops": 989.0,
+     "share": 0.07, "unit": "GPU-hours"},
+)
+
+
+def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
+    """`just bench`'s table: the study's hours from the study-shape speeds measured here and,
+    for the machines of ESTIMATES, from FLOPs."""
+    plan, study, m = study_plan(), shapes.get("study"), machine or {}
+    here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
+    rows = []
+    for backend, key in BENCH_KEY.items():
+        s = study and study["tokens_per_s"].get(key)
+        if s:
+            rows.append({"platform": here, "backend": backend, "tokens_per_s": s["median"],
+                         "range": [s["min"], s["max"]], "unit": "nights",
+                         "source": f"measured here, median of {s['n']} round(s)"})
+    rows += [{"platform": f"{e['platform']}, {e['peak_tflops']:g} TFLOP/s",
+              "backend": e["backend"], "unit": e["unit"],
+              "tokens_per_s": e["peak_tflops"] * 1e12 * e["share"] / plan["flops_per_token"],
+              "source": f"estimate: {e['share']:.0%} of peak assumed"} for e in ESTIMATES]
+    return {"plan": plan, "rows": [r | study_hours(r["tokens_per_s"], plan) for r in rows]}
