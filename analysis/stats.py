@@ -1,24 +1,24 @@
 """The statistical tests the verdicts rest on, over paired seed differences, from scipy and
-statsmodels. What is specific to the study (which LRs, which arms, what counts as a threshold)
+statsmodels. What is specific to the study (which LRs, which arms, what counts as the onset)
 lives in analysis.metrics and analysis.verdicts; every rule is written out in docs/report.md.
 
 All tests here are on the mean of n paired differences d_1..d_n (one per seed):
 - `interval`: the two-sided 95% t-interval of the mean (scipy.stats.ttest_1samp). With 3-6
   seeds a bootstrap over seeds cannot resolve a 2.5% tail (3 seeds have 10 distinct resamples),
-  so gaps use the t-interval; thresholds, which are not means, use the bootstrap (metrics.py).
+  so gaps use the t-interval; the onset, not a mean, uses the bootstrap (threshold.py).
 - `p_greater`: one-sided t-test of mean > 0. With no spread at all the t statistic is undefined;
   the test falls back to the exact sign-flip permutation p (2^-n when every difference has the
   sign of the claim, else 1), which needs no variance and is never 0.
 - `p_equivalent`: TOST (two one-sided tests, statsmodels ttost_paired) of |mean| < margin.
-- `adjust`: Benjamini-Hochberg over one hypothesis's family of p-values (statsmodels
-  multipletests), so the expected share of false claims among a family's claims is <= alpha.
+- `adjust`: Benjamini-Hochberg (H1) or Holm (H2, H3) over one hypothesis's family of
+  p-values.
 
-Measures that take a few grid values (a max stable LR ratio of x1, x1.83, x10) have ties, where
+Measures that take a few grid values (a max usable LR ratio of x1, x1.83, x10) have ties, where
 a t statistic is meaningless; `p_signflip` is the exact sign-flip permutation test of the mean
 (all 2^n sign patterns; a tie scores as its pattern does, never better than a spread).
 Intervals that span learning rates come from `seed_bootstrap`: whole seeds are resampled (a
 drawn seed brings every LR, depth and arm it ran), so the correlation of one seed's runs
-across LRs is kept; `isotonic` is the monotone fit the necessity threshold is read from.
+across LRs is kept; `isotonic` is the monotone fit the onset is read from.
 """
 
 from __future__ import annotations
@@ -76,11 +76,6 @@ def p_greater(diffs) -> float | None:
     return float(stats.t.sf(mean / se, df))
 
 
-def p_less(diffs) -> float | None:
-    """One-sided p of mean(diffs) < 0."""
-    return p_greater([-x for x in _values(diffs)])
-
-
 def p_equivalent(diffs, margin: float) -> float | None:
     """TOST p of -margin < mean(diffs) < margin (the larger of the two one-sided t-tests, as
     statsmodels' ttost_paired gives it); None below 2 values. With no spread: 0.5^n when every
@@ -113,8 +108,7 @@ def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
 
 def holm(pvalues: list[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values, as statsmodels' multipletests(method="holm") gives
-    them (tests/test_stats.py holds the two equal), without the gc.collect() it runs on every
-    call, which costs the calibration's thousands of small families a third of their time."""
+    them, without the gc.collect() it runs on every call (a third of the calibration's time)."""
     p = np.asarray(pvalues, float)
     order = np.argsort(p, kind="stable")
     stepped = np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1))
