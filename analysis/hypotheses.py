@@ -204,7 +204,7 @@ def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measur
                               resolution=pl.lit(None, pl.Float64)).sort("depth", "seed"))
     res = pl.col("first_failed_lr") / pl.col("max_usable_lr")
     cols = per_seed.drop_nulls("max_usable_lr").select(
-        "depth", ARM, "seed", v="max_usable_lr", res=res, cens="censored")
+        "depth", ARM, "seed", v="max_usable_lr", res=res, cens="lower_bound")
     off = cols.filter(pl.col(ARM) == OFF).drop(ARM)
     on_ = cols.filter(pl.col(ARM) == on).drop(ARM)
     return (off.join(on_, on=["depth", "seed"], suffix="_on")

@@ -205,8 +205,9 @@ def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -
     """Per (depth, arm, seed) curve, over every LR it ran (boundary bisection included):
     best_lr, the LR of lowest final loss; max_usable_lr, the largest LR such that every run
     from best_lr up to it neither diverged nor ended degraded (null when the best run itself
-    degraded); first_failed_lr, the smallest LR above best_lr that did; censored, no run above
-    best_lr failed (max_usable_lr is then a lower bound); first_divergent_lr over the curve."""
+    degraded); first_failed_lr, the smallest LR above best_lr that did; lower_bound, no run
+    above best_lr failed (max_usable_lr is then a lower bound); first_divergent_lr over the
+    curve."""
     p = with_losses(full_curves(points), options.degraded_margin).with_columns(
         failed=pl.col("diverged") | pl.col("degraded") | ~pl.col("loss").is_finite())
     best = (p.filter(pl.col("loss").is_finite()).sort("loss")
@@ -220,21 +221,21 @@ def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -
                  first_failed_lr=first_failed,
                  first_divergent_lr=pl.col("lr").filter(pl.col("diverged")).min(),
                  lrs_run=pl.len())
-            .with_columns(censored=pl.col("first_failed_lr").is_null()
+            .with_columns(lower_bound=pl.col("first_failed_lr").is_null()
                           & pl.col("max_usable_lr").is_not_null())
             .sort(*ARM_KEYS, "seed"))
 
 
 def max_usable_lr(points: pl.DataFrame) -> pl.DataFrame:
     """Per (depth, arm): geometric mean over seeds of the max usable LR, its seed range, how
-    many seeds are censored, and the geometric mean of the first divergent LR."""
+    many seeds give a lower bound only, and the geometric mean of the first divergent LR."""
     return (max_usable_lr_per_seed(points).group_by(ARM_KEYS)
             .agg(max_usable_lr=_geo_mean("max_usable_lr"),
                  max_usable_lr_lo=pl.col("max_usable_lr").min(),
                  max_usable_lr_hi=pl.col("max_usable_lr").max(),
                  first_divergent_lr=_geo_mean("first_divergent_lr"),
                  usable_seeds=pl.col("max_usable_lr").count(),
-                 censored_seeds=pl.col("censored").sum())
+                 lower_bound_seeds=pl.col("lower_bound").sum())
             .sort(ARM_KEYS))
 
 
