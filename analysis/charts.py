@@ -253,9 +253,7 @@ def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
     y_lo, y_hi = gap_axis_range(cells.filter("tested")["mean_gap"].drop_nulls().to_list())
     cells = cells.with_columns(
         y=pl.when("tested").then(pl.col("mean_gap")).otherwise(0.0),
-        bar_lo=pl.col("ci_lo").clip(y_lo, y_hi), bar_hi=pl.col("ci_hi").clip(y_lo, y_hi),
-        edge=pl.when(pl.col("tested") & (pl.col("ci_hi") > y_hi)).then(pl.lit("up"))
-        .when(pl.col("tested") & (pl.col("ci_lo") < y_lo)).then(pl.lit("down")))
+        bar_lo=pl.col("ci_lo").clip(y_lo, y_hi), bar_hi=pl.col("ci_hi").clip(y_lo, y_hi))
     return cells, y_lo, y_hi
 
 
@@ -324,10 +322,12 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
     width = panel_width(cells["depth"].n_unique())
     lo, hi = min(lrs) / 1.3, max(lrs) * 1.3
     rules = _headline_rules(cells, thresholds, arms, lo, hi, y_hi)
-    cut = (cells.filter(pl.col("edge").is_not_null())
-           .with_columns(y=pl.when(pl.col("edge") == "up").then(y_hi).otherwise(y_lo),
-                         kind=pl.lit("cut"), marker=pl.lit(EDGE_MARK)))
-    data = pl.concat([cells.drop("edge"), rules, cut], how="diagonal_relaxed")
+    cut = pl.concat([  # an interval beyond the y axis: a triangle where it leaves it
+        cells.filter(pl.col("tested") & (pl.col(end) > y_hi if up else pl.col(end) < y_lo))
+        .with_columns(y=pl.lit(y_hi if up else y_lo), edge=pl.lit("up" if up else "down"))
+        for up, end in ((True, "ci_hi"), (False, "ci_lo"))]).with_columns(
+        kind=pl.lit("cut"), marker=pl.lit(EDGE_MARK))
+    data = pl.concat([cells, rules, cut], how="diagonal_relaxed")
     x_scale = alt.Scale(type="log", nice=False, domain=[lo, hi])
     x = alt.X("lr:Q", scale=x_scale, axis=lr_axis(lrs, width))
     y_scale = alt.Scale(domain=[y_lo, y_hi], nice=False, zero=False)

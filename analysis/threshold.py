@@ -181,8 +181,9 @@ def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
            else "\"no difference\" decided at no LR from the smallest up")
     span = "" if b is None else f"at LR {b:.3g}" if b == top else f"from LR {b:.3g} to {top:.3g}"
     high = (f"off worse decided {span}, the largest LR at which every QK-norm run trained"
-            if b is not None else "\"off worse\" decided from no LR up to the largest at which "
-            "every QK-norm run trained")
+            if b is not None else "no LR at which every QK-norm run trained" if top is None
+            else f"no LR from which every LR up to {top:.3g} (the largest at which every "
+            "QK-norm run trained) is decided \"off worse\"")
     return {"no_difference_up_to": a, "off_worse_from": b, "trained_up_to": top,
             "text": f"{low}; {high}"}
 
