@@ -89,18 +89,10 @@ class Options:
 
 def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_margin
                 ) -> pl.DataFrame:
-    """Add `diverged`, `degraded`, `loss` (+inf for a diverged run or a non-finite final loss)
-    and `loss_clipped` = min(loss, init_loss). No run is ever dropped.
-
-    degraded: a stable run whose final loss is above unigram_entropy - degraded_margin (it
-    learned token frequencies and little more); False where the unigram entropy is unknown
-    (runs written before summary.json kept it).
-
-    Wortsman et al. 2023 (arXiv:2309.14322, Sec. 2.2) clip each final loss at the loss at
-    initialisation, so a diverged run counts as init_loss; so does a completed run whose final
-    loss is missing or not finite (`nonfinite_final`). A run without its own init_loss borrows
-    the mean init_loss of its (depth, arm) arm, then of its depth.
-    """
+    """Add `diverged`, `degraded` (stable, final loss above unigram_entropy - degraded_margin;
+    False where the entropy is unknown), `nonfinite_final`, `loss` (+inf when diverged or not
+    finite) and `loss_clipped` = min(loss, init_loss) (Wortsman et al. 2023, Sec. 2.2). No run
+    is ever dropped; a run without its own init_loss borrows its arm's mean, then its depth's."""
     points = with_arm(points)
     init = pl.coalesce(pl.col("init_loss"), pl.col("init_loss").mean().over(ARM_KEYS),
                        pl.col("init_loss").mean().over("depth"))
@@ -119,12 +111,8 @@ def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_
 
 
 def full_curves(points: pl.DataFrame) -> pl.DataFrame:
-    """The runs of the sweep's base seeds, which ran the whole grid (`added_seed` false).
-
-    Adaptive seeds (sweep/adaptive.py) add a seed to single (depth, LR) cells; such a seed has
-    no LR curve, so the per-seed curve metrics (LR sensitivity, max usable LR, optimal LR and
-    best loss) leave it out, while the per-cell gaps use every seed. load.py marks them from
-    the seeds sweep.json declares."""
+    """The runs of the sweep's base seeds (`added_seed` false): a seed added to single cells by
+    adaptive sampling has no LR curve, so the per-seed curve metrics leave it out."""
     points = with_arm(points)
     if "added_seed" not in points.columns:
         return points
@@ -132,16 +120,10 @@ def full_curves(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
-    """Add `in_grid` (the LR belongs to the base grid used by LR sensitivity) and `grid_rule`.
-
-    Refinement runs are extra LRs between the last stable and first divergent grid point; they
-    must not enter LR sensitivity, and both arms must be scored on the same points. In order:
-    - "marked": some run carries a `refine` flag (config.json, summary.json, or the sweep
-      folder's sweep.json grid): unmarked LRs run for every (arm, seed) of the depth;
-    - "common": LRs run for every (depth, arm, seed) of the study, which also makes LR
-      sensitivity comparable across depths (needs >= 2 such LRs);
-    - "per depth": otherwise, LRs run for every (arm, seed) of that depth.
-    """
+    """Add `in_grid` (the LR is in the base grid LR sensitivity uses: bisection LRs are not)
+    and `grid_rule`: "marked" (some run carries `refine`: the unmarked LRs run for every (arm,
+    seed) of the depth), else "common" (LRs run for every (depth, arm, seed), when >= 2), else
+    "per depth" (LRs run for every (arm, seed) of the depth)."""
     points = with_arm(points)
     marked = "refine" in points.columns and points["refine"].is_not_null().any()
     indexed = points.with_row_index("_row")
@@ -164,12 +146,9 @@ def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
-    """Wortsman et al. 2023, Sec. 2.2: LR sensitivity = E_lr[min(loss(lr), init_loss)] - loss*.
-
-    The expectation is the mean over the base-grid LRs (divide by the number of grid points) and
-    loss* = min over the grid of loss(lr), computed for each (depth, arm, seed). Null when
-    every grid point diverged (loss* undefined) or the grid has fewer than two points.
-    """
+    """Per (depth, arm, seed), Wortsman et al. 2023, Sec. 2.2: the mean over the base grid of
+    min(loss, init_loss) minus the grid's best loss; null when every grid LR diverged or the
+    grid has fewer than two LRs."""
     grid = with_losses(full_curves(points))
     if "in_grid" not in grid.columns:
         grid = mark_base_grid(grid)

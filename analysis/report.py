@@ -70,6 +70,13 @@ def compare(study: Study, other: Study, runs_dir: str | Path, other_dir: str | P
 
 # --- writing ----------------------------------------------------------------------------------
 
+# tables/<name>.parquet and .csv: the Study field each is written from
+TABLES = {"runs": "per_run", "arms": "arms", "lr_sensitivity_per_seed": "sensitivity_per_seed",
+          "max_usable_lr_per_seed": "usable_per_seed", "gaps": "gaps", "onset": "thresholds",
+          "spikes": "spikes", "verdicts": "verdicts", "h1_best_loss": "best_gaps",
+          "h2_tests": "h2_tests", "h3_tests": "h3_tests", "twins": "twins",
+          "exploratory_gaps": "exploratory_gaps"}
+
 def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
     # encoded in memory and written by Python: a full disk is then an OSError naming the file
     # (Polars' own file writer reports it as a ComputeError)
@@ -108,20 +115,10 @@ def build_report(runs_dir: str | Path, out: str | Path,
     with replacing(out) as tmp:
         tables = tmp / "tables"
         tables.mkdir()
-        write_table(study.per_run, tables, "runs")
-        write_table(study.arms, tables, "arms")
-        write_table(study.sensitivity_per_seed, tables, "lr_sensitivity_per_seed")
-        write_table(study.usable_per_seed, tables, "max_usable_lr_per_seed")
-        write_table(study.gaps, tables, "gaps")
-        write_table(study.thresholds, tables, "onset")
-        write_table(study.spikes, tables, "spikes")
-        write_table(study.verdicts, tables, "verdicts")
-        write_table(study.best_gaps, tables, "h1_best_loss")
-        write_table(study.h2_tests, tables, "h2_tests")
-        write_table(study.h3_tests, tables, "h3_tests")
-        write_table(study.twins, tables, "twins")
-        if study.exploratory_gaps.height:
-            write_table(study.exploratory_gaps, tables, "exploratory_gaps")
+        for name, table in TABLES.items():
+            frame = getattr(study, table)
+            if name != "exploratory_gaps" or frame.height:
+                write_table(frame, tables, name)
         specs = {}
         for name, chart in build_charts(study, options).items():
             specs[name] = link(name, chart.to_dict())
