@@ -43,10 +43,11 @@ def _():
     import polars as pl
 
     from analysis import charts as C
+    from analysis import plots as P
     from analysis.study import load_study, probe_curves, training_curves
     from qkstudy.errors import UsageError
 
-    return (C, Path, UsageError, alt, load_study, mo, pl, probe_curves, sys,
+    return (C, P, Path, UsageError, alt, load_study, mo, pl, probe_curves, sys,
             training_curves)
 
 
@@ -122,11 +123,11 @@ def _(C, mo, pl, picked_gaps, study):
                     format_mapping={**{c: "{:+.3f}" for c in ("mean_gap", "ci_lo", "ci_hi")},
                                     **{c: "{:.2g}" for c in _cols if c[:2] in ("p_", "q_")}},
                     label="Gap table, filtered to the selection"),
-        mo.ui.table(_thresholds.select("depth", "compared_arm", "threshold", "threshold_lr", "ci_lo",
-                                       "ci_hi", "censored", "note"),
+        mo.ui.table(_thresholds.select("depth", "compared_arm", "onset", "onset_lr", "ci_lo",
+                                       "ci_hi", "outside", "tested_rule"),
                     selection=None, show_column_summaries=False,
-                    format_mapping={c: "{:.3g}" for c in ("threshold_lr", "ci_lo", "ci_hi")},
-                    label="Necessity thresholds of the selected depths (over every LR)"),
+                    format_mapping={c: "{:.3g}" for c in ("onset_lr", "ci_lo", "ci_hi")},
+                    label="The onset and the tested rule of the selected depths"),
     ])
     return
 
@@ -148,11 +149,11 @@ def _(pl, picked_runs, study, training_curves):
 
 
 @app.cell(hide_code=True)
-def _(C, alt, curve_data, mo, picked_runs):
+def _(C, P, alt, curve_data, mo, picked_runs):
     def _chart():
         if curve_data.is_empty():
             return mo.md("_no runs in the selection_")
-        data = C.with_lr_label(curve_data).with_columns(C.arm_expr())
+        data = P.with_lr_label(curve_data).with_columns(C.arm_expr())
         lrs = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
         # as in the report, the axis ends a little above the initial loss: a diverging run
         # leaves it instead of flattening every other curve
@@ -178,7 +179,7 @@ def _(C, alt, curve_data, mo, picked_runs):
 
 
 @app.cell(hide_code=True)
-def _(C, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, study):
+def _(C, P, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, study):
     def _chart():
         if probe_pick.value is None:
             return mo.md("_these runs logged no probes_")
@@ -188,7 +189,7 @@ def _(C, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, study):
             data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
         if data.is_empty():
             return mo.md("_no probe values in the selection_")
-        data = C.with_lr_label(data).with_columns(C.arm_expr())
+        data = P.with_lr_label(data).with_columns(C.arm_expr())
         lrs = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
         scale = alt.Scale(type="log") if log_y.value else alt.Scale(zero=False)
         return C.finish(

@@ -6,13 +6,13 @@ analysis.verdicts; the measures they test are analysis.metrics and analysis.thre
   off worse by more than the margin (one-sided t-test of mean > min_gap), on worse by more than
   the margin (mean < -min_gap), no difference (TOST, |mean| < min_gap); per depth one more, off's
   best loss worse than on's. One family per compared arm, Benjamini-Hochberg.
-- H2, pooled over depths, one unit per (depth, seed): max stable LR (log ratio on / off) and LR
-  sensitivity (off minus on), each with for (beyond +margin), against (beyond -margin) and
+- H2, pooled over depths, one unit per (depth, seed): max usable LR (log ratio on / off) and
+  LR sensitivity (off minus on), each with for (beyond +margin), against (beyond -margin) and
   equivalent (within lr_ratio_margin or min_gap), by the exact sign-flip test (the ratios take
   a few grid values: ties). "Equivalent" is tested only where every boundary is bracketed to
-  equivalence_bracket (x1.41) or finer. Max usable LR is exploratory: tested the same way, outside the family and the verdict.
-- H3, the slope of log10(threshold) against log2(depth), with whole-seed bootstrap tests of
-  falls (< 0), rises (> 0) and equal (|slope| < slope_margin).
+  equivalence_bracket (x1.41) or finer. One family per compared arm, Holm.
+- H3, the slope of log10(onset) against log2(depth), with whole-seed bootstrap tests of
+  falls (< 0), rises (> 0) and equal (|slope| < slope_margin). One family per arm, Holm.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from .metrics import (
     Options,
     full_curves,
     lr_sensitivity_per_seed,
-    max_stable_lr_per_seed,
+    max_usable_lr_per_seed,
     compared_arms,
     paired_gaps,
     with_losses,
 )
-from .threshold import DepthDraws, threshold_draws
+from .threshold import BELOW, DepthDraws, threshold_draws
 
 # The outcome of one (depth, LR) cell, decided on the family-adjusted tests (docs/report.md)
 OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
@@ -122,7 +122,7 @@ def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(gap cells, best-loss gaps): every test of H1's family, adjusted together per compared_arm
-    (module docstring). The `needed` column is filled by `mark_needed` once the threshold is
+    (module docstring). The `needed` column is filled by `mark_needed` once the onset is
     known."""
     gaps = paired_gaps(points, options)
     bests = best_loss_gaps(points)
@@ -164,14 +164,14 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
 
 
 def mark_needed(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
-    """`needed`: the cell is "off worse" and lies at or above its depth's threshold."""
+    """`needed`: the cell is "off worse" and lies at or above its depth's onset."""
     return (gaps.drop("needed")
-            .join(thresholds.select("depth", "compared_arm", "threshold_lr", "censored"),
+            .join(thresholds.select("depth", "compared_arm", "onset_lr", "outside"),
                   on=["depth", "compared_arm"], how="left")
             .with_columns(needed=(pl.col("decision") == OFF_WORSE)
-                          & ((pl.col("censored") == "below")
-                             | (pl.col("lr") >= pl.col("threshold_lr")).fill_null(False)))
-            .drop("threshold_lr", "censored").select(list(GAP_SCHEMA))
+                          & ((pl.col("outside") == BELOW)
+                             | (pl.col("lr") >= pl.col("onset_lr")).fill_null(False)))
+            .drop("onset_lr", "outside").select(list(GAP_SCHEMA))
             .sort("compared_arm", "depth", "lr"))
 
 
@@ -185,17 +185,16 @@ H2_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "measure": pl.String,
              "q_equivalent": pl.Float64, "family_size": pl.Int64, "decision": pl.String,
              "note": pl.String}
 
-MAX_STABLE, MAX_USABLE, SENSITIVITY = "max stable LR", "max usable LR", "LR sensitivity"
-LR_MEASURES = (MAX_STABLE, MAX_USABLE)
-PRIMARY, EXPLORATORY, PER_DEPTH = "primary", "exploratory", "per depth (descriptive)"
-H2_MEASURES = ((MAX_STABLE, PRIMARY), (SENSITIVITY, PRIMARY), (MAX_USABLE, EXPLORATORY))
+MAX_USABLE, SENSITIVITY = "max usable LR", "LR sensitivity"
+H2_MEASURES = (MAX_USABLE, SENSITIVITY)
+PRIMARY, PER_DEPTH = "primary", "per depth (descriptive)"
 
 
 def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measure: str
               ) -> pl.DataFrame:
-    """One row per (depth, seed) run in both arms: diff (log(on / off) for the LR measures,
-    off - on for LR sensitivity), off_censored (off never failed: a lower bound only) and the
-    resolution (the coarsest bracket, largest ok / smallest failed LR, of the two arms)."""
+    """One row per (depth, seed) measured in both arms: diff (log(on / off) of the max usable
+    LR, off - on of LR sensitivity), off_censored (off never failed above its best LR: a lower
+    bound only) and resolution (the coarser bracket of the two arms' boundaries)."""
     if measure == SENSITIVITY:
         s = sensitivity.drop_nulls("lr_sensitivity")
         off = s.filter(pl.col(ARM) == OFF).select("depth", "seed", off="lr_sensitivity")
@@ -203,15 +202,9 @@ def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measur
         return (off.join(on_, on=["depth", "seed"])
                 .with_columns(diff=pl.col("off") - pl.col("on"), off_censored=pl.lit(False),
                               resolution=pl.lit(None, pl.Float64)).sort("depth", "seed"))
-    if measure == MAX_STABLE:
-        value, failed, censored = "max_stable_lr", "first_divergent_lr", "censored"
-    else:
-        value, failed, censored = "max_usable_lr", "first_bad_lr", "usable_censored"
-        per_seed = per_seed.with_columns(first_bad_lr=pl.min_horizontal(
-            "first_divergent_lr", "first_degraded_lr"))
-    # the bracket of the boundary; unknown (null) when nothing failed or everything did
-    res = pl.when(pl.col(failed) > pl.col(value)).then(pl.col(failed) / pl.col(value))
-    cols = per_seed.select("depth", ARM, "seed", v=value, res=res, cens=censored)
+    res = pl.col("first_failed_lr") / pl.col("max_usable_lr")
+    cols = per_seed.drop_nulls("max_usable_lr").select(
+        "depth", ARM, "seed", v="max_usable_lr", res=res, cens="lower_bound")
     off = cols.filter(pl.col(ARM) == OFF).drop(ARM)
     on_ = cols.filter(pl.col(ARM) == on).drop(ARM)
     return (off.join(on_, on=["depth", "seed"], suffix="_on")
@@ -227,7 +220,7 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
     """One H2 row: the effect with its whole-seed interval and, for pooled rows, the exact
     sign-flip tests."""
     diffs = units["diff"].to_list()
-    log_scale = measure in LR_MEASURES
+    log_scale = measure == MAX_USABLE
     margin = math.log(options.lr_ratio_margin) if log_scale else options.min_gap
     # the interval: seeds resampled whole (each brings its value at every depth)
     depths = sorted(set(units["depth"].to_list()))
@@ -256,8 +249,8 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
            "per_seed": ", ".join((f"x{math.exp(x):.3g}" if log_scale else f"{x:+.3g}")
                                  for x in diffs),
            "resolution": resolution,
-           # against the margin on both sides (amendment 3): a truth within the margin can
-           # reach only "equivalent", one beyond it only "for" or "against"
+           # against the margin on both sides: a truth within the margin can reach only
+           # "equivalent", one beyond it only "for" or "against"
            "p_for": S.p_signflip([x - margin for x in diffs]) if tested else None,
            "p_against": S.p_signflip([-x - margin for x in diffs]) if tested else None,
            "p_equivalent": None, "smallest_p": None,
@@ -274,24 +267,24 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
         else:
             row["p_equivalent"] = S.p_signflip_equivalent(diffs, margin)
     elif censored and role != PER_DEPTH:
-        what = "diverged" if measure == MAX_STABLE else "diverged or degraded"
-        row["note"] = f"off never {what} in {censored} (depth, seed) units: a lower bound only"
+        row["note"] = (f"off never diverged or degraded above its best LR in {censored} "
+                       "(depth, seed) units: a lower bound only")
     return row
 
 
 def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
-    """Per compared arm and measure: the pooled row with the tests (primary measures in the
-    family, max usable LR exploratory), and one descriptive row per depth."""
+    """Per compared arm and measure: the pooled row with the tests, and one descriptive row
+    per depth."""
     rows = []
-    per_seed = max_stable_lr_per_seed(points, options)
+    per_seed = max_usable_lr_per_seed(points, options)
     sensitivity = lr_sensitivity_per_seed(points)
     for on in compared_arms(points):
-        for measure, role in H2_MEASURES:
+        for measure in H2_MEASURES:
             units = _h2_units(per_seed, sensitivity, on, measure)
             if not units.height:
                 continue
             seed_ids = sorted(set(units["seed"].to_list()))
-            rows.append(_h2_row(on, None, measure, role, units, options, seed_ids))
+            rows.append(_h2_row(on, None, measure, PRIMARY, units, options, seed_ids))
             for d in sorted(set(units["depth"].to_list())):
                 rows.append(_h2_row(on, d, measure, PER_DEPTH,
                                     units.filter(pl.col("depth") == d), options, seed_ids))
@@ -301,8 +294,6 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         S.adjust_family([(r, k) for r in family for k in ("p_for", "p_against", "p_equivalent")],
                         a, method="holm")
     for r in rows:
-        if r["role"] == EXPLORATORY:  # unadjusted, outside the family: labelled as such
-            r.update(q_for=r["p_for"], q_against=r["p_against"], q_equivalent=r["p_equivalent"])
         if r["decision"] is not None:
             continue
         if r["p_for"] is None:
@@ -329,8 +320,8 @@ H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64
 
 
 def slope(depths: list[int], log_thresholds: np.ndarray) -> np.ndarray:
-    """Least-squares slope of log10(threshold) on log2(depth), per row (draws x depths);
-    NaN where any depth's threshold is censored (infinite) or missing."""
+    """Least-squares slope of log10(onset) on log2(depth), per row (draws x depths); NaN where
+    any depth's onset is outside the LRs tested (infinite) or missing."""
     x = np.log2(np.asarray(depths, float))
     x = x - x.mean()
     y = np.atleast_2d(log_thresholds)
@@ -350,8 +341,8 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
              draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
     """Per compared arm with >= 2 depths: the slope in decades per doubling of depth, its 95%
     whole-seed interval, and three bootstrap tests: falls (slope < 0), rises (> 0), equal
-    (|slope| < slope_margin, both one-sided). A draw with a censored threshold at some depth has
-    no slope: it counts against every claim. One family per compared arm, Holm."""
+    (|slope| < slope_margin, both one-sided). A draw with an onset outside the LRs tested at
+    some depth has no slope: it counts against every claim. One family per compared arm, Holm."""
     if draws is None:
         draws = threshold_draws(points, gaps, options)
     rows = []
@@ -380,8 +371,8 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
                            S.p_bootstrap(undefined | (boot <= -m))),
             "q_fall": None, "q_rise": None, "q_equal": None, "family_size": 0,
             "decision": None,
-            "note": (f"threshold censored at depth {', '.join(map(str, censored))}: no slope"
-                     if censored else "")})
+            "note": (f"onset outside the LRs tested at depth {', '.join(map(str, censored))}:"
+                     " no slope" if censored else "")})
     for r in rows:
         S.adjust_family([(r, k) for k in ("p_fall", "p_rise", "p_equal")], options.alpha,
                         method="holm")

@@ -4,10 +4,10 @@ clicked, or an LR range is brushed on the loss or headline chart:
 
 - arms_shown: the arm labels to show (null: all). Charts with an arm colour keep their legend
   (its scale domain is fixed) while the data of other arms is filtered out; the headline and
-  gap map keep the rows comparing off with a chosen arm (all rows when off is chosen).
+  keeps the rows comparing off with a chosen arm (all rows when off is chosen).
 - depths_shown: the depths to show (null: all); faceted charts drop the other depth panels.
-- lr_range: [low, high] from the LR brush (null: every LR); the gap map, training curves and
-  probe charts keep the LRs inside it.
+- lr_range: [low, high] from the LR brush (null: every LR); the training curves and probe
+  charts keep the LRs inside it.
 
 A chart's spec gets the signals as top-level variable params and one filter transform that
 reads them, so the same spec works alone (charts/*.html): there every signal stays null.
@@ -30,7 +30,6 @@ LINKS = {
     "max_attention_logit": ("arm", True),
     "attention_entropy": ("arm", True),
     "other_probes": ("arm", True),
-    "gap_map": ("compared", True),
     "lr_sensitivity": ("arm", False),
     "lr_landmarks": ("arm", False),
 }
@@ -42,9 +41,9 @@ def filter_expression(arm_field: str, by_lr: bool) -> str:
         n = len(COMPARED_PREFIX)
         arm = (f"!{ARMS} || indexof({ARMS}, '{OFF_LABEL}') >= 0 || !datum.compared"
                f" || indexof({ARMS}, slice(datum.compared, {n})) >= 0")
-    else:  # a landmark's threshold row is no arm's: it stays
+    else:  # a landmark's onset row is no arm's: it stays
         arm = (f"!{ARMS} || !datum.{arm_field} || indexof({ARMS}, datum.{arm_field}) >= 0"
-               f" || indexof(datum.{arm_field}, 'necessity') == 0")
+               f" || indexof(datum.{arm_field}, 'onset') == 0")
     parts = [f"({arm})", f"(!{DEPTHS} || datum.depth == null"
                          f" || indexof({DEPTHS}, datum.depth) >= 0)"]
     if by_lr:

@@ -153,9 +153,8 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     lr, depth, seed = _number(summary["lr"]), _number(summary["depth"]), _number(summary["seed"])
     if lr is None or lr <= 0 or depth is None or seed is None or not isinstance(
             summary["qk_norm"], str):
-        return None, [], [], {}, [(f"run {name}: {run.summary_file.name} has non-numeric "
-                                   "lr/depth/seed "
-                                   f"or qk_norm; skipped")]
+        return None, [], [], {}, [f"run {name}: {run.summary_file.name} has non-numeric "
+                                  "lr/depth/seed or qk_norm; skipped"]
     if status == "failed":
         warnings.append(f"run {name}: failed ({summary.get('error', 'no error recorded')}); "
                         f"listed, left out of the study metrics")
@@ -177,6 +176,12 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
         manifest = {}
         if status != "failed":
             warnings.append(f"run {name}: {why}; provenance unknown")
+    return _row(name, folder, summary, config), metric_parts, probe_parts, manifest, warnings
+
+
+def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
+    """The runs table's row of one run folder (its summary already checked)."""
+    lr, depth, seed = _number(summary["lr"]), int(summary["depth"]), int(summary["seed"])
     framework = framework_label(str(summary.get("framework") or (config or {}).get("framework")
                                     or "mlx"), (config or {}).get("precision"))
     identity = _identity(summary, config)
@@ -186,28 +191,23 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     if not isinstance(refine, bool) and grid is not None:
         refine = lr_key(lr) not in grid
     params = summary.get("params") if isinstance(summary.get("params"), dict) else {}
-    row = {
+    return {
         "run": name,
         "sweep": str(summary.get("sweep") or folder.parent.name),
         "run_id": str(summary.get("run_id") or folder.name),
-        "framework": str(framework),
-        "depth": int(depth),
-        "qk_norm": summary["qk_norm"],
-        "arm": arm_of({**identity, "qk_norm": summary["qk_norm"]}),
-        "lr": lr_key(lr),
-        "seed": int(seed),
-        "data_seed": int(_number(summary.get("data_seed")) or 0),
-        "status": status,
+        "framework": str(framework), "depth": depth, "qk_norm": summary["qk_norm"],
+        "arm": arm_of({**identity, "qk_norm": summary["qk_norm"]}), "lr": lr_key(lr),
+        "seed": seed, "data_seed": int(_number(summary.get("data_seed")) or 0),
+        "status": summary["status"],
         **{key: read(summary.get(key)) for key, (read, _) in _COPIED.items()},
         "params_total": _number(params.get("total")),
         "refine": refine if isinstance(refine, bool) else None,
         "added_seed": (None if (base := _sweep_seeds(folder.parent)) is None
-                       else int(seed) not in base),
+                       else seed not in base),
         "identity": json.dumps(identity, sort_keys=True, default=str),
         "setting": json.dumps(setting, sort_keys=True, default=str),
         "run_dir": str(folder),
     }
-    return row, metric_parts, probe_parts, manifest, warnings
 
 
 # the summary's fields copied as they are (run_folder.SUMMARY_FIELDS): how each kind is read

@@ -1,6 +1,6 @@
-"""Study metrics in Polars, per run and per arm: clipped losses, LR sensitivity, max stable and
-usable LR, optimal LR, spikes, probe summaries, and the pairing of the arms seed by seed. The
-necessity threshold is analysis.threshold, the tests of H1-H3 analysis.hypotheses.
+"""Study metrics in Polars, per run and per arm: clipped losses, LR sensitivity, max usable
+LR, optimal LR, spikes, probe summaries, and the pairing of the arms seed by seed. The onset
+is analysis.threshold, the tests of H1-H3 analysis.hypotheses.
 
 Every function takes a "points" frame with one row per finished run of one setting and one
 framework: depth, arm, lr, seed, status (completed | diverged), init_loss, final_val_loss
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from qkstudy.arms import OFF, QK_NORM_ARMS
-from qkstudy.probe_names import PROBES, WHOLE_MODEL, probe
+from qkstudy.probe_names import PROBES, WHOLE_MODEL
 
 
 ARM = "arm"
@@ -58,35 +58,30 @@ def control_words(arm: str) -> str:
 class Options:
     """Knobs of the study metrics and verdicts (all visible in the report; docs/report.md)."""
 
-    alpha: float = 0.05  # each hypothesis's family: Benjamini-Hochberg at this level
+    alpha: float = 0.05  # each hypothesis's family: error level (H1 BH, H2 and H3 Holm)
     # the plan's margin in nats (docs/report.md): off worse by more than this means QK-norm is
-    # needed, "no difference" needs equivalence within +-min_gap, and the necessity threshold
-    # is where the fitted gap reaches it (0.1 nats, 10.5% perplexity: five times the seed noise
-    # of the gap at low LR, a fifth of the large effect at high LR)
+    # needed, "no difference" needs equivalence within +-min_gap, and the onset is where the
+    # fitted gap reaches it (0.1 nats, 10.5% perplexity)
     min_gap: float = 0.1
     # a stable run whose final loss is above the training data's unigram entropy minus this
-    # learned no more than token frequencies: "degraded" (both arms degraded says nothing)
+    # learned no more than token frequencies: "degraded"
     degraded_margin: float = 0.2
-    # max stable LR: on/off ratios within this factor either way are "equivalent", beyond it
-    # "raises" or "lowers" (the same margin for both: docs/report.md, amendment 3)
+    # H2's max usable LR: on/off ratios within this factor either way are "equivalent", beyond
+    # it "raises" or "lowers"
     lr_ratio_margin: float = 2.0
     # "equivalent" is tested only where every boundary is bracketed at least this finely (two
     # bisection steps of a half-decade grid give x1.33; one gives x1.83, too coarse)
     equivalence_bracket: float = 1.41
-    # H3: a slope of log10(threshold) on log2(depth) within +-this (decades per doubling) is
-    # "equal" (half of the fall of one decade from depth 2 to 8 the plan powers for)
+    # H3: a slope of log10(onset) on log2(depth) within +-this (decades per doubling) is "equal"
     slope_margin: float = 0.25
     bootstrap: int = 2000  # whole-seed resamples for every interval spanning LRs (fixed seed)
-    # the necessity threshold's interval: its whole-seed draws widened about the estimate by
-    # this factor, the smallest candidate covering >= 93% under the noise models measured
-    # (docs/report.md, amendment 5: `just calibrate thresholds=true`)
+    # the onset's interval: its whole-seed draws widened about the estimate by this factor
+    # (docs/report.md: the calibration's choice)
     threshold_widening: float = 2.5
-    # H3's slope draws widened about the estimate by this factor (docs/report.md, amendment 6:
-    # the smallest candidate whose every false H3 claim is bounded below 5% under the three
-    # noise models, `just calibrate candidates=true`); 0: t(0.975, n - 1) / z
+    # H3's slope draws widened about the estimate by this factor; 0: t(0.975, n - 1) / z
     slope_widening: float = 2.0
     # appended to the keys of the bootstrap's seed draws: "" in a report (reproducible); the
-    # calibration gives each simulated study its own, so no two reuse one index matrix
+    # calibration gives each simulated study its own
     draw_key: str = ""
 
 
@@ -94,18 +89,10 @@ class Options:
 
 def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_margin
                 ) -> pl.DataFrame:
-    """Add `diverged`, `degraded`, `loss` (+inf for a diverged run or a non-finite final loss)
-    and `loss_clipped` = min(loss, init_loss). No run is ever dropped.
-
-    degraded: a stable run whose final loss is above unigram_entropy - degraded_margin (it
-    learned token frequencies and little more); False where the unigram entropy is unknown
-    (runs written before summary.json kept it).
-
-    Wortsman et al. 2023 (arXiv:2309.14322, Sec. 2.2) clip each final loss at the loss at
-    initialisation, so a diverged run counts as init_loss; so does a completed run whose final
-    loss is missing or not finite (`nonfinite_final`). A run without its own init_loss borrows
-    the mean init_loss of its (depth, arm) arm, then of its depth.
-    """
+    """Add `diverged`, `degraded` (stable, final loss above unigram_entropy - degraded_margin;
+    False where the entropy is unknown), `nonfinite_final`, `loss` (+inf when diverged or not
+    finite) and `loss_clipped` = min(loss, init_loss) (Wortsman et al. 2023, Sec. 2.2). No run
+    is ever dropped; a run without its own init_loss borrows its arm's mean, then its depth's."""
     points = with_arm(points)
     init = pl.coalesce(pl.col("init_loss"), pl.col("init_loss").mean().over(ARM_KEYS),
                        pl.col("init_loss").mean().over("depth"))
@@ -124,12 +111,8 @@ def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_
 
 
 def full_curves(points: pl.DataFrame) -> pl.DataFrame:
-    """The runs of the sweep's base seeds, which ran the whole grid (`added_seed` false).
-
-    Adaptive seeds (sweep/adaptive.py) add a seed to single (depth, LR) cells; such a seed has
-    no LR curve, so the per-seed curve metrics (LR sensitivity, max stable LR, optimal LR and
-    best loss) leave it out, while the per-cell gaps use every seed. load.py marks them from
-    the seeds sweep.json declares."""
+    """The runs of the sweep's base seeds (`added_seed` false): a seed added to single cells by
+    adaptive sampling has no LR curve, so the per-seed curve metrics leave it out."""
     points = with_arm(points)
     if "added_seed" not in points.columns:
         return points
@@ -137,16 +120,10 @@ def full_curves(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
-    """Add `in_grid` (the LR belongs to the base grid used by LR sensitivity) and `grid_rule`.
-
-    Refinement runs are extra LRs between the last stable and first divergent grid point; they
-    must not enter LR sensitivity, and both arms must be scored on the same points. In order:
-    - "marked": some run carries a `refine` flag (config.json, summary.json, or the sweep
-      folder's sweep.json grid): unmarked LRs run for every (arm, seed) of the depth;
-    - "common": LRs run for every (depth, arm, seed) of the study, which also makes LR
-      sensitivity comparable across depths (needs >= 2 such LRs);
-    - "per depth": otherwise, LRs run for every (arm, seed) of that depth.
-    """
+    """Add `in_grid` (the LR is in the base grid LR sensitivity uses: bisection LRs are not)
+    and `grid_rule`: "marked" (some run carries `refine`: the unmarked LRs run for every (arm,
+    seed) of the depth), else "common" (LRs run for every (depth, arm, seed), when >= 2), else
+    "per depth" (LRs run for every (arm, seed) of the depth)."""
     points = with_arm(points)
     marked = "refine" in points.columns and points["refine"].is_not_null().any()
     indexed = points.with_row_index("_row")
@@ -169,12 +146,9 @@ def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
-    """Wortsman et al. 2023, Sec. 2.2: LR sensitivity = E_lr[min(loss(lr), init_loss)] - loss*.
-
-    The expectation is the mean over the base-grid LRs (divide by the number of grid points) and
-    loss* = min over the grid of loss(lr), computed for each (depth, arm, seed). Null when
-    every grid point diverged (loss* undefined) or the grid has fewer than two points.
-    """
+    """Per (depth, arm, seed), Wortsman et al. 2023, Sec. 2.2: the mean over the base grid of
+    min(loss, init_loss) minus the grid's best loss; null when every grid LR diverged or the
+    grid has fewer than two LRs."""
     grid = with_losses(full_curves(points))
     if "in_grid" not in grid.columns:
         grid = mark_base_grid(grid)
@@ -206,50 +180,41 @@ def _geo_mean(col: str) -> pl.Expr:
     return pl.col(col).log().mean().exp()
 
 
-def max_stable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """Per (depth, arm, seed), over every LR run (grid and refinement points).
-
-    first_divergent_lr: the smallest LR that diverged. max_stable_lr: the largest LR below it
-    that did not diverge (so refinement runs between the last stable and first divergent grid
-    point tighten it). Two kinds of censoring, both kept:
-    - `censored` (above): no LR diverged; max_stable_lr is the largest LR run, a lower bound.
-    - `below_grid`: every LR run diverged; the true value lies below the smallest LR run, and
-      `max_stable_lr` holds that smallest LR as an upper bound (never left out).
-    max_usable_lr: the same with "diverged or degraded" in place of "diverged" (a run that
-    trained into a collapsed state is stable but not usable), censored the same way.
-    """
-    p = with_losses(full_curves(points), options.degraded_margin)
-    first_div = pl.col("lr").filter(pl.col("diverged")).min()
-    stable = pl.col("lr").filter(~pl.col("diverged") & (
-        first_div.is_null() | (pl.col("lr") < first_div))).max()
-    broken = pl.col("diverged") | pl.col("degraded")
-    first_bad = pl.col("lr").filter(broken).min()
-    usable = pl.col("lr").filter(~broken & (first_bad.is_null() | (pl.col("lr") < first_bad))).max()
-    return (p.group_by(*ARM_KEYS, "seed")
-            .agg(first_divergent_lr=first_div, _stable=stable, _lr_min=pl.col("lr").min(),
-                 _usable=usable, first_degraded_lr=pl.col("lr").filter(pl.col("degraded")).min(),
+def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
+    """Per (depth, arm, seed) curve, over every LR it ran (boundary bisection included):
+    best_lr, the LR of lowest final loss; max_usable_lr, the largest LR such that every run
+    from best_lr up to it neither diverged nor ended degraded (null when the best run itself
+    degraded); first_failed_lr, the smallest LR above best_lr that did; lower_bound, no run
+    above best_lr failed (max_usable_lr is then a lower bound); first_divergent_lr over the
+    curve."""
+    p = with_losses(full_curves(points), options.degraded_margin).with_columns(
+        failed=pl.col("diverged") | pl.col("degraded") | ~pl.col("loss").is_finite())
+    best = (p.filter(pl.col("loss").is_finite()).sort("loss")
+            .group_by(*ARM_KEYS, "seed").agg(best_lr=pl.col("lr").first()))
+    above = pl.col("lr") >= pl.col("best_lr")
+    first_failed = pl.col("lr").filter(above & pl.col("failed")).min()
+    usable = pl.col("lr").filter(above & ~pl.col("failed")
+                                 & (first_failed.is_null() | (pl.col("lr") < first_failed)))
+    return (p.join(best, on=[*ARM_KEYS, "seed"], how="left").group_by(*ARM_KEYS, "seed")
+            .agg(best_lr=pl.col("best_lr").first(), max_usable_lr=usable.max(),
+                 first_failed_lr=first_failed,
+                 first_divergent_lr=pl.col("lr").filter(pl.col("diverged")).min(),
                  lrs_run=pl.len())
-            .with_columns(censored=pl.col("first_divergent_lr").is_null(),
-                          below_grid=pl.col("_stable").is_null(),
-                          max_stable_lr=pl.coalesce("_stable", "_lr_min"),
-                          max_usable_lr=pl.coalesce("_usable", "_lr_min"),
-                          usable_censored=pl.col("first_divergent_lr").is_null()
-                          & pl.col("first_degraded_lr").is_null())
-            .drop("_stable", "_lr_min", "_usable")
+            .with_columns(lower_bound=pl.col("first_failed_lr").is_null()
+                          & pl.col("max_usable_lr").is_not_null())
             .sort(*ARM_KEYS, "seed"))
 
 
-def max_stable_lr(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm): geometric mean over seeds of max stable LR (bounds included, see
-    max_stable_lr_per_seed), the seed range, and how many seeds are censored either way."""
-    return (max_stable_lr_per_seed(points).group_by(ARM_KEYS)
-            .agg(max_stable_lr=_geo_mean("max_stable_lr"),
-                 max_stable_lr_lo=pl.col("max_stable_lr").min(),
-                 max_stable_lr_hi=pl.col("max_stable_lr").max(),
+def max_usable_lr(points: pl.DataFrame) -> pl.DataFrame:
+    """Per (depth, arm): geometric mean over seeds of the max usable LR, its seed range, how
+    many seeds give a lower bound only, and the geometric mean of the first divergent LR."""
+    return (max_usable_lr_per_seed(points).group_by(ARM_KEYS)
+            .agg(max_usable_lr=_geo_mean("max_usable_lr"),
+                 max_usable_lr_lo=pl.col("max_usable_lr").min(),
+                 max_usable_lr_hi=pl.col("max_usable_lr").max(),
                  first_divergent_lr=_geo_mean("first_divergent_lr"),
-                 max_usable_lr=_geo_mean("max_usable_lr"),
-                 stable_seeds=pl.len(), censored_seeds=pl.col("censored").sum(),
-                 below_grid_seeds=pl.col("below_grid").sum())
+                 usable_seeds=pl.col("max_usable_lr").count(),
+                 lower_bound_seeds=pl.col("lower_bound").sum())
             .sort(ARM_KEYS))
 
 
@@ -269,13 +234,13 @@ def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def arm_table(points: pl.DataFrame) -> pl.DataFrame:
-    """One row per (depth, arm): run counts, LR sensitivity, max stable LR, optimum."""
+    """One row per (depth, arm): run counts, LR sensitivity, max usable LR, optimum."""
     p = with_losses(points)
     counts = p.group_by(ARM_KEYS).agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
                                       nonfinite_final=pl.col("nonfinite_final").sum(),
                                       seeds=pl.col("seed").n_unique(), lrs=pl.col("lr").n_unique())
     out = counts
-    for part in (lr_sensitivity(points), max_stable_lr(points), optimal_lr(points)):
+    for part in (lr_sensitivity(points), max_usable_lr(points), optimal_lr(points)):
         out = out.join(part, on=ARM_KEYS, how="left")
     return out.sort(ARM_KEYS)
 
@@ -330,16 +295,10 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
 
 
 
-def layer_reduction(name: str) -> str:
-    """How a probe is reduced over layers: "min", "max" or "mean", as its entry in the probe
-    registry (qkstudy/probe_names.py) says; a name it does not know (another tool's) by mean."""
-    entry = probe(name)
-    return entry.over_layers if entry else "mean"
-
-
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
     """(run, step, name) -> one value: the whole-model (layer -1) row when there is one, else
-    the per-layer values reduced by `layer_reduction`. Non-finite values are dropped."""
+    the per-layer values reduced as the probe registry says (qkstudy/probe_names.py; mean for
+    a name it does not know). Non-finite values are dropped."""
     value = pl.col("value")
     per_layer = pl.col("layer") != WHOLE_MODEL
     reduced = (probes.filter(value.is_finite())

@@ -151,12 +151,12 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
     threshold_text = (f"{options.loss_threshold:g} for every depth" if options.loss_threshold
                       is not None else "per depth, the largest mid-training loss of the arms' "
                       "best runs")
-    per_seed = study.sensitivity_per_seed.join(study.stable_per_seed, how="full", coalesce=True,
+    per_seed = study.sensitivity_per_seed.join(study.usable_per_seed, how="full", coalesce=True,
                                                on=["depth", "arm", "seed"])
     arm_cols = ["depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points",
                 "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo",
-                "lr_sensitivity_hi", "sensitivity_seeds", "max_stable_lr", "max_stable_lr_lo",
-                "max_stable_lr_hi", "censored_seeds", "below_grid_seeds", "first_divergent_lr",
+                "lr_sensitivity_hi", "sensitivity_seeds", "max_usable_lr", "max_usable_lr_lo",
+                "max_usable_lr_hi", "lower_bound_seeds", "first_divergent_lr",
                 "optimal_lr", "optimal_lr_lo", "optimal_lr_hi", "best_loss", "best_loss_lo",
                 "best_loss_hi", "nonfinite_final"]
     # the HTML shows the attention and kurtosis probes; every final_<probe> is in the files
@@ -176,7 +176,8 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         verdicts=_verdict_rows(study.verdicts), measured_help=MEASURED_HELP,
         arms_table=safe(html_table(study.arms, arm_cols)),
         per_seed_table=safe(html_table(per_seed)),
-        necessity_table=safe(html_table(study.thresholds)),
+        onset_table=safe(html_table(study.thresholds)),
+        threshold_widening=f"{o.threshold_widening:g}",
         best_table=safe(html_table(study.best_gaps)),
         h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
         degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",

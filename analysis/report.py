@@ -24,6 +24,7 @@ from qkstudy.errors import UsageError
 from qkstudy.run_folder import FINISHED
 
 from . import charts as C
+from . import plots as P
 from . import compare as K
 from . import metrics as M
 from .linked import link
@@ -40,20 +41,19 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     shown = pl.concat([points, study.others])
     probes = study.probe_steps.join(points.select("run"), on="run")
     found = sorted(probes["name"].unique().to_list())
-    wanted = [n for n in options.probe_names if n in found] or C.other_probe_names(found)
-    picks = C.curve_runs(points, study.arms, list(options.curve_lrs) or None, study.others)
+    wanted = [n for n in options.probe_names if n in found] or P.other_probe_names(found)
+    picks = P.curve_runs(points, study.arms, list(options.curve_lrs) or None, study.others)
     out = {
         "headline": C.headline_chart(study.gaps, study.thresholds, study.arms),
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
-        "training_curves": C.training_curves_chart(shown, runs.metrics, picks),
-        "max_attention_logit": C.max_logit_chart(points, probes),
-        "attention_entropy": C.entropy_chart(points, probes),
-        "gap_map": C.gap_map_chart(study.gaps, study.thresholds),
-        "lr_sensitivity": C.sensitivity_chart(points),
-        "lr_landmarks": C.landmarks_chart(study.arms, study.thresholds),
+        "training_curves": P.training_curves_chart(shown, runs.metrics, picks),
+        "max_attention_logit": P.max_logit_chart(points, probes),
+        "attention_entropy": P.entropy_chart(points, probes),
+        "lr_sensitivity": P.sensitivity_chart(points),
+        "lr_landmarks": P.landmarks_chart(study.arms, study.thresholds),
     }
     if wanted:
-        out["other_probes"] = C.other_probes_chart(points, probes, wanted)
+        out["other_probes"] = P.other_probes_chart(points, probes, wanted)
     return {k: out[k] for k in CHARTS if k in out}
 
 
@@ -69,6 +69,13 @@ def compare(study: Study, other: Study, runs_dir: str | Path, other_dir: str | P
 
 
 # --- writing ----------------------------------------------------------------------------------
+
+# tables/<name>.parquet and .csv: the Study field each is written from
+TABLES = {"runs": "per_run", "arms": "arms", "lr_sensitivity_per_seed": "sensitivity_per_seed",
+          "max_usable_lr_per_seed": "usable_per_seed", "gaps": "gaps", "onset": "thresholds",
+          "spikes": "spikes", "verdicts": "verdicts", "h1_best_loss": "best_gaps",
+          "h2_tests": "h2_tests", "h3_tests": "h3_tests", "twins": "twins",
+          "exploratory_gaps": "exploratory_gaps"}
 
 def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
     # encoded in memory and written by Python: a full disk is then an OSError naming the file
@@ -108,20 +115,10 @@ def build_report(runs_dir: str | Path, out: str | Path,
     with replacing(out) as tmp:
         tables = tmp / "tables"
         tables.mkdir()
-        write_table(study.per_run, tables, "runs")
-        write_table(study.arms, tables, "arms")
-        write_table(study.sensitivity_per_seed, tables, "lr_sensitivity_per_seed")
-        write_table(study.stable_per_seed, tables, "max_stable_lr_per_seed")
-        write_table(study.gaps, tables, "gaps")
-        write_table(study.thresholds, tables, "necessity")
-        write_table(study.spikes, tables, "spikes")
-        write_table(study.verdicts, tables, "verdicts")
-        write_table(study.best_gaps, tables, "h1_best_loss")
-        write_table(study.h2_tests, tables, "h2_tests")
-        write_table(study.h3_tests, tables, "h3_tests")
-        write_table(study.twins, tables, "twins")
-        if study.exploratory_gaps.height:
-            write_table(study.exploratory_gaps, tables, "exploratory_gaps")
+        for name, table in TABLES.items():
+            frame = getattr(study, table)
+            if name != "exploratory_gaps" or frame.height:
+                write_table(frame, tables, name)
         specs = {}
         for name, chart in build_charts(study, options).items():
             specs[name] = link(name, chart.to_dict())
@@ -155,11 +152,11 @@ keys (defaults shown):
   threshold=                      val loss level for steps-to-threshold (default: per depth, the
                                   largest mid-training val loss of the arms' best runs)
   curve_lrs=                      LR,LR,... for the training-curve chart (default: per depth,
-                                  the off arm's optimal, max stable and first divergent LR)
+                                  the off arm's optimal, max usable and first divergent LR)
   probes=                         NAME,NAME,... for the other-probes chart (default: residual
                                   kurtosis and a few others when present)
   alpha=0.05                      error level of each hypothesis's family of tests
-                                  (Benjamini-Hochberg)
+                                  (H1 Benjamini-Hochberg, H2 and H3 Holm)
   min_gap=0.1                     nats: the plan's margin (docs/report.md): off worse by more is
                                   "needed", within +-min_gap "no difference" (10.5% perplexity)"""
 

@@ -1,24 +1,15 @@
-"""The statistical tests the verdicts rest on, over paired seed differences, from scipy and
-statsmodels. What is specific to the study (which LRs, which arms, what counts as a threshold)
-lives in analysis.metrics and analysis.verdicts; every rule is written out in docs/report.md.
+"""The statistical tests the verdicts rest on (scipy, statsmodels), over paired seed
+differences; what is specific to the study lives in analysis.metrics, .threshold and
+.hypotheses (docs/report.md writes every rule out).
 
-All tests here are on the mean of n paired differences d_1..d_n (one per seed):
-- `interval`: the two-sided 95% t-interval of the mean (scipy.stats.ttest_1samp). With 3-6
-  seeds a bootstrap over seeds cannot resolve a 2.5% tail (3 seeds have 10 distinct resamples),
-  so gaps use the t-interval; thresholds, which are not means, use the bootstrap (metrics.py).
-- `p_greater`: one-sided t-test of mean > 0. With no spread at all the t statistic is undefined;
-  the test falls back to the exact sign-flip permutation p (2^-n when every difference has the
-  sign of the claim, else 1), which needs no variance and is never 0.
-- `p_equivalent`: TOST (two one-sided tests, statsmodels ttost_paired) of |mean| < margin.
-- `adjust`: Benjamini-Hochberg over one hypothesis's family of p-values (statsmodels
-  multipletests), so the expected share of false claims among a family's claims is <= alpha.
-
-Measures that take a few grid values (a max stable LR ratio of x1, x1.83, x10) have ties, where
-a t statistic is meaningless; `p_signflip` is the exact sign-flip permutation test of the mean
-(all 2^n sign patterns; a tie scores as its pattern does, never better than a spread).
-Intervals that span learning rates come from `seed_bootstrap`: whole seeds are resampled (a
-drawn seed brings every LR, depth and arm it ran), so the correlation of one seed's runs
-across LRs is kept; `isotonic` is the monotone fit the necessity threshold is read from.
+- `interval`: the two-sided 95% t-interval of the mean (3-6 seeds cannot resolve a bootstrap's
+  2.5% tail); `p_greater`: one-sided t-test, with no spread the exact sign-flip bound 2^-n;
+  `p_equivalent`: TOST of |mean| < margin.
+- `p_signflip`: the exact sign-flip permutation test, for measures with ties (a max usable LR
+  ratio takes a few grid values) and gaps made by divergence.
+- `adjust`: Benjamini-Hochberg (H1) or Holm (H2, H3) within one hypothesis's family.
+- `seed_bootstrap`: whole seeds resampled (a drawn seed brings every LR, depth and arm it ran);
+  `isotonic`: the monotone fit the onset is read from.
 """
 
 from __future__ import annotations
@@ -31,8 +22,7 @@ import numpy as np
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-CORRECTION = "Benjamini-Hochberg"  # H1's large family: the share of false claims
-HOLM = "Holm"  # H2's and H3's small families: the chance of any false claim
+CORRECTION, HOLM = "Benjamini-Hochberg", "Holm"  # H1's large family; H2's and H3's small ones
 LEVEL = 0.95  # every interval reported is a two-sided 95% interval
 
 
@@ -51,9 +41,8 @@ def _t(d: np.ndarray) -> tuple[float, float, int]:
 
 
 def interval(diffs, level: float = LEVEL) -> tuple[float | None, float | None]:
-    """The two-sided t-interval of the mean (as scipy.stats.ttest_1samp(...).confidence_interval
-    gives it); (None, None) below 2 values; the point itself when every value is equal (no
-    spread to widen it)."""
+    """The two-sided t-interval of the mean; (None, None) below 2 values; the point itself when
+    every value is equal."""
     d = _values(diffs)
     if len(d) < 2:
         return None, None
@@ -65,8 +54,7 @@ def interval(diffs, level: float = LEVEL) -> tuple[float | None, float | None]:
 
 
 def p_greater(diffs) -> float | None:
-    """One-sided p of mean(diffs) > 0 (Student's t, as scipy's ttest_1samp with
-    alternative="greater"); None below 2 values (see the module docstring)."""
+    """One-sided p of mean(diffs) > 0 (Student's t); None below 2 values."""
     d = _values(diffs)
     if len(d) < 2:
         return None
@@ -76,15 +64,9 @@ def p_greater(diffs) -> float | None:
     return float(stats.t.sf(mean / se, df))
 
 
-def p_less(diffs) -> float | None:
-    """One-sided p of mean(diffs) < 0."""
-    return p_greater([-x for x in _values(diffs)])
-
-
 def p_equivalent(diffs, margin: float) -> float | None:
-    """TOST p of -margin < mean(diffs) < margin (the larger of the two one-sided t-tests, as
-    statsmodels' ttost_paired gives it); None below 2 values. With no spread: 0.5^n when every
-    value lies inside the margin (the exact sign-flip bound), else 1."""
+    """TOST p of -margin < mean(diffs) < margin (the larger of the two one-sided t-tests); None
+    below 2 values. With no spread: 0.5^n when every value lies inside the margin, else 1."""
     d = _values(diffs)
     if len(d) < 2 or margin <= 0:
         return None
@@ -113,8 +95,7 @@ def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
 
 def holm(pvalues: list[float]) -> np.ndarray:
     """Holm's step-down adjusted p-values, as statsmodels' multipletests(method="holm") gives
-    them (tests/test_stats.py holds the two equal), without the gc.collect() it runs on every
-    call, which costs the calibration's thousands of small families a third of their time."""
+    them, without the gc.collect() it runs on every call (a third of the calibration's time)."""
     p = np.asarray(pvalues, float)
     order = np.argsort(p, kind="stable")
     stepped = np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1))
@@ -124,9 +105,8 @@ def holm(pvalues: list[float]) -> np.ndarray:
 
 
 def adjust_family(tests: list[tuple[dict, str]], alpha: float, method: str = "fdr_bh") -> None:
-    """Adjust one hypothesis's family in place: `tests` are (row, "p_<claim>") pairs; each row
-    gets "q_<claim>" (Benjamini-Hochberg, or Holm) and "family_size" (the tests that had a
-    p-value)."""
+    """Adjust one family in place: `tests` are (row, "p_<claim>") pairs; each row gets
+    "q_<claim>" and "family_size" (the tests that had a p-value)."""
     qs = adjust([row[key] for row, key in tests], alpha, method)
     size = sum(q is not None for q in qs)
     for (row, key), q in zip(tests, qs):
@@ -141,12 +121,9 @@ EXACT_UP_TO = 18  # sign patterns enumerated up to 2^18; beyond, 2^16 random pat
 
 def p_signflip(diffs, shift: float = 0.0, rng: np.random.Generator | None = None
                ) -> float | None:
-    """One-sided p of mean(diffs) > shift by the sign-flip permutation test: the share of the
-    2^n sign patterns of (d_i - shift) whose sum is at least the observed sum. Exact for
-    n <= 18 (valid when each shifted difference is symmetric about 0 under the null; for
-    shift = 0 and a sharp null, paired arms are exchangeable, which is all it needs). Ties
-    and zeros are handled as they are: a zero never changes sign, so with k non-zero values
-    the smallest attainable p is 2^-k. None below 2 values."""
+    """One-sided p of mean(diffs) > shift: the share of the 2^n sign patterns of (d_i - shift)
+    whose sum is at least the observed sum (exact for n <= 18; a zero never changes sign, so k
+    non-zero values give at least 2^-k). None below 2 values."""
     d = _values(diffs) - shift
     n = len(d)
     if n < 2:
@@ -195,12 +172,10 @@ def seed_draws(n_seeds: int, draws: int, key: str) -> np.ndarray:
 
 def seed_bootstrap(values: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Cell means of whole-seed resamples: `values` is (seeds, cells), NaN where a seed did not
-    run a cell; `draws` is (B, k) seed indices (seed_draws). Returns (means, counts), each
-    (B, cells): a cell's mean over the drawn seeds that ran it (a seed drawn twice counts twice),
-    rescaled about the cell's own mean by sqrt(n / (n - 1)) for the cell's n seeds, so the draws
-    have the spread of the t-interval's standard error rather than the (n - 1) / n of it a plain
-    bootstrap gives with few seeds; NaN and count 0 where no drawn seed ran the cell. A cell of
-    one seed keeps its one value."""
+    run a cell; `draws` (B, k) seed indices. Returns (means, counts), each (B, cells): a cell's
+    mean over the drawn seeds that ran it, rescaled about the cell's own mean by
+    sqrt(n / (n - 1)) for its n seeds (the spread of the t-interval's standard error); NaN and
+    count 0 where no drawn seed ran the cell."""
     present = ~np.isnan(values)
     n = present.sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -230,10 +205,9 @@ def p_bootstrap(null_side: np.ndarray) -> float:
 # --- the monotone fit ---------------------------------------------------------------------------
 
 def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Weighted non-decreasing least-squares fit of each row of `means` (rows x points in
-    order), vectorised over rows by the min-max formula fit_i = max over j <= i of min over
-    k >= i of the weighted mean of points j..k. A point of weight 0 (NaN mean) leaves the fit
-    and takes the fit of its neighbours."""
+    """Weighted non-decreasing least-squares fit of each row of `means` (rows x points), by the
+    min-max formula fit_i = max over j <= i of min over k >= i of the weighted mean of points
+    j..k. A point of weight 0 (NaN mean) takes the fit of its neighbours."""
     means = np.atleast_2d(np.asarray(means, float))
     w = np.where(np.isnan(means), 0.0, np.broadcast_to(np.atleast_2d(weights), means.shape))
     wy = np.cumsum(np.concatenate([np.zeros((means.shape[0], 1)),

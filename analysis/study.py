@@ -53,14 +53,14 @@ class Study:
     per_run: pl.DataFrame
     arms: pl.DataFrame
     sensitivity_per_seed: pl.DataFrame
-    stable_per_seed: pl.DataFrame
+    usable_per_seed: pl.DataFrame  # H2's max usable LR per (depth, arm, seed)
     gaps: pl.DataFrame
-    thresholds: pl.DataFrame
     spikes: pl.DataFrame
     verdicts: pl.DataFrame
     best_gaps: pl.DataFrame  # H1: off's best loss minus on's, each at its own optimal LR
-    h2_tests: pl.DataFrame  # H2: max stable LR ratio and LR sensitivity drop, pooled and per depth
-    h3_tests: pl.DataFrame  # H3: the slope of log10(threshold) on log2(depth)
+    h2_tests: pl.DataFrame  # H2: max usable LR ratio and LR sensitivity drop, pooled and per depth
+    thresholds: pl.DataFrame  # the onset and the tested rule per (depth, compared arm)
+    h3_tests: pl.DataFrame  # H3: the slope of log10(onset) on log2(depth)
     twins: pl.DataFrame
     exploratory_gaps: pl.DataFrame  # H1's cells with every seed, added ones too (not verdicts)
     loss_thresholds: pl.DataFrame
@@ -85,24 +85,23 @@ def _most_common(column: pl.Series, prefer: str | None = None) -> str:
 
 
 
-def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
-    """All study numbers: choose the runs, then the per-run table and the study metrics."""
+def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.DataFrame]:
+    """(framework, setting, the runs that enter the metrics, other frameworks' twins)."""
     table = runs.table
     finished = table.filter(pl.col("status").is_in(FINISHED))
     if finished.is_empty():
         raise UsageError(f"no finished runs under {runs.root} (all {table.height} failed)")
-    notes = []
     framework = _most_common(finished["framework"], prefer="mlx")
     primary = finished.filter(pl.col("framework") == framework)
     setting = _most_common(primary["setting"])
     settings = primary["setting"].unique().to_list()
     if len(settings) > 1:
         left = primary.filter(pl.col("setting") != setting)
-        chosen = primary.height - left.height
         notes.append(f"the study metrics use the largest group of {framework} runs that share "
-                     f"one setting: {chosen} runs with {setting_label(setting, settings)}; the "
-                     f"other {left.height} runs differ in that setting and are listed but left "
-                     f"out of the metrics (give their sweep folder to report them)")
+                     f"one setting: {primary.height - left.height} runs with "
+                     f"{setting_label(setting, settings)}; the other {left.height} runs differ "
+                     f"in that setting and are listed but left out of the metrics (give their "
+                     f"sweep folder to report them)")
     points = primary.filter(pl.col("setting") == setting)
     unique = points.unique(subset="identity", keep="first", maintain_order=True)
     if unique.height < points.height:
@@ -120,11 +119,18 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
         notes.append(f"{others.height} run{'s' if others.height != 1 else ''} of framework "
                      f"{', '.join(sorted(others['framework'].unique()))} are overlaid on their "
                      f"{framework} twins, not mixed into the study metrics")
+    return framework, setting, points, others
+
+
+def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
+    """All study numbers: choose the runs, then the per-run table and the study metrics."""
+    notes: list[str] = []
+    framework, setting, points, others = _primary(runs, notes)
     study = options.study
     exploratory_gaps = pl.DataFrame(schema=H.GAP_SCHEMA)
     if "added_seed" in points.columns and points["added_seed"].fill_null(False).any():
-        # seeds added after looking at the data (adaptive seeds) are optional stopping: the plan
-        # keeps them out of the confirmatory verdicts and shows their cells apart
+        # seeds added after looking at the data (adaptive seeds) are optional stopping: kept
+        # out of the verdicts, their cells shown apart
         added = points.filter(pl.col("added_seed").fill_null(False))
         notes.append(f"{added.height} runs of seeds added after the data were seen (seeds "
                      f"{', '.join(map(str, sorted(added['seed'].unique().to_list())))}) are "
@@ -132,25 +138,22 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
                      f"exploratory_gaps table")
         exploratory_gaps = H.h1_tests(points, study)[0]
         points = points.filter(~pl.col("added_seed").fill_null(False))
-    arms = M.arm_table(points)
-    verdicts, gaps, best_gaps, thresholds, h2_tests, h3_tests, _ = V.study_verdicts(points, study)
+    v = V.study_verdicts(points, study)
     if options.loss_threshold is not None:
-        loss_thresholds = pl.DataFrame({"depth": sorted(table["depth"].unique().to_list())}) \
-            .with_columns(loss_threshold=pl.lit(float(options.loss_threshold)))
+        loss_thresholds = pl.DataFrame({"depth": sorted(runs.table["depth"].unique().to_list())}
+                                       ).with_columns(loss_threshold=options.loss_threshold)
     else:
         loss_thresholds = M.default_loss_thresholds(points, runs.metrics)
     probe_steps = M.probe_over_layers(runs.probes).collect()
-    per_run = per_run_table(runs, probe_steps, loss_thresholds, in_study=points["run"])
-    grid = M.mark_base_grid(points).select("run", "in_grid")
-    per_run = per_run.join(grid, on="run", how="left")
-    twins = twin_table(runs, framework)
+    per_run = per_run_table(runs, probe_steps, loss_thresholds, in_study=points["run"]).join(
+        M.mark_base_grid(points).select("run", "in_grid"), on="run", how="left")
     return Study(runs=runs, framework=framework, setting=setting, points=points, others=others,
-                 probe_steps=probe_steps, per_run=per_run, arms=arms,
+                 probe_steps=probe_steps, per_run=per_run, arms=M.arm_table(points),
                  sensitivity_per_seed=M.lr_sensitivity_per_seed(points),
-                 stable_per_seed=M.max_stable_lr_per_seed(points, study), gaps=gaps,
-                 thresholds=thresholds, spikes=M.spike_table(points), verdicts=verdicts,
-                 best_gaps=best_gaps, h2_tests=h2_tests, h3_tests=h3_tests,
-                 twins=twins, exploratory_gaps=exploratory_gaps,
+                 usable_per_seed=M.max_usable_lr_per_seed(points, study), gaps=v.gaps,
+                 thresholds=v.thresholds, spikes=M.spike_table(points), verdicts=v.verdicts,
+                 best_gaps=v.best, h2_tests=v.h2, h3_tests=v.h3,
+                 twins=twin_table(runs, framework), exploratory_gaps=exploratory_gaps,
                  loss_thresholds=loss_thresholds, notes=notes)
 
 

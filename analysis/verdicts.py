@@ -4,7 +4,7 @@ Each hypothesis (per compared arm) is one family of pre-specified, one-direction
 adjusted together (H1 by Benjamini-Hochberg, H2 and H3 by Holm: analysis.hypotheses); the
 family's size is printed beside its verdict. "No difference" and "not needed" come only from an equivalence test.
 Per depth (H1) or per measure (H2) the data point for, against or neither way; H3 is one part,
-the slope of the threshold against depth. The label says what they can bear ("supported" needs
+the slope of the onset against depth. The label says what they can bear ("supported" needs
 3 paired seeds, "partly" when some parts are undecided, "mixed" when decided parts disagree).
 Every rule is written out in docs/report.md.
 """
@@ -19,24 +19,20 @@ import polars as pl
 
 from . import stats as S
 from .hypotheses import (
-    EXPLORATORY,
-    MAX_STABLE,
+    H2_MEASURES,
     MAX_USABLE,
     NO_DIFFERENCE,
     OFF_WORSE,
     ON_WORSE,
-    PRIMARY,
-    SENSITIVITY,
     TOO_FEW,
     UNDETERMINED,
-    LR_MEASURES,
     h1_tests,
     h2_tests,
     h3_tests,
     mark_needed,
 )
 from .metrics import Options, control_words, compared_arms
-from .threshold import DepthDraws, necessity_threshold, threshold_draws
+from .threshold import DepthDraws, onset_table, threshold_draws
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, MIXED, NO_DATA = (
     "supported", "not supported", "inconclusive", "mixed", "not enough data")
@@ -118,14 +114,14 @@ class StudyVerdicts(NamedTuple):
     thresholds: pl.DataFrame
     h2: pl.DataFrame
     h3: pl.DataFrame
-    draws: dict[tuple[str, int], DepthDraws]  # the thresholds' whole-seed draws, per (arm, depth)
+    draws: dict[tuple[str, int], DepthDraws]  # the onsets' whole-seed draws, per (arm, depth)
 
 
 def study_verdicts(points: pl.DataFrame, options: Options) -> StudyVerdicts:
     """H1-H3 and the tables behind them, from one study's runs."""
     gaps, best = h1_tests(points, options)
     draws = threshold_draws(points, gaps, options)
-    thresholds = necessity_threshold(points, options, gaps, draws)
+    thresholds = onset_table(points, options, gaps, draws)
     gaps = mark_needed(gaps, thresholds)
     h2 = h2_tests(points, options)
     h3 = h3_tests(points, gaps, options, draws)
@@ -182,8 +178,8 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                               f"depth {d}: needs >= 2 paired seeds"))
             continue
         informative = tested.filter("informative")
-        # the fewest paired seeds of the decided cells the direction rests on (docs/report.md,
-        # amendment 2): an undecided boundary-bisection LR run by some seeds does not lower it
+        # the fewest paired seeds of the decided cells the direction rests on: an undecided
+        # boundary-bisection LR run by some seeds does not lower it
         decided = informative.filter(pl.col("decision").is_in([OFF_WORSE, NO_DIFFERENCE,
                                                                ON_WORSE]))
         n = int((decided if decided.height else tested)["pairs"].min())
@@ -209,7 +205,7 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
         text = (f"depth {d}: {outcomes}"
                 + (f"; {tested.height - informative.height} LRs where neither arm learned"
                    if tested.height > informative.height else "")
-                + (f"; threshold {t['threshold'][0]}" if t.height and t["threshold"][0] else "")
+                + (f"; onset {t['onset'][0]}" if t.height and t["onset"][0] else "")
                 + ("" if b.is_empty() else
                    f"; best loss off - on {_effect(b['mean_gap'][0], b['ci_lo'][0], b['ci_hi'][0])}"
                    f" (q {_q(b['q_off_worse'][0])})")
@@ -223,68 +219,57 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
 # --- H2 -----------------------------------------------------------------------------------------
 
 def _h2(on: str, h2: pl.DataFrame) -> dict:
-    """Two primary parts, max stable LR and LR sensitivity, each decided on its pooled tests;
-    max usable LR is exploratory and only shown. combine() gives the label ("mixed" when one
-    part is for and the other against)."""
+    """Two parts, max usable LR and LR sensitivity, each decided on its pooled tests; combine()
+    gives the label ("mixed" when one part is for and the other against)."""
     mine = h2.filter(pl.col("compared_arm") == on)
-    parts, shown, exploratory = [], {}, ""
-    for measure, role in ((MAX_STABLE, PRIMARY), (SENSITIVITY, PRIMARY),
-                          (MAX_USABLE, EXPLORATORY)):
-        pooled = mine.filter((pl.col("measure") == measure) & (pl.col("role") == role))
+    parts, shown = [], {}
+    for measure in H2_MEASURES:
+        pooled = mine.filter((pl.col("measure") == measure) & pl.col("depth").is_null())
         if pooled.is_empty():
             continue
         r = pooled.row(0, named=True)
         way = {"for": FOR, "against": AGAINST, "equivalent": AGAINST,
                TOO_FEW: NO_DATA}.get(r["decision"], UNCLEAR)
-        fmt = ".3g" if measure in LR_MEASURES else "+.3f"
-        effect = (f"x{_effect(r['effect'], r['ci_lo'], r['ci_hi'], fmt)}"
-                  if measure in LR_MEASURES else _effect(r["effect"], r["ci_lo"], r["ci_hi"]))
+        effect = (f"x{_effect(r['effect'], r['ci_lo'], r['ci_hi'], '.3g')}"
+                  if measure == MAX_USABLE else _effect(r["effect"], r["ci_lo"], r["ci_hi"]))
         depth_rows = mine.filter((pl.col("measure") == measure)
                                  & pl.col("depth").is_not_null()).sort("depth")
         by_depth = ", ".join(f"depth {d['depth']} {d['per_seed']}"
                              for d in depth_rows.iter_rows(named=True))
-        q = "p" if role == EXPLORATORY else "q"
-        text = (f"{'exploratory: ' if role == EXPLORATORY else ''}{measure} {effect} over "
-                f"{r['pairs']} (depth, seed) pairs, {r['decision']} ({q} for {_q(r['q_for'])}, "
-                f"against {_q(r['q_against'])}, equivalent {_q(r['q_equivalent'])}; smallest "
-                f"attainable p {_q(r['smallest_p'])})" + (f"; {r['note']}" if r["note"] else "")
+        text = (f"{measure} {effect} over {r['pairs']} (depth, seed) pairs, {r['decision']} "
+                f"(q for {_q(r['q_for'])}, against {_q(r['q_against'])}, equivalent "
+                f"{_q(r['q_equivalent'])}; smallest attainable p {_q(r['smallest_p'])})"
+                + (f"; {r['note']}" if r["note"] else "")
                 + (f"; per seed: {by_depth}" if by_depth else ""))
-        if role == PRIMARY:
-            # the label's seed rule counts paired seeds (per depth), not pooled units
-            seeds = int(depth_rows["pairs"].min()) if depth_rows.height else r["pairs"]
-            parts.append(Part(way, seeds, text))
-            shown[measure] = combine([parts[-1]])
-        else:
-            exploratory = text
-            shown[f"exploratory {measure}"] = r["decision"]
+        # the label's seed rule counts paired seeds (per depth), not pooled units
+        seeds = int(depth_rows["pairs"].min()) if depth_rows.height else r["pairs"]
+        parts.append(Part(way, seeds, text))
+        shown[measure] = combine([parts[-1]])
     verdict = combine(parts)
     verdict += " (" + "; ".join(f"{m}: {v}" for m, v in shown.items()) + ")" if shown else ""
     family = int(mine["family_size"].max() or 0) if mine.height else 0
-    row = _row("H2", on, f"{control_words(on)} raises the max stable LR and lowers LR "
-               "sensitivity", parts, "measures", family, verdict, S.HOLM)
-    if exploratory:
-        row["evidence"] += "; " + exploratory
-    return row
+    return _row("H2", on, f"{control_words(on)} raises the max usable LR and lowers LR "
+                "sensitivity", parts, "measures", family, verdict, S.HOLM)
 
 
 # --- H3 -----------------------------------------------------------------------------------------
 
 def _h3(on: str, h3: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
-    """FOR when the slope of log10(threshold) on log2(depth) is negative with error control;
+    """FOR when the slope of log10(onset) on log2(depth) is negative with error control;
     AGAINST when it is positive, or equal to 0 within slope_margin (equivalence); else UNCLEAR."""
-    claim = "the necessity LR falls with depth"
+    claim = "the onset LR falls with depth"
     t = thresholds.filter((pl.col("compared_arm") == on) & (pl.col("seeds") >= 2)).sort("depth")
-    per_depth = "; ".join(f"depth {r['depth']}: {r['threshold'] or r['note']}"
+    per_depth = "; ".join(f"depth {r['depth']}: onset {r['onset'] or r['note']}"
                           for r in t.iter_rows(named=True))
     mine = h3.filter(pl.col("compared_arm") == on)
     if mine.is_empty():
         part = Part(NO_DATA, 0, (per_depth + "; " if per_depth else "")
-                    + "needs >= 2 depths with a threshold estimate (>= 2 paired seeds)")
+                    + "needs >= 2 depths with an onset estimate (>= 2 paired seeds)")
         return _row("H3", on, claim, [part], "slopes", 0, correction=S.HOLM)
     r = mine.row(0, named=True)
     n = int(t["seeds"].min()) if t.height else 0
     way = {"falls": FOR, "rises": AGAINST, "equal": AGAINST}.get(r["decision"], UNCLEAR)
-    text = (f"{per_depth}; slope of log10(threshold) on log2(depth): {_shift(r['slope'])} "
+    text = (f"{per_depth}; slope of log10(onset) on log2(depth): {_shift(r['slope'])} "
             f"decades per doubling [{_shift(r['ci_lo'])}, {_shift(r['ci_hi'])}] "
             f"{r['decision']} (q fall {_q(r['q_fall'])}, rise {_q(r['q_rise'])}, equal "
             f"{_q(r['q_equal'])}; {r['undefined_share']:.0%} of draws without a slope)"

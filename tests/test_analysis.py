@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 
 from analysis import charts as C
+from analysis import plots as P
 from analysis import hypotheses as H
 from analysis import metrics as M
 from analysis import stats as S
@@ -84,31 +85,33 @@ def test_base_grid_is_common_to_every_depth_else_per_depth():
     assert set(marked["grid_rule"]) == {"per depth"} and marked["in_grid"].all()
 
 
-# --- max stable LR ----------------------------------------------------------------------------
+# --- max usable LR ----------------------------------------------------------------------------
 
-def test_max_stable_lr_uses_refinement_runs_and_first_divergence():
+def test_max_usable_lr_starts_at_the_best_lr_and_counts_bisection_runs():
     rows = [
-        # seed 0: grid 0.01 ok, 0.1 ok, 1.0 diverged; refinement 0.3 ok, 0.5 diverged
+        # seed 0: best at 0.1; 0.3 (a bisection LR) ok, 0.5 diverged, 1.0 diverged
         (4, "none", 0.01, 0, 3.0, 5.0), (4, "none", 0.1, 0, 2.9, 5.0),
         (4, "none", 1.0, 0, None, 5.0), (4, "none", 0.3, 0, 3.1, 5.0),
         (4, "none", 0.5, 0, None, 5.0),
-        # seed 1: 0.1 diverged but 1.0 (noise) did not: the first divergence bounds it
-        (4, "none", 0.01, 1, 3.0, 5.0), (4, "none", 0.1, 1, None, 5.0),
-        (4, "none", 1.0, 1, 3.4, 5.0), (4, "none", 0.03, 1, 2.95, 5.0),
-        # on arm: never diverged -> a lower bound at the largest LR run
+        # seed 1: 0.001 diverged below the best LR (does not enter); 0.1 diverged above it
+        (4, "none", 0.001, 1, None, 5.0), (4, "none", 0.01, 1, 3.0, 5.0),
+        (4, "none", 0.1, 1, None, 5.0), (4, "none", 1.0, 1, 3.4, 5.0),
+        (4, "none", 0.03, 1, 2.95, 5.0),
+        # on arm: nothing failed above its best LR -> a lower bound at the largest LR run
         (4, "rmsnorm", 0.01, 0, 3.0, 5.0), (4, "rmsnorm", 1.0, 0, 3.2, 5.0),
     ]
-    per_seed = M.max_stable_lr_per_seed(points(rows))
+    per_seed = M.max_usable_lr_per_seed(points(rows))
     got = {(r["arm"], r["seed"]): r for r in per_seed.iter_rows(named=True)}
-    assert got[("none", 0)]["max_stable_lr"] == 0.3
-    assert got[("none", 0)]["first_divergent_lr"] == 0.5
-    assert got[("none", 1)]["max_stable_lr"] == 0.03
-    assert got[("none", 1)]["first_divergent_lr"] == 0.1
-    assert got[("rmsnorm", 0)]["max_stable_lr"] == 1.0 and got[("rmsnorm", 0)]["censored"]
-    arms = M.max_stable_lr(points(rows)).filter(pl.col("arm") == "none").row(0, named=True)
-    assert arms["max_stable_lr"] == pytest.approx(math.sqrt(0.3 * 0.03))
-    assert (arms["max_stable_lr_lo"], arms["max_stable_lr_hi"]) == (0.03, 0.3)
-    assert arms["censored_seeds"] == 0
+    assert (got[("none", 0)]["best_lr"], got[("none", 0)]["max_usable_lr"]) == (0.1, 0.3)
+    assert got[("none", 0)]["first_failed_lr"] == 0.5
+    assert (got[("none", 1)]["best_lr"], got[("none", 1)]["max_usable_lr"]) == (0.03, 0.03)
+    assert got[("none", 1)]["first_failed_lr"] == 0.1
+    assert got[("none", 1)]["first_divergent_lr"] == 0.001
+    assert got[("rmsnorm", 0)]["max_usable_lr"] == 1.0 and got[("rmsnorm", 0)]["lower_bound"]
+    arms = M.max_usable_lr(points(rows)).filter(pl.col("arm") == "none").row(0, named=True)
+    assert arms["max_usable_lr"] == pytest.approx(math.sqrt(0.3 * 0.03))
+    assert (arms["max_usable_lr_lo"], arms["max_usable_lr_hi"]) == (0.03, 0.3)
+    assert arms["lower_bound_seeds"] == 0
 
 
 def test_optimal_lr_and_best_loss_per_seed():
@@ -140,14 +143,14 @@ def test_a_completed_run_with_a_nan_final_loss_counts_as_its_init_loss():
     assert M.arm_table(table).filter(pl.col("arm") == "none")["nonfinite_final"][0] == 1
 
 
-# --- paired tests, error control and the necessity threshold ----------------------------------
+# --- paired tests, error control and the onset --------------------------------------------------
 
 GRID = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 NOISE = [0.0, 0.01, -0.01, 0.02, -0.02, 0.005]  # per-seed offsets shared by both arms (paired)
 GAP_NOISE = [0.004, -0.003, -0.001, 0.003, -0.004, 0.001]  # per-seed noise of the gap itself
 
 
-def necessity_table(first_needed: dict[int, float], seeds: int = 3) -> pl.DataFrame:
+def onset_sweep(first_needed: dict[int, float], seeds: int = 3) -> pl.DataFrame:
     """On arm at 3.0 (+ the seed's offset) everywhere; off equal below `first_needed[depth]`
     and 0.5 worse from it (each seed's gap off by a few thousandths), diverged at the largest
     LR."""
@@ -206,7 +209,7 @@ def test_statistics_known_values():
     assert S.p_equivalent(gaps, 0.02) > 0.05  # an interval of [-0.02, +0.05]: not equivalent
     assert S.p_equivalent([0.001, -0.002, 0.0015], 0.02) < 0.01
     # a tie (no spread) is never p = 0: the exact sign-flip bound 2^-n
-    assert S.p_greater([0.5, 0.5, 0.5]) == 0.125 and S.p_less([0.5, 0.5, 0.5]) == 1.0
+    assert S.p_greater([0.5, 0.5, 0.5]) == 0.125 and S.p_greater([-0.5, -0.5, -0.5]) == 1.0
     assert S.p_greater([0.5] * 6) == pytest.approx(1 / 64)
     assert S.p_greater([0.3]) is None and S.interval([0.3]) == (None, None)
     # Benjamini-Hochberg: q_(i) = min over j >= i of p_(j) m / j
@@ -296,26 +299,27 @@ def test_a_claim_with_undecided_parts_is_only_partly_supported():
     assert V.combine([V.Part(V.NO_DATA, 1, "a")]) == "not enough data"
 
 
-def test_necessity_threshold_known_answer_and_verdicts():
-    table = necessity_table({2: 3e-2, 4: 3e-3})
+def test_the_onset_known_answer_tested_rule_and_verdicts():
+    table = onset_sweep({2: 3e-2, 4: 3e-3})
     tables = study_tables(table)
     th = tables["thresholds"].sort("depth")
-    assert th["bracket_lo"].to_list() == [1e-2, 1e-3]
-    assert th["bracket_hi"].to_list() == [3e-2, 3e-3]
-    # the fitted gap goes from ~0 to ~0.5 between the bracket's LRs: it reaches the 0.1-nat
+    # the fitted gap goes from ~0 to ~0.5 between the LRs either side: it reaches the 0.1-nat
     # margin a fifth of the way, in log LR
-    assert th["threshold_lr"].to_list() == pytest.approx(
-        [1e-2 * 3 ** 0.2, 1e-3 * 3 ** 0.2], rel=0.02)
-    for r in th.iter_rows(named=True):  # the interval holds at least the whole bracket
-        assert r["ci_lo"] == pytest.approx(r["bracket_lo"]) and r["ci_hi"] == pytest.approx(
-            r["bracket_hi"])  # (amendment 5: the data cannot place the crossing within it)
-        assert r["ci_lo"] <= r["threshold_lr"] <= r["ci_hi"]
-    assert th["censored"].to_list() == [None, None]
-    assert th["rule"][0].startswith("depth 2: below LR 0.0125 (95% lower bound 0.01)")
-    assert "nats; from LR 0.03" in th["rule"][0] and th["rule"][0].endswith("it is needed")
+    assert th["onset_lr"].to_list() == pytest.approx([1e-2 * 3 ** 0.2, 1e-3 * 3 ** 0.2],
+                                                     rel=0.02)
+    # the interval holds at least the LRs either side: the data cannot place it within them
+    assert th["ci_lo"].to_list() == pytest.approx([1e-2, 1e-3])
+    assert th["ci_hi"].to_list() == pytest.approx([3e-2, 3e-3])
+    assert th["outside"].to_list() == [None, None]
+    assert th["onset"][0] == "0.0125 [0.01, 0.03]"
+    # the tested rule: no difference up to 0.01; off worse at 0.03, but the top LR's gap is made
+    # by off diverging: sign flips on 3 seeds cannot decide it (2^-3), so no "off worse from"
+    assert (th["no_difference_up_to"][0], th["off_worse_from"][0]) == (1e-2, None)
+    assert th["trained_up_to"][0] == 0.1
+    assert th["tested_rule"][0] == (
+        "depth 2: no difference (within 0.1 nats) decided up to LR 0.01; no LR from which every"
+        " LR up to 0.1 (the largest at which every QK-norm run trained) is decided \"off worse\"")
     gaps = tables["gaps"].filter(pl.col("depth") == 2)
-    # the top LR's gap is made by off diverging: a yes/no event, tested by sign flips, which
-    # cannot decide anything on 3 seeds (2^-3)
     assert gaps["decision"].to_list() == ["no difference"] * 3 + ["off worse", "undetermined"]
     assert gaps["ci_lo"][3] > 0.45 and gaps["ci_hi"][3] < 0.55
     assert gaps["family_size"][0] == 2 * 5 * 3 + 2  # 3 tests per cell, one best loss per depth
@@ -325,28 +329,40 @@ def test_necessity_threshold_known_answer_and_verdicts():
     assert "-1.00 decades per doubling" in v["H3"]["evidence"]
 
 
-def test_the_threshold_uses_every_cell_whatever_its_seed_count():
-    """The case the old median pair-count filter dropped: the low LRs have 6 seeds, the LRs
-    where off is worse (0.03 and 0.1) only 3 (their cells were decided early). The old rule
-    kept only cells with at least the median pair count and read "not needed within the grid";
-    every cell enters the fit now, weighted by its seeds."""
-    six = necessity_table({4: 3e-2}, seeds=6)
+def test_the_onset_is_read_upward_from_the_smallest_mean_gap():
+    """A gap of 0.15 nats at the smallest LR (QK-norm learns faster where neither arm is
+    trained) does not put the onset below the LRs tested: it is read from the LR where the
+    seed-mean gap is smallest, found again in every draw."""
+    table = with_gaps(onset_sweep({4: 3e-2}, seeds=5), 1e-3, [0.15] * 5)
+    th = thresholds(table).row(0, named=True)
+    assert th["outside"] is None
+    assert th["onset_lr"] == pytest.approx(1e-2 * 3 ** 0.2, rel=0.02)
+    # a gap at the margin everywhere from the lowest point up: below the LRs tested
+    low = thresholds(onset_sweep({4: 1e-3}, seeds=5)).row(0, named=True)
+    assert low["outside"] == "below the LRs tested" and low["onset_lr"] is None
+    assert low["onset"].startswith("<= 0.001 [")
+
+
+def test_the_onset_uses_every_cell_whatever_its_seed_count():
+    """The low LRs have 6 seeds, the LRs where off is worse (0.03 and 0.1) only 3 (their cells
+    were decided early): every cell enters the fit, weighted by its seeds."""
+    six = onset_sweep({4: 3e-2}, seeds=6)
     early = (pl.col("lr") >= 3e-2) & (pl.col("seed") >= 3)
     table = six.filter(~early)
     assert table.filter(pl.col("lr") == 3e-2)["seed"].n_unique() == 3
     th = thresholds(table).row(0, named=True)
-    assert th["censored"] is None and (th["bracket_lo"], th["bracket_hi"]) == (1e-2, 3e-2)
-    assert th["threshold_lr"] == pytest.approx(1e-2 * 3 ** 0.2, rel=0.02)
+    assert th["outside"] is None
+    assert th["onset_lr"] == pytest.approx(1e-2 * 3 ** 0.2, rel=0.02)
     # the same answer as when every cell has 3 seeds
     three = thresholds(six.filter(pl.col("seed") < 3)).row(0, named=True)
-    assert th["threshold_lr"] == pytest.approx(three["threshold_lr"], rel=0.02)
+    assert th["onset_lr"] == pytest.approx(three["onset_lr"], rel=0.02)
 
 
-def test_a_small_low_lr_gap_does_not_move_the_threshold():
-    """At the plan's 0.1-nat margin, a low-LR gap of +0.016 or +0.021 (the noise floor the
-    old 0.02 level sat on) leaves the threshold where the large effect starts."""
-    base = necessity_table({4: 3e-2}, seeds=5)
-    at = [thresholds(with_gaps(base, 3e-3, [g] * 5)).row(0, named=True)["threshold_lr"]
+def test_a_small_low_lr_gap_does_not_move_the_onset():
+    """At the plan's 0.1-nat margin, a low-LR gap of +0.016 or +0.021 leaves the onset where
+    the large effect starts."""
+    base = onset_sweep({4: 3e-2}, seeds=5)
+    at = [thresholds(with_gaps(base, 3e-3, [g] * 5)).row(0, named=True)["onset_lr"]
           for g in (0.016, 0.021)]
     assert at[0] == pytest.approx(at[1], rel=0.01)
     assert at[0] == pytest.approx(1e-2 * 3 ** 0.2, rel=0.02)
@@ -354,14 +370,14 @@ def test_a_small_low_lr_gap_does_not_move_the_threshold():
 
 def test_the_top_lr_cannot_break_the_chain():
     # depth 2's 0.03 cell with gaps +0.108, +0.357, +0.040 (one noisy seed): the monotone fit
-    # keeps every depth's threshold inside the grid; depth 2's moves up a little
-    table = necessity_table({2: 3e-2, 4: 3e-2, 8: 3e-2})
+    # keeps every depth's onset inside the grid; depth 2's moves up a little
+    table = onset_sweep({2: 3e-2, 4: 3e-2, 8: 3e-2})
     table = with_gaps(table, 3e-2, [0.108, 0.357, 0.040], depth=2)
     tables = study_tables(table)
     th = tables["thresholds"].sort("depth")
-    assert th["censored"].to_list() == [None, None, None]
-    assert th["bracket_lo"].to_list() == [1e-2] * 3
-    assert th["threshold_lr"][0] > th["threshold_lr"][1] == pytest.approx(th["threshold_lr"][2])
+    assert th["outside"].to_list() == [None, None, None]
+    assert (th["onset_lr"] > 1e-2).all() and (th["onset_lr"] < 3e-2).all()
+    assert th["onset_lr"][0] > th["onset_lr"][1] == pytest.approx(th["onset_lr"][2])
     assert -0.25 < tables["h3"]["slope"][0] < 0  # far less than the fall H3 is about
 
 
@@ -369,7 +385,7 @@ def test_h3_is_a_slope_with_a_known_value():
     # onset half a decade earlier at each doubling of depth. The fitted gap reaches 0.1 nats a
     # fraction of the way from the last calm LR: 0.1 / 0.5 at depths 4 and 8, 0.1 / 2.5 at
     # depth 2 (off diverged at 0.1: a gap of 5.5 - 3.0), in log LR
-    table = necessity_table({2: 1e-1, 4: 3e-2, 8: 1e-2}, seeds=5)
+    table = onset_sweep({2: 1e-1, 4: 3e-2, 8: 1e-2}, seeds=5)
     known = np.log10([3e-2 * (1e-1 / 3e-2) ** 0.04, 1e-2 * 3 ** 0.2, 3e-3 * (1e-2 / 3e-3) ** 0.2])
     expected = np.polyfit(np.log2([2, 4, 8]), known, 1)[0]
     assert expected == pytest.approx(-0.46, abs=0.01)
@@ -381,16 +397,15 @@ def test_h3_is_a_slope_with_a_known_value():
 
 
 def test_h3_interval_is_widened_by_the_calibrated_factor():
-    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening
-    (2: amendment 6's calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at
-    5 seeds (the plain bootstrap covered 77-87% in the calibration)."""
+    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening (2,
+    the calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at 5 seeds."""
     import analysis.hypotheses as H
 
     assert M.Options().slope_widening == 2.0
     assert H.small_sample_widening(5) == pytest.approx(2.7764 / 1.95996, rel=1e-4)
     assert H.small_sample_widening(2) == pytest.approx(12.7062 / 1.95996, rel=1e-4)
     assert 1 < H.small_sample_widening(200) < 1.01
-    table = necessity_table({2: 1e-1, 4: 3e-2, 8: 1e-2}, seeds=5)
+    table = onset_sweep({2: 1e-1, 4: 3e-2, 8: 1e-2}, seeds=5)
     rows = {k: study_tables(table, M.Options(slope_widening=k))["h3"].row(0, named=True)
             for k in (1.0, 2.0, 0.0)}
     plain = rows[1.0]
@@ -401,34 +416,34 @@ def test_h3_interval_is_widened_by_the_calibrated_factor():
                 factor * (plain[end] - plain["slope"]), rel=1e-9, abs=1e-12)
 
 
-def test_equal_thresholds_are_not_a_fall():
-    tables = study_tables(necessity_table({2: 3e-2, 4: 3e-2, 8: 3e-2}, seeds=6))
+def test_equal_onsets_are_not_a_fall():
+    tables = study_tables(onset_sweep({2: 3e-2, 4: 3e-2, 8: 3e-2}, seeds=6))
     h3 = tables["h3"].row(0, named=True)
     assert h3["slope"] == pytest.approx(0, abs=1e-9) and h3["decision"] == "equal"
     v = tables["verdicts"].filter(pl.col("hypothesis") == "H3").row(0, named=True)
     assert v["verdict"] == "not supported" and "equal (q fall" in v["evidence"]
 
 
-def test_a_censored_depth_gives_no_slope():
-    # depth 4 is needed from the smallest LR: its threshold is censored below, so no slope
-    tables = study_tables(necessity_table({2: 3e-2, 4: 1e-3}, seeds=5))
-    assert tables["thresholds"].sort("depth")["censored"].to_list() == [None, "below"]
+def test_an_onset_below_the_lrs_tested_gives_no_slope():
+    tables = study_tables(onset_sweep({2: 3e-2, 4: 1e-3}, seeds=5))
+    assert tables["thresholds"].sort("depth")["outside"].to_list() == [
+        None, "below the LRs tested"]
     h3 = tables["h3"].row(0, named=True)
     assert math.isnan(h3["slope"]) and h3["decision"] == "undetermined"
-    assert "censored at depth 4" in h3["note"]
-    assert verdict_of(necessity_table({2: 3e-2, 4: 1e-3}, seeds=5), "H3")["verdict"] == \
+    assert "outside the LRs tested at depth 4" in h3["note"]
+    assert verdict_of(onset_sweep({2: 3e-2, 4: 1e-3}, seeds=5), "H3")["verdict"] == \
         "inconclusive"
 
 
 def test_an_undetermined_low_lr_is_not_no_difference():
-    table = with_gaps(necessity_table({4: 3e-2}), 1e-3, [0.15, -0.02, 0.09])
+    table = with_gaps(onset_sweep({4: 3e-2}), 1e-3, [0.15, -0.02, 0.09])
     row = gap_table(table).filter(pl.col("lr") == 1e-3).row(0, named=True)
     assert row["decision"] == "undetermined"  # the interval reaches past the 0.1 margin
     assert row["ci_lo"] < 0 < row["ci_hi"]
 
 
 def test_a_harmful_on_arm_counts_against_h1():
-    table = with_gaps(necessity_table({4: 3e-2}, seeds=6), 1e-2, [-0.15, -0.16, -0.155, -0.15,
+    table = with_gaps(onset_sweep({4: 3e-2}, seeds=6), 1e-2, [-0.15, -0.16, -0.155, -0.15,
                                                                    -0.158, -0.152])
     row = gap_table(table).filter(pl.col("lr") == 1e-2).row(0, named=True)
     assert row["decision"] == "on worse" and row["ci_hi"] < -0.1
@@ -437,14 +452,14 @@ def test_a_harmful_on_arm_counts_against_h1():
 
 
 def test_a_tie_is_not_significant_and_a_tiny_gap_is_no_difference():
-    tie = necessity_table({4: 3e-2}).with_columns(final_val_loss=pl.when(
+    tie = onset_sweep({4: 3e-2}).with_columns(final_val_loss=pl.when(
         (pl.col("qk_norm") == "none") & pl.col("final_val_loss").is_not_null())
         .then(pl.col("final_val_loss") - pl.lit([0.004, -0.003, -0.001])
               .list.get(pl.col("seed"))).otherwise(pl.col("final_val_loss")))
     row = gap_table(tie).filter(pl.col("lr") == 3e-2).row(0, named=True)
     assert row["p_off_worse"] == 0.125 and row["decision"] == "undetermined"
     gaps = [0.004, 0.006, 0.005, 0.003, 0.007, 0.005]
-    tiny = with_gaps(necessity_table({4: 3e-2}, seeds=6), 3e-2, gaps)
+    tiny = with_gaps(onset_sweep({4: 3e-2}, seeds=6), 3e-2, gaps)
     row = gap_table(tiny).filter(pl.col("lr") == 3e-2).row(0, named=True)
     # above 0 beyond doubt, but far inside the margin: no difference, as the plan defines it
     assert S.p_greater(gaps) < 1e-3 and row["decision"] == "no difference"
@@ -452,7 +467,7 @@ def test_a_tie_is_not_significant_and_a_tiny_gap_is_no_difference():
 
 def test_collapsed_runs_are_uninformative():
     # both arms end near the unigram entropy (3.1) at the largest LRs: they say nothing
-    table = necessity_table({4: 1e-2}).with_columns(unigram_entropy=pl.lit(3.1))
+    table = onset_sweep({4: 1e-2}).with_columns(unigram_entropy=pl.lit(3.1))
     collapsed = pl.col("lr") >= 3e-2
     table = table.with_columns(
         final_val_loss=pl.when(collapsed).then(3.05 + pl.col("seed") * 0.01)
@@ -465,12 +480,12 @@ def test_collapsed_runs_are_uninformative():
     gaps = tables["gaps"]
     assert gaps.filter(pl.col("lr") >= 3e-2)["decision"].to_list() == ["uninformative"] * 2
     th = tables["thresholds"].row(0, named=True)
-    assert th["bracket_lo"] == 3e-3 and th["bracket_hi"] == 1e-2  # the collapse is passed over
-    usable = M.max_stable_lr_per_seed(table)
-    assert usable["max_stable_lr"].to_list() == [0.1] * 6  # stable, but
+    assert 3e-3 < th["onset_lr"] < 1e-2  # the collapse is passed over
+    assert th["trained_up_to"] == 1e-2
+    usable = M.max_usable_lr_per_seed(table)
     assert usable["max_usable_lr"].to_list() == [1e-2] * 6  # degraded from 3e-2
     pooled = tables["h2"].filter(pl.col("depth").is_null())
-    assert pooled["measure"].to_list() == ["LR sensitivity", "max stable LR", "max usable LR"]
+    assert pooled["measure"].to_list() == ["LR sensitivity", "max usable LR"]
     row = pooled.filter(pl.col("measure") == "max usable LR").row(0, named=True)
     # equal in every seed, but the boundary is known only within x3 (grid steps, no bisection):
     # coarser than the x2 margin, so "equivalent" is not claimed
@@ -493,10 +508,10 @@ def lr_curves(off_first_bad: list[float], on_first_bad: list[float], depths=(2,)
     return points(rows)
 
 
-def test_h2_max_stable_lr_is_judged_across_seeds():
+def test_h2_max_usable_lr_is_judged_across_seeds():
     def part(t: pl.DataFrame) -> dict:
         return study_tables(t)["h2"].filter(
-            (pl.col("measure") == "max stable LR") & pl.col("depth").is_null()).row(0, named=True)
+            (pl.col("measure") == "max usable LR") & pl.col("depth").is_null()).row(0, named=True)
 
     # raised by one grid step in every one of 5 seeds at 3 depths: 15 units, p = 2^-15
     raised = lr_curves([3e-2] * 5, [1e-1] * 5, depths=(2, 4, 8))
@@ -507,16 +522,16 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
     row = part(lr_curves([3e-2] * 3, [1e-1] * 3))
     assert row["p_for"] == 0.125 and row["decision"] == "undetermined"
     # equal in every seed, bisected to within x1.30 (finer than the x1.41 the plan asks before
-    # "equivalent" is tested): equivalent, so H2's max stable LR part is against; with 5 seeds
+    # "equivalent" is tested): equivalent, so H2's max usable LR part is against; with 5 seeds
     # at 3 depths the sign-flip TOST gives 2^-15
     fine = sorted([*GRID, 2.3e-2])
     same = lr_curves([3e-2] * 5, [3e-2] * 5, depths=(2, 4, 8), grid=fine)
     row = part(same)
     assert row["resolution"] == pytest.approx(3e-2 / 2.3e-2)
     assert row["p_equivalent"] == pytest.approx(2 ** -15) and row["decision"] == "equivalent"
-    assert "max stable LR: not supported" in verdict_of(same, "H2")["verdict"]
+    assert "max usable LR: not supported" in verdict_of(same, "H2")["verdict"]
     # a true x1.5 (finely bracketed) is within the x2 margin: it can read only "equivalent",
-    # never "raises", which is tested against the margin (amendment 3)
+    # never "raises", which is tested against the margin
     x15 = lr_curves([3e-2] * 5, [4.5e-2] * 5, depths=(2, 4, 8),
                     grid=sorted([*GRID, 2.3e-2, 3.45e-2, 4.5e-2]))
     row = part(x15)
@@ -524,15 +539,15 @@ def test_h2_max_stable_lr_is_judged_across_seeds():
     assert row["decision"] == "equivalent"
     # one seed of three disagrees: no consistent raise
     assert part(lr_curves([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["decision"] == "undetermined"
-    # a seed where off diverged at every LR counts at the grid minimum (an upper bound)
+    # a seed where off diverged at every LR has no best LR and no max usable LR: it leaves H2
     t = lr_curves([1e-3, 3e-2, 3e-2], [1e-1] * 3)
-    off = M.max_stable_lr(t).filter(pl.col("arm") == "none").row(0, named=True)
-    assert off["below_grid_seeds"] == 1
-    assert off["max_stable_lr"] == pytest.approx((1e-3 * 1e-2 * 1e-2) ** (1 / 3))
+    off = M.max_usable_lr(t).filter(pl.col("arm") == "none").row(0, named=True)
+    assert off["usable_seeds"] == 2 and off["max_usable_lr"] == pytest.approx(1e-2)
+    assert part(t)["pairs"] == 2
 
 
 def test_h2_reads_mixed_when_its_measures_disagree():
-    # QK-norm lowers the max stable LR (on diverges one step earlier in every seed) while off
+    # QK-norm lowers the max usable LR (on diverges one step earlier in every seed) while off
     # loses far more loss across the grid (LR sensitivity drops): decided parts disagree
     table = lr_curves([1e-1] * 5, [3e-2] * 5, depths=(2, 4, 8))
     worse = (pl.col("qk_norm") == "none") & pl.col("final_val_loss").is_not_null()
@@ -541,19 +556,19 @@ def test_h2_reads_mixed_when_its_measures_disagree():
                                .otherwise(pl.col("final_val_loss")))
     h2 = study_tables(table)["h2"].filter(pl.col("depth").is_null())
     decisions = dict(zip(h2["measure"], h2["decision"]))
-    assert decisions["max stable LR"] == "against" and decisions["LR sensitivity"] == "for"
+    assert decisions["max usable LR"] == "against" and decisions["LR sensitivity"] == "for"
     assert verdict_of(table, "H2")["verdict"].startswith("mixed (")
 
 
 def test_added_seeds_enter_the_gaps_but_not_the_curves():
-    table = necessity_table({4: 3e-2}, seeds=6).with_columns(
+    table = onset_sweep({4: 3e-2}, seeds=6).with_columns(
         added_seed=pl.col("seed") >= 3)
     extra = (pl.col("seed") < 3) | (pl.col("lr") == 1e-2)  # seeds 3-5 ran one cell only
     table = table.filter(extra)
     assert gap_table(table).filter(pl.col("lr") == 1e-2)["pairs"][0] == 6
     assert gap_table(table).filter(pl.col("lr") == 3e-2)["pairs"][0] == 3
     assert M.lr_sensitivity_per_seed(table)["seed"].unique().sort().to_list() == [0, 1, 2]
-    assert M.max_stable_lr_per_seed(table)["seed"].unique().sort().to_list() == [0, 1, 2]
+    assert M.max_usable_lr_per_seed(table)["seed"].unique().sort().to_list() == [0, 1, 2]
 
 
 def test_calibration_runs_the_whole_procedure_on_a_tiny_scenario_count():
@@ -561,20 +576,27 @@ def test_calibration_runs_the_whole_procedure_on_a_tiny_scenario_count():
 
     table = calibrate(studies=2, seeds=5)
     assert set(table["scenario"]) == {"null", "same onset", "one decade per doubling",
-                                      "half a decade per doubling", "sharp onset",
-                                      "boundary x1.5", "boundary x2"}
+                                      "half a decade per doubling", "sharp onset"}
     assert {"false supported", "false not supported", "false no difference"} <= set(
         table["claim"])
     false = table.filter(pl.col("claim").str.starts_with("false"))
     assert (false["studies"] == 2).all() and (false["upper_95"] >= false["rate"]).all()
-    power = table.filter((pl.col("scenario") == "half a decade per doubling")
-                         & (pl.col("claim") == "power") & (pl.col("hypothesis") == "H1"))
-    assert power.height == 1
+    assert {"H1", "cells", "H2 max usable LR", "H2 LR sensitivity", "H3"} <= set(
+        false["hypothesis"])
+    half = table.filter(pl.col("scenario") == "half a decade per doubling")
+    power = half.filter(pl.col("claim") == "power")
+    assert {"H1", "H3", "H2 max usable LR"} <= set(power["hypothesis"])
+    coverage = half.filter(pl.col("claim") == "coverage")
+    assert set(coverage["hypothesis"]) == {"onset", "H3 slope"}
+    assert coverage["rate"].is_between(0, 1).all()
+    # no power is scored where the hypothesis is false: H1 in the null
+    assert table.filter((pl.col("scenario") == "null") & (pl.col("claim") == "power")
+                        & (pl.col("hypothesis") == "H1")).is_empty()
 
 
 def test_an_equal_onset_is_a_slope_of_exactly_zero_so_a_false_rise_is_counted():
-    """polyfit gives 2.5e-16 for equal thresholds; unrounded, "rises" could never be scored
-    false and "falls" would count as true (docs/report.md, amendment 4)."""
+    """polyfit gives 2.5e-16 for equal onsets; unrounded, "rises" could never be scored false
+    and "falls" would count as true."""
     from analysis import calibrate as K
 
     truth = K.truth_of(K.SCENARIOS["same onset"], K.NOISE, 5, M.Options())
@@ -587,7 +609,7 @@ def test_an_equal_onset_is_a_slope_of_exactly_zero_so_a_false_rise_is_counted():
 
 def test_the_calibration_noise_degrades_the_off_arm_past_its_onset_and_couples_boundaries():
     """Real off runs collapse to unigram-level loss from 0.3-1.7 decades past the onset, and one
-    seed's two divergence boundaries move together (docs/report.md, amendment 6)."""
+    seed's two divergence boundaries move together."""
     from dataclasses import replace as change
 
     from analysis import calibrate as K
@@ -607,25 +629,11 @@ def test_the_calibration_noise_degrades_the_off_arm_past_its_onset_and_couples_b
     null = K.make_world(K.SCENARIOS["null"], noise, 5, 0.1, np.random.default_rng(0))
     assert np.isinf(null.degrade[(2, "none")]).all()
     # fitted back from the simulated sweep: every off seed degrades 0.3-1.2 decades past the
-    # threshold estimate (the grid's half-decade steps round the planted 0.5)
+    # onset estimate (the grid's half-decade steps round the planted 0.5)
     points = K.sweep(K.make_world(K.SCENARIOS["same onset"], noise, 5, 0.1,
                                   np.random.default_rng(1)))
     fitted = K.fit_failures(points, H.h1_tests(points, M.Options())[0], M.Options())
     assert len(fitted[0]) == 15 and all(0.2 < x < 1.3 for x in fitted[0])
-
-
-def test_the_calibration_scores_h1_per_depth_and_candidate_widenings():
-    from analysis import calibrate as K
-
-    table = K.calibrate(studies=2, seeds=5, scenarios=("same onset",), candidates=True)
-    hyps = set(table["hypothesis"])
-    assert {"H1 depth 2", "H1 depth 4", "H1 depth 8"} <= hyps
-    assert {f"H3 slope draws x{k:g}" for k in K.SLOPE_WIDENINGS} <= hyps
-    assert {f"threshold x{k:g}" for k in K.WIDENINGS} <= hyps
-    # the plan's own threshold interval is the candidate of its widening, on the same studies
-    plan = table.filter((pl.col("hypothesis") == "threshold") & (pl.col("claim") == "coverage"))
-    same = table.filter(pl.col("hypothesis") == f"threshold x{M.Options.threshold_widening:g}")
-    assert plan["rate"][0] == pytest.approx(same["rate"][0])
 
 
 def test_default_loss_threshold_is_reached_by_both_arms_mid_training():
@@ -661,25 +669,23 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_charts_render_to_png_of_real_size(tmp_path):
-    table = necessity_table({2: 3e-2, 4: 3e-3})
+    table = onset_sweep({2: 3e-2, 4: 3e-3})
     arms = M.arm_table(table)
     gaps, th = gap_table(table), thresholds(table)
-    made = {"loss_vs_lr": C.loss_vs_lr_chart(table), "gap_map": C.gap_map_chart(gaps, th),
-            "lr_sensitivity": C.sensitivity_chart(table),
-            "lr_landmarks": C.landmarks_chart(arms, th)}
+    made = {"loss_vs_lr": C.loss_vs_lr_chart(table), "headline": C.headline_chart(gaps, th, arms),
+            "lr_sensitivity": P.sensitivity_chart(table),
+            "lr_landmarks": P.landmarks_chart(arms, th)}
     for name, chart in made.items():
         paths = C.save_chart(chart, tmp_path, name, scale=1.0)
         width, height = png_size(paths["png"])
         assert width >= 300 and height >= 150, (name, width, height)
         assert "<svg" in paths["svg"].read_text()[:500]
         assert "vegaEmbed" in paths["html"].read_text()
-    # the gap map draws one cell per (depth, LR) and a boundary at each threshold
-    data = C.gap_map_data(gaps, th)
-    assert data.filter(pl.col("kind") == "cell").height == 2 * len(GRID)
-    boundary = data.filter(pl.col("kind") == "boundary").sort("depth")
-    # the bar sits at the threshold, between the last LR without and the first with the gap
-    assert boundary["lr"].to_list() == th.sort("depth")["threshold_lr"].to_list()
-    assert 1e-2 < boundary["x_lo"][0] < 3e-2 and 1e-3 < boundary["x_lo"][1] < 3e-3
+    # the headline's onset rule sits at the onset, its band is its interval
+    rows = pl.DataFrame(made["headline"].to_dict()["data"]["values"], infer_schema_length=None)
+    onset = rows.filter(pl.col("kind") == "onset").sort("depth")
+    assert onset["lr"].to_list() == pytest.approx(th.sort("depth")["onset_lr"].to_list())
+    assert onset["band_lo"].to_list() == pytest.approx(th.sort("depth")["ci_lo"].to_list())
 
 
 def test_panels_fill_the_page_and_lr_tick_labels_never_collide():
@@ -698,44 +704,11 @@ def test_panels_fill_the_page_and_lr_tick_labels_never_collide():
     assert C.lr_ticks(lrs, 230) == [1e-2, 1e-1, 1.0]  # powers of ten when the LRs do not fit
 
 
-def test_gap_map_greys_untested_cells_and_marks_the_paired_outcome():
-    table = necessity_table({2: 3e-2, 4: 3e-3})
-    one_seed = table.filter(~((pl.col("depth") == 4) & (pl.col("seed") > 0)))
-    big = (pl.col("depth") == 4) & (pl.col("lr") == 1e-2) & (pl.col("qk_norm") == "none")
-    one_seed = one_seed.with_columns(  # an untested gap of 4 nats must not set the colour scale
-        final_val_loss=pl.when(big).then(pl.col("final_val_loss") + 4.0)
-        .otherwise(pl.col("final_val_loss")))
-    gaps, th = gap_table(one_seed), thresholds(one_seed)
-    cells = C.gap_map_data(gaps, th).filter(pl.col("kind") == "cell").sort("depth", "lr")
-    deep, shallow = cells.filter(pl.col("depth") == 4), cells.filter(pl.col("depth") == 2)
-    assert not deep["tested"].any() and deep["outcome"].is_null().all()  # n=1: no test
-    assert shallow["tested"].all()
-    # the top LR: off diverged in every seed, a sign-flip test that 3 seeds cannot decide
-    assert shallow["outcome"].to_list() == ["no difference"] * 3 + ["off worse", None]
-    spec = C.gap_map_chart(gaps, th).to_dict()
-    text = json.dumps(spec)
-    assert "off minus QK-norm on (rmsnorm)" in text and "compared_arm" not in spec["facet"]["row"]
-    layer = spec["spec"]["layer"]
-    colour = layer[0]["encoding"]["color"]
-    assert colour["value"] == C.UNTESTED_GREY and colour["condition"]["test"] == "datum.tested"
-    # the saturated end of the scale comes from the tested cells only
-    assert colour["condition"]["scale"]["domain"] == [-2.5, 2.5]
-    legend = next(la["encoding"]["shape"]["scale"] for la in layer if "shape" in la["encoding"])
-    assert legend["domain"] == ["off worse (paired test, gap >= min gap)",
-                                "no difference (equivalence test)", "off diverged"]
-    untested = [la for la in layer if la["mark"]["type"] == "text"]
-    assert untested and set(deep["untested"]) == {"n=1"} and shallow["untested"].is_null().all()
-    title = spec["title"]
-    assert "necessity threshold" in title["subtitle"][0]  # drawn: depth 2 has one
-    no_threshold = C.gap_map_chart(gaps, th.with_columns(threshold_lr=pl.lit(None, pl.Float64)))
-    assert "necessity" not in json.dumps(no_threshold.to_dict()["title"])
-
-
 def test_headline_spans_the_gaps_and_every_lr_run():
     """One wide interval does not flatten the gaps: the y axis spans the seed-mean gaps and the
     interval is cut at its edge with a triangle; an LR where neither arm learned is on the x
     axis, greyed and labelled; the divergence rule sits at its true LR."""
-    table = with_gaps(necessity_table({2: 3e-2}), 1e-3, [-4.0, 0.0, 4.0])
+    table = with_gaps(onset_sweep({2: 3e-2}), 1e-3, [-4.0, 0.0, 4.0])
     both = (pl.col("lr") == 1e-1)  # every run of both arms diverges at the largest LR
     table = table.with_columns(status=pl.when(both).then(pl.lit("diverged"))
                                .otherwise("status"),
@@ -760,33 +733,26 @@ def test_headline_spans_the_gaps_and_every_lr_run():
     assert "a triangle marks an interval" in json.dumps(spec["title"])
 
 
-def test_landmarks_draw_a_censored_threshold_interval_to_the_edge():
-    table = necessity_table({2: 3e-2})
+def test_landmarks_draw_an_open_onset_interval_to_the_edge():
+    table = onset_sweep({2: 3e-2})
     arms = M.arm_table(table)
     th = thresholds(table).with_columns(ci_hi=pl.lit(None, pl.Float64))
-    spec = C.landmarks_chart(arms, th).to_dict()
+    spec = P.landmarks_chart(arms, th).to_dict()
     rows = pl.DataFrame(spec["data"]["values"], infer_schema_length=None)
-    threshold = rows.filter(pl.col("measure") == "necessity threshold").row(0, named=True)
+    onset = rows.filter(pl.col("measure") == "onset").row(0, named=True)
     top = spec["layer"][0]["encoding"]["y"]["scale"]["domain"][1]
-    assert threshold["edge"] == "up" and threshold["hi"] == top  # not cut at the threshold
+    assert onset["edge"] == "up" and onset["hi"] == top  # not cut at the onset
+    usable = rows.filter(pl.col("measure") == "max usable LR")
+    assert set(usable["arm"]) == {"QK-norm off", "QK-norm on (rmsnorm)"}
     assert any(la["mark"].get("shape") == "triangle-up" for la in spec["layer"])
 
 
-def test_sentences_never_span_an_undecided_lr_nor_state_what_the_data_cannot_give():
+def test_the_evidence_names_only_the_outcomes_some_lr_had():
     from analysis import prose
 
-    tested = [1e-3, 3e-3, 5.5e-3, 1.32e-2, 1.73e-2, 3e-2, 0.1, 0.3]
-    assert prose._lr_list([1e-3, 1.73e-2, 3e-2, 0.1, 0.3], tested) == "0.001 and 0.0173-0.3"
-    assert prose._lr_list([3e-3], tested) == "0.003"
-    assert prose._lr_list([1e-3, 5.5e-3, 0.3], tested) == "0.001, 0.0055 and 0.3"
     assert prose._scale(pl.Series([840_000, 840_100])) == "0.84M"
     assert prose._scale(pl.Series([420_000, 12_360_000])) == "0.42-12.36M"
-    row = {"ci_lo": None, "ci_hi": None, "threshold": "0.0027 [< 0.001, > 0.3]"}
-    assert prose._threshold_text(row) is None  # "too few seeds", not an interval of everything
-    assert prose._threshold_text(row | {"ci_lo": 1.2e-3}) == row["threshold"]
-    # the verdicts' evidence names only the outcomes some LR had (an LR ratio's interval is a
-    # whole-seed bootstrap of the per-seed ratios: it never reaches beyond the values seen)
-    evidence = " ".join(V.verdicts(necessity_table({2: 3e-2}))["evidence"].to_list())
+    evidence = " ".join(V.verdicts(onset_sweep({2: 3e-2}))["evidence"].to_list())
     assert "on worse at" not in evidence and "at none" not in evidence
     assert "off worse at lr 0.03" in evidence
 
@@ -799,7 +765,7 @@ def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monke
     from analysis.report import parse_args
 
     def study(first_needed):
-        table = necessity_table(first_needed)
+        table = onset_sweep(first_needed)
         return SimpleNamespace(gaps=gap_table(table), verdicts=V.verdicts(table))
 
     a, b = study({2: 3e-2}), study({2: 1e-2})  # b needs it from one LR lower
@@ -826,7 +792,7 @@ def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monke
 
 
 def test_legends_name_every_marker_and_probes_read_as_words():
-    table = necessity_table({2: 3e-2})
+    table = onset_sweep({2: 3e-2})
     spec = C.loss_vs_lr_chart(table).to_dict()
     shapes = [la["encoding"]["shape"] for la in spec["spec"]["layer"] if "shape" in la["encoding"]]
     assert shapes and shapes[0]["scale"]["domain"] == [C.MEAN_MARK, C.DIVERGED_MARK]
@@ -835,7 +801,7 @@ def test_legends_name_every_marker_and_probes_read_as_words():
                            "name": ["residual_kurtosis"] * 2 + ["output_logsumexp_mean"] * 2,
                            "value": [3.0, 9.0, 1.0, 2.0]})
     runs = pl.DataFrame({"run": ["r"], "depth": [2], "qk_norm": ["none"], "lr": [0.01]})
-    chart = C.other_probes_chart(runs, probes, ["residual_kurtosis", "output_logsumexp_mean"])
+    chart = P.other_probes_chart(runs, probes, ["residual_kurtosis", "output_logsumexp_mean"])
     spec = chart.to_dict()
     names = {row["probe"] for row in spec["data"]["values"]}
     assert names == {"residual kurtosis", "output log-sum-exp (mean)"}
@@ -848,23 +814,23 @@ def test_training_curves_keep_both_arms_of_a_diverged_lr(report):
     lr = 1.0  # off diverges there in the tiny sweep (at least one seed)
     shown = pl.concat([study.points, study.others])
     picks = pl.DataFrame({"depth": [1], "lr": [lr]})
-    spec = C.training_curves_chart(shown, study.runs.metrics, picks).to_dict()
+    spec = P.training_curves_chart(shown, study.runs.metrics, picks).to_dict()
     rows = pl.DataFrame(spec["data"]["values"], infer_schema_length=None)
     top = rows["y_edge"].max()
     assert set(rows["arm"]) == {C.OFF_LABEL, "QK-norm on (rmsnorm)"}
     diverged = shown.filter((pl.col("depth") == 1) & (pl.col("lr") == lr)
                             & (pl.col("status") == "diverged"))["run"].to_list()
-    ends = rows.filter(pl.col("marker") == C.DIVERGED_AT)
+    ends = rows.filter(pl.col("marker") == P.DIVERGED_AT)
     assert diverged and sorted(ends["run"]) == sorted(diverged)  # one cross per diverged run
     assert ends["step"].null_count() == 0
     # at most one "leaves the axis" marker per run and series, drawn at the top edge
-    left = rows.filter(pl.col("marker") == C.ABOVE_MARK)
+    left = rows.filter(pl.col("marker") == P.ABOVE_MARK)
     assert left.group_by("run", "series").len()["len"].max() == 1
     assert all(la["encoding"]["y"]["scale"]["domain"][1] == top for la in spec["spec"]["layer"])
     legend = spec["spec"]["layer"][0]["encoding"]["strokeDash"]
     assert legend["legend"] is None  # one framework: no framework legend
-    two = C.training_curves_chart(shown, study.runs.metrics,
-                                  C.curve_runs(study.points, study.arms, None, study.others))
+    two = P.training_curves_chart(shown, study.runs.metrics,
+                                  P.curve_runs(study.points, study.arms, None, study.others))
     assert two.to_dict()["spec"]["layer"][0]["encoding"]["strokeDash"].get("legend", {}) \
         is not None
 
@@ -926,7 +892,7 @@ def report(sweep) -> tuple[Path, object]:
 def test_report_from_tiny_sweep_has_every_section(report, sweep):
     path, study = report
     text = path.read_text()
-    for section in ("answer", "summary", "warnings", "verdicts", "study-metrics", "necessity",
+    for section in ("answer", "summary", "warnings", "verdicts", "study-metrics", "onset",
                     "charts", "gaps", "spikes", "twins", "runs", "provenance", "definitions"):
         assert f'<section id="{section}">' in text, section
     # the first section is the answer: the headline figure and the sentences made from the
@@ -1106,9 +1072,9 @@ def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, br
     pressed = page.evaluate("[...document.querySelectorAll('#filters button[aria-pressed=true]')]"
                             ".map((b) => b.textContent)")
     assert pressed == [on]
-    # an LR range brushed on the loss chart keeps only those LRs in the gap map
+    # an LR range brushed on the loss chart keeps only those LRs in the probe charts
     page.evaluate("document.getElementById('filter-clear').click()")
-    gap_cells = page.evaluate(DRAWN_MARKS.replace("NAME", "gap_map"))
+    gap_cells = page.evaluate(DRAWN_MARKS.replace("NAME", "max_attention_logit"))
     frame = page.evaluate("""(() => {
       const el = document.querySelector("#chart-loss_vs_lr g.cell > g > path.background");
       el.scrollIntoView({block: "center"});
@@ -1117,11 +1083,11 @@ def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, br
     })()""")
     y = (frame["top"] + frame["bottom"]) / 2
     page.drag((frame["left"] + 2, y), (frame["left"] + 0.5 * (frame["right"] - frame["left"]), y))
-    page.wait_for("views.gap_map.signal('lr_range') !== null")
-    low, high = page.evaluate("views.gap_map.signal('lr_range')")
+    page.wait_for("views.max_attention_logit.signal('lr_range') !== null")
+    low, high = page.evaluate("views.max_attention_logit.signal('lr_range')")
     assert low < high < max(study.points["lr"])
     page.evaluate("Promise.all(Object.values(views).map((v) => v.runAsync())).then(() => true)")
-    assert 0 < page.evaluate(DRAWN_MARKS.replace("NAME", "gap_map")) < gap_cells
+    assert 0 < page.evaluate(DRAWN_MARKS.replace("NAME", "max_attention_logit")) < gap_cells
     assert "LRs" in page.evaluate("document.getElementById('filter-lr').textContent")
     # the runs table: compact ids on one line, sorted by a header click, filtered by words
     table = page.evaluate("""(() => {
@@ -1272,9 +1238,9 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_report(sweep, tmp_path, cap
 # --- rival arms ---------------------------------------------------------------------------------
 
 def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
-    """Four arms in one table: each compared arm gets the verdicts, gaps and thresholds it gets
+    """Four arms in one table: each compared arm gets the verdicts, gaps and onsets it gets
     when it is the only arm beside off (an arm is only a key; no rule knows its kind)."""
-    base = necessity_table({2: 3e-2, 4: 3e-3})
+    base = onset_sweep({2: 3e-2, 4: 3e-3})
     on = base.filter(pl.col("qk_norm") == "rmsnorm")
     # the soft-cap arm: the on arm's losses; the z-loss arm: as good as off (never needed)
     rival_cap = on.with_columns(arm=pl.lit("softcap50"))
@@ -1294,16 +1260,15 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     # off diverges at 0.1 in every seed, on never: x3.33 in 6 (depth, seed) units, p = 2^-6,
     # which Holm's first cut-off in a family of 5 (0.01) does not reach
     assert both["verdict"].to_list() == same_as_rms == [
-        "supported", "inconclusive (max stable LR: inconclusive; LR sensitivity: inconclusive; "
-        "exploratory max usable LR: for)",
+        "supported", "inconclusive (max usable LR: inconclusive; LR sensitivity: inconclusive)",
         "supported"]
-    assert "attention soft-cap 50 raises the max stable LR" in both["claim"][1]
+    assert "attention soft-cap 50 raises the max usable LR" in both["claim"][1]
     assert "QK-norm raises" in v.filter(pl.col("compared_arm") == "rmsnorm")["claim"][1]
     z = v.filter(pl.col("compared_arm") == "zloss1e-4")
     # off is 0.05 worse at every LR, also the lowest: the effect is not LR-conditional (H1)
     assert z["verdict"][0] == "not supported"
     th = thresholds(four).filter(pl.col("compared_arm") == "softcap50").sort("depth")
-    assert th["bracket_hi"].to_list() == [3e-2, 3e-3]
+    assert th["ci_hi"].to_list() == pytest.approx([3e-2, 3e-3])
     arms = M.arm_table(four)
     assert sorted(set(arms["arm"])) == ["none", "rmsnorm", "softcap50", "zloss1e-4"]
     # a table without an arm column takes its arms from qk_norm (runs before the rivals)
@@ -1339,7 +1304,7 @@ def test_chart_legend_names_each_arm_in_words_with_its_own_colour():
     found = ["residual_kurtosis", "output_logsumexp_mean", "max_attention_logit_capped", "q_rms",
              "max_attention_logit"]
     assert {"output_logsumexp_mean", "max_attention_logit_capped"} <= set(
-        C.other_probe_names(found))
+        P.other_probe_names(found))
 
 
 def test_a_folder_of_only_failed_runs_gives_a_report_that_says_so(tiny_cfg, tmp_path,
@@ -1396,7 +1361,8 @@ def test_spikes_are_summed_per_arm_and_lr():
 def test_h2_max_usable_lr_counts_degraded_runs_as_failed():
     # off trains into a collapsed state (near the unigram entropy) from 3e-2 in every seed,
     # on stays usable up to 0.1: stable in both, usable 10x further with QK-norm
-    table = necessity_table({4: 3e-2}, seeds=6).with_columns(unigram_entropy=pl.lit(3.1))
+    table = onset_sweep({2: 3e-2, 4: 3e-2, 8: 3e-2}, seeds=6).with_columns(
+        unigram_entropy=pl.lit(3.1))
     off_collapsed = (pl.col("qk_norm") == "none") & (pl.col("lr") >= 3e-2)
     table = table.with_columns(
         final_val_loss=pl.when(off_collapsed).then(3.05 + pl.col("seed") * 0.005)
@@ -1404,11 +1370,9 @@ def test_h2_max_usable_lr_counts_degraded_runs_as_failed():
         status=pl.when(off_collapsed).then(pl.lit("completed")).otherwise(pl.col("status")))
     h2 = study_tables(table)["h2"].filter((pl.col("measure") == "max usable LR")
                                           & pl.col("depth").is_null()).row(0, named=True)
-    # exploratory (the plan does not make it primary): unadjusted p, outside the verdict
-    assert h2["role"] == "exploratory" and h2["p_for"] == pytest.approx(1 / 64)
-    assert h2["per_seed"] == ", ".join(["x10"] * 6) and h2["decision"] == "for"
-    verdict = verdict_of(table, "H2")["verdict"]
-    assert "exploratory max usable LR: for" in verdict and verdict.startswith("partly supported")
+    assert h2["p_for"] == pytest.approx(2 ** -18) and h2["pairs"] == 18
+    assert h2["per_seed"] == ", ".join(["x10"] * 18) and h2["decision"] == "for"
+    assert "max usable LR: supported" in verdict_of(table, "H2")["verdict"]
 
 
 def _h1_cells(pairs: list[int], decisions: list[str]) -> pl.DataFrame:
@@ -1434,9 +1398,9 @@ def test_the_h1_label_counts_the_seeds_of_the_decided_cells_it_rests_on(pairs, d
     assert row["verdict"] == label
 
 
-def test_the_threshold_interval_is_widened_and_never_narrower_than_its_bracket():
-    """Amendment 5: a sharp onset leaves every whole-seed draw on one point; the data still
-    cannot place the crossing anywhere finer than between the informative LRs either side."""
+def test_the_onset_interval_is_widened_and_never_narrower_than_the_lrs_either_side():
+    """A sharp onset leaves every whole-seed draw on one point; the data still cannot place the
+    crossing anywhere finer than between the informative LRs either side."""
     import numpy as np
 
     from analysis.threshold import DepthDraws, threshold_interval
@@ -1451,41 +1415,6 @@ def test_the_threshold_interval_is_widened_and_never_narrower_than_its_bracket()
     plain, wide = threshold_interval(spread, 1.0), threshold_interval(spread, 2.0)
     assert wide[1] - point == pytest.approx(2 * (plain[1] - point))
     assert wide[0] - point == pytest.approx(2 * (plain[0] - point))
-
-
-def test_threshold_coverage_scores_every_widening_on_the_same_studies():
-    from analysis import calibrate as K
-
-    table = K.threshold_coverage(2, 5, K.NOISE, ("sharp onset",))
-    for estimator in K.ESTIMATORS:
-        mine = table.filter(pl.col("estimator") == estimator)
-        assert mine["widening"].to_list() == list(K.WIDENINGS)
-        assert (mine["coverage"] + mine["below"] + mine["above"]).to_list() == pytest.approx(
-            [1.0] * len(K.WIDENINGS))
-        assert mine["coverage"].is_sorted()  # a wider interval never covers less
-    assert K.chosen_widening([table.with_columns(coverage=pl.lit(1.0))]) == 1.0
-    assert K.chosen_widening([table.with_columns(coverage=pl.lit(0.5))]) is None
-
-
-def test_the_log_gap_reading_of_a_logistic_onset_finds_its_crossing():
-    """Between two LRs on a logistic onset's lower half, the straight line in the gap crosses
-    the margin early (the gap is convex there); the straight line in log(gap) almost exactly
-    where the curve does; a gap under the floor reads as the floor."""
-    import numpy as np
-
-    from analysis.threshold import threshold_from_fit
-
-    def gap(x):  # plateau 0.45, centre -1.5, width 0.1 decades: 0.1 nats at x = -1.6254
-        return 0.45 / (1 + np.exp(-(x - (-1.5)) / 0.1))
-
-    logs = np.array([-2.0, -1.5])
-    truth = -1.5 + 0.1 * math.log(0.1 / 0.35)
-    linear = threshold_from_fit(logs, gap(logs)[None], 0.1)[0]
-    logged = threshold_from_fit(logs, gap(logs)[None], 0.1, floor=0.01)[0]
-    assert linear < truth - 0.1 and abs(logged - truth) < 0.03
-    # a gap below the floor: log(0.1 / 0.01) / log(0.45 / 0.01) of the way
-    floored = threshold_from_fit(logs, np.array([[-0.05, 0.45]]), 0.1, floor=0.01)[0]
-    assert floored == pytest.approx(-2.0 + 0.5 * math.log(10) / math.log(45))
 
 
 def test_probe_parts_with_and_without_a_head_column_read_together(tmp_path):
@@ -1514,51 +1443,3 @@ def test_probe_parts_with_and_without_a_head_column_read_together(tmp_path):
     reduced = M.probe_over_layers(probes.lazy()).collect()
     share = reduced.filter(pl.col("name") == "attention_sink_share")
     assert share["value"].to_list() == [0.7]
-
-
-def test_a_threshold_censored_below_says_how_trained_both_arms_are_there():
-    """A gap at the grid's smallest LR can be under-training (the ladder's w64-s4800): the
-    note gives both arms' losses there and the best any LR reaches."""
-    from analysis.threshold import _training_note
-
-    cells = pl.DataFrame({"lr": [1e-4, 1e-2], "loss_off": [2.1, 0.38], "loss_on": [1.75, 0.377]})
-    note = _training_note(cells, 1e-4)
-    assert "off ends at 2.1 nats and on at 1.75" in note and "best LR reaches 0.377" in note
-    assert _training_note(cells.drop("loss_on"), 1e-4) == ""
-
-
-def test_the_midpoint_reading_sits_at_the_brackets_geometric_centre():
-    """Amendment 12's candidate: wherever inside its bracket the fit reaches the margin, the
-    reading is the bracket's centre in log LR; censored fits stay censored."""
-    from analysis.threshold import threshold_from_fit
-
-    logs = np.log10([0.003, 0.01, 0.0133, 0.03])
-    for fit in ([0.0, 0.02, 0.45, 0.5], [0.0, 0.099, 0.101, 0.5]):
-        assert threshold_from_fit(logs, np.array([fit]), 0.1, midpoint=True)[0] == \
-            pytest.approx((logs[1] + logs[2]) / 2)
-    assert threshold_from_fit(logs, np.array([[0.2, 0.3, 0.4, 0.5]]), 0.1, midpoint=True)[0] \
-        == -np.inf
-    assert threshold_from_fit(logs, np.array([[0.0, 0.0, 0.0, 0.05]]), 0.1, midpoint=True)[0] \
-        == np.inf
-
-
-def test_the_logistic_reading_finds_a_planted_onset_and_ignores_the_gap_past_its_cap():
-    """Amendment 13's candidate: a logistic of a width on its grid and a centre on its lattice
-    is recovered where it reaches the margin; a diverged run's huge gap at the top (capped at
-    0.5 nats) does not move it; a gap never reaching the margin is censored above, one already
-    there at the smallest LR below."""
-    from analysis.threshold import logistic_threshold
-
-    x = np.log10([1e-3, 3e-3, 5.5e-3, 7.4e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0])
-    centre, width, plateau = -2.0, 0.1, 0.45
-    g = plateau / (1 + np.exp(-(x - centre) / width))
-    truth = centre + width * math.log(0.1 / (plateau - 0.1))
-    counts = np.full(len(x), 5)
-    assert logistic_threshold(x, g[None], counts, 0.1)[0] == pytest.approx(truth, abs=0.02)
-    spiked = g.copy()
-    spiked[-1] = 3.0  # off diverged: its clipped loss
-    assert logistic_threshold(x, spiked[None], counts, 0.1)[0] == pytest.approx(truth, abs=0.02)
-    flat = np.full(len(x), 0.02)
-    high = np.full(len(x), 0.45)
-    assert logistic_threshold(x, np.stack([flat, high]), counts, 0.1).tolist() == [math.inf,
-                                                                                  -math.inf]

@@ -49,10 +49,10 @@ def test_load_study_returns_the_report_tables(tiny_runs):
     study = load_study(tiny_runs)
     expected = {
         "gaps": {"depth", "compared_arm", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "decision"},
-        "thresholds": {"depth", "compared_arm", "threshold_lr", "ci_lo", "ci_hi", "threshold"},
+        "thresholds": {"depth", "compared_arm", "onset_lr", "ci_lo", "ci_hi", "onset", "tested_rule"},
         "verdicts": {"hypothesis", "compared_arm", "verdict", "family_size", "seeds", "evidence"},
         "per_run": {"run", "depth", "arm", "lr", "seed", "status", "final_val_loss"},
-        "arms": {"depth", "arm", "max_stable_lr", "optimal_lr", "best_loss"},
+        "arms": {"depth", "arm", "max_usable_lr", "optimal_lr", "best_loss"},
         "h2_tests": {"depth", "compared_arm", "measure", "effect", "decision"},
         "h3_tests": {"compared_arm", "depths", "slope", "ci_lo", "ci_hi", "decision"},
         "best_gaps": {"depth", "compared_arm", "mean_gap", "ci_lo", "ci_hi", "decision"},

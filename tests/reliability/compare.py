@@ -18,7 +18,7 @@ from .fault_injection import faulted
 
 WALL_CLOCK = ("wall_seconds", "train_seconds", "measure_seconds", "tokens_per_second")  # summary keys left out
 PER_RUN_OTHER = (*WALL_CLOCK, "run_dir")  # per_run columns that differ between two trees
-TABLES = ("arms", "sensitivity_per_seed", "stable_per_seed", "gaps", "thresholds", "spikes",
+TABLES = ("arms", "sensitivity_per_seed", "usable_per_seed", "gaps", "thresholds", "spikes",
           "verdicts", "best_gaps", "h2_tests", "h3_tests", "loss_thresholds", "per_run")
 
 

@@ -1,0 +1,330 @@
+"""The report's charts beyond the answer: training curves at a few LRs per depth, the probes
+against step (seed means reduced over layers), LR sensitivity and the LR landmarks per depth.
+Shared look and helpers: analysis.charts."""
+
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import polars as pl
+
+from . import metrics as M
+from .charts import (ATTENTION_PROBES, OFF_LABEL, PANEL_H, ROW_HEADER, _empty, arm_expr,
+                     arm_scale, finish, panel_width, probe_words, values)
+
+
+def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None,
+               twins: pl.DataFrame | None = None) -> pl.DataFrame:
+    """(depth, lr) pairs to draw curves for: the given LRs snapped to the nearest LR run, or
+    per depth the off arm's optimal, max usable and first divergent LR, plus (up to two) LRs of
+    other-framework twins so their overlay is drawn."""
+    run_lrs = points.select("depth", "lr").unique()
+    picks = []
+    for depth in sorted(run_lrs["depth"].unique().to_list()):
+        have = sorted(run_lrs.filter(pl.col("depth") == depth)["lr"].to_list())
+        wanted = lrs
+        if not lrs:
+            off = M.with_arm(arms).filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF))
+            row = off.row(0, named=True) if off.height else {}
+            wanted = [row.get(k) for k in ("optimal_lr", "max_usable_lr", "first_divergent_lr")]
+            wanted = [w for w in wanted if w] or [have[len(have) // 2]]
+            if twins is not None and twins.height:
+                wanted += sorted(twins.filter(pl.col("depth") == depth)["lr"].unique())[:2]
+        snapped = {min(have, key=lambda h: abs(math.log(h / w))) for w in wanted}
+        picks += [{"depth": depth, "lr": lr} for lr in sorted(snapped)]
+    return pl.DataFrame(picks, schema={"depth": pl.Int64, "lr": pl.Float64})
+
+
+VAL_MARK, ABOVE_MARK, DIVERGED_AT = ("val loss", "leaves the axis (loss above its top)",
+                                     "diverged (last step)")
+
+
+def _curve_data(chosen: pl.DataFrame, metrics: pl.LazyFrame, max_points: int) -> pl.DataFrame:
+    """Train loss binned to <= max_points per run and every val loss of the chosen runs."""
+    m = metrics.join(chosen.lazy().select("run"), on="run")
+    steps = m.group_by("run").agg(last=pl.col("step").max())
+    train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
+             .with_columns(bin=pl.col("step") // ((pl.col("last") // max_points) + 1))
+             .group_by("run", "bin").agg(step=pl.col("step").max(),
+                                         loss=pl.col("train_loss").mean())
+             .drop("bin").with_columns(series=pl.lit("train")))
+    val = (m.filter(pl.col("val_loss").is_not_null())
+           .select("run", "step", loss="val_loss").with_columns(series=pl.lit("val")))
+    lr_text = pl.col("lr").map_elements(lambda v: f"{v:.3g}", return_dtype=pl.String)
+    return (pl.concat([train, val]).join(chosen.lazy(), on="run")
+            .with_columns(panel=pl.format("depth {}, lr {}", "depth", lr_text),
+                          line=pl.format("{} seed {} ({})", "arm", "seed", "framework"))
+            .sort("run", "series", "step").collect())
+
+
+def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.DataFrame:
+    """Val dots, a triangle on the top edge where a curve first leaves the axis, and a cross
+    there at a diverged run's last step; y_plot is where each is drawn."""
+    above = ~pl.col("loss").is_finite() | (pl.col("loss") > top)
+    first_above = above & (pl.col("step") == pl.col("step").filter(above).min()
+                           .over("run", "series"))
+    data = data.with_columns(
+        marker=pl.when((pl.col("series") == "val") & ~above).then(pl.lit(VAL_MARK))
+        .when(first_above).then(pl.lit(ABOVE_MARK)), y_edge=pl.lit(top))
+    ends = (chosen.filter(pl.col("status") == "diverged")
+            .join(data.group_by("run").agg(last=pl.col("step").max()), on="run")
+            .select("run", "depth", "lr", "seed", "framework", "arm",
+                    step=pl.coalesce("diverged_step", "last"))
+            .join(data.select("run", "panel", "line").unique(), on="run")
+            .with_columns(series=pl.lit("end"), marker=pl.lit(DIVERGED_AT), y_edge=pl.lit(top)))
+    return pl.concat([data, ends], how="diagonal_relaxed").with_columns(
+        y_plot=pl.when(pl.col("marker") == VAL_MARK).then(pl.col("loss")).otherwise("y_edge"))
+
+
+def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame,
+                          max_points: int = 60, columns: int = 3) -> alt.Chart:
+    """Train loss (binned) and val loss vs step for the picked LRs; one line per run (seed,
+    framework), colour by arm, dashes for a second framework. The y axis stops a little above
+    the initial loss: what leaves it is marked on the top edge. Each panel has its own step
+    axis."""
+    runs = M.with_arm(runs)
+    if "diverged_step" not in runs.columns:
+        runs = runs.with_columns(diverged_step=pl.lit(None, dtype=pl.Int64))
+    chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
+        "run", "depth", "lr", "seed", "framework", "arm", "init_loss", "status", "diverged_step")
+    data = _curve_data(chosen, metrics, max_points)
+    if data.is_empty():
+        return _empty("no metrics rows for the chosen learning rates")
+    finite = data.filter(pl.col("loss").is_finite())
+    top = float(data["init_loss"].max() or finite["loss"].max()) * 1.08
+    scale = alt.Scale(domain=[float(finite["loss"].min()) * 0.97, top], zero=False, nice=False)
+    data = _edge_markers(data, chosen, top)
+    markers = [k for k in (VAL_MARK, ABOVE_MARK, DIVERGED_AT) if (data["marker"] == k).any()]
+    shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
+        domain=markers, range=[{VAL_MARK: "circle", ABOVE_MARK: "triangle-up",
+                                DIVERGED_AT: "cross"}[k] for k in markers]))
+    color = alt.Color("arm:N", scale=arm_scale(runs[M.ARM].unique().to_list()), title="arm")
+    dash = alt.StrokeDash("framework:N", title="framework", legend=alt.Legend()
+                          if data["framework"].drop_nulls().n_unique() > 1 else None)
+    train = (alt.Chart().mark_line(opacity=0.55, clip=True)
+             .encode(x="step:Q", y=alt.Y("loss:Q", scale=scale, title="loss (nats)"),
+                     color=color, strokeDash=dash, detail="line:N")
+             .transform_filter(alt.datum.series == "train"))
+    # one point layer for val dots and edge markers: a layer empty in some panel makes Vega
+    # warn about an infinite step extent there
+    points = (alt.Chart().mark_point(filled=True, clip=False)
+              .encode(x="step:Q", y=alt.Y("y_plot:Q", scale=scale), color=color,
+                      detail="line:N", shape=shape,
+                      size=alt.condition(f"datum.marker == '{VAL_MARK}'", alt.value(25),
+                                         alt.value(90)),
+                      tooltip=["line:N", "marker:N", "step:Q",
+                               alt.Tooltip("loss:Q", format=".4g")])
+              .transform_filter("datum.marker != null"))
+    width = panel_width(min(columns, data["panel"].n_unique()))
+    return finish(alt.layer(train, points, data=values(data))
+                  .properties(width=width, height=PANEL_H + 40)
+                  .facet(facet=alt.Facet("panel:N", title=None, sort=alt.SortField("depth")),
+                         columns=columns)
+                  .resolve_scale(x="independent")
+                  .properties(title="Training curves (lines: train loss, dots: val loss)"))
+
+
+def probe_series(runs: pl.DataFrame, probe_steps: pl.DataFrame, names: list[str]) -> pl.DataFrame:
+    """(depth, arm, lr, name, step) -> probe value (already reduced over layers), seed mean,
+    for `runs` only."""
+    keyed = M.with_arm(runs).select("run", "depth", M.ARM, "lr")
+    return (probe_steps.filter(pl.col("name").is_in(names)).join(keyed, on="run")
+            .group_by("depth", M.ARM, "lr", "name", "step")
+            .agg(value=pl.col("value").mean(), seeds=pl.len())
+            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step"))
+
+
+# Drawn in the "other probes" chart when present: the output log-sum-exp is what z-loss pulls
+# towards 0, the capped max logit what soft-capping bounds.
+OTHER_PROBES = ("residual_kurtosis", "output_logsumexp_mean", "max_attention_logit_capped",
+                "residual_max_abs_over_rms", "output_logit_max", "q_rms", "k_rms",
+                "max_attention_logit_bound")
+
+
+def other_probe_names(found: list[str], limit: int = 8) -> list[str]:
+    """The preferred probes present, plus any other kurtosis; else the first few found."""
+    extra = [n for n in found if n not in ATTENTION_PROBES]
+    chosen = [n for n in OTHER_PROBES if n in extra]
+    chosen += [n for n in extra if "kurtosis" in n and n not in chosen]
+    return (chosen or sorted(extra))[:limit]
+
+
+def with_lr_label(df: pl.DataFrame) -> pl.DataFrame:
+    """An `lr_label` column ("3e-03") whose text order is the numeric order of the LRs."""
+    return df.with_columns(lr_label=pl.col("lr").map_elements(lambda v: f"{v:.2e}",
+                                                              return_dtype=pl.String))
+
+
+def _lr_color(df: pl.DataFrame) -> alt.Color:
+    labels = [f"{v:.2e}" for v in sorted(df["lr"].unique().to_list())]
+    return alt.Color("lr_label:O", sort=labels, scale=alt.Scale(scheme="viridis", domain=labels),
+                     legend=alt.Legend(title="learning rate"))
+
+
+def _by_arm_and_depth(chart: alt.Chart, data: pl.DataFrame, title: str) -> alt.FacetChart:
+    return finish(chart.properties(width=panel_width(data["depth"].n_unique()), height=PANEL_H)
+                  .facet(row=alt.Row("arm:N", title=None, header=ROW_HEADER),
+                         column=alt.Column("depth:O", title="depth"))
+                  .properties(title=title))
+
+
+def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
+    """Largest pre-softmax attention logit (max over layers and heads) vs step, log y."""
+    data = with_lr_label(probe_series(runs, probes, ["max_attention_logit"])
+                         .filter(pl.col("value") > 0))
+    if data.is_empty():
+        return _empty("no max_attention_logit probe rows")
+    chart = (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12))
+             .encode(x="step:Q", y=alt.Y("value:Q", scale=alt.Scale(type="log"),
+                                         title="max attention logit"),
+                     color=_lr_color(data), detail="lr:Q",
+                     tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
+                              alt.Tooltip("value:Q", format=".3g"), "seeds:Q"]))
+    return _by_arm_and_depth(chart, data, "Max attention logit vs step (seed mean; log scale)")
+
+
+def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
+    """Attention entropy vs step: mean over heads and layers (solid), lowest head (dashed)."""
+    data = probe_series(runs, probes, ["attention_entropy_mean", "attention_entropy_min_head"])
+    if data.is_empty():
+        return _empty("no attention entropy probe rows")
+    mean = pl.col("name") == "attention_entropy_mean"
+    data = with_lr_label(data).with_columns(
+        measure=pl.when(mean).then(pl.lit("mean over heads")).otherwise(pl.lit("lowest head")))
+    chart = (alt.Chart(values(data)).mark_line()
+             .encode(x="step:Q", y=alt.Y("value:Q", title="attention entropy (nats)"),
+                     color=_lr_color(data), detail="lr:Q",
+                     strokeDash=alt.StrokeDash("measure:N", title="line",
+                                               sort=["mean over heads", "lowest head"]),
+                     tooltip=["arm:N", "measure:N", alt.Tooltip("lr:Q", format=".3g"),
+                              "step:Q", alt.Tooltip("value:Q", format=".3f")]))
+    return _by_arm_and_depth(chart, data, "Attention entropy vs step (seed mean)")
+
+
+def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str]) -> alt.Chart:
+    """Other probes (e.g. residual kurtosis), reduced over layers, vs step: one row per probe,
+    titled in words."""
+    data = with_lr_label(probe_series(runs, probes, names))
+    if data.is_empty():
+        return _empty("no other probe rows")
+    data = data.with_columns(probe=pl.col("name").map_elements(probe_words,
+                                                               return_dtype=pl.String))
+    return finish(alt.Chart(values(data)).mark_line()
+                  .encode(x="step:Q", y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+                          color=_lr_color(data), detail="lr:Q",
+                          strokeDash=alt.StrokeDash("arm:N", title="arm"),
+                          tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"),
+                                   "step:Q", alt.Tooltip("value:Q", format=".4g")])
+                  .properties(width=panel_width(data["depth"].n_unique()), height=PANEL_H - 40)
+                  .facet(row=alt.Row("probe:N", title=None, sort=[probe_words(n) for n in names],
+                                     header=ROW_HEADER),
+                         column=alt.Column("depth:O", title="depth"))
+                  .resolve_scale(y="independent")
+                  .properties(title="Other probes vs step (reduced over layers, seed mean)"))
+
+
+# --- per depth summaries ----------------------------------------------------------------------
+
+def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
+    """LR sensitivity vs depth: one dot per seed, the line through the seed means."""
+    per_seed = M.lr_sensitivity_per_seed(points).with_columns(arm_expr())
+    means = (per_seed.group_by("depth", "arm").agg(mean=pl.col("lr_sensitivity").mean())
+             .sort("depth"))
+    data = pl.concat([per_seed.select("depth", "arm", "seed", "lr_sensitivity", "grid_points")
+                      .with_columns(kind=pl.lit("seed")),
+                      means.with_columns(kind=pl.lit("mean"))], how="diagonal_relaxed")
+    if data["lr_sensitivity"].drop_nulls().is_empty():
+        return _empty("LR sensitivity undefined (base grid < 2 LRs)")
+    color = alt.Color("arm:N", scale=arm_scale(M.with_arm(points)[M.ARM].unique().to_list()),
+                      title=None)
+    depths = sorted(points["depth"].unique().to_list())
+    x = alt.X("depth:Q", axis=alt.Axis(values=depths, format="d"),
+              scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
+    dots = (alt.Chart().mark_point(size=50, opacity=0.7)
+            .encode(x=x, y=alt.Y("lr_sensitivity:Q", title="LR sensitivity"), color=color,
+                    tooltip=["arm:N", "depth:Q", "seed:N",
+                             alt.Tooltip("lr_sensitivity:Q", format=".4f"), "grid_points:Q"])
+            .transform_filter(alt.datum.kind == "seed"))
+    line = (alt.Chart().mark_line(point=True).encode(x=x, y="mean:Q", color=color)
+            .transform_filter(alt.datum.kind == "mean"))
+    return finish(alt.layer(dots, line, data=values(data))
+                  .properties(width=panel_width(1), height=PANEL_H + 60,
+                              title="LR sensitivity vs depth (open dots: seeds; line: seed "
+                                    "mean; Wortsman et al. 2023)"))
+
+
+MEASURED, LOWER_BOUND = "measured", "lower bound (no run diverged)"
+
+
+MEASURED, LOWER_BOUND = "measured", "lower bound (no failure above the best LR)"
+LANDMARKS = {"optimal LR": ("circle", -0.12), "max usable LR": ("triangle-up", 0.0),
+             "onset": ("diamond", 0.12)}
+
+
+def _landmark_data(arms: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
+    a = M.with_arm(arms).with_columns(arm_expr())
+    data = pl.concat([
+        a.select("depth", "arm", value="optimal_lr", lo="optimal_lr_lo", hi="optimal_lr_hi")
+        .with_columns(measure=pl.lit("optimal LR"), bound=pl.lit(False)),
+        a.select("depth", "arm", value="max_usable_lr", lo="max_usable_lr_lo",
+                 hi="max_usable_lr_hi", bound=pl.col("lower_bound_seeds") > 0)
+        .with_columns(measure=pl.lit("max usable LR")),
+        thresholds.select("depth", value="onset_lr", lo="ci_lo", hi="ci_hi", interval="onset",
+                          arm=pl.format("onset ({} vs off)", "compared_arm"))
+        .with_columns(measure=pl.lit("onset"), bound=pl.lit(False)),
+    ], how="diagonal_relaxed").filter(pl.col("value").is_not_null())
+    if data.is_empty():
+        return data
+    known = [v for c in ("value", "lo", "hi") for v in data[c].drop_nulls().to_list() if v > 0]
+    onset = pl.col("measure") == "onset"  # an interval end beyond the LRs run: to the edge
+    return data.with_columns(
+        edge=pl.when(onset & pl.col("hi").is_null()).then(pl.lit("up"))
+        .when(onset & pl.col("lo").is_null()).then(pl.lit("down")),
+        lo=pl.col("lo").fill_null(pl.when(onset).then(min(known) / 2).otherwise("value")),
+        hi=pl.col("hi").fill_null(pl.when(onset).then(max(known) * 2).otherwise("value")),
+        x=pl.col("depth") + pl.col("measure").replace_strict(
+            {k: v[1] for k, v in LANDMARKS.items()}, return_dtype=pl.Float64)
+        + pl.when(pl.col("arm") == OFF_LABEL).then(-0.04).otherwise(0.04),
+        value_kind=pl.when("bound").then(pl.lit(LOWER_BOUND)).otherwise(pl.lit(MEASURED)))
+
+
+def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
+    """Per depth: optimal and max usable LR per arm (range over seeds), and the onset with its
+    95% interval (an onset outside the LRs tested has no point). Open triangles: max usable LR
+    is a lower bound."""
+    data = _landmark_data(arms, thresholds)
+    if data.is_empty():
+        return _empty("no learning-rate landmarks")
+    depths = sorted(arms["depth"].unique().to_list())
+    kinds = thresholds["compared_arm"].unique().to_list()
+    arm_colors = arm_scale(M.with_arm(arms)[M.ARM].unique().to_list())
+    color = alt.Color("arm:N", title=None, scale=alt.Scale(
+        domain=list(arm_colors.domain) + [f"onset ({k} vs off)" for k in kinds],
+        range=list(arm_colors.range) + ["#000000"] * len(kinds)))
+    x = alt.X("x:Q", title="depth", axis=alt.Axis(values=depths, format="d"),
+              scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
+    y_scale = alt.Scale(type="log", nice=False,
+                        domain=[float(data["lo"].min()), float(data["hi"].max())])
+    shape = alt.Shape("measure:N", title=None, scale=alt.Scale(
+        domain=list(LANDMARKS), range=[v[0] for v in LANDMARKS.values()]))
+    value_kinds = [MEASURED, LOWER_BOUND] if data["bound"].any() else [MEASURED]
+    fill = alt.FillOpacity("value_kind:O", title="value", sort=value_kinds, scale=alt.Scale(
+        domain=value_kinds, range=[1, 0][:len(value_kinds)]))
+    tooltip = ["measure:N", "arm:N", "depth:Q", alt.Tooltip("value:Q", format=".3g"),
+               alt.Tooltip("lo:Q", format=".3g"), alt.Tooltip("hi:Q", format=".3g"),
+               alt.Tooltip("interval:N", title="onset [95% interval]")]
+    layers = [alt.Chart().mark_rule().encode(x=x, y=alt.Y("lo:Q", scale=y_scale), y2="hi:Q",
+                                             color=color),
+              alt.Chart().mark_point(size=80, filled=True, strokeWidth=2).encode(
+                  x=x, y=alt.Y("value:Q", scale=y_scale, title="learning rate (log)",
+                               axis=alt.Axis(format=".0e")),
+                  color=color, stroke=color, shape=shape, fillOpacity=fill, tooltip=tooltip)]
+    layers += [alt.Chart().mark_point(filled=True, size=60, color="#000", shape=f"triangle-{e}")
+               .encode(x=x, y=alt.Y(f"{end}:Q", scale=y_scale), tooltip=["arm:N", "interval:N"])
+               .transform_filter(f"datum.edge == '{e}'")
+               for e, end in (("up", "hi"), ("down", "lo")) if (data["edge"] == e).any()]
+    return finish(alt.layer(*layers, data=values(data))
+                  .properties(width=panel_width(1), height=PANEL_H + 100,
+                              title="Learning-rate landmarks vs depth (bars: seed range; "
+                                    "for the onset, its 95% interval)"))

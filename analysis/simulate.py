@@ -1,0 +1,422 @@
+"""Simulated studies of known truth for the calibration (analysis/calibrate.py): the mini's
+design run by the sweep's own rules, its runs drawn from a noise model.
+
+One simulated study: depths 2, 4, 8, both arms, the 8 grid LRs, a fixed number of seeds, the
+mini preset's boundary-bisection steps per curve (qkstudy.sweep.refine.next_midpoint) and
+threshold-bisection steps per depth (qkstudy.sweep.adaptive.next_threshold_lr).
+
+Noise, fitted from real sweeps (`fit_noise`): per depth and LR the seed SD of the gap (off
+minus on), the correlation of one seed's gap deviations across LRs (a Gaussian process over
+log LR), each arm's divergence boundary, where runs degrade short of diverging, and the LR
+from which both arms collapse to unigram-level loss. NOISE, the default, is fitted from the
+earlier mini.
+
+Scenarios (the truth is the noiseless version of the same study):
+- null: no effect anywhere, the same boundaries in both arms. Every claim of an effect is false.
+- same onset: off is worse from the same LR at every depth (0.45 nats once past it), with a
+  small (0.03-nat) low-LR gap at depth 2: H1 true, H3 false (slope 0).
+- one decade per doubling: the onset falls from 0.2 (depth 2) to 0.02 (4) and 0.002 (8).
+- half a decade per doubling, with QK-norm's divergence boundary x3 higher.
+- sharp onset: the same onset at every depth, the gap stepping to its full size within 0.005
+  decades (between two grid LRs), so where each depth reads it depends on its bisection.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from qkstudy.sweep.adaptive import next_threshold_lr
+from qkstudy.sweep.config import MINI
+from qkstudy.sweep.refine import next_midpoint
+
+from .hypotheses import h1_tests
+from .metrics import Options
+from .threshold import threshold_draws
+
+LRS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
+DEPTHS = (2, 4, 8)
+UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
+INIT_LOSS = 5.6
+PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
+# the mini preset's bisection: boundary steps per curve (refine_steps= overrides), threshold
+# steps per depth, the ratio at which both stop
+REFINE_STEPS, THRESHOLD_STEPS, REFINE_FACTOR = MINI.refine_steps, MINI.threshold_steps, \
+    MINI.refine_factor
+SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 0
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What a real sweep's runs scatter by (see the module docstring)."""
+
+    gap_sd: dict[int, tuple[float, ...]]  # per depth, per grid LR (NaN: no informative cell)
+    correlation: float  # of one seed's gap deviations at adjacent half-decade LRs
+    boundary: tuple[float, float]  # log10 first diverged LR: mean and SD over seeds
+    collapse_lr: float  # from this LR both arms end near the unigram entropy (degraded)
+    on_sd: float = 0.02  # seed SD of the on arm's loss (shared by both arms of a seed)
+    source: str = ""
+    # decades: each seed's onset shifted by N(0, onset_sd) (0: one onset for every seed); real
+    # cells near the onset are two-humped: some seeds past their onset, some not
+    onset_sd: float = 0.0
+    # the off arm's first degraded LR (unigram-level loss while stable), in decades above the
+    # depth's onset, one value per real (depth, seed); a simulated seed draws one of them
+    # (empty: the off arm degrades only from collapse_lr)
+    off_degrade: tuple[float, ...] = ()
+    # log10 of the on arm's first degraded LR per real (depth, seed), +inf where it never
+    # degraded before it diverged; drawn the same way (and by both arms where there is no effect)
+    on_degrade: tuple[float, ...] = ()
+    # of one seed's two divergence boundaries (a seed's data order moves both)
+    boundary_correlation: float = 0.0
+
+
+# Fitted from the earlier mini (docs/results.md's history, synthetic corpus, init=mlx): the SD of each
+# cell's gaps recovered from its 95% t-interval and seed count (sd = half-width / t * sqrt(n)),
+# e.g. depth 4 at LR 0.01: [-0.11, +0.22] on 6 seeds gives 0.157. LRs 1 and 3: neither arm
+# learned (both collapsed or diverged). Divergence: first diverged LR 0.548 or 1 in every seed
+# of both arms. The correlation across LRs cannot be recovered from a table; 0.5 is assumed
+# until `fit_noise` reads it off runs.
+PUBLISHED = {  # depth: (mean, lo, hi, n) per grid LR 1e-3 ... 0.3
+    2: ((0.021, 0.01, 0.03, 5), (0.024, -0.02, 0.07, 6), (-0.002, -0.10, 0.10, 6),
+        (0.191, 0.07, 0.31, 6), (0.462, 0.45, 0.47, 3), (0.575, 0.40, 0.75, 4)),
+    4: ((0.018, 0.00, 0.03, 6), (0.023, -0.00, 0.05, 6), (0.056, -0.11, 0.22, 6),
+        (0.327, 0.15, 0.50, 5), (0.531, 0.39, 0.67, 4), (0.538, 0.37, 0.71, 3)),
+    8: ((0.024, -0.00, 0.05, 6), (0.013, -0.01, 0.03, 6), (0.217, 0.12, 0.31, 4),
+        (0.303, 0.17, 0.43, 3), (0.420, 0.21, 0.63, 5), (0.424, 0.26, 0.59, 5)),
+}
+
+
+def _published_noise() -> Noise:
+    from scipy import stats
+
+    sd = {}
+    for depth, cells in PUBLISHED.items():
+        values = [(hi - lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
+                  for _, lo, hi, n in cells]
+        sd[depth] = tuple(values) + (math.nan, math.nan)
+    return Noise(gap_sd=sd, correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
+                 source="the earlier mini's gap intervals (docs/results.md's history); correlation "
+                        "across LRs assumed 0.5; failures short of divergence from the mini",
+                 off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE,
+                 boundary_correlation=0.65)
+
+
+# How the republished mini's runs (results/mini.tar.xz, 330 runs) fail short of divergence,
+# by `fit_failures`, per (depth 2, 4, 8) x seeds 0-4: the off arm's first degraded LR in decades
+# above the depth's onset (every off seed degrades, 0.3 to 1.7 decades past it), and the on
+# arm's (log10; inf: never before it diverged). Its arms' first diverged LRs correlate 0.65.
+MINI_OFF_DEGRADE = (0.815, 0.815, 0.815, 1.292, 0.292, 0.66, 1.66, 1.183, 0.66, 0.66, 1.022,
+                    1.022, 1.022, 0.5, 1.022)
+MINI_ON_DEGRADE = (0.0, math.inf, 0.0, math.inf, 0.0, math.inf, math.inf, math.inf, math.inf,
+                   math.inf, -0.261, math.inf, -0.261, math.inf, math.inf)
+NOISE = _published_noise()
+
+
+
+
+def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
+    """The noise of a real sweep: per depth and grid LR the seed SD of the gap over
+    informative cells (each shrunk towards the LR's SD pooled over depths with 4 degrees of
+    freedom, so a 3-seed cell does not set a near-zero SD), the mean correlation of seeds'
+    gap deviations at adjacent informative grid LRs, the divergence boundary over every
+    (depth, arm, seed) and the smallest grid LR where every on-arm run failed to learn."""
+    from .metrics import max_usable_lr_per_seed, paired_gaps
+
+    options = options or Options()
+    cells = h1_tests(points, options)[0]
+    gaps = paired_gaps(points, options)
+    informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
+    var = {(d, lr): s ** 2 for d, lr, s in informative.select("depth", "lr", "gap_sd").iter_rows()}
+    dof = {(d, lr): n - 1 for d, lr, n in informative.select("depth", "lr", "pairs").iter_rows()}
+    sd = {}
+    for depth in DEPTHS:
+        row = []
+        for lr in LRS:
+            pooled = [var[(d, lr)] for d in DEPTHS if (d, lr) in var]
+            if (depth, lr) not in var:
+                row.append(math.nan)
+                continue
+            prior = float(np.mean(pooled))
+            k = dof[(depth, lr)]
+            row.append(math.sqrt((var[(depth, lr)] * k + prior * 4) / (k + 4)))
+        sd[depth] = tuple(row)
+    r = []
+    for depth in DEPTHS:
+        ok = informative.filter(pl.col("depth") == depth)["lr"].to_list()
+        g = gaps.filter((pl.col("depth") == depth) & pl.col("lr").is_in(LRS))
+        wide = g.pivot(on="lr", index="seed", values="gap").drop("seed")
+        for a, b in zip(LRS, LRS[1:]):
+            if a in ok and b in ok and str(a) in wide.columns and str(b) in wide.columns:
+                x, y = wide[str(a)].to_numpy(), wide[str(b)].to_numpy()
+                keep = np.isfinite(x) & np.isfinite(y)
+                if keep.sum() >= 3 and x[keep].std() > 0 and y[keep].std() > 0:
+                    r.append(float(np.corrcoef(x[keep], y[keep])[0, 1]))
+    stable = max_usable_lr_per_seed(points, options).drop_nulls("first_divergent_lr")
+    first = np.log10(stable["first_divergent_lr"].to_numpy())
+    on_failed = (cells.filter(~pl.col("informative"))["lr"].to_list())
+    collapse = min([lr for lr in LRS if lr in on_failed] or [max(LRS)])
+    off_degrade, on_degrade, rho = fit_failures(points, cells, options)
+    return Noise(gap_sd=sd, correlation=float(np.clip(np.mean(r), 0, 0.95)) if r else 0.5,
+                 boundary=(float(first.mean()), float(first.std(ddof=1)) if first.size > 1
+                           else 0.13), collapse_lr=collapse,
+                 source=f"fitted from {points.height} runs", off_degrade=off_degrade,
+                 on_degrade=on_degrade, boundary_correlation=rho)
+
+
+def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
+                 ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """How a real sweep's runs fail short of divergence, per (depth, seed): the off arm's first
+    degraded LR in decades above its depth's onset estimate, the on arm's (log10, +inf
+    where it never degraded), and the correlation of the two arms' first diverged LRs (log10;
+    0.5, assumed, where one arm's boundary does not vary)."""
+    from .metrics import with_losses
+
+    runs = with_losses(points, options.degraded_margin)
+    points_at = {d: v.point for (_, d), v in threshold_draws(points, cells, options).items()}
+    first = (runs.group_by("depth", "arm", "seed")
+             .agg(degraded=pl.col("lr").filter(pl.col("degraded")).min(),
+                  diverged=pl.col("lr").filter(pl.col("diverged")).min()))
+    off, on = [], []
+    for depth, arm, _, degraded, _ in first.sort("depth", "arm", "seed").iter_rows():
+        if arm == "none":
+            if degraded is not None and math.isfinite(points_at.get(depth, math.inf)):
+                off.append(round(math.log10(degraded) - points_at[depth], 3))
+        else:
+            on.append(math.inf if degraded is None else round(math.log10(degraded), 3))
+    wide = (first.filter(pl.col("diverged").is_not_null())
+            .pivot(on="arm", index=["depth", "seed"], values="diverged").drop_nulls())
+    rho = 0.5
+    if {"none", "rmsnorm"} <= set(wide.columns) and wide.height >= 3:
+        a, b = (np.log10(wide[c].to_numpy()) for c in ("none", "rmsnorm"))
+        if a.std() > 0 and b.std() > 0:
+            rho = float(np.clip(np.corrcoef(a, b)[0, 1], 0, 0.95))
+    return tuple(off), tuple(on), rho
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A truth: the onset LR per depth (None: no effect), a small constant gap below the onset
+    at some depths, how much higher QK-norm's divergence boundary sits (x), and how sharp the
+    onset is (the logistic's width in decades)."""
+
+    onset: dict[int, float] | None
+    low_gap: dict[int, float] = field(default_factory=dict)
+    boundary_ratio: float = 1.0
+    ramp: float = 0.15
+    # an under-training gap (nats) at the smallest LRs, where QK-norm learns faster than the
+    # off arm and neither is trained (the ladder's w256-s300 and w64-s4800): the full value
+    # below LR 3e-4, falling logistically to about nothing by 1e-3; not part of the onset
+    undertrain: dict[int, float] = field(default_factory=dict)
+
+
+UNDERTRAIN_CENTRE, UNDERTRAIN_WIDTH = math.log10(math.sqrt(3e-4 * 1e-3)), 0.08
+
+
+def undertrain_gap(scenario: Scenario, depth: int, lr: float) -> float:
+    """The under-training part of the gap at `lr` (0 where the scenario has none)."""
+    size = scenario.undertrain.get(depth, 0.0)
+    if not size:
+        return 0.0
+    z = (math.log10(lr) - UNDERTRAIN_CENTRE) / UNDERTRAIN_WIDTH
+    return size / (1 + math.exp(min(z, 700.0)))
+
+
+SCENARIOS = {
+    "null": Scenario(None),
+    "same onset": Scenario({2: 0.012, 4: 0.012, 8: 0.012}, low_gap={2: 0.03}),
+    "one decade per doubling": Scenario({2: 0.2, 4: 0.02, 8: 0.002}),
+    "half a decade per doubling": Scenario({2: 10 ** -1.5, 4: 1e-2, 8: 10 ** -2.5},
+                                           boundary_ratio=3.0),
+    # the gap steps from 0 to its full size within a tenth of a grid step, at one LR between
+    # grid points for every depth: the bisection's brackets decide where each depth reads it
+    "sharp onset": Scenario({2: 0.015, 4: 0.015, 8: 0.015}, ramp=0.005),
+}
+
+
+def true_gap(scenario: Scenario, depth: int, lr: float, margin: float,
+             shift: float = 0.0) -> float:
+    """Off minus on without noise: a logistic in log LR that reaches `margin` at the onset
+    (moved by `shift` decades: one seed's own onset)."""
+    if scenario.onset is None:
+        return 0.0
+    onset = math.log10(scenario.onset[depth]) + shift
+    width = scenario.ramp
+    centre = onset + width * math.log(PLATEAU / margin - 1)
+    z = (math.log10(lr) - centre) / width
+    ramp = PLATEAU / (1 + math.exp(-z)) if z > -700 else 0.0
+    return ramp + (scenario.low_gap.get(depth, 0.0) if math.log10(lr) < onset else 0.0)
+
+
+def base_loss(lr: float) -> float:
+    """The on arm's loss without noise: a U over log LR with its minimum 2.23 at 3e-3."""
+    return 2.23 + 0.06 * (math.log10(lr) + 2.5) ** 2
+
+
+# --- one simulated sweep ---------------------------------------------------------------------
+
+LATTICE = np.arange(-3.25, 0.75, 1 / 32)  # log10 LRs where one seed's noise is drawn
+
+
+@dataclass
+class World:
+    """One simulated study's random draws, fixed before any run is 'trained', so the sweep's
+    adaptive steps (bisection) read the same runs they would on disk."""
+
+    scenario: Scenario
+    noise: Noise
+    margin: float
+    seeds: int
+    gap_noise: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds, lattice)
+    on_offset: dict[int, np.ndarray]  # depth -> (seeds,) shared by both arms and LRs
+    on_noise: dict[int, np.ndarray]  # depth -> (seeds, lattice): the collapsed runs' scatter
+    boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
+    onset_shift: dict[int, np.ndarray] = field(default_factory=dict)  # depth -> (seeds,)
+    # (depth, arm) -> (seeds,) log10 of the first degraded LR (inf: only from collapse_lr)
+    degrade: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
+    lrs: tuple[float, ...] = LRS  # its grid
+    refine_steps: int = REFINE_STEPS  # boundary-bisection steps per curve
+    lattice: np.ndarray = field(default_factory=lambda: LATTICE)
+
+    def sd(self, depth: int, lr: float) -> float:
+        """The gap's seed SD at any LR: interpolated in log LR between the fitted grid LRs."""
+        x = [math.log10(v) for v, s in zip(LRS, self.noise.gap_sd[depth]) if math.isfinite(s)]
+        y = [s for s in self.noise.gap_sd[depth] if math.isfinite(s)]
+        return float(np.interp(math.log10(lr), x, y))
+
+    def run(self, depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:
+        """(status, final val loss) of one run."""
+        if math.log10(lr) >= self.boundary[(depth, arm)][seed]:
+            return "diverged", None
+        i = int(np.argmin(np.abs(self.lattice - math.log10(lr))))
+        degraded = self.degrade and math.log10(lr) >= self.degrade[(depth, arm)][seed]
+        if lr >= self.noise.collapse_lr or degraded:
+            return "completed", UNIGRAM - 0.05 + 0.02 * self.on_noise[depth][seed, i]
+        # each arm carries half the gap's variance, so the null is symmetric in the arms
+        loss = base_loss(lr) + self.on_offset[depth][seed] + \
+            self.sd(depth, lr) / math.sqrt(2) * self.gap_noise[(depth, arm)][seed, i]
+        if arm == "none":
+            shift = float(self.onset_shift[depth][seed]) if self.onset_shift else 0.0
+            loss += true_gap(self.scenario, depth, lr, self.margin, shift) + \
+                undertrain_gap(self.scenario, depth, lr)
+        return "completed", loss
+
+
+def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
+               rng: np.random.Generator, noiseless: bool = False,
+               depths: tuple[int, ...] = DEPTHS, lrs: tuple[float, ...] = LRS,
+               lattice: np.ndarray = LATTICE, refine_steps: int = REFINE_STEPS) -> World:
+    ell = 0.5 / -math.log(min(max(noise.correlation, 1e-3), 0.999))  # corr at 0.5 decades
+    d = np.abs(lattice[:, None] - lattice[None, :])
+    chol = np.linalg.cholesky(np.exp(-d / ell) + 1e-9 * np.eye(len(lattice)))
+
+    def process() -> np.ndarray:
+        return np.zeros((seeds, len(lattice))) if noiseless else \
+            rng.standard_normal((seeds, len(lattice))) @ chol.T
+
+    mean, spread = noise.boundary
+    world = World(
+        scenario=scenario, noise=noise, margin=margin, seeds=seeds,
+        gap_noise={(dp, arm): process() for dp in depths for arm in ("none", "rmsnorm")},
+        on_offset={dp: np.zeros(seeds) if noiseless else rng.normal(0, noise.on_sd, seeds)
+                   for dp in depths},
+        on_noise={dp: process() for dp in depths},
+        boundary={(dp, arm): mean + (math.log10(scenario.boundary_ratio) if arm != "none"
+                                     else 0.0)
+                  + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
+                  for dp in depths for arm in ("none", "rmsnorm")},
+        # drawn after the others and only when asked for, so the other draws are those of a
+        # world without it
+        onset_shift={dp: rng.normal(0, noise.onset_sd, seeds) for dp in depths}
+        if noise.onset_sd > 0 and not noiseless else {},
+        depths=depths, lrs=lrs, refine_steps=refine_steps, lattice=lattice)
+    rho = noise.boundary_correlation
+    if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
+        for dp in depths:
+            shared = rng.normal(0, spread, seeds)
+            for arm in ("none", "rmsnorm"):
+                own = world.boundary[(dp, arm)] - mean - (
+                    math.log10(scenario.boundary_ratio) if arm != "none" else 0.0)
+                world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
+    if noise.off_degrade or noise.on_degrade:
+        world.degrade = failure_draws(scenario, noise, seeds, margin, rng, noiseless, depths,
+                                      world.onset_shift)
+    return world
+
+
+def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
+                  rng: np.random.Generator, noiseless: bool, depths: tuple[int, ...],
+                  onset_shift: dict[int, np.ndarray]) -> dict[tuple[int, str], np.ndarray]:
+    """Each simulated (depth, arm, seed)'s first degraded LR (log10), drawn from a real sweep's
+    (`Noise.off_degrade`, `on_degrade`; their medians in the noiseless study): the off arm's
+    above its seed's own onset where there is an effect, the on arm's wherever it is, and both
+    arms' from the on arm's where there is none."""
+    def pick(values: tuple[float, ...]) -> np.ndarray:
+        if not values:
+            return np.full(seeds, math.inf)
+        v = np.asarray(values, float)
+        return np.full(seeds, float(np.median(v))) if noiseless else rng.choice(v, seeds)
+
+    out = {}
+    for dp in depths:
+        out[(dp, "rmsnorm")] = pick(noise.on_degrade)
+        if scenario.onset is None or not noise.off_degrade:
+            out[(dp, "none")] = pick(noise.on_degrade)
+        else:
+            shift = onset_shift.get(dp, np.zeros(seeds))
+            out[(dp, "none")] = (math.log10(scenario.onset[dp]) + shift
+                                 + pick(noise.off_degrade))
+    return out
+
+
+def sweep(world: World) -> pl.DataFrame:
+    """The runs the mini's sweep would train in this world: the grid, world.refine_steps
+    boundary-bisection steps per curve, then two threshold-bisection steps per depth (every
+    seed, both arms)."""
+    runs: dict[tuple[int, str, float, int], tuple[str, float | None]] = {}
+
+    def train(depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:
+        key = (depth, arm, lr, seed)
+        if key not in runs:
+            runs[key] = world.run(depth, arm, lr, seed)
+        return runs[key]
+
+    for depth in world.depths:
+        for seed in range(world.seeds):
+            for arm in ("none", "rmsnorm"):
+                results = {lr: train(depth, arm, lr, seed)[0] == "completed" for lr in world.lrs}
+                while (lr := next_midpoint(results, world.lrs, world.refine_steps,
+                                           REFINE_FACTOR)) is not None:
+                    results[lr] = train(depth, arm, lr, seed)[0] == "completed"
+        means: dict[float, float] = {}
+        lrs = list(world.lrs)
+        for step in range(THRESHOLD_STEPS + 1):
+            for lr in lrs:
+                pairs = [(train(depth, "none", lr, s), train(depth, "rmsnorm", lr, s))
+                         for s in range(world.seeds)]
+                losses = [[INIT_LOSS if st == "diverged" else min(v, INIT_LOSS)
+                           for st, v in pair] for pair in pairs]
+                failed = all(_failed(a) and _failed(b) for a, b in pairs)
+                if not failed:
+                    means[lr] = float(np.mean([a - b for a, b in losses]))
+            if step == THRESHOLD_STEPS:
+                break
+            mid = next_threshold_lr(means, world.margin, REFINE_FACTOR)
+            if mid is None:
+                break
+            lrs = [mid]
+    return pl.DataFrame(
+        [{"depth": dp, "arm": arm, "qk_norm": arm, "lr": lr, "seed": s, "status": st,
+          "init_loss": INIT_LOSS, "final_val_loss": v, "unigram_entropy": UNIGRAM}
+         for (dp, arm, lr, s), (st, v) in runs.items()],
+        schema={"depth": pl.Int64, "arm": pl.String, "qk_norm": pl.String, "lr": pl.Float64,
+                "seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
+                "final_val_loss": pl.Float64, "unigram_entropy": pl.Float64})
+
+
+def _failed(run: tuple[str, float | None]) -> bool:
+    status, loss = run
+    return status == "diverged" or loss > UNIGRAM - Options.degraded_margin
