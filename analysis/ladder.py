@@ -91,7 +91,7 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     values = gap_matrix(on.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
     # each point's own seed draws: the points share no run
     draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
-    onset = depth_draws(values, lrs, draws, options.study.min_gap, reading="onset",
+    onset = depth_draws(values, lrs, draws, options.study.min_gap,
                         trained_up_to=tested_rule(cells)["trained_up_to"])
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
                        left=len(todo) + len(extra), onset=onset,

@@ -65,7 +65,7 @@ def simulate(law: tuple[float, float], noise: K.Noise, seeds: int, options: Opti
             mine = paired.filter((pl.col("depth") == k) & pl.col("lr").is_in(lrs))
             draws = S.seed_draws(seeds, options.bootstrap, f"ladder-calibration/{study}/{k}")
             d = depth_draws(gap_matrix(mine, list(range(seeds)), lrs), lrs, draws,
-                            options.min_gap, reading="onset",
+                            options.min_gap,
                             trained_up_to=tested_rule(cells)["trained_up_to"])
             p = points[k]
             out[p.name] = PointResult(name=p.name, point=p, study=None, complete=True, left=0,

@@ -162,7 +162,7 @@ ONSET_LRS = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
 
 def onset_of(values: np.ndarray, lrs: list[float], draws: np.ndarray,
              trained_up_to: float | None = None) -> DepthDraws:
-    return depth_draws(values, lrs, draws, 0.1, reading="onset", trained_up_to=trained_up_to)
+    return depth_draws(values, lrs, draws, 0.1, trained_up_to=trained_up_to)
 
 
 def crossing(lrs: list[float], means: np.ndarray, i: int) -> float:
