@@ -74,13 +74,6 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 
-def cpu_model() -> str | None:
-    for line in cpu_identity().splitlines():
-        if line.startswith("model name: "):
-            return line.removeprefix("model name: ")
-    return platform.processor() or None
-
-
 def wanted() -> bool:
     mode = os.environ.get(ENV, DEFAULT)
     if mode not in ("native", "plain"):

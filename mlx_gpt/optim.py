@@ -52,7 +52,3 @@ def update(opt: optim.MultiOptimizer, model, grads: dict, grad_clip: float
     opt.update(model, clipped if grad_clip > 0 else grads)
     return norm, opt.learning_rate
 
-
-def step_count(state: dict) -> mx.array:
-    """The updates applied, from an optimizer state (`opt.state`): every group counts them."""
-    return state["states"][0]["step"]
