@@ -1,11 +1,10 @@
 """MLX vs PyTorch, numerically: `python -m crosscheck parity` (also `just parity`).
 
-For qk_norm none and every variant (rmsnorm, layernorm, l2norm) and the rival arms (attention soft-cap, z-loss) at
-depth 1 and 3, on both of mlx_gpt's kernel paths
-(kernels=cpu: mlx_gpt/kernels.py; kernels=library: MLX's fused attention, GELU and
-cross-entropy, the path Apple GPUs run), in float32, with the same weights (moved through
-safetensors) and the same batch, it compares logits, loss, every gradient and the attention
-probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
+For qk_norm none and every variant (qkstudy/variants.py) and the rival arms (attention soft-cap,
+z-loss) at depth 1 and 3, on both of mlx_gpt's kernel paths (kernels=cpu: mlx_gpt/kernels.py;
+kernels=library: MLX's fused attention, GELU and cross-entropy, the path Apple GPUs run), in
+float32, with the same weights and the same batch, it compares logits, loss, every gradient and
+the probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
 torch.optim.AdamW) under the same settings, and compares the loss at every step. It prints
 the largest deviation of each kind and exits 1 when a tolerance is broken.
 
@@ -45,9 +44,6 @@ from torch_ref import optim as torch_optim
 from torch_ref import probes as torch_probes
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
-from torch_ref.model import objective_terms as torch_objective_terms
-
-from .convert import as_numpy, mlx_to_torch
 
 # Tolerances (relative, as defined above). The issue fixes logits, gradients and trajectory.
 LOGITS_RTOL = 1e-5
@@ -137,7 +133,8 @@ def twin_models(cfg: TrainConfig, vocab_size: int, perturbed: bool) -> tuple[Mlx
     if perturbed:
         perturb(mlx_model, cfg.seed + 1)
     torch_model = TorchGPT(model_args(cfg, vocab_size))
-    mlx_to_torch(mlx_model, torch_model)
+    torch_model.load_state_dict({k: torch.from_numpy(np.array(v))
+                                 for k, v in tree_flatten(mlx_model.parameters())})
     return mlx_model, torch_model
 
 
@@ -159,16 +156,16 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
     t_x, t_y = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
 
     # gradients of the training objective (the cross-entropy, plus the z-loss term when on)
-    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: m.objective(a, b))
+    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: m.loss(m(a), b))
     mlx_logits = mlx_model(mx_x)
     (_, mlx_loss, mlx_z), mlx_grads_tree = loss_and_grad(mlx_model, mx_x, mx_y)
     mx.eval(mlx_logits, mlx_loss, mlx_z, mlx_grads_tree)
 
     torch_logits = torch_model(t_x)
-    torch_total, torch_loss, torch_z = torch_objective_terms(torch_logits, t_y, cfg.z_loss)
+    torch_total, torch_loss, torch_z = torch_model.loss(torch_logits, t_y)
     torch_total.backward()
     torch_grads = {k: p.grad.numpy().copy() for k, p in torch_model.named_parameters()}
-    mlx_grads = as_numpy(mlx_grads_tree)
+    mlx_grads = {k: np.array(v) for k, v in tree_flatten(mlx_grads_tree)}
     if torch_grads.keys() != mlx_grads.keys():
         raise AssertionError(f"gradient names differ: {sorted(torch_grads.keys() ^ mlx_grads.keys())}")
 

@@ -37,11 +37,9 @@ from qkstudy.parameters import count_params, initial_weights
 
 from . import compiled
 from . import probes as probe_lib
-from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, hardware.py's)
-                     runs_per_device, set_determinism, set_precision)
+from .device import describe, place, resolve_device, runs_per_device, set_determinism, set_precision
 from .model import GPT
 from .optim import clip_and_step, make_optimizer
-
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
 
@@ -78,7 +76,8 @@ class Engine:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
         args = model_args(cfg, vocab_size)
         self.model = GPT(args).to(self.dev)
-        self._load_initial(args)
+        self.model.load_state_dict({k: torch.from_numpy(v)
+                                    for k, v in initial_weights(args, cfg.seed).items()})
         self.names = [n for n, _ in self.model.named_parameters()]
         self.opt, self.schedule = make_optimizer(cfg, dict(self.model.named_parameters()))
         self.lr_table = self._lr_table()
@@ -96,17 +95,8 @@ class Engine:
                                "float32_matmul_precision": torch.get_float32_matmul_precision()}
         self.warmup_note = ("compiling the step with torch.compile (a minute or more)"
                             if cfg.compile else "first step")
-        self.val = [(self._tokens(x), self._tokens(y)) for x, y in val]
-        self.px, self.py = (self._tokens(a) for a in probe)
-
-    def _load_initial(self, args) -> None:
-        weights = initial_weights(args, self.cfg.seed)
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(torch.from_numpy(weights[name]))
-
-    def _tokens(self, a: np.ndarray) -> torch.Tensor:
-        return stage(a, self.dev)
+        self.val = [(stage(x, self.dev), stage(y, self.dev)) for x, y in val]
+        self.px, self.py = (stage(a, self.dev) for a in probe)
 
     def _lr_table(self) -> torch.Tensor:
         """The schedule's rate of every update, float32 on the device, so a step reads its rate
@@ -114,16 +104,12 @@ class Engine:
         rates = [self.schedule.rate(s) for s in range(self.cfg.steps + 1)]
         return torch.tensor(rates, dtype=torch.float32).to(self.dev)
 
-    # --- state ------------------------------------------------------------------------------
-
     def state_spec(self):
-        spec = {}
+        f32, spec = np.dtype("float32"), {}
         for name, p in self.model.named_parameters():
-            shape = tuple(p.shape)
-            spec[f"model.{name}"] = (shape, np.dtype("float32"))
-            spec[f"opt.{name}.exp_avg"] = (shape, np.dtype("float32"))
-            spec[f"opt.{name}.exp_avg_sq"] = (shape, np.dtype("float32"))
-            spec[f"opt.{name}.step"] = ((), np.dtype("float32"))
+            for key in (f"model.{name}", f"opt.{name}.exp_avg", f"opt.{name}.exp_avg_sq"):
+                spec[key] = (tuple(p.shape), f32)
+            spec[f"opt.{name}.step"] = ((), f32)
         return spec
 
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -149,8 +135,6 @@ class Engine:
                                                    ).to(self.dev)}
         self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
 
-    # --- the step, evaluation, probes -------------------------------------------------------
-
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW.
         Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read:
@@ -167,8 +151,7 @@ class Engine:
 
     def _step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.zero_grad(set_to_none=True)
-        total, loss, z = self.objective(self.model, self._tokens(x), self._tokens(y),
-                                        self.cfg.z_loss, self.bf16)
+        total, loss, z = self.objective(self.model, stage(x, self.dev), stage(y, self.dev), self.bf16)
         total.backward()
         lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
         grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)

@@ -14,7 +14,7 @@ import torch
 
 from qkstudy.config import TrainConfig
 
-from .engine import describe, resolve_device, set_precision
+from .device import describe, resolve_device, set_precision
 
 
 def facts(cfg: TrainConfig) -> dict:
