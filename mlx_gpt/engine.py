@@ -1,8 +1,6 @@
 """The MLX engine of a run (qkstudy/trainer.py drives it): compiled AdamW step, evaluation,
-probes, and the model and optimizer state as numpy arrays for checkpoints.
-
-The checkpoint holds the weights ("model.<name>") and the optimizer's whole state ("opt.<key>"
-of tree_flatten(opt.state): moments, learning rate and step).
+probes, and the state as numpy arrays for checkpoints: the weights ("model.<name>") and the
+optimizer's whole state ("opt.<key>" of tree_flatten(opt.state): moments, learning rate, step).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The functions a torch step calls, eager or through torch.compile, and the compile settings.
 
-The forward and the loss are one function of (model, x, y, ...), the model an argument: every
-run of a process with the same shape (depth, arm, batch) reuses one compiled graph, and a new
-shape is one more graph of the same function. torch stops compiling a function after
-`recompile_limit` graphs (8 by default) and runs the rest eagerly; a sweep process sees
-(depths x arms) shapes, a training and an evaluation graph each, so the limit is raised to
-GRAPHS, and when a process needs more than that it says so in one line.
+The model is an argument, so every run of a process with one shape (depth, arm, batch) reuses
+one compiled graph and a new shape is one more graph. torch runs a function eagerly past
+`recompile_limit` graphs (8 by default); a sweep process sees (depths x arms) shapes, a training
+and an evaluation graph each, so the limit is raised to GRAPHS, and a process that needs more
+says so in one line.
 """
 
 from __future__ import annotations
