@@ -87,10 +87,6 @@ spot-check *args:
 bench *args:
     @{{py}} -m qkstudy bench "$@"
 
-# the memory estimate that refuses a config too large, against MLX's measured peak and RSS at the demo, mini and study shapes
-[group('3 check the engines and the machine')]
-bench-memory *args:
-    @{{py}} -m mlx_gpt.memory_bench "$@"
 
 # backend=torch on one CUDA GPU in under 8 minutes: CUDA-vs-CPU parity, tokens/s at the study shape (fp32/tf32/bf16 eager, compiled bf16 at 1 and K runs), a jobs=K demo sweep, one summary table; exits 1 unless every check passed; writes to $OUT or gpu-check/ (device=cpu quick=true: tiny, on the CPU)
 [group('3 check the engines and the machine')]

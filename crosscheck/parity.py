@@ -1,11 +1,10 @@
 """MLX vs PyTorch, numerically: `python -m crosscheck parity` (also `just parity`).
 
-For qk_norm none and every variant (rmsnorm, layernorm, l2norm) and the rival arms (attention soft-cap, z-loss) at
-depth 1 and 3, on both of mlx_gpt's kernel paths
-(kernels=cpu: mlx_gpt/kernels.py; kernels=library: MLX's fused attention, GELU and
-cross-entropy, the path Apple GPUs run), in float32, with the same weights (moved through
-safetensors) and the same batch, it compares logits, loss, every gradient and the attention
-probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
+For qk_norm none and every variant (qkstudy/variants.py) and the rival arms (attention soft-cap,
+z-loss) at depth 1 and 3, on both of mlx_gpt's kernel paths (kernels=cpu: mlx_gpt/kernels.py;
+kernels=library: MLX's fused attention, GELU and cross-entropy, the path Apple GPUs run), in
+float32, with the same weights and the same batch, it compares logits, loss, every gradient and
+the probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
 torch.optim.AdamW) under the same settings, and compares the loss at every step. It prints
 the largest deviation of each kind and exits 1 when a tolerance is broken.
 
@@ -45,9 +44,6 @@ from torch_ref import optim as torch_optim
 from torch_ref import probes as torch_probes
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
-from torch_ref.model import objective_terms as torch_objective_terms
-
-from .convert import as_numpy, mlx_to_torch
 
 # Tolerances (relative, as defined above). The issue fixes logits, gradients and trajectory.
 LOGITS_RTOL = 1e-5
@@ -106,11 +102,9 @@ def worst(case: str, quantity: str, pairs: Iterable[tuple[str, float]], toleranc
 
 def byte_tokens(n_chars: int = 60_000, seed: int = 0) -> np.ndarray:
     """Synthetic stories as byte tokens, each story preceded by end-of-text (as `prepare`)."""
-    tok = ByteTokenizer()
     ids: list[int] = []
     for story in synthetic.generate_text(n_chars, seed):
-        ids.append(tok.eot)
-        ids.extend(story.encode("utf-8"))
+        ids += [ByteTokenizer.eot, *story.encode("utf-8")]
     return np.array(ids, dtype=np.uint16)
 
 
@@ -123,22 +117,10 @@ def perturb(model: MlxGPT, seed: int) -> None:
         noise = mx.random.normal(p.shape, key=key)
         if p.ndim == 2:
             new.append((name, noise / math.sqrt(p.shape[1])))  # unit-variance activations
-        elif name.endswith(".bias"):
-            new.append((name, 0.1 * noise))
         else:
-            new.append((name, 1.0 + 0.2 * noise))
+            new.append((name, 0.1 * noise if name.endswith(".bias") else 1.0 + 0.2 * noise))
     model.update(tree_unflatten(new))
     mx.eval(model.parameters())
-
-
-def twin_models(cfg: TrainConfig, vocab_size: int, perturbed: bool) -> tuple[MlxGPT, TorchGPT]:
-    """An mlx_gpt model (init from cfg.seed, optionally perturbed) and its torch copy."""
-    mlx_model = build_model(cfg, vocab_size)
-    if perturbed:
-        perturb(mlx_model, cfg.seed + 1)
-    torch_model = TorchGPT(model_args(cfg, vocab_size))
-    mlx_to_torch(mlx_model, torch_model)
-    return mlx_model, torch_model
 
 
 def case_name(cfg: TrainConfig) -> str:
@@ -149,53 +131,59 @@ def case_name(cfg: TrainConfig) -> str:
     return f"d{cfg.depth} {cfg.qk_norm} {cfg.kernels}{extras}"
 
 
-def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """Logits, loss, every gradient and the probes of one forward/backward on one batch, and
-    the update probes of one AdamW step from those gradients."""
-    case = case_name(cfg)
-    mlx_model, torch_model = twin_models(cfg, vocab_size, perturbed=True)
-    x, y = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
-    mx_x, mx_y = mx.array(x), mx.array(y)
-    t_x, t_y = torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))
+def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
+    """(logits, (objective, loss, z), gradients, probe rows) of one forward/backward, and the
+    update probes of one AdamW step from those gradients."""
+    def objective(m: MlxGPT, a: mx.array, b: mx.array):
+        logits = m(a)
+        return (*m.loss(logits, b), logits)
 
-    # gradients of the training objective (the cross-entropy, plus the z-loss term when on)
-    loss_and_grad = nn.value_and_grad(mlx_model, lambda m, a, b: m.objective(a, b))
-    mlx_logits = mlx_model(mx_x)
-    (_, mlx_loss, mlx_z), mlx_grads_tree = loss_and_grad(mlx_model, mx_x, mx_y)
-    mx.eval(mlx_logits, mlx_loss, mlx_z, mlx_grads_tree)
+    (*terms, logits), grads = nn.value_and_grad(model, objective)(model, mx.array(x), mx.array(y))
+    rows = mlx_probes.collect(model, mx.array(px), mx.array(py), 0)
+    before = dict(tree_flatten(model.parameters()))
+    mlx_optim.update(mlx_optim.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
+    rows += mlx_probes.update_stats(0, before, dict(tree_flatten(model.parameters())))
+    return np.array(logits), [t.item() for t in terms], {
+        k: np.array(v) for k, v in tree_flatten(grads)}, rows
 
-    torch_logits = torch_model(t_x)
-    torch_total, torch_loss, torch_z = torch_objective_terms(torch_logits, t_y, cfg.z_loss)
-    torch_total.backward()
-    torch_grads = {k: p.grad.numpy().copy() for k, p in torch_model.named_parameters()}
-    mlx_grads = as_numpy(mlx_grads_tree)
-    if torch_grads.keys() != mlx_grads.keys():
-        raise AssertionError(f"gradient names differ: {sorted(torch_grads.keys() ^ mlx_grads.keys())}")
 
-    px, py = probe_batch(tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
-    mlx_rows = mlx_probes.collect(mlx_model, mx.array(px), mx.array(py), 0)
-    torch_rows = torch_probes.collect(torch_model, torch.from_numpy(px.astype(np.int64)),
-                                      torch.from_numpy(py.astype(np.int64)), 0)
-    # one AdamW update from these gradients on each side, for the update probes
-    mlx_before = dict(tree_flatten(mlx_model.parameters()))
-    mlx_optim.update(mlx_optim.make_optimizer(cfg, mlx_model.parameters()), mlx_model,
-                     mlx_grads_tree, cfg.grad_clip)
-    mlx_rows += mlx_probes.update_stats(0, mlx_before, dict(tree_flatten(mlx_model.parameters())))
-    torch_before = torch_probes.snapshot(torch_model)
-    torch_optim.update(*torch_optim.make_optimizer(cfg, dict(torch_model.named_parameters())),
+def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
+    """mlx_step with the torch model."""
+    logits = model(torch.from_numpy(x.astype(np.int64)))
+    terms = model.loss(logits, torch.from_numpy(y.astype(np.int64)))
+    terms[0].backward()
+    grads = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
+    rows = torch_probes.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
+    before = torch_probes.snapshot(model)
+    torch_optim.update(*torch_optim.make_optimizer(cfg, dict(model.named_parameters())),
                        cfg.grad_clip)
-    torch_rows += torch_probes.update_stats(0, torch_before, torch_probes.snapshot(torch_model))
-    probes = probe_pairs(mlx_rows, torch_rows, cfg.depth)
-    unported = sorted({r["name"] for r in mlx_rows} - {r["name"] for r in torch_rows})
-    z_term = [Deviation(case, "z-loss term", f"{mlx_z.item():.6f}",
-                        relative(torch_z.item(), mlx_z.item()), LOSS_RTOL)] if cfg.z_loss else []
+    rows += torch_probes.update_stats(0, before, torch_probes.snapshot(model))
+    return logits.detach().numpy(), [t.item() for t in terms], grads, rows
+
+
+def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
+    """Logits, loss, every gradient and the probes of one forward/backward on one batch of the
+    perturbed model and its torch copy, and the update probes of one AdamW step."""
+    case = case_name(cfg)
+    mlx_model = build_model(cfg, vocab_size)
+    perturb(mlx_model, cfg.seed + 1)
+    torch_model = TorchGPT(model_args(cfg, vocab_size))
+    torch_model.load_state_dict({k: torch.from_numpy(np.array(v))
+                                 for k, v in tree_flatten(mlx_model.parameters())})
+    batches = (*train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size),
+               *probe_batch(tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
+    m_logits, (_, m_loss, m_z), m_grads, m_rows = mlx_step(mlx_model, cfg, *batches)
+    t_logits, (_, t_loss, t_z), t_grads, t_rows = torch_step(torch_model, cfg, *batches)
+    if t_grads.keys() != m_grads.keys():
+        raise AssertionError(f"gradient names differ: {sorted(t_grads.keys() ^ m_grads.keys())}")
+    probes = probe_pairs(m_rows, t_rows, cfg.depth)
+    unported = sorted({r["name"] for r in m_rows} - {r["name"] for r in t_rows})
+    z_term = [Deviation(case, "z-loss term", f"{m_z:.6f}", relative(t_z, m_z), LOSS_RTOL)
+              ] if cfg.z_loss else []
     return [
-        Deviation(case, "logits", f"{tuple(mlx_logits.shape)}",
-                  relative(torch_logits.detach().numpy(), np.array(mlx_logits)), LOGITS_RTOL),
-        Deviation(case, "loss", f"{mlx_loss.item():.6f}",
-                  relative(torch_loss.item(), mlx_loss.item()), LOSS_RTOL),
-        *z_term,
-        worst(case, "gradients", ((k, relative(torch_grads[k], mlx_grads[k])) for k in mlx_grads),
+        Deviation(case, "logits", f"{m_logits.shape}", relative(t_logits, m_logits), LOGITS_RTOL),
+        Deviation(case, "loss", f"{m_loss:.6f}", relative(t_loss, m_loss), LOSS_RTOL), *z_term,
+        worst(case, "gradients", ((k, relative(t_grads[k], m_grads[k])) for k in m_grads),
               GRAD_RTOL),
         worst(case, f"probes ({len(probes)} values)", probes, PROBE_RTOL),
         Deviation(case, "probe names missing in torch_ref", ", ".join(unported) or "-",
@@ -205,21 +193,20 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
 
 def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple[str, float]]:
     """(layer/name, relative deviation) for every probe both frameworks report (each head of a
-    per-head probe on its own; all of mlx_gpt's today; REQUIRED_PROBES must be there)."""
-    def key(r: dict) -> tuple:
-        return r["layer"], -1 if r.get("head") is None else r["head"], r["name"]
+    per-head probe on its own; REQUIRED_PROBES must be there)."""
+    def values(rows: list[dict]) -> dict[tuple, float]:
+        return {(r["layer"], -1 if r["head"] is None else r["head"], r["name"]): r["value"]
+                for r in rows}
 
-    mlx_values = {key(r): r["value"] for r in mlx_rows}
-    torch_values = {key(r): r["value"] for r in torch_rows}
+    mlx_values, torch_values = values(mlx_rows), values(torch_rows)
     for layer in range(depth):
         for name in REQUIRED_PROBES:
-            if (layer, -1, name) not in mlx_values or (layer, -1, name) not in torch_values:
-                raise AssertionError(f"probe {name} of layer {layer} is missing from "
-                                     f"{'mlx_gpt' if (layer, -1, name) not in mlx_values else 'torch_ref'}")
-    shared = sorted(mlx_values.keys() & torch_values.keys())
+            for engine, got in (("mlx_gpt", mlx_values), ("torch_ref", torch_values)):
+                if (layer, -1, name) not in got:
+                    raise AssertionError(f"probe {name} of layer {layer} is missing from {engine}")
     return [(f"L{layer}{'' if head < 0 else f' head {head}'} {name}",
              relative(torch_values[(layer, head, name)], mlx_values[(layer, head, name)]))
-            for layer, head, name in shared]
+            for layer, head, name in sorted(mlx_values.keys() & torch_values.keys())]
 
 
 def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:

@@ -81,51 +81,47 @@ def _relative(a: float | None, b: float | None) -> float | None:
     return abs(a - b) / abs(b) if b != 0 else (0.0 if a == 0 else math.inf)
 
 
+def _deviations(torch_rows: list[dict], mlx_rows: list[dict], key, columns) -> dict:
+    """{column: [(torch row, relative deviation from the MLX row of its key)]}."""
+    mlx = {key(r): r for r in mlx_rows}
+    return {c: [(r, d) for r in torch_rows if key(r) in mlx
+                and (d := _relative(r[c], mlx[key(r)][c])) is not None] for c in columns}
+
+
 def compare(mlx_dir: Path, torch_dir: Path) -> dict:
-    """Per-step relative deviation |torch - mlx| / |mlx| of train loss, val loss, grad norm."""
+    """Per-step relative deviation |torch - mlx| / |mlx| of train loss, val loss, grad norm and
+    each probe, and the judgement."""
     mlx, torch = RunFolder(mlx_dir), RunFolder(torch_dir)
     a, b = torch.read_metrics(), mlx.read_metrics()
-    mlx_manifest = mlx.read_manifest() or {}
-    torch_manifest = torch.read_manifest() or {}
-    result: dict = {
-        "reference_run": str(mlx_dir),
-        "same_data": (mlx_manifest.get("data_meta_sha256") is not None and
-                      mlx_manifest.get("data_meta_sha256") == torch_manifest.get("data_meta_sha256")),
-        "definition": "max over common steps of |torch - mlx| / |mlx|",
-        "steps_compared": 0,
-    }
+    digests = [(f.read_manifest() or {}).get("data_meta_sha256") for f in (mlx, torch)]
+    result: dict = {"reference_run": str(mlx_dir),
+                    "same_data": digests[0] is not None and digests[0] == digests[1],
+                    "definition": "max over common steps of |torch - mlx| / |mlx|",
+                    "steps_compared": 0}
     if a is None or b is None:
         return {**result, "judgement": judge(result)}
-    torch_rows = {r["step"]: r for r in a.to_pylist()}
-    mlx_rows = {r["step"]: r for r in b.to_pylist()}
-    common = sorted(torch_rows.keys() & mlx_rows.keys())
-    result["steps_compared"] = len(common)
-    for column in ("train_loss", "val_loss", "grad_norm"):
-        pairs = [(s, _relative(torch_rows[s][column], mlx_rows[s][column])) for s in common]
-        pairs = [(s, d) for s, d in pairs if d is not None]
+    result["steps_compared"] = len({r["step"] for r in a.to_pylist()}
+                                   & {r["step"] for r in b.to_pylist()})
+    columns = ("train_loss", "val_loss", "grad_norm")
+    for column, pairs in _deviations(a.to_pylist(), b.to_pylist(), lambda r: r["step"],
+                                     columns).items():
         if pairs:
-            step, value = max(pairs, key=lambda sd: sd[1])
-            result[column] = {"max_relative_deviation": value, "at_step": step,
+            row, value = max(pairs, key=lambda rd: rd[1])
+            result[column] = {"max_relative_deviation": value, "at_step": row["step"],
                               "mean_relative_deviation": sum(d for _, d in pairs) / len(pairs),
                               "n": len(pairs)}
     torch_probes, mlx_probes = torch.read_probes(), mlx.read_probes()
     if torch_probes is not None and mlx_probes is not None:
-        def key(r: dict) -> tuple:
-            return r["step"], r["layer"], r.get("head"), r["name"]
-
-        mlx_values = {key(r): r["value"] for r in mlx_probes.to_pylist()}
         by_name: dict[str, tuple[float, int, int]] = {}
-        for r in torch_probes.to_pylist():
-            d = _relative(r["value"], mlx_values.get(key(r)))
-            if d is not None and d >= by_name.get(r["name"], (-1.0,))[0]:
+        for r, d in _deviations(torch_probes.to_pylist(), mlx_probes.to_pylist(), lambda r: (
+                r["step"], r["layer"], r.get("head"), r["name"]), ("value",))["value"]:
+            if d >= by_name.get(r["name"], (-1.0,))[0]:
                 by_name[r["name"]] = (d, r["step"], r["layer"])
         result["probes"] = {name: {"max_relative_deviation": d, "at_step": step, "layer": layer}
                             for name, (d, step, layer) in sorted(by_name.items())}
-    mlx_summary = mlx.summary_record()
-    torch_summary = torch.summary_record()
-    result["status"] = {"mlx": mlx_summary.get("status"), "torch": torch_summary.get("status")}
-    result["tokens_per_second"] = {"mlx": mlx_summary.get("tokens_per_second"),
-                                   "torch": torch_summary.get("tokens_per_second")}
+    summaries = {"mlx": mlx.summary_record(), "torch": torch.summary_record()}
+    result["status"] = {k: s.get("status") for k, s in summaries.items()}
+    result["tokens_per_second"] = {k: s.get("tokens_per_second") for k, s in summaries.items()}
     result["judgement"] = judge(result)
     return result
 

@@ -1,10 +1,7 @@
-"""Give MLX an optimised BLAS on Linux, automatically.
-
-The Linux `mlx[cpu]` wheel links the reference (netlib) BLAS: sgemm runs ~50x slower than
-OpenBLAS on the same CPU. libmlx.so imports only `cblas_sgemm/dgemm/cgemm`, so loading a BLAS
-that exports those names with RTLD_GLOBAL *before* mlx is imported puts it first in the global
-symbol scope, and MLX binds to it (the same effect as LD_PRELOAD, without a re-exec).
-macOS is untouched (MLX uses Accelerate / Metal there).
+"""Give MLX an optimised BLAS on Linux: the `mlx[cpu]` wheel links the reference (netlib) BLAS,
+whose sgemm is ~50x slower than OpenBLAS. libmlx.so imports only `cblas_sgemm/dgemm/cgemm`, so
+a BLAS exporting them loaded with RTLD_GLOBAL before mlx is imported comes first in the global
+symbol scope and MLX binds to it (LD_PRELOAD without a re-exec). macOS is untouched.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Build MLX's fused CPU kernels for this CPU (Linux x86-64), in a cache of their own.
 
-MLX's Linux CPU backend compiles each fused elementwise kernel at run time by running
-`g++ -std=c++17 -O3 -Wall -fPIC -shared ...` (found on PATH) for baseline x86-64, and caches the
-library under `$TMPDIR/mlx/<version>/cpu/` by kernel name only. With MLX_GPT_CPU_JIT=native,
-before mlx is imported, this module puts a `g++` wrapper first on PATH that appends
-`-march=native` (so the kernels use the CPU's AVX2/AVX-512 and FMA units), and points TMPDIR at
-a folder keyed by this CPU's identity (model name and feature flags), the compiler and the
-flags: a library built with other flags, or for another CPU, is never loaded. Python's own
-temporary folder is left where it was.
-
-The default, MLX_GPT_CPU_JIT=plain, is MLX's own build and cache (the tuned build measured
-1.02-1.04x on a 2-core AMD EPYC: docs/performance.md). Elsewhere (macOS, other architectures,
-no g++ on PATH) nothing changes.
+MLX's Linux CPU backend compiles each fused elementwise kernel at run time with `g++ -O3 ...`
+(found on PATH) for baseline x86-64 and caches it under `$TMPDIR/mlx/<version>/cpu/` by kernel
+name only. With MLX_GPT_CPU_JIT=native, before mlx is imported, this module puts first on PATH a
+`g++` wrapper that appends `-march=native`, and points TMPDIR at a folder keyed by this CPU's
+identity, the compiler and the flags, so a library built otherwise is never loaded; Python's
+own temporary folder stays where it was. The default, plain, is MLX's own build (the tuned one
+measured 1.02-1.04x on a 2-core AMD EPYC: docs/performance.md). Elsewhere nothing changes.
 """
 
 from __future__ import annotations
@@ -72,13 +67,6 @@ def cache_key(identity: str, gxx: str) -> str:
 def supported() -> bool:
     """Linux on x86-64, where MLX's CPU backend compiles its kernels with g++."""
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
-
-
-def cpu_model() -> str | None:
-    for line in cpu_identity().splitlines():
-        if line.startswith("model name: "):
-            return line.removeprefix("model name: ")
-    return platform.processor() or None
 
 
 def wanted() -> bool:

@@ -1,8 +1,6 @@
 """The MLX engine of a run (qkstudy/trainer.py drives it): compiled AdamW step, evaluation,
-probes, and the model and optimizer state as numpy arrays for checkpoints.
-
-The checkpoint holds the weights ("model.<name>") and the optimizer's whole state ("opt.<key>"
-of tree_flatten(opt.state): moments, learning rate and step).
+probes, and the state as numpy arrays for checkpoints: the weights ("model.<name>") and the
+optimizer's whole state ("opt.<key>" of tree_flatten(opt.state): moments, learning rate, step).
 """
 
 from __future__ import annotations
@@ -34,12 +32,12 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
 
 def make_train_step(model: GPT, opt: optim.MultiOptimizer, grad_clip: float):
     """The compiled update: (x, y) -> (loss, pre-clip grad norm, lr, z-loss term), mutating
-    model and opt (optim.make_optimizer's). The gradient is that of GPT.objective (cross-entropy
-    plus the z-loss term when z_loss > 0); `loss` is the cross-entropy alone, so every arm logs
-    the same quantity.
+    model and opt (optim.make_optimizer's). The gradient is that of GPT.loss's objective
+    (cross-entropy plus the z-loss term when z_loss > 0); `loss` is the cross-entropy alone, so
+    every arm logs the same quantity.
 
     Returns it with the state list to pass to mx.eval / mx.async_eval after each call."""
-    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.objective(x, y))
+    loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.loss(m(x), y))
     state = [model.state, opt.state]
 
     @partial(mx.compile, inputs=state, outputs=state)
@@ -87,7 +85,7 @@ class Engine:
 
         @partial(mx.compile, inputs=self.model.state)
         def eval_fn(x, y):
-            return self.model.loss(x, y)
+            return self.model.loss(self.model(x), y)[1]
 
         self._eval = eval_fn
 
@@ -126,4 +124,3 @@ class Engine:
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in tree_flatten(self.model.parameters())}
-

@@ -1,9 +1,5 @@
-"""MLX's part of the benchmarks (qkstudy/bench/, qkstudy/bench/step.py): what only MLX can say.
-
-The measurement itself is the core's (qkstudy/bench/step.py times the run's own Engine); this
-module adds, in the measuring process, MLX's facts (version, device, BLAS, CPU kernel build),
-its float32 matmul peak and its peak memory.
-"""
+"""MLX's part of the benchmarks (qkstudy/bench/step.py times the run's own Engine): MLX's
+facts (version, device, BLAS, CPU kernel build), its float32 matmul peak and its peak memory."""
 
 from __future__ import annotations
 

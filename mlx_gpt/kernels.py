@@ -1,11 +1,10 @@
-"""Fast elementwise math for MLX's CPU backend, same formulas as the textbook ones.
+"""Fast elementwise maths for MLX's CPU backend, the textbook formulas in multiply-adds.
 
-MLX's Linux CPU backend evaluates exp and erf one element at a time (measured: ~45M exp/s,
-against ~1G multiply-adds/s), so GELU, the attention softmax and the 50k-way cross-entropy
-spent most of a training step in libm. Written with multiply-adds, compare and bit shifts
-only, these fuse under mx.compile into one vectorised loop. Errors are at float32 rounding
-level (relative error of exp <= 2.5e-7; absolute error of erf <= 6e-7), far inside the PyTorch
-parity tolerances. On Metal MLX's own kernels are already fast: there the model uses them.
+MLX's Linux CPU backend evaluates exp and erf one element at a time (~45M exp/s against ~1G
+multiply-adds/s), so GELU, the softmax and the cross-entropy spent most of a step in libm.
+Written with multiply-adds, compares and bit shifts, these fuse under mx.compile into one
+vectorised loop, with errors at float32 rounding level (exp: relative <= 2.5e-7; erf: absolute
+<= 6e-7). On Metal MLX's own kernels are already fast: the model uses them there.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The optimizer: MLX's own AdamW with PyTorch semantics, applying the core's rule
-(qkstudy/optimizer.py: the learning rate of every update, which parameters decay, by how much).
-
-- `mlx.optimizers.AdamW(bias_correction=True)` (MLX defaults it off; torch.optim.AdamW has it on);
-- two AdamW groups in a `MultiOptimizer`: the parameters the core's `decays` names, with its
-  `decay_coefficient`, and the rest without decay;
-- the learning rate of update s is the core's `learning_rates(cfg)[s]`, looked up inside the
-  compiled step;
-- global gradient-norm clipping with `mlx.optimizers.clip_grad_norm` (grad_clip=0: none).
+(qkstudy/optimizer.py: the learning rate of every update, which parameters decay, by how much):
+`AdamW(bias_correction=True)` in two groups of a `MultiOptimizer` (the parameters `decays`
+names, with `decay_coefficient`, and the rest without), the rate of update s looked up in
+`learning_rates(cfg)` inside the compiled step, and global-norm clipping (grad_clip=0: none).
 The state is the library's (`opt.state`); its step counts the updates applied.
 """
 
@@ -52,7 +48,3 @@ def update(opt: optim.MultiOptimizer, model, grads: dict, grad_clip: float
     opt.update(model, clipped if grad_clip > 0 else grads)
     return norm, opt.learning_rate
 
-
-def step_count(state: dict) -> mx.array:
-    """The updates applied, from an optimizer state (`opt.state`): every group counts them."""
-    return state["states"][0]["step"]

@@ -70,15 +70,6 @@ def auto_backend(torch_options: bool = False) -> tuple[str, str]:
 QKNorm = Literal["none", "rmsnorm", "layernorm", "l2norm"]  # none and qkstudy/variants.py's
 
 
-def engine_kind(kind: str, implemented: dict, engine: str) -> str:
-    """`kind` when the engine implements that QK-norm, else UsageError in one line: an
-    unknown kind never falls through to another one."""
-    if kind not in implemented:
-        raise UsageError(f"qk_norm={kind!r} is not implemented by the {engine} engine (it has "
-                         f"{', '.join(implemented)})")
-    return kind
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     # data: a folder written by `python -m qkstudy prepare`

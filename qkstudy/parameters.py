@@ -30,6 +30,7 @@ def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     c, bias, head_dim = args.d_model, args.bias, args.d_model // args.n_heads
     shapes: dict[str, tuple[int, ...]] = {"wte.weight": (args.padded_vocab, c),
                                           "wpe.weight": (args.block_size, c)}
+    own = variant(args.qk_norm).parameters(args.block_size, head_dim)
 
     def norm(name: str) -> None:
         shapes[f"{name}.weight"] = (c,)
@@ -46,8 +47,7 @@ def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
         norm(f"{b}.ln1")
         linear(f"{b}.attn.qkv", c, 3 * c)
         linear(f"{b}.attn.proj", c, c)
-        qk = variant(args.qk_norm)
-        for name, shape in (qk.shapes(head_dim) if qk else {}).items():
+        for name, (shape, _) in own.items():
             shapes[f"{b}.attn.{name}.weight"] = shape
         norm(f"{b}.ln2")
         linear(f"{b}.mlp.fc", c, 4 * c)
@@ -67,7 +67,7 @@ def count_params(args: ModelArgs) -> dict[str, int]:
 def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
     """The run's initial parameters as float32 arrays (the module docstring's scheme)."""
     residual_std = 0.02 / math.sqrt(2 * args.depth)
-    qk = variant(args.qk_norm)
+    own = variant(args.qk_norm).parameters(args.block_size, args.d_model // args.n_heads)
     weights = {}
     for name, shape in parameter_shapes(args).items():
         if name.endswith(".weight") and len(shape) == 2:
@@ -76,10 +76,8 @@ def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
             weights[name] = (std * rng.standard_normal(shape, dtype=np.float64)).astype(np.float32)
         elif name.endswith(".bias"):
             weights[name] = np.zeros(shape, np.float32)
-        elif ".attn." in name and qk is not None:  # the variant's own parameters
-            value = qk.initial(name.split(".attn.")[1].removesuffix(".weight"), args.block_size,
-                               args.d_model // args.n_heads)
-            weights[name] = np.full(shape, value, np.float32)
+        elif (key := name.split(".attn.")[-1].removesuffix(".weight")) in own:  # the variant's
+            weights[name] = np.full(shape, own[key][1], np.float32)
         else:  # the LayerNorm gains
             weights[name] = np.ones(shape, np.float32)
     return weights

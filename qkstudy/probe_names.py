@@ -1,20 +1,13 @@
 """The probes' vocabulary, free of any framework: the names both trainers write, the parameter
-groups, the outlier threshold, and reading a run's probe rows back (docs/probes.md)."""
+groups and the outlier threshold (docs/probes.md; the statistics: qkstudy/probes.py)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
-
-from .errors import UsageError
 
 WHOLE_MODEL = -1
 OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 2024 use far more)
-
-GROUPS = ("wte", "wpe", "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj", "ln", "qk_norm")
-
-
 
 @dataclass(frozen=True)
 class Probe:
@@ -99,31 +92,3 @@ def parameter_group(name: str) -> tuple[str, int]:
         layer, name = int(match.group(1)), match.group(2)
     module = name.rsplit(".", 1)[0]
     return _GROUP_ALIASES.get(module, module), layer
-
-
-
-def probe_rows(step: int, labels: list[tuple[int, str]], heads: list[int | None],
-               numbers: list[float]) -> list[dict]:
-    """The rows of one probe call: labels[i] = (layer, name) of a value that is a scalar
-    (heads[i] None) or has one entry per head (heads[i] = n_heads), `numbers` every value's
-    entries flattened in that order."""
-    rows, at = [], 0
-    for (layer, name), n in zip(labels, heads):
-        for head in range(n) if n is not None else (None,):
-            rows.append({"step": step, "layer": layer, "head": head, "name": name,
-                         "value": numbers[at]})
-            at += 1
-    if at != len(numbers):
-        raise ValueError(f"{len(numbers)} probe values for {at} labelled entries")
-    return rows
-
-
-def read_probes(run_dir: str | Path):
-    """All probe rows of a run folder as a pyarrow Table (step, layer, head, name, value)."""
-    from .run_folder import RunFolder
-
-    folder = RunFolder(Path(run_dir))
-    table = folder.read_probes()
-    if table is None:
-        raise UsageError(f"{run_dir} has no probe rows (no {folder.probes_dir.name}/part-*.parquet)")
-    return table

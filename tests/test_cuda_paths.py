@@ -260,7 +260,7 @@ def test_compile_keeps_a_process_compiled_across_its_shapes_and_says_when_it_fal
     for depth in (1, 1, 2, 3, 4):  # depth 1 twice: one graph; then 2 and 3 more
         model = GPT(model_args(TrainConfig(depth=depth, d_model=16, n_heads=2, block_size=8),
                                65))
-        step(model, x, x, 0.0, False)[0].backward()
+        step(model, x, x, False)[0].backward()
     err = capsys.readouterr().err
     assert err.count("torch.compile: a process of this sweep met more than 2 shapes") == 1
     torch._dynamo.reset()

@@ -46,7 +46,7 @@ def test_cpu_and_library_kernels_agree(qk_norm, bias):
                      qk_norm=qk_norm)
     cpu = GPT(dataclasses.replace(args, kernels="cpu"))
     library = GPT(dataclasses.replace(args, kernels="library"))
-    assert (cpu.kernels, library.kernels) == ("cpu", "library")
+    assert (cpu.args.kernels, library.args.kernels) == ("cpu", "library")
     sharpened(cpu, 1)
     library.update(cpu.parameters())
     rng = np.random.default_rng(0)
@@ -54,7 +54,7 @@ def test_cpu_and_library_kernels_agree(qk_norm, bias):
 
     results = {}
     for name, model in (("cpu", cpu), ("library", library)):
-        loss_and_grad = nn.value_and_grad(model, lambda m, a, b: m.loss(a, b))
+        loss_and_grad = nn.value_and_grad(model, lambda m, a, b: m.loss(m(a), b)[1])
         loss, grads = loss_and_grad(model, x, y)
         logits = model(x)
         mx.eval(loss, grads, logits)
@@ -72,14 +72,14 @@ def test_cpu_and_library_kernels_agree(qk_norm, bias):
 
 def test_kernels_resolve_once_and_never_change_the_run_id():
     assert resolve_kernels("auto") == "cpu"  # the test suite runs on MLX's CPU device
-    assert GPT(ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2)).kernels == "cpu"
+    assert GPT(ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2)).args.kernels == "cpu"
     with pytest.raises(ValueError, match="kernels must be one of"):
         resolve_kernels("metal")
     base = TrainConfig(depth=3, lr=1e-2)
     for kernels in ("library", "cpu"):
         cfg = parse_train_config([f"kernels={kernels}"], base)
         assert cfg.run_id == base.run_id and "kernels" not in cfg.identity()
-        assert GPT(model_args(cfg, 64)).kernels == kernels
+        assert GPT(model_args(cfg, 64)).args.kernels == kernels
     with pytest.raises(UsageError, match="kernels must be one of"):
         parse_train_config(["kernels=metal"])
 
@@ -129,14 +129,9 @@ def test_softcap_bounds_every_attention_logit_by_c(kernels):
     for layer in range(args.depth):
         assert rows[(layer, "max_attention_logit")] > 2 * cap  # before the cap
         assert rows[(layer, "max_attention_logit_capped")] <= cap  # after it
-        # every logit of the layer, not only the max: the probe forward's scores, capped
-        block = model.blocks[layer]
-        h = model.embed(x)
-        for b in model.blocks[:layer]:
-            h = b(h)
-        q, k, _ = block.attn.heads(block.ln1(h))
-        scores = block.attn.capped((q * block.attn.scale) @ k.transpose(0, 1, 3, 2))
-        assert mx.max(mx.abs(scores)).item() <= cap
+    captures: list[dict] = []
+    model(x, captures)  # every logit the softmax sees, not only the max, is within the cap
+    assert all(mx.max(mx.abs(c["capped"])).item() <= cap for c in captures)
     uncapped = GPT(dataclasses.replace(args, attn_softcap=0.0))
     uncapped.update(model.parameters())
     assert relative(model(x), uncapped(x)) > 1e-2  # the cap changes the model's output
@@ -146,20 +141,21 @@ def test_softcap_bounds_every_attention_logit_by_c(kernels):
 def test_z_loss_adds_the_hand_derived_gradient_to_the_output_logits(kernels):
     """d/dz_i of W * mean_n lse_n^2 is W * 2 lse_n softmax(z_n)_i / N for position n's logits:
     the objective's gradient is the cross-entropy's plus exactly that; the loss is unchanged."""
-    from mlx_gpt.model import cross_entropy, objective_terms
-
     weight = 1e-2
+    args = ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2, kernels=kernels)
+    with_z, without = GPT(dataclasses.replace(args, z_loss=weight)), GPT(args)
     rng = np.random.default_rng(3)
     logits = mx.array(rng.normal(0, 4, (2, 5, 64)).astype(np.float32))
     targets = mx.array(rng.integers(0, 64, (2, 5)), dtype=mx.int32)
-    total, ce, z = objective_terms(logits, targets, weight, kernels)
+    total, ce, z = with_z.loss(logits, targets)
     lse = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))  # (2, 5)
-    assert ce.item() == pytest.approx(cross_entropy(logits, targets, kernels).item(), rel=1e-6)
+    assert ce.item() == pytest.approx(without.loss(logits, targets)[0].item(), rel=1e-6)
+    assert without.loss(logits, targets)[2].item() == 0.0
     assert z.item() == pytest.approx(weight * np.mean(lse ** 2), rel=1e-5)
     assert total.item() == pytest.approx(ce.item() + z.item(), rel=1e-6)
 
-    g_total = mx.grad(lambda a: objective_terms(a, targets, weight, kernels)[0])(logits)
-    g_ce = mx.grad(lambda a: cross_entropy(a, targets, kernels))(logits)
+    g_total = mx.grad(lambda a: with_z.loss(a, targets)[0])(logits)
+    g_ce = mx.grad(lambda a: without.loss(a, targets)[0])(logits)
     n = lse.size
     softmax = np.exp(np.asarray(logits, np.float64) - lse[..., None])
     by_hand = weight * 2 * lse[..., None] * softmax / n
@@ -178,7 +174,7 @@ def test_rival_controls_agree_across_kernel_paths():
     x, y = (mx.array(rng.integers(0, 257, (4, 32)), dtype=mx.int32) for _ in range(2))
     out = {}
     for name, model in (("cpu", cpu), ("library", library)):
-        (total, ce, z), grads = nn.value_and_grad(model, lambda m, a, b: m.objective(a, b))(
+        (total, ce, z), grads = nn.value_and_grad(model, lambda m, a, b: m.loss(m(a), b))(
             model, x, y)
         mx.eval(total, grads)
         out[name] = total.item(), ce.item(), z.item(), dict(tree_flatten(grads))
@@ -215,19 +211,17 @@ def test_rival_keys_validate_and_leave_old_run_ids_alone(tmp_path):
 
 @pytest.mark.parametrize("engine", ["mlx", "torch"])
 def test_every_qk_norm_variant_is_implemented_by_each_engine_and_an_unknown_one_is_refused(engine):
-    """The config's choices are the registry's (qkstudy/variants.py); each engine implements
-    every entry; an unknown kind, which used to fall through to layernorm and train silently,
-    is refused in one line."""
+    """The config's choices are the registry's (qkstudy/variants.py); each engine builds every
+    row with the parameters the core names; an unknown kind is refused in one line."""
     from typing import get_args
 
     from qkstudy.config import ModelArgs, QKNorm
-    from qkstudy.errors import UsageError
     from qkstudy.parameters import parameter_shapes
     from qkstudy.variants import VARIANTS
 
     model = pytest.importorskip({"mlx": "mlx_gpt.model", "torch": "torch_ref.model"}[engine])
     assert get_args(QKNorm) == ("none", *VARIANTS)
-    assert model.VARIANT_MODULES == tuple(VARIANTS)
+    assert {v.norm for v in VARIANTS.values()} == set(model.NORMS)
     for kind in VARIANTS:
         args = ModelArgs(vocab_size=257, depth=1, d_model=32, n_heads=2, block_size=16,
                          qk_norm=kind)
@@ -235,9 +229,8 @@ def test_every_qk_norm_variant_is_implemented_by_each_engine_and_an_unknown_one_
         names = ({n for n, _ in gpt.named_parameters()} if engine == "torch" else
                  {n for n, _ in __import__("mlx.utils").utils.tree_flatten(gpt.parameters())})
         assert names == set(parameter_shapes(args)), kind
-    with pytest.raises(UsageError, match=f"qk_norm='cosine' is not implemented by the {engine}"):
-        model.GPT(ModelArgs(vocab_size=257, depth=1, d_model=32, n_heads=2, block_size=16,
-                            qk_norm="cosine"))
+    with pytest.raises(UsageError, match="qk_norm must be one of none, rmsnorm, layernorm, l2norm"):
+        parse_train_config(["qk_norm=cosine"])
 
 
 @pytest.mark.parametrize("engine", ["mlx", "torch"])

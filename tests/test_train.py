@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten
 from mlx_gpt import probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
 from mlx_gpt.optim import make_optimizer, update
-from qkstudy import files, probe_names, run_folder
+from qkstudy import files, run_folder
 from qkstudy.__main__ import main
 from qkstudy.config import TrainConfig, parse_train_config
 from qkstudy.errors import UsageError
@@ -427,7 +427,7 @@ def test_rival_arms_log_the_cross_entropy_and_the_z_loss_term_apart(tiny_cfg):
     assert capped["train_loss"][0] == pytest.approx(off["train_loss"][0], rel=1e-3)
     # ... so the curves differ (by little at this scale: some steps may still agree exactly)
     assert capped["train_loss"][:-1] != off["train_loss"][:-1]
-    written = set(probe_names.read_probes(RunFolder.of(tiny_cfg(max_steps=20, attn_softcap=0.5)).path)
+    written = set(RunFolder.of(tiny_cfg(max_steps=20, attn_softcap=0.5)).read_probes()
                   .column("name").to_pylist())
     assert {"max_attention_logit", "max_attention_logit_capped"} <= written
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from qkstudy.config import TrainConfig
 
-from .device import memory_limit
-from .engine import Engine, describe, preflight, resolve_device
+from .device import describe, memory_limit, resolve_device
+from .engine import Engine, preflight
 from .hardware import facts, matmul_gflops, peak_memory_bytes
 
 __all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",

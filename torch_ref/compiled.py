@@ -1,11 +1,10 @@
 """The functions a torch step calls, eager or through torch.compile, and the compile settings.
 
-The forward and the loss are one function of (model, x, y, ...), the model an argument: every
-run of a process with the same shape (depth, arm, batch) reuses one compiled graph, and a new
-shape is one more graph of the same function. torch stops compiling a function after
-`recompile_limit` graphs (8 by default) and runs the rest eagerly; a sweep process sees
-(depths x arms) shapes, a training and an evaluation graph each, so the limit is raised to
-GRAPHS, and when a process needs more than that it says so in one line.
+The model is an argument, so every run of a process with one shape (depth, arm, batch) reuses
+one compiled graph and a new shape is one more graph. torch runs a function eagerly past
+`recompile_limit` graphs (8 by default); a sweep process sees (depths x arms) shapes, a training
+and an evaluation graph each, so the limit is raised to GRAPHS, and a process that needs more
+says so in one line.
 """
 
 from __future__ import annotations
@@ -16,25 +15,22 @@ import sys
 
 import torch
 
-from .model import cross_entropy, objective_terms
 
 GRAPHS = 64  # graphs per function: 32 (depth, arm) shapes, training and evaluation each
 FELL_BACK = ("torch.compile: a process of this sweep met more than {limit} shapes and runs the "
              "rest eagerly (same maths, slower); fewer depths or arms a process avoid it")
 
 
-def objective(model, x: torch.Tensor, y: torch.Tensor, z_loss: float, bf16: bool):
-    """(cross-entropy + z-loss term, cross-entropy, z-loss term) of one batch; the forward in
-    bfloat16 under bf16, the loss in float32."""
+def objective(model, x: torch.Tensor, y: torch.Tensor, bf16: bool):
+    """(cross-entropy + z-loss term, cross-entropy, z-loss term) of one batch (GPT.loss); the
+    forward in bfloat16 under bf16, the loss in float32."""
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(x)
-    return objective_terms(logits.float(), y, z_loss)
+    return model.loss(logits.float(), y)
 
 
 def val_loss(model, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-        logits = model(x)
-    return cross_entropy(logits.float(), y)
+    return objective(model, x, y, bf16)[1]
 
 
 class FallbackNotice(logging.Filter):

@@ -1,16 +1,14 @@
 """The device a torch run trains on, and the settings that go with it.
 
-A sweep with jobs=K starts K processes (QKSTUDY_RUNS_PER_DEVICE=K, each with its own
-QKSTUDY_DEVICE_SLOT=i, 0..K-1). On CUDA, process i trains on cuda:(i mod N) of the N GPUs it
-sees (CUDA_VISIBLE_DEVICES narrows them), caps its memory at 1/M of that GPU, M being the
-number of the K processes placed there, and its run's memory estimate is checked against that
-share before anything is written. On the CPU it takes 1/K of the threads instead.
+A sweep with jobs=K starts K processes (QKSTUDY_RUNS_PER_DEVICE=K, QKSTUDY_DEVICE_SLOT=i). On
+CUDA process i trains on cuda:(i mod N) of the N GPUs it sees, its memory capped at 1/M of that
+GPU when M of the K share it, and its run's memory estimate is checked against that share
+before anything is written; on the CPU it takes 1/K of the threads instead.
 
 Determinism (TrainConfig.deterministic, default true): torch.use_deterministic_algorithms and
-cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG, set in the environment before the run's
-first CUDA call: the trainer's preflight), CUDA's repeatable kernels; off lets cuBLAS and the
-attention backward pick faster non-deterministic ones. On the CPU repeats and resumes are
-bit-identical (tested); on CUDA neither that nor the cost is measured yet.
+cuBLAS's fixed workspace (set before the run's first CUDA call: the trainer's preflight);
+off lets CUDA pick faster non-deterministic kernels. On the CPU repeats and resumes are
+bit-identical (tested).
 """
 
 from __future__ import annotations
@@ -61,12 +59,10 @@ def set_precision(precision: str, device: torch.device) -> None:
 
 
 def set_determinism(deterministic: bool) -> None:
-    """Deterministic algorithms on or off; the cuBLAS workspace setting with them, which must be
-    in the environment before CUDA starts (the first CUDA call of the process). Deterministic
-    mode also fills every new uninitialised tensor with NaN (a guard against kernels that read
-    memory they did not write); no kernel of this model does (a run's weights are bit-identical
-    without it: tests/test_torch_ref.py), and the fills cost a pass over every new tensor
-    (docs/performance.md), so they are off."""
+    """Deterministic algorithms on or off, with cuBLAS's workspace setting (in the environment
+    before CUDA starts). Their NaN fill of new tensors (a guard against kernels reading memory
+    they did not write) is off: no kernel of this model does (a run's weights are bit-identical
+    without it: tests/test_torch_ref.py), and it costs a pass over every new tensor."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)
@@ -90,14 +86,9 @@ def device_slot() -> int:
     return _env_int(DEVICE_SLOT, 0, 0)
 
 
-def cuda_index(slot: int, count: int) -> int:
-    """The GPU of process `slot` among `count` GPUs: round robin."""
-    return slot % count
-
-
 def sharing(index: int, runs: int, count: int) -> int:
     """How many of `runs` processes, placed round robin on `count` GPUs, land on GPU `index`."""
-    return len([s for s in range(runs) if cuda_index(s, count) == index]) or 1
+    return len([s for s in range(runs) if s % count == index]) or 1
 
 
 def place(name: str) -> torch.device:
@@ -107,7 +98,7 @@ def place(name: str) -> torch.device:
     if device.type != "cuda":
         return device
     count = torch.cuda.device_count()
-    index = cuda_index(device_slot(), count)
+    index = device_slot() % count
     torch.cuda.set_device(index)
     shared = sharing(index, runs_per_device(), count)
     if shared > 1:  # an index, not torch.device("cuda"): torch refuses a device without one
@@ -127,7 +118,7 @@ def memory_limit(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] |
     if device.type != "cuda":
         return None
     count = torch.cuda.device_count()
-    index = cuda_index(device_slot(), count)
+    index = device_slot() % count
     free, total = torch.cuda.mem_get_info(index)
     shared = sharing(index, runs or runs_per_device(), count)
     usable = min(total // shared, free + torch.cuda.memory_reserved(index))

@@ -1,27 +1,16 @@
 """The PyTorch engine of a run (qkstudy/trainer.py drives it): backend=torch on cuda, mps or cpu.
 
-It trains the model of torch_ref/model.py from the core's numpy initial weights (the same as an
-MLX run's), with torch.optim.AdamW and the schedule of torch_ref/optim.py, and hands its state
-to the trainer as numpy arrays, so a torch run checkpoints, resumes, fails and finishes exactly
-like an MLX run:
+The model of torch_ref/model.py from the core's numpy initial weights (an MLX run's), AdamW of
+torch_ref/optim.py, and the state as numpy arrays for the trainer's checkpoints: model.<name>
+(float32 master weights in every precision), opt.<name>.exp_avg and .exp_avg_sq (the moments)
+and opt.<name>.step (the update count the schedule follows). precision: fp32 (no TF32), tf32
+(CUDA matmuls), bf16 (autocast of the forward; loss, optimizer and weights stay float32);
+compile: compiled.py; deterministic and a sweep's share of the device: device.py.
 
-  model.<name>                parameters (float32 master weights in every precision)
-  opt.<name>.exp_avg          AdamW's first and second moments
-  opt.<name>.exp_avg_sq
-  opt.<name>.step             its update count (the learning-rate schedule follows from it)
-
-Precision (TrainConfig.precision): fp32 (default; no TF32 anywhere), tf32 (CUDA matmuls in
-TF32), bf16 (autocast of the forward to bfloat16 on CUDA or CPU; the loss, the optimizer and
-the weights stay float32). compile=true compiles the forward and the loss with torch.compile
-(compiled.py: one compiled function for every run of the process). deterministic (default
-true): device.py. QKSTUDY_RUNS_PER_DEVICE=K (set by a sweep with jobs=K): this process takes
-1/K of the CPU's threads, or its share of a GPU (device.py).
-
-The step never waits for the device: the batch is staged in pinned memory and copied
-asynchronously, the learning rate comes from a table on the device, and the numbers of a step
-stay on the device until the trainer reads a batch of steps (`read`, every log_every steps).
-With QKSTUDY_SYNC_CHECK=1 on CUDA (gpu-check's throughput rows), every step after the first
-runs under torch.cuda.set_sync_debug_mode("error"): one that makes the host wait raises.
+The step never waits for the device: batches go through pinned memory, the learning rate comes
+from a table on the device, and a step's numbers stay there until `read`. With
+QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's sync debug mode
+"error", so one that makes the host wait raises (gpu-check's throughput rows).
 """
 
 from __future__ import annotations
@@ -37,26 +26,22 @@ from qkstudy.parameters import count_params, initial_weights
 
 from . import compiled
 from . import probes as probe_lib
-from .device import (describe, place, resolve_device,  # noqa: F401  (backend.py's, hardware.py's)
-                     runs_per_device, set_determinism, set_precision)
+from .device import describe, place, resolve_device, runs_per_device, set_determinism, set_precision
 from .model import GPT
 from .optim import clip_and_step, make_optimizer
-
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """The checks that need torch, before the run folder is made; and the determinism
-    settings, before the memory check starts CUDA."""
+    """Torch's checks before the run folder is made, determinism before CUDA starts."""
     set_determinism(cfg.deterministic)
     set_precision(cfg.precision, resolve_device(cfg.device))
 
 
 def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Token ids on `device`. To a GPU from pinned memory, asynchronously: a copy from pageable
-    memory would make the host wait for the device (the pinned block is not reused before its
-    copy is done: torch's host allocator records the copy)."""
+    """Token ids on `device`; to a GPU asynchronously from pinned memory (from pageable memory
+    the host would wait; torch's host allocator keeps the block until its copy is done)."""
     host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if device.type != "cuda":
         return host.to(device)
@@ -78,10 +63,13 @@ class Engine:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))
         args = model_args(cfg, vocab_size)
         self.model = GPT(args).to(self.dev)
-        self._load_initial(args)
+        self.model.load_state_dict({k: torch.from_numpy(v)
+                                    for k, v in initial_weights(args, cfg.seed).items()})
         self.names = [n for n, _ in self.model.named_parameters()]
         self.opt, self.schedule = make_optimizer(cfg, dict(self.model.named_parameters()))
-        self.lr_table = self._lr_table()
+        # every update's rate on the device (past the last step, the schedule's end)
+        self.lr_table = torch.tensor([self.schedule.rate(s) for s in range(cfg.steps + 1)],
+                                     dtype=torch.float32).to(self.dev)
         # the first step of a process compiles and allocates: the check starts after it
         self.sync_check = self.dev.type == "cuda" and os.environ.get(SYNC_CHECK) == "1"
         self.steps_run = 0
@@ -96,34 +84,15 @@ class Engine:
                                "float32_matmul_precision": torch.get_float32_matmul_precision()}
         self.warmup_note = ("compiling the step with torch.compile (a minute or more)"
                             if cfg.compile else "first step")
-        self.val = [(self._tokens(x), self._tokens(y)) for x, y in val]
-        self.px, self.py = (self._tokens(a) for a in probe)
-
-    def _load_initial(self, args) -> None:
-        weights = initial_weights(args, self.cfg.seed)
-        with torch.no_grad():
-            for name, p in self.model.named_parameters():
-                p.copy_(torch.from_numpy(weights[name]))
-
-    def _tokens(self, a: np.ndarray) -> torch.Tensor:
-        return stage(a, self.dev)
-
-    def _lr_table(self) -> torch.Tensor:
-        """The schedule's rate of every update, float32 on the device, so a step reads its rate
-        without a copy from the host; past the last step the schedule stays at its end."""
-        rates = [self.schedule.rate(s) for s in range(self.cfg.steps + 1)]
-        return torch.tensor(rates, dtype=torch.float32).to(self.dev)
-
-    # --- state ------------------------------------------------------------------------------
+        self.val = [(stage(x, self.dev), stage(y, self.dev)) for x, y in val]
+        self.px, self.py = (stage(a, self.dev) for a in probe)
 
     def state_spec(self):
-        spec = {}
+        f32, spec = np.dtype("float32"), {}
         for name, p in self.model.named_parameters():
-            shape = tuple(p.shape)
-            spec[f"model.{name}"] = (shape, np.dtype("float32"))
-            spec[f"opt.{name}.exp_avg"] = (shape, np.dtype("float32"))
-            spec[f"opt.{name}.exp_avg_sq"] = (shape, np.dtype("float32"))
-            spec[f"opt.{name}.step"] = ((), np.dtype("float32"))
+            for key in (f"model.{name}", f"opt.{name}.exp_avg", f"opt.{name}.exp_avg_sq"):
+                spec[key] = (tuple(p.shape), f32)
+            spec[f"opt.{name}.step"] = ((), f32)
         return spec
 
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -132,9 +101,8 @@ class Engine:
             state = self.opt.state.get(p, {})
             out[f"model.{name}"] = p.detach().cpu().numpy().copy()
             for key in ("exp_avg", "exp_avg_sq"):
-                value = state.get(key)
-                out[f"opt.{name}.{key}"] = (value.detach().cpu().numpy().copy() if value is not None
-                                            else np.zeros(tuple(p.shape), np.float32))
+                out[f"opt.{name}.{key}"] = state[key].detach().cpu().numpy().copy() \
+                    if key in state else np.zeros(tuple(p.shape), np.float32)
             out[f"opt.{name}.step"] = np.array(float(state.get("step", 0.0)), np.float32)
         return out
 
@@ -144,17 +112,13 @@ class Engine:
                 p.copy_(torch.from_numpy(arrays[f"model.{name}"]))
                 self.opt.state[p] = {
                     "step": torch.tensor(float(arrays[f"opt.{name}.step"]), dtype=torch.float32),
-                    "exp_avg": torch.from_numpy(arrays[f"opt.{name}.exp_avg"].copy()).to(self.dev),
-                    "exp_avg_sq": torch.from_numpy(arrays[f"opt.{name}.exp_avg_sq"].copy()
-                                                   ).to(self.dev)}
+                    **{k: torch.from_numpy(arrays[f"opt.{name}.{k}"].copy()).to(self.dev)
+                       for k in ("exp_avg", "exp_avg_sq")}}
         self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
-
-    # --- the step, evaluation, probes -------------------------------------------------------
 
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW.
-        Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read:
-        nothing here waits for the device."""
+        Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
         checked = self.sync_check and self.steps_run > 0
         self.steps_run += 1
         if checked:
@@ -167,8 +131,7 @@ class Engine:
 
     def _step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
         self.model.zero_grad(set_to_none=True)
-        total, loss, z = self.objective(self.model, self._tokens(x), self._tokens(y),
-                                        self.cfg.z_loss, self.bf16)
+        total, loss, z = self.objective(self.model, stage(x, self.dev), stage(y, self.dev), self.bf16)
         total.backward()
         lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
         grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)

@@ -1,24 +1,14 @@
 """`python -m torch_ref gpu-check` (`just gpu-check`): backend=torch on one CUDA GPU, in one script.
 
-Three stages, each time-boxed inside `budget` seconds (default 480, the 8 minutes a device call
-is given; the plan needs about 5 on an H200, an estimate until one runs it:
-docs/performance.md#just-gpu-check):
-
-1. parity (gpu_parity.py): one short run trained on the CPU in fp32 (the reference) and on the
-   device in every precision it has, the training loss per step against the reference's;
-2. throughput (gpu_throughput.py): tokens/s at the study's shape, eager in every precision,
-   bf16 without determinism (its cost), compiled bf16 one run and `parallel` (K) runs at once,
-   the K timed over one window;
-3. sweep (gpu_sweep.py): a 4-run demo sweep with jobs=K.
-
-It ends with one summary table, a row per planned check, and exits 0 only when every row
-passed: a failed or unfinished run, a measurement that failed, a deviation above its limit, a
-crashed stage, or a check the budget did not reach makes it exit 1. It writes to `out`
-(default: $OUT if set, else gpu-check/): gpu-check.json (every number), gpu-check.txt (what it
-prints) and gpu-check-runs.tar.gz (the sweep's and the parity runs' folders and the sweep's log,
-without weight files). device=cpu quick=true runs the same stages on the CPU at tiny sizes (one
-thread a process): that is how the test suite checks this script. It needs torch, numpy, pyarrow
-and scipy, no network, no MLX.
+Three stages, each time-boxed inside `budget` seconds (default 480; the plan needs about 5 minutes
+on an H200, an estimate until one runs it: docs/performance.md#just-gpu-check): 1. parity
+(gpu_parity.py): a short run on the CPU in fp32 and on the device in each precision, the
+training loss per step against the CPU's; 2. throughput (gpu_throughput.py): tokens/s at the
+study's shape; 3. sweep (gpu_sweep.py): a 4-run demo sweep with jobs=K. One summary table, a row
+per planned check; exit status 0 only when every row passed. It writes gpu-check.json,
+gpu-check.txt and gpu-check-runs.tar.gz (the run folders without weights, the sweep's log) to
+`out` (default $OUT, else gpu-check/). device=cpu quick=true: the same stages on the CPU at
+tiny sizes, one thread a process (the test suite's way to check it). Needs no network, no MLX.
 """
 
 from __future__ import annotations

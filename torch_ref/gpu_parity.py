@@ -1,8 +1,7 @@
 """gpu-check's first stage: one short run trained on the CPU in fp32 (the reference) and on the
-device in each of its precisions, each by `python -m qkstudy train` in its own process; the
-relative deviation of every step's training loss from the reference's, against PARITY_LIMITS;
-and the device's fp32 run trained again, whose final weights must be the same bytes (what
-deterministic=true promises)."""
+device in each of its precisions (`python -m qkstudy train`, a process each); every step's
+training loss against the reference's, within PARITY_LIMITS; and the device's fp32 run again,
+whose final weights must be the same bytes (deterministic=true)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""What `just gpu-check` runs and when: its settings, its time box and its throughput plan.
-
-The plan is sized to end in about 5 minutes on one H200 (an estimate until a GPU runs it:
-docs/performance.md#just-gpu-check), inside a budget of 8 minutes; each stage ends by its share
-of the budget, and what does not fit is skipped and said.
-"""
+"""What `just gpu-check` runs and when: its settings, its time box and its throughput plan,
+sized to end in about 5 minutes on one H200 inside a budget of 8 (an estimate until a GPU runs
+it: docs/performance.md#just-gpu-check); each stage ends by its share of the budget, and what
+does not fit is skipped and said."""
 
 from __future__ import annotations
 

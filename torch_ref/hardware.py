@@ -1,10 +1,6 @@
-"""PyTorch's part of the benchmarks: qkstudy/bench/, qkstudy/bench/step.py, gpu_check.py.
-
-The measurement itself is the core's (qkstudy/bench/step.py times the run's own Engine, in a
-process that never imports mlx_gpt, so no OpenBLAS is preloaded into it: torch_ref/__init__.py);
-this module adds, in the measuring process, torch's facts (version, threads, device), its matmul
-peak in the run's precision and, on CUDA, the peak allocation.
-"""
+"""PyTorch's part of the benchmarks (qkstudy/bench/step.py times the run's own Engine, in a
+process that never imports mlx_gpt: torch_ref/__init__.py): torch's facts, its matmul peak in
+the run's precision and, on CUDA, the peak allocation."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import torch
 
 from qkstudy.config import TrainConfig
 
-from .engine import describe, resolve_device, set_precision
+from .device import describe, resolve_device, set_precision
 
 
 def facts(cfg: TrainConfig) -> dict:

@@ -1,10 +1,7 @@
-"""The optimizer of mlx_gpt/optim.py with PyTorch's own pieces, applying the same rule from the
-core (qkstudy/optimizer.py), so a torch run follows the MLX run.
-
-`torch.optim.AdamW` (bias correction is always on there) with two groups: the parameters the
-core's `decays` names, with its `decay_coefficient`, and the rest without decay; `Schedule`
-over the core's `learning_rates`, the one place the engine's rates are held;
-`torch.nn.utils.clip_grad_norm_` for global-norm clipping (grad_clip=0: none).
+"""mlx_gpt/optim.py's optimizer with PyTorch's own pieces, applying the same rule of the core
+(qkstudy/optimizer.py): `torch.optim.AdamW` in two groups (`decays` with `decay_coefficient`,
+the rest without), `Schedule` over `learning_rates`, and `clip_grad_norm_`'s two halves for
+global-norm clipping (grad_clip=0: none).
 """
 
 from __future__ import annotations
