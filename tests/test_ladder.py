@@ -131,7 +131,7 @@ def test_the_tested_rule_is_made_of_decided_cells_only(decisions, informative, a
     assert rule["no_difference_up_to"] == (lrs[a] if a is not None else None)
     assert rule["off_worse_from"] == (lrs[b] if b is not None else None)
     if a is None:
-        assert "no LR decided" in rule["text"]
+        assert '"no difference" decided at no LR' in rule["text"]
     if b is None:
         assert "no LR from which" in rule["text"]
 
@@ -144,7 +144,7 @@ def test_the_rules_off_worse_range_ends_where_qk_norms_own_runs_fail():
     rule = rule_of(c)
     lrs = c["lr"].to_list()
     assert rule["off_worse_from"] == lrs[1] and rule["trained_up_to"] == lrs[2]
-    assert f"up to {lrs[2]:.3g}, the largest at which every QK-norm run trained" in rule["text"]
+    assert f"to {lrs[2]:.3g}, the largest LR at which every QK-norm run trained" in rule["text"]
     degraded = c.with_columns(on_degraded=pl.Series([0, 0, 1, 0]))
     assert rule_of(degraded)["off_worse_from"] == lrs[1]  # the trained range ends at lrs[1]
     inside = c.with_columns(decision=pl.Series(["no difference", "undetermined", "off worse",
