@@ -100,20 +100,21 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
 
 # --- per point ----------------------------------------------------------------------------------
 
-def _per_seed(table: pl.DataFrame, depth: int, column: str, log: bool) -> list[float]:
-    """Per seed at one depth: on minus off of log(`column`) when `log`, else off minus on."""
+def _per_seed(table: pl.DataFrame, depth: int, column: str, log: bool, arm: str
+              ) -> list[float]:
+    """Per seed at one depth: arm minus off of log(`column`) when `log`, else off minus arm."""
     wide = table.filter(pl.col("depth") == depth).pivot("arm", index="seed", values=column)
-    if ON not in wide.columns or OFF not in wide.columns:
+    if arm not in wide.columns or OFF not in wide.columns:
         return []
-    on, off = wide[ON], wide[OFF]
+    on, off = wide[arm], wide[OFF]
     return ((on.log() - off.log()) if log else (off - on)).drop_nulls().to_list()
 
 
-def seed_effects(study: Study, depth: int) -> dict:
+def seed_effects(study: Study, depth: int, arm: str = ON) -> dict:
     """H2's two measures at one depth, as per-seed effects with their 95% intervals: the
-    LR-sensitivity gap (off - on, nats) and the max usable LR ratio (on / off)."""
-    drop = _per_seed(study.sensitivity_per_seed, depth, "lr_sensitivity", log=False)
-    ratio = _per_seed(study.usable_per_seed, depth, "max_usable_lr", log=True)
+    LR-sensitivity gap (off - arm, nats) and the max usable LR ratio (arm / off)."""
+    drop = _per_seed(study.sensitivity_per_seed, depth, "lr_sensitivity", False, arm)
+    ratio = _per_seed(study.usable_per_seed, depth, "max_usable_lr", True, arm)
     lo, hi = S.interval(drop)
     rlo, rhi = S.interval(ratio)
     return {"sensitivity_gap": float(np.mean(drop)) if drop else None, "sensitivity_gap_lo": lo,
@@ -140,7 +141,7 @@ def point_row(r: PointResult, options: ReportOptions) -> dict:
     peaks = peak_logits(s).filter(pl.col("arm") == OFF)
     p = r.point
     return {
-        "point": r.name, "d_model": p.d_model, "steps": p.steps, "warmup": p.warmup,
+        "point": r.name, "depth": p.depth, "d_model": p.d_model, "steps": p.steps, "warmup": p.warmup,
         "complete": r.complete, "runs_left": r.left, "runs": s.points.height, "seeds": r.seeds,
         "no_difference_up_to": rule["no_difference_up_to"],
         "off_worse_from": rule["off_worse_from"], "rule": rule["text"],

@@ -21,10 +21,11 @@ from analysis.ladder import analyse_ladder, seed_effects, summary_text
 from analysis.load import load_runs
 from analysis.study import Study, analyse
 from qkstudy.archive import extract
+from qkstudy.sweep.config import MINI
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ("mini", "mini-seeds5-9", "mini-tinystories", "mini-l2norm")
-HEADER = ["depth", "d_model", "steps", "warmup", "skip below (tested)", "needed from (tested)",
+HEADER = ["study", "depth", "d_model", "steps", "warmup", "skip below (tested)", "needed from (tested)",
           "onset [95% CI]", "max usable LR on/off [95% CI]", "LR-sensitivity gap, nats [95% CI]"]
 
 
@@ -45,28 +46,34 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def row_cells(r: dict) -> list[str]:
-    return [str(r["depth"]), str(r["d_model"]), f"{r['steps']:,}", str(r["warmup"]),
+    return [f"`{r['study']}`", str(r["depth"]), str(r["d_model"]), f"{r['steps']:,}", str(r["warmup"]),
             _lr(r["no_difference_up_to"]), _lr(r["off_worse_from"]), r["onset"],
             _ci(r, "usable_ratio", ".2f", "x"), _ci(r, "sensitivity_gap", "+.2f")]
 
 
-def study_rows(study: Study) -> list[dict]:
-    """Per depth of a study, its compared arm against off: the row the answer table shows."""
-    train = study.points.row(0, named=True)
+def study_rows(study: Study, name: str) -> list[dict]:
+    """Per depth of a study (the mini preset's model and run), its compared arm against off:
+    the row the answer table shows."""
     rows = []
     for t in study.thresholds.sort("depth").iter_rows(named=True):
-        rows.append({"depth": t["depth"], "d_model": train["d_model"],
-                     "steps": train["max_steps"], "warmup": train["warmup_steps"],
+        arm = t["compared_arm"]
+        rows.append({"study": name, "depth": t["depth"] if arm == "rmsnorm" else f"{t['depth']} ({arm})",
+                     "d_model": MINI.train.d_model,
+                     "steps": MINI.train.max_steps, "warmup": MINI.train.warmup_steps,
                      "no_difference_up_to": t["no_difference_up_to"],
                      "off_worse_from": t["off_worse_from"], "onset": t["onset"] or t["note"],
                      "onset_lr": t["onset_lr"], "onset_lo": t["ci_lo"], "onset_hi": t["ci_hi"],
-                     **seed_effects(study, t["depth"])})
+                     **seed_effects(study, t["depth"], arm)})
     return rows
 
 
 def verdict_line(study: Study) -> str:
-    return "; ".join(f"{r['hypothesis']} **{r['verdict']}**"
-                     for r in study.verdicts.iter_rows(named=True))
+    """Per compared arm, the three verdicts."""
+    lines = []
+    for (arm,), rows in study.verdicts.group_by("compared_arm", maintain_order=True):
+        lines.append(f"QK-norm on ({arm}) against off: " + "; ".join(
+            f"{r['hypothesis']} **{r['verdict']}**" for r in rows.iter_rows(named=True)) + ".")
+    return "\n".join(lines)
 
 
 def analyse_all(root: Path = ROOT) -> tuple[dict[str, Study], dict]:
@@ -80,45 +87,51 @@ def analyse_all(root: Path = ROOT) -> tuple[dict[str, Study], dict]:
 
 def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     """Every generated block by name."""
-    mini = study_rows(studies["mini"])
-    points = [r for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
+    mini = study_rows(studies["mini"], "mini")
+    points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
     out = {"answer": _table(HEADER, [row_cells(r) for r in mini + points]),
            "ladder": summary_text(ladder).strip()}
     for name, study in studies.items():
         out[name] = (verdict_line(study) + "\n\n"
-                     + _table(HEADER, [row_cells(r) for r in study_rows(study)]))
+                     + _table(HEADER, [row_cells(r) for r in study_rows(study, name)]))
     return out
 
 
+PANELS = {"warmup steps": (30, 120, 480, 1920), "training steps": (300, 1200, 4800),
+          "width (d_model)": (64, 128, 256), "depth (the mini)": (2, 4, 8)}
+
+
 def figure(studies: dict[str, Study], ladder: dict):
-    """The onset with its interval against warmup steps, training steps, width and depth."""
+    """The onset with its interval against warmup steps, training steps, width and depth, one
+    panel each; a point's interval beyond the axis is cut at its edge."""
     import altair as alt
 
     points = ladder["points"].filter(pl.col("onset_lr").is_not_null())  # type: ignore[union-attr]
-    panels = []
+    rows = []
     for r in points.iter_rows(named=True):
         if r["d_model"] == 64:
-            panels.append(("warmup steps", r["warmup"], f"{r['steps']:,} steps", r))
-            if r["warmup"] in (30, r["steps"] // 10):
-                tag = "30 warmup steps" if r["warmup"] == 30 else "warmup 10% of the run"
-                panels.append(("training steps", r["steps"], tag, r))
+            rows.append(("warmup steps", r["warmup"], f"{r['steps']:,} steps", r))
+            for warmup, tag in ((30, "30 warmup steps"), (r["steps"] // 10, "warmup 10%")):
+                if r["warmup"] == warmup:
+                    rows.append(("training steps", r["steps"], tag, r))
         if r["steps"] == 300 and r["warmup"] == 30:
-            panels.append(("width (d_model)", r["d_model"], "300 steps", r))
-    for r in study_rows(studies["mini"]):
-        if r["onset_lr"] is not None:
-            panels.append(("depth (the mini)", r["depth"], "300 steps", r))
-    data = [{"panel": p, "x": x, "series": s, "onset": r["onset_lr"],
-             "lo": r["onset_lo"] or 1e-4, "hi": r["onset_hi"] or 3.0} for p, x, s, r in panels]
-    y = alt.Y("onset:Q", scale=alt.Scale(type="log", domain=[1e-3, 1]),
-              title="LR from which QK-norm is needed (onset)")
-    base = alt.Chart().encode(x=alt.X("x:Q", scale=alt.Scale(type="log"), title=None),
-                              color=alt.Color("series:N", title=None))
-    layers = alt.layer(base.mark_line(point=True).encode(y=y),
-                       base.mark_rule().encode(y=alt.Y("lo:Q"), y2="hi:Q"), data=alt.Data(values=data))
-    return layers.properties(width=180, height=200).facet(
-        column=alt.Column("panel:N", title=None, sort=["warmup steps", "training steps",
-                                                       "width (d_model)", "depth (the mini)"])
-    ).resolve_scale(x="independent")
+            rows.append(("width (d_model)", r["d_model"], "300 steps, 30 warmup", r))
+    rows += [("depth (the mini)", r["depth"], "300 steps, 30 warmup", r)
+             for r in study_rows(studies["mini"], "mini") if r["onset_lr"] is not None]
+    y = alt.Scale(type="log", domain=[1e-3, 1], clamp=True)
+    charts = []
+    for panel, ticks in PANELS.items():
+        data = [{"x": x, "series": tag, "onset": r["onset_lr"], "lo": r["onset_lo"] or 1e-3,
+                 "hi": r["onset_hi"] or 1.0} for p, x, tag, r in rows if p == panel]
+        x = alt.X("x:Q", title=panel, axis=alt.Axis(values=list(ticks)),
+                  scale=alt.Scale(type="log", domain=[ticks[0] / 1.3, ticks[-1] * 1.3]))
+        base = alt.Chart(alt.Data(values=data)).encode(
+            x=x, color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")))
+        line = base.mark_line(point=True).encode(
+            y=alt.Y("onset:Q", scale=y, title="onset LR (QK-norm needed from)"))
+        bars = base.mark_rule().encode(y=alt.Y("lo:Q", scale=y), y2="hi:Q")
+        charts.append(alt.layer(line, bars).properties(width=200, height=200))
+    return alt.hconcat(*charts).resolve_scale(color="independent")
 
 
 def replace_block(text: str, name: str, content: str) -> str:
