@@ -34,3 +34,18 @@ def test_the_readmes_answer_table_is_rebuilt_from_the_archives(made):
                                   "ladder"])
 def test_each_studys_block_in_results_md_is_rebuilt_from_its_archive(made, name):
     assert block(ROOT / "docs" / "results.md", name) == made[name]
+
+
+DESIGN = {"0.1", "2", "8", "30", "64", "120", "256", "300", "480", "1,000", "4,800", "24,414",
+          "12M", "100M"}  # the conditions and the margin, set by the design
+
+
+def test_every_number_in_the_readmes_answer_comes_from_a_generated_table(made):
+    """The sentences under the answer table cite its numbers (or the ladder block's law) as
+    the archives give them, so none can go stale unseen."""
+    text = (ROOT / "README.md").read_text()
+    answer = text[text.index("<!-- end answer -->"):text.index("Tables, figures and what")]
+    tables = made["answer"] + made["ladder"]
+    numbers = re.findall(r"(?<![\w./])[+-]?\d[\d,]*(?:\.\d+)?M?", answer)
+    stray = [n for n in numbers if n.lstrip("+-") not in DESIGN and n not in tables]
+    assert not stray, f"numbers in the README's answer that no generated table holds: {stray}"
