@@ -1,8 +1,6 @@
-"""Calibration of the analysis plan: the whole procedure (the seed rule, the bisection, the
-onset, H1-H3's verdicts: analysis.verdicts.study_verdicts) run on simulated studies of known
-truth (analysis.simulate), counting every kind of false claim and measuring power and the
-coverage of the onset's and H3's slope intervals (`just calibrate`; docs/report.md).
-"""
+"""Calibration of the analysis plan (`just calibrate`; docs/report.md): the whole procedure run
+on simulated studies of known truth (analysis.simulate), counting every kind of false claim and
+measuring power and the coverage of the onset's and H3's slope intervals."""
 
 from __future__ import annotations
 
@@ -25,11 +23,9 @@ from .simulate import (DEPTHS, LRS, NOISE, REFINE_STEPS, SCENARIOS, SLOPE_TOLERA
 from .verdicts import study_verdicts
 
 
-# --- the truth and the claims -------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Truth:
-    """What the noiseless study says, the yardstick of every claim."""
+    """What the noiseless study says: the yardstick of every claim."""
 
     h1: bool
     usable_effect: float  # log(on / off) of the failure edges above the best LR, over depths
@@ -39,7 +35,6 @@ class Truth:
 
 
 def _edge(world: World, depth: int, arm: str) -> float:
-    """log10 of the first LR at which a noiseless curve fails (diverges or degrades)."""
     degrade = world.degrade[(depth, arm)][0] if world.degrade else math.inf
     return min(float(world.boundary[(depth, arm)][0]), float(degrade),
                math.log10(world.noise.collapse_lr))
@@ -63,9 +58,8 @@ def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> 
 
 
 def mean_crossing(scenario: Scenario, depth: int, margin: float, onset_sd: float) -> float:
-    """log10 of the LR where the expected gap over seeds reaches `margin`, the onset the
-    estimator targets: the planted onset, or with per-seed onsets the flatter seed-mean
-    curve's crossing."""
+    """log10 of the LR where the expected gap over seeds reaches `margin`: the planted onset,
+    or with per-seed onsets the flatter seed-mean curve's crossing."""
     if onset_sd == 0:
         return math.log10(scenario.onset[depth])  # type: ignore[index]
     shifts, weights = np.polynomial.hermite.hermgauss(40)
@@ -83,12 +77,10 @@ def mean_crossing(scenario: Scenario, depth: int, margin: float, onset_sd: float
 
 
 def supported(verdict: str) -> bool:
-    """A verdict that claims support, in whole or in part."""
     return verdict.startswith(("supported", "partly supported"))
 
 
 def _score_h1(world: World, truth: Truth, verdict: str, gaps: pl.DataFrame, m: float) -> dict:
-    """H1's verdict, and whether any cell claim is false against the noiseless gap at its LR."""
     bad_worse = bad_same = False
     for depth, lr, decision in gaps.select("depth", "lr", "decision").iter_rows():
         g = true_gap(world.scenario, depth, lr, m)
@@ -101,7 +93,6 @@ def _score_h1(world: World, truth: Truth, verdict: str, gaps: pl.DataFrame, m: f
 
 
 def _score_h2(truth: Truth, h2: pl.DataFrame, options: Options) -> dict:
-    """Each H2 measure's pooled decision against its noiseless effect and margin."""
     pooled = h2.filter(pl.col("depth").is_null())
     decision = dict(zip(pooled["measure"], pooled["decision"]))
     out = {}
@@ -119,7 +110,6 @@ def _score_h2(truth: Truth, h2: pl.DataFrame, options: Options) -> dict:
 
 
 def _score_h3(truth: Truth, verdict: str, h3: pl.DataFrame, slope_margin: float) -> dict:
-    """H3's claims against the planted slope, and the slope interval's coverage."""
     row = h3.row(0, named=True) if h3.height else None
     d = row["decision"] if row else None
     s = truth.slope
@@ -135,8 +125,7 @@ def _score_h3(truth: Truth, verdict: str, h3: pl.DataFrame, slope_margin: float)
 
 
 def _onset_coverage(truth: Truth, onsets: pl.DataFrame) -> float:
-    """The share of depths whose onset interval holds the true onset, over the depths whose
-    true onset lies inside the grid (NaN: none)."""
+    """The share of depths with a true onset inside the grid whose interval holds it."""
     hits = total = 0
     for r in onsets.iter_rows(named=True):
         t = truth.onsets.get(r["depth"], math.inf)
@@ -150,8 +139,8 @@ def _onset_coverage(truth: Truth, onsets: pl.DataFrame) -> float:
 
 
 def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
-    """Run the procedure on one simulated study and score every claim against the truth: 1
-    where a claim of that kind was made and false (or, for power and coverage, held)."""
+    """Every claim of one simulated study scored against the truth: 1 where a claim of that
+    kind was made and false (or, for power and coverage, held)."""
     study = study_verdicts(sweep(world), options)
     verdict = dict(zip(study.verdicts["hypothesis"], study.verdicts["verdict"]))
     return {**_score_h1(world, truth, verdict["H1"], study.gaps, options.min_gap),
@@ -165,7 +154,6 @@ KINDS = ("false supported", "false not supported", "false no difference", "false
 
 
 def _split(key: str) -> tuple[str, str]:
-    """"H2 max usable LR false supported" -> ("H2 max usable LR", "false supported")."""
     kind = next(k for k in KINDS if key.endswith(k))
     return key[: -len(kind)].strip(), kind
 
@@ -173,9 +161,8 @@ def _split(key: str) -> tuple[str, str]:
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
               base_seed: int = 0, refine_steps: int = REFINE_STEPS) -> pl.DataFrame:
-    """Per scenario and claim over `studies` simulated studies: how many made it, its rate and
-    the upper end of its 95% Clopper-Pearson interval (false claims), the rate (power, where
-    the hypothesis is true) or the mean coverage."""
+    """Per scenario and claim over `studies` simulated studies: the count, rate and (false
+    claims) the upper end of its 95% Clopper-Pearson interval, or the mean coverage."""
     options = options or Options()
     rows = []
     for name in scenarios:
@@ -190,7 +177,7 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
             values = np.array([s[key] for s in scores], float)
             values = values[np.isfinite(values)]
             if kind == "power" and not _true(what, truth, options):
-                continue  # no power to speak of where the hypothesis is false
+                continue  # no power where the hypothesis is false
             false = kind.startswith("false")
             n = len(values)
             hits = int(values.sum()) if kind != "coverage" else None
@@ -216,7 +203,6 @@ def _true(what: str, truth: Truth, options: Options) -> bool:
 
 
 def markdown(table: pl.DataFrame) -> str:
-    """The table as docs/report.md shows it."""
     lines = ["| scenario | hypothesis | claim | studies | rate | 95% upper bound |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in table.iter_rows(named=True):
@@ -252,7 +238,6 @@ keys (defaults shown):
 
 @dataclass(frozen=True)
 class CalibrateArgs:
-    """The calibrate command's key=value words."""
 
     studies: int = 300
     seeds: int = 5

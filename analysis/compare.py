@@ -3,11 +3,24 @@ gaps and cell decisions agree, and their verdicts, for the report's comparison s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import altair as alt
 import polars as pl
 
 from . import charts as C
 from .study import Study
+
+
+def comparison(study: Study, other: Study, runs_dir: str | Path, other_dir: str | Path) -> dict:
+    """The comparison section's tables, sentences and chart."""
+    a, b = Path(runs_dir).name, Path(other_dir).name
+    if a == b:
+        a, b = str(runs_dir), str(other_dir)
+    gaps = gap_agreement(study, other)
+    verdicts = verdict_agreement(study, other)
+    return {"a": a, "b": b, "gaps": gaps, "verdicts": verdicts,
+            "sentences": sentences(gaps, verdicts, a, b), "chart": gap_scatter(gaps, a, b)}
 
 
 KEYS = ["compared_arm", "depth", "lr"]
@@ -60,8 +73,7 @@ def sentences(gaps: pl.DataFrame, verdicts: pl.DataFrame, a: str, b: str) -> lis
 
 
 def gap_scatter(gaps: pl.DataFrame, a: str, b: str) -> alt.Chart:
-    """Each cell's seed-mean gap in one sweep against the other's, with both intervals; on the
-    diagonal the two agree."""
+    """Each cell's seed-mean gap in one sweep against the other's (on the diagonal: equal)."""
     if gaps.is_empty():
         return C._empty("no (depth, LR) cell run in both sweeps")
     data = gaps.with_columns(agreement=pl.when("decisions_agree").then(pl.lit("same decision"))
