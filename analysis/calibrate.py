@@ -50,30 +50,11 @@ def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> 
                                            for d in DEPTHS]))
     if scenario.onset is None:
         return Truth(False, usable, drop, {d: math.inf for d in DEPTHS}, math.nan)
-    onsets = {d: mean_crossing(scenario, d, options.min_gap, noise.onset_sd) for d in DEPTHS}
+    onsets = {d: math.log10(scenario.onset[d]) for d in DEPTHS}
     slope = float(np.polyfit(np.log2(DEPTHS), [onsets[d] for d in DEPTHS], 1)[0])
     if abs(slope) < SLOPE_TOLERANCE:  # polyfit's rounding of an equal onset (2.5e-16) is 0
         slope = 0.0
     return Truth(True, usable, drop, onsets, slope)
-
-
-def mean_crossing(scenario: Scenario, depth: int, margin: float, onset_sd: float) -> float:
-    """log10 of the LR where the expected gap over seeds reaches `margin`: the planted onset,
-    or with per-seed onsets the flatter seed-mean curve's crossing."""
-    if onset_sd == 0:
-        return math.log10(scenario.onset[depth])  # type: ignore[index]
-    shifts, weights = np.polynomial.hermite.hermgauss(40)
-    shifts, weights = onset_sd * np.sqrt(2) * shifts, weights / np.sqrt(np.pi)
-
-    def mean_gap(x: float) -> float:
-        return float(sum(w * true_gap(scenario, depth, 10 ** x, margin, z)
-                         for z, w in zip(shifts, weights)))
-
-    lo, hi = -6.0, 2.0
-    for _ in range(60):  # the seed-mean logistic rises in log LR: bisection
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mean_gap(mid) < margin else (lo, mid)
-    return (lo + hi) / 2
 
 
 def supported(verdict: str) -> bool:
@@ -160,7 +141,7 @@ def _split(key: str) -> tuple[str, str]:
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
-              base_seed: int = 0, refine_steps: int = REFINE_STEPS) -> pl.DataFrame:
+              base_seed: int = 0) -> pl.DataFrame:
     """Per scenario and claim over `studies` simulated studies: the count, rate and (false
     claims) the upper end of its 95% Clopper-Pearson interval, or the mean coverage."""
     options = options or Options()
@@ -169,8 +150,7 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
         scenario = SCENARIOS[name]
         truth = truth_of(scenario, noise, seeds, options)
         rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
-        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng,
-                                   refine_steps=refine_steps), truth,
+        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
                         replace(options, draw_key=f"#{name}/{i}")) for i in range(studies)]
         for key in scores[0]:
             what, kind = _split(key)
@@ -231,55 +211,37 @@ keys (defaults shown):
   scenarios=   comma-separated, of: null, same onset, one decade per doubling, half a decade
                per doubling, sharp onset (default: all)
   runs=        a runs folder (e.g. runs/mini) to fit the noise from; default: the noise fitted
-               from the earlier mini
-  onset_sd=0   decades: each seed's onset shifted by N(0, onset_sd)
-  refine_steps=2  boundary-bisection steps per curve (the mini preset's)"""
+               from the earlier mini"""
 
 
 @dataclass(frozen=True)
 class CalibrateArgs:
-
     studies: int = 300
     seeds: int = 5
     scenarios: str = ""
     runs: str = ""
-    onset_sd: float = 0.0
-    refine_steps: int = REFINE_STEPS
-
-
-def _noise(args: CalibrateArgs) -> Noise:
-    noise = NOISE
-    if args.runs:
-        from .load import load_runs
-        from .study import analyse
-
-        noise = fit_noise(analyse(load_runs(args.runs)).points)
-    if not (math.isfinite(args.onset_sd) and args.onset_sd >= 0):
-        raise UsageError(f"onset_sd must be a number >= 0 (decades), not {args.onset_sd}")
-    if args.onset_sd:
-        noise = replace(noise, onset_sd=args.onset_sd,
-                        source=f"{noise.source}; per-seed onsets N(0, {args.onset_sd:g} decades)")
-    return noise
 
 
 def cli(argv: list[str]) -> int:
     args = apply_overrides(CalibrateArgs(), split_key_values(argv))
     if args.studies < 1:
         raise UsageError(f"studies must be >= 1, not {args.studies}")
-    if not 0 <= args.refine_steps <= 4:
-        raise UsageError(f"refine_steps must be 0-4 (bisection steps per curve), not "
-                         f"{args.refine_steps}")
     if args.seeds < 2:
         raise UsageError(f"seeds must be >= 2 (a paired test needs two), not {args.seeds}")
     names = tuple(n.strip() for n in args.scenarios.split(",") if n.strip()) or tuple(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise UsageError(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}")
-    noise = _noise(args)
+    noise = NOISE
+    if args.runs:
+        from .load import load_runs
+        from .study import analyse
+
+        noise = fit_noise(analyse(load_runs(args.runs)).points)
     t0 = time.perf_counter()
-    table = calibrate(args.studies, args.seeds, noise, names, refine_steps=args.refine_steps)
+    table = calibrate(args.studies, args.seeds, noise, names)
     print(f"noise: {noise.source} (correlation across LRs {noise.correlation:.2f}); "
-          f"{args.seeds} seeds; {args.refine_steps} boundary-bisection step(s) per curve\n")
+          f"{args.seeds} seeds; {REFINE_STEPS} boundary-bisection step(s) per curve\n")
     print(markdown(table))
     false = table.filter(pl.col("claim").str.starts_with("false"))
     worst = false.sort("upper_95").row(-1, named=True)

@@ -40,17 +40,17 @@ def arm_scale(arms: list[str]) -> alt.Scale:
                      range=[ARM_COLORS.get(k) or next(rest) for k in names])
 
 
-def panel_width(columns: int, legend: bool = True, total: int = PAGE_W) -> int:
+def panel_width(columns: int) -> int:
     """The width of one plot area when `columns` panels side by side (with one y axis and a
-    legend) span `total` pixels; never below PANEL_W."""
-    spare = total - (LEGEND_W if legend else 0) - AXIS_W - (max(columns, 1) - 1) * SPACING
+    legend) span PAGE_W; never below PANEL_W."""
+    spare = PAGE_W - LEGEND_W - AXIS_W - (max(columns, 1) - 1) * SPACING
     return int(max(PANEL_W, min(MAX_PANEL_W, spare / max(columns, 1))))
 
 
 LR_LABEL_PX = 46  # room for one LR tick label ("0.0003", "1.73e-5")
 
 
-def lr_ticks(lrs: list[float], width: float, label_px: float = LR_LABEL_PX) -> list[float]:
+def lr_ticks(lrs: list[float], width: float) -> list[float]:
     """Tick values for a log LR axis `width` pixels wide: the LRs run when their labels fit,
     else the powers of ten in range, else every k-th LR run."""
     lrs = sorted({float(v) for v in lrs if v and v > 0})
@@ -60,7 +60,7 @@ def lr_ticks(lrs: list[float], width: float, label_px: float = LR_LABEL_PX) -> l
 
     def fits(ticks: list[float]) -> bool:
         gaps = [width * math.log10(b / a) / span for a, b in zip(ticks, ticks[1:])]
-        return all(g >= label_px for g in gaps)
+        return all(g >= LR_LABEL_PX for g in gaps)
 
     if fits(lrs):
         return lrs

@@ -40,7 +40,6 @@ class Noise:
     collapse_lr: float  # from this LR both arms end near the unigram entropy (degraded)
     on_sd: float = 0.02  # seed SD of the on arm's loss (shared by both arms of a seed)
     source: str = ""
-    onset_sd: float = 0.0  # decades: each seed's onset shifted by N(0, onset_sd)
     # per real (depth, seed), one drawn per simulated seed: the off arm's first degraded LR in
     # decades above the onset, the on arm's (log10; inf: never before it diverged)
     off_degrade: tuple[float, ...] = ()
@@ -192,13 +191,11 @@ SCENARIOS = {
 }
 
 
-def true_gap(scenario: Scenario, depth: int, lr: float, margin: float,
-             shift: float = 0.0) -> float:
-    """Off minus on without noise: a logistic in log LR reaching `margin` at the onset (moved
-    by `shift` decades: one seed's own onset)."""
+def true_gap(scenario: Scenario, depth: int, lr: float, margin: float) -> float:
+    """Off minus on without noise: a logistic in log LR reaching `margin` at the onset."""
     if scenario.onset is None:
         return 0.0
-    onset = math.log10(scenario.onset[depth]) + shift
+    onset = math.log10(scenario.onset[depth])
     width = scenario.ramp
     centre = onset + width * math.log(PLATEAU / margin - 1)
     z = (math.log10(lr) - centre) / width
@@ -227,7 +224,6 @@ class World:
     on_offset: dict[int, np.ndarray]  # depth -> (seeds,) shared by both arms and LRs
     on_noise: dict[int, np.ndarray]  # depth -> (seeds, lattice): the collapsed runs' scatter
     boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
-    onset_shift: dict[int, np.ndarray] = field(default_factory=dict)  # depth -> (seeds,)
     # (depth, arm) -> (seeds,) log10 of the first degraded LR (inf: only from collapse_lr)
     degrade: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
@@ -253,8 +249,7 @@ class World:
         loss = base_loss(lr) + self.on_offset[depth][seed] + \
             self.sd(depth, lr) / math.sqrt(2) * self.gap_noise[(depth, arm)][seed, i]
         if arm == "none":
-            shift = float(self.onset_shift[depth][seed]) if self.onset_shift else 0.0
-            loss += true_gap(self.scenario, depth, lr, self.margin, shift) + \
+            loss += true_gap(self.scenario, depth, lr, self.margin) + \
                 undertrain_gap(self.scenario, depth, lr)
         return "completed", loss
 
@@ -282,10 +277,6 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                                      else 0.0)
                   + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
                   for dp in depths for arm in ("none", "rmsnorm")},
-        # drawn after the others and only when asked for, so the other draws are those of a
-        # world without it
-        onset_shift={dp: rng.normal(0, noise.onset_sd, seeds) for dp in depths}
-        if noise.onset_sd > 0 and not noiseless else {},
         depths=depths, lrs=lrs, refine_steps=refine_steps, lattice=lattice)
     rho = noise.boundary_correlation
     if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
@@ -296,18 +287,15 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                     math.log10(scenario.boundary_ratio) if arm != "none" else 0.0)
                 world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
     if noise.off_degrade or noise.on_degrade:
-        world.degrade = failure_draws(scenario, noise, seeds, margin, rng, noiseless, depths,
-                                      world.onset_shift)
+        world.degrade = failure_draws(scenario, noise, seeds, rng, noiseless, depths)
     return world
 
 
-def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
-                  rng: np.random.Generator, noiseless: bool, depths: tuple[int, ...],
-                  onset_shift: dict[int, np.ndarray]) -> dict[tuple[int, str], np.ndarray]:
+def failure_draws(scenario: Scenario, noise: Noise, seeds: int, rng: np.random.Generator,
+                  noiseless: bool, depths: tuple[int, ...]) -> dict[tuple[int, str], np.ndarray]:
     """Each simulated (depth, arm, seed)'s first degraded LR (log10), drawn from a real sweep's
-    (`Noise.off_degrade`, `on_degrade`; their medians in the noiseless study): the off arm's
-    above its seed's own onset where there is an effect, the on arm's wherever it is, and both
-    arms' from the on arm's where there is none."""
+    (medians in the noiseless study): the off arm's above the onset where there is an effect,
+    else both arms' from the on arm's."""
     def pick(values: tuple[float, ...]) -> np.ndarray:
         if not values:
             return np.full(seeds, math.inf)
@@ -320,9 +308,7 @@ def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
         if scenario.onset is None or not noise.off_degrade:
             out[(dp, "none")] = pick(noise.on_degrade)
         else:
-            shift = onset_shift.get(dp, np.zeros(seeds))
-            out[(dp, "none")] = (math.log10(scenario.onset[dp]) + shift
-                                 + pick(noise.off_degrade))
+            out[(dp, "none")] = math.log10(scenario.onset[dp]) + pick(noise.off_degrade)
     return out
 
 
