@@ -120,8 +120,7 @@ def _onset_coverage(truth: Truth, onsets: pl.DataFrame) -> float:
 
 
 def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
-    """Every claim of one simulated study scored against the truth: 1 where a claim of that
-    kind was made and false (or, for power and coverage, held)."""
+    """Every claim of one simulated study scored against the truth (1: made and false)."""
     study = study_verdicts(sweep(world), options)
     verdict = dict(zip(study.verdicts["hypothesis"], study.verdicts["verdict"]))
     return {**_score_h1(world, truth, verdict["H1"], study.gaps, options.min_gap),
@@ -142,8 +141,7 @@ def _split(key: str) -> tuple[str, str]:
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
               base_seed: int = 0) -> pl.DataFrame:
-    """Per scenario and claim over `studies` simulated studies: the count, rate and (false
-    claims) the upper end of its 95% Clopper-Pearson interval, or the mean coverage."""
+    """Per scenario and claim: count, rate and Clopper-Pearson bound, or mean coverage."""
     options = options or Options()
     rows = []
     for name in scenarios:

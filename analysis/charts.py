@@ -41,8 +41,7 @@ def arm_scale(arms: list[str]) -> alt.Scale:
 
 
 def panel_width(columns: int) -> int:
-    """The width of one plot area when `columns` panels side by side (with one y axis and a
-    legend) span PAGE_W; never below PANEL_W."""
+    """The width of one of `columns` plot areas side by side on a page; at least PANEL_W."""
     spare = PAGE_W - LEGEND_W - AXIS_W - (max(columns, 1) - 1) * SPACING
     return int(max(PANEL_W, min(MAX_PANEL_W, spare / max(columns, 1))))
 
@@ -51,8 +50,7 @@ LR_LABEL_PX = 46  # room for one LR tick label ("0.0003", "1.73e-5")
 
 
 def lr_ticks(lrs: list[float], width: float) -> list[float]:
-    """Tick values for a log LR axis `width` pixels wide: the LRs run when their labels fit,
-    else the powers of ten in range, else every k-th LR run."""
+    """Log LR ticks: the LRs run when they fit, else powers of ten, else every k-th."""
     lrs = sorted({float(v) for v in lrs if v and v > 0})
     if not lrs:
         return []
@@ -119,15 +117,12 @@ def lr_brush() -> alt.Parameter:
     return alt.selection_interval(name="lr_brush", encodings=["x"], clear="dblclick")
 
 
-# --- final loss vs LR -------------------------------------------------------------------------
-
 MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
                                        "another framework's run")
 
 
 def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) -> alt.FacetChart:
-    """Final val loss vs LR per depth: seed mean line, min-max band, diverged runs as crosses
-    at their init loss, other-framework runs as open diamonds."""
+    """Final val loss vs LR per depth: seed mean, seed range, diverged runs, twins."""
     p = M.with_losses(points).with_columns(arm_expr())
     cells = (p.group_by("depth", "arm", "lr")
              .agg(loss=pl.col("loss_clipped").mean(), lo=pl.col("loss_clipped").min(),
@@ -187,8 +182,6 @@ ROW_HEADER = alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start",
                         labelFontWeight="bold", labelPadding=4)
 
 
-# --- the headline: the answer at a glance ----------------------------------------------------
-
 DECISION_STYLE = {  # decision -> (legend words, colour)
     H.OFF_WORSE: ("off worse (family-adjusted test)", "#c0392b"),
     H.NO_DIFFERENCE: ("no difference (equivalence test)", "#2471a3"),
@@ -210,8 +203,7 @@ def gap_axis_range(means: list[float], floor: float = 0.05) -> tuple[float, floa
 
 
 def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
-    """The gap cells with their outcome in words, their y (untested: 0) and their interval cut
-    to the y range."""
+    """The gap cells with their outcome in words, y and interval cut to the y range."""
     words = {k: v[0] for k, v in DECISION_STYLE.items()} | UNTESTED_WORDS
     both_diverged = ((pl.col("off_diverged") >= pl.col("pairs"))
                      & (pl.col("on_diverged") >= pl.col("pairs")))
@@ -232,8 +224,7 @@ def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
 
 def _headline_rules(cells: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame,
                     lo: float, hi: float, y_top: float) -> pl.DataFrame:
-    """Per panel the onset (its interval a band) and off's first divergent LR, clipped to the
-    LR axis [lo, hi] and labelled as beyond it when they are."""
+    """Per panel the onset with its band and off's first divergent LR, on the axis."""
     panels = cells.select("depth", "compared_arm", "compared").unique()
     onset = (thresholds.join(panels, on=["depth", "compared_arm"])
              .filter(pl.col("onset_lr").is_not_null())
@@ -283,8 +274,7 @@ def _headline_layers(x: alt.X, x_scale: alt.Scale, y_scale: alt.Scale, color: al
 
 def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame
                    ) -> alt.Chart:
-    """Per depth and compared arm: the gap off minus on with its 95% interval at every LR,
-    coloured by the cell's decision, with the onset and off's first divergent LR."""
+    """Per depth and compared arm: the gap off minus on by LR, coloured by decision."""
     if gaps.is_empty():
         return _empty("no LR run in both arms yet")
     cells, y_lo, y_hi = _headline_cells(gaps)
@@ -338,8 +328,6 @@ def _empty(message: str) -> alt.Chart:
     return (alt.Chart(alt.Data(values=[{"message": message}])).mark_text(size=14)
             .encode(text="message:N").properties(width=panel_width(1), height=40))
 
-
-# --- saving -----------------------------------------------------------------------------------
 
 def save_chart(chart: alt.TopLevelMixin | dict, folder: Path, name: str,
                scale: float = 2.0) -> dict[str, Path]:

@@ -27,8 +27,7 @@ KEYS = ["compared_arm", "depth", "lr"]
 
 
 def gap_agreement(a: Study, b: Study) -> pl.DataFrame:
-    """Per (compared arm, depth, LR) run in both sweeps: each one's seed-mean gap with its 95%
-    interval and decision, whether the decisions agree and whether the intervals overlap."""
+    """Per cell run in both sweeps: both gaps and whether decisions and intervals agree."""
     cols = ["mean_gap", "ci_lo", "ci_hi", "pairs", "decision"]
     left = a.gaps.select(*KEYS, *cols)
     right = b.gaps.select(*KEYS, *[pl.col(c).alias(f"{c}_b") for c in cols])

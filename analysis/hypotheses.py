@@ -45,11 +45,8 @@ BEST_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "pairs": pl.Int64,
                "decision": pl.String}
 
 
-# --- H1 -----------------------------------------------------------------------------------------
-
 def _cell(g: dict[str, list], options: Options) -> dict:
-    """One cell's interval and raw p-values (`g`: its paired_gaps columns, in seed order); a cell
-    where no run of either arm learned is uninformative and not tested."""
+    """One cell's interval and raw p-values (`g`: its paired_gaps columns)."""
     values = g["gap"]
     n = len(values)
     off_failed = [a or b for a, b in zip(g["diverged_off"], g["degraded_off"])]
@@ -89,8 +86,7 @@ def _decide(cell: dict, alpha: float) -> str:
 
 
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, compared_arm, seed) with a finite loss in both arms: each arm's best final
-    loss over its LRs (best, best_on)."""
+    """Per (depth, compared_arm, seed): each arm's best finite final loss."""
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
     off = best.filter(pl.col(ARM) == OFF).drop(ARM)
@@ -104,8 +100,7 @@ def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(gap cells, best-loss gaps): H1's family, adjusted together per compared arm; `needed`
-    is filled by `mark_needed` once the onset is known."""
+    """(gap cells, best-loss gaps): H1's family, adjusted per compared arm."""
     gaps = paired_gaps(points, options).sort("compared_arm", "depth", "lr", "seed")
     cells = [{"depth": depth, "compared_arm": on, "lr": lr,
               **_cell(g.to_dict(as_series=False), options)}
@@ -151,8 +146,6 @@ def mark_needed(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
             .sort("compared_arm", "depth", "lr"))
 
 
-# --- H2 -----------------------------------------------------------------------------------------
-
 H2_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "measure": pl.String, "role": pl.String,
              "pairs": pl.Int64, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
              "unit": pl.String, "per_seed": pl.String, "resolution": pl.Float64,
@@ -168,9 +161,7 @@ PRIMARY, PER_DEPTH = "primary", "per depth (descriptive)"
 
 def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measure: str
               ) -> pl.DataFrame:
-    """One row per (depth, seed) measured in both arms: diff (log(on / off) of the max usable
-    LR, or off - on of LR sensitivity), off_censored (a lower bound only) and resolution (the
-    coarser bracket of the two arms' boundaries)."""
+    """Per (depth, seed) in both arms: diff (on vs off), off_censored and resolution."""
     if measure == SENSITIVITY:
         s = sensitivity.drop_nulls("lr_sensitivity")
         off = s.filter(pl.col(ARM) == OFF).select("depth", "seed", off="lr_sensitivity")
@@ -281,8 +272,6 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         "compared_arm", "measure", pl.col("depth").fill_null(0))
 
 
-# --- H3 -----------------------------------------------------------------------------------------
-
 H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64,
              "ci_lo": pl.Float64, "ci_hi": pl.Float64, "undefined_share": pl.Float64,
              "p_fall": pl.Float64, "p_rise": pl.Float64, "p_equal": pl.Float64,
@@ -291,8 +280,7 @@ H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64
 
 
 def slope(depths: list[int], log_thresholds: np.ndarray) -> np.ndarray:
-    """Least-squares slope of log10(onset) on log2(depth) per row (draws x depths); NaN where
-    an onset is outside the LRs tested or missing."""
+    """Least-squares slope of log10(onset) on log2(depth) per row; NaN if one is infinite."""
     x = np.log2(np.asarray(depths, float))
     x = x - x.mean()
     y = np.atleast_2d(log_thresholds)
@@ -308,9 +296,7 @@ def small_sample_widening(seeds: int) -> float:
 
 def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
              options: Options) -> pl.DataFrame:
-    """Per compared arm with >= 2 depths: the slope (decades per doubling of depth), its 95%
-    whole-seed interval and bootstrap tests of falls, rises and equal (|slope| < slope_margin);
-    a draw without a slope counts against every claim."""
+    """Per compared arm with >= 2 depths: the onset's slope, its interval and tests."""
     rows = []
     for on in compared_arms(points):
         depths = sorted(d for (k, d) in draws if k == on)

@@ -93,8 +93,7 @@ def _integer(value: Any) -> int | None:
 
 @functools.cache
 def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozenset[int] | None]:
-    """The base LR grid and seeds a sweep folder's sweep.json declares, each None if it does
-    not (other LRs come from bisection, other seeds from adaptive sampling)."""
+    """The base LR grid and seeds a sweep folder's sweep.json declares (None: not)."""
     obj = load_object(sweep_folder / "sweep.json")[0] or {}
     lrs, seeds = obj.get("grid_lrs"), obj.get("seeds")
     grid = (frozenset(lr_key(float(x)) for x in lrs)
@@ -204,8 +203,7 @@ RUN_SCHEMA = {
 
 def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, pl.DataType],
           optional: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
-    """One lazy frame over every run's parts with a `run` column, cast to `columns` (and
-    `optional`, null where absent); one scan per distinct file schema, not one per run."""
+    """One lazy frame over every run's parts (one scan per file schema), with `run`."""
     by_schema: dict[tuple, list[str]] = {}
     run_of: dict[str, str] = {}
     for run, parts in parts_by_run.items():

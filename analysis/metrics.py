@@ -60,8 +60,6 @@ class Options:
     draw_key: str = ""  # appended to the seed draws' keys (the calibration's own per study)
 
 
-# --- scoring ------------------------------------------------------------------------------------
-
 def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_margin
                 ) -> pl.DataFrame:
     """Add diverged, degraded, nonfinite_final, loss (+inf when diverged or not finite) and
@@ -115,8 +113,7 @@ def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm, seed) (Wortsman et al. 2023, Sec. 2.2): the mean clipped loss over the
-    base grid minus the grid's best loss; null when every grid LR diverged or fewer than two."""
+    """Per (depth, arm, seed): mean clipped loss over the base grid minus its best."""
     grid = with_losses(full_curves(points))
     if "in_grid" not in grid.columns:
         grid = mark_base_grid(grid)
@@ -158,8 +155,7 @@ def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -
 
 
 def arm_table(points: pl.DataFrame) -> pl.DataFrame:
-    """One row per (depth, arm): run counts, LR sensitivity, max usable LR (geometric mean over
-    seeds) and the optimal LR (geometric mean) with its best loss, each with its seed range."""
+    """One row per (depth, arm): runs, LR sensitivity, max usable and optimal LR."""
     p = with_losses(points)
     counts = p.group_by(ARM_KEYS).agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
                                       nonfinite_final=pl.col("nonfinite_final").sum(),
@@ -194,8 +190,7 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def spike_table(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm, LR): loss spikes short of divergence (summary.json's loss_spikes and
-    max_spike; `counted`: the runs that had the count)."""
+    """Per (depth, arm, LR): loss spikes short of divergence."""
     return (with_losses(points).group_by("depth", ARM, "lr")
             .agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
                  counted=pl.col("loss_spikes").count(),
@@ -205,15 +200,12 @@ def spike_table(points: pl.DataFrame) -> pl.DataFrame:
             .sort("depth", ARM, "lr"))
 
 
-# --- pairing ----------------------------------------------------------------------------------
-
 def compared_arms(points: pl.DataFrame) -> list[str]:
     return sorted(k for k in points[ARM].unique().to_list() if k != OFF)
 
 
 def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """One row per (depth, compared_arm, lr, seed) run in both arms: gap = off - on (clipped
-    losses), with each arm's divergence and degradation."""
+    """One row per (depth, compared_arm, lr, seed) in both arms: gap = off - on."""
     p = with_losses(points, options.degraded_margin).select(
         "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
     off = p.filter(pl.col(ARM) == OFF).drop(ARM)
@@ -234,12 +226,8 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
     return pl.concat(frames).sort("compared_arm", "depth", "lr", "seed")
 
 
-# --- per-run extras ---------------------------------------------------------------------------
-
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
-    """(run, step, name) -> one value: the whole-model (layer -1) row when there is one, else
-    the per-layer values reduced as qkstudy/probe_names.py says (mean for an unknown name).
-    Non-finite values are dropped."""
+    """(run, step, name) -> the whole-model value, else layers reduced per the registry."""
     value = pl.col("value")
     per_layer = pl.col("layer") != WHOLE_MODEL
     reduced = (probes.filter(value.is_finite())
@@ -259,8 +247,7 @@ WORST = tuple((p.name, "max" if p.worse == "larger" else "min")
 
 
 def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
-    """Per run, from `probe_over_layers` collected: final_<name> (the last probe step) for every
-    probe, worst_<name> and worst_<name>_step for those in WORST, and peak_max_attention_logit."""
+    """Per run: final_<probe>, worst_<probe> (and its step) and peak_max_attention_logit."""
     if per_step.is_empty():
         return pl.DataFrame(schema={"run": pl.String})
     out = (per_step.filter(pl.col("step") == pl.col("step").max().over("run", "name"))
@@ -282,8 +269,7 @@ def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
 
 def steps_to_threshold(metrics: pl.LazyFrame, runs: pl.DataFrame,
                        thresholds: pl.DataFrame) -> pl.DataFrame:
-    """Per run: the first eval step (and tokens) whose val loss is <= its depth's
-    loss_threshold (`thresholds`: depth, loss_threshold); null when never reached."""
+    """Per run: the first eval step (and tokens) at or below its depth's loss_threshold."""
     depth_of = runs.select("run", "depth").lazy()
     return (metrics.filter(pl.col("val_loss").is_not_null())
             .join(depth_of, on="run").join(thresholds.lazy(), on="depth")
@@ -294,8 +280,7 @@ def steps_to_threshold(metrics: pl.LazyFrame, runs: pl.DataFrame,
 
 
 def default_loss_thresholds(points: pl.DataFrame, metrics: pl.LazyFrame) -> pl.DataFrame:
-    """Per depth, a loss level every arm reaches well before the end: the largest, over arms
-    and seeds, of the best run's val loss at the first evaluation from half its steps on."""
+    """Per depth: the largest best-run val loss at half its steps (every arm reaches it)."""
     best = (with_losses(points).filter(pl.col("loss").is_finite())
             .sort("loss").group_by("depth", ARM, "seed").first()
             .select("run", "depth", "steps"))

@@ -25,7 +25,6 @@ from .prose import CHARTS, headline
 from .study import ReportOptions, Study
 
 
-# --- linked views -------------------------------------------------------------------------------
 # Every chart reads three signals the page's script sets: arms_shown (arm labels, null: all),
 # depths_shown (null: all) and lr_range ([low, high] from the LR brush, null: every LR). In a
 # chart's own HTML file they stay null.
@@ -36,8 +35,7 @@ BRUSHED = ("training_curves", "max_attention_logit", "attention_entropy", "other
 
 
 def link(name: str, spec: dict) -> dict:
-    """`spec` (a report chart's Vega-Lite dict) with the signals and one filter that reads them;
-    an empty chart's message is returned as it is."""
+    """`spec` with the page's signals and one filter that reads them."""
     if name not in CHARTS or "data" not in spec:
         return spec
     if name == "headline":  # rows of off minus an arm: all of them when off is chosen
@@ -55,8 +53,6 @@ def link(name: str, spec: dict) -> dict:
                                *({"name": n, "value": None} for n in (ARMS, DEPTHS, LR_RANGE))],
             "transform": [{"filter": " && ".join(parts)}, *spec.get("transform", [])]}
 
-
-# --- the drill-down: a clicked point's runs ----------------------------------------------------
 
 MAX_POINTS = 40  # per run and curve: a curve's shape, small enough for a 300-run page
 SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_step", "framework")
@@ -78,8 +74,7 @@ def _binned(frame: pl.DataFrame, value: str) -> dict[str, list[list[float]]]:
 
 
 def run_details(study: Study) -> dict:
-    """{"runs": {run: its row, curves and the config keys that vary}, "common": the config keys
-    every run shares}, for the study's runs and their other-framework twins."""
+    """Each shown run's row, binned curves and own config keys; the keys all share."""
     shown = pl.concat([study.points, study.others], how="diagonal_relaxed")
     table = study.runs.table.join(shown.select("run"), on="run")
     names = table["run"].to_list()
@@ -109,8 +104,6 @@ def run_details(study: Study) -> dict:
     return {"runs": runs, "common": common}
 
 
-# --- the page -----------------------------------------------------------------------------------
-
 def _cell(value) -> str:
     if value is None:
         return '<td class="na">-</td>'
@@ -134,8 +127,7 @@ def _run_cell(run: str) -> str:
 
 def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
                filterable: bool = False, first: tuple[str, ...] = (), name: str = "") -> str:
-    """A table the page's script makes sortable; `filterable` adds a search box; with `first`
-    (and a `name` for its id) those columns lead and the others are shown on request."""
+    """A sortable table, optionally with a search box and the `first` columns leading."""
     if df.is_empty():
         return '<p class="na">(none)</p>'
     columns = [c for c in (columns or df.columns) if c in df.columns]

@@ -15,9 +15,7 @@ from .charts import (ATTENTION_PROBES, OFF_LABEL, PANEL_H, ROW_HEADER, _empty, a
 
 def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None,
                twins: pl.DataFrame | None = None) -> pl.DataFrame:
-    """(depth, lr) pairs to draw curves for: the given LRs snapped to the nearest LR run, or
-    per depth the off arm's optimal, max usable and first divergent LR and up to two LRs of
-    other-framework twins."""
+    """(depth, lr) pairs to draw curves for: the given LRs or the off arm's landmarks."""
     run_lrs = points.select("depth", "lr").unique()
     picks = []
     for depth in sorted(run_lrs["depth"].unique().to_list()):
@@ -57,8 +55,7 @@ def _curve_data(chosen: pl.DataFrame, metrics: pl.LazyFrame, max_points: int) ->
 
 
 def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.DataFrame:
-    """Val dots, a triangle on the top edge where a curve leaves the axis, a cross there at a
-    diverged run's last step; y_plot is where each is drawn."""
+    """Val dots and the markers of curves leaving the axis; y_plot is where each is drawn."""
     above = ~pl.col("loss").is_finite() | (pl.col("loss") > top)
     first_above = above & (pl.col("step") == pl.col("step").filter(above).min()
                            .over("run", "series"))
@@ -77,8 +74,7 @@ def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.Da
 
 def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame,
                           max_points: int = 60, columns: int = 3) -> alt.Chart:
-    """Train loss (binned) and val loss vs step for the picked LRs; one line per run, colour by
-    arm, dashes for a second framework; the y axis stops a little above the initial loss."""
+    """Train and val loss vs step for the picked LRs, one line per run."""
     if "diverged_step" not in runs.columns:
         runs = runs.with_columns(diverged_step=pl.lit(None, dtype=pl.Int64))
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
@@ -212,8 +208,6 @@ def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str
                   .properties(title="Other probes vs step (reduced over layers, seed mean)"))
 
 
-# --- per depth summaries ----------------------------------------------------------------------
-
 def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
     per_seed = M.lr_sensitivity_per_seed(points).with_columns(arm_expr())
     means = (per_seed.group_by("depth", "arm").agg(mean=pl.col("lr_sensitivity").mean())
@@ -274,8 +268,7 @@ def _landmark_data(arms: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame
 
 
 def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
-    """Per depth: optimal and max usable LR per arm (seed range; open: a lower bound) and the
-    onset with its 95% interval."""
+    """Per depth: optimal and max usable LR per arm, and the onset with its interval."""
     data = _landmark_data(arms, thresholds)
     if data.is_empty():
         return _empty("no learning-rate landmarks")

@@ -64,8 +64,7 @@ def _onset_words(r: dict) -> str:
 
 
 def headline(study: Study) -> list[str]:
-    """The answer in a few sentences: per compared arm and depth the onset and the tested rule,
-    then the verdicts and the scale."""
+    """The answer in sentences: per arm and depth the onset and tested rule; verdicts; scale."""
     th = study.thresholds
     out = []
     for on in M.compared_arms(study.points):

@@ -59,8 +59,6 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     return {k: out[k] for k in CHARTS if k in out}
 
 
-# --- writing ----------------------------------------------------------------------------------
-
 def check_writable(out: Path) -> None:
     """UsageError unless the report folder can be made and written to; leaves nothing behind."""
     made = [p for p in [out, *out.parents] if not p.exists()]
@@ -78,8 +76,7 @@ def check_writable(out: Path) -> None:
 
 @contextlib.contextmanager
 def replacing(out: Path) -> Iterator[Path]:
-    """A fresh temporary sibling of `out` to write into: on success it replaces `out` in one
-    rename, on any error (Ctrl-C included) it is removed and `out` is left as it was."""
+    """A temporary sibling of `out` that replaces it on success and is removed on error."""
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(out)  # what a killed report build left
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -111,8 +108,7 @@ def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
 def build_report(runs_dir: str | Path, out: str | Path,
                  options: ReportOptions | None = None, shown_as: tuple[str, str] | None = None
                  ) -> tuple[Path, Study | None]:
-    """Load, analyse, draw and write everything: (report.html, the study or None when no run
-    finished). `shown_as`: (folder, what to show instead) for an unpacked archive's paths."""
+    """Load, analyse, draw and write everything: (report.html, the study or None)."""
     options = options or ReportOptions()
     out = Path(out)
     if out.exists() and (not out.is_dir() or (any(out.iterdir())
@@ -156,8 +152,6 @@ def build_report(runs_dir: str | Path, out: str | Path,
         (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
     return out / "report.html", study
 
-
-# --- the command line ---------------------------------------------------------------------------
 
 USAGE = """usage: python -m analysis report [RUNS_DIR [OTHER_RUNS_DIR]] [key=value ...]
 
@@ -209,8 +203,7 @@ def _lrs(text: str) -> tuple[float, ...]:
 
 
 def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
-    """[RUNS_DIR] [key=value ...] -> (runs folder, report folder, options); UsageError on any
-    bad word."""
+    """[RUNS_DIR] [key=value ...] -> (runs folder, report folder, options)."""
     words = list(argv)
     runs_dir = Path("runs")
     compare_with = ""
@@ -246,8 +239,7 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
 
 
 def unpacked(path: Path, stack: contextlib.ExitStack) -> tuple[Path, tuple[str, str] | None]:
-    """(a runs folder, None), or an archive unpacked into a temporary folder that lives as
-    long as `stack`, with how its paths are shown."""
+    """(a runs folder, None), or an archive unpacked for as long as `stack` lives."""
     if not path.name.endswith(archive.SUFFIX):
         return path, None
     if not path.is_file():

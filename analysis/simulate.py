@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
+from scipy import stats
 
 from qkstudy.sweep.adaptive import next_threshold_lr
 from qkstudy.sweep.config import MINI
@@ -47,6 +48,11 @@ class Noise:
     boundary_correlation: float = 0.0  # of one seed's two divergence boundaries
 
 
+# `fit_failures` of results/mini.tar.xz per (depth 2, 4, 8) x seeds 0-4 (Noise's fields)
+MINI_OFF_DEGRADE = (0.815, 0.815, 0.815, 1.292, 0.292, 0.66, 1.66, 1.183, 0.66, 0.66, 1.022,
+                    1.022, 1.022, 0.5, 1.022)
+MINI_ON_DEGRADE = (0.0, math.inf, 0.0, math.inf, 0.0, math.inf, math.inf, math.inf, math.inf,
+                   math.inf, -0.261, math.inf, -0.261, math.inf, math.inf)
 # The earlier mini's gap intervals (docs/results.md's history): each cell's SD is recovered as
 # half-width / t * sqrt(n); at LRs 1 and 3 neither arm learned. The correlation across LRs
 # cannot be read off a table: 0.5 is assumed.
@@ -58,29 +64,14 @@ PUBLISHED = {  # depth: (mean, lo, hi, n) per grid LR 1e-3 ... 0.3
     8: ((0.024, -0.00, 0.05, 6), (0.013, -0.01, 0.03, 6), (0.217, 0.12, 0.31, 4),
         (0.303, 0.17, 0.43, 3), (0.420, 0.21, 0.63, 5), (0.424, 0.26, 0.59, 5)),
 }
-
-
-def _published_noise() -> Noise:
-    from scipy import stats
-
-    sd = {}
-    for depth, cells in PUBLISHED.items():
-        values = [(hi - lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
-                  for _, lo, hi, n in cells]
-        sd[depth] = tuple(values) + (math.nan, math.nan)
-    return Noise(gap_sd=sd, correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
-                 source="the earlier mini's gap intervals (docs/results.md's history); correlation "
-                        "across LRs assumed 0.5; failures short of divergence from the mini",
-                 off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE,
-                 boundary_correlation=0.65)
-
-
-# `fit_failures` of results/mini.tar.xz per (depth 2, 4, 8) x seeds 0-4 (Noise's fields)
-MINI_OFF_DEGRADE = (0.815, 0.815, 0.815, 1.292, 0.292, 0.66, 1.66, 1.183, 0.66, 0.66, 1.022,
-                    1.022, 1.022, 0.5, 1.022)
-MINI_ON_DEGRADE = (0.0, math.inf, 0.0, math.inf, 0.0, math.inf, math.inf, math.inf, math.inf,
-                   math.inf, -0.261, math.inf, -0.261, math.inf, math.inf)
-NOISE = _published_noise()
+NOISE = Noise(
+    gap_sd={depth: tuple((hi - lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
+                         for _, lo, hi, n in cells) + (math.nan, math.nan)
+            for depth, cells in PUBLISHED.items()},
+    correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
+    source="the earlier mini's gap intervals (docs/results.md's history); correlation across "
+           "LRs assumed 0.5; failures short of divergence from the mini",
+    off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE, boundary_correlation=0.65)
 
 
 def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
@@ -130,9 +121,7 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
 
 def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
                  ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-    """How a real sweep's runs fail short of divergence, per (depth, seed): Noise's off_degrade
-    and on_degrade, and the correlation of the arms' log10 first diverged LRs (0.5 assumed
-    where one arm's does not vary)."""
+    """A real sweep's off_degrade, on_degrade and boundary correlation (Noise's)."""
     runs = with_losses(points, options.degraded_margin)
     points_at = {d: v.point for (_, d), v in threshold_draws(points, cells, options).items()}
     first = (runs.group_by("depth", "arm", "seed")
@@ -157,8 +146,7 @@ def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
 
 @dataclass(frozen=True)
 class Scenario:
-    """A truth: the onset LR per depth (None: no effect), a small gap below the onset, how
-    much higher QK-norm's divergence boundary sits (x) and the onset's width in decades."""
+    """A truth: onset LR per depth (None: no effect), low-LR gap, boundary ratio, width."""
 
     onset: dict[int, float] | None
     low_gap: dict[int, float] = field(default_factory=dict)
@@ -206,8 +194,6 @@ def true_gap(scenario: Scenario, depth: int, lr: float, margin: float) -> float:
 def base_loss(lr: float) -> float:
     return 2.23 + 0.06 * (math.log10(lr) + 2.5) ** 2
 
-
-# --- one simulated sweep ---------------------------------------------------------------------
 
 LATTICE = np.arange(-3.25, 0.75, 1 / 32)  # log10 LRs where one seed's noise is drawn
 
@@ -293,9 +279,7 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
 
 def failure_draws(scenario: Scenario, noise: Noise, seeds: int, rng: np.random.Generator,
                   noiseless: bool, depths: tuple[int, ...]) -> dict[tuple[int, str], np.ndarray]:
-    """Each simulated (depth, arm, seed)'s first degraded LR (log10), drawn from a real sweep's
-    (medians in the noiseless study): the off arm's above the onset where there is an effect,
-    else both arms' from the on arm's."""
+    """Each simulated (depth, arm, seed)'s first degraded LR (log10), from a real sweep's."""
     def pick(values: tuple[float, ...]) -> np.ndarray:
         if not values:
             return np.full(seeds, math.inf)
@@ -313,9 +297,7 @@ def failure_draws(scenario: Scenario, noise: Noise, seeds: int, rng: np.random.G
 
 
 def sweep(world: World) -> pl.DataFrame:
-    """The runs the mini's sweep would train in this world: the grid, world.refine_steps
-    boundary-bisection steps per curve, then two threshold-bisection steps per depth (every
-    seed, both arms)."""
+    """The runs the mini's sweep would train in this world, bisection steps included."""
     runs: dict[tuple[int, str, float, int], tuple[str, float | None]] = {}
 
     def train(depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:

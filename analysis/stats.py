@@ -79,8 +79,7 @@ def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
 
 
 def holm(pvalues: list[float]) -> np.ndarray:
-    """Holm's adjusted p-values, as multipletests gives them without its gc.collect() per call
-    (a third of the calibration's time)."""
+    """Holm's adjusted p-values, without multipletests' slow gc.collect() per call."""
     p = np.asarray(pvalues, float)
     order = np.argsort(p, kind="stable")
     stepped = np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1))
@@ -98,14 +97,11 @@ def adjust_family(tests: list[tuple[dict, str]], alpha: float, method: str = "fd
         row["family_size"] = size
 
 
-# --- ties: the exact sign-flip test --------------------------------------------------------------
-
 EXACT_UP_TO = 18  # sign patterns enumerated up to 2^18; beyond, 2^16 random patterns
 
 
 def p_signflip(diffs, shift: float = 0.0) -> float | None:
-    """One-sided p of mean(diffs) > shift: the share of the sign patterns of (d_i - shift) whose
-    sum is at least the observed one (exact up to n = 18). None below 2 values."""
+    """One-sided sign-flip p of mean(diffs) > shift (exact up to n = 18)."""
     d = _values(diffs) - shift
     n = len(d)
     if n < 2:
@@ -133,8 +129,6 @@ def p_signflip_equivalent(diffs, margin: float) -> float | None:
         return None
     return max(p_signflip(d, -margin), p_signflip(-d, -margin))
 
-
-# --- whole-seed bootstrap --------------------------------------------------------------------
 
 def seed_draws(n_seeds: int, draws: int, key: str) -> np.ndarray:
     """(draws, n_seeds) seed indices drawn with replacement, reproducibly from `key`."""
@@ -170,8 +164,6 @@ def p_bootstrap(null_side: np.ndarray) -> float:
     """The share of draws on the null side, the observed sample counted as one more."""
     return float((1 + null_side.sum()) / (len(null_side) + 1))
 
-
-# --- the monotone fit ---------------------------------------------------------------------------
 
 def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted non-decreasing least-squares fit of each row of `means` (rows x points): fit_i =

@@ -166,8 +166,7 @@ def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.Dat
 
 
 def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
-    """Runs of another framework next to their twin (same identity) of the primary one, with
-    the largest val loss difference over the eval steps both logged."""
+    """Other-framework runs beside their primary twin, with their largest val loss gap."""
     t = runs.table.select("run", "framework", "identity", "depth", "arm", "lr", "seed",
                           "status", "final_val_loss")
     base = t.filter(pl.col("framework") == framework).unique(subset="identity", keep="first",
@@ -193,8 +192,7 @@ def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
 
 def load_study(path: str | os.PathLike, options: ReportOptions | M.Options | None = None
                ) -> Study:
-    """The `Study` the report is built from, of every run under `path` (docs/analysis.md);
-    `options` is a ReportOptions or a metrics.Options. Bad input: a one-line UsageError."""
+    """The report's `Study` of every run under `path` (docs/analysis.md)."""
     if options is None:
         options = ReportOptions()
     elif isinstance(options, M.Options):
@@ -212,8 +210,7 @@ def _design(study: Study) -> pl.LazyFrame:
 
 
 def training_curves(study: Study) -> pl.DataFrame:
-    """Train and val loss against step of the study's runs, with their design columns (the
-    logs' own `lr` is the scheduled one: left out)."""
+    """Train and val loss against step of the study's runs, with their design."""
     return (study.runs.metrics.select("run", "step", "tokens", "train_loss", "val_loss")
             .join(_design(study), on="run")
             .select(*DESIGN, "step", "tokens", "train_loss", "val_loss")
@@ -222,8 +219,7 @@ def training_curves(study: Study) -> pl.DataFrame:
 
 
 def probe_curves(study: Study, names: str | list[str] | None = None) -> pl.DataFrame:
-    """Probe values against step (reduced over layers) of the study's runs, with their design
-    columns; `names` keeps only those probes."""
+    """Probe values (over layers) against step of the study's runs, with their design."""
     steps = study.probe_steps.lazy()
     if names is not None:
         steps = steps.filter(pl.col("name").is_in([names] if isinstance(names, str) else names))

@@ -17,8 +17,7 @@ BELOW, ABOVE = "below the LRs tested", "above the LRs tested"
 
 
 def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> np.ndarray:
-    """log10 LR where each row of a monotone fit (rows x LRs; NaN: no data) first reaches
-    `margin`, linear in log LR; -inf when there at its first LR, +inf when never."""
+    """log10 LR where each fit row first reaches `margin` (-inf: at once, +inf: never)."""
     fit = np.atleast_2d(fit)
     valid = ~np.isnan(fit)
     reached = valid & (np.where(valid, fit, -np.inf) >= margin)
@@ -39,8 +38,7 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> n
 
 @dataclass
 class DepthDraws:
-    """One (compared arm, depth): its informative LRs, the onset (log10 LR, +-inf outside the
-    LRs tested), its whole-seed draws, the fit at `lrs` and the most paired seeds of a cell."""
+    """One (compared arm, depth): its LRs, onset (log10 LR), draws, fit and seeds."""
 
     lrs: list[float]
     point: float
@@ -66,8 +64,7 @@ def _fit(means: np.ndarray, counts: np.ndarray, searched: int | None) -> np.ndar
 
 def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float,
                 trained_up_to: float | None = None) -> DepthDraws:
-    """The onset of one depth from its (seeds, LRs) gaps and under each whole-seed draw; the
-    valley is searched up to `trained_up_to` (None: every LR)."""
+    """The onset of one depth's (seeds, LRs) gaps and under each whole-seed draw."""
     searched = None if trained_up_to is None else sum(lr <= trained_up_to for lr in lrs) or None
     log_lrs = np.log10(lrs)
     n = (~np.isnan(values)).sum(axis=0)
@@ -89,8 +86,7 @@ def widened(d: DepthDraws, k: float) -> np.ndarray:
 
 
 def threshold_interval(d: DepthDraws, k: float) -> tuple[float, float]:
-    """The onset's 95% interval (log10 LR): the widened draws' percentile interval, never
-    narrower than the informative LRs either side of the estimate."""
+    """The onset's 95% interval (log10): widened draws, never inside the LRs beside it."""
     lo, hi = S.percentile_interval(widened(d, k))
     if math.isfinite(d.point):
         logs = np.log10(d.lrs)
@@ -114,8 +110,7 @@ def gap_matrix(gaps: pl.DataFrame, seeds: list[int], lrs: list[float]) -> np.nda
 
 def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
                     ) -> dict[tuple[str, int], DepthDraws]:
-    """Per (compared_arm, depth) with >= 2 paired seeds at an informative LR: the onset and its
-    draws (seeds drawn once per arm for the whole study, reproducibly)."""
+    """Per (compared_arm, depth) with >= 2 paired seeds: the onset and its draws."""
     gaps = paired_gaps(points, options)
     out: dict[tuple[str, int], DepthDraws] = {}
     informative = cells.filter(pl.col("informative"))
@@ -212,8 +207,7 @@ def _onset_row(d: DepthDraws, options: Options) -> dict:
 
 def onset_table(gaps: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
                 options: Options) -> pl.DataFrame:
-    """Per (depth, compared_arm): the onset with its 95% interval and the tested rule, from the
-    H1 cells `gaps`."""
+    """Per (depth, compared_arm): the onset, its 95% interval and the tested rule."""
     rows = []
     for (on, depth), g in gaps.sort("lr").group_by("compared_arm", "depth", maintain_order=True):
         tested = tested_rule(g, options.min_gap)

@@ -128,8 +128,6 @@ def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str, fam
             "evidence": "; ".join(p.text for p in parts) or "no paired runs"}
 
 
-# --- H1 -----------------------------------------------------------------------------------------
-
 def h1_direction(informative: pl.DataFrame) -> str:
     """One depth's H1 direction from its informative cells: FOR when off is worse at some LR
     and a lower LR shows no difference; AGAINST when on is worse anywhere, or off worse at
@@ -195,8 +193,6 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                 "at low LR, large at high LR", parts, "depths", family)
 
 
-# --- H2 -----------------------------------------------------------------------------------------
-
 def _h2(on: str, h2: pl.DataFrame) -> dict:
     """Two parts, max usable LR and LR sensitivity, each decided on its pooled tests."""
     mine = h2.filter(pl.col("compared_arm") == on)
@@ -228,8 +224,6 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
     return _row("H2", on, f"{control_words(on)} raises the max usable LR and lowers LR "
                 "sensitivity", parts, "measures", family, verdict, S.HOLM)
 
-
-# --- H3 -----------------------------------------------------------------------------------------
 
 def _h3(on: str, h3: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
     claim = "the onset LR falls with depth"
