@@ -1,8 +1,6 @@
-"""Calibration of the analysis plan: the whole procedure (the seed rule, the bisection, the
-onset, H1-H3's verdicts: analysis.verdicts.study_verdicts) run on simulated studies of known
-truth (analysis.simulate), counting every kind of false claim and measuring power and the
-coverage of the onset's and H3's slope intervals (`just calibrate`; docs/report.md).
-"""
+"""Calibration of the analysis plan (`just calibrate`; docs/report.md): the whole procedure run
+on simulated studies of known truth (analysis.simulate), counting every kind of false claim and
+measuring power and the coverage of the onset's and H3's slope intervals."""
 
 from __future__ import annotations
 
@@ -25,11 +23,9 @@ from .simulate import (DEPTHS, LRS, NOISE, REFINE_STEPS, SCENARIOS, SLOPE_TOLERA
 from .verdicts import study_verdicts
 
 
-# --- the truth and the claims -------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Truth:
-    """What the noiseless study says, the yardstick of every claim."""
+    """What the noiseless study says: the yardstick of every claim."""
 
     h1: bool
     usable_effect: float  # log(on / off) of the failure edges above the best LR, over depths
@@ -39,7 +35,6 @@ class Truth:
 
 
 def _edge(world: World, depth: int, arm: str) -> float:
-    """log10 of the first LR at which a noiseless curve fails (diverges or degrades)."""
     degrade = world.degrade[(depth, arm)][0] if world.degrade else math.inf
     return min(float(world.boundary[(depth, arm)][0]), float(degrade),
                math.log10(world.noise.collapse_lr))
@@ -55,40 +50,18 @@ def truth_of(scenario: Scenario, noise: Noise, seeds: int, options: Options) -> 
                                            for d in DEPTHS]))
     if scenario.onset is None:
         return Truth(False, usable, drop, {d: math.inf for d in DEPTHS}, math.nan)
-    onsets = {d: mean_crossing(scenario, d, options.min_gap, noise.onset_sd) for d in DEPTHS}
+    onsets = {d: math.log10(scenario.onset[d]) for d in DEPTHS}
     slope = float(np.polyfit(np.log2(DEPTHS), [onsets[d] for d in DEPTHS], 1)[0])
     if abs(slope) < SLOPE_TOLERANCE:  # polyfit's rounding of an equal onset (2.5e-16) is 0
         slope = 0.0
     return Truth(True, usable, drop, onsets, slope)
 
 
-def mean_crossing(scenario: Scenario, depth: int, margin: float, onset_sd: float) -> float:
-    """log10 of the LR where the expected gap over seeds reaches `margin`, the onset the
-    estimator targets: the planted onset, or with per-seed onsets the flatter seed-mean
-    curve's crossing."""
-    if onset_sd == 0:
-        return math.log10(scenario.onset[depth])  # type: ignore[index]
-    shifts, weights = np.polynomial.hermite.hermgauss(40)
-    shifts, weights = onset_sd * np.sqrt(2) * shifts, weights / np.sqrt(np.pi)
-
-    def mean_gap(x: float) -> float:
-        return float(sum(w * true_gap(scenario, depth, 10 ** x, margin, z)
-                         for z, w in zip(shifts, weights)))
-
-    lo, hi = -6.0, 2.0
-    for _ in range(60):  # the seed-mean logistic rises in log LR: bisection
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if mean_gap(mid) < margin else (lo, mid)
-    return (lo + hi) / 2
-
-
 def supported(verdict: str) -> bool:
-    """A verdict that claims support, in whole or in part."""
     return verdict.startswith(("supported", "partly supported"))
 
 
 def _score_h1(world: World, truth: Truth, verdict: str, gaps: pl.DataFrame, m: float) -> dict:
-    """H1's verdict, and whether any cell claim is false against the noiseless gap at its LR."""
     bad_worse = bad_same = False
     for depth, lr, decision in gaps.select("depth", "lr", "decision").iter_rows():
         g = true_gap(world.scenario, depth, lr, m)
@@ -101,7 +74,6 @@ def _score_h1(world: World, truth: Truth, verdict: str, gaps: pl.DataFrame, m: f
 
 
 def _score_h2(truth: Truth, h2: pl.DataFrame, options: Options) -> dict:
-    """Each H2 measure's pooled decision against its noiseless effect and margin."""
     pooled = h2.filter(pl.col("depth").is_null())
     decision = dict(zip(pooled["measure"], pooled["decision"]))
     out = {}
@@ -119,7 +91,6 @@ def _score_h2(truth: Truth, h2: pl.DataFrame, options: Options) -> dict:
 
 
 def _score_h3(truth: Truth, verdict: str, h3: pl.DataFrame, slope_margin: float) -> dict:
-    """H3's claims against the planted slope, and the slope interval's coverage."""
     row = h3.row(0, named=True) if h3.height else None
     d = row["decision"] if row else None
     s = truth.slope
@@ -135,8 +106,7 @@ def _score_h3(truth: Truth, verdict: str, h3: pl.DataFrame, slope_margin: float)
 
 
 def _onset_coverage(truth: Truth, onsets: pl.DataFrame) -> float:
-    """The share of depths whose onset interval holds the true onset, over the depths whose
-    true onset lies inside the grid (NaN: none)."""
+    """The share of depths with a true onset inside the grid whose interval holds it."""
     hits = total = 0
     for r in onsets.iter_rows(named=True):
         t = truth.onsets.get(r["depth"], math.inf)
@@ -150,8 +120,7 @@ def _onset_coverage(truth: Truth, onsets: pl.DataFrame) -> float:
 
 
 def judge(world: World, truth: Truth, options: Options) -> dict[str, float]:
-    """Run the procedure on one simulated study and score every claim against the truth: 1
-    where a claim of that kind was made and false (or, for power and coverage, held)."""
+    """Every claim of one simulated study scored against the truth (1: made and false)."""
     study = study_verdicts(sweep(world), options)
     verdict = dict(zip(study.verdicts["hypothesis"], study.verdicts["verdict"]))
     return {**_score_h1(world, truth, verdict["H1"], study.gaps, options.min_gap),
@@ -165,32 +134,28 @@ KINDS = ("false supported", "false not supported", "false no difference", "false
 
 
 def _split(key: str) -> tuple[str, str]:
-    """"H2 max usable LR false supported" -> ("H2 max usable LR", "false supported")."""
     kind = next(k for k in KINDS if key.endswith(k))
     return key[: -len(kind)].strip(), kind
 
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
               scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
-              base_seed: int = 0, refine_steps: int = REFINE_STEPS) -> pl.DataFrame:
-    """Per scenario and claim over `studies` simulated studies: how many made it, its rate and
-    the upper end of its 95% Clopper-Pearson interval (false claims), the rate (power, where
-    the hypothesis is true) or the mean coverage."""
+              base_seed: int = 0) -> pl.DataFrame:
+    """Per scenario and claim: count, rate and Clopper-Pearson bound, or mean coverage."""
     options = options or Options()
     rows = []
     for name in scenarios:
         scenario = SCENARIOS[name]
         truth = truth_of(scenario, noise, seeds, options)
         rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
-        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng,
-                                   refine_steps=refine_steps), truth,
+        scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
                         replace(options, draw_key=f"#{name}/{i}")) for i in range(studies)]
         for key in scores[0]:
             what, kind = _split(key)
             values = np.array([s[key] for s in scores], float)
             values = values[np.isfinite(values)]
             if kind == "power" and not _true(what, truth, options):
-                continue  # no power to speak of where the hypothesis is false
+                continue  # no power where the hypothesis is false
             false = kind.startswith("false")
             n = len(values)
             hits = int(values.sum()) if kind != "coverage" else None
@@ -216,7 +181,6 @@ def _true(what: str, truth: Truth, options: Options) -> bool:
 
 
 def markdown(table: pl.DataFrame) -> str:
-    """The table as docs/report.md shows it."""
     lines = ["| scenario | hypothesis | claim | studies | rate | 95% upper bound |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in table.iter_rows(named=True):
@@ -245,56 +209,37 @@ keys (defaults shown):
   scenarios=   comma-separated, of: null, same onset, one decade per doubling, half a decade
                per doubling, sharp onset (default: all)
   runs=        a runs folder (e.g. runs/mini) to fit the noise from; default: the noise fitted
-               from the earlier mini
-  onset_sd=0   decades: each seed's onset shifted by N(0, onset_sd)
-  refine_steps=2  boundary-bisection steps per curve (the mini preset's)"""
+               from the earlier mini"""
 
 
 @dataclass(frozen=True)
 class CalibrateArgs:
-    """The calibrate command's key=value words."""
-
     studies: int = 300
     seeds: int = 5
     scenarios: str = ""
     runs: str = ""
-    onset_sd: float = 0.0
-    refine_steps: int = REFINE_STEPS
-
-
-def _noise(args: CalibrateArgs) -> Noise:
-    noise = NOISE
-    if args.runs:
-        from .load import load_runs
-        from .study import analyse
-
-        noise = fit_noise(analyse(load_runs(args.runs)).points)
-    if not (math.isfinite(args.onset_sd) and args.onset_sd >= 0):
-        raise UsageError(f"onset_sd must be a number >= 0 (decades), not {args.onset_sd}")
-    if args.onset_sd:
-        noise = replace(noise, onset_sd=args.onset_sd,
-                        source=f"{noise.source}; per-seed onsets N(0, {args.onset_sd:g} decades)")
-    return noise
 
 
 def cli(argv: list[str]) -> int:
     args = apply_overrides(CalibrateArgs(), split_key_values(argv))
     if args.studies < 1:
         raise UsageError(f"studies must be >= 1, not {args.studies}")
-    if not 0 <= args.refine_steps <= 4:
-        raise UsageError(f"refine_steps must be 0-4 (bisection steps per curve), not "
-                         f"{args.refine_steps}")
     if args.seeds < 2:
         raise UsageError(f"seeds must be >= 2 (a paired test needs two), not {args.seeds}")
     names = tuple(n.strip() for n in args.scenarios.split(",") if n.strip()) or tuple(SCENARIOS)
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         raise UsageError(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}")
-    noise = _noise(args)
+    noise = NOISE
+    if args.runs:
+        from .load import load_runs
+        from .study import analyse
+
+        noise = fit_noise(analyse(load_runs(args.runs)).points)
     t0 = time.perf_counter()
-    table = calibrate(args.studies, args.seeds, noise, names, refine_steps=args.refine_steps)
+    table = calibrate(args.studies, args.seeds, noise, names)
     print(f"noise: {noise.source} (correlation across LRs {noise.correlation:.2f}); "
-          f"{args.seeds} seeds; {args.refine_steps} boundary-bisection step(s) per curve\n")
+          f"{args.seeds} seeds; {REFINE_STEPS} boundary-bisection step(s) per curve\n")
     print(markdown(table))
     false = table.filter(pl.col("claim").str.starts_with("false"))
     worst = false.sort("upper_95").row(-1, named=True)

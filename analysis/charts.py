@@ -1,8 +1,5 @@
-"""Altair charts of the study. Each `*_chart` aggregates in Polars first, then encodes.
-
-Charts get their data inline as plain values (non-finite numbers become null), and are saved
-as PNG and SVG through vl-convert and as a self-contained interactive HTML page.
-"""
+"""Altair charts of the study: the shared look and helpers, the loss chart and the headline.
+Data go inline (non-finite numbers as null); charts are saved as PNG, SVG and HTML."""
 
 from __future__ import annotations
 
@@ -19,50 +16,41 @@ from . import hypotheses as H
 from . import metrics as M
 
 PANEL_W, PANEL_H = 230, 200  # the smallest panel width; the height of a small-multiple panel
-# A chart is sized to fill a report page (content up to ~1460 px wide) at full size: PAGE_W is
-# the width a chart may take with its axes and legend; the page scales it down on narrow screens.
-PAGE_W = 1360
+PAGE_W = 1360  # a chart's width with axes and legend (the page scales it down when narrow)
 LEGEND_W, AXIS_W, SPACING = 200, 70, 20
 MAX_PANEL_W = 1000
 OFF_LABEL = M.arm_words(M.OFF)
 ATTENTION_PROBES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head")
-# Off is always the warm orange, QK-norm arms greens/purples, rival controls further colours.
+# off is always the warm orange, QK-norm arms greens/purples, rival controls further colours
 ARM_COLORS = {M.OFF: "#d95f02", **dict(zip(VARIANTS, ("#1b9e77", "#7570b3", "#1f78b4",
                                                        "#66a61e")))}
 MORE_COLORS = ("#e7298a", "#e6ab02", "#a6761d", "#666666", "#b15928", "#6a3d9a")
 
 
-def arm_label(arm: str) -> str:
-    """The legend entry of an arm: the arm in words (metrics.arm_words)."""
-    return M.arm_words(arm)
-
-
 def arm_expr() -> pl.Expr:
-    """The `arm` column (an arm name) as its legend label."""
-    return pl.col(M.ARM).map_elements(arm_label, return_dtype=pl.String).alias(M.ARM)
+    """The `arm` column in words (the legend's labels)."""
+    return pl.col(M.ARM).map_elements(M.arm_words, return_dtype=pl.String).alias(M.ARM)
 
 
 def arm_scale(arms: list[str]) -> alt.Scale:
     """One colour per arm, the same in every chart: off first, then the arms by name."""
     names = sorted(set(arms), key=lambda k: (k != M.OFF, k not in ARM_COLORS, k))
     rest = iter(MORE_COLORS * (1 + len(names) // len(MORE_COLORS)))
-    return alt.Scale(domain=[arm_label(k) for k in names],
+    return alt.Scale(domain=[M.arm_words(k) for k in names],
                      range=[ARM_COLORS.get(k) or next(rest) for k in names])
 
 
-def panel_width(columns: int, legend: bool = True, total: int = PAGE_W) -> int:
-    """The width of one plot area when `columns` panels side by side (with one y axis and a
-    legend) span `total` pixels; never below PANEL_W (the page then scales the chart down)."""
-    spare = total - (LEGEND_W if legend else 0) - AXIS_W - (max(columns, 1) - 1) * SPACING
+def panel_width(columns: int) -> int:
+    """The width of one of `columns` plot areas side by side on a page; at least PANEL_W."""
+    spare = PAGE_W - LEGEND_W - AXIS_W - (max(columns, 1) - 1) * SPACING
     return int(max(PANEL_W, min(MAX_PANEL_W, spare / max(columns, 1))))
 
 
 LR_LABEL_PX = 46  # room for one LR tick label ("0.0003", "1.73e-5")
 
 
-def lr_ticks(lrs: list[float], width: float, label_px: float = LR_LABEL_PX) -> list[float]:
-    """Tick values for a log LR axis `width` pixels wide: the LRs run when their labels fit,
-    else the powers of ten in range, else every k-th LR run (labels never collide)."""
+def lr_ticks(lrs: list[float], width: float) -> list[float]:
+    """Log LR ticks: the LRs run when they fit, else powers of ten, else every k-th."""
     lrs = sorted({float(v) for v in lrs if v and v > 0})
     if not lrs:
         return []
@@ -70,7 +58,7 @@ def lr_ticks(lrs: list[float], width: float, label_px: float = LR_LABEL_PX) -> l
 
     def fits(ticks: list[float]) -> bool:
         gaps = [width * math.log10(b / a) / span for a, b in zip(ticks, ticks[1:])]
-        return all(g >= label_px for g in gaps)
+        return all(g >= LR_LABEL_PX for g in gaps)
 
     if fits(lrs):
         return lrs
@@ -86,17 +74,10 @@ def lr_ticks(lrs: list[float], width: float, label_px: float = LR_LABEL_PX) -> l
     return lrs[:1]
 
 
-def lr_axis(lrs: list[float], width: float, title: str | None = "learning rate (log)"
-            ) -> alt.Axis:
-    """A log LR axis with labels that never collide ("3e-3", "1.73e-2")."""
+def lr_axis(lrs: list[float], width: float) -> alt.Axis:
+    """A log LR axis whose labels never collide."""
     return alt.Axis(values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
-                    title=title, labelFlush=False)
-
-
-def lr_scale(lrs: list[float], pad: float = 1.3) -> alt.Scale:
-    """A log LR scale over the LRs run (a little margin, no empty decade added by nice)."""
-    lrs = [v for v in lrs if v and v > 0]
-    return alt.Scale(type="log", nice=False, domain=[min(lrs) / pad, max(lrs) * pad])
+                    title="learning rate (log)", labelFlush=False)
 
 
 def finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
@@ -109,22 +90,17 @@ def finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
 
 
 PROBE_WORDS = {
-    "max_attention_logit": "max attention logit",
     "max_attention_logit_capped": "max attention logit after the soft-cap",
     "max_attention_logit_bound": "QK-norm logit bound",
     "attention_entropy_mean": "attention entropy (mean over heads)",
     "attention_entropy_min_head": "attention entropy (lowest head)",
-    "residual_kurtosis": "residual kurtosis",
     "residual_max_abs_over_rms": "residual max |x| / rms",
     "output_logsumexp_mean": "output log-sum-exp (mean)",
-    "output_logit_max": "output logit max",
-    "q_rms": "q rms",
-    "k_rms": "k rms",
 }
 
 
 def probe_words(name: str) -> str:
-    """A probe's name as a readable title ("residual_kurtosis" -> "residual kurtosis")."""
+    """A probe's name as a title ("residual_kurtosis" -> "residual kurtosis")."""
     return PROBE_WORDS.get(name) or name.replace("_", " ")
 
 
@@ -137,25 +113,16 @@ def values(df: pl.DataFrame) -> alt.Data:
 
 
 def lr_brush() -> alt.Parameter:
-    """The LR brush (drag along the LR axis): the report's page filters the other charts by it
-    (analysis/linked.py)."""
+    """The LR brush (drag along the LR axis): the page filters the other charts by it."""
     return alt.selection_interval(name="lr_brush", encodings=["x"], clear="dblclick")
 
-
-def _log_x(lrs: list[float], width: float, title: str = "learning rate (log)") -> alt.X:
-    return alt.X("lr:Q", scale=lr_scale(lrs), axis=lr_axis(lrs, width, title))
-
-
-# --- final loss vs LR -------------------------------------------------------------------------
 
 MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
                                        "another framework's run")
 
 
 def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) -> alt.FacetChart:
-    """Final val loss vs LR per depth: seed mean line, min-max band, diverged runs as crosses
-    at their init loss (Wortsman clipping), other-framework runs as open diamonds."""
-    points = M.with_arm(points)
+    """Final val loss vs LR per depth: seed mean, seed range, diverged runs, twins."""
     p = M.with_losses(points).with_columns(arm_expr())
     cells = (p.group_by("depth", "arm", "lr")
              .agg(loss=pl.col("loss_clipped").mean(), lo=pl.col("loss_clipped").min(),
@@ -166,7 +133,7 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
              .with_columns(kind=pl.lit("diverged"), marker=pl.lit(DIVERGED_MARK)))
     frames = [cells, marks]
     if twins is not None and twins.height:
-        other = (M.with_losses(M.with_arm(twins)).with_columns(arm_expr())
+        other = (M.with_losses(twins).with_columns(arm_expr())
                  .select("depth", "arm", "lr", "framework", loss="loss_clipped", seed="seed")
                  .with_columns(kind=pl.lit("other framework"), marker=pl.lit(OTHER_MARK)))
         frames.append(other)
@@ -180,7 +147,11 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
         domain=shown, range=["circle", "cross", "diamond"][:len(shown)]))
     title = "final val loss (clipped)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
-    base = alt.Chart().encode(x=_log_x(data["lr"].to_list(), width), color=color)
+    lrs = [v for v in data["lr"].to_list() if v and v > 0]
+    x = alt.X("lr:Q", scale=alt.Scale(type="log", nice=False,
+                                      domain=[min(lrs) / 1.3, max(lrs) * 1.3]),
+              axis=lr_axis(lrs, width))
+    base = alt.Chart().encode(x=x, color=color)
     band = base.mark_area(opacity=0.18).encode(
         y=alt.Y("lo:Q", title=title), y2="hi:Q") \
         .transform_filter(alt.datum.kind == "mean")
@@ -192,7 +163,6 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
     div = base.mark_point(size=110, filled=True, strokeWidth=1).encode(
         y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "seed:N"]) \
         .transform_filter(alt.datum.kind == "diverged")
-    # a layer whose filtered data is empty makes Vega warn about infinite extents
     layers = [band, line, mean] + ([div] if marks.height else [])
     if len(frames) == 3:
         layers.append(base.mark_point(size=90, filled=False, strokeWidth=2)
@@ -207,12 +177,10 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
                                     "band: seed range)"))
 
 
-# Row headers read horizontally, above their row (a rotated label is cut at a short panel).
+# row headers read horizontally, above their row (a rotated label is cut at a short panel)
 ROW_HEADER = alt.Header(labelAngle=0, labelOrient="top", labelAnchor="start",
                         labelFontWeight="bold", labelPadding=4)
 
-
-# --- the headline: the answer at a glance ----------------------------------------------------
 
 DECISION_STYLE = {  # decision -> (legend words, colour)
     H.OFF_WORSE: ("off worse (family-adjusted test)", "#c0392b"),
@@ -221,7 +189,6 @@ DECISION_STYLE = {  # decision -> (legend words, colour)
     H.UNDETERMINED: ("undetermined", "#999999"),
 }
 
-
 UNTESTED_WORDS = {H.UNINFORMATIVE: "neither arm learned", H.TOO_FEW: "one seed"}
 BOTH_DIVERGED = "both arms diverged"
 GREYED = "#b0b0b0"  # LRs run without a test: drawn, but never in a decision's colour
@@ -229,16 +196,14 @@ EDGE_MARK = "interval continues beyond the axis"
 
 
 def gap_axis_range(means: list[float], floor: float = 0.05) -> tuple[float, float]:
-    """The y range of a gap chart: the seed-mean gaps and zero with a margin (never less than
-    +-floor nats), so one wide interval cannot flatten every gap onto the zero line."""
+    """The seed-mean gaps and zero with a margin (one wide interval must not flatten them)."""
     lo, hi = min(means + [0.0]), max(means + [0.0])
     pad = max(0.25 * (hi - lo), floor)
     return lo - pad, hi + pad
 
 
 def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
-    """The gap cells with their outcome in words, the y they are drawn at (untested: 0) and
-    their interval cut to the y range, which spans the tested seed-mean gaps."""
+    """The gap cells with their outcome in words, y and interval cut to the y range."""
     words = {k: v[0] for k, v in DECISION_STYLE.items()} | UNTESTED_WORDS
     both_diverged = ((pl.col("off_diverged") >= pl.col("pairs"))
                      & (pl.col("on_diverged") >= pl.col("pairs")))
@@ -259,8 +224,7 @@ def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
 
 def _headline_rules(cells: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame,
                     lo: float, hi: float, y_top: float) -> pl.DataFrame:
-    """Per panel the onset (with its interval as a band) and off's first divergent LR, each
-    clipped to the LR axis [lo, hi] and labelled as beyond it when it is."""
+    """Per panel the onset with its band and off's first divergent LR, on the axis."""
     panels = cells.select("depth", "compared_arm", "compared").unique()
     onset = (thresholds.join(panels, on=["depth", "compared_arm"])
              .filter(pl.col("onset_lr").is_not_null())
@@ -310,11 +274,7 @@ def _headline_layers(x: alt.X, x_scale: alt.Scale, y_scale: alt.Scale, color: al
 
 def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame
                    ) -> alt.Chart:
-    """Per depth (one row per compared arm): the paired gap off minus on with its 95% interval
-    at every LR run in both arms, coloured by the cell's decision; cells without a test greyed
-    at zero and labelled; an interval beyond the y axis cut and marked with a triangle. The
-    onset is a black rule with its 95% interval as a grey band, off's first divergent LR
-    (seed geometric mean) a dashed rule."""
+    """Per depth and compared arm: the gap off minus on by LR, coloured by decision."""
     if gaps.is_empty():
         return _empty("no LR run in both arms yet")
     cells, y_lo, y_hi = _headline_cells(gaps)
@@ -364,18 +324,14 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
 
 
 def _empty(message: str) -> alt.Chart:
-    """A small chart that says why there is nothing to draw (so a report never breaks)."""
+    """A small chart that says why there is nothing to draw."""
     return (alt.Chart(alt.Data(values=[{"message": message}])).mark_text(size=14)
             .encode(text="message:N").properties(width=panel_width(1), height=40))
 
 
-
-# --- saving -----------------------------------------------------------------------------------
-
 def save_chart(chart: alt.TopLevelMixin | dict, folder: Path, name: str,
                scale: float = 2.0) -> dict[str, Path]:
-    """Write <name>.png, .svg and .html (self-contained, interactive) from a chart or its
-    Vega-Lite dict (`chart.to_dict()` validates against the schema, so do it once)."""
+    """Write <name>.png, .svg and .html (self-contained) from a chart or its Vega-Lite dict."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = chart if isinstance(chart, dict) else chart.to_dict()
     paths = {ext: folder / f"{name}.{ext}" for ext in ("png", "svg", "html")}

@@ -3,6 +3,8 @@ gaps and cell decisions agree, and their verdicts, for the report's comparison s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import altair as alt
 import polars as pl
 
@@ -10,12 +12,22 @@ from . import charts as C
 from .study import Study
 
 
+def comparison(study: Study, other: Study, runs_dir: str | Path, other_dir: str | Path) -> dict:
+    """The comparison section's tables, sentences and chart."""
+    a, b = Path(runs_dir).name, Path(other_dir).name
+    if a == b:
+        a, b = str(runs_dir), str(other_dir)
+    gaps = gap_agreement(study, other)
+    verdicts = verdict_agreement(study, other)
+    return {"a": a, "b": b, "gaps": gaps, "verdicts": verdicts,
+            "sentences": sentences(gaps, verdicts, a, b), "chart": gap_scatter(gaps, a, b)}
+
+
 KEYS = ["compared_arm", "depth", "lr"]
 
 
 def gap_agreement(a: Study, b: Study) -> pl.DataFrame:
-    """Per (compared arm, depth, LR) run in both sweeps: each one's seed-mean gap with its 95%
-    interval and decision, whether the decisions agree and whether the intervals overlap."""
+    """Per cell run in both sweeps: both gaps and whether decisions and intervals agree."""
     cols = ["mean_gap", "ci_lo", "ci_hi", "pairs", "decision"]
     left = a.gaps.select(*KEYS, *cols)
     right = b.gaps.select(*KEYS, *[pl.col(c).alias(f"{c}_b") for c in cols])
@@ -60,8 +72,7 @@ def sentences(gaps: pl.DataFrame, verdicts: pl.DataFrame, a: str, b: str) -> lis
 
 
 def gap_scatter(gaps: pl.DataFrame, a: str, b: str) -> alt.Chart:
-    """Each cell's seed-mean gap in one sweep against the other's, with both intervals; on the
-    diagonal the two agree."""
+    """Each cell's seed-mean gap in one sweep against the other's (on the diagonal: equal)."""
     if gaps.is_empty():
         return C._empty("no (depth, LR) cell run in both sweeps")
     data = gaps.with_columns(agreement=pl.when("decisions_agree").then(pl.lit("same decision"))

@@ -1,10 +1,7 @@
-"""Explore a runs folder: verdicts, gaps, training and probe curves for a chosen slice.
-
-A marimo notebook (docs/analysis.md): `just explore runs/mini`, or
-`marimo edit analysis/explore.py -- runs/mini`; `marimo export html analysis/explore.py
--o out.html -- runs/mini` writes it as one page; `python analysis/explore.py -- runs/mini` runs
-it headless. The runs folder is the first argument after `--` (RUNS_DIR, as in
-`python -m analysis report RUNS_DIR`); default runs/demo. Every number comes from `analysis.load_study`, the report's own.
+"""Explore a runs folder in a marimo notebook (docs/analysis.md): `just explore runs/mini`, or
+`marimo edit analysis/explore.py -- runs/mini`; `python analysis/explore.py -- runs/mini` runs
+it headless. The runs folder (default runs/demo) comes after `--`; every number comes from
+`analysis.load_study`, the report's own.
 """
 
 import marimo
@@ -15,7 +12,7 @@ app = marimo.App(width="full", app_title="QK-norm study explorer")
 
 @app.cell(hide_code=True)
 def _(mo, runs_dir, study):
-    # the first thing on the page is the answer: the verdicts, then what was left out and why
+    # the answer first: the verdicts, then what was left out and why
     _notes = [*study.notes, *study.runs.warnings]
     _verdicts = study.verdicts.select(
         "hypothesis", "compared_arm", "verdict", "measured", "seeds", "family_size", "correction",
@@ -44,16 +41,16 @@ def _():
 
     from analysis import charts as C
     from analysis import plots as P
+    from analysis.metrics import arm_words
     from analysis.study import load_study, probe_curves, training_curves
     from qkstudy.errors import UsageError
 
-    return (C, P, Path, UsageError, alt, load_study, mo, pl, probe_curves, sys,
+    return (C, P, Path, UsageError, alt, arm_words, load_study, mo, pl, probe_curves, sys,
             training_curves)
 
 
 @app.cell
 def _(Path, mo, sys):
-    # the runs folder is the first word after `--`, as RUNS_DIR of `python -m analysis report`
     _bare = [a for a in sys.argv[1:] if a != "--" and not a.startswith("-")]
     _default = (mo.notebook_dir() or Path("analysis")).parent / "runs" / "demo"
     runs_dir = Path(_bare[0] if _bare else _default)
@@ -72,9 +69,8 @@ def _(UsageError, load_study, mo, runs_dir, sys):
 
 
 @app.cell
-def _(C, mo, study):
-    # the choices: every depth, arm and LR by default (the answer needs every LR: the largest
-    # gap may sit at any of them); fewer LRs make the curve panels larger
+def _(C, arm_words, mo, study):
+    # every depth, arm and LR by default: the largest gap may sit at any LR
     _depths = sorted(study.points["depth"].unique().to_list())
     _arms = sorted(study.points["arm"].unique().to_list(),
                    key=lambda a: (a != "none", a))
@@ -83,8 +79,8 @@ def _(C, mo, study):
     _probe = next((p for p in C.ATTENTION_PROBES if p in _probes), _probes[0] if _probes else None)
     depth_pick = mo.ui.multiselect({str(d): d for d in _depths}, value=[str(d) for d in _depths],
                                    label="depth")
-    arm_pick = mo.ui.multiselect({C.arm_label(a): a for a in _arms},
-                                 value=[C.arm_label(a) for a in _arms], label="arms")
+    arm_pick = mo.ui.multiselect({arm_words(a): a for a in _arms},
+                                 value=[arm_words(a) for a in _arms], label="arms")
     lr_pick = mo.ui.multiselect({f"{lr:g}": lr for lr in _lrs},
                                 value=[f"{lr:g}" for lr in _lrs], label="learning rates")
     probe_pick = mo.ui.dropdown({C.probe_words(p) + f" ({p})": p for p in _probes},
@@ -100,7 +96,6 @@ def _(C, mo, study):
 
 @app.cell
 def _(arm_pick, depth_pick, lr_pick, pl, study):
-    # the selection as one filter; gaps are keyed by the compared arm (off is always one side)
     picked = (pl.col("depth").is_in(depth_pick.value) & pl.col("lr").is_in(lr_pick.value))
     picked_runs = study.points.filter(picked & pl.col("arm").is_in(arm_pick.value))
     picked_gaps = study.gaps.filter(picked & pl.col("compared_arm").is_in(arm_pick.value))
@@ -109,16 +104,13 @@ def _(arm_pick, depth_pick, lr_pick, pl, study):
 
 @app.cell(hide_code=True)
 def _(C, mo, pl, picked_gaps, study):
-    # the gap table: off minus on per depth and LR with its interval and the cell's decision
     _cols = ["depth", "compared_arm", "lr", "pairs", "mean_gap", "ci_lo", "ci_hi", "p_off_worse",
              "q_off_worse", "q_equivalent", "family_size", "decision", "seed_gaps"]
     _depths = picked_gaps["depth"].unique()
     _thresholds = study.thresholds.filter(pl.col("depth").is_in(_depths.implode()))
-    # the headline at the report's full width (the notebook is full width too)
-    _headline = C.headline_chart(picked_gaps, _thresholds, study.arms)
     mo.vstack([
         mo.md("## Off minus on: the paired final-loss gap (nats; > 0: QK-norm off is worse)"),
-        _headline,
+        C.headline_chart(picked_gaps, _thresholds, study.arms),
         mo.ui.table(picked_gaps.select(_cols), selection=None, show_column_summaries=False,
                     format_mapping={**{c: "{:+.3f}" for c in ("mean_gap", "ci_lo", "ci_hi")},
                                     **{c: "{:.2g}" for c in _cols if c[:2] in ("p_", "q_")}},
@@ -133,53 +125,55 @@ def _(C, mo, pl, picked_gaps, study):
 
 
 @app.cell
-def _(pl, picked_runs, study, training_curves):
-    # train loss is logged every few steps: a mean over ~100 bins per run keeps the page light
-    _curves = training_curves(study).filter(pl.col("run").is_in(picked_runs["run"].implode()))
-    _bin = max(1, (_curves["step"].max() or 0) // 100)
-    _keys = ["run", "depth", "arm", "lr", "seed"]
-    _train = (_curves.filter(pl.col("train_loss").is_finite())
-              .group_by(*_keys, (pl.col("step") // _bin * _bin).alias("step"))
-              .agg(loss=pl.col("train_loss").mean())
-              .with_columns(curve=pl.lit("train (binned)")))
-    _val = (_curves.filter(pl.col("val_loss").is_finite())
-            .select(*_keys, "step", loss="val_loss").with_columns(curve=pl.lit("val")))
-    curve_data = pl.concat([_train, _val]).sort(*_keys, "curve", "step")
-    return (curve_data,)
-
-
-@app.cell(hide_code=True)
-def _(C, P, alt, curve_data, mo, picked_runs):
-    def _chart():
-        if curve_data.is_empty():
-            return mo.md("_no runs in the selection_")
-        data = P.with_lr_label(curve_data).with_columns(C.arm_expr())
+def _(C, P, alt, picked_runs):
+    def seed_lines(data, mark, y, title, **encoding):
+        """One line per seed, coloured by arm, one panel per depth and LR."""
+        data = P.with_lr_label(data).with_columns(C.arm_expr())
         lrs = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
-        # as in the report, the axis ends a little above the initial loss: a diverging run
-        # leaves it instead of flattening every other curve
-        top = (picked_runs["init_loss"].max() or data["loss"].max()) * 1.1
-        y = alt.Scale(zero=False, domainMax=top)
+        color = alt.Color("arm:N", scale=C.arm_scale(picked_runs["arm"].to_list()), title="arm")
         return C.finish(
-            alt.Chart(C.values(data)).mark_line(strokeWidth=1.2, opacity=0.8, clip=True)
-            .encode(x=alt.X("step:Q"), y=alt.Y("loss:Q", title="loss (nats)", scale=y),
-                    color=alt.Color("arm:N", scale=C.arm_scale(picked_runs["arm"].to_list()),
-                                    title="arm"),
-                    strokeDash=alt.StrokeDash("curve:N", title="curve"),
-                    detail="seed:N",
-                    tooltip=["arm:N", "lr:Q", "seed:Q", "curve:N", "step:Q",
-                             alt.Tooltip("loss:Q", format=".3f")])
+            alt.Chart(C.values(data)).mark_line(strokeWidth=1.2, opacity=0.8, **mark)
+            .encode(x=alt.X("step:Q"), y=y, color=color, detail="seed:N", **encoding)
             .properties(width=180, height=150)
             .facet(row=alt.Row("depth:O", title="depth"),
                    column=alt.Column("lr_label:O", title="learning rate", sort=lrs))
-            .resolve_scale(x="independent")
-            .properties(title="Training curves: one line per seed"))
+            .resolve_scale(x="independent").properties(title=title))
+
+    return (seed_lines,)
+
+
+@app.cell(hide_code=True)
+def _(alt, mo, picked_runs, pl, seed_lines, study, training_curves):
+    def _chart():
+        curves = training_curves(study).filter(pl.col("run").is_in(picked_runs["run"].implode()))
+        if curves.is_empty():
+            return mo.md("_no runs in the selection_")
+        # train loss is logged every few steps: ~100 bin means per run keep the page light
+        step = max(1, (curves["step"].max() or 0) // 100)
+        keys = ["run", "depth", "arm", "lr", "seed"]
+        train = (curves.filter(pl.col("train_loss").is_finite())
+                 .group_by(*keys, (pl.col("step") // step * step).alias("step"))
+                 .agg(loss=pl.col("train_loss").mean())
+                 .with_columns(curve=pl.lit("train (binned)")))
+        val = (curves.filter(pl.col("val_loss").is_finite())
+               .select(*keys, "step", loss="val_loss").with_columns(curve=pl.lit("val")))
+        data = pl.concat([train, val]).sort(*keys, "curve", "step")
+        # as in the report, the axis ends a little above the initial loss
+        top = (picked_runs["init_loss"].max() or data["loss"].max()) * 1.1
+        return seed_lines(
+            data, {"clip": True}, alt.Y("loss:Q", title="loss (nats)",
+                                        scale=alt.Scale(zero=False, domainMax=top)),
+            "Training curves: one line per seed",
+            strokeDash=alt.StrokeDash("curve:N", title="curve"),
+            tooltip=["arm:N", "lr:Q", "seed:Q", "curve:N", "step:Q",
+                     alt.Tooltip("loss:Q", format=".3f")])
 
     mo.vstack([mo.md("## Training curves"), _chart()])
     return
 
 
 @app.cell(hide_code=True)
-def _(C, P, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, study):
+def _(C, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, seed_lines, study):
     def _chart():
         if probe_pick.value is None:
             return mo.md("_these runs logged no probes_")
@@ -189,24 +183,12 @@ def _(C, P, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, study):
             data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
         if data.is_empty():
             return mo.md("_no probe values in the selection_")
-        data = P.with_lr_label(data).with_columns(C.arm_expr())
-        lrs = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
+        name = C.probe_words(probe_pick.value)
         scale = alt.Scale(type="log") if log_y.value else alt.Scale(zero=False)
-        return C.finish(
-            alt.Chart(C.values(data)).mark_line(strokeWidth=1.2, opacity=0.8, point=True)
-            .encode(x=alt.X("step:Q"),
-                    y=alt.Y("value:Q", title=C.probe_words(probe_pick.value), scale=scale),
-                    color=alt.Color("arm:N", scale=C.arm_scale(picked_runs["arm"].to_list()),
-                                    title="arm"),
-                    detail="seed:N",
-                    tooltip=["arm:N", "lr:Q", "seed:Q", "step:Q",
-                             alt.Tooltip("value:Q", format=".4g")])
-            .properties(width=180, height=150)
-            .facet(row=alt.Row("depth:O", title="depth"),
-                   column=alt.Column("lr_label:O", title="learning rate", sort=lrs))
-            .resolve_scale(x="independent")
-            .properties(title=f"{C.probe_words(probe_pick.value)} against step "
-                              "(reduced over layers as in the report), one line per seed"))
+        return seed_lines(
+            data, {"point": True}, alt.Y("value:Q", title=name, scale=scale),
+            f"{name} against step (reduced over layers as in the report), one line per seed",
+            tooltip=["arm:N", "lr:Q", "seed:Q", "step:Q", alt.Tooltip("value:Q", format=".4g")])
 
     mo.vstack([mo.md("## Probe curves"), _chart()])
     return

@@ -1,19 +1,7 @@
-"""The tests of H1-H3, fixed by the analysis plan (docs/report.md) before any data: which claims,
-which test, which family each belongs to. The labels that turn them into verdicts are
-analysis.verdicts; the measures they test are analysis.metrics and analysis.threshold.
-
-- H1, per (depth, compared arm, LR) cell, three claims on the paired gaps (off minus on):
-  off worse by more than the margin (one-sided t-test of mean > min_gap), on worse by more than
-  the margin (mean < -min_gap), no difference (TOST, |mean| < min_gap); per depth one more, off's
-  best loss worse than on's. One family per compared arm, Benjamini-Hochberg.
-- H2, pooled over depths, one unit per (depth, seed): max usable LR (log ratio on / off) and
-  LR sensitivity (off minus on), each with for (beyond +margin), against (beyond -margin) and
-  equivalent (within lr_ratio_margin or min_gap), by the exact sign-flip test (the ratios take
-  a few grid values: ties). "Equivalent" is tested only where every boundary is bracketed to
-  equivalence_bracket (x1.41) or finer. One family per compared arm, Holm.
-- H3, the slope of log10(onset) against log2(depth), with whole-seed bootstrap tests of
-  falls (< 0), rises (> 0) and equal (|slope| < slope_margin). One family per arm, Holm.
-"""
+"""The tests of H1-H3, fixed by the analysis plan (docs/report.md) before any data: H1 per
+(depth, compared arm, LR) cell on the paired gaps (Benjamini-Hochberg per arm), H2 pooled over
+depths by exact sign-flip tests (Holm), H3 the onset's slope against depth (bootstrap, Holm).
+The verdicts they bear are analysis.verdicts."""
 
 from __future__ import annotations
 
@@ -34,9 +22,8 @@ from .metrics import (
     paired_gaps,
     with_losses,
 )
-from .threshold import BELOW, DepthDraws, threshold_draws
+from .threshold import BELOW, DepthDraws
 
-# The outcome of one (depth, LR) cell, decided on the family-adjusted tests (docs/report.md)
 OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
     "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
 
@@ -58,13 +45,8 @@ BEST_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "pairs": pl.Int64,
                "decision": pl.String}
 
 
-# --- H1 -----------------------------------------------------------------------------------------
-
 def _cell(g: dict[str, list], options: Options) -> dict:
-    """One (depth, compared_arm, lr) cell's gaps with their interval and raw one-sided p-values
-    (`g`: the cell's paired_gaps rows as columns, in seed order). A cell where no run of either
-    arm learned (each diverged or degraded) is uninformative: it tells nothing about whether
-    the control is needed and is not tested."""
+    """One cell's interval and raw p-values (`g`: its paired_gaps columns)."""
     values = g["gap"]
     n = len(values)
     off_failed = [a or b for a, b in zip(g["diverged_off"], g["degraded_off"])]
@@ -73,9 +55,7 @@ def _cell(g: dict[str, list], options: Options) -> dict:
     tested = n >= 2 and not failed
     m = options.min_gap
     lo, hi = S.interval(values) if n >= 2 else (None, None)
-    # a run that diverged counts as its initial loss, ~2.5 nats above a trained one: a gap made
-    # by a divergence is a yes/no event a t-test would read as a precise number, so a cell where
-    # any run diverged is tested by the exact sign-flip tests (2^-n at best)
+    # a gap made by a divergence is a yes/no event, not a precise number: sign-flip tests
     mixed = any(g["diverged_off"]) or any(g["diverged_on"])
     greater = S.p_signflip if mixed else S.p_greater
     return {
@@ -106,8 +86,7 @@ def _decide(cell: dict, alpha: float) -> str:
 
 
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, compared_arm, seed): each arm's best final loss over every LR run (its own optimal
-    LR) and gap = off - on. Seeds where either arm never finished with a finite loss are out."""
+    """Per (depth, compared_arm, seed): each arm's best finite final loss."""
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
     off = best.filter(pl.col(ARM) == OFF).drop(ARM)
@@ -121,23 +100,15 @@ def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(gap cells, best-loss gaps): every test of H1's family, adjusted together per compared_arm
-    (module docstring). The `needed` column is filled by `mark_needed` once the onset is
-    known."""
-    gaps = paired_gaps(points, options)
-    bests = best_loss_gaps(points)
-    cells, best_rows = [], []
-    by_cell: dict[tuple, dict[str, list]] = {}
-    columns = ("gap", "diverged_off", "degraded_off", "diverged_on", "degraded_on", "loss_off",
-               "loss_on")
-    for row in gaps.sort("compared_arm", "depth", "lr", "seed").iter_rows(named=True):
-        cell = by_cell.setdefault((row["compared_arm"], row["depth"], row["lr"]),
-                                  {c: [] for c in columns})
-        for c in columns:
-            cell[c].append(row[c])
-    for (on, depth, lr), g in by_cell.items():
-        cells.append({"depth": depth, "compared_arm": on, "lr": lr, **_cell(g, options)})
-    for (on, depth), g in bests.group_by("compared_arm", "depth", maintain_order=True):
+    """(gap cells, best-loss gaps): H1's family, adjusted per compared arm."""
+    gaps = paired_gaps(points, options).sort("compared_arm", "depth", "lr", "seed")
+    cells = [{"depth": depth, "compared_arm": on, "lr": lr,
+              **_cell(g.to_dict(as_series=False), options)}
+             for (on, depth, lr), g in gaps.group_by("compared_arm", "depth", "lr",
+                                                      maintain_order=True)]
+    best_rows = []
+    for (on, depth), g in best_loss_gaps(points).group_by("compared_arm", "depth",
+                                                          maintain_order=True):
         values = (g["best"] - g["best_on"]).to_list()
         lo, hi = S.interval(values)
         best_rows.append({"depth": depth, "compared_arm": on, "pairs": len(values),
@@ -175,8 +146,6 @@ def mark_needed(gaps: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
             .sort("compared_arm", "depth", "lr"))
 
 
-# --- H2 -----------------------------------------------------------------------------------------
-
 H2_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "measure": pl.String, "role": pl.String,
              "pairs": pl.Int64, "effect": pl.Float64, "ci_lo": pl.Float64, "ci_hi": pl.Float64,
              "unit": pl.String, "per_seed": pl.String, "resolution": pl.Float64,
@@ -192,9 +161,7 @@ PRIMARY, PER_DEPTH = "primary", "per depth (descriptive)"
 
 def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measure: str
               ) -> pl.DataFrame:
-    """One row per (depth, seed) measured in both arms: diff (log(on / off) of the max usable
-    LR, off - on of LR sensitivity), off_censored (off never failed above its best LR: a lower
-    bound only) and resolution (the coarser bracket of the two arms' boundaries)."""
+    """Per (depth, seed) in both arms: diff (on vs off), off_censored and resolution."""
     if measure == SENSITIVITY:
         s = sensitivity.drop_nulls("lr_sensitivity")
         off = s.filter(pl.col(ARM) == OFF).select("depth", "seed", off="lr_sensitivity")
@@ -217,12 +184,10 @@ def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measur
 
 def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataFrame,
             options: Options, seed_ids: list[int]) -> dict:
-    """One H2 row: the effect with its whole-seed interval and, for pooled rows, the exact
-    sign-flip tests."""
+    """One H2 row: the effect, its whole-seed interval and (pooled rows) the sign-flip tests."""
     diffs = units["diff"].to_list()
     log_scale = measure == MAX_USABLE
     margin = math.log(options.lr_ratio_margin) if log_scale else options.min_gap
-    # the interval: seeds resampled whole (each brings its value at every depth)
     depths = sorted(set(units["depth"].to_list()))
     matrix = np.full((len(seed_ids), len(depths)), np.nan)
     for d, s, x in units.select("depth", "seed", "diff").iter_rows():
@@ -249,15 +214,13 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
            "per_seed": ", ".join((f"x{math.exp(x):.3g}" if log_scale else f"{x:+.3g}")
                                  for x in diffs),
            "resolution": resolution,
-           # against the margin on both sides: a truth within the margin can reach only
-           # "equivalent", one beyond it only "for" or "against"
            "p_for": S.p_signflip([x - margin for x in diffs]) if tested else None,
            "p_against": S.p_signflip([-x - margin for x in diffs]) if tested else None,
            "p_equivalent": None, "smallest_p": None,
            "q_for": None, "q_against": None, "q_equivalent": None, "family_size": 0,
            "decision": PER_DEPTH if role == PER_DEPTH else None, "note": ""}
     if tested:
-        row["smallest_p"] = S.smallest_signflip_p(sum(1 for x in diffs if x != 0) or len(diffs))
+        row["smallest_p"] = 0.5 ** (sum(1 for x in diffs if x != 0) or len(diffs))
         coarse = log_scale and (resolution is None or resolution > options.equivalence_bracket)
         if coarse:
             row["note"] = (f"equivalence not tested: a boundary known only to within "
@@ -273,8 +236,7 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
 
 
 def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
-    """Per compared arm and measure: the pooled row with the tests, and one descriptive row
-    per depth."""
+    """Per compared arm and measure: the pooled, tested row and one descriptive row per depth."""
     rows = []
     per_seed = max_usable_lr_per_seed(points, options)
     sensitivity = lr_sensitivity_per_seed(points)
@@ -310,8 +272,6 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         "compared_arm", "measure", pl.col("depth").fill_null(0))
 
 
-# --- H3 -----------------------------------------------------------------------------------------
-
 H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64,
              "ci_lo": pl.Float64, "ci_hi": pl.Float64, "undefined_share": pl.Float64,
              "p_fall": pl.Float64, "p_rise": pl.Float64, "p_equal": pl.Float64,
@@ -320,8 +280,7 @@ H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64
 
 
 def slope(depths: list[int], log_thresholds: np.ndarray) -> np.ndarray:
-    """Least-squares slope of log10(onset) on log2(depth), per row (draws x depths); NaN where
-    any depth's onset is outside the LRs tested (infinite) or missing."""
+    """Least-squares slope of log10(onset) on log2(depth) per row; NaN if one is infinite."""
     x = np.log2(np.asarray(depths, float))
     x = x - x.mean()
     y = np.atleast_2d(log_thresholds)
@@ -332,19 +291,12 @@ def slope(depths: list[int], log_thresholds: np.ndarray) -> np.ndarray:
 
 def small_sample_widening(seeds: int) -> float:
     """t(0.975, n - 1) / z(0.975): how much wider a t-interval of n seeds is than a normal one."""
-    from scipy import stats
-
-    return float(stats.t.ppf(0.975, max(seeds - 1, 1)) / stats.norm.ppf(0.975))
+    return float(S.stats.t.ppf(0.975, max(seeds - 1, 1)) / S.stats.norm.ppf(0.975))
 
 
-def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
-             draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
-    """Per compared arm with >= 2 depths: the slope in decades per doubling of depth, its 95%
-    whole-seed interval, and three bootstrap tests: falls (slope < 0), rises (> 0), equal
-    (|slope| < slope_margin, both one-sided). A draw with an onset outside the LRs tested at
-    some depth has no slope: it counts against every claim. One family per compared arm, Holm."""
-    if draws is None:
-        draws = threshold_draws(points, gaps, options)
+def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
+             options: Options) -> pl.DataFrame:
+    """Per compared arm with >= 2 depths: the onset's slope, its interval and tests."""
     rows = []
     for on in compared_arms(points):
         depths = sorted(d for (k, d) in draws if k == on)
@@ -352,8 +304,7 @@ def h3_tests(points: pl.DataFrame, gaps: pl.DataFrame, options: Options,
             continue
         point = float(slope(depths, np.array([[draws[(on, d)].point for d in depths]]))[0])
         boot = slope(depths, np.stack([draws[(on, d)].draws for d in depths], axis=1))
-        # the whole-seed bootstrap of a few seeds is too narrow (the calibration: 77-87%
-        # coverage at 5 seeds): its draws are widened about the estimate
+        # a few seeds' bootstrap is too narrow (77-87% coverage at 5 seeds): widened
         k = options.slope_widening or small_sample_widening(
             min(draws[(on, d)].seeds for d in depths))
         boot = point + k * (boot - point)

@@ -1,10 +1,6 @@
-"""Find and validate run folders under a runs tree; expose their logs as Polars frames.
-
-A run folder (the format of qkstudy/run_folder.py, read here through it) holds summary.json,
-config.json, manifest.json, metrics/part-*.parquet and probes/part-*.parquet. A folder that
-is unfinished, incomplete or written in a foreign schema is skipped with a warning naming it;
-the good runs are still analysed.
-"""
+"""Find and validate run folders (qkstudy/run_folder.py) under a runs tree; expose their logs as
+Polars frames. A folder that is unfinished, incomplete or in a foreign schema is skipped with a
+warning naming it; the good runs are still analysed."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ from qkstudy.errors import UsageError
 from qkstudy.files import load_object
 from qkstudy.run_folder import FINISHED, SUMMARY_FIELDS, RunFolder, find_runs, metrics_gap
 
-# The columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA).
+# the columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA)
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
                    "train_loss": pl.Float64, "grad_norm": pl.Float64, "val_loss": pl.Float64,
                    "val_ppl": pl.Float64, "elapsed_s": pl.Float64}
@@ -32,16 +28,14 @@ PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value
 PROBES_OPTIONAL = {"head": pl.Int64}
 SUMMARY_KEYS = ("status", "lr", "depth", "qk_norm", "seed", "init_loss")
 STATUSES = (*FINISHED, "failed")
-# Identity fields that define a point of the study design rather than its setting (the arm's
-# logit controls are design: the arms of one study share everything else).
+# identity fields that place a run in the study design rather than its setting
 DESIGN_KEYS = ("lr", "qk_norm", "attn_softcap", "z_loss", "seed", "data_seed", "depth")
-# Keys never part of a run's identity (where it was written, which engine ran it).
 NON_IDENTITY = (*FOLDER_KEYS, *ENGINE_KEYS)
 
 
 @dataclass
 class Runs:
-    """The loaded runs: one row each in `table`, their logs as lazy frames keyed by `run`."""
+    """One row per run in `table`, their logs as lazy frames keyed by `run`."""
 
     root: Path
     table: pl.DataFrame
@@ -52,7 +46,7 @@ class Runs:
 
 
 def lr_key(lr: float) -> float:
-    """LRs written by different code paths can differ in the last bits: compare at 6 digits."""
+    """LRs written by different code paths differ in the last bits: compare at 6 digits."""
     return float(f"{lr:.6g}")
 
 
@@ -97,30 +91,16 @@ def _integer(value: Any) -> int | None:
     return int(number) if number is not None else None
 
 
-def _run_folders(root: Path) -> list[Path]:
-    """Folders holding a summary.json or config.json, skipping hidden folders."""
-    return [f.path for f in find_runs(root)]
-
-
 @functools.cache
-def _sweep_grid(sweep_folder: Path) -> frozenset[float] | None:
-    """The base LR grid a sweep folder declares in sweep.json ("grid_lrs"), if it does."""
-    obj, _ = _read_json(sweep_folder / "sweep.json")
-    lrs = (obj or {}).get("grid_lrs")
-    if not isinstance(lrs, list) or not all(_number(x) for x in lrs):
-        return None
-    return frozenset(lr_key(float(x)) for x in lrs)
-
-
-@functools.cache
-def _sweep_seeds(sweep_folder: Path) -> frozenset[int] | None:
-    """The base seeds a sweep folder declares in sweep.json ("seeds"); a run of another seed
-    was added to single cells by adaptive sampling (sweep/adaptive.py)."""
-    obj, _ = _read_json(sweep_folder / "sweep.json")
-    seeds = (obj or {}).get("seeds")
-    if not isinstance(seeds, list) or not all(isinstance(x, int) for x in seeds):
-        return None
-    return frozenset(seeds)
+def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozenset[int] | None]:
+    """The base LR grid and seeds a sweep folder's sweep.json declares (None: not)."""
+    obj = load_object(sweep_folder / "sweep.json")[0] or {}
+    lrs, seeds = obj.get("grid_lrs"), obj.get("seeds")
+    grid = (frozenset(lr_key(float(x)) for x in lrs)
+            if isinstance(lrs, list) and all(_number(x) for x in lrs) else None)
+    base = (frozenset(seeds) if isinstance(seeds, list)
+            and all(isinstance(x, int) for x in seeds) else None)
+    return grid, base
 
 
 def _identity(summary: dict, config: dict | None) -> dict:
@@ -133,7 +113,7 @@ def _identity(summary: dict, config: dict | None) -> dict:
 
 
 def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, list[str]]:
-    """(row, metric parts, probe parts, manifest, warnings); row is None if the run is skipped."""
+    """(row, metric parts, probe parts, manifest, warnings); row None: the run is skipped."""
     name = folder.relative_to(root).as_posix() if folder != root else folder.name
     warnings: list[str] = []
     run = RunFolder(folder)
@@ -141,7 +121,6 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
     if summary is None:
         hint = " (unfinished or still running)" if why and why.endswith("missing") else ""
         return None, [], [], {}, [f"run {name}: {why}{hint}; skipped"]
-    # a failed run's summary has no losses: it is listed with its error line
     missing = [k for k in SUMMARY_KEYS if k not in summary
                and not (k == "init_loss" and summary.get("status") == "failed")]
     if missing:
@@ -180,14 +159,13 @@ def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, 
 
 
 def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
-    """The runs table's row of one run folder (its summary already checked)."""
     lr, depth, seed = _number(summary["lr"]), int(summary["depth"]), int(summary["seed"])
     framework = framework_label(str(summary.get("framework") or (config or {}).get("framework")
                                     or "mlx"), (config or {}).get("precision"))
     identity = _identity(summary, config)
     setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
     refine = summary.get("refine", (config or {}).get("refine"))
-    grid = _sweep_grid(folder.parent)
+    grid, base = _sweep_design(folder.parent)
     if not isinstance(refine, bool) and grid is not None:
         refine = lr_key(lr) not in grid
     params = summary.get("params") if isinstance(summary.get("params"), dict) else {}
@@ -202,15 +180,14 @@ def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
         **{key: read(summary.get(key)) for key, (read, _) in _COPIED.items()},
         "params_total": _number(params.get("total")),
         "refine": refine if isinstance(refine, bool) else None,
-        "added_seed": (None if (base := _sweep_seeds(folder.parent)) is None
-                       else seed not in base),
+        "added_seed": None if base is None else seed not in base,
         "identity": json.dumps(identity, sort_keys=True, default=str),
         "setting": json.dumps(setting, sort_keys=True, default=str),
         "run_dir": str(folder),
     }
 
 
-# the summary's fields copied as they are (run_folder.SUMMARY_FIELDS): how each kind is read
+# the summary's fields copied as they are (run_folder.SUMMARY_FIELDS), by kind
 _INTEGER = (_integer, pl.Int64)
 _KINDS = {"number": (_number, pl.Float64), "text": (lambda v: v, pl.String), "step": _INTEGER,
           "count": _INTEGER, "step count": _INTEGER}
@@ -218,22 +195,15 @@ _COPIED = {key: _KINDS[f.kind] for key, f in SUMMARY_FIELDS.items() if f.column}
 RUN_SCHEMA = {
     "run": pl.String, "sweep": pl.String, "run_id": pl.String, "framework": pl.String,
     "depth": pl.Int64, "qk_norm": pl.String, "arm": pl.String, "lr": pl.Float64,
-    "seed": pl.Int64,
-    "data_seed": pl.Int64, "status": pl.String,
+    "seed": pl.Int64, "data_seed": pl.Int64, "status": pl.String,
     **{key: dtype for key, (_, dtype) in _COPIED.items()},
-    "params_total": pl.Float64, "refine": pl.Boolean, "added_seed": pl.Boolean, "identity": pl.String,
-    "setting": pl.String, "run_dir": pl.String,
-}
+    "params_total": pl.Float64, "refine": pl.Boolean, "added_seed": pl.Boolean,
+    "identity": pl.String, "setting": pl.String, "run_dir": pl.String}
 
 
 def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, pl.DataType],
           optional: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
-    """One lazy frame over every run's parts with a `run` column, columns cast to `columns`
-    (and `optional`, null in parts written without them).
-
-    One scan per distinct file schema (usually one in all): a scan per run would open files
-    from hundreds of plans at once.
-    """
+    """One lazy frame over every run's parts (one scan per file schema), with `run`."""
     by_schema: dict[tuple, list[str]] = {}
     run_of: dict[str, str] = {}
     for run, parts in parts_by_run.items():
@@ -264,9 +234,8 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"runs folder {root} does not exist")
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder")
-    _sweep_grid.cache_clear()  # sweep.json may have changed since an earlier load
-    _sweep_seeds.cache_clear()
-    folders = _run_folders(root)
+    _sweep_design.cache_clear()  # sweep.json may have changed since an earlier load
+    folders = [f.path for f in find_runs(root)]
     if not folders:
         raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/"
                          f"{RunFolder(root).summary_file.name})")

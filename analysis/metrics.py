@@ -1,14 +1,8 @@
-"""Study metrics in Polars, per run and per arm: clipped losses, LR sensitivity, max usable
-LR, optimal LR, spikes, probe summaries, and the pairing of the arms seed by seed. The onset
-is analysis.threshold, the tests of H1-H3 analysis.hypotheses.
+"""Study metrics in Polars: clipped losses, LR sensitivity, max usable and optimal LR, spikes,
+probe summaries and the seed-by-seed pairing of the arms (docs/report.md writes every rule out).
 
-Every function takes a "points" frame with one row per finished run of one setting and one
-framework: depth, arm, lr, seed, status (completed | diverged), init_loss, final_val_loss
-(and optionally refine). `arm == "none"` is the off arm (every logit control off); every other
-arm (a QK-norm kind, softcap<C>, zloss<W>: analysis/load.py) is compared with it by the same
-rules. A frame without an `arm` column takes its arms from `qk_norm`.
-The arms are paired: one seed shares its initial weights and its batches across arms and LRs,
-so arms are compared seed by seed. Every rule here is written out in docs/report.md.
+A "points" frame has one row per finished run: depth, arm, lr, seed, status, init_loss,
+final_val_loss. The off arm (`OFF`) is compared with every other arm by the same rules.
 """
 
 from __future__ import annotations
@@ -26,14 +20,8 @@ ARM = "arm"
 ARM_KEYS = ("depth", ARM)
 
 
-def with_arm(points: pl.DataFrame) -> pl.DataFrame:
-    """`points` with an `arm` column: kept if present, else the `qk_norm` column."""
-    return points if ARM in points.columns else points.with_columns(pl.col("qk_norm").alias(ARM))
-
-
 def arm_words(arm: str) -> str:
-    """An arm in words, for legends and claims: "QK-norm off", "QK-norm on (rmsnorm)",
-    "attention soft-cap 50", "z-loss 1e-4" (several controls: joined by " + ")."""
+    """An arm in words: "QK-norm off", "QK-norm on (rmsnorm)", "attention soft-cap 50"."""
     if arm == OFF:
         return "QK-norm off"
     words = []
@@ -56,44 +44,27 @@ def control_words(arm: str) -> str:
 
 @dataclass(frozen=True)
 class Options:
-    """Knobs of the study metrics and verdicts (all visible in the report; docs/report.md)."""
+    """Knobs of the study metrics and verdicts (docs/report.md gives each its reason)."""
 
     alpha: float = 0.05  # each hypothesis's family: error level (H1 BH, H2 and H3 Holm)
-    # the plan's margin in nats (docs/report.md): off worse by more than this means QK-norm is
-    # needed, "no difference" needs equivalence within +-min_gap, and the onset is where the
-    # fitted gap reaches it (0.1 nats, 10.5% perplexity)
-    min_gap: float = 0.1
-    # a stable run whose final loss is above the training data's unigram entropy minus this
-    # learned no more than token frequencies: "degraded"
+    min_gap: float = 0.1  # the margin in nats: "needed", "no difference" and the onset
+    # a stable run ending above the unigram entropy minus this learned only token frequencies
     degraded_margin: float = 0.2
-    # H2's max usable LR: on/off ratios within this factor either way are "equivalent", beyond
-    # it "raises" or "lowers"
-    lr_ratio_margin: float = 2.0
-    # "equivalent" is tested only where every boundary is bracketed at least this finely (two
-    # bisection steps of a half-decade grid give x1.33; one gives x1.83, too coarse)
+    lr_ratio_margin: float = 2.0  # H2: on/off max usable LR ratios within it are "equivalent"
+    # "equivalent" is tested only where every boundary is bracketed at least this finely
     equivalence_bracket: float = 1.41
-    # H3: a slope of log10(onset) on log2(depth) within +-this (decades per doubling) is "equal"
-    slope_margin: float = 0.25
-    bootstrap: int = 2000  # whole-seed resamples for every interval spanning LRs (fixed seed)
-    # the onset's interval: its whole-seed draws widened about the estimate by this factor
-    # (docs/report.md: the calibration's choice)
-    threshold_widening: float = 2.5
-    # H3's slope draws widened about the estimate by this factor; 0: t(0.975, n - 1) / z
-    slope_widening: float = 2.0
-    # appended to the keys of the bootstrap's seed draws: "" in a report (reproducible); the
-    # calibration gives each simulated study its own
-    draw_key: str = ""
+    slope_margin: float = 0.25  # H3: |slope| below it (decades per doubling) is "equal"
+    bootstrap: int = 2000  # whole-seed resamples for every interval spanning LRs
+    threshold_widening: float = 2.5  # the onset's draws widened about the estimate
+    slope_widening: float = 2.0  # H3's slope draws widened; 0: t(0.975, n - 1) / z
+    draw_key: str = ""  # appended to the seed draws' keys (the calibration's own per study)
 
-
-# --- scoring ------------------------------------------------------------------------------------
 
 def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_margin
                 ) -> pl.DataFrame:
-    """Add `diverged`, `degraded` (stable, final loss above unigram_entropy - degraded_margin;
-    False where the entropy is unknown), `nonfinite_final`, `loss` (+inf when diverged or not
-    finite) and `loss_clipped` = min(loss, init_loss) (Wortsman et al. 2023, Sec. 2.2). No run
-    is ever dropped; a run without its own init_loss borrows its arm's mean, then its depth's."""
-    points = with_arm(points)
+    """Add diverged, degraded, nonfinite_final, loss (+inf when diverged or not finite) and
+    loss_clipped = min(loss, init_loss) (Wortsman et al. 2023, Sec. 2.2); a run without its own
+    init_loss borrows its arm's mean, then its depth's."""
     init = pl.coalesce(pl.col("init_loss"), pl.col("init_loss").mean().over(ARM_KEYS),
                        pl.col("init_loss").mean().over("depth"))
     final = pl.col("final_val_loss").cast(pl.Float64)
@@ -111,20 +82,16 @@ def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_
 
 
 def full_curves(points: pl.DataFrame) -> pl.DataFrame:
-    """The runs of the sweep's base seeds (`added_seed` false): a seed added to single cells by
-    adaptive sampling has no LR curve, so the per-seed curve metrics leave it out."""
-    points = with_arm(points)
+    """The runs of the sweep's base seeds: a seed added by adaptive sampling has no LR curve."""
     if "added_seed" not in points.columns:
         return points
     return points.filter(~pl.col("added_seed").fill_null(False))
 
 
 def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
-    """Add `in_grid` (the LR is in the base grid LR sensitivity uses: bisection LRs are not)
-    and `grid_rule`: "marked" (some run carries `refine`: the unmarked LRs run for every (arm,
-    seed) of the depth), else "common" (LRs run for every (depth, arm, seed), when >= 2), else
+    """Add `in_grid` (the LR is in the base grid LR sensitivity uses) and `grid_rule`: "marked"
+    (runs carry `refine`), else "common" (LRs run for every (depth, arm, seed), when >= 2), else
     "per depth" (LRs run for every (arm, seed) of the depth)."""
-    points = with_arm(points)
     marked = "refine" in points.columns and points["refine"].is_not_null().any()
     indexed = points.with_row_index("_row")
     full = full_curves(indexed)["_row"].implode()
@@ -146,9 +113,7 @@ def mark_base_grid(points: pl.DataFrame) -> pl.DataFrame:
 
 
 def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm, seed), Wortsman et al. 2023, Sec. 2.2: the mean over the base grid of
-    min(loss, init_loss) minus the grid's best loss; null when every grid LR diverged or the
-    grid has fewer than two LRs."""
+    """Per (depth, arm, seed): mean clipped loss over the base grid minus its best."""
     grid = with_losses(full_curves(points))
     if "in_grid" not in grid.columns:
         grid = mark_base_grid(grid)
@@ -163,30 +128,14 @@ def lr_sensitivity_per_seed(points: pl.DataFrame) -> pl.DataFrame:
             .sort(*ARM_KEYS, "seed"))
 
 
-def lr_sensitivity(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm): LR sensitivity averaged over seeds, with the seed range."""
-    return (lr_sensitivity_per_seed(points).group_by(ARM_KEYS)
-            .agg(lr_sensitivity=pl.col("lr_sensitivity").mean(),
-                 lr_sensitivity_lo=pl.col("lr_sensitivity").min(),
-                 lr_sensitivity_hi=pl.col("lr_sensitivity").max(),
-                 sensitivity_seeds=pl.col("lr_sensitivity").count(),
-                 grid_points=pl.col("grid_points").max(),
-                 grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max(),
-                 grid_rule=pl.col("grid_rule").first())
-            .sort(ARM_KEYS))
-
-
 def _geo_mean(col: str) -> pl.Expr:
     return pl.col(col).log().mean().exp()
 
 
 def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """Per (depth, arm, seed) curve, over every LR it ran (boundary bisection included):
-    best_lr, the LR of lowest final loss; max_usable_lr, the largest LR such that every run
-    from best_lr up to it neither diverged nor ended degraded (null when the best run itself
-    degraded); first_failed_lr, the smallest LR above best_lr that did; lower_bound, no run
-    above best_lr failed (max_usable_lr is then a lower bound); first_divergent_lr over the
-    curve."""
+    """Per (depth, arm, seed) curve: best_lr (lowest final loss); max_usable_lr, the largest LR
+    up to which no run from best_lr on diverged or degraded (null when the best degraded);
+    first_failed_lr; lower_bound (nothing above best_lr failed); first_divergent_lr."""
     p = with_losses(full_curves(points), options.degraded_margin).with_columns(
         failed=pl.col("diverged") | pl.col("degraded") | ~pl.col("loss").is_finite())
     best = (p.filter(pl.col("loss").is_finite()).sort("loss")
@@ -205,55 +154,44 @@ def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -
             .sort(*ARM_KEYS, "seed"))
 
 
-def max_usable_lr(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm): geometric mean over seeds of the max usable LR, its seed range, how
-    many seeds give a lower bound only, and the geometric mean of the first divergent LR."""
-    return (max_usable_lr_per_seed(points).group_by(ARM_KEYS)
-            .agg(max_usable_lr=_geo_mean("max_usable_lr"),
-                 max_usable_lr_lo=pl.col("max_usable_lr").min(),
-                 max_usable_lr_hi=pl.col("max_usable_lr").max(),
-                 first_divergent_lr=_geo_mean("first_divergent_lr"),
-                 usable_seeds=pl.col("max_usable_lr").count(),
-                 lower_bound_seeds=pl.col("lower_bound").sum())
-            .sort(ARM_KEYS))
-
-
-def optimal_lr(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm): the LR of lowest final loss per seed (geometric mean over seeds)
-    and that best loss (mean and range over seeds). Diverged runs count as +inf, never best."""
-    p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
-    per_seed = (p.group_by(*ARM_KEYS, "seed")
-                .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
-                     best_loss=pl.col("loss").min()))
-    return (per_seed.group_by(ARM_KEYS)
-            .agg(optimal_lr=_geo_mean("optimal_lr"), optimal_lr_lo=pl.col("optimal_lr").min(),
-                 optimal_lr_hi=pl.col("optimal_lr").max(), best_loss=pl.col("best_loss").mean(),
-                 best_loss_lo=pl.col("best_loss").min(), best_loss_hi=pl.col("best_loss").max(),
-                 best_seeds=pl.len())
-            .sort(ARM_KEYS))
-
-
 def arm_table(points: pl.DataFrame) -> pl.DataFrame:
-    """One row per (depth, arm): run counts, LR sensitivity, max usable LR, optimum."""
+    """One row per (depth, arm): runs, LR sensitivity, max usable and optimal LR."""
     p = with_losses(points)
     counts = p.group_by(ARM_KEYS).agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
                                       nonfinite_final=pl.col("nonfinite_final").sum(),
                                       seeds=pl.col("seed").n_unique(), lrs=pl.col("lr").n_unique())
-    out = counts
-    for part in (lr_sensitivity(points), max_usable_lr(points), optimal_lr(points)):
-        out = out.join(part, on=ARM_KEYS, how="left")
-    return out.sort(ARM_KEYS)
+    sensitivity = (lr_sensitivity_per_seed(points).group_by(ARM_KEYS)
+                   .agg(lr_sensitivity=pl.col("lr_sensitivity").mean(),
+                        lr_sensitivity_lo=pl.col("lr_sensitivity").min(),
+                        lr_sensitivity_hi=pl.col("lr_sensitivity").max(),
+                        sensitivity_seeds=pl.col("lr_sensitivity").count(),
+                        grid_points=pl.col("grid_points").max(),
+                        grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max(),
+                        grid_rule=pl.col("grid_rule").first()))
+    usable = (max_usable_lr_per_seed(points).group_by(ARM_KEYS)
+              .agg(max_usable_lr=_geo_mean("max_usable_lr"),
+                   max_usable_lr_lo=pl.col("max_usable_lr").min(),
+                   max_usable_lr_hi=pl.col("max_usable_lr").max(),
+                   first_divergent_lr=_geo_mean("first_divergent_lr"),
+                   usable_seeds=pl.col("max_usable_lr").count(),
+                   lower_bound_seeds=pl.col("lower_bound").sum()))
+    optimum = (with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
+               .group_by(*ARM_KEYS, "seed")
+               .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
+                    best_loss=pl.col("loss").min())
+               .group_by(ARM_KEYS)
+               .agg(optimal_lr=_geo_mean("optimal_lr"), optimal_lr_lo=pl.col("optimal_lr").min(),
+                    optimal_lr_hi=pl.col("optimal_lr").max(),
+                    best_loss=pl.col("best_loss").mean(), best_loss_lo=pl.col("best_loss").min(),
+                    best_loss_hi=pl.col("best_loss").max(), best_seeds=pl.len()))
+    for part in (sensitivity, usable, optimum):
+        counts = counts.join(part, on=ARM_KEYS, how="left")
+    return counts.sort(ARM_KEYS)
 
 
 def spike_table(points: pl.DataFrame) -> pl.DataFrame:
-    """Per (depth, arm, LR): how unstable training was short of diverging. loss_spikes in
-    summary.json counts excursions of the training loss more than spike_margin above its running
-    minimum; max_spike is the largest in nats. Runs written before spikes were counted give
-    nulls (`counted` says how many runs had the count)."""
-    has = "loss_spikes" in points.columns
-    p = points if has else points.with_columns(loss_spikes=pl.lit(None, pl.Int64),
-                                               max_spike=pl.lit(None, pl.Float64))
-    return (with_losses(p).group_by("depth", ARM, "lr")
+    """Per (depth, arm, LR): loss spikes short of divergence."""
+    return (with_losses(points).group_by("depth", ARM, "lr")
             .agg(runs=pl.len(), diverged=pl.col("diverged").sum(),
                  counted=pl.col("loss_spikes").count(),
                  runs_with_spikes=(pl.col("loss_spikes") > 0).sum(),
@@ -262,15 +200,12 @@ def spike_table(points: pl.DataFrame) -> pl.DataFrame:
             .sort("depth", ARM, "lr"))
 
 
-# --- pairing ----------------------------------------------------------------------------------
-
 def compared_arms(points: pl.DataFrame) -> list[str]:
-    return sorted(k for k in with_arm(points)[ARM].unique().to_list() if k != OFF)
+    return sorted(k for k in points[ARM].unique().to_list() if k != OFF)
 
 
 def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
-    """One row per (depth, compared_arm, lr, seed) run in both arms: gap = off - on (clipped losses),
-    with each arm's divergence and degradation."""
+    """One row per (depth, compared_arm, lr, seed) in both arms: gap = off - on."""
     p = with_losses(points, options.degraded_margin).select(
         "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
     off = p.filter(pl.col(ARM) == OFF).drop(ARM)
@@ -280,7 +215,8 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
         frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
                       .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
                                "diverged": "diverged_off", "degraded": "degraded_off"})
-                      .with_columns(compared_arm=pl.lit(on), gap=pl.col("loss_off") - pl.col("loss_on")))
+                      .with_columns(compared_arm=pl.lit(on),
+                                    gap=pl.col("loss_off") - pl.col("loss_on")))
     if not frames:
         return pl.DataFrame(schema={"depth": pl.Int64, "lr": pl.Float64, "seed": pl.Int64,
                                     "loss_off": pl.Float64, "diverged_off": pl.Boolean,
@@ -290,15 +226,8 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
     return pl.concat(frames).sort("compared_arm", "depth", "lr", "seed")
 
 
-# --- per-run extras ---------------------------------------------------------------------------
-
-
-
-
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
-    """(run, step, name) -> one value: the whole-model (layer -1) row when there is one, else
-    the per-layer values reduced as the probe registry says (qkstudy/probe_names.py; mean for
-    a name it does not know). Non-finite values are dropped."""
+    """(run, step, name) -> the whole-model value, else layers reduced per the registry."""
     value = pl.col("value")
     per_layer = pl.col("layer") != WHOLE_MODEL
     reduced = (probes.filter(value.is_finite())
@@ -312,19 +241,13 @@ def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:
     return reduced.select("run", "step", "name", value=pl.coalesce("whole", by_name))
 
 
-# Worst value over training: (probe name, "min" or "max"). Attention entropy collapses towards 0,
-# the others grow; the step is when the worst value was reached.
+# (probe name, "min" or "max"): the worst value over training of each tracked probe
 WORST = tuple((p.name, "max" if p.worse == "larger" else "min")
               for p in PROBES.values() if p.tracked)
 
 
 def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
-    """Per run: final_<name> for every probe name found (each run's last probe step), and the
-    worst value over training with its step for the names in WORST: worst_<name>,
-    worst_<name>_step (peak_max_attention_logit is worst_max_attention_logit).
-
-    `per_step` is `probe_over_layers(...)` collected.
-    """
+    """Per run: final_<probe>, worst_<probe> (and its step) and peak_max_attention_logit."""
     if per_step.is_empty():
         return pl.DataFrame(schema={"run": pl.String})
     out = (per_step.filter(pl.col("step") == pl.col("step").max().over("run", "name"))
@@ -346,10 +269,7 @@ def probe_summary(per_step: pl.DataFrame) -> pl.DataFrame:
 
 def steps_to_threshold(metrics: pl.LazyFrame, runs: pl.DataFrame,
                        thresholds: pl.DataFrame) -> pl.DataFrame:
-    """Per run: the first eval step (and tokens) whose val loss is <= its depth's threshold.
-
-    `thresholds` has columns depth, loss_threshold. Null when never reached.
-    """
+    """Per run: the first eval step (and tokens) at or below its depth's loss_threshold."""
     depth_of = runs.select("run", "depth").lazy()
     return (metrics.filter(pl.col("val_loss").is_not_null())
             .join(depth_of, on="run").join(thresholds.lazy(), on="depth")
@@ -360,13 +280,7 @@ def steps_to_threshold(metrics: pl.LazyFrame, runs: pl.DataFrame,
 
 
 def default_loss_thresholds(points: pl.DataFrame, metrics: pl.LazyFrame) -> pl.DataFrame:
-    """Per depth, a loss level both arms reach well before the end of training.
-
-    For each arm and seed take its best run (lowest clipped final loss) and that run's val loss
-    at the first evaluation at or after half of its steps; the level is the largest of these.
-    Every arm's best run has reached it by mid-training, so steps-to-threshold compares how
-    fast the arms get there rather than whether they get there at all.
-    """
+    """Per depth: the largest best-run val loss at half its steps (every arm reaches it)."""
     best = (with_losses(points).filter(pl.col("loss").is_finite())
             .sort("loss").group_by("depth", ARM, "seed").first()
             .select("run", "depth", "steps"))

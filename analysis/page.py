@@ -1,5 +1,5 @@
-"""The report page: HTML tables, the provenance of the runs and of the analysis, and
-report.html rendered from analysis/templates with jinja2."""
+"""The report page: report.html rendered from analysis/templates with jinja2, its HTML tables,
+the provenance of the runs and of the analysis, the drill-down data and the linked views."""
 
 from __future__ import annotations
 
@@ -8,20 +8,100 @@ import html
 import json
 import math
 import platform
+from pathlib import Path
+
 import jinja2
 import markupsafe
 import polars as pl
 import vl_convert as vlc
 
 from qkstudy import provenance
+from qkstudy.run_folder import RunFolder
 
 from . import charts as C
 from . import metrics as M
-from .drilldown import run_details
-from .linked import ARMS, BRUSH, DEPTHS, LR_RANGE
 from .load import Runs
-from .prose import CHARTS, DEFINITIONS, MEASURED_HELP, headline
+from .prose import CHARTS, headline
 from .study import ReportOptions, Study
+
+
+# Every chart reads three signals the page's script sets: arms_shown (arm labels, null: all),
+# depths_shown (null: all) and lr_range ([low, high] from the LR brush, null: every LR). In a
+# chart's own HTML file they stay null.
+
+ARMS, DEPTHS, LR_RANGE = "arms_shown", "depths_shown", "lr_range"
+BRUSH = "lr_brush"  # the interval selection on the LR axis of the loss and headline charts
+BRUSHED = ("training_curves", "max_attention_logit", "attention_entropy", "other_probes")
+
+
+def link(name: str, spec: dict) -> dict:
+    """`spec` with the page's signals and one filter that reads them."""
+    if name not in CHARTS or "data" not in spec:
+        return spec
+    if name == "headline":  # rows of off minus an arm: all of them when off is chosen
+        arm = (f"!{ARMS} || indexof({ARMS}, '{C.OFF_LABEL}') >= 0 || !datum.compared"
+               f" || indexof({ARMS}, slice(datum.compared, {len('off minus ')})) >= 0")
+    else:  # a landmark's onset row is no arm's: it stays
+        arm = (f"!{ARMS} || !datum.arm || indexof({ARMS}, datum.arm) >= 0"
+               f" || indexof(datum.arm, 'onset') == 0")
+    parts = [f"({arm})", f"(!{DEPTHS} || datum.depth == null"
+                         f" || indexof({DEPTHS}, datum.depth) >= 0)"]
+    if name in BRUSHED:
+        parts.append(f"(!{LR_RANGE} || datum.lr == null"
+                     f" || (datum.lr >= {LR_RANGE}[0] && datum.lr <= {LR_RANGE}[1]))")
+    return {**spec, "params": [*spec.get("params", []),
+                               *({"name": n, "value": None} for n in (ARMS, DEPTHS, LR_RANGE))],
+            "transform": [{"filter": " && ".join(parts)}, *spec.get("transform", [])]}
+
+
+MAX_POINTS = 40  # per run and curve: a curve's shape, small enough for a 300-run page
+SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_step", "framework")
+
+
+def _binned(frame: pl.DataFrame, value: str) -> dict[str, list[list[float]]]:
+    """{run: [[step, value], ...]}: at most MAX_POINTS bin means per run."""
+    if frame.is_empty():
+        return {}
+    last = frame.group_by("run").agg(last=pl.col("step").max())
+    binned = (frame.join(last, on="run")
+              .with_columns(bin=pl.col("step") // (pl.col("last") // MAX_POINTS + 1))
+              .group_by("run", "bin").agg(step=pl.col("step").max(), v=pl.col(value).mean())
+              .filter(pl.col("v").is_finite()).sort("run", "step"))
+    out: dict[str, list[list[float]]] = {}
+    for run, step, v in binned.select("run", "step", "v").iter_rows():
+        out.setdefault(run, []).append([step, round(v, 5)])
+    return out
+
+
+def run_details(study: Study) -> dict:
+    """Each shown run's row, binned curves and own config keys; the keys all share."""
+    shown = pl.concat([study.points, study.others], how="diagonal_relaxed")
+    table = study.runs.table.join(shown.select("run"), on="run")
+    names = table["run"].to_list()
+    metrics = study.runs.metrics.filter(pl.col("run").is_in(names))
+    train = _binned(metrics.filter(pl.col("train_loss").is_not_null())
+                    .select("run", "step", "train_loss").collect(), "train_loss")
+    val = _binned(metrics.filter(pl.col("val_loss").is_not_null())
+                  .select("run", "step", "val_loss").collect(), "val_loss")
+    logit = _binned(study.probe_steps.filter((pl.col("name") == "max_attention_logit")
+                                             & pl.col("run").is_in(names))
+                    .select("run", "step", "value"), "value")
+    configs = {}
+    for row in table.iter_rows(named=True):
+        run_dir = row.get("run_dir")
+        config = RunFolder(Path(run_dir)).read_config() if run_dir else None
+        configs[row["run"]] = config if isinstance(config, dict) else {}
+    keys = sorted({k for c in configs.values() for k in c})
+    common = {k: configs[names[0]].get(k) for k in keys
+              if names and len({repr(c.get(k)) for c in configs.values()}) == 1}
+    runs = {}
+    for row in table.iter_rows(named=True):
+        run = row["run"]
+        runs[run] = {**{k: row.get(k) for k in SHOWN}, "arm": M.arm_words(row[M.ARM]),
+                     "config": {k: v for k, v in configs[run].items() if k not in common},
+                     "train": train.get(run, []), "val": val.get(run, []),
+                     "logit": logit.get(run, [])}
+    return {"runs": runs, "common": common}
 
 
 def _cell(value) -> str:
@@ -40,16 +120,14 @@ def _cell(value) -> str:
 
 
 def _run_cell(run: str) -> str:
-    """A run id without its hash (the full id in the tooltip), on one line."""
+    """A run id without its hash (the full id in the tooltip)."""
     short = run.rsplit("-", 1)[0] if run.count("-") >= 2 else run
     return f'<td class="id" title="{html.escape(run)}">{html.escape(short)}</td>'
 
 
 def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
                filterable: bool = False, first: tuple[str, ...] = (), name: str = "") -> str:
-    """A data table the page's script makes sortable (click a header); `filterable` adds a
-    search box above it that keeps the rows holding every word typed. With `first` (and a
-    `name` for the table's id) those columns lead and the others are shown on request."""
+    """A sortable table, optionally with a search box and the `first` columns leading."""
     if df.is_empty():
         return '<p class="na">(none)</p>'
     columns = [c for c in (columns or df.columns) if c in df.columns]
@@ -77,29 +155,24 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
 
 
 def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
-    """The verdict table's rows for the template (text is escaped there)."""
     return [{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
              "arm": M.arm_words(r["compared_arm"])}
             for r in verdicts.iter_rows(named=True)]
 
 
 def _script_json(obj) -> str:
-    """JSON safe inside a <script> element."""
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
 def _templates() -> jinja2.Environment:
-    """The report's templates (analysis/templates), HTML-escaped unless marked safe."""
     return jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
                               autoescape=True, undefined=jinja2.StrictUndefined,
                               keep_trailing_newline=True)
 
 
-# Columns of the runs table the HTML leaves out (every one is in tables/runs.*): run_id repeats
-# the run's folder name, which `run` already shows.
+# the runs table's columns the HTML leaves out (tables/runs.* has them)
 HIDDEN_RUN_COLUMNS = ("identity", "setting", "run_dir", "run_id")
-# The runs table's columns shown before "show all columns" (the design, the outcome, the
-# attention probes' headline numbers)
+# the runs table's columns shown before "show all columns"
 RUN_COLUMNS_FIRST = ("run", "depth", "arm", "lr", "seed", "framework", "status",
                      "final_val_loss", "final_train_loss", "diverged_step", "steps",
                      "peak_max_attention_logit", "final_attention_entropy_min_head",
@@ -129,8 +202,7 @@ def run_provenance(runs: Runs) -> pl.DataFrame:
 
 
 def analysis_environment() -> dict[str, str]:
-    """The page's own provenance: when it was made, from which code (the commit and local
-    changes, as provenance.provenance records them for every run) and with which libraries."""
+    """The page's own provenance: when, from which commit and with which libraries."""
     code = provenance.provenance()
     commit = (code["git_commit"] or "unknown")[:12]
     if code["git_dirty"]:
@@ -173,7 +245,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         depths=", ".join(str(d) for d in sorted(study.points["depth"].unique())),
         n_seeds=study.points["seed"].n_unique(), alpha=f"{o.alpha:g}", min_gap=f"{o.min_gap:g}",
         threshold_text=threshold_text, notes=study.notes, warnings=runs.warnings,
-        verdicts=_verdict_rows(study.verdicts), measured_help=MEASURED_HELP,
+        verdicts=_verdict_rows(study.verdicts),
         arms_table=safe(html_table(study.arms, arm_cols)),
         per_seed_table=safe(html_table(per_seed)),
         onset_table=safe(html_table(study.thresholds)),
@@ -193,11 +265,11 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         runs_table=safe(html_table(study.per_run, run_cols, filterable=True,
                                    first=RUN_COLUMNS_FIRST, name="runs-table")),
         provenance_table=safe(html_table(run_provenance(runs))),
-        definitions=safe(DEFINITIONS), specs_json=safe(_script_json(specs)),
+        specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),
         links_json=safe(_script_json({
-            "arms": [C.arm_label(a) for a in sorted(
-                M.with_arm(study.points)[M.ARM].unique().to_list(),
+            "arms": [M.arm_words(a) for a in sorted(
+                study.points[M.ARM].unique().to_list(),
                 key=lambda k: (k != M.OFF, k))],
             "depths": sorted(study.points["depth"].unique().to_list()),
             "signals": {"arms": ARMS, "depths": DEPTHS, "lr": LR_RANGE, "brush": BRUSH}})),
@@ -205,8 +277,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
 
 
 def failed_page(runs: Runs) -> str:
-    """The page of a folder where no run finished: it says so and lists every failed run with
-    its error line, instead of metrics that cannot exist."""
+    """The page of a folder where no run finished: every failed run with its error line."""
     items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
     return ("<!doctype html><html><head><meta charset='utf-8'><title>QK-norm study: no finished "
             f"runs</title></head><body><h1>No finished runs</h1><p>All {runs.table.height} runs "

@@ -1,6 +1,5 @@
-"""The report's charts beyond the answer: training curves at a few LRs per depth, the probes
-against step (seed means reduced over layers), LR sensitivity and the LR landmarks per depth.
-Shared look and helpers: analysis.charts."""
+"""The report's charts beyond the answer: training curves, probes against step, LR
+sensitivity and the LR landmarks per depth."""
 
 from __future__ import annotations
 
@@ -16,16 +15,14 @@ from .charts import (ATTENTION_PROBES, OFF_LABEL, PANEL_H, ROW_HEADER, _empty, a
 
 def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None,
                twins: pl.DataFrame | None = None) -> pl.DataFrame:
-    """(depth, lr) pairs to draw curves for: the given LRs snapped to the nearest LR run, or
-    per depth the off arm's optimal, max usable and first divergent LR, plus (up to two) LRs of
-    other-framework twins so their overlay is drawn."""
+    """(depth, lr) pairs to draw curves for: the given LRs or the off arm's landmarks."""
     run_lrs = points.select("depth", "lr").unique()
     picks = []
     for depth in sorted(run_lrs["depth"].unique().to_list()):
         have = sorted(run_lrs.filter(pl.col("depth") == depth)["lr"].to_list())
         wanted = lrs
         if not lrs:
-            off = M.with_arm(arms).filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF))
+            off = arms.filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF))
             row = off.row(0, named=True) if off.height else {}
             wanted = [row.get(k) for k in ("optimal_lr", "max_usable_lr", "first_divergent_lr")]
             wanted = [w for w in wanted if w] or [have[len(have) // 2]]
@@ -41,7 +38,6 @@ VAL_MARK, ABOVE_MARK, DIVERGED_AT = ("val loss", "leaves the axis (loss above it
 
 
 def _curve_data(chosen: pl.DataFrame, metrics: pl.LazyFrame, max_points: int) -> pl.DataFrame:
-    """Train loss binned to <= max_points per run and every val loss of the chosen runs."""
     m = metrics.join(chosen.lazy().select("run"), on="run")
     steps = m.group_by("run").agg(last=pl.col("step").max())
     train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
@@ -59,8 +55,7 @@ def _curve_data(chosen: pl.DataFrame, metrics: pl.LazyFrame, max_points: int) ->
 
 
 def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.DataFrame:
-    """Val dots, a triangle on the top edge where a curve first leaves the axis, and a cross
-    there at a diverged run's last step; y_plot is where each is drawn."""
+    """Val dots and the markers of curves leaving the axis; y_plot is where each is drawn."""
     above = ~pl.col("loss").is_finite() | (pl.col("loss") > top)
     first_above = above & (pl.col("step") == pl.col("step").filter(above).min()
                            .over("run", "series"))
@@ -79,11 +74,7 @@ def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.Da
 
 def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame,
                           max_points: int = 60, columns: int = 3) -> alt.Chart:
-    """Train loss (binned) and val loss vs step for the picked LRs; one line per run (seed,
-    framework), colour by arm, dashes for a second framework. The y axis stops a little above
-    the initial loss: what leaves it is marked on the top edge. Each panel has its own step
-    axis."""
-    runs = M.with_arm(runs)
+    """Train and val loss vs step for the picked LRs, one line per run."""
     if "diverged_step" not in runs.columns:
         runs = runs.with_columns(diverged_step=pl.lit(None, dtype=pl.Int64))
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
@@ -106,8 +97,7 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
              .encode(x="step:Q", y=alt.Y("loss:Q", scale=scale, title="loss (nats)"),
                      color=color, strokeDash=dash, detail="line:N")
              .transform_filter(alt.datum.series == "train"))
-    # one point layer for val dots and edge markers: a layer empty in some panel makes Vega
-    # warn about an infinite step extent there
+    # one point layer for val dots and edge markers (an empty layer makes Vega warn)
     points = (alt.Chart().mark_point(filled=True, clip=False)
               .encode(x="step:Q", y=alt.Y("y_plot:Q", scale=scale), color=color,
                       detail="line:N", shape=shape,
@@ -126,17 +116,15 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
 
 
 def probe_series(runs: pl.DataFrame, probe_steps: pl.DataFrame, names: list[str]) -> pl.DataFrame:
-    """(depth, arm, lr, name, step) -> probe value (already reduced over layers), seed mean,
-    for `runs` only."""
-    keyed = M.with_arm(runs).select("run", "depth", M.ARM, "lr")
+    """(depth, arm, lr, name, step) -> the seed mean of the probe values of `runs`."""
+    keyed = runs.select("run", "depth", M.ARM, "lr")
     return (probe_steps.filter(pl.col("name").is_in(names)).join(keyed, on="run")
             .group_by("depth", M.ARM, "lr", "name", "step")
             .agg(value=pl.col("value").mean(), seeds=pl.len())
             .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step"))
 
 
-# Drawn in the "other probes" chart when present: the output log-sum-exp is what z-loss pulls
-# towards 0, the capped max logit what soft-capping bounds.
+# drawn in the "other probes" chart when present (z-loss pulls the log-sum-exp towards 0)
 OTHER_PROBES = ("residual_kurtosis", "output_logsumexp_mean", "max_attention_logit_capped",
                 "residual_max_abs_over_rms", "output_logit_max", "q_rms", "k_rms",
                 "max_attention_logit_bound")
@@ -151,7 +139,7 @@ def other_probe_names(found: list[str], limit: int = 8) -> list[str]:
 
 
 def with_lr_label(df: pl.DataFrame) -> pl.DataFrame:
-    """An `lr_label` column ("3e-03") whose text order is the numeric order of the LRs."""
+    """An `lr_label` column ("3.00e-03") whose text order is the LRs' numeric order."""
     return df.with_columns(lr_label=pl.col("lr").map_elements(lambda v: f"{v:.2e}",
                                                               return_dtype=pl.String))
 
@@ -170,7 +158,6 @@ def _by_arm_and_depth(chart: alt.Chart, data: pl.DataFrame, title: str) -> alt.F
 
 
 def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
-    """Largest pre-softmax attention logit (max over layers and heads) vs step, log y."""
     data = with_lr_label(probe_series(runs, probes, ["max_attention_logit"])
                          .filter(pl.col("value") > 0))
     if data.is_empty():
@@ -185,7 +172,6 @@ def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
 
 
 def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
-    """Attention entropy vs step: mean over heads and layers (solid), lowest head (dashed)."""
     data = probe_series(runs, probes, ["attention_entropy_mean", "attention_entropy_min_head"])
     if data.is_empty():
         return _empty("no attention entropy probe rows")
@@ -203,8 +189,6 @@ def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
 
 
 def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str]) -> alt.Chart:
-    """Other probes (e.g. residual kurtosis), reduced over layers, vs step: one row per probe,
-    titled in words."""
     data = with_lr_label(probe_series(runs, probes, names))
     if data.is_empty():
         return _empty("no other probe rows")
@@ -224,10 +208,7 @@ def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str
                   .properties(title="Other probes vs step (reduced over layers, seed mean)"))
 
 
-# --- per depth summaries ----------------------------------------------------------------------
-
 def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
-    """LR sensitivity vs depth: one dot per seed, the line through the seed means."""
     per_seed = M.lr_sensitivity_per_seed(points).with_columns(arm_expr())
     means = (per_seed.group_by("depth", "arm").agg(mean=pl.col("lr_sensitivity").mean())
              .sort("depth"))
@@ -236,7 +217,7 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
                       means.with_columns(kind=pl.lit("mean"))], how="diagonal_relaxed")
     if data["lr_sensitivity"].drop_nulls().is_empty():
         return _empty("LR sensitivity undefined (base grid < 2 LRs)")
-    color = alt.Color("arm:N", scale=arm_scale(M.with_arm(points)[M.ARM].unique().to_list()),
+    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()),
                       title=None)
     depths = sorted(points["depth"].unique().to_list())
     x = alt.X("depth:Q", axis=alt.Axis(values=depths, format="d"),
@@ -254,16 +235,13 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
                                     "mean; Wortsman et al. 2023)"))
 
 
-MEASURED, LOWER_BOUND = "measured", "lower bound (no run diverged)"
-
-
 MEASURED, LOWER_BOUND = "measured", "lower bound (no failure above the best LR)"
 LANDMARKS = {"optimal LR": ("circle", -0.12), "max usable LR": ("triangle-up", 0.0),
              "onset": ("diamond", 0.12)}
 
 
 def _landmark_data(arms: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame:
-    a = M.with_arm(arms).with_columns(arm_expr())
+    a = arms.with_columns(arm_expr())
     data = pl.concat([
         a.select("depth", "arm", value="optimal_lr", lo="optimal_lr_lo", hi="optimal_lr_hi")
         .with_columns(measure=pl.lit("optimal LR"), bound=pl.lit(False)),
@@ -290,15 +268,13 @@ def _landmark_data(arms: pl.DataFrame, thresholds: pl.DataFrame) -> pl.DataFrame
 
 
 def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
-    """Per depth: optimal and max usable LR per arm (range over seeds), and the onset with its
-    95% interval (an onset outside the LRs tested has no point). Open triangles: max usable LR
-    is a lower bound."""
+    """Per depth: optimal and max usable LR per arm, and the onset with its interval."""
     data = _landmark_data(arms, thresholds)
     if data.is_empty():
         return _empty("no learning-rate landmarks")
     depths = sorted(arms["depth"].unique().to_list())
     kinds = thresholds["compared_arm"].unique().to_list()
-    arm_colors = arm_scale(M.with_arm(arms)[M.ARM].unique().to_list())
+    arm_colors = arm_scale(arms[M.ARM].unique().to_list())
     color = alt.Color("arm:N", title=None, scale=alt.Scale(
         domain=list(arm_colors.domain) + [f"onset ({k} vs off)" for k in kinds],
         range=list(arm_colors.range) + ["#000000"] * len(kinds)))

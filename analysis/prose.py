@@ -1,5 +1,4 @@
-"""The report's words: chart captions, the definitions, and the sentences generated from a
-study's verdicts and numbers."""
+"""The report's words: chart captions and the sentences generated from a study's numbers."""
 
 from __future__ import annotations
 
@@ -51,48 +50,6 @@ CHARTS = {
                     "beyond the LRs run is drawn to the edge, where a triangle marks it).",
 }
 
-DEFINITIONS = """
-<dl>
-<dt>Clipped loss</dt><dd>min(final val loss, loss at initialisation); a diverged run counts as
-its initial loss (Wortsman et al. 2023, arXiv:2309.14322, Sec. 2.2).</dd>
-<dt>LR sensitivity</dt><dd>Wortsman et al. 2023, Sec. 2.2: the mean over the base LR grid of
-the clipped loss minus the best loss on the grid, per seed, then averaged over seeds. The base
-grid leaves out the bisection's extra LRs, so both arms are scored on the same LRs.</dd>
-<dt>Max usable LR</dt><dd>Per (arm, seed): the largest LR such that every run from the LR of
-lowest final loss up to it neither diverged nor ended degraded; runs below that best LR do not
-enter, bisection runs do. When no run above the best LR failed it is only a lower bound.
-Reported as the geometric mean over seeds with the seed range.</dd>
-<dt>Degraded run</dt><dd>A run that did not diverge but whose final loss is above the
-training data's unigram entropy minus degraded_margin: it learned token frequencies and little
-more. A (depth, LR) cell where every run of both arms diverged or degraded is uninformative and
-is not tested.</dd>
-<dt>Paired tests</dt><dd>One seed shares its initial weights and batches across arms and LRs,
-so arms are compared seed by seed. Each cell has three claims fixed in advance: off worse and on
-worse by more than min_gap (one-sided t-tests; exact sign-flip tests where a run diverged) and
-no difference (TOST within +-min_gap). H1's tests are adjusted together by Benjamini-Hochberg,
-H2's and H3's by Holm; a claim needs q &lt; alpha. "Undetermined": none of the claims
-passed.</dd>
-<dt>Onset</dt><dd>Per depth: the LR at which the seed-mean gap (off minus on) reaches min_gap,
-read upward from the LR at which that mean is smallest (searched up to the largest LR at which
-every run of the compared arm trained): the weighted monotone fit of the seed-mean gaps over
-those LRs, read in log LR where it reaches min_gap. Its 95% interval resamples whole seeds,
-widened about the estimate by a calibrated factor and never narrower than the LRs either side.
-When the fit is at min_gap already at its first LR the onset is below the LRs tested; when it
-never gets there, above them.</dd>
-<dt>Tested rule</dt><dd>No difference decided up to A: every informative LR up to A is decided
-"no difference"; off worse decided from B: every informative LR from B up to the largest at
-which every run of the compared arm trained is decided "off worse".</dd>
-<dt>Steps to threshold</dt><dd>The first evaluation step at which the val loss is at or below
-the loss threshold of the run's depth (by default: the largest, over arms and seeds, of the
-best run's val loss at mid-training, a level every arm reaches well before the end).</dd>
-</dl>
-"""
-
-MEASURED_HELP = ("measured: in how many of a hypothesis's parts (one per depth, and for H2 "
-                 "its two measures) the data decided for or against, out of the parts in "
-                 "total, and in brackets how many parts had the data at all (enough paired "
-                 "seeds and runs in both arms).")
-
 
 def _scale(values: pl.Series) -> str:
     lo, hi = values.min() / 1e6, values.max() / 1e6
@@ -107,8 +64,7 @@ def _onset_words(r: dict) -> str:
 
 
 def headline(study: Study) -> list[str]:
-    """The answer in a few plain sentences: per compared arm what the onset is, then per depth
-    the onset with its interval and the tested rule; the verdicts; the scale."""
+    """The answer in sentences: per arm and depth the onset and tested rule; verdicts; scale."""
     th = study.thresholds
     out = []
     for on in M.compared_arms(study.points):

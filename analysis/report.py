@@ -1,17 +1,20 @@
-"""`python -m analysis report [RUNS_DIR] [key=value ...]`: the study report. Loads the runs,
-computes the study (analysis.study.analyse), draws the charts and writes the tables (Parquet + CSV), the
-charts (PNG, SVG, HTML) and one offline report.html with the verdicts and the provenance of
-the runs behind them (analysis/page.py renders it, analysis/prose.py words it)."""
+"""`python -m analysis report [RUNS_DIR] [key=value ...]`: the study report (docs/report.md):
+tables (Parquet + CSV), charts (PNG, SVG, HTML) and one offline report.html, written into a
+temporary sibling and swapped in, so a failed build leaves the earlier report as it was."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import io
 import math
+import os
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,16 +24,15 @@ import polars as pl
 from qkstudy import archive, files
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.errors import UsageError
+from qkstudy.files import remove_stale, swap_in
 from qkstudy.run_folder import FINISHED
 
 from . import charts as C
 from . import plots as P
 from . import compare as K
 from . import metrics as M
-from .linked import link
+from .page import failed_page, link, render_html
 from .load import load_runs
-from .outfolder import check_replaceable, check_writable, replacing
-from .page import failed_page, render_html
 from .prose import CHARTS
 from .study import ReportOptions, Study, analyse
 
@@ -57,18 +59,35 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     return {k: out[k] for k in CHARTS if k in out}
 
 
-def compare(study: Study, other: Study, runs_dir: str | Path, other_dir: str | Path) -> dict:
-    """The comparison section's tables, sentences and chart (analysis/compare.py)."""
-    a, b = Path(runs_dir).name, Path(other_dir).name
-    if a == b:
-        a, b = str(runs_dir), str(other_dir)
-    gaps = K.gap_agreement(study, other)
-    verdicts = K.verdict_agreement(study, other)
-    return {"a": a, "b": b, "gaps": gaps, "verdicts": verdicts,
-            "sentences": K.sentences(gaps, verdicts, a, b), "chart": K.gap_scatter(gaps, a, b)}
+def check_writable(out: Path) -> None:
+    """UsageError unless the report folder can be made and written to; leaves nothing behind."""
+    made = [p for p in [out, *out.parents] if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    finally:
+        for folder in made:  # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
-# --- writing ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def replacing(out: Path) -> Iterator[Path]:
+    """A temporary sibling of `out` that replaces it on success and is removed on error."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(out)  # what a killed report build left
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        swap_in(tmp, out)  # the earlier report stays if this fails
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
 
 # tables/<name>.parquet and .csv: the Study field each is written from
 TABLES = {"runs": "per_run", "arms": "arms", "lr_sensitivity_per_seed": "sensitivity_per_seed",
@@ -77,26 +96,24 @@ TABLES = {"runs": "per_run", "arms": "arms", "lr_sensitivity_per_seed": "sensiti
           "h2_tests": "h2_tests", "h3_tests": "h3_tests", "twins": "twins",
           "exploratory_gaps": "exploratory_gaps"}
 
+
 def write_table(df: pl.DataFrame, folder: Path, name: str) -> None:
-    # encoded in memory and written by Python: a full disk is then an OSError naming the file
-    # (Polars' own file writer reports it as a ComputeError)
+    # encoded in memory: a full disk is then an OSError naming the file, not a ComputeError
     parquet = io.BytesIO()
     df.write_parquet(parquet)
     (folder / f"{name}.parquet").write_bytes(parquet.getvalue())
     (folder / f"{name}.csv").write_text(df.write_csv())
 
 
-
 def build_report(runs_dir: str | Path, out: str | Path,
                  options: ReportOptions | None = None, shown_as: tuple[str, str] | None = None
                  ) -> tuple[Path, Study | None]:
-    """Load, analyse, draw and write everything; returns the report.html path and the study
-    (None when no run finished: the page then lists the failed runs). `shown_as` (folder, what
-    to call it): the run folders' paths as the report shows them (an archive's, not the
-    temporary folder it was unpacked into)."""
+    """Load, analyse, draw and write everything: (report.html, the study or None)."""
     options = options or ReportOptions()
     out = Path(out)
-    check_replaceable(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir())
+                                              and not (out / "report.html").exists())):
+        raise UsageError(f"{out} exists and is not a report folder; choose another out=DIR")
     runs = load_runs(runs_dir)
     if shown_as:
         runs.table = runs.table.with_columns(
@@ -125,7 +142,7 @@ def build_report(runs_dir: str | Path, out: str | Path,
             C.save_chart(specs[name], tmp / "charts", name, scale=options.png_scale)
         comparison = None
         if other is not None:
-            comparison = compare(study, other, runs_dir, options.compare_with)
+            comparison = K.comparison(study, other, runs_dir, options.compare_with)
             write_table(comparison["gaps"], tables, "comparison_gaps")
             write_table(comparison["verdicts"], tables, "comparison_verdicts")
             specs["comparison"] = comparison["chart"].to_dict()
@@ -135,8 +152,6 @@ def build_report(runs_dir: str | Path, out: str | Path,
         (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
     return out / "report.html", study
 
-
-# --- the command line ---------------------------------------------------------------------------
 
 USAGE = """usage: python -m analysis report [RUNS_DIR [OTHER_RUNS_DIR]] [key=value ...]
 
@@ -163,7 +178,7 @@ keys (defaults shown):
 
 @dataclass(frozen=True)
 class ReportArgs:
-    """The report command's key=value words, as given (checked by `report_options`)."""
+    """The report command's key=value words, as given (checked by `parse_args`)."""
 
     out: str = ""  # empty: reports/<name of RUNS_DIR>
     threshold: float | None = None
@@ -188,8 +203,7 @@ def _lrs(text: str) -> tuple[float, ...]:
 
 
 def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
-    """[RUNS_DIR] [key=value ...] -> (runs folder, report folder, options); UsageError on any
-    bad word, before anything is read or written."""
+    """[RUNS_DIR] [key=value ...] -> (runs folder, report folder, options)."""
     words = list(argv)
     runs_dir = Path("runs")
     compare_with = ""
@@ -225,8 +239,7 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
 
 
 def unpacked(path: Path, stack: contextlib.ExitStack) -> tuple[Path, tuple[str, str] | None]:
-    """(a runs folder as it is, None), or an archive (qkstudy/archive.py) unpacked into a
-    temporary folder that lives as long as `stack`, with how its paths are shown."""
+    """(a runs folder, None), or an archive unpacked for as long as `stack` lives."""
     if not path.name.endswith(archive.SUFFIX):
         return path, None
     if not path.is_file():
@@ -264,7 +277,7 @@ def _report(runs_dir: Path, out: Path, options: ReportOptions,
         print(f"warning: {warning}", file=sys.stderr)
     for note in study.notes:
         print(f"note: {note}", file=sys.stderr)
-    several = study.verdicts["compared_arm"].n_unique() > 1  # name the arm when there are several
+    several = study.verdicts["compared_arm"].n_unique() > 1
 
     def verdict_text(r: dict) -> str:
         arm = f" ({r['compared_arm']})" if several else ""

@@ -1,25 +1,7 @@
 """Simulated studies of known truth for the calibration (analysis/calibrate.py): the mini's
-design run by the sweep's own rules, its runs drawn from a noise model.
-
-One simulated study: depths 2, 4, 8, both arms, the 8 grid LRs, a fixed number of seeds, the
-mini preset's boundary-bisection steps per curve (qkstudy.sweep.refine.next_midpoint) and
-threshold-bisection steps per depth (qkstudy.sweep.adaptive.next_threshold_lr).
-
-Noise, fitted from real sweeps (`fit_noise`): per depth and LR the seed SD of the gap (off
-minus on), the correlation of one seed's gap deviations across LRs (a Gaussian process over
-log LR), each arm's divergence boundary, where runs degrade short of diverging, and the LR
-from which both arms collapse to unigram-level loss. NOISE, the default, is fitted from the
-earlier mini.
-
-Scenarios (the truth is the noiseless version of the same study):
-- null: no effect anywhere, the same boundaries in both arms. Every claim of an effect is false.
-- same onset: off is worse from the same LR at every depth (0.45 nats once past it), with a
-  small (0.03-nat) low-LR gap at depth 2: H1 true, H3 false (slope 0).
-- one decade per doubling: the onset falls from 0.2 (depth 2) to 0.02 (4) and 0.002 (8).
-- half a decade per doubling, with QK-norm's divergence boundary x3 higher.
-- sharp onset: the same onset at every depth, the gap stepping to its full size within 0.005
-  decades (between two grid LRs), so where each depth reads it depends on its bisection.
-"""
+design (depths 2, 4, 8, both arms, 8 grid LRs, its boundary and threshold bisection) run by the
+sweep's own rules, its runs drawn from a noise model fitted from real sweeps (`fit_noise`;
+NOISE: the earlier mini's), under scenarios whose truth is the noiseless study."""
 
 from __future__ import annotations
 
@@ -28,13 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
+from scipy import stats
 
 from qkstudy.sweep.adaptive import next_threshold_lr
 from qkstudy.sweep.config import MINI
 from qkstudy.sweep.refine import next_midpoint
 
 from .hypotheses import h1_tests
-from .metrics import Options
+from .metrics import Options, max_usable_lr_per_seed, paired_gaps, with_losses
 from .threshold import threshold_draws
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
@@ -42,8 +25,7 @@ DEPTHS = (2, 4, 8)
 UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
 INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
-# the mini preset's bisection: boundary steps per curve (refine_steps= overrides), threshold
-# steps per depth, the ratio at which both stop
+# the mini preset's bisection: boundary steps per curve, threshold steps per depth, stop ratio
 REFINE_STEPS, THRESHOLD_STEPS, REFINE_FACTOR = MINI.refine_steps, MINI.threshold_steps, \
     MINI.refine_factor
 SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 0
@@ -51,7 +33,7 @@ SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 
 
 @dataclass(frozen=True)
 class Noise:
-    """What a real sweep's runs scatter by (see the module docstring)."""
+    """What a real sweep's runs scatter by."""
 
     gap_sd: dict[int, tuple[float, ...]]  # per depth, per grid LR (NaN: no informative cell)
     correlation: float  # of one seed's gap deviations at adjacent half-decade LRs
@@ -59,26 +41,21 @@ class Noise:
     collapse_lr: float  # from this LR both arms end near the unigram entropy (degraded)
     on_sd: float = 0.02  # seed SD of the on arm's loss (shared by both arms of a seed)
     source: str = ""
-    # decades: each seed's onset shifted by N(0, onset_sd) (0: one onset for every seed); real
-    # cells near the onset are two-humped: some seeds past their onset, some not
-    onset_sd: float = 0.0
-    # the off arm's first degraded LR (unigram-level loss while stable), in decades above the
-    # depth's onset, one value per real (depth, seed); a simulated seed draws one of them
-    # (empty: the off arm degrades only from collapse_lr)
+    # per real (depth, seed), one drawn per simulated seed: the off arm's first degraded LR in
+    # decades above the onset, the on arm's (log10; inf: never before it diverged)
     off_degrade: tuple[float, ...] = ()
-    # log10 of the on arm's first degraded LR per real (depth, seed), +inf where it never
-    # degraded before it diverged; drawn the same way (and by both arms where there is no effect)
     on_degrade: tuple[float, ...] = ()
-    # of one seed's two divergence boundaries (a seed's data order moves both)
-    boundary_correlation: float = 0.0
+    boundary_correlation: float = 0.0  # of one seed's two divergence boundaries
 
 
-# Fitted from the earlier mini (docs/results.md's history, synthetic corpus, init=mlx): the SD of each
-# cell's gaps recovered from its 95% t-interval and seed count (sd = half-width / t * sqrt(n)),
-# e.g. depth 4 at LR 0.01: [-0.11, +0.22] on 6 seeds gives 0.157. LRs 1 and 3: neither arm
-# learned (both collapsed or diverged). Divergence: first diverged LR 0.548 or 1 in every seed
-# of both arms. The correlation across LRs cannot be recovered from a table; 0.5 is assumed
-# until `fit_noise` reads it off runs.
+# `fit_failures` of results/mini.tar.xz per (depth 2, 4, 8) x seeds 0-4 (Noise's fields)
+MINI_OFF_DEGRADE = (0.815, 0.815, 0.815, 1.292, 0.292, 0.66, 1.66, 1.183, 0.66, 0.66, 1.022,
+                    1.022, 1.022, 0.5, 1.022)
+MINI_ON_DEGRADE = (0.0, math.inf, 0.0, math.inf, 0.0, math.inf, math.inf, math.inf, math.inf,
+                   math.inf, -0.261, math.inf, -0.261, math.inf, math.inf)
+# The earlier mini's gap intervals (docs/results.md's history): each cell's SD is recovered as
+# half-width / t * sqrt(n); at LRs 1 and 3 neither arm learned. The correlation across LRs
+# cannot be read off a table: 0.5 is assumed.
 PUBLISHED = {  # depth: (mean, lo, hi, n) per grid LR 1e-3 ... 0.3
     2: ((0.021, 0.01, 0.03, 5), (0.024, -0.02, 0.07, 6), (-0.002, -0.10, 0.10, 6),
         (0.191, 0.07, 0.31, 6), (0.462, 0.45, 0.47, 3), (0.575, 0.40, 0.75, 4)),
@@ -87,44 +64,20 @@ PUBLISHED = {  # depth: (mean, lo, hi, n) per grid LR 1e-3 ... 0.3
     8: ((0.024, -0.00, 0.05, 6), (0.013, -0.01, 0.03, 6), (0.217, 0.12, 0.31, 4),
         (0.303, 0.17, 0.43, 3), (0.420, 0.21, 0.63, 5), (0.424, 0.26, 0.59, 5)),
 }
-
-
-def _published_noise() -> Noise:
-    from scipy import stats
-
-    sd = {}
-    for depth, cells in PUBLISHED.items():
-        values = [(hi - lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
-                  for _, lo, hi, n in cells]
-        sd[depth] = tuple(values) + (math.nan, math.nan)
-    return Noise(gap_sd=sd, correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
-                 source="the earlier mini's gap intervals (docs/results.md's history); correlation "
-                        "across LRs assumed 0.5; failures short of divergence from the mini",
-                 off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE,
-                 boundary_correlation=0.65)
-
-
-# How the republished mini's runs (results/mini.tar.xz, 330 runs) fail short of divergence,
-# by `fit_failures`, per (depth 2, 4, 8) x seeds 0-4: the off arm's first degraded LR in decades
-# above the depth's onset (every off seed degrades, 0.3 to 1.7 decades past it), and the on
-# arm's (log10; inf: never before it diverged). Its arms' first diverged LRs correlate 0.65.
-MINI_OFF_DEGRADE = (0.815, 0.815, 0.815, 1.292, 0.292, 0.66, 1.66, 1.183, 0.66, 0.66, 1.022,
-                    1.022, 1.022, 0.5, 1.022)
-MINI_ON_DEGRADE = (0.0, math.inf, 0.0, math.inf, 0.0, math.inf, math.inf, math.inf, math.inf,
-                   math.inf, -0.261, math.inf, -0.261, math.inf, math.inf)
-NOISE = _published_noise()
-
-
+NOISE = Noise(
+    gap_sd={depth: tuple((hi - lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
+                         for _, lo, hi, n in cells) + (math.nan, math.nan)
+            for depth, cells in PUBLISHED.items()},
+    correlation=0.5, boundary=(math.log10(0.7), 0.13), collapse_lr=1.0,
+    source="the earlier mini's gap intervals (docs/results.md's history); correlation across "
+           "LRs assumed 0.5; failures short of divergence from the mini",
+    off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE, boundary_correlation=0.65)
 
 
 def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
-    """The noise of a real sweep: per depth and grid LR the seed SD of the gap over
-    informative cells (each shrunk towards the LR's SD pooled over depths with 4 degrees of
-    freedom, so a 3-seed cell does not set a near-zero SD), the mean correlation of seeds'
-    gap deviations at adjacent informative grid LRs, the divergence boundary over every
-    (depth, arm, seed) and the smallest grid LR where every on-arm run failed to learn."""
-    from .metrics import max_usable_lr_per_seed, paired_gaps
-
+    """The noise of a real sweep: per depth and grid LR the gap's seed SD (shrunk towards the
+    LR's SD pooled over depths with 4 degrees of freedom), the correlation of seeds' gap
+    deviations at adjacent LRs, the divergence boundary and where every on-arm run failed."""
     options = options or Options()
     cells = h1_tests(points, options)[0]
     gaps = paired_gaps(points, options)
@@ -168,12 +121,7 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
 
 def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
                  ) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-    """How a real sweep's runs fail short of divergence, per (depth, seed): the off arm's first
-    degraded LR in decades above its depth's onset estimate, the on arm's (log10, +inf
-    where it never degraded), and the correlation of the two arms' first diverged LRs (log10;
-    0.5, assumed, where one arm's boundary does not vary)."""
-    from .metrics import with_losses
-
+    """A real sweep's off_degrade, on_degrade and boundary correlation (Noise's)."""
     runs = with_losses(points, options.degraded_margin)
     points_at = {d: v.point for (_, d), v in threshold_draws(points, cells, options).items()}
     first = (runs.group_by("depth", "arm", "seed")
@@ -198,17 +146,14 @@ def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
 
 @dataclass(frozen=True)
 class Scenario:
-    """A truth: the onset LR per depth (None: no effect), a small constant gap below the onset
-    at some depths, how much higher QK-norm's divergence boundary sits (x), and how sharp the
-    onset is (the logistic's width in decades)."""
+    """A truth: onset LR per depth (None: no effect), low-LR gap, boundary ratio, width."""
 
     onset: dict[int, float] | None
     low_gap: dict[int, float] = field(default_factory=dict)
     boundary_ratio: float = 1.0
     ramp: float = 0.15
-    # an under-training gap (nats) at the smallest LRs, where QK-norm learns faster than the
-    # off arm and neither is trained (the ladder's w256-s300 and w64-s4800): the full value
-    # below LR 3e-4, falling logistically to about nothing by 1e-3; not part of the onset
+    # a gap (nats) below LR 3e-4 where neither arm is trained and QK-norm learns faster (the
+    # ladder's short points), gone by 1e-3; not part of the onset
     undertrain: dict[int, float] = field(default_factory=dict)
 
 
@@ -216,7 +161,6 @@ UNDERTRAIN_CENTRE, UNDERTRAIN_WIDTH = math.log10(math.sqrt(3e-4 * 1e-3)), 0.08
 
 
 def undertrain_gap(scenario: Scenario, depth: int, lr: float) -> float:
-    """The under-training part of the gap at `lr` (0 where the scenario has none)."""
     size = scenario.undertrain.get(depth, 0.0)
     if not size:
         return 0.0
@@ -230,19 +174,16 @@ SCENARIOS = {
     "one decade per doubling": Scenario({2: 0.2, 4: 0.02, 8: 0.002}),
     "half a decade per doubling": Scenario({2: 10 ** -1.5, 4: 1e-2, 8: 10 ** -2.5},
                                            boundary_ratio=3.0),
-    # the gap steps from 0 to its full size within a tenth of a grid step, at one LR between
-    # grid points for every depth: the bisection's brackets decide where each depth reads it
+    # the full gap within a tenth of a grid step: the bisection decides where a depth reads it
     "sharp onset": Scenario({2: 0.015, 4: 0.015, 8: 0.015}, ramp=0.005),
 }
 
 
-def true_gap(scenario: Scenario, depth: int, lr: float, margin: float,
-             shift: float = 0.0) -> float:
-    """Off minus on without noise: a logistic in log LR that reaches `margin` at the onset
-    (moved by `shift` decades: one seed's own onset)."""
+def true_gap(scenario: Scenario, depth: int, lr: float, margin: float) -> float:
+    """Off minus on without noise: a logistic in log LR reaching `margin` at the onset."""
     if scenario.onset is None:
         return 0.0
-    onset = math.log10(scenario.onset[depth]) + shift
+    onset = math.log10(scenario.onset[depth])
     width = scenario.ramp
     centre = onset + width * math.log(PLATEAU / margin - 1)
     z = (math.log10(lr) - centre) / width
@@ -251,19 +192,15 @@ def true_gap(scenario: Scenario, depth: int, lr: float, margin: float,
 
 
 def base_loss(lr: float) -> float:
-    """The on arm's loss without noise: a U over log LR with its minimum 2.23 at 3e-3."""
     return 2.23 + 0.06 * (math.log10(lr) + 2.5) ** 2
 
-
-# --- one simulated sweep ---------------------------------------------------------------------
 
 LATTICE = np.arange(-3.25, 0.75, 1 / 32)  # log10 LRs where one seed's noise is drawn
 
 
 @dataclass
 class World:
-    """One simulated study's random draws, fixed before any run is 'trained', so the sweep's
-    adaptive steps (bisection) read the same runs they would on disk."""
+    """One simulated study's random draws, fixed before any run is 'trained'."""
 
     scenario: Scenario
     noise: Noise
@@ -273,7 +210,6 @@ class World:
     on_offset: dict[int, np.ndarray]  # depth -> (seeds,) shared by both arms and LRs
     on_noise: dict[int, np.ndarray]  # depth -> (seeds, lattice): the collapsed runs' scatter
     boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
-    onset_shift: dict[int, np.ndarray] = field(default_factory=dict)  # depth -> (seeds,)
     # (depth, arm) -> (seeds,) log10 of the first degraded LR (inf: only from collapse_lr)
     degrade: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
     depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
@@ -299,8 +235,7 @@ class World:
         loss = base_loss(lr) + self.on_offset[depth][seed] + \
             self.sd(depth, lr) / math.sqrt(2) * self.gap_noise[(depth, arm)][seed, i]
         if arm == "none":
-            shift = float(self.onset_shift[depth][seed]) if self.onset_shift else 0.0
-            loss += true_gap(self.scenario, depth, lr, self.margin, shift) + \
+            loss += true_gap(self.scenario, depth, lr, self.margin) + \
                 undertrain_gap(self.scenario, depth, lr)
         return "completed", loss
 
@@ -328,10 +263,6 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                                      else 0.0)
                   + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
                   for dp in depths for arm in ("none", "rmsnorm")},
-        # drawn after the others and only when asked for, so the other draws are those of a
-        # world without it
-        onset_shift={dp: rng.normal(0, noise.onset_sd, seeds) for dp in depths}
-        if noise.onset_sd > 0 and not noiseless else {},
         depths=depths, lrs=lrs, refine_steps=refine_steps, lattice=lattice)
     rho = noise.boundary_correlation
     if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
@@ -342,18 +273,13 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                     math.log10(scenario.boundary_ratio) if arm != "none" else 0.0)
                 world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
     if noise.off_degrade or noise.on_degrade:
-        world.degrade = failure_draws(scenario, noise, seeds, margin, rng, noiseless, depths,
-                                      world.onset_shift)
+        world.degrade = failure_draws(scenario, noise, seeds, rng, noiseless, depths)
     return world
 
 
-def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
-                  rng: np.random.Generator, noiseless: bool, depths: tuple[int, ...],
-                  onset_shift: dict[int, np.ndarray]) -> dict[tuple[int, str], np.ndarray]:
-    """Each simulated (depth, arm, seed)'s first degraded LR (log10), drawn from a real sweep's
-    (`Noise.off_degrade`, `on_degrade`; their medians in the noiseless study): the off arm's
-    above its seed's own onset where there is an effect, the on arm's wherever it is, and both
-    arms' from the on arm's where there is none."""
+def failure_draws(scenario: Scenario, noise: Noise, seeds: int, rng: np.random.Generator,
+                  noiseless: bool, depths: tuple[int, ...]) -> dict[tuple[int, str], np.ndarray]:
+    """Each simulated (depth, arm, seed)'s first degraded LR (log10), from a real sweep's."""
     def pick(values: tuple[float, ...]) -> np.ndarray:
         if not values:
             return np.full(seeds, math.inf)
@@ -366,16 +292,12 @@ def failure_draws(scenario: Scenario, noise: Noise, seeds: int, margin: float,
         if scenario.onset is None or not noise.off_degrade:
             out[(dp, "none")] = pick(noise.on_degrade)
         else:
-            shift = onset_shift.get(dp, np.zeros(seeds))
-            out[(dp, "none")] = (math.log10(scenario.onset[dp]) + shift
-                                 + pick(noise.off_degrade))
+            out[(dp, "none")] = math.log10(scenario.onset[dp]) + pick(noise.off_degrade)
     return out
 
 
 def sweep(world: World) -> pl.DataFrame:
-    """The runs the mini's sweep would train in this world: the grid, world.refine_steps
-    boundary-bisection steps per curve, then two threshold-bisection steps per depth (every
-    seed, both arms)."""
+    """The runs the mini's sweep would train in this world, bisection steps included."""
     runs: dict[tuple[int, str, float, int], tuple[str, float | None]] = {}
 
     def train(depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:

@@ -1,16 +1,6 @@
 """The statistical tests the verdicts rest on (scipy, statsmodels), over paired seed
-differences; what is specific to the study lives in analysis.metrics, .threshold and
-.hypotheses (docs/report.md writes every rule out).
-
-- `interval`: the two-sided 95% t-interval of the mean (3-6 seeds cannot resolve a bootstrap's
-  2.5% tail); `p_greater`: one-sided t-test, with no spread the exact sign-flip bound 2^-n;
-  `p_equivalent`: TOST of |mean| < margin.
-- `p_signflip`: the exact sign-flip permutation test, for measures with ties (a max usable LR
-  ratio takes a few grid values) and gaps made by divergence.
-- `adjust`: Benjamini-Hochberg (H1) or Holm (H2, H3) within one hypothesis's family.
-- `seed_bootstrap`: whole seeds resampled (a drawn seed brings every LR, depth and arm it ran);
-  `isotonic`: the monotone fit the onset is read from.
-"""
+differences: t-intervals and t-tests, TOST, the exact sign-flip test (for ties and gaps made by
+divergence), the family adjustments, the whole-seed bootstrap and the isotonic fit."""
 
 from __future__ import annotations
 
@@ -23,7 +13,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 CORRECTION, HOLM = "Benjamini-Hochberg", "Holm"  # H1's large family; H2's and H3's small ones
-LEVEL = 0.95  # every interval reported is a two-sided 95% interval
+LEVEL = 0.95
 
 
 def _values(diffs) -> np.ndarray:
@@ -31,18 +21,15 @@ def _values(diffs) -> np.ndarray:
 
 
 def _flat(d: np.ndarray) -> bool:
-    """No spread to speak of: a t statistic would divide by (almost) zero."""
     return float(d.std(ddof=1)) <= 1e-12 * max(1.0, float(np.abs(d).max()))
 
 
 def _t(d: np.ndarray) -> tuple[float, float, int]:
-    """(mean, standard error, degrees of freedom) of the values."""
     return float(d.mean()), float(d.std(ddof=1)) / math.sqrt(len(d)), len(d) - 1
 
 
 def interval(diffs, level: float = LEVEL) -> tuple[float | None, float | None]:
-    """The two-sided t-interval of the mean; (None, None) below 2 values; the point itself when
-    every value is equal."""
+    """The two-sided t-interval of the mean; (None, None) below 2 values."""
     d = _values(diffs)
     if len(d) < 2:
         return None, None
@@ -54,7 +41,7 @@ def interval(diffs, level: float = LEVEL) -> tuple[float | None, float | None]:
 
 
 def p_greater(diffs) -> float | None:
-    """One-sided p of mean(diffs) > 0 (Student's t); None below 2 values."""
+    """One-sided p of mean(diffs) > 0 (Student's t); with no spread the sign-flip bound 2^-n."""
     d = _values(diffs)
     if len(d) < 2:
         return None
@@ -65,8 +52,7 @@ def p_greater(diffs) -> float | None:
 
 
 def p_equivalent(diffs, margin: float) -> float | None:
-    """TOST p of -margin < mean(diffs) < margin (the larger of the two one-sided t-tests); None
-    below 2 values. With no spread: 0.5^n when every value lies inside the margin, else 1."""
+    """TOST p of -margin < mean(diffs) < margin; with no spread 0.5^n (inside) or 1."""
     d = _values(diffs)
     if len(d) < 2 or margin <= 0:
         return None
@@ -78,8 +64,7 @@ def p_equivalent(diffs, margin: float) -> float | None:
 
 def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
            ) -> list[float | None]:
-    """Adjusted p-values of one family (None stays None, untested): Benjamini-Hochberg
-    ("fdr_bh") or Holm ("holm"), statsmodels' multipletests."""
+    """Adjusted p-values of one family (None stays None): Benjamini-Hochberg or Holm."""
     tested = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
     out: list[float | None] = [None] * len(pvalues)
     if tested and method == "holm":
@@ -94,8 +79,7 @@ def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
 
 
 def holm(pvalues: list[float]) -> np.ndarray:
-    """Holm's step-down adjusted p-values, as statsmodels' multipletests(method="holm") gives
-    them, without the gc.collect() it runs on every call (a third of the calibration's time)."""
+    """Holm's adjusted p-values, without multipletests' slow gc.collect() per call."""
     p = np.asarray(pvalues, float)
     order = np.argsort(p, kind="stable")
     stepped = np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1))
@@ -105,8 +89,7 @@ def holm(pvalues: list[float]) -> np.ndarray:
 
 
 def adjust_family(tests: list[tuple[dict, str]], alpha: float, method: str = "fdr_bh") -> None:
-    """Adjust one family in place: `tests` are (row, "p_<claim>") pairs; each row gets
-    "q_<claim>" and "family_size" (the tests that had a p-value)."""
+    """Adjust one family in place: each (row, "p_<claim>") gets "q_<claim>" and "family_size"."""
     qs = adjust([row[key] for row, key in tests], alpha, method)
     size = sum(q is not None for q in qs)
     for (row, key), q in zip(tests, qs):
@@ -114,16 +97,11 @@ def adjust_family(tests: list[tuple[dict, str]], alpha: float, method: str = "fd
         row["family_size"] = size
 
 
-# --- ties: the exact sign-flip test --------------------------------------------------------------
-
 EXACT_UP_TO = 18  # sign patterns enumerated up to 2^18; beyond, 2^16 random patterns
 
 
-def p_signflip(diffs, shift: float = 0.0, rng: np.random.Generator | None = None
-               ) -> float | None:
-    """One-sided p of mean(diffs) > shift: the share of the 2^n sign patterns of (d_i - shift)
-    whose sum is at least the observed sum (exact for n <= 18; a zero never changes sign, so k
-    non-zero values give at least 2^-k). None below 2 values."""
+def p_signflip(diffs, shift: float = 0.0) -> float | None:
+    """One-sided sign-flip p of mean(diffs) > shift (exact up to n = 18)."""
     d = _values(diffs) - shift
     n = len(d)
     if n < 2:
@@ -132,7 +110,7 @@ def p_signflip(diffs, shift: float = 0.0, rng: np.random.Generator | None = None
     if n <= EXACT_UP_TO:
         signs = _sign_patterns(n)
     else:
-        rng = rng or np.random.default_rng(0)
+        rng = np.random.default_rng(0)
         signs = np.vstack([np.ones(n), rng.choice([-1.0, 1.0], size=(2 ** 16, n))])
     sums = signs @ d
     tol = 1e-9 * max(1.0, float(np.abs(d).sum()))
@@ -141,13 +119,7 @@ def p_signflip(diffs, shift: float = 0.0, rng: np.random.Generator | None = None
 
 @functools.cache
 def _sign_patterns(n: int) -> np.ndarray:
-    """Every pattern of n signs, one a row (2^n x n)."""
     return (1 - 2 * ((np.arange(2 ** n)[:, None] >> np.arange(n)) & 1)).astype(float)
-
-
-def smallest_signflip_p(n: int) -> float:
-    """The smallest p the exact sign-flip test can give on n non-zero values."""
-    return 0.5 ** n
 
 
 def p_signflip_equivalent(diffs, margin: float) -> float | None:
@@ -158,24 +130,16 @@ def p_signflip_equivalent(diffs, margin: float) -> float | None:
     return max(p_signflip(d, -margin), p_signflip(-d, -margin))
 
 
-# --- whole-seed bootstrap --------------------------------------------------------------------
-
-BOOTSTRAP_DRAWS = 2000
-
-
 def seed_draws(n_seeds: int, draws: int, key: str) -> np.ndarray:
-    """(draws, n_seeds) indices of seeds drawn with replacement, from a generator seeded by
-    `key` (so a report is reproducible)."""
+    """(draws, n_seeds) seed indices drawn with replacement, reproducibly from `key`."""
     rng = np.random.default_rng(zlib.crc32(key.encode()))
     return rng.integers(0, n_seeds, size=(draws, n_seeds))
 
 
 def seed_bootstrap(values: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Cell means of whole-seed resamples: `values` is (seeds, cells), NaN where a seed did not
-    run a cell; `draws` (B, k) seed indices. Returns (means, counts), each (B, cells): a cell's
-    mean over the drawn seeds that ran it, rescaled about the cell's own mean by
-    sqrt(n / (n - 1)) for its n seeds (the spread of the t-interval's standard error); NaN and
-    count 0 where no drawn seed ran the cell."""
+    """Cell means of whole-seed resamples of `values` (seeds, cells; NaN: not run) by `draws`
+    (B, k): (means, counts), each (B, cells), the means rescaled about the cell's own mean by
+    sqrt(n / (n - 1)) (the t-interval's spread); NaN where no drawn seed ran the cell."""
     present = ~np.isnan(values)
     n = present.sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -190,24 +154,20 @@ def seed_bootstrap(values: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, n
 
 
 def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """The two-sided percentile interval of bootstrap draws (infinities allowed: an open end)."""
+    """The two-sided percentile interval of bootstrap draws (an infinity: an open end)."""
     tail = (1 - level) / 2 * 100
     lo, hi = np.percentile(draws, [tail, 100 - tail], method="inverted_cdf")
     return float(lo), float(hi)
 
 
 def p_bootstrap(null_side: np.ndarray) -> float:
-    """A bootstrap p-value: the share of draws on the null side, counted with the observed
-    sample as one more (never 0)."""
+    """The share of draws on the null side, the observed sample counted as one more."""
     return float((1 + null_side.sum()) / (len(null_side) + 1))
 
 
-# --- the monotone fit ---------------------------------------------------------------------------
-
 def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Weighted non-decreasing least-squares fit of each row of `means` (rows x points), by the
-    min-max formula fit_i = max over j <= i of min over k >= i of the weighted mean of points
-    j..k. A point of weight 0 (NaN mean) takes the fit of its neighbours."""
+    """Weighted non-decreasing least-squares fit of each row of `means` (rows x points): fit_i =
+    max over j <= i of min over k >= i of the weighted mean of points j..k (NaN: weight 0)."""
     means = np.atleast_2d(np.asarray(means, float))
     w = np.where(np.isnan(means), 0.0, np.broadcast_to(np.atleast_2d(weights), means.shape))
     wy = np.cumsum(np.concatenate([np.zeros((means.shape[0], 1)),
@@ -228,7 +188,7 @@ def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def clopper_pearson_upper(hits: int, n: int, level: float = LEVEL) -> float:
-    """The upper end of the two-sided Clopper-Pearson interval of a rate hits / n."""
+    """The upper end of the two-sided Clopper-Pearson interval of hits / n."""
     if hits >= n:
         return 1.0
     return float(stats.beta.ppf(1 - (1 - level) / 2, hits + 1, n - hits))

@@ -1,8 +1,6 @@
 """The study: `analyse(runs)` chooses the runs that enter the numbers and computes every table
-and verdict (the `Study` the report is drawn from); `load_study(path)` does the same from a
-runs folder, for notebooks and scripts, so a table read here matches the one in
-reports/<sweep>/tables/. See docs/analysis.md.
-"""
+and verdict the report is drawn from; `load_study(path)` does the same from a runs folder for
+notebooks and scripts (docs/analysis.md)."""
 
 from __future__ import annotations
 
@@ -21,20 +19,15 @@ from . import metrics as M
 from . import verdicts as V
 from .load import Runs, load_runs
 
-__all__ = ["ReportOptions", "Study", "analyse", "load_study", "training_curves", "probe_curves",
-           "DESIGN"]
-
-# The columns that place a run in the study design, joined onto its curves.
 DESIGN = ("run", "depth", "arm", "lr", "seed", "status")
 
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """Everything that changes the report besides the runs themselves."""
 
-    loss_threshold: float | None = None  # steps-to-threshold level; None: per depth, see docs
+    loss_threshold: float | None = None  # steps-to-threshold level; None: per depth
     curve_lrs: tuple[float, ...] = ()  # LRs for training curves; empty: chosen per depth
-    probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart; empty: see charts
+    probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart
     study: M.Options = field(default_factory=M.Options)
     png_scale: float = 2.0
     compare_with: str = ""  # a second runs folder: the page compares its gaps and verdicts
@@ -42,7 +35,6 @@ class ReportOptions:
 
 @dataclass
 class Study:
-    """The numbers of one report, before any of it is written."""
 
     runs: Runs
     framework: str
@@ -68,7 +60,6 @@ class Study:
 
 
 def setting_label(setting: str, all_settings: list[str]) -> str:
-    """How this setting differs from the others ("all" when there is only one)."""
     if len(all_settings) <= 1:
         return "all runs share one setting"
     mine = json.loads(setting)
@@ -77,12 +68,8 @@ def setting_label(setting: str, all_settings: list[str]) -> str:
     return ", ".join(f"{k}={mine.get(k)}" for k in keys)
 
 
-def _most_common(column: pl.Series, prefer: str | None = None) -> str:
-    counts = column.value_counts(sort=True)
-    if prefer is not None and prefer in column.to_list():
-        return prefer
-    return counts.row(0)[0]
-
+def _most_common(column: pl.Series) -> str:
+    return column.value_counts(sort=True).row(0)[0]
 
 
 def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.DataFrame]:
@@ -91,7 +78,7 @@ def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.D
     finished = table.filter(pl.col("status").is_in(FINISHED))
     if finished.is_empty():
         raise UsageError(f"no finished runs under {runs.root} (all {table.height} failed)")
-    framework = _most_common(finished["framework"], prefer="mlx")
+    framework = "mlx" if "mlx" in finished["framework"] else _most_common(finished["framework"])
     primary = finished.filter(pl.col("framework") == framework)
     setting = _most_common(primary["setting"])
     settings = primary["setting"].unique().to_list()
@@ -110,7 +97,6 @@ def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.D
         points = unique
     pairs = points.select("seed", "data_seed").unique()
     if pairs.height > pairs["seed"].n_unique():
-        # replicates differ in data order as well as init: count each (seed, data_seed) pair
         points = points.with_columns(
             seed=(pl.struct("seed", "data_seed").rank("dense") - 1).cast(pl.Int64))
         notes.append("seeds count as (seed, data_seed) pairs, numbered from 0 in the metrics")
@@ -123,14 +109,12 @@ def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.D
 
 
 def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
-    """All study numbers: choose the runs, then the per-run table and the study metrics."""
     notes: list[str] = []
     framework, setting, points, others = _primary(runs, notes)
     study = options.study
     exploratory_gaps = pl.DataFrame(schema=H.GAP_SCHEMA)
     if "added_seed" in points.columns and points["added_seed"].fill_null(False).any():
-        # seeds added after looking at the data (adaptive seeds) are optional stopping: kept
-        # out of the verdicts, their cells shown apart
+        # seeds added after looking at the data are optional stopping: kept out of the verdicts
         added = points.filter(pl.col("added_seed").fill_null(False))
         notes.append(f"{added.height} runs of seeds added after the data were seen (seeds "
                      f"{', '.join(map(str, sorted(added['seed'].unique().to_list())))}) are "
@@ -159,7 +143,6 @@ def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
 
 def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.DataFrame,
                   in_study: pl.Series) -> pl.DataFrame:
-    """One row per run: design, outcome, steps-to-threshold and probe summaries."""
     t = runs.table
     reached = M.steps_to_threshold(runs.metrics, t, loss_thresholds)
     probes = M.probe_summary(probe_steps)
@@ -183,8 +166,7 @@ def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.Dat
 
 
 def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
-    """Runs of another framework next to their twin (same identity) of the primary one, with
-    the largest val loss difference over the eval steps both logged."""
+    """Other-framework runs beside their primary twin, with their largest val loss gap."""
     t = runs.table.select("run", "framework", "identity", "depth", "arm", "lr", "seed",
                           "status", "final_val_loss")
     base = t.filter(pl.col("framework") == framework).unique(subset="identity", keep="first",
@@ -210,19 +192,7 @@ def twin_table(runs: Runs, framework: str) -> pl.DataFrame:
 
 def load_study(path: str | os.PathLike, options: ReportOptions | M.Options | None = None
                ) -> Study:
-    """Load every run under `path` (a runs tree, a sweep folder or one run) and compute the
-    study: the same `Study` the report is built from.
-
-    Its tables are Polars DataFrames: `verdicts`, `gaps` (off minus on per depth and LR, with
-    ci_lo/ci_hi and decision), `thresholds`, `arms`, `per_run`, `best_gaps`, `h2_tests`,
-    `h3_tests`, `spikes`, `probe_steps`; the raw logs are the LazyFrames `runs.metrics` and
-    `runs.probes` (keyed by `run`), and `runs.warnings` / `notes` say what was skipped or how
-    runs were chosen. `options` is a `ReportOptions`, or a `metrics.Options` (alpha, min_gap,
-    ...) for the study metrics alone; None gives the report's defaults.
-
-    Bad input (no such folder, no runs, no finished run, an options object of another type)
-    raises `qkstudy.errors.UsageError` with a one-line message.
-    """
+    """The report's `Study` of every run under `path` (docs/analysis.md)."""
     if options is None:
         options = ReportOptions()
     elif isinstance(options, M.Options):
@@ -240,9 +210,7 @@ def _design(study: Study) -> pl.LazyFrame:
 
 
 def training_curves(study: Study) -> pl.DataFrame:
-    """Train and val loss against step for each run in the study metrics, with its design
-    columns (depth, arm, lr, seed, status); val_loss is null between evaluations."""
-    # the logs' own `lr` is the scheduled LR at each step, not the run's: leave it out
+    """Train and val loss against step of the study's runs, with their design."""
     return (study.runs.metrics.select("run", "step", "tokens", "train_loss", "val_loss")
             .join(_design(study), on="run")
             .select(*DESIGN, "step", "tokens", "train_loss", "val_loss")
@@ -251,8 +219,7 @@ def training_curves(study: Study) -> pl.DataFrame:
 
 
 def probe_curves(study: Study, names: str | list[str] | None = None) -> pl.DataFrame:
-    """Probe values against step (reduced over layers as in the report's charts) for each run in
-    the study metrics, with its design columns; `names` keeps only those probes."""
+    """Probe values (over layers) against step of the study's runs, with their design."""
     steps = study.probe_steps.lazy()
     if names is not None:
         steps = steps.filter(pl.col("name").is_in([names] if isinstance(names, str) else names))

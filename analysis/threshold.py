@@ -1,17 +1,6 @@
-"""Where QK-norm becomes necessary: per depth and compared arm, the instability onset and the
-tested rule beside it (docs/report.md, "The warmup ladder").
-
-The onset is the LR at which the seed-mean gap (off minus on, clipped final losses) reaches
-the margin (`min_gap`, 0.1 nats), read upward from the smallest LR at which that mean is
-smallest, searched only up to the largest LR at which every run of the compared arm trained
-(`tested_rule`'s trained_up_to): the weighted isotonic fit over those LRs, read straight in
-log LR where it reaches the margin. Below the LRs tested when the fit is already there at its
-first LR, above them when it never gets there: never a number then.
-
-Its 95% interval resamples whole seeds (analysis.stats.seed_bootstrap; the starting LR is
-found again in every draw), widened about the estimate by `threshold_widening` and never
-narrower than the LRs either side. The same draws give H3's slope (analysis.hypotheses).
-"""
+"""Where QK-norm becomes necessary: per depth and compared arm, the instability onset (the LR
+where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley), its
+widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -28,9 +17,7 @@ BELOW, ABOVE = "below the LRs tested", "above the LRs tested"
 
 
 def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> np.ndarray:
-    """log10 LR where each row of a monotone fit (rows x LRs, ascending; NaN: no data there)
-    first reaches `margin`, linear in log LR from the LR with data before it; -inf when it is
-    there at its first LR with data, +inf when it never gets there."""
+    """log10 LR where each fit row first reaches `margin` (-inf: at once, +inf: never)."""
     fit = np.atleast_2d(fit)
     valid = ~np.isnan(fit)
     reached = valid & (np.where(valid, fit, -np.inf) >= margin)
@@ -51,9 +38,7 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> n
 
 @dataclass
 class DepthDraws:
-    """One (compared arm, depth): its informative LRs, the onset (log10 LR, +-inf outside the
-    LRs tested), its whole-seed bootstrap draws, the monotone fit at `lrs` and the most paired
-    seeds of any cell."""
+    """One (compared arm, depth): its LRs, onset (log10 LR), draws, fit and seeds."""
 
     lrs: list[float]
     point: float
@@ -63,8 +48,7 @@ class DepthDraws:
 
 
 def above_valley(means: np.ndarray, searched: int | None = None) -> np.ndarray:
-    """Each row of seed-mean gaps (rows x LRs) with every LR below the smallest LR at which the
-    row is smallest (among its first `searched` LRs) set to NaN."""
+    """Each row of gaps (rows x LRs) with NaN below its minimum among the first `searched`."""
     means = np.atleast_2d(means)
     window = np.where(np.isnan(means), np.inf, means)[:, :searched]
     has = np.isfinite(window).any(axis=1)
@@ -80,8 +64,7 @@ def _fit(means: np.ndarray, counts: np.ndarray, searched: int | None) -> np.ndar
 
 def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float,
                 trained_up_to: float | None = None) -> DepthDraws:
-    """The onset of one depth from its (seeds, LRs) gaps and under each whole-seed draw;
-    the starting LR is searched up to `trained_up_to` (None: every LR)."""
+    """The onset of one depth's (seeds, LRs) gaps and under each whole-seed draw."""
     searched = None if trained_up_to is None else sum(lr <= trained_up_to for lr in lrs) or None
     log_lrs = np.log10(lrs)
     n = (~np.isnan(values)).sum(axis=0)
@@ -95,8 +78,7 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
 
 
 def widened(d: DepthDraws, k: float) -> np.ndarray:
-    """The draws moved away from the estimate by the factor k (infinite draws, and every draw
-    of an infinite estimate, stay as they are)."""
+    """The draws moved away from a finite estimate by the factor k."""
     if k == 1 or not math.isfinite(d.point):
         return d.draws
     with np.errstate(invalid="ignore"):
@@ -104,8 +86,7 @@ def widened(d: DepthDraws, k: float) -> np.ndarray:
 
 
 def threshold_interval(d: DepthDraws, k: float) -> tuple[float, float]:
-    """The onset's 95% interval (log10 LR): the percentile interval of the draws widened by k,
-    never narrower than the two informative LRs either side of the estimate."""
+    """The onset's 95% interval (log10): widened draws, never inside the LRs beside it."""
     lo, hi = S.percentile_interval(widened(d, k))
     if math.isfinite(d.point):
         logs = np.log10(d.lrs)
@@ -129,9 +110,7 @@ def gap_matrix(gaps: pl.DataFrame, seeds: list[int], lrs: list[float]) -> np.nda
 
 def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
                     ) -> dict[tuple[str, int], DepthDraws]:
-    """Per (compared_arm, depth) with 2 or more paired seeds at some informative LR: the onset
-    and its draws. Seeds are drawn once per arm for the whole study (a seed's runs share its
-    data order), from a generator seeded by the arm's name: a report is reproducible."""
+    """Per (compared_arm, depth) with >= 2 paired seeds: the onset and its draws."""
     gaps = paired_gaps(points, options)
     out: dict[tuple[str, int], DepthDraws] = {}
     informative = cells.filter(pl.col("informative"))
@@ -153,11 +132,9 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
 
 def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     """The rule made of tested claims, from one (depth, compared_arm)'s H1 cells:
-    no_difference_up_to, the largest LR such that every informative cell at or below it is
-    decided "no difference"; trained_up_to, the largest informative LR at which no run of the
-    compared arm diverged or degraded; off_worse_from, the smallest LR such that every
-    informative cell from it up to trained_up_to is decided "off worse"; None where there is no
-    such LR; and the rule in words."""
+    no_difference_up_to (every informative cell up to it "no difference"), trained_up_to (the
+    largest informative LR where every compared-arm run trained), off_worse_from (every cell
+    from it up to trained_up_to "off worse"), None where no such LR, and the rule in words."""
     informative = cells.filter(pl.col("informative")).sort("lr")
     lrs, decisions = informative["lr"].to_list(), informative["decision"].to_list()
     failed = [0] * len(lrs)
@@ -197,8 +174,7 @@ ONSET_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,
 
 
 def bound_text(v: float, point: float, lrs: list[float]) -> str:
-    """An interval bound (log10 LR); one past the LRs tested on an infinite estimate's side
-    reads as past them."""
+    """An interval bound (log10 LR); past the LRs tested on an infinite estimate's side."""
     if v == -np.inf or (point == -np.inf and v < np.log10(lrs[0])):
         return f"< {lrs[0]:.3g}"
     if v == np.inf or (point == np.inf and v > np.log10(lrs[-1])):
@@ -207,8 +183,7 @@ def bound_text(v: float, point: float, lrs: list[float]) -> str:
 
 
 def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
-    """An estimate with its interval (log10 LRs; +-inf outside the LRs tested):
-    "0.0066 [0.0055, 0.022]", "<= 0.0001 [...]" or "> 3 [...]"."""
+    """An estimate with its interval (log10 LRs): "0.0066 [0.0055, 0.022]", "> 3 [...]"."""
     head = (f"<= {lrs[0]:.3g}" if point == -np.inf else f"> {lrs[-1]:.3g}" if point == np.inf
             else f"{10 ** point:.3g}")
     return f"{head} [{bound_text(lo, point, lrs)}, {bound_text(hi, point, lrs)}]"
@@ -230,12 +205,9 @@ def _onset_row(d: DepthDraws, options: Options) -> dict:
     return row
 
 
-def onset_table(points: pl.DataFrame, options: Options, gaps: pl.DataFrame,
-                draws: dict[tuple[str, int], DepthDraws] | None = None) -> pl.DataFrame:
-    """Per (depth, compared_arm): the onset with its 95% interval and the tested rule. `gaps`
-    is the H1 cell table (analysis.hypotheses.h1_tests)."""
-    if draws is None:
-        draws = threshold_draws(points, gaps, options)
+def onset_table(gaps: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
+                options: Options) -> pl.DataFrame:
+    """Per (depth, compared_arm): the onset, its 95% interval and the tested rule."""
     rows = []
     for (on, depth), g in gaps.sort("lr").group_by("compared_arm", "depth", maintain_order=True):
         tested = tested_rule(g, options.min_gap)

@@ -1,13 +1,7 @@
-"""The verdicts on H1-H3: the labels the tests of analysis.hypotheses can bear.
-
-Each hypothesis (per compared arm) is one family of pre-specified, one-directional tests,
-adjusted together (H1 by Benjamini-Hochberg, H2 and H3 by Holm: analysis.hypotheses); the
-family's size is printed beside its verdict. "No difference" and "not needed" come only from an equivalence test.
-Per depth (H1) or per measure (H2) the data point for, against or neither way; H3 is one part,
-the slope of the onset against depth. The label says what they can bear ("supported" needs
-3 paired seeds, "partly" when some parts are undecided, "mixed" when decided parts disagree).
-Every rule is written out in docs/report.md.
-"""
+"""The verdicts on H1-H3: the labels the tests of analysis.hypotheses can bear. Per depth (H1)
+or measure (H2) the data point for, against or neither way; H3 is one part, the onset's slope.
+"supported" needs 3 paired seeds, "partly" when some parts are undecided, "mixed" when decided
+parts disagree (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +35,7 @@ FOR, AGAINST, UNCLEAR = "for", "against", "unclear"
 
 @dataclass(frozen=True)
 class Part:
-    """One per-depth (or per-measure) judgement: which way the data point, on how many paired
-    seeds, and the numbers behind it."""
+    """One per-depth (or per-measure) judgement: its direction, paired seeds and numbers."""
 
     direction: str
     seeds: int
@@ -50,8 +43,7 @@ class Part:
 
 
 def label(direction: str, seeds: int) -> str:
-    """The verdict a direction can bear on `seeds` paired seeds: with fewer than 3 seeds the
-    data only suggest, never support or refute."""
+    """The verdict a direction can bear on `seeds` paired seeds (below 3: only suggestive)."""
     if direction == FOR:
         return SUPPORTED if seeds >= 3 else f"suggestive (n={seeds})"
     if direction == AGAINST:
@@ -60,10 +52,8 @@ def label(direction: str, seeds: int) -> str:
 
 
 def combine(parts: list[Part]) -> str:
-    """Parts without data are left out; decided parts must agree, else "mixed". A claim that
-    holds in some parts while others are unclear is only "partly" supported; one part against
-    it is enough for "not supported". If none is decided, "inconclusive" (or "not enough data"
-    when no part had data at all)."""
+    """Decided parts must agree, else "mixed"; support with some parts unclear is "partly";
+    none decided: "inconclusive", or "not enough data" when no part had data."""
     decided = [p for p in parts if p.direction in (FOR, AGAINST)]
     ways = {p.direction for p in decided}
     if len(ways) > 1:
@@ -99,14 +89,7 @@ VERDICT_SCHEMA = {"hypothesis": pl.String, "compared_arm": pl.String, "claim": p
                   "seeds": pl.Int64, "measured": pl.String, "evidence": pl.String}
 
 
-def verdicts(points: pl.DataFrame, options: Options | None = None) -> pl.DataFrame:
-    """H1-H3 per compared_arm (every arm but the off arm, each against the off arm by the same
-    rules), with the family size, the seeds and the per-depth numbers behind each verdict."""
-    return study_verdicts(points, options or Options()).verdicts
-
-
 class StudyVerdicts(NamedTuple):
-    """The verdict table and every table of tests and estimates behind it."""
 
     verdicts: pl.DataFrame
     gaps: pl.DataFrame  # H1's cells
@@ -118,13 +101,13 @@ class StudyVerdicts(NamedTuple):
 
 
 def study_verdicts(points: pl.DataFrame, options: Options) -> StudyVerdicts:
-    """H1-H3 and the tables behind them, from one study's runs."""
+    """H1-H3 per compared arm and the tables behind them, from one study's runs."""
     gaps, best = h1_tests(points, options)
     draws = threshold_draws(points, gaps, options)
-    thresholds = onset_table(points, options, gaps, draws)
+    thresholds = onset_table(gaps, draws, options)
     gaps = mark_needed(gaps, thresholds)
     h2 = h2_tests(points, options)
-    h3 = h3_tests(points, gaps, options, draws)
+    h3 = h3_tests(points, draws, options)
     rows = []
     for on in compared_arms(points):
         rows += [_h1(on, gaps, best, thresholds), _h2(on, h2), _h3(on, h3, thresholds)]
@@ -145,13 +128,10 @@ def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str, fam
             "evidence": "; ".join(p.text for p in parts) or "no paired runs"}
 
 
-# --- H1 -----------------------------------------------------------------------------------------
-
 def h1_direction(informative: pl.DataFrame) -> str:
-    """One depth's H1 direction from its informative, tested cells (`decision`, `lr`): FOR when
-    off is worse at some LR and a lower LR shows no difference; AGAINST when the on arm is
-    worse anywhere, when off is worse at every informative LR (not LR-conditional), or when
-    every informative LR shows no difference; else UNCLEAR."""
+    """One depth's H1 direction from its informative cells: FOR when off is worse at some LR
+    and a lower LR shows no difference; AGAINST when on is worse anywhere, or off worse at
+    every LR, or no difference at every LR; else UNCLEAR."""
     lrs = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
            for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE)}
     worse, calm, harm = lrs[OFF_WORSE], lrs[NO_DIFFERENCE], lrs[ON_WORSE]
@@ -167,7 +147,6 @@ def h1_direction(informative: pl.DataFrame) -> str:
 
 
 def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
-    """H1 for one compared arm: one part per depth, its direction from `h1_direction`."""
     mine = gaps.filter(pl.col("compared_arm") == on)
     parts = []
     for d in sorted(mine["depth"].unique().to_list()):
@@ -178,8 +157,7 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                               f"depth {d}: needs >= 2 paired seeds"))
             continue
         informative = tested.filter("informative")
-        # the fewest paired seeds of the decided cells the direction rests on: an undecided
-        # boundary-bisection LR run by some seeds does not lower it
+        # the fewest paired seeds of the decided cells (an undecided bisection LR does not count)
         decided = informative.filter(pl.col("decision").is_in([OFF_WORSE, NO_DIFFERENCE,
                                                                ON_WORSE]))
         n = int((decided if decided.height else tested)["pairs"].min())
@@ -190,7 +168,6 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
         t = thresholds.filter((pl.col("compared_arm") == on) & (pl.col("depth") == d))
         b = best.filter((pl.col("compared_arm") == on) & (pl.col("depth") == d))
         strongest = informative.filter(pl.col("decision") == OFF_WORSE).sort("mean_gap").tail(1)
-        # only the outcomes some LR had: a list is never empty ("at lr none")
         outcomes = "; ".join(
             f"{words} at {'lr ' if words == 'off worse' else ''}{_lrs(lrs)}" + extra
             for words, lrs, extra in (
@@ -216,11 +193,8 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                 "at low LR, large at high LR", parts, "depths", family)
 
 
-# --- H2 -----------------------------------------------------------------------------------------
-
 def _h2(on: str, h2: pl.DataFrame) -> dict:
-    """Two parts, max usable LR and LR sensitivity, each decided on its pooled tests; combine()
-    gives the label ("mixed" when one part is for and the other against)."""
+    """Two parts, max usable LR and LR sensitivity, each decided on its pooled tests."""
     mine = h2.filter(pl.col("compared_arm") == on)
     parts, shown = [], {}
     for measure in H2_MEASURES:
@@ -241,7 +215,6 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
                 f"{_q(r['q_equivalent'])}; smallest attainable p {_q(r['smallest_p'])})"
                 + (f"; {r['note']}" if r["note"] else "")
                 + (f"; per seed: {by_depth}" if by_depth else ""))
-        # the label's seed rule counts paired seeds (per depth), not pooled units
         seeds = int(depth_rows["pairs"].min()) if depth_rows.height else r["pairs"]
         parts.append(Part(way, seeds, text))
         shown[measure] = combine([parts[-1]])
@@ -252,11 +225,7 @@ def _h2(on: str, h2: pl.DataFrame) -> dict:
                 "sensitivity", parts, "measures", family, verdict, S.HOLM)
 
 
-# --- H3 -----------------------------------------------------------------------------------------
-
 def _h3(on: str, h3: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
-    """FOR when the slope of log10(onset) on log2(depth) is negative with error control;
-    AGAINST when it is positive, or equal to 0 within slope_margin (equivalence); else UNCLEAR."""
     claim = "the onset LR falls with depth"
     t = thresholds.filter((pl.col("compared_arm") == on) & (pl.col("seeds") >= 2)).sort("depth")
     per_depth = "; ".join(f"depth {r['depth']}: onset {r['onset'] or r['note']}"

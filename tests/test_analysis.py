@@ -34,11 +34,16 @@ from qkstudy.run_folder import RunFolder
 def points(rows: list[tuple]) -> pl.DataFrame:
     """(depth, qk_norm, lr, seed, final_val_loss or None if diverged, init_loss) rows."""
     return pl.DataFrame(
-        [{"depth": d, "qk_norm": q, "lr": lr, "seed": s,
+        [{"depth": d, "qk_norm": q, "arm": q, "lr": lr, "seed": s,
           "status": "diverged" if loss is None else "completed",
           "final_val_loss": loss, "init_loss": init} for d, q, lr, s, loss, init in rows],
-        schema={"depth": pl.Int64, "qk_norm": pl.String, "lr": pl.Float64, "seed": pl.Int64,
-                "status": pl.String, "final_val_loss": pl.Float64, "init_loss": pl.Float64})
+        schema={"depth": pl.Int64, "qk_norm": pl.String, "arm": pl.String, "lr": pl.Float64,
+                "seed": pl.Int64, "status": pl.String, "final_val_loss": pl.Float64,
+                "init_loss": pl.Float64})
+
+
+def verdicts(table: pl.DataFrame, options: M.Options | None = None) -> pl.DataFrame:
+    return V.study_verdicts(table, options or M.Options()).verdicts
 
 
 # --- LR sensitivity ---------------------------------------------------------------------------
@@ -54,7 +59,7 @@ def test_lr_sensitivity_clips_at_init_and_ignores_refinement_points():
     assert per_seed["grid_points"].to_list() == [4, 4]
     # seed 0: mean(3.0, 2.5, 2.8, 4.0) - 2.5 = 0.575; seed 1: mean(3.1, 2.6, 2.7, 4.2) - 2.6 = 0.55
     assert per_seed["lr_sensitivity"].to_list() == pytest.approx([0.575, 0.55])
-    arm = M.lr_sensitivity(points(rows)).row(0, named=True)
+    arm = M.arm_table(points(rows)).row(0, named=True)
     assert arm["lr_sensitivity"] == pytest.approx(0.5625)
     assert arm["sensitivity_seeds"] == 2
     grid_marks = M.mark_base_grid(points(rows)).filter(pl.col("lr") == 0.05)
@@ -108,7 +113,7 @@ def test_max_usable_lr_starts_at_the_best_lr_and_counts_bisection_runs():
     assert got[("none", 1)]["first_failed_lr"] == 0.1
     assert got[("none", 1)]["first_divergent_lr"] == 0.001
     assert got[("rmsnorm", 0)]["max_usable_lr"] == 1.0 and got[("rmsnorm", 0)]["lower_bound"]
-    arms = M.max_usable_lr(points(rows)).filter(pl.col("arm") == "none").row(0, named=True)
+    arms = M.arm_table(points(rows)).filter(pl.col("arm") == "none").row(0, named=True)
     assert arms["max_usable_lr"] == pytest.approx(math.sqrt(0.3 * 0.03))
     assert (arms["max_usable_lr_lo"], arms["max_usable_lr_hi"]) == (0.03, 0.3)
     assert arms["lower_bound_seeds"] == 0
@@ -118,7 +123,7 @@ def test_optimal_lr_and_best_loss_per_seed():
     rows = [(1, "none", 0.01, 0, 3.0, 5.0), (1, "none", 0.1, 0, 2.0, 5.0),
             (1, "none", 1.0, 0, None, 5.0),
             (1, "none", 0.01, 1, 2.5, 5.0), (1, "none", 0.1, 1, 2.6, 5.0)]
-    row = M.optimal_lr(points(rows)).row(0, named=True)
+    row = M.arm_table(points(rows)).row(0, named=True)
     assert row["optimal_lr"] == pytest.approx(math.sqrt(0.1 * 0.01))
     assert row["best_loss"] == pytest.approx(2.25)
 
@@ -184,7 +189,7 @@ def with_gaps(table: pl.DataFrame, lr: float, gaps: list[float], depth: int | No
 
 
 def verdict_of(table: pl.DataFrame, hypothesis: str, options: M.Options | None = None) -> dict:
-    return V.verdicts(table, options).filter(pl.col("hypothesis") == hypothesis).row(
+    return verdicts(table, options).filter(pl.col("hypothesis") == hypothesis).row(
         0, named=True)
 
 
@@ -234,7 +239,7 @@ def test_the_sign_flip_test_scores_ties_as_what_they_are():
     (a t-test gave the spread 0.0027 and the tie 0.125)."""
     tie = [math.log(18.3)] * 3
     spread = [math.log(10), math.log(18.3), math.log(18.3)]
-    assert S.p_signflip(tie) == S.p_signflip(spread) == 0.125 == S.smallest_signflip_p(3)
+    assert S.p_signflip(tie) == S.p_signflip(spread) == 0.125
     assert S.p_signflip([0.5, 0.5, 0.5000001]) == 0.125  # no reward for a hair of spread
     assert S.p_signflip(tie * 2) <= S.p_signflip(spread * 2) == pytest.approx(1 / 64)
     # one seed against: 2 of the 8 patterns reach the observed sum (+a +a -b and +a +a +b)
@@ -541,7 +546,7 @@ def test_h2_max_usable_lr_is_judged_across_seeds():
     assert part(lr_curves([3e-2] * 3, [1e-1, 1e-1, 1e-2]))["decision"] == "undetermined"
     # a seed where off diverged at every LR has no best LR and no max usable LR: it leaves H2
     t = lr_curves([1e-3, 3e-2, 3e-2], [1e-1] * 3)
-    off = M.max_usable_lr(t).filter(pl.col("arm") == "none").row(0, named=True)
+    off = M.arm_table(t).filter(pl.col("arm") == "none").row(0, named=True)
     assert off["usable_seeds"] == 2 and off["max_usable_lr"] == pytest.approx(1e-2)
     assert part(t)["pairs"] == 2
 
@@ -637,7 +642,7 @@ def test_the_calibration_noise_degrades_the_off_arm_past_its_onset_and_couples_b
 
 
 def test_default_loss_threshold_is_reached_by_both_arms_mid_training():
-    runs = pl.DataFrame({"run": ["a", "b"], "depth": [2, 2], "qk_norm": ["none", "rmsnorm"],
+    runs = pl.DataFrame({"run": ["a", "b"], "depth": [2, 2], "arm": ["none", "rmsnorm"],
                          "lr": [0.01, 0.01], "seed": [0, 0], "status": ["completed"] * 2,
                          "final_val_loss": [2.0, 1.8], "init_loss": [5.0, 5.0],
                          "steps": [100, 100]})
@@ -752,7 +757,7 @@ def test_the_evidence_names_only_the_outcomes_some_lr_had():
 
     assert prose._scale(pl.Series([840_000, 840_100])) == "0.84M"
     assert prose._scale(pl.Series([420_000, 12_360_000])) == "0.42-12.36M"
-    evidence = " ".join(V.verdicts(onset_sweep({2: 3e-2}))["evidence"].to_list())
+    evidence = " ".join(verdicts(onset_sweep({2: 3e-2}))["evidence"].to_list())
     assert "on worse at" not in evidence and "at none" not in evidence
     assert "off worse at lr 0.03" in evidence
 
@@ -766,7 +771,7 @@ def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monke
 
     def study(first_needed):
         table = onset_sweep(first_needed)
-        return SimpleNamespace(gaps=gap_table(table), verdicts=V.verdicts(table))
+        return SimpleNamespace(gaps=gap_table(table), verdicts=verdicts(table))
 
     a, b = study({2: 3e-2}), study({2: 1e-2})  # b needs it from one LR lower
     gaps = K.gap_agreement(a, b)
@@ -775,9 +780,9 @@ def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monke
     assert differ["lr"].to_list() == [1e-2]
     assert differ.row(0, named=True)["decision"] == H.NO_DIFFERENCE
     assert differ.row(0, named=True)["decision_b"] == H.OFF_WORSE
-    verdicts = K.verdict_agreement(a, b)
-    assert verdicts["hypothesis"].to_list() == ["H1", "H2", "H3"]
-    text = K.sentences(gaps, verdicts, "mini", "mini-torch")
+    agreement = K.verdict_agreement(a, b)
+    assert agreement["hypothesis"].to_list() == ["H1", "H2", "H3"]
+    text = K.sentences(gaps, agreement, "mini", "mini-torch")
     assert text[0].startswith(f"The cell decisions agree at {len(GRID) - 1} of the {len(GRID)}")
     assert "depth 2 LR 0.01 (no difference in mini, off worse in mini-torch)" in text[1]
     assert len(K.gap_scatter(gaps, "mini", "mini-torch").to_dict()["layer"]) == 2
@@ -800,7 +805,7 @@ def test_legends_name_every_marker_and_probes_read_as_words():
     probes = pl.DataFrame({"run": ["r"] * 4, "step": [0, 10] * 2,
                            "name": ["residual_kurtosis"] * 2 + ["output_logsumexp_mean"] * 2,
                            "value": [3.0, 9.0, 1.0, 2.0]})
-    runs = pl.DataFrame({"run": ["r"], "depth": [2], "qk_norm": ["none"], "lr": [0.01]})
+    runs = pl.DataFrame({"run": ["r"], "depth": [2], "arm": ["none"], "lr": [0.01]})
     chart = P.other_probes_chart(runs, probes, ["residual_kurtosis", "output_logsumexp_mean"])
     spec = chart.to_dict()
     names = {row["probe"] for row in spec["data"]["values"]}
@@ -1248,11 +1253,11 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     rival_z = off.with_columns(arm=pl.lit("zloss1e-4"), final_val_loss=pl.col("final_val_loss")
                                .fill_null(3.0) - 0.05
                                + pl.lit([0.003, -0.002, 0.001]).list.get(pl.col("seed")))
-    four = pl.concat([base.with_columns(arm=pl.col("qk_norm")), rival_cap, rival_z])
-    v = V.verdicts(four)
+    four = pl.concat([base, rival_cap, rival_z])
+    v = verdicts(four)
     assert v.height == 3 * 3  # one row per (hypothesis, compared arm)
     assert sorted(set(v["compared_arm"])) == ["rmsnorm", "softcap50", "zloss1e-4"]
-    alone = V.verdicts(pl.concat([off.with_columns(arm=pl.col("qk_norm")), rival_cap]))
+    alone = verdicts(pl.concat([off, rival_cap]))
     both = v.filter(pl.col("compared_arm") == "softcap50")
     assert both.select("hypothesis", "verdict", "evidence").rows() == \
         alone.select("hypothesis", "verdict", "evidence").rows()
@@ -1271,8 +1276,6 @@ def test_every_arm_is_judged_against_the_off_arm_by_the_same_rules():
     assert th["ci_hi"].to_list() == pytest.approx([3e-2, 3e-3])
     arms = M.arm_table(four)
     assert sorted(set(arms["arm"])) == ["none", "rmsnorm", "softcap50", "zloss1e-4"]
-    # a table without an arm column takes its arms from qk_norm (runs before the rivals)
-    assert V.verdicts(base).height == 3
 
 
 def test_load_names_each_run_by_its_arm_as_the_sweep_does():
@@ -1355,7 +1358,6 @@ def test_spikes_are_summed_per_arm_and_lr():
     assert (rows["none"]["runs_with_spikes"], rows["none"]["loss_spikes"],
             rows["none"]["max_spike"]) == (2, 3, 3.0)
     assert (rows["rmsnorm"]["runs_with_spikes"], rows["rmsnorm"]["loss_spikes"]) == (0, 0)
-    assert M.spike_table(points([(2, "none", 0.1, 0, 3.0, 5.0)]))["counted"].to_list() == [0]
 
 
 def test_h2_max_usable_lr_counts_degraded_runs_as_failed():
