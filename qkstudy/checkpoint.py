@@ -1,10 +1,5 @@
-"""A run's checkpoint: the engine's whole state, written with a checksum, verified on resume.
-
-It holds the weights ("model.<name>") and the optimizer's state ("opt.<key>"), with the count of
-updates applied in every "opt.<...>.step" entry. That count is also the whole data cursor: batch
-k is a pure function of (data_seed, k) and a step draws no random numbers (no dropout), so
-nothing else is needed for a bit-exact resume. The recorder's clocks ride along as metadata.
-"""
+"""A run's checkpoint: weights ("model.<name>") and optimizer state ("opt.<key>") with a
+checksum. The update count in "opt.<...>.step" is the whole data cursor (batches.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +15,7 @@ from .run_folder import RunFolder
 
 
 def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
-    """The updates applied, from a checkpoint's arrays; None unless every optimizer entry named
-    "...step" holds one and the same count."""
+    """The updates applied; None unless every "opt.<...>.step" entry holds the same count."""
     steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
     if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
         return None
@@ -29,8 +23,7 @@ def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
 
 
 def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
-    """Write the engine's state and `extra` with a checksum; the previous checkpoint stays until
-    this one is written and verified. Returns the step (the optimizer's own update count)."""
+    """Write the engine's state and `extra` (the recorder's clocks); returns the step."""
     arrays = engine.state_arrays()
     step = checkpoint_step(arrays)
     files.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
@@ -38,8 +31,7 @@ def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
 
 
 def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarray], dict]:
-    """(step, arrays, extra) of a checkpoint, verified against its checksum and the names, shapes
-    and dtypes of this engine's state; files.DamagedFile if it fails."""
+    """(step, arrays, extra), verified against its checksum and this engine's state spec."""
     arrays, metadata = files.read_tensors(path)
     want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in engine.state_spec().items()}
     got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
@@ -54,8 +46,8 @@ def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarr
 
 
 def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> tuple[int, dict]:
-    """(step, recorder clocks) to start from: the checkpoint's, if it verifies and the rows on
-    disk agree with it; else step 0 (the checkpoint is removed so it is never tried again)."""
+    """(step, recorder clocks) of a checkpoint that verifies and agrees with the rows on disk;
+    else (0, {}), the checkpoint removed."""
     path = folder.checkpoint_file
     if path.exists():
         try:

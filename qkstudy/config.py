@@ -1,4 +1,4 @@
-"""Run configuration: one frozen dataclass, every default visible here, parsed from key=value."""
+"""Run configuration: one frozen dataclass, parsed from key=value."""
 
 from __future__ import annotations
 
@@ -26,30 +26,22 @@ INDEPENDENT_WD_DEFAULT = 1e-4
 # Keys a run's config.json holds beside the TrainConfig fields
 CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id")
 BACKENDS = ("mlx", "torch")
-# Keys of a config.json that do not place a run in the study: where it lives and what it is
-# called (FOLDER_KEYS), and which engine computed it (ENGINE_KEYS): runs that differ only in
-# these are twins, the same point computed twice (the report overlays them).
+# config.json keys that do not place a run in the study: runs differing only in them are twins
 FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine", "reference_run_id")
 ENGINE_KEYS = ("backend", "device", "precision", "compile", "deterministic")
 
 
 def framework_label(framework: str, precision: object = None) -> str:
-    """How the report names an engine: mlx, torch, torch-bf16, torch-tf32."""
     return framework + (f"-{precision}" if precision not in (None, "fp32") else "")
 
 NORM_EPS = 1e-5  # every LayerNorm and QK-norm of both models
 
-# backend=auto (the default): the engine a run gets when it names none. Set QKSTUDY_BACKEND=mlx
-# or =torch to make auto pick that one on this machine (the test suite picks mlx this way).
 AUTO_BACKEND_ENV = "QKSTUDY_BACKEND"
 TORCH_OPTIONS = {"device": "auto", "precision": "fp32", "compile": False, "deterministic": True}
 
 
 def auto_backend(torch_options: bool = False) -> tuple[str, str]:
-    """(the engine backend=auto picks here, why in a few words). Apple Silicon: MLX on its
-    GPU. Elsewhere PyTorch: a CUDA GPU when one is visible, else the CPU, where it trains these
-    shapes several times faster than MLX's CPU path (docs/performance.md). Neither framework is
-    imported: only whether it is installed is asked."""
+    """(the engine backend=auto picks here, why); QKSTUDY_BACKEND=mlx|torch forces one."""
     forced = os.environ.get(AUTO_BACKEND_ENV, "")
     if forced:
         if forced not in BACKENDS:
@@ -134,7 +126,7 @@ class TrainConfig:
     runs_dir: str = "runs"
     sweep: str = "adhoc"
 
-    def __post_init__(self) -> None:  # no config holds "auto": its run id names its engine
+    def __post_init__(self) -> None:  # a run id names its engine, never "auto"
         if self.backend == "auto":
             object.__setattr__(self, "backend", auto_backend(any(
                 getattr(self, k) != v for k, v in TORCH_OPTIONS.items()))[0])
@@ -201,7 +193,7 @@ class TrainConfig:
             if not ok:
                 raise UsageError(message)
         hints = typing.get_type_hints(type(self))
-        for f in fields(self):  # the step computes in float32: every number must fit it
+        for f in fields(self):  # the step computes in float32
             value = getattr(self, f.name)
             if hints[f.name] in (float, int) and not (
                     isinstance(value, (int, float)) and abs(value) <= FLOAT32_MAX):
@@ -209,11 +201,8 @@ class TrainConfig:
                                  f"{FLOAT32_MAX:.3g} in size, got {value}")
         return self
 
-    # Fields that say where output goes or how (not what) is computed: left out of the run id.
     NON_IDENTITY = ("runs_dir", "sweep", "kernels", "compile", "deterministic")
-    # Keys added after runs were made, with the value every earlier run had: left out of the
-    # identity while they hold it, so those runs keep their run ids, and a config.json without
-    # them reads back with it (load_config).
+    # keys added later, left out of the identity at the value earlier runs had
     LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32"}
 
     def identity(self) -> dict[str, Any]:
@@ -223,7 +212,6 @@ class TrainConfig:
 
     @property
     def run_id(self) -> str:
-        """Content address: a short hash of every field that changes what the run computes."""
         blob = json.dumps(self.identity(), sort_keys=True)
         tag = f"d{self.depth}-{'qk' + self.qk_norm if self.qk_norm != 'none' else 'noqk'}"
         tag += f"-softcap{short_number(self.attn_softcap)}" if self.attn_softcap else ""
@@ -235,7 +223,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """The model's shape and switches (mlx_gpt.model.GPT and torch_ref.model.GPT take it)."""
+    """The model's shape and switches (both engines' GPT take it)."""
     vocab_size: int
     depth: int = 4
     d_model: int = 128
@@ -260,8 +248,7 @@ def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
 
 
 def short_number(x: float) -> str:
-    """50 -> '50', 2.5 -> '2.5', 1e-4 -> '1e-4', 3e-05 -> '3e-5': up to 6 significant digits,
-    plain between 1e-3 and 1e5, else mantissa and exponent without padding."""
+    """50 -> '50', 2.5 -> '2.5', 3e-05 -> '3e-5': 6 significant digits, no exponent padding."""
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
     exponent = math.floor(math.log10(abs(x)))
@@ -305,8 +292,7 @@ def _coerce(name: str, hint: Any, text: str) -> Any:
 
 def split_flags(argv: list[str], known: Sequence[str], shown: str = "") -> tuple[list[str],
                                                                                dict[str, str]]:
-    """(the other words, {flag: its value after '=', or ''}) of a command's `--flag[=value]`
-    words; UsageError naming the flags (`shown`, else `known`) for one it does not know."""
+    """(the other words, {flag: its value after '=', or ''}); UsageError for an unknown flag."""
     flags = {}
     for word in argv:
         name, _, value = word.partition("=")
@@ -318,10 +304,7 @@ def split_flags(argv: list[str], known: Sequence[str], shown: str = "") -> tuple
 
 
 def split_key_values(words: list[str]) -> dict[str, str]:
-    """The one key=value parser of every command: ['lr=1e-3', 'depth=6'] -> {'lr': '1e-3',
-    'depth': '6'}; a word without '=' or a key given twice is an error. A dataclass's fields
-    take the values through apply_overrides; a command's own key that is no field (train's
-    repair=, ladder's points=) through `take`."""
+    """Every command's key=value parser: ['lr=1e-3'] -> {'lr': '1e-3'}."""
     out: dict[str, str] = {}
     for word in words:
         key, sep, value = word.partition("=")
@@ -335,13 +318,12 @@ def split_key_values(words: list[str]) -> dict[str, str]:
 
 
 def take(pairs: dict[str, str], key: str, hint: Any, default: Any = None) -> Any:
-    """Remove `key` from parsed pairs and return its value coerced to `hint` (bool, int, float,
-    str, a Literal), or `default` when it is not given."""
+    """Pop `key` from parsed pairs coerced to `hint`, or `default` when it is not given."""
     return _coerce(key, hint, pairs.pop(key)) if key in pairs else default
 
 
 def apply_overrides(base: Any, overrides: dict[str, str]) -> Any:
-    """Return a copy of dataclass `base` with string overrides coerced to each field's type."""
+    """A copy of dataclass `base` with string overrides coerced to each field's type."""
     hints = typing.get_type_hints(type(base))
     names = {f.name for f in fields(base)}
     changes = {}
@@ -372,7 +354,6 @@ def _value_ok(hint: Any, value: Any) -> bool:
 
 
 def load_config(path: str) -> TrainConfig:
-    """A run's config.json as a validated TrainConfig; UsageError naming what is wrong."""
     try:
         with open(path) as f:
             raw = json.load(f)
@@ -381,7 +362,7 @@ def load_config(path: str) -> TrainConfig:
     if not isinstance(raw, dict):
         raise UsageError(f"{path} holds a JSON {type(raw).__name__}, not an object")
     hints = typing.get_type_hints(TrainConfig)
-    if "backend" not in raw:  # written before the backends: an MLX run (or a spot check's copy)
+    if "backend" not in raw:  # written before the backends: an MLX run
         raw = {k: v for k, v in raw.items() if k != "device"}
     if raw.get("backend") == "auto":
         raise UsageError(f"{path}: backend is 'auto', but a run records the engine it trained on "

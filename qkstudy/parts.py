@@ -1,5 +1,4 @@
-"""A run's rows on disk: immutable Parquet parts, part-<first step>-<last step>.parquet, each
-written once, atomically (files.py); qkstudy/run_folder.py says which folder holds which."""
+"""A run's rows on disk: immutable Parquet parts, part-<first step>-<last step>.parquet."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from .files import atomic
 
 
 def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
-    """Write rows as one immutable part named by its step range; None if there are no rows."""
     if not rows:
         return None
     folder.mkdir(parents=True, exist_ok=True)
@@ -29,7 +27,7 @@ _PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
 
 
 def parts(folder: Path) -> list[tuple[int, Path]]:
-    """(first step, path) of each part-<first>-<last>.parquet in `folder`, in step order."""
+    """(first step, path) of each part in `folder`, in step order."""
     if not folder.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
@@ -40,7 +38,6 @@ def read_parts(folder: Path) -> pa.Table | None:
     found = parts(folder)
     if not found:
         return None
-    # parts written before a column was added lack it: it reads back as null there
     return pa.concat_tables((pq.read_table(p) for _, p in found), promote_options="default")
 
 
@@ -56,15 +53,13 @@ def part_steps(folder: Path) -> tuple[list[int], str | None]:
 
 
 def coverage(folder: Path, expected: list[int], once: bool = True) -> str | None:
-    """None if the folder's rows hold exactly the steps `expected` (once each, or with
-    `once=False` any number of rows per step, as probes/ has one row per layer and name), else
-    what is off."""
+    """What is off unless the folder's rows hold exactly the steps `expected` (each once, or
+    any number of times with once=False), else None."""
     steps, why = part_steps(folder)
     return why or steps_cover(folder.name, steps, expected, once)
 
 
 def steps_cover(name: str, steps: list[int], expected: list[int], once: bool = True):
-    """coverage on rows' steps already read."""
     if not once:
         steps = sorted(set(steps))
     if sorted(steps) == expected:

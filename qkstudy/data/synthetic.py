@@ -1,14 +1,6 @@
-"""The embedded default corpus: seeded, generated simple English stories.
-
-Every story has a cast (a hero, a friend, a grown-up helper), a setting, and one of
-several plot arcs: problem -> one or more failed attempts -> an idea -> resolution
--> feelings (and sometimes a moral). Slots are filled from word lists and sentence
-templates are chosen at random, so the corpus has a small vocabulary but a very
-large number of distinct sentences: a small model keeps learning for thousands of
-steps (names must be copied, pronouns must agree, the plot must resolve).
-
-Same seed -> identical stories; story i does not depend on how many are asked for.
-"""
+"""The embedded default corpus: seeded simple English stories (a cast, a setting, a plot arc)
+from word lists and templates: a small vocabulary, very many distinct sentences. Same seed ->
+identical stories; story i does not depend on how many are asked for."""
 
 from __future__ import annotations
 
@@ -292,7 +284,6 @@ PRONOUN_SLOTS = ("he", "him", "his", "himself")  # template slots, filled with t
 
 
 def _character(rng: random.Random, taken: set[str]) -> dict[str, str]:
-    """A random child or named animal with pronouns, not reusing a name already in the story."""
     while True:
         roll = rng.random()
         if roll < 0.35:
@@ -346,7 +337,6 @@ def _fill(template: str, s: dict[str, str]) -> str:
 
 
 def story(rng: random.Random) -> str:
-    """One story: opening, problem, failed attempts, idea, resolution, ending; 3-4 paragraphs."""
     s = _slots(rng)
     plot = PLOTS[rng.choice(sorted(PLOTS))]
     pick = rng.choice
@@ -373,14 +363,12 @@ def story(rng: random.Random) -> str:
 
 
 def iter_stories(seed: int) -> Iterator[str]:
-    """An endless, deterministic stream of stories."""
     rng = random.Random(seed)
     while True:
         yield story(rng)
 
 
 def iter_text(n_chars: int, seed: int) -> Iterator[str]:
-    """Stories from seed `seed` until their total length reaches `n_chars` characters."""
     total = 0
     for text in iter_stories(seed):
         if total >= n_chars:
@@ -390,5 +378,4 @@ def iter_text(n_chars: int, seed: int) -> Iterator[str]:
 
 
 def generate_text(n_chars: int, seed: int) -> list[str]:
-    """`iter_text` as a list."""
     return list(iter_text(n_chars, seed))
