@@ -59,6 +59,18 @@ def auto_backend(torch_options: bool = False) -> tuple[str, str]:
         return "mlx", "PyTorch is not installed"
     return "torch", "neither MLX nor PyTorch is installed"
 
+# the least value of each setting (grad_clip=0 disables clipping)
+AT_LEAST = {"depth": 1, "d_model": 1, "n_heads": 1, "block_size": 2, "batch_size": 1,
+            "warmup_steps": 0, "weight_decay": 0, "grad_clip": 0, "budget_tokens": 0,
+            "divergence_window": 1, "eval_batches": 1, "eval_every": 1, "probe_every": 1,
+            "log_every": 1, "ckpt_every": 1, "seed": 0, "data_seed": 0}
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)
+
+
 QKNorm = Literal["none", "rmsnorm", "layernorm", "l2norm"]  # none and qkstudy/variants.py's
 
 
@@ -146,52 +158,35 @@ class TrainConfig:
         return self.d_model // self.n_heads
 
     def validate(self) -> TrainConfig:
-        checks = [
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.depth >= 1, f"depth must be >= 1, got {self.depth}"),
-            (self.d_model >= 1 and self.n_heads >= 1, "d_model and n_heads must be >= 1"),
-            (self.n_heads >= 1 and self.d_model % self.n_heads == 0,
-             f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"),
-            (self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}"),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.batch_size < 1 or self.block_size < 2 or self.steps >= 1,
-             f"max_steps must be >= 1, got {self.max_steps}"),
-            (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
-            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
-            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
-            (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)"),
-            (self.eps > 0 and float(np.float32(self.eps)) > 0,
-             f"eps must be > 0 in float32, got {self.eps}"),
-            (not self.independent_wd or self.weight_decay < 1e-2,
-             f"independent_wd=true needs weight_decay < 1e-2 (got {self.weight_decay:g}: the decay "
-             f"is not scaled by the LR, so it would shrink weights by that share every step); "
-             f"leave weight_decay out for the default {INDEPENDENT_WD_DEFAULT:g}"),
-            (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
-            (self.budget_tokens >= 0, f"budget_tokens must be >= 0, got {self.budget_tokens}"),
-            (self.divergence_margin > 0, "divergence_margin must be > 0"),
-            (self.divergence_window >= 1,
-             f"divergence_window must be >= 1 step, got {self.divergence_window}"),
-            (self.spike_margin > 0, f"spike_margin must be > 0, got {self.spike_margin}"),
-            (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
-            (self.seed >= 0 and self.data_seed >= 0,
-             f"seed and data_seed must be >= 0, got {self.seed} and {self.data_seed}"),
-            (self.backend == "torch" or all(getattr(self, k) == v for k, v in TORCH_OPTIONS.items()),
-             "device, precision, compile and deterministic are options of backend=torch; MLX "
-             "picks its own device and computes in float32"),
-        ]
+        for name, low in AT_LEAST.items():
+            value = getattr(self, name)
+            _need(value >= low, f"{name} must be >= {low}, got {value}")
+        _need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        _need(self.d_model % self.n_heads == 0,
+              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        _need(self.steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
+        _need(0 <= self.min_lr_ratio <= 1,
+              f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
+        _need(self.eps > 0 and float(np.float32(self.eps)) > 0,
+              f"eps must be > 0 in float32, got {self.eps}")
+        _need(not self.independent_wd or self.weight_decay < 1e-2,
+              f"independent_wd=true needs weight_decay < 1e-2 (got {self.weight_decay:g}: the "
+              f"decay is not scaled by the LR, so it would shrink weights by that share every "
+              f"step); leave weight_decay out for the default {INDEPENDENT_WD_DEFAULT:g}")
+        for name in ("divergence_margin", "spike_margin"):
+            _need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("attn_softcap", "z_loss"):
             value = getattr(self, name)
-            checks.append((math.isfinite(value) and value >= 0,
-                           f"{name} must be a finite number >= 0 (0 is off), got {value}"))
-        for name in ("eval_every", "probe_every", "log_every", "ckpt_every"):
-            checks.append((getattr(self, name) >= 1, f"{name} must be >= 1"))
-        checks.append((self.ckpt_every % self.log_every == 0,
-                       f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every}"))
-        checks.append(("/" not in self.sweep and self.sweep not in ("", ".", ".."),
-                       f"sweep must be a plain folder name, got {self.sweep!r}"))
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
+            _need(math.isfinite(value) and value >= 0,
+                  f"{name} must be a finite number >= 0 (0 is off), got {value}")
+        _need(self.ckpt_every % self.log_every == 0,
+              f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every}")
+        _need("/" not in self.sweep and self.sweep not in ("", ".", ".."),
+              f"sweep must be a plain folder name, got {self.sweep!r}")
+        _need(self.backend == "torch" or all(getattr(self, k) == v for k, v in TORCH_OPTIONS.items()),
+              "device, precision, compile and deterministic are options of backend=torch; MLX "
+              "picks its own device and computes in float32")
         hints = typing.get_type_hints(type(self))
         for f in fields(self):  # the step computes in float32
             value = getattr(self, f.name)
