@@ -1,23 +1,12 @@
-"""The docs' tables that restate the code, rendered from it: the sweep presets and the run keys.
-
-A Markdown file holds a generated table between two markers:
-
-    <!-- generated: presets -->
-    ...
-    <!-- end generated -->
-
-`python -m tools.doc_tables` (`just docs`) rewrites every such block in README.md and docs/*.md
-from the code; `--check` rewrites nothing and exits 1 naming each block that differs
-(tests/test_docs.py runs the same check).
-"""
+"""`python -m tools.doc_tables [--check]` (`just docs`): rewrite every block between
+`<!-- generated: NAME -->` and `<!-- end generated -->` in README.md and docs/*.md from the
+code, or (--check) exit 1 naming each block that differs."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
 import sys
-import tokenize
 import typing
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -45,7 +34,6 @@ def _vocab(sweep: SweepConfig) -> int | None:
 
 
 def _differs(sweep: SweepConfig) -> dict[str, object]:
-    """The run keys a preset sets to something other than TrainConfig's default."""
     base = TrainConfig()
     return {f.name: getattr(sweep.train, f.name) for f in dataclasses.fields(TrainConfig)
             if getattr(sweep.train, f.name) != getattr(base, f.name)}
@@ -155,7 +143,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def presets_table() -> str:
-    """One column per preset, one row per thing a preset decides."""
     return _table([""] + [f"`{name}`" for name in PRESETS],
                   [[what] + [row(s) for s in PRESETS.values()] for what, row in PRESET_ROWS])
 
@@ -183,27 +170,18 @@ def parameters_table() -> str:
 
 
 def _field_comments() -> dict[str, str]:
-    """Each TrainConfig field's comment in qkstudy/config.py: the comment lines just above it
-    and the one at the end of its line."""
+    """Each TrainConfig field's comment: the comment lines just above it and the one after it."""
     source = Path(config_module.__file__).read_text()
     body = source[source.index("class TrainConfig"):]
-    body = body[:body.index("\n    @property")]
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(body).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    lines = body.splitlines()
-    out = {}
-    for number, line in enumerate(lines, 1):
+    out, above = {}, []
+    for line in body[:body.index("\n    @property")].splitlines():
         match = re.match(r"    (\w+): ", line)
-        if not match:
+        if line.strip().startswith("#"):
+            above.append(line.strip().lstrip("#").strip())
             continue
-        above, i = [], number - 1
-        while i >= 1 and lines[i - 1].strip().startswith("#"):
-            above.insert(0, comments[i])
-            i -= 1
-        inline = comments.get(number, "") if not line.strip().startswith("#") else ""
-        out[match.group(1)] = " ".join([*above, inline]).strip()
+        if match:
+            out[match.group(1)] = " ".join([*above, line.partition("#")[2].strip()]).strip()
+        above = []
     return out
 
 
@@ -224,8 +202,6 @@ def _in_run_id(name: str) -> str:
 
 
 def run_keys_table() -> str:
-    """Every TrainConfig key: its default, what it takes, whether it is in the run id, and the
-    comment it has in the code."""
     hints = typing.get_type_hints(TrainConfig)
     notes = _field_comments()
     rows = []
@@ -237,8 +213,6 @@ def run_keys_table() -> str:
 
 
 def probes_table() -> str:
-    """The probe registry (qkstudy/probe_names.py): every probe, how the analysis reduces it
-    over layers, which direction is worse, what it measures."""
     from qkstudy.probe_names import PROBES
 
     return _table(["probe", "over layers", "worse when", "what", "worst value per run"],
@@ -247,7 +221,6 @@ def probes_table() -> str:
 
 
 def summary_keys_table() -> str:
-    """summary.json's keys (run_folder.SUMMARY_FIELDS): kind, which runs write it, meaning."""
     from qkstudy.run_folder import SUMMARY_FIELDS
 
     return _table(["key", "kind", "runs", "what"],
@@ -264,12 +237,10 @@ def doc_files(root: Path = ROOT) -> list[Path]:
 
 
 def render(text: str) -> str:
-    """`text` with every generated block rendered from the code (KeyError: an unknown block)."""
     return BLOCK.sub(lambda m: m.group(1) + BLOCKS[m.group(2)]() + m.group(4), text)
 
 
 def stale(root: Path = ROOT) -> list[str]:
-    """'<file>: <block>' for every generated block that differs from the code."""
     out = []
     for path in doc_files(root):
         text = path.read_text()

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from unittest import mock
@@ -39,16 +38,6 @@ class ByteTokenizer:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [list(text.encode("utf-8")) for text in texts]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        out, run = [], bytearray()
-        for i in ids:
-            if i == self.eot:
-                out.append(run.decode("utf-8", errors="replace") + ENDOFTEXT)
-                run = bytearray()
-            else:
-                run.append(int(i))
-        return "".join(out) + run.decode("utf-8", errors="replace")
-
 
 class GPT2Tokenizer:
     """GPT-2 BPE via tiktoken; encode_batch runs tiktoken's threads (it releases the GIL)."""
@@ -64,9 +53,6 @@ class GPT2Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self.encoding.encode_ordinary_batch(texts, num_threads=self.num_threads)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.encoding.decode([int(i) for i in ids])
 
 
 Tokenizer = ByteTokenizer | GPT2Tokenizer
