@@ -70,8 +70,7 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
 
 
 def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
-    """A part re-encoded uncompressed (xz over the whole archive does twice as well); `thin` =
-    (k, last step) keeps the rows at every k-th step, every evaluation and the last step."""
+    """A part uncompressed (xz over the archive does better), `thin` = (k, last step)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -40,8 +40,7 @@ def arm_changes(name: str) -> dict[str, Any]:
 
 
 def arm_of(values: Mapping[str, Any]) -> str:
-    """The arm of a config dict (a missing or non-numeric control is off); several controls
-    on are joined with '+'."""
+    """The arm of a config dict; several controls on are joined with '+'."""
     qk_norm = values.get("qk_norm")
     parts = [] if qk_norm in (None, OFF) else [str(qk_norm)]
     for key, prefix in (("attn_softcap", "softcap"), ("z_loss", "zloss")):

@@ -32,8 +32,7 @@ def entry(prog: str, commands: dict[str, tuple[str, str]],
 
 def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
              missing: dict[str, str] | None = None) -> int:
-    """Run `<prog> <command> [args]`: commands maps a name to (module with `cli`, help line);
-    `missing` maps an optional package to the hint printed when importing it fails."""
+    """Run `<prog> <command> [args]`; `missing` maps an optional package to a hint."""
     if not argv or argv[0] in HELP:
         width = max(map(len, commands)) + 1
         print(f"usage: {prog} <command> [args]\n\ncommands:")

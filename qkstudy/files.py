@@ -74,8 +74,7 @@ def atomic(path: Path, mode: str = "w") -> Iterator[Any]:
 
 
 def swap_in(tmp: Path, out: Path) -> None:
-    """Put the folder `tmp` at `out` by renames; the folder there before is put back if the
-    second rename fails, else removed (remove_stale clears what is left)."""
+    """Put the folder `tmp` at `out` by renames, the one there before restored on failure."""
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         os.rename(out, old)
@@ -159,8 +158,7 @@ def _digest(chunks, metadata: dict[str, str]) -> str:
 
 
 def save_tensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
-    """Write a safetensors file with metadata["sha256"], a hash of its tensors and metadata,
-    verified before it replaces `path`; returns the hash."""
+    """Write a verified safetensors file whose metadata holds its sha256; returns the hash."""
     names = sorted(arrays)
     flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np.uint8) for n in names]
     header: dict[str, Any] = {}

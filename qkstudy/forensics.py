@@ -38,8 +38,7 @@ def leftovers(folders: list[Path]) -> bool:
 
 
 def clean_leftovers(folders: list[Path]) -> list[str]:
-    """Under the run's lock, remove dead writers' temporaries; the text of their fatal-signal
-    logs."""
+    """Remove dead writers' temporaries (lock held); the text of their fatal-signal logs."""
     fatal = []
     for folder in folders:
         if not folder.is_dir():

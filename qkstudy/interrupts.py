@@ -92,8 +92,7 @@ class Deferred:
 
 
 def main_process(main: Callable[[], int]) -> NoReturn:
-    """Run a command as the whole process; it ends by os._exit after a flush, so a late signal
-    gives 128 + its number instead of killing the interpreter's shutdown."""
+    """Run a command as the whole process, ended by os._exit so a late signal gives a code."""
     late: list[int] = []
     for s in SIGNALS:
         signal.signal(s, _raise)

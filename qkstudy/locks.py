@@ -32,8 +32,7 @@ def _cannot(path: Path, e: OSError) -> UsageError:
 
 @contextlib.contextmanager
 def exclusive(path: Path) -> Iterator[bool]:
-    """Yield True with the lock on `path` held, or False at once if another process holds it;
-    a lock file that cannot be written is removed, as a UsageError."""
+    """Yield True with the lock on `path` held, or False at once if another process holds it."""
     for _ in range(100):  # its holder may remove the file between our open and our lock
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -106,8 +105,7 @@ def written_pid(path: Path) -> int | None:
 
 
 def holder(path: Path, held: dict | None) -> int | None:
-    """The pid holding the lock on `path`, or None, from `held` (flock_holders()) or, without
-    it, the live pid written in the file."""
+    """The pid holding the lock on `path` (by `held`, else the file's live pid), or None."""
     try:
         st = path.stat()
     except OSError:

@@ -10,8 +10,7 @@ from .config import TrainConfig
 
 
 def learning_rates(cfg: TrainConfig) -> np.ndarray:
-    """The float32 LR of updates 0..steps: update s at lr * (s + 1) / (warmup + 1) in warmup,
-    then a cosine to min_lr_ratio * lr at `steps`."""
+    """The float32 LR of updates 0..steps: linear warmup, then a cosine to the floor."""
     step = np.arange(cfg.steps + 1, dtype=np.float64)
     warmup = float(cfg.warmup_steps)
     decay_steps = max(1.0, float(cfg.steps - cfg.warmup_steps))

@@ -8,8 +8,7 @@ import time
 
 
 class Display:
-    """One live line on a terminal, else a plain line every ~30 s; throughput and ETA from the
-    training seconds since `start`."""
+    """One live line on a terminal, else a plain line every ~30 s."""
 
     def __init__(self, run_id: str, steps: int, tokens_per_step: int, start: int = 0,
                  enabled: bool = True, prefix: str = ""):

@@ -33,8 +33,7 @@ def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
 
 
 class Health:
-    """The recent losses, running minimum and spikes (excursions more than spike_margin above
-    that minimum, counted once each); kept in checkpoints."""
+    """The loss history for divergence and spikes (above the running minimum); checkpointed."""
 
     def __init__(self, cfg: TrainConfig, state: dict | None = None):
         self.margin = cfg.spike_margin
@@ -74,8 +73,7 @@ def finite(x: float | None) -> float | None:
 
 
 class Recorder:
-    """Buffers a run's rows and writes them as parts; judges divergence. Row k: update k's
-    training loss and the validation loss after k updates; a last row at step == steps."""
+    """Buffers a run's rows and writes them as parts; judges divergence."""
 
     def __init__(self, cfg: TrainConfig, folder: RunFolder, *, init_loss: float | None = None,
                  elapsed: float = 0.0, train_seconds: float = 0.0, measure_seconds: float = 0.0,
@@ -101,16 +99,14 @@ class Recorder:
         self.probe_rows.extend(rows)
 
     def sync(self, values: list[tuple], since: float, display) -> bool:
-        """One sync's training seconds (since `since`), rows and progress line; True if a step
-        of it diverged."""
+        """One sync's clock, rows and progress line; True if a step of it diverged."""
         self.train_seconds += time.perf_counter() - since
         diverged = self.record_steps(values)
         display.update(values[-1][0] + 1, values[-1][1], self.train_seconds, self.last_val)
         return diverged
 
     def record_steps(self, values: Iterable[tuple]) -> bool:
-        """Append (step, loss, grad_norm, lr[, z_loss]) rows up to the first diverged step (True
-        if one diverged), skipping steps already recorded (an interrupt may land mid-sync)."""
+        """Append (step, loss, grad_norm, lr[, z_loss]) rows; True once a step diverged."""
         if self.status == "diverged":
             return True
         logged = {r["step"] for r in self.metric_rows}

@@ -141,8 +141,7 @@ def part_steps(folder: Path) -> tuple[list[int], str | None]:
 
 
 def coverage(folder: Path, expected: list[int], once: bool = True) -> str | None:
-    """What is off unless the folder's rows hold exactly the steps `expected` (each once, or
-    any number of times with once=False), else None."""
+    """What is off unless the folder's rows hold exactly the steps `expected`, else None."""
     steps, why = part_steps(folder)
     return why or steps_cover(folder.name, steps, expected, once)
 
@@ -182,8 +181,7 @@ def set_aside_records(sweep_dir: Path) -> list[dict]:
 
 
 def metrics_gap(run_dir: Path, steps: list[int] | None = None) -> str | None:
-    """How the metric rows fail to cover steps 0..last once each, or None. An archived run
-    (archive.py) keeps every k-th step, its evaluations and its last step."""
+    """How the metric rows fail to cover steps 0..last (archived: every k-th), or None."""
     why = None
     if steps is None:
         steps, why = part_steps(run_dir / METRICS)
@@ -333,8 +331,7 @@ class RunFolder:
                            "(name=...) or runs_dir=")
 
     def set_aside(self, why: str) -> Path:
-        """Move a damaged run to <sweep>/.damaged/<run_id>-<UTC time>/ by one rename, with why
-        in <that folder>.json; returns where. The caller holds the run's lock."""
+        """Move a damaged run to <sweep>/.damaged/<run_id>-<UTC time>/ (the lock held)."""
         aside = self.path.parent / DAMAGED
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         try:
@@ -417,8 +414,7 @@ class RunFolder:
                                  text, **extra)
 
     def drop_finished_leftovers(self) -> None:
-        """Remove the checkpoint and an old traceback once summary.json says finished (one
-        that cannot be removed now goes at the next `tidy`)."""
+        """Remove the checkpoint and an old traceback once summary.json says finished."""
         for path in (self.checkpoint_file, self.traceback_file):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)

@@ -33,8 +33,7 @@ DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
 
 
 def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """The memory a run may use on its device (a share when `runs` processes share the GPUs),
-    or None for the machine's or when the framework or device is missing."""
+    """The memory a run may use on its device (its share of the GPUs), or None."""
     try:
         return backends.load(cfg.backend).memory_limit(cfg, runs)
     except UsageError:
@@ -53,8 +52,7 @@ def load_data(cfg: TrainConfig):
 
 
 def data_check(cfg: TrainConfig, meta: dict | None = None) -> tuple[dict | None, str | None]:
-    """(the identity of cfg.data's data now, why cfg's run was trained on other data or None);
-    (None, None) when the data cannot be read."""
+    """(cfg.data's identity now, why cfg's run was trained on other data or None)."""
     if meta is None:
         try:
             meta = load_tokens(cfg.data)[2]
@@ -69,8 +67,7 @@ Repair = Callable[[Path, str], None]  # told (where the damaged folder went, wha
 
 def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
           repair: Repair | None = None, started: Callable[[], None] | None = None) -> dict:
-    """Run, resume or skip one config; its summary. A damaged finished run raises DamagedRun,
-    or with `repair` is moved aside and retrained; `started` is called once we have the run."""
+    """Run, resume or skip one config (`repair` retrains a damaged one); its summary."""
     cfg.validate()
     backends.load(cfg.backend).preflight(cfg)
     train_tokens, val_tokens, meta = load_data(cfg)
@@ -143,8 +140,7 @@ def make_folder(path: Path, what: str) -> None:
 
 
 def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:
-    """(where it went, what was damaged) after moving a damaged run aside under its lock; None
-    if it is not damaged (any more)."""
+    """Move a damaged run aside under its lock: (where it went, the damage), or None."""
     try:
         with folder.lock() as acquired:
             if not acquired:
@@ -199,8 +195,7 @@ def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarr
 
 
 def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> tuple[int, dict]:
-    """(step, recorder clocks) of a checkpoint that verifies and agrees with the rows on disk;
-    else (0, {}), the checkpoint removed."""
+    """(step, recorder clocks) of a checkpoint that verifies and agrees with the rows."""
     path = folder.checkpoint_file
     if path.exists():
         try:
