@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
 import textwrap
@@ -23,16 +24,15 @@ def keys_usage(usage: str, what: str, config: type) -> str:
 
 
 def entry(prog: str, commands: dict[str, tuple[str, str]],
-          missing: dict[str, str] | None = None) -> Callable[[list[str] | None], int]:
-    def main(argv: list[str] | None = None) -> int:
-        return dispatch(prog, commands, sys.argv[1:] if argv is None else argv, missing)
-
-    return main
+          missing: dict[str, str] | None = None) -> Callable[..., int]:
+    """A package's main(argv=sys.argv[1:])."""
+    return functools.partial(dispatch, prog, commands, missing=missing)
 
 
-def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
+def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | None = None,
              missing: dict[str, str] | None = None) -> int:
     """Run `<prog> <command> [args]`; `missing` maps an optional package to a hint."""
+    argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in HELP:
         width = max(map(len, commands)) + 1
         print(f"usage: {prog} <command> [args]\n\ncommands:")

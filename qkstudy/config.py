@@ -236,10 +236,7 @@ class ModelArgs:
 
 
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
-    return ModelArgs(vocab_size=vocab_size, depth=cfg.depth, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, block_size=cfg.block_size, bias=cfg.bias,
-                     qk_norm=cfg.qk_norm, attn_softcap=cfg.attn_softcap, z_loss=cfg.z_loss,
-                     kernels=cfg.kernels)
+    return ModelArgs(vocab_size, **{f.name: getattr(cfg, f.name) for f in fields(ModelArgs)[1:]})
 
 
 def short_number(x: float) -> str:

@@ -18,40 +18,33 @@ LAYOUTS = {("Linux", "x86_64"): (32, 28, 0x8040),
            ("Linux", "aarch64"): (8, 0, 1 << 24)}
 
 
-def _libm():
-    name = ctypes.util.find_library("m")
-    return ctypes.CDLL(name) if name else None
-
-
-def _resolve(libm, layout):
+def _state(libm, layout):
+    """(libm, layout, this thread's fenv, its control register), or None where unsupported."""
     layout = layout or LAYOUTS.get((platform.system(), platform.machine()))
-    libm = libm or (_libm() if layout else None)
-    return (libm, layout) if libm and layout else None
-
-
-def _control(libm, layout) -> tuple[ctypes.Array, int] | None:
+    name = ctypes.util.find_library("m") if layout and not libm else None
+    libm = libm or (ctypes.CDLL(name) if name else None)
+    if not (libm and layout):
+        return None
     size, offset, _ = layout
     env = (ctypes.c_ubyte * size)()
     if libm.fegetenv(env) != 0:
         return None
-    return env, int.from_bytes(bytes(env[offset:offset + 4]), "little")
+    return libm, layout, env, int.from_bytes(bytes(env[offset:offset + 4]), "little")
 
 
 def flushing(libm=None, layout=None) -> bool:
-    found = _resolve(libm, layout)
-    got = _control(*found) if found else None
-    return got is not None and got[1] & found[1][2] == found[1][2]
+    found = _state(libm, layout)
+    return found is not None and found[3] & found[1][2] == found[1][2]
 
 
 def flush(libm=None, layout=None) -> bool:
     """Set FTZ/DAZ on this thread unless QKSTUDY_DENORMALS=keep; whether it is set after."""
     if os.environ.get(ENV, "flush") == "keep":
         return flushing(libm, layout)
-    found = _resolve(libm, layout)
-    got = _control(*found) if found else None
-    if got is None:
+    found = _state(libm, layout)
+    if found is None:
         return False
-    (libm, layout), (env, control) = found, got
+    libm, layout, env, control = found
     _, offset, bits = layout
     env[offset:offset + 4] = list((control | bits).to_bytes(4, "little"))
     return libm.fesetenv(env) == 0 and flushing(libm, layout)

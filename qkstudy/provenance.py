@@ -60,16 +60,8 @@ def provenance() -> dict:
 def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
     """manifest.json: provenance, the machine, the data and the backend's `extra` facts."""
     meta = Path(data_dir) / "meta.json"
-    return {
-        "framework": framework,
-        "device": device,
-        **provenance(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "chip": chip(),
-        "cpu_count": os.cpu_count(),
-        "data_dir": str(data_dir),
-        "data_meta_sha256": sha256_file(meta) if meta.exists() else None,
-        "started": now(),
-        **(extra or {}),
-    }
+    return {"framework": framework, "device": device, **provenance(),
+            "platform": platform.platform(), "machine": platform.machine(), "chip": chip(),
+            "cpu_count": os.cpu_count(), "data_dir": str(data_dir),
+            "data_meta_sha256": sha256_file(meta) if meta.exists() else None, "started": now(),
+            **(extra or {})}

@@ -159,24 +159,16 @@ class Recorder:
         vals = [v for v in metrics["val_loss"] if v is not None]
         finite_vals = [v for v in vals if math.isfinite(v)]
         summary = {
-            **summary_base,
-            "status": self.status,
-            "init_loss": self.init_loss,
+            **summary_base, **self.health.summary(), "status": self.status,
+            "init_loss": self.init_loss, "min_val_loss": min(finite_vals, default=None),
             "final_val_loss": finite(vals[-1]) if self.status == "completed" and vals else None,
-            **self.health.summary(),
-            "min_val_loss": min(finite_vals) if finite_vals else None,
-            "final_train_loss": finite(metrics["train_loss"][
-                -2 if last_row else -1]),
-            "diverged_step": self.diverged_step,
-            "diverged_reason": self.reason,
-            "steps": final_step,
-            "tokens_seen": final_step * cfg.tokens_per_step,
-            "wall_seconds": self.elapsed(),
-            "train_seconds": self.train_seconds,
+            "final_train_loss": finite(metrics["train_loss"][-2 if last_row else -1]),
+            "diverged_step": self.diverged_step, "diverged_reason": self.reason,
+            "steps": final_step, "tokens_seen": final_step * cfg.tokens_per_step,
+            "wall_seconds": self.elapsed(), "train_seconds": self.train_seconds,
             "measure_seconds": self.measure_seconds,
             "tokens_per_second": final_step * cfg.tokens_per_step / max(self.train_seconds, 1e-9),
-            "params": params,
-            "peak_max_attention_logit": self.peak_logit(),
+            "params": params, "peak_max_attention_logit": self.peak_logit(),
         }
         manifest["ended"] = files.now()
         self.folder.write_manifest(manifest)
@@ -189,9 +181,9 @@ class Recorder:
         if table is None:
             return None
         rows = table.select(["name", "value"]).to_pydict()
-        values = [v for n, v in zip(rows["name"], rows["value"])
-                  if n == "max_attention_logit" and v is not None and math.isfinite(v)]
-        return max(values) if values else None
+        return max((v for n, v in zip(rows["name"], rows["value"])
+                    if n == "max_attention_logit" and v is not None and math.isfinite(v)),
+                   default=None)
 
     def closing_line(self, summary: dict) -> str:
         if self.status == "completed":

@@ -47,92 +47,54 @@ def _value(key: str, value: object) -> str:
     return f"{key}={value}"
 
 
-def _lr_grid(s: SweepConfig) -> str:
-    lrs = s.grid_lrs()
-    how = ("given as `lrs=`" if s.lrs else
-           f"{_lr(s.lr_min)} to {_lr(s.lr_max)} at {_lr(s.points_per_decade)} a decade")
-    return f"{len(lrs)} LRs, {how}: {_list(_lr(x) for x in lrs)}"
-
-
-def _refinement(s: SweepConfig) -> str:
-    if not s.refine:
-        return "off (`refine=false`)"
-    return (f"{s.refine_steps} bisection step{'s' if s.refine_steps != 1 else ''} a curve, "
-            f"stopping within x{short_number(s.refine_factor)}: up to "
-            f"{_n(len(groups(s)) * s.refine_steps)} runs")
-
-
-def _threshold(s: SweepConfig) -> str:
-    if not s.refine or not s.threshold_steps:
-        return "off" + (" (needs `refine=true`)" if not s.refine else "")
-    runs = len(compared_arms(s)) * len(s.depth) * s.threshold_steps * len(s.seeds) * 2
-    return (f"{s.threshold_steps} steps a depth, every seed, both arms: up to {_n(runs)} runs")
-
-
-def _adaptive(s: SweepConfig) -> str:
-    added = extra_seeds(s)
-    if not added or not compared_arms(s):
-        return f"off (`max_seeds={s.max_seeds}`, not above the {len(s.seeds)} seeds)"
-    return (f"seeds {_list(added)} in cells still open, up to `max_seeds={s.max_seeds}`; "
-            f"gap that counts `min_gap={short_number(s.min_gap)}` nats")
-
-
-def _model(s: SweepConfig) -> str:
-    t = s.train
-    vocab = _vocab(s)
-    return (f"d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), block "
-            f"{t.block_size}, bias {str(t.bias).lower()}, vocabulary "
-            + (_n(vocab) if vocab else "from the data"))
-
-
-def _run(s: SweepConfig) -> str:
-    t = s.train
-    steps = (f"{_n(t.steps)} steps (`budget_tokens={_n(t.budget_tokens)}`)" if t.budget_tokens
-             else f"{_n(t.steps)} steps")
-    return (f"{steps} of batch {t.batch_size} x block {t.block_size} = "
-            f"{_n(t.tokens_per_step)} tokens: {_n(t.steps * t.tokens_per_step)} tokens a run")
-
-
-def _optimiser(s: SweepConfig) -> str:
-    t = s.train
-    decay = (f"independent weight decay {short_number(t.weight_decay)} (`independent_wd=true`)"
-             if t.independent_wd else
-             f"coupled weight decay {short_number(t.weight_decay)} (scaled by the LR)")
-    return f"AdamW, warmup {_n(t.warmup_steps)} steps, {decay}"
-
-
-def _cadence(s: SweepConfig) -> str:
-    t = s.train
-    return (f"eval every {_n(t.eval_every)} steps ({t.eval_batches} batches), probes every "
-            f"{_n(t.probe_every)}, log every {t.log_every}, checkpoint every "
-            f"{_n(t.ckpt_every)}, divergence window {t.divergence_window}")
-
-
 SHOWN = {"data", "d_model", "n_heads", "block_size", "bias", "batch_size", "max_steps",
          "budget_tokens", "warmup_steps", "weight_decay", "independent_wd", "eval_every",
          "eval_batches", "probe_every", "log_every", "ckpt_every", "divergence_window"}
+PRESET_ROWS = ("folder", "depths", "arms", "seeds", "LR grid", "grid runs", "boundary refinement",
+               "threshold bisection", "adaptive seeds", "sweep processes", "data", "model", "run",
+               "optimiser", "cadence", "other run keys")
 
-PRESET_ROWS = [
-    ("folder", lambda s: f"`{s.runs_dir}/{s.name}`"),
-    ("depths", lambda s: _list(s.depth)),
-    ("arms", lambda s: _list(s.arms)),
-    ("seeds", lambda s: _list(s.seeds)),
-    ("LR grid", _lr_grid),
-    ("grid runs", lambda s: f"{_n(len(grid(s)))} = {len(s.grid_lrs())} LRs x {len(s.arms)} "
-                            f"arms x {len(s.seeds)} seeds x {len(s.depth)} "
-                            f"dep{'ths' if len(s.depth) != 1 else 'th'}"),
-    ("boundary refinement", _refinement),
-    ("threshold bisection", _threshold),
-    ("adaptive seeds", _adaptive),
-    ("sweep processes", lambda s: f"`jobs={s.jobs}`"),
-    ("data", lambda s: f"`{s.train.data}`"),
-    ("model", _model),
-    ("run", _run),
-    ("optimiser", _optimiser),
-    ("cadence", _cadence),
-    ("other run keys", lambda s: _list(f"`{_value(k, v)}`" for k, v in _differs(s).items()
-                                       if k not in SHOWN) or "-"),
-]
+
+def _column(s: SweepConfig) -> list[str]:
+    """One preset's cells, in PRESET_ROWS order."""
+    t, lrs, vocab, added = s.train, s.grid_lrs(), _vocab(s), extra_seeds(s)
+    how = ("given as `lrs=`" if s.lrs else
+           f"{_lr(s.lr_min)} to {_lr(s.lr_max)} at {_lr(s.points_per_decade)} a decade")
+    refine = "off (`refine=false`)"
+    if s.refine:
+        refine = (f"{s.refine_steps} bisection step{'s' if s.refine_steps != 1 else ''} a curve, "
+                  f"stopping within x{short_number(s.refine_factor)}: up to "
+                  f"{_n(len(groups(s)) * s.refine_steps)} runs")
+    threshold = "off" + (" (needs `refine=true`)" if not s.refine else "")
+    if s.refine and s.threshold_steps:
+        runs = len(compared_arms(s)) * len(s.depth) * s.threshold_steps * len(s.seeds) * 2
+        threshold = (f"{s.threshold_steps} steps a depth, every seed, both arms: up to "
+                     f"{_n(runs)} runs")
+    adaptive = f"off (`max_seeds={s.max_seeds}`, not above the {len(s.seeds)} seeds)"
+    if added and compared_arms(s):
+        adaptive = (f"seeds {_list(added)} in cells still open, up to `max_seeds={s.max_seeds}`; "
+                    f"gap that counts `min_gap={short_number(s.min_gap)}` nats")
+    steps = f"{_n(t.steps)} steps" + (f" (`budget_tokens={_n(t.budget_tokens)}`)"
+                                      if t.budget_tokens else "")
+    decay = (f"independent weight decay {short_number(t.weight_decay)} (`independent_wd=true`)"
+             if t.independent_wd else
+             f"coupled weight decay {short_number(t.weight_decay)} (scaled by the LR)")
+    return [
+        f"`{s.runs_dir}/{s.name}`", _list(s.depth), _list(s.arms), _list(s.seeds),
+        f"{len(lrs)} LRs, {how}: {_list(_lr(x) for x in lrs)}",
+        f"{_n(len(grid(s)))} = {len(lrs)} LRs x {len(s.arms)} arms x {len(s.seeds)} seeds x "
+        f"{len(s.depth)} dep{'ths' if len(s.depth) != 1 else 'th'}",
+        refine, threshold, adaptive, f"`jobs={s.jobs}`", f"`{t.data}`",
+        f"d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), block {t.block_size}, "
+        f"bias {str(t.bias).lower()}, vocabulary " + (_n(vocab) if vocab else "from the data"),
+        f"{steps} of batch {t.batch_size} x block {t.block_size} = {_n(t.tokens_per_step)} "
+        f"tokens: {_n(t.steps * t.tokens_per_step)} tokens a run",
+        f"AdamW, warmup {_n(t.warmup_steps)} steps, {decay}",
+        f"eval every {_n(t.eval_every)} steps ({t.eval_batches} batches), probes every "
+        f"{_n(t.probe_every)}, log every {t.log_every}, checkpoint every {_n(t.ckpt_every)}, "
+        f"divergence window {t.divergence_window}",
+        _list(f"`{_value(k, v)}`" for k, v in _differs(s).items() if k not in SHOWN) or "-",
+    ]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -143,8 +105,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def presets_table() -> str:
+    columns = [_column(s) for s in PRESETS.values()]
     return _table([""] + [f"`{name}`" for name in PRESETS],
-                  [[what] + [row(s) for s in PRESETS.values()] for what, row in PRESET_ROWS])
+                  [[what, *(c[i] for c in columns)] for i, what in enumerate(PRESET_ROWS)])
 
 
 def parameters_table() -> str:

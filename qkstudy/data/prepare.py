@@ -82,18 +82,12 @@ def _take(documents: Iterator[str], max_chars: int) -> list[str]:
     return batch
 
 
-@dataclass
-class _Timer:  # the text read and the seconds spent encoding it
-    text_bytes: int = 0
-    seconds: float = 0.0
-
-
 def _is_val(index: int, val_fraction: float) -> bool:
     """Every (1/f)-th document, evenly spread, deterministic, streamable."""
     return math.floor((index + 1) * val_fraction) > math.floor(index * val_fraction)
 
 
-def _tokenize(documents: Iterable[str], tok: Tokenizer, timer: _Timer, cap: int,
+def _tokenize(documents: Iterable[str], tok: Tokenizer, timer: dict, cap: int,
               train: _Split, val: _Split | None, val_fraction: float) -> None:
     """Encode documents in batches, route each to train or val, stop at `cap` tokens (0: none)."""
     documents, index, total = iter(documents), 0, 0
@@ -104,8 +98,8 @@ def _tokenize(documents: Iterable[str], tok: Tokenizer, timer: _Timer, cap: int,
             return
         start = time.perf_counter()
         encoded = tok.encode_batch(batch)
-        timer.seconds += time.perf_counter() - start
-        timer.text_bytes += sum(len(d.encode()) for d in batch)
+        timer["seconds"] += time.perf_counter() - start
+        timer["text_bytes"] += sum(len(d.encode()) for d in batch)
         to_train, to_val = [], []
         for ids in encoded:
             is_val = val is not None and _is_val(index, val_fraction)
@@ -164,7 +158,7 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
     own_val = corpus.val_documents is not None
     split_rule = corpus.val_rule if own_val else (
         f"document i is val when floor((i+1)*{cfg.val_fraction:g}) > floor(i*{cfg.val_fraction:g})")
-    start, timer = time.perf_counter(), _Timer()
+    start, timer = time.perf_counter(), {"text_bytes": 0, "seconds": 0.0}
     with _staging(out) as tmp:
         with open(tmp / "train.bin", "wb") as train_file, open(tmp / "val.bin", "wb") as val_file:
             train, val = _Split(train_file), _Split(val_file)
@@ -190,10 +184,10 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
             "train_documents": train.documents, "val_documents": val.documents,
             "source": corpus.description, "inputs": corpus.inputs,
             "split": split_rule, "val_fraction": None if own_val else cfg.val_fraction,
-            "max_tokens": cap, "text_bytes": timer.text_bytes,
+            "max_tokens": cap, "text_bytes": timer["text_bytes"],
             "unigram_entropy": round(token_stats(tmp / "train.bin", np.memmap(
                 tmp / "train.bin", dtype="<u2", mode="r"))[1], 6),
-            "tokenize_mb_per_s": round(timer.text_bytes / 1e6 / max(timer.seconds, 1e-9), 2),
+            "tokenize_mb_per_s": round(timer["text_bytes"] / 1e6 / max(timer["seconds"], 1e-9), 2),
             "prepare_seconds": round(time.perf_counter() - start, 2),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
