@@ -405,9 +405,6 @@ class RunFolder:
                 forensics.clean_leftovers(folders)
                 self.drop_finished_leftovers()
 
-    def fatal_signal_log(self) -> contextlib.AbstractContextManager[None]:
-        return forensics.fatal_signal_log(self.path)
-
     def record_failure(self, summary_base: dict, error: BaseException, text: str | None = None,
                        **extra: Any) -> None:
         forensics.record_failure(self.traceback_file, self.summary_file, summary_base, error,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backends, files, interrupts, memory, provenance, run_folder
+from . import backends, files, forensics, interrupts, memory, provenance, run_folder
 from .backends import Engine
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
@@ -116,7 +116,7 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
                                    + crashes[-1].splitlines()[0])
                 folder.record_failure(summary_base(cfg), error, crashes[-1], fatal_signal=True)
                 raise error
-            with folder.fatal_signal_log():
+            with forensics.fatal_signal_log(folder.path):
                 return _train_locked(cfg, folder, *data, verbose, prefix, guard)
         except (KeyboardInterrupt, UsageError, RunCrashed):
             raise

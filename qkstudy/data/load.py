@@ -33,6 +33,14 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
     if not isinstance(meta, dict):
         raise UsageError(f"{folder / 'meta.json'} is not a JSON object; prepare the folder "
                          f"again: `{hint}`")
+    arrays = []
+    for split in ("train", "val"):
+        path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
+        if not path.is_file():
+            raise UsageError(f"data folder {folder} has no {split}.bin; prepare it again")
+        if not isinstance(expected, int) or path.stat().st_size != 2 * expected or expected == 0:
+            raise UsageError(f"{path} holds {path.stat().st_size // 2} tokens but meta.json says "
+                             f"{expected}; prepare the folder again")
     vocab = meta.get("vocab_size")
     if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
         raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
@@ -41,14 +49,9 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
                          f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
                          f"prepare the folder again: `{hint}`")
-    arrays, digests = [], []
+    digests = []
     for split in ("train", "val"):
-        path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
-        if not path.is_file():
-            raise UsageError(f"data folder {folder} has no {split}.bin; prepare it again")
-        if not isinstance(expected, int) or path.stat().st_size != 2 * expected or expected == 0:
-            raise UsageError(f"{path} holds {path.stat().st_size // 2} tokens but meta.json says "
-                             f"{expected}; prepare the folder again")
+        path = folder / f"{split}.bin"
         tokens = np.memmap(path, dtype="<u2", mode="r")
         largest, entropy, digest = token_stats(path, tokens)
         digests.append(digest)
