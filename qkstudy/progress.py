@@ -33,14 +33,13 @@ class Display:
 
     def begin(self, message: str, always: bool = False) -> None:
         """A line before the first step: live on a terminal, elsewhere only when `always`."""
-        if self.enabled and (self.tty or always):
-            print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
-                  end="" if self.tty else "\n", flush=True)
+        if self.tty or always:
+            self.close(message, end="" if self.tty else "\n")
 
-    def close(self, message: str) -> None:
+    def close(self, message: str, end: str = "\n") -> None:
         if self.enabled:
             print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
-                  flush=True)
+                  end=end, flush=True)
 
 
 def format_seconds(s: float | None) -> str:

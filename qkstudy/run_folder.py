@@ -277,8 +277,8 @@ class RunFolder:
         """summary.json's object unchecked ({} when missing or unreadable), for display."""
         return read_json(self.summary_file) or {}
 
-    def read_summary(self) -> dict | None:
-        """The checked summary.json, None if there is none yet; DamagedRun if it fails."""
+    def finished(self) -> dict | None:
+        """The checked summary if it says completed or diverged (files unchecked), else None."""
         summary, why = load_object(self.summary_file)
         if summary is None and why == "is missing":
             return None
@@ -286,15 +286,10 @@ class RunFolder:
         if why:
             raise DamagedRun(f"{self.summary_file} {why}; remove it (rm {self.summary_file}) and "
                              "run again to resume or retrain the run")
-        return summary
+        return summary if summary["status"] in FINISHED else None
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.summary_file, summary)
-
-    def finished(self) -> dict | None:
-        """The summary if it says completed or diverged (files unchecked), else None."""
-        summary = self.read_summary()
-        return summary if summary and summary["status"] in FINISHED else None
 
     def intact_summary(self) -> dict | None:
         """The summary of a finished run with intact files, None if unfinished; DamagedRun."""

@@ -221,17 +221,13 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tools.doc_tables [--check]", file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     differ = stale()
-    if argv == ["--check"]:
-        for line in differ:
-            print(f"out of date: {line} (just docs rewrites it)")
+    for line in differ:
+        print(f"out of date: {line} (just docs rewrites it)" if argv else f"rewrote {line}")
+    if argv:
         return 1 if differ else 0
     for path in doc_files():
-        text = path.read_text()
-        new = render(text)
-        if new != text:
-            path.write_text(new)
-    for line in differ:
-        print(f"rewrote {line}")
+        if render(text := path.read_text()) != text:
+            path.write_text(render(text))
     return 0
 
 

@@ -132,14 +132,6 @@ def _hf_download(repo: str, filename: str) -> Path:
                      lambda hub: hub.hf_hub_download(repo, filename, repo_type="dataset")))
 
 
-def _tinystories() -> Corpus:
-    train, valid = (_hf_download(TINYSTORIES_REPO, f) for f in TINYSTORIES_FILES)
-    inputs: list[dict] = []
-    return Corpus("tinystories", f"{TINYSTORIES_REPO}: {' + '.join(TINYSTORIES_FILES)}",
-                  _file_documents([train], inputs), inputs, _file_documents([valid], inputs),
-                  f"the official validation file {TINYSTORIES_FILES[1]} is val")
-
-
 def _fineweb_shards() -> Iterator[Path]:
     names = _hub(f"list {FINEWEB_REPO}/{FINEWEB_FOLDER}", lambda hub: sorted(
         f.path for f in hub.HfApi().list_repo_tree(FINEWEB_REPO, path_in_repo=FINEWEB_FOLDER,
@@ -149,20 +141,19 @@ def _fineweb_shards() -> Iterator[Path]:
         yield _hf_download(FINEWEB_REPO, name)
 
 
-def _fineweb() -> Corpus:
-    inputs: list[dict] = []
-    return Corpus("fineweb-edu", f"{FINEWEB_REPO} {FINEWEB_FOLDER} parquet shards, column text",
-                  _file_documents(_fineweb_shards(), inputs), inputs)
-
-
 def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Corpus:
     """A named source (NAMED_SOURCES) or a local file or folder."""
+    inputs: list[dict] = []
     if source == "synthetic":
         return _synthetic(synthetic_mb, synthetic_seed)
     if source == "tinystories":
-        return _tinystories()
+        train, valid = (_hf_download(TINYSTORIES_REPO, f) for f in TINYSTORIES_FILES)
+        return Corpus("tinystories", f"{TINYSTORIES_REPO}: {' + '.join(TINYSTORIES_FILES)}",
+                      _file_documents([train], inputs), inputs, _file_documents([valid], inputs),
+                      f"the official validation file {TINYSTORIES_FILES[1]} is val")
     if source == "fineweb-edu":
-        return _fineweb()
+        return Corpus("fineweb-edu", f"{FINEWEB_REPO} {FINEWEB_FOLDER} parquet shards, column "
+                      "text", _file_documents(_fineweb_shards(), inputs), inputs)
     path = Path(source).expanduser()
     if not path.exists():
         if path.suffix in (".txt", ".parquet") or os.sep in source:
@@ -172,6 +163,5 @@ def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Cor
     files = _local_files(path)
     stem = path.resolve().stem if path.is_file() else path.resolve().name
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem)
-    inputs: list[dict] = []
     return Corpus(name or "local", f"local {'folder' if path.is_dir() else 'file'} {path}",
                   _file_documents(files, inputs), inputs)
