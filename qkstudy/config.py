@@ -23,7 +23,6 @@ from .errors import UsageError
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
 INDEPENDENT_WD_DEFAULT = 1e-4
-# Keys a run's config.json holds beside the TrainConfig fields
 CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id")
 BACKENDS = ("mlx", "torch")
 # config.json keys that do not place a run in the study: runs differing only in them are twins

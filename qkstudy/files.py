@@ -142,8 +142,6 @@ def read_json(path: Path) -> dict | None:
     return load_object(path)[0]
 
 
-# --- tensor files: safetensors with a sha256 of their bytes ---------------------------------------
-
 _DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64",
            "uint32": "U32", "uint64": "U64", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
 _NUMPY = {v: k for k, v in _DTYPES.items()}

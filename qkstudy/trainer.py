@@ -338,13 +338,10 @@ def pop_repair(argv: list[str]) -> tuple[list[str], bool]:
 def cli(argv: list[str]) -> int:
     argv, repair = pop_repair(argv)
     cfg = parse_train_config(argv)
-
-    def repaired(moved_to: Path, why: str) -> None:
-        print(f"repair: {why}; its files are kept in {moved_to}; training it again",
-              flush=True)
-
     try:
-        summary = train(cfg, repair=repaired if repair else None)
+        summary = train(cfg, repair=(lambda moved_to, why: print(
+            f"repair: {why}; its files are kept in {moved_to}; training it again", flush=True))
+            if repair else None)
     except RunBusy as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume

@@ -116,8 +116,7 @@ ENDINGS = ["{hero} and {friend} smiled. It was a good day.",
            "{hero} felt {good}, and {friend} felt {good2} too.",
            "When they got home, {grownup} gave everyone some {food}."]
 
-# Each plot: problem sentences, lines the characters say, failed attempts, the idea that
-# turns it around, and the resolution. Extra slots are filled per story by _plot_slots.
+# each plot: problem sentences, lines said, failed attempts, the idea, the resolution
 PLOTS: dict[str, dict[str, list[str]]] = {
     "stuck": {
         "problem": ["Suddenly, the wind blew {his} {fly} up into {high}.",
