@@ -251,26 +251,23 @@ def short_number(x: float) -> str:
 def _coerce(name: str, hint: Any, text: str) -> Any:
     origin = get_origin(hint)
     if origin is Literal:
-        choices = get_args(hint)
-        if text not in choices:
-            raise UsageError(f"{name} must be one of {', '.join(choices)}; got {text!r}")
+        _need(text in get_args(hint), f"{name} must be one of {', '.join(get_args(hint))}; "
+                                      f"got {text!r}")
         return text
     if origin in (typing.Union, types.UnionType):
         return _coerce(name, next(a for a in get_args(hint) if a is not type(None)), text)
     if hint is bool:
         low = text.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise UsageError(f"{name} must be true or false; got {text!r}")
+        _need(low in ("1", "true", "yes", "on", "0", "false", "no", "off"),
+              f"{name} must be true or false; got {text!r}")
+        return low in ("1", "true", "yes", "on")
     if hint is int:
         try:
             value = float(text) if any(c in text for c in ".eE") else int(text)
         except ValueError:
             raise UsageError(f"{name} must be an integer; got {text!r}") from None
-        if not math.isfinite(value) or float(value) != int(value):
-            raise UsageError(f"{name} must be an integer; got {text!r}")
+        _need(math.isfinite(value) and float(value) == int(value),
+              f"{name} must be an integer; got {text!r}")
         return int(value)
     if hint is float:
         try:
