@@ -114,18 +114,15 @@ def parameters_table() -> str:
     """Parameters per preset and depth, QK-norm off (on adds 2 x head_dim gains a layer)."""
     shapes: dict[tuple, list[str]] = {}  # one row per model shape: presets that share it
     for name, s in PRESETS.items():
-        vocab = _vocab(s)
-        if vocab is not None:
-            t = s.train
-            shapes.setdefault((vocab, t.d_model, t.n_heads, t.block_size, t.bias, s.depth),
-                              []).append(f"`{name}`")
+        t = s.train
+        key = (_vocab(s), t.d_model, t.n_heads, t.block_size, t.bias, s.depth)
+        if key[0] is not None:
+            shapes.setdefault(key, []).append(f"`{name}`")
     rows = []
     for (vocab, d_model, n_heads, block_size, bias, depths), names in shapes.items():
         for depth in depths:
-            args = model_args(dataclasses.replace(
-                TrainConfig(), depth=depth, d_model=d_model, n_heads=n_heads,
-                block_size=block_size, bias=bias), vocab)
-            p = count_params(args)
+            p = count_params(model_args(TrainConfig(depth=depth, d_model=d_model, n_heads=n_heads,
+                                                    block_size=block_size, bias=bias), vocab))
             rows.append([", ".join(names), str(depth), _n(p["total"]), _n(p["non_embedding"]),
                          _n(p["embedding"]), _n(2 * (d_model // n_heads) * depth)])
     return _table(["preset", "depth", "total", "non-embedding", "embedding (wte + wpe)",
