@@ -1,23 +1,6 @@
-"""`python -m qkstudy archive SWEEP_DIR [out=FILE.tar.xz]` and `... archive restore=FILE`:
-a study's finished runs as one compact, reproducible file, and back.
-
-An archive is a .tar.xz of the sweep folder's sweep.json and, for every finished run
-(completed or diverged), its config.json, summary.json, manifest.json, probes/ parts and
-metrics/ parts thinned to about ROWS rows: every k-th step (k = ceil(last step / ROWS)), every
-evaluation and the last step. That is everything the report's tables read (they use the
-evaluations' losses, the probes and the summaries; the training-curve charts drawn from an
-archive are sampled every k steps), without weights, checkpoints, locks or logs. Its bytes
-depend only on those files (sorted members, fixed times and owners), so archiving the same runs
-twice gives the same file. Each run folder in it holds `archived.json`, which says what was
-left out (the weights, and k as `metrics_every`): the run stays finished when restored, and
-its thinned rows are what a run folder's checks then expect (qkstudy/run_folder.py).
-
-`just report FILE.tar.xz` reads an archive as it reads a runs folder (analysis/report.py), and
-`restore=` unpacks one into a runs tree (runs_dir=, default runs) so that a sweep there skips
-its runs: a long study run in parts on different machines keeps every finished run. An archive
-is untrusted input: a member outside the expected layout, a link, an oversized file or a
-damaged stream is refused in one line before anything is written.
-"""
+"""`python -m qkstudy archive`: a sweep's finished runs as one byte-reproducible .tar.xz
+(no weights; metric rows thinned to every k-th step, the evaluations and the last step, k in
+each run's archived.json), and back; an archive is untrusted input (docs/outputs.md)."""
 
 from __future__ import annotations
 
@@ -55,7 +38,6 @@ leaving every run folder already there as it is; a sweep there then skips the ar
 
 
 def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
-    """(path inside the archive, bytes) for the sweep files and every finished run's files."""
     name = sweep_dir.name
     out = [(f"{name}/{f}", (sweep_dir / f).read_bytes()) for f in SWEEP_FILES
            if (sweep_dir / f).is_file()]
@@ -74,9 +56,8 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
                 out.append((f"{name}/{rel}/{f}", (run.path / f).read_bytes()))
         last = max(part_steps(run.path / METRICS)[0])
         record = {"left_out": sorted(p.name for p in run.path.glob("*.safetensors"))}
-        if (run.path / ARCHIVED).is_file():  # restored from an archive: its record as it was
+        if (run.path / ARCHIVED).is_file():  # restored from an archive, checked by finished()
             record = json.loads((run.path / ARCHIVED).read_bytes())
-        # finished() checked the record: thinned already, or k from the run's length
         every = record.get("metrics_every") or max(1, math.ceil(last / ROWS))
         for folder in (METRICS, PROBES):
             for part in sorted((run.path / folder).glob("part-*.parquet")):
@@ -89,10 +70,7 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
 
 
 def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
-    """A part re-encoded without Parquet's own compression (xz then compresses the whole
-    archive at once, about half the size of xz over compressed parts; the same rows always give
-    the same bytes); `thin` = (k, last step) keeps a metrics part's rows at every k-th step,
-    every evaluation and the last step."""
+    """A part uncompressed (xz over the archive does better), `thin` = (k, last step)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -108,7 +86,6 @@ def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
 
 
 def write_archive(sweep_dir: Path, out: Path) -> int:
-    """Write the archive of `sweep_dir` to `out` (atomically); returns the number of runs."""
     if not (sweep_dir / "sweep.json").is_file() and not find_runs(sweep_dir):
         raise UsageError(f"{sweep_dir} holds no sweep.json and no run folder: give a sweep folder "
                          "(runs/<name>)")
@@ -127,8 +104,6 @@ def write_archive(sweep_dir: Path, out: Path) -> int:
 
 
 def _allowed(parts: tuple[str, ...]) -> bool:
-    """A path inside an archive: <sweep>/<sweep file>, <sweep>/<run>/<run file> or
-    <sweep>/<run>/metrics|probes/part-*.parquet, with plain names only."""
     if any(p in ("", ".", "..") or p.startswith(".") for p in parts):
         return False
     if len(parts) == 2:
@@ -139,8 +114,7 @@ def _allowed(parts: tuple[str, ...]) -> bool:
 
 
 def read_archive(path: Path) -> tuple[str, dict[str, bytes]]:
-    """(the sweep's folder name, {relative path: bytes}) of a checked archive; UsageError in one
-    line naming what is wrong and how to repair it."""
+    """(the sweep's folder name, {relative path: bytes}) of a checked archive."""
     repair = (f"fetch it again or rebuild it from its runs (python -m qkstudy archive "
               f"runs/<sweep> out={path})")
     try:
@@ -175,8 +149,7 @@ def read_archive(path: Path) -> tuple[str, dict[str, bytes]]:
 
 
 def extract(path: Path, runs_dir: Path) -> tuple[Path, int, int]:
-    """Unpack a checked archive into runs_dir/<sweep>; run folders already there are kept as
-    they are. Returns (the sweep folder, runs restored, runs already present)."""
+    """Unpack into runs_dir/<sweep>, keeping run folders there: (folder, restored, present)."""
     name, members = read_archive(path)
     sweep_dir = runs_dir / name
     runs = {PurePosixPath(p).parts[1] for p in members if len(PurePosixPath(p).parts) > 2}

@@ -1,15 +1,5 @@
-"""The arms of a sweep: named logit controls, each exactly one config change against `none`.
-
-    none           every control off (the off arm every other arm is compared with)
-    rmsnorm        qk_norm=rmsnorm
-    layernorm      qk_norm=layernorm
-    l2norm         qk_norm=l2norm (Henry et al. 2020)
-    softcap<C>     attn_softcap=C, e.g. softcap50 (Gemma 2's attention cap)
-    zloss<W>       z_loss=W, e.g. zloss1e-4 (PaLM; Wortsman et al. 2023)
-
-C and W are numbers > 0; a name is written back in one spelling (softcap50.0 -> softcap50,
-zloss0.0001 -> zloss1e-4): arm_of names a run from its config.json the same way.
-"""
+"""The arms of a sweep: none (every control off), a qk_norm variant, softcap<C> (attn_softcap)
+or zloss<W> (z_loss), each one config change against none, named in one spelling."""
 
 from __future__ import annotations
 
@@ -25,7 +15,6 @@ from .variants import VARIANTS
 
 OFF = "none"
 QK_NORM_ARMS = tuple(VARIANTS)  # qkstudy/variants.py
-# Every key an arm may set, with its off value: each run of a sweep starts from these.
 CONTROLS: dict[str, Any] = {"qk_norm": "none", "attn_softcap": 0.0, "z_loss": 0.0}
 VOCABULARY = "none, rmsnorm, layernorm, l2norm, softcap<C> (e.g. softcap50), zloss<W> (e.g. zloss1e-4)"
 _NUMBERED = re.compile(r"(softcap|zloss)(.+)")
@@ -33,7 +22,6 @@ _KEY_OF = {"softcap": "attn_softcap", "zloss": "z_loss"}
 
 
 def arm_changes(name: str) -> dict[str, Any]:
-    """The one config change arm `name` makes against `none` ({} for none itself)."""
     if name == OFF:
         return {}
     if name in QK_NORM_ARMS:
@@ -52,10 +40,7 @@ def arm_changes(name: str) -> dict[str, Any]:
 
 
 def arm_of(values: Mapping[str, Any]) -> str:
-    """The arm of a run's settings (a TrainConfig as a dict, or a config.json read back, whose
-    values are checked: a missing or non-numeric control counts as off). A run with more than
-    one control on is no single arm and is named by all of them joined with '+'; a run written
-    before the rival controls existed has none of their keys: its qk_norm."""
+    """The arm of a config dict; several controls on are joined with '+'."""
     qk_norm = values.get("qk_norm")
     parts = [] if qk_norm in (None, OFF) else [str(qk_norm)]
     for key, prefix in (("attn_softcap", "softcap"), ("z_loss", "zloss")):
@@ -67,17 +52,15 @@ def arm_of(values: Mapping[str, Any]) -> str:
 
 
 def arm_name(cfg: TrainConfig) -> str:
-    """The arm a config belongs to (arm_of)."""
     return arm_of(dataclasses.asdict(cfg))
 
 
 def canonical(name: str) -> str:
-    """The one spelling of an arm name (softcap50.0 -> softcap50); UsageError if unknown."""
+    """softcap50.0 -> softcap50; UsageError if unknown."""
     return arm_name(dataclasses.replace(TrainConfig(), **arm_changes(name)))
 
 
 def parse_arms(key: str, text: str) -> tuple[str, ...]:
-    """'none,rmsnorm,softcap50' -> the canonical names, each once."""
     names = [canonical(t.strip()) for t in text.split(",") if t.strip()]
     if not names:
         raise UsageError(f"{key} needs at least one value")
@@ -88,5 +71,4 @@ def parse_arms(key: str, text: str) -> tuple[str, ...]:
 
 
 def apply_arm(cfg: TrainConfig, name: str) -> TrainConfig:
-    """cfg with every control off, then arm `name`'s one change."""
     return dataclasses.replace(cfg, **{**CONTROLS, **arm_changes(name)})

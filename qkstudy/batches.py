@@ -1,8 +1,5 @@
-"""Deterministic batches: a batch is a pure function of (data_seed, purpose, index).
-
-So for one data_seed every qk_norm arm and every LR sees the same batches in the same order
-(the paired design), and a resumed run needs no data cursor beyond its step.
-"""
+"""Batches as a pure function of (data_seed, purpose, index): every arm and LR sees the same
+ones, and a resumed run needs no cursor beyond its step."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ TRAIN, VAL, PROBE = 0, 1, 2  # the stream a batch belongs to, mixed into its see
 
 def sample_batch(tokens: np.ndarray, seed: list[int], batch_size: int,
                  block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """`batch_size` random windows of block_size+1 tokens -> inputs, targets (int32, (B, T))."""
+    """Random windows of block_size+1 tokens -> inputs, targets (int32, (B, T))."""
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, len(tokens) - block_size, size=batch_size)
     window = tokens[starts[:, None] + np.arange(block_size + 1)].astype(np.int32)
@@ -41,11 +38,7 @@ def probe_batch(tokens: np.ndarray, data_seed: int, batch_size: int,
 
 def train_stream(tokens: np.ndarray, data_seed: int, start: int, stop: int, batch_size: int,
                  block_size: int, prefetch: int = 4) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Batches for steps start..stop-1, built `prefetch` steps ahead on a worker thread.
-
-    (mlx-data 0.1.0, the Linux wheel, aborts the process when its prefetch threads run a Python
-    iterable, so a plain thread does this; numpy's gather releases the GIL.)
-    """
+    """Batches for steps start..stop-1, built `prefetch` steps ahead on a worker thread."""
     def make(step: int) -> tuple[np.ndarray, np.ndarray]:
         return train_batch(tokens, data_seed, step, batch_size, block_size)
 

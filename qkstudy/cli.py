@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
 import textwrap
@@ -15,8 +16,7 @@ HELP = ("-h", "--help", "help")
 
 
 def keys_usage(usage: str, what: str, config: type) -> str:
-    """A command's help in the common style: the usage line, what it does, then every key of
-    its config dataclass with its default (key=value words override them)."""
+    """A command's help: the usage line, what it does, then every key with its default."""
     words = [f"{f.name}={f.default}" for f in dataclasses.fields(config)]
     keys = textwrap.fill("  ".join(words), width=96, initial_indent="  ",
                          subsequent_indent="  ", break_on_hyphens=False)
@@ -24,19 +24,16 @@ def keys_usage(usage: str, what: str, config: type) -> str:
 
 
 def entry(prog: str, commands: dict[str, tuple[str, str]],
-          missing: dict[str, str] | None = None) -> Callable[[list[str] | None], int]:
-    """A package's `main(argv=None)`: `dispatch` over its commands (sys.argv by default)."""
-    def main(argv: list[str] | None = None) -> int:
-        return dispatch(prog, commands, sys.argv[1:] if argv is None else argv, missing)
-
-    return main
+          missing: dict[str, str] | None = None) -> Callable[..., int]:
+    """A package's main(argv=sys.argv[1:])."""
+    return functools.partial(dispatch, prog, commands, missing=missing)
 
 
-def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
+def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | None = None,
              missing: dict[str, str] | None = None) -> int:
-    """Run `<prog> <command> [args]`: commands maps a name to (module with `cli`, help line).
-    `missing` maps an optional package to the hint printed when importing it fails."""
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    """Run `<prog> <command> [args]`; `missing` maps an optional package to a hint."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in HELP:
         width = max(map(len, commands)) + 1
         print(f"usage: {prog} <command> [args]\n\ncommands:")
         for name, (_, help_) in commands.items():
@@ -48,10 +45,9 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
               file=sys.stderr)
         return 2
     try:
-        with interrupts.raising():  # SIGTERM stops a command like Ctrl-C does
+        with interrupts.raising():
             try:
-                # a signal during the import (MLX's C extension initialising) is held and raised
-                # once the import is done: interrupted there, the extension aborts the process
+                # interrupted while initialising, MLX's C extension aborts the process
                 with interrupts.Deferred():
                     module = importlib.import_module(commands[command][0])
             except ModuleNotFoundError as e:
@@ -68,8 +64,6 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
     except OSError as e:
         if not files.io_failure(e):
             raise
-        # the storage refused a write outside a command's own handling (a log line, say):
-        # what was written before is intact (every file appears by an atomic rename)
         print(f"error: {files.describe_io_failure(e, 'a file')}; {files.io_advice(e)} and run the "
               "same command again", file=sys.stderr)
         return 2
@@ -77,8 +71,7 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str],
         print("interrupted", file=sys.stderr)
         return interrupts.exit_code(e)
     except ImportError as e:
-        # Ctrl-C while a C extension initialises (import mlx.core) surfaces as an ImportError
-        # caused by the interrupt: it is an interrupt, not a broken installation
+        # Ctrl-C while a C extension initialises surfaces as an ImportError caused by it
         signal_error = interrupts.caused_by_interrupt(e)
         if signal_error is None:
             raise

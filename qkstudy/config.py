@@ -1,4 +1,4 @@
-"""Run configuration: one frozen dataclass, every default visible here, parsed from key=value."""
+"""Run configuration: one frozen dataclass, parsed from key=value."""
 
 from __future__ import annotations
 
@@ -23,33 +23,24 @@ from .errors import UsageError
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
 INDEPENDENT_WD_DEFAULT = 1e-4
-# Keys a run's config.json holds beside the TrainConfig fields
 CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id")
 BACKENDS = ("mlx", "torch")
-# Keys of a config.json that do not place a run in the study: where it lives and what it is
-# called (FOLDER_KEYS), and which engine computed it (ENGINE_KEYS): runs that differ only in
-# these are twins, the same point computed twice (the report overlays them).
+# config.json keys that do not place a run in the study: runs differing only in them are twins
 FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine", "reference_run_id")
 ENGINE_KEYS = ("backend", "device", "precision", "compile", "deterministic")
 
 
 def framework_label(framework: str, precision: object = None) -> str:
-    """How the report names an engine: mlx, torch, torch-bf16, torch-tf32."""
     return framework + (f"-{precision}" if precision not in (None, "fp32") else "")
 
 NORM_EPS = 1e-5  # every LayerNorm and QK-norm of both models
 
-# backend=auto (the default): the engine a run gets when it names none. Set QKSTUDY_BACKEND=mlx
-# or =torch to make auto pick that one on this machine (the test suite picks mlx this way).
 AUTO_BACKEND_ENV = "QKSTUDY_BACKEND"
 TORCH_OPTIONS = {"device": "auto", "precision": "fp32", "compile": False, "deterministic": True}
 
 
 def auto_backend(torch_options: bool = False) -> tuple[str, str]:
-    """(the engine backend=auto picks here, why in a few words). Apple Silicon: MLX on its
-    GPU. Elsewhere PyTorch: a CUDA GPU when one is visible, else the CPU, where it trains these
-    shapes several times faster than MLX's CPU path (docs/performance.md). Neither framework is
-    imported: only whether it is installed is asked."""
+    """(the engine backend=auto picks here, why); QKSTUDY_BACKEND=mlx|torch forces one."""
     forced = os.environ.get(AUTO_BACKEND_ENV, "")
     if forced:
         if forced not in BACKENDS:
@@ -66,6 +57,18 @@ def auto_backend(torch_options: bool = False) -> tuple[str, str]:
     if installed["mlx"]:
         return "mlx", "PyTorch is not installed"
     return "torch", "neither MLX nor PyTorch is installed"
+
+# the least value of each setting (grad_clip=0 disables clipping)
+AT_LEAST = {"depth": 1, "d_model": 1, "n_heads": 1, "block_size": 2, "batch_size": 1,
+            "warmup_steps": 0, "weight_decay": 0, "grad_clip": 0, "budget_tokens": 0,
+            "divergence_window": 1, "eval_batches": 1, "eval_every": 1, "probe_every": 1,
+            "log_every": 1, "ckpt_every": 1, "seed": 0, "data_seed": 0}
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise UsageError(message)
+
 
 QKNorm = Literal["none", "rmsnorm", "layernorm", "l2norm"]  # none and qkstudy/variants.py's
 
@@ -134,7 +137,7 @@ class TrainConfig:
     runs_dir: str = "runs"
     sweep: str = "adhoc"
 
-    def __post_init__(self) -> None:  # no config holds "auto": its run id names its engine
+    def __post_init__(self) -> None:  # a run id names its engine, never "auto"
         if self.backend == "auto":
             object.__setattr__(self, "backend", auto_backend(any(
                 getattr(self, k) != v for k, v in TORCH_OPTIONS.items()))[0])
@@ -154,54 +157,37 @@ class TrainConfig:
         return self.d_model // self.n_heads
 
     def validate(self) -> TrainConfig:
-        checks = [
-            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
-            (self.depth >= 1, f"depth must be >= 1, got {self.depth}"),
-            (self.d_model >= 1 and self.n_heads >= 1, "d_model and n_heads must be >= 1"),
-            (self.n_heads >= 1 and self.d_model % self.n_heads == 0,
-             f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}"),
-            (self.block_size >= 2, f"block_size must be >= 2, got {self.block_size}"),
-            (self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}"),
-            (self.batch_size < 1 or self.block_size < 2 or self.steps >= 1,
-             f"max_steps must be >= 1, got {self.max_steps}"),
-            (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"),
-            (self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}"),
-            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
-            (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)"),
-            (self.eps > 0 and float(np.float32(self.eps)) > 0,
-             f"eps must be > 0 in float32, got {self.eps}"),
-            (not self.independent_wd or self.weight_decay < 1e-2,
-             f"independent_wd=true needs weight_decay < 1e-2 (got {self.weight_decay:g}: the decay "
-             f"is not scaled by the LR, so it would shrink weights by that share every step); "
-             f"leave weight_decay out for the default {INDEPENDENT_WD_DEFAULT:g}"),
-            (self.grad_clip >= 0, f"grad_clip must be >= 0 (0 disables), got {self.grad_clip}"),
-            (self.budget_tokens >= 0, f"budget_tokens must be >= 0, got {self.budget_tokens}"),
-            (self.divergence_margin > 0, "divergence_margin must be > 0"),
-            (self.divergence_window >= 1,
-             f"divergence_window must be >= 1 step, got {self.divergence_window}"),
-            (self.spike_margin > 0, f"spike_margin must be > 0, got {self.spike_margin}"),
-            (self.eval_batches >= 1, f"eval_batches must be >= 1, got {self.eval_batches}"),
-            (self.seed >= 0 and self.data_seed >= 0,
-             f"seed and data_seed must be >= 0, got {self.seed} and {self.data_seed}"),
-            (self.backend == "torch" or all(getattr(self, k) == v for k, v in TORCH_OPTIONS.items()),
-             "device, precision, compile and deterministic are options of backend=torch; MLX "
-             "picks its own device and computes in float32"),
-        ]
+        for name, low in AT_LEAST.items():
+            value = getattr(self, name)
+            _need(value >= low, f"{name} must be >= {low}, got {value}")
+        _need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        _need(self.d_model % self.n_heads == 0,
+              f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        _need(self.steps >= 1, f"max_steps must be >= 1, got {self.max_steps}")
+        _need(0 <= self.min_lr_ratio <= 1,
+              f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must be in [0, 1)")
+        _need(self.eps > 0 and float(np.float32(self.eps)) > 0,
+              f"eps must be > 0 in float32, got {self.eps}")
+        _need(not self.independent_wd or self.weight_decay < 1e-2,
+              f"independent_wd=true needs weight_decay < 1e-2 (got {self.weight_decay:g}: the "
+              f"decay is not scaled by the LR, so it would shrink weights by that share every "
+              f"step); leave weight_decay out for the default {INDEPENDENT_WD_DEFAULT:g}")
+        for name in ("divergence_margin", "spike_margin"):
+            _need(getattr(self, name) > 0, f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("attn_softcap", "z_loss"):
             value = getattr(self, name)
-            checks.append((math.isfinite(value) and value >= 0,
-                           f"{name} must be a finite number >= 0 (0 is off), got {value}"))
-        for name in ("eval_every", "probe_every", "log_every", "ckpt_every"):
-            checks.append((getattr(self, name) >= 1, f"{name} must be >= 1"))
-        checks.append((self.ckpt_every % self.log_every == 0,
-                       f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every}"))
-        checks.append(("/" not in self.sweep and self.sweep not in ("", ".", ".."),
-                       f"sweep must be a plain folder name, got {self.sweep!r}"))
-        for ok, message in checks:
-            if not ok:
-                raise UsageError(message)
+            _need(math.isfinite(value) and value >= 0,
+                  f"{name} must be a finite number >= 0 (0 is off), got {value}")
+        _need(self.ckpt_every % self.log_every == 0,
+              f"ckpt_every={self.ckpt_every} must be a multiple of log_every={self.log_every}")
+        _need("/" not in self.sweep and self.sweep not in ("", ".", ".."),
+              f"sweep must be a plain folder name, got {self.sweep!r}")
+        _need(self.backend == "torch" or all(getattr(self, k) == v for k, v in TORCH_OPTIONS.items()),
+              "device, precision, compile and deterministic are options of backend=torch; MLX "
+              "picks its own device and computes in float32")
         hints = typing.get_type_hints(type(self))
-        for f in fields(self):  # the step computes in float32: every number must fit it
+        for f in fields(self):  # the step computes in float32
             value = getattr(self, f.name)
             if hints[f.name] in (float, int) and not (
                     isinstance(value, (int, float)) and abs(value) <= FLOAT32_MAX):
@@ -209,11 +195,8 @@ class TrainConfig:
                                  f"{FLOAT32_MAX:.3g} in size, got {value}")
         return self
 
-    # Fields that say where output goes or how (not what) is computed: left out of the run id.
     NON_IDENTITY = ("runs_dir", "sweep", "kernels", "compile", "deterministic")
-    # Keys added after runs were made, with the value every earlier run had: left out of the
-    # identity while they hold it, so those runs keep their run ids, and a config.json without
-    # them reads back with it (load_config).
+    # keys added later, left out of the identity at the value earlier runs had
     LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32"}
 
     def identity(self) -> dict[str, Any]:
@@ -223,7 +206,6 @@ class TrainConfig:
 
     @property
     def run_id(self) -> str:
-        """Content address: a short hash of every field that changes what the run computes."""
         blob = json.dumps(self.identity(), sort_keys=True)
         tag = f"d{self.depth}-{'qk' + self.qk_norm if self.qk_norm != 'none' else 'noqk'}"
         tag += f"-softcap{short_number(self.attn_softcap)}" if self.attn_softcap else ""
@@ -235,7 +217,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """The model's shape and switches (mlx_gpt.model.GPT and torch_ref.model.GPT take it)."""
+    """The model's shape and switches (both engines' GPT take it)."""
     vocab_size: int
     depth: int = 4
     d_model: int = 128
@@ -253,15 +235,11 @@ class ModelArgs:
 
 
 def model_args(cfg: TrainConfig, vocab_size: int) -> ModelArgs:
-    return ModelArgs(vocab_size=vocab_size, depth=cfg.depth, d_model=cfg.d_model,
-                     n_heads=cfg.n_heads, block_size=cfg.block_size, bias=cfg.bias,
-                     qk_norm=cfg.qk_norm, attn_softcap=cfg.attn_softcap, z_loss=cfg.z_loss,
-                     kernels=cfg.kernels)
+    return ModelArgs(vocab_size, **{f.name: getattr(cfg, f.name) for f in fields(ModelArgs)[1:]})
 
 
 def short_number(x: float) -> str:
-    """50 -> '50', 2.5 -> '2.5', 1e-4 -> '1e-4', 3e-05 -> '3e-5': up to 6 significant digits,
-    plain between 1e-3 and 1e5, else mantissa and exponent without padding."""
+    """50 -> '50', 2.5 -> '2.5', 3e-05 -> '3e-5': 6 significant digits, no exponent padding."""
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
     exponent = math.floor(math.log10(abs(x)))
@@ -273,26 +251,23 @@ def short_number(x: float) -> str:
 def _coerce(name: str, hint: Any, text: str) -> Any:
     origin = get_origin(hint)
     if origin is Literal:
-        choices = get_args(hint)
-        if text not in choices:
-            raise UsageError(f"{name} must be one of {', '.join(choices)}; got {text!r}")
+        _need(text in get_args(hint), f"{name} must be one of {', '.join(get_args(hint))}; "
+                                      f"got {text!r}")
         return text
     if origin in (typing.Union, types.UnionType):
         return _coerce(name, next(a for a in get_args(hint) if a is not type(None)), text)
     if hint is bool:
         low = text.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise UsageError(f"{name} must be true or false; got {text!r}")
+        _need(low in ("1", "true", "yes", "on", "0", "false", "no", "off"),
+              f"{name} must be true or false; got {text!r}")
+        return low in ("1", "true", "yes", "on")
     if hint is int:
         try:
             value = float(text) if any(c in text for c in ".eE") else int(text)
         except ValueError:
             raise UsageError(f"{name} must be an integer; got {text!r}") from None
-        if not math.isfinite(value) or float(value) != int(value):
-            raise UsageError(f"{name} must be an integer; got {text!r}")
+        _need(math.isfinite(value) and float(value) == int(value),
+              f"{name} must be an integer; got {text!r}")
         return int(value)
     if hint is float:
         try:
@@ -305,8 +280,7 @@ def _coerce(name: str, hint: Any, text: str) -> Any:
 
 def split_flags(argv: list[str], known: Sequence[str], shown: str = "") -> tuple[list[str],
                                                                                dict[str, str]]:
-    """(the other words, {flag: its value after '=', or ''}) of a command's `--flag[=value]`
-    words; UsageError naming the flags (`shown`, else `known`) for one it does not know."""
+    """(the other words, {flag: its value after '=', or ''}); UsageError for an unknown flag."""
     flags = {}
     for word in argv:
         name, _, value = word.partition("=")
@@ -318,10 +292,7 @@ def split_flags(argv: list[str], known: Sequence[str], shown: str = "") -> tuple
 
 
 def split_key_values(words: list[str]) -> dict[str, str]:
-    """The one key=value parser of every command: ['lr=1e-3', 'depth=6'] -> {'lr': '1e-3',
-    'depth': '6'}; a word without '=' or a key given twice is an error. A dataclass's fields
-    take the values through apply_overrides; a command's own key that is no field (train's
-    repair=, ladder's points=) through `take`."""
+    """Every command's key=value parser: ['lr=1e-3'] -> {'lr': '1e-3'}."""
     out: dict[str, str] = {}
     for word in words:
         key, sep, value = word.partition("=")
@@ -335,13 +306,12 @@ def split_key_values(words: list[str]) -> dict[str, str]:
 
 
 def take(pairs: dict[str, str], key: str, hint: Any, default: Any = None) -> Any:
-    """Remove `key` from parsed pairs and return its value coerced to `hint` (bool, int, float,
-    str, a Literal), or `default` when it is not given."""
+    """Pop `key` from parsed pairs coerced to `hint`, or `default` when it is not given."""
     return _coerce(key, hint, pairs.pop(key)) if key in pairs else default
 
 
 def apply_overrides(base: Any, overrides: dict[str, str]) -> Any:
-    """Return a copy of dataclass `base` with string overrides coerced to each field's type."""
+    """A copy of dataclass `base` with string overrides coerced to each field's type."""
     hints = typing.get_type_hints(type(base))
     names = {f.name for f in fields(base)}
     changes = {}
@@ -372,7 +342,6 @@ def _value_ok(hint: Any, value: Any) -> bool:
 
 
 def load_config(path: str) -> TrainConfig:
-    """A run's config.json as a validated TrainConfig; UsageError naming what is wrong."""
     try:
         with open(path) as f:
             raw = json.load(f)
@@ -381,7 +350,7 @@ def load_config(path: str) -> TrainConfig:
     if not isinstance(raw, dict):
         raise UsageError(f"{path} holds a JSON {type(raw).__name__}, not an object")
     hints = typing.get_type_hints(TrainConfig)
-    if "backend" not in raw:  # written before the backends: an MLX run (or a spot check's copy)
+    if "backend" not in raw:  # written before the backends: an MLX run
         raw = {k: v for k, v in raw.items() if k != "device"}
     if raw.get("backend") == "auto":
         raise UsageError(f"{path}: backend is 'auto', but a run records the engine it trained on "

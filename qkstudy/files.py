@@ -1,10 +1,5 @@
-"""Files that are never half-written and tensors that carry their checksum.
-
-Every file appears by os.replace of a complete temporary file (synced first), so no reader sees
-half a file, and a writer that fails leaves nothing behind. Every file is read back as
-untrusted: a JSON file must hold an object, and a tensor file carries a sha256 of its bytes
-that is checked on load.
-"""
+"""Files that are never half-written (os.replace of a synced temporary) and tensors that carry
+their checksum; every file is read back as untrusted."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,8 +39,7 @@ def io_failure(error: BaseException) -> bool:
 
 
 def describe_io_failure(error: OSError, where: Path | str) -> str:
-    """'cannot write PATH: No space left on device' for an io_failure; `where` when the error
-    names no file."""
+    """'cannot write PATH: No space left on device' (`where` when the error names no file)."""
     return f"cannot write {error.filename or where}: {error.strerror or error}"
 
 
@@ -65,8 +60,7 @@ def _tmp(path: Path) -> Path:
 
 @contextlib.contextmanager
 def atomic(path: Path, mode: str = "w") -> Iterator[Any]:
-    """A file object on a temporary beside `path`; renamed onto it once written and synced,
-    removed if writing fails."""
+    """A file object on a temporary beside `path`, renamed onto it once written and synced."""
     tmp = _tmp(path)
     try:
         with open(tmp, mode) as f:
@@ -80,11 +74,7 @@ def atomic(path: Path, mode: str = "w") -> Iterator[Any]:
 
 
 def swap_in(tmp: Path, out: Path) -> None:
-    """Put the complete folder `tmp` at `out` by renames, the folder there before (if any) set
-    aside first and put back if the second rename fails, then removed (a failure to remove it
-    is ignored: remove_stale clears it the next time)."""
-    import shutil
-
+    """Put the folder `tmp` at `out` by renames, the one there before restored on failure."""
     old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
         os.rename(out, old)
@@ -98,10 +88,7 @@ def swap_in(tmp: Path, out: Path) -> None:
 
 
 def remove_stale(out: Path) -> None:
-    """Remove the hidden siblings .<name>.tmp-<pid> and .<name>.old-<pid> of `out` that a
-    process which is gone left (killed, or it could not remove them)."""
-    import shutil
-
+    """Remove the siblings .<name>.tmp-<pid> and .<name>.old-<pid> of `out` of dead processes."""
     from .forensics import alive
 
     pattern = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-(\d+)")
@@ -116,10 +103,7 @@ def remove_stale(out: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_folder(path: Path) -> Iterator[Path]:
-    """A new hidden folder beside `path` to fill; renamed onto `path` (which must not exist)
-    once the block ends, removed with its contents if the block or the rename fails."""
-    import shutil
-
+    """A new hidden folder beside `path` to fill, renamed onto `path` once the block ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp(path)
     tmp.mkdir()
@@ -155,11 +139,8 @@ def load_object(path: Path) -> tuple[dict | None, str | None]:
 
 
 def read_json(path: Path) -> dict | None:
-    """The JSON object in `path`, or None when it is missing, unreadable or not an object."""
     return load_object(path)[0]
 
-
-# --- tensor files: safetensors with a sha256 of their bytes ---------------------------------------
 
 _DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64",
            "uint32": "U32", "uint64": "U64", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
@@ -175,9 +156,7 @@ def _digest(chunks, metadata: dict[str, str]) -> str:
 
 
 def save_tensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
-    """Write a safetensors file atomically with metadata["sha256"] = a hash of its tensor bytes
-    and metadata; it is read back and verified before it replaces `path`. Returns the hash.
-    (Python writes it, so a full disk raises instead of leaving a short file.)"""
+    """Write a verified safetensors file whose metadata holds its sha256; returns the hash."""
     names = sorted(arrays)
     flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np.uint8) for n in names]
     header: dict[str, Any] = {}
@@ -203,8 +182,7 @@ def save_tensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, 
 
 
 def read_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(arrays, metadata) of a file written by save_tensors; DamagedFile if it is truncated,
-    unparsable, has no checksum or fails it."""
+    """(arrays, metadata) of a file written by save_tensors, checked; else DamagedFile."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -236,8 +214,7 @@ def read_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 
 def read_tensor_metadata(path: Path) -> dict[str, str] | None:
-    """The metadata in a tensor file's header, read without its tensors (nor their checksum:
-    for display only), or None if the file is missing or its header is unreadable."""
+    """A tensor file's header metadata, unverified (for display), or None."""
     try:
         with open(path, "rb") as f:
             n = struct.unpack("<Q", f.read(8))[0]

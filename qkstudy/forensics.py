@@ -1,9 +1,5 @@
-"""What a process that died leaves in a run folder, and what a failed run keeps.
-
-A writer's temporary files carry its pid (files.py); a fatal signal (segfault, abort) writes
-Python's traceback to <run_dir>/.fatal-<pid> while the run trains. The next attempt, holding the
-run's lock, removes what dead processes left and reads their fatal-signal logs.
-"""
+"""What a dead process leaves in a run folder (temporaries with its pid, a .fatal-<pid>
+traceback log), and what a failed run keeps."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ FATAL_PREFIX = ".fatal-"
 
 
 def alive(pid: int) -> bool:
-    """Whether another live process has this id (our own id counts as gone: we hold the lock)."""
+    """Whether another live process has this id (our own counts as gone)."""
     if pid == os.getpid():
         return False
     try:
@@ -42,9 +38,7 @@ def leftovers(folders: list[Path]) -> bool:
 
 
 def clean_leftovers(folders: list[Path]) -> list[str]:
-    """Remove temporary files whose writer is gone from a run's folders (call with the run's
-    lock held). Returns the text of any fatal-signal log such a process left (see
-    `fatal_signal_log`)."""
+    """Remove dead writers' temporaries (lock held); the text of their fatal-signal logs."""
     fatal = []
     for folder in folders:
         if not folder.is_dir():
@@ -66,8 +60,7 @@ def clean_leftovers(folders: list[Path]) -> list[str]:
 
 @contextlib.contextmanager
 def fatal_signal_log(run_dir: Path) -> Iterator[None]:
-    """While training, a fatal signal (segfault, abort) writes Python's traceback to
-    <run_dir>/.fatal-<pid>; the next attempt finds it and records the run as failed."""
+    """A fatal signal here writes the traceback to <run_dir>/.fatal-<pid> for the next attempt."""
     path = run_dir / f"{FATAL_PREFIX}{os.getpid()}"
     was_enabled = faulthandler.is_enabled()
     with open(path, "w") as f:
@@ -76,8 +69,6 @@ def fatal_signal_log(run_dir: Path) -> Iterator[None]:
             yield
         finally:
             faulthandler.disable()
-            # only a fatal signal leaves it behind; if it cannot be removed now, the next
-            # command on this run removes it (RunFolder.tidy)
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
             if was_enabled and sys.__stderr__ is not None:
@@ -94,5 +85,3 @@ def record_failure(traceback_file: Path, summary_file: Path, summary_base: dict,
         traceback.format_exception(type(error), error, error.__traceback__)))
     write_json(summary_file, {
         **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}", **extra})
-
-

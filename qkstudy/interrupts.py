@@ -1,14 +1,6 @@
-"""Ctrl-C and SIGTERM stop a run at a safe point, never inside a step and its bookkeeping.
-
-Inside `with Deferred() as guard:` SIGINT and SIGTERM only note that they arrived;
-`guard.check()` raises `Interrupted` at the points the caller marks safe (the top of a training
-step, where the optimizer's step, the rows written and the probes taken all agree). Leaving the
-block raises it too if a signal arrived and was never raised, so a run that finishes while the
-user presses Ctrl-C still stops the sweep around it. Outside such a block `raising()` makes
-SIGINT and SIGTERM raise at once (Slurm and other schedulers send SIGTERM before they kill) and
-remembers the signal, so one that C code swallows (during an import, say) is still honoured by
-the next `Deferred` block.
-"""
+"""Ctrl-C and SIGTERM stop a run at a safe point: inside `Deferred` they are noted and raised at
+`check()` (or on leaving the block); under `raising()` they raise at once and are remembered,
+so one that C code swallows is still honoured by the next `Deferred` block."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(KeyboardInterrupt):
-    """A SIGINT or SIGTERM, raised where stopping is safe. Exit code 128 + the signal number."""
+    """A SIGINT or SIGTERM, raised where stopping is safe."""
 
     def __init__(self, signum: int = signal.SIGINT):
         super().__init__(signal.Signals(signum).name)
@@ -32,12 +24,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 def exit_code(error: KeyboardInterrupt) -> int:
-    """130 for Ctrl-C, 143 for SIGTERM (the shell's 128 + signal number)."""
     return 128 + getattr(error, "signum", signal.SIGINT)
 
 
 def caused_by_interrupt(error: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt in `error`'s chain of causes, if a signal is what broke it."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, KeyboardInterrupt):
@@ -61,7 +51,6 @@ def _main_thread() -> bool:
 
 @contextlib.contextmanager
 def raising() -> Iterator[None]:
-    """SIGINT and SIGTERM raise Interrupted here (SIGTERM like Ctrl-C); restored on exit."""
     previous = {s: signal.signal(s, _raise) for s in SIGNALS} if _main_thread() else {}
     try:
         yield
@@ -72,8 +61,6 @@ def raising() -> Iterator[None]:
 
 
 class Deferred:
-    """Hold SIGINT and SIGTERM until `check()`; see the module docstring."""
-
     def __init__(self) -> None:
         self.signum: int | None = None
         self.previous: dict[int, object] = {}
@@ -105,11 +92,7 @@ class Deferred:
 
 
 def main_process(main: Callable[[], int]) -> NoReturn:
-    """Run a command as the whole process (`python -m ...`): SIGINT and SIGTERM raise
-    Interrupted from the first instant of the command; a signal that lands after it has returned
-    still ends the process with 128 + its number, and the process ends by os._exit once stdout
-    and stderr are flushed, so no signal lands in the interpreter's shutdown, where it would kill
-    the process (exit -2 or -15) instead of ending it with a code."""
+    """Run a command as the whole process, ended by os._exit so a late signal gives a code."""
     late: list[int] = []
     for s in SIGNALS:
         signal.signal(s, _raise)

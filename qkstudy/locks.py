@@ -1,10 +1,5 @@
-"""One process per run: an advisory lock file (released if the process dies), and who holds one.
-
-The lock file exists while a process holds it, with that process's id inside; it is removed when
-the lock is released, so a lock file left behind belongs to a process that died. A process that
-opened the file just before its holder removed it takes the lock on a file that is gone: it
-checks the path still names the file it locked, and opens it again if not.
-"""
+"""One process per run: a flock'd lock file holding its pid, removed on release (so one left
+behind is a dead process's), and who holds one."""
 
 from __future__ import annotations
 
@@ -37,10 +32,8 @@ def _cannot(path: Path, e: OSError) -> UsageError:
 
 @contextlib.contextmanager
 def exclusive(path: Path) -> Iterator[bool]:
-    """Yield True with the lock on `path` held (the file holds our pid), or False at once if
-    another process holds it. The file is removed on release; one this call could not write is
-    removed too (a full disk leaves no lock file behind), as a UsageError naming it."""
-    for _ in range(100):  # another process removed the file between our open and our lock
+    """Yield True with the lock on `path` held, or False at once if another process holds it."""
+    for _ in range(100):  # its holder may remove the file between our open and our lock
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:
@@ -85,8 +78,7 @@ def exclusive(path: Path) -> Iterator[bool]:
 
 
 def flock_holders() -> dict[tuple[int, int, int], int] | None:
-    """{(device major, minor, inode): pid} of every flock held on this machine (Linux's
-    /proc/locks), or None where that file does not exist."""
+    """{(device major, minor, inode): pid} of every flock in /proc/locks, or None without it."""
     try:
         text = Path("/proc/locks").read_text()
     except OSError:
@@ -105,7 +97,6 @@ def flock_holders() -> dict[tuple[int, int, int], int] | None:
 
 
 def written_pid(path: Path) -> int | None:
-    """The pid written in a lock file, or None."""
     try:
         words = path.read_text().split()
     except OSError:
@@ -114,9 +105,7 @@ def written_pid(path: Path) -> int | None:
 
 
 def holder(path: Path, held: dict | None) -> int | None:
-    """The pid holding the lock on `path`, or None. Never touches the lock itself. `held` is
-    flock_holders() (None where there is no /proc/locks: then the pid written in the file, if
-    that process is alive)."""
+    """The pid holding the lock on `path` (by `held`, else the file's live pid), or None."""
     try:
         st = path.stat()
     except OSError:

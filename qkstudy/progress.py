@@ -1,4 +1,4 @@
-"""The progress line of a training run, free of any framework (both trainers show it)."""
+"""The progress line of a training run."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import time
 
 
 class Display:
-    """One live line on a terminal; plain periodic lines (every ~30 s) otherwise. Throughput
-    and ETA come from the training seconds of the steps taken since `start` (a resumed run's
-    first step)."""
+    """One live line on a terminal, else a plain line every ~30 s."""
 
     def __init__(self, run_id: str, steps: int, tokens_per_step: int, start: int = 0,
                  enabled: bool = True, prefix: str = ""):
@@ -20,8 +18,6 @@ class Display:
         self.last_print = 0.0
 
     def update(self, step: int, loss: float, train_seconds: float, val: float | None) -> None:
-        """After `step` updates: the last training loss, the training seconds of the updates
-        since `start`, the last validation loss."""
         if not self.enabled:
             return
         tok_s = (step - self.start) * self.tokens_per_step / max(train_seconds, 1e-9)
@@ -36,16 +32,14 @@ class Display:
             self.last_print = time.monotonic()
 
     def begin(self, message: str, always: bool = False) -> None:
-        """What the run does before its first step: a live line on a terminal (the first update
-        replaces it); elsewhere a plain line only when `always` (a resumed run says so)."""
-        if self.enabled and (self.tty or always):
-            print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
-                  end="" if self.tty else "\n", flush=True)
+        """A line before the first step: live on a terminal, elsewhere only when `always`."""
+        if self.tty or always:
+            self.close(message, end="" if self.tty else "\n")
 
-    def close(self, message: str) -> None:
+    def close(self, message: str, end: str = "\n") -> None:
         if self.enabled:
             print(("\r\033[K" if self.tty else "") + f"{self.prefix}{self.run_id} {message}",
-                  flush=True)
+                  end=end, flush=True)
 
 
 def format_seconds(s: float | None) -> str:

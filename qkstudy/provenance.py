@@ -50,8 +50,7 @@ def versions(*modules: str) -> dict[str, str | None]:
 
 
 def provenance() -> dict:
-    """Where a file came from: the code's git commit and whether it had local changes, and the
-    versions of the libraries that compute (both the run manifests and the report use it)."""
+    """The code's git commit, whether it had local changes, and the libraries' versions."""
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"git_commit": _git("rev-parse", "HEAD"),
             "git_dirty": bool(status) if status is not None else None,
@@ -59,19 +58,10 @@ def provenance() -> dict:
 
 
 def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
-    """manifest.json: provenance, the machine, the data; `extra` holds the backend's own facts
-    (BLAS library, threads, precision)."""
+    """manifest.json: provenance, the machine, the data and the backend's `extra` facts."""
     meta = Path(data_dir) / "meta.json"
-    return {
-        "framework": framework,
-        "device": device,
-        **provenance(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "chip": chip(),
-        "cpu_count": os.cpu_count(),
-        "data_dir": str(data_dir),
-        "data_meta_sha256": sha256_file(meta) if meta.exists() else None,
-        "started": now(),
-        **(extra or {}),
-    }
+    return {"framework": framework, "device": device, **provenance(),
+            "platform": platform.platform(), "machine": platform.machine(), "chip": chip(),
+            "cpu_count": os.cpu_count(), "data_dir": str(data_dir),
+            "data_meta_sha256": sha256_file(meta) if meta.exists() else None, "started": now(),
+            **(extra or {})}

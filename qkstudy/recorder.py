@@ -1,8 +1,4 @@
-"""The bookkeeping of one run, free of any framework: rows, evaluations, divergence, summary.
-
-qkstudy/trainer.py drives one Recorder for either backend, so the two trainers write the
-same rows, apply the same divergence rule and finish with the same summary fields.
-"""
+"""The framework-free bookkeeping of one run: rows, evaluations, divergence, summary."""
 
 from __future__ import annotations
 
@@ -19,14 +15,9 @@ from .run_folder import RunFolder
 
 def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
                init_loss: float | None, recent: Sequence[float]) -> str | None:
-    """Why this step counts as diverged, or None. Checked for every step at each sync.
-
-    A non-finite loss or gradient norm is fatal at once. Otherwise a run has diverged only when
-    the excursion is sustained: after warmup, the median training loss of the last
-    `divergence_window` steps (`recent`, this step included) is above init_loss +
-    divergence_margin (the lower median: more than half of the window is above). A transient
-    spike moves the median of 50 steps by one rank at most.
-    """
+    """Why this step counts as diverged, or None: a non-finite loss or gradient norm, or after
+    warmup a lower median of the last `divergence_window` losses above init_loss + margin (a
+    transient spike moves that median by one rank at most)."""
     if not math.isfinite(loss):
         return "non-finite loss"
     if not math.isfinite(grad_norm):
@@ -34,7 +25,7 @@ def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
     window = cfg.divergence_window
     if init_loss is None or step < cfg.warmup_steps or len(recent) < window:
         return None
-    smoothed = statistics.median_low(list(recent)[-window:])  # more than half above
+    smoothed = statistics.median_low(list(recent)[-window:])
     if smoothed > init_loss + cfg.divergence_margin:
         return (f"median loss {smoothed:.3f} of the last {window} steps above initial loss "
                 f"{init_loss:.3f} + {cfg.divergence_margin:g}")
@@ -42,14 +33,7 @@ def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
 
 
 class Health:
-    """The training-loss history the divergence rule and the spike count need: the last
-    `divergence_window` losses, the running minimum and the spikes above it.
-
-    A spike is an excursion of the training loss more than `spike_margin` nats above its running
-    minimum (one count per excursion, however many steps it lasts); `max_spike` is the largest
-    excursion in nats and `max_spike_step` where it peaked. Kept in checkpoints, so a resumed
-    run judges divergence and counts spikes exactly as an uninterrupted one.
-    """
+    """The loss history for divergence and spikes (above the running minimum); checkpointed."""
 
     def __init__(self, cfg: TrainConfig, state: dict | None = None):
         self.margin = cfg.spike_margin
@@ -89,12 +73,7 @@ def finite(x: float | None) -> float | None:
 
 
 class Recorder:
-    """Buffers a run's metric and probe rows and writes them as parts; judges divergence.
-
-    Step k's row holds the training loss of update k and, at eval steps, the validation loss of
-    the same parameters (after k updates); a last row at step == steps holds only the final
-    validation loss. `state()` goes into checkpoints so a resumed run continues the clocks.
-    """
+    """Buffers a run's rows and writes them as parts; judges divergence."""
 
     def __init__(self, cfg: TrainConfig, folder: RunFolder, *, init_loss: float | None = None,
                  elapsed: float = 0.0, train_seconds: float = 0.0, measure_seconds: float = 0.0,
@@ -111,28 +90,6 @@ class Recorder:
         self.health = Health(cfg, health)
         self.status, self.diverged_step, self.reason = "completed", None, None
 
-    # when to measure ------------------------------------------------------------------------
-    def eval_due(self, step: int) -> bool:
-        return step % self.cfg.eval_every == 0 or step == self.cfg.steps
-
-    def probe_due(self, step: int) -> bool:
-        return step % self.cfg.probe_every == 0 or step == self.cfg.steps
-
-    # the cadence of the loop, for update `step` (0-based) ----------------------------------
-    def update_probe_due(self, step: int) -> bool:
-        """Whether update `step` is measured (parameters before and after it)."""
-        return step % self.cfg.probe_every == 0
-
-    def sync_due(self, step: int) -> bool:
-        """Whether the values of the updates up to `step` are read back now (one device sync
-        per `log_every` updates, and after the last)."""
-        return (step + 1) % self.cfg.log_every == 0 or step + 1 == self.cfg.steps
-
-    def checkpoint_due(self, step: int) -> bool:
-        """Whether the rows (and a checkpoint) are written after update `step`."""
-        return (step + 1) % self.cfg.ckpt_every == 0 and step + 1 != self.cfg.steps
-
-    # what was measured ----------------------------------------------------------------------
     def record_val(self, step: int, loss: float) -> None:
         self.val_by_step[step] = self.last_val = loss
         if self.init_loss is None:
@@ -142,19 +99,15 @@ class Recorder:
         self.probe_rows.extend(rows)
 
     def sync(self, values: list[tuple], since: float, display) -> bool:
-        """The bookkeeping of one sync, the same in both trainers: the interval's training
-        seconds (from `since`, a perf_counter time), its rows, the progress line. True if a step
-        of it diverged."""
+        """One sync's clock, rows and progress line; True if a step of it diverged."""
         self.train_seconds += time.perf_counter() - since
         diverged = self.record_steps(values)
         display.update(values[-1][0] + 1, values[-1][1], self.train_seconds, self.last_val)
         return diverged
 
     def record_steps(self, values: Iterable[tuple]) -> bool:
-        """Append (step, loss, grad_norm, lr[, z_loss]) rows up to the first diverged step; True
-        if one diverged. Steps already recorded are skipped (an interrupt may land mid-sync).
-        z_loss is the z-loss term of the objective (None, or left out, when it is off)."""
-        if self.status == "diverged":  # nothing after the first diverged step is recorded
+        """Append (step, loss, grad_norm, lr[, z_loss]) rows; True once a step diverged."""
+        if self.status == "diverged":
             return True
         logged = {r["step"] for r in self.metric_rows}
         for step, loss, grad_norm, lr, *z_loss in values:
@@ -176,7 +129,6 @@ class Recorder:
                 "val_ppl": math.exp(min(val, 700.0)) if val is not None else None,
                 "elapsed_s": self.elapsed(), "z_loss": z_loss}
 
-    # clocks ---------------------------------------------------------------------------------
     def elapsed(self) -> float:
         return time.perf_counter() - self.wall0
 
@@ -185,15 +137,13 @@ class Recorder:
                 "train_seconds": self.train_seconds, "measure_seconds": self.measure_seconds,
                 "health": self.health.state()}
 
-    # files ----------------------------------------------------------------------------------
     def flush(self) -> None:
         self.folder.write_rows(self.metric_rows, self.probe_rows)
         self.metric_rows.clear()
         self.probe_rows.clear()
 
     def finish(self, summary_base: dict, manifest: dict, params: dict) -> dict:
-        """Write the last rows, the manifest's end time and summary.json (last). For a completed
-        run the final validation loss must have been recorded at step == steps."""
+        """Write the last rows, the manifest's end time and summary.json (last)."""
         cfg = self.cfg
         last_row = self.status == "completed"  # a row at step == steps with only the val loss
         if last_row:
@@ -209,24 +159,16 @@ class Recorder:
         vals = [v for v in metrics["val_loss"] if v is not None]
         finite_vals = [v for v in vals if math.isfinite(v)]
         summary = {
-            **summary_base,
-            "status": self.status,
-            "init_loss": self.init_loss,
+            **summary_base, **self.health.summary(), "status": self.status,
+            "init_loss": self.init_loss, "min_val_loss": min(finite_vals, default=None),
             "final_val_loss": finite(vals[-1]) if self.status == "completed" and vals else None,
-            **self.health.summary(),
-            "min_val_loss": min(finite_vals) if finite_vals else None,
-            "final_train_loss": finite(metrics["train_loss"][
-                -2 if last_row else -1]),
-            "diverged_step": self.diverged_step,
-            "diverged_reason": self.reason,
-            "steps": final_step,
-            "tokens_seen": final_step * cfg.tokens_per_step,
-            "wall_seconds": self.elapsed(),
-            "train_seconds": self.train_seconds,
+            "final_train_loss": finite(metrics["train_loss"][-2 if last_row else -1]),
+            "diverged_step": self.diverged_step, "diverged_reason": self.reason,
+            "steps": final_step, "tokens_seen": final_step * cfg.tokens_per_step,
+            "wall_seconds": self.elapsed(), "train_seconds": self.train_seconds,
             "measure_seconds": self.measure_seconds,
             "tokens_per_second": final_step * cfg.tokens_per_step / max(self.train_seconds, 1e-9),
-            "params": params,
-            "peak_max_attention_logit": self.peak_logit(),
+            "params": params, "peak_max_attention_logit": self.peak_logit(),
         }
         manifest["ended"] = files.now()
         self.folder.write_manifest(manifest)
@@ -234,14 +176,14 @@ class Recorder:
         return summary
 
     def peak_logit(self) -> float | None:
-        """The largest max_attention_logit probe value (any layer, any probe step), or None."""
+        """The largest max_attention_logit probe value, or None."""
         table = self.folder.read_probes()
         if table is None:
             return None
         rows = table.select(["name", "value"]).to_pydict()
-        values = [v for n, v in zip(rows["name"], rows["value"])
-                  if n == "max_attention_logit" and v is not None and math.isfinite(v)]
-        return max(values) if values else None
+        return max((v for n, v in zip(rows["name"], rows["value"])
+                    if n == "max_attention_logit" and v is not None and math.isfinite(v)),
+                   default=None)
 
     def closing_line(self, summary: dict) -> str:
         if self.status == "completed":

@@ -1,49 +1,26 @@
-"""The run folder: every path in it, the lock, its states, and its format, in one place.
+"""The run folder, <runs_dir>/<sweep>/<run_id>/: its file names, lock, states and checks.
 
-runs/<sweep>/<run_id>/
-  config.json      the run's identity (TrainConfig.identity(), + run_id, framework)
-  manifest.json    provenance (provenance.py): git commit/dirty, library versions, platform,
-                   chip, the backend's facts (BLAS, threads, precision), the data's identity
-  metrics/part-<first>-<last>.parquet   scalar rows (step, tokens, lr, train_loss, grad_norm,
-                                        val_loss, val_ppl, elapsed_s, z_loss)
-  probes/part-<first>-<last>.parquet    long rows (step, layer, name, value)
-  checkpoint.safetensors               weights and optimizer state (while running)
-  final.safetensors                    final weights (once finished)
-  summary.json     written last: its presence with status completed|diverged means finished
-                   (its keys: SUMMARY_FIELDS)
-  archived.json    in a run restored from a study archive (archive.py): what the archive left
-                   out (the weights; metric rows between every k-th step and the evaluations)
-  traceback.txt    why a failed run failed
-  .lock            present while a process trains the run (its pid inside; locks.py)
-
-No other module spells these names: everything goes through `RunFolder` (a test holds the code
-to it); the rows' parts are written and read by parts.py. Files are written atomically and tensors carry a checksum (files.py); what a dead process
-left is cleaned up by forensics.py. Every file is read back as untrusted: a file that fails says
-so in one line with the way to repair it.
-
-A run folder is in one of these states (`RunFolder.state`): new (nothing trained), resumable (a
-checkpoint or rows to continue from), failed (a sweep retries it), finished (completed or
-diverged, files intact) or damaged (finished, but a file fails its checks: `set_aside` moves it
-to <sweep>/.damaged/ whole, so it can be trained again).
-"""
+No other module spells its names (a test holds the code to it); docs/outputs.md shows the
+layout. States (`RunFolder.state`): new, resumable, failed, finished, damaged."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import forensics, locks
 from .config import TrainConfig
 from .errors import UsageError
-from .files import DamagedFile, load_object, now, read_json, read_tensor_metadata, read_tensors, \
-    write_json
-from .parts import coverage, part_steps, parts, read_parts, steps_cover, write_part
+from .files import DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata, \
+    read_tensors, write_json
 
 
 CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.json", \
@@ -121,6 +98,66 @@ _CHECKS = {"number": lambda v: _is_int(v) or isinstance(v, float), "whole number
            "step": _is_int, **dict.fromkeys(("count", "step count"), lambda v: _is_int(v) and v >= 0)}
 
 
+# the rows: immutable Parquet parts, part-<first step>-<last step>.parquet
+def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
+    if not rows:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    steps = [r["step"] for r in rows]
+    path = folder / f"part-{min(steps):08d}-{max(steps):08d}.parquet"
+    table = pa.Table.from_pylist(rows, schema=schema)
+    with atomic(path, "wb") as f:
+        pq.write_table(table, f)
+    return path
+
+
+_PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
+
+
+def parts(folder: Path) -> list[tuple[int, Path]]:
+    """(first step, path) of each part in `folder`, in step order."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
+    return sorted(found)
+
+
+def read_parts(folder: Path) -> pa.Table | None:
+    found = parts(folder)
+    if not found:
+        return None
+    return pa.concat_tables((pq.read_table(p) for _, p in found), promote_options="default")
+
+
+def part_steps(folder: Path) -> tuple[list[int], str | None]:
+    """Every row's step in the folder's parts, or why a part cannot be read."""
+    steps: list[int] = []
+    for _, part in parts(folder):
+        try:
+            steps += pq.read_table(part, columns=["step"]).column("step").to_pylist()
+        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+            return [], f"{folder.name}/{part.name} is unreadable ({type(e).__name__})"
+    return steps, None
+
+
+def coverage(folder: Path, expected: list[int], once: bool = True) -> str | None:
+    """What is off unless the folder's rows hold exactly the steps `expected`, else None."""
+    steps, why = part_steps(folder)
+    return why or steps_cover(folder.name, steps, expected, once)
+
+
+def steps_cover(name: str, steps: list[int], expected: list[int], once: bool = True):
+    if not once:
+        steps = sorted(set(steps))
+    if sorted(steps) == expected:
+        return None
+    missing = sorted(set(expected) - set(steps))
+    extra = sorted(set(steps) - set(expected)) or sorted({s for s in steps if steps.count(s) > 1})
+    said = ([f"lacks step {missing[0]}"] if missing else []) + (
+        [f"has extra rows at step {extra[0]}"] if extra else [])
+    return f"{name}/ {' and '.join(said)} ({len(missing)} missing, {len(extra)} extra)"
+
+
 def summary_problem(summary: dict, run_dir: Path) -> str | None:
     """What is wrong with a summary.json object, or None."""
     status = summary.get("status")
@@ -143,40 +180,27 @@ def set_aside_records(sweep_dir: Path) -> list[dict]:
                   key=lambda r: r["moved"])
 
 
-def metrics_every(run_dir: Path) -> tuple[int, str | None]:
-    """(k, None): the run's metrics/ holds a row at every k-th step, its last step and every
-    evaluation (k = 1: every step; k > 1: an archived run, archive.py, whose archived.json says
-    k), or (1, why archived.json cannot be read)."""
-    record = run_dir / ARCHIVED
-    if not record.exists():
-        return 1, None
-    obj, why = load_object(record)
-    every = (obj or {}).get("metrics_every", 1)
-    if why or not _is_int(every) or every < 1:
-        return 1, (f"{ARCHIVED} {why or f'has metrics_every {every!r}, not a whole number >= 1'}"
-                   "; restore the run from its archive again")
-    return every, None
-
-
 def metrics_gap(run_dir: Path, steps: list[int] | None = None) -> str | None:
-    """How the run's metric rows fail to cover steps 0..last once each (an archived run: every
-    k-th step, its evaluations and its last step, metrics_every), or None. `steps`: the rows'
-    steps when the caller has read them already."""
+    """How the metric rows fail to cover steps 0..last (archived: every k-th), or None."""
     why = None
     if steps is None:
         steps, why = part_steps(run_dir / METRICS)
-    every, why = (1, why) if why else metrics_every(run_dir)
+    every = 1
+    if not why and (run_dir / ARCHIVED).exists():
+        obj, why = load_object(run_dir / ARCHIVED)
+        every = (obj or {}).get("metrics_every", 1)
+        if why or not _is_int(every) or every < 1:
+            why = (f"{ARCHIVED} {why or f'has metrics_every {every!r}, not a whole number >= 1'}"
+                   "; restore the run from its archive again")
     if why or not steps:
         return why
     last = max(steps)
     required = set(range(0, last + 1, every)) | {last}
-    # every required step once; an archived run's other rows (its evaluations) once too
     return steps_cover(METRICS, steps, sorted(required | set(steps)))
 
 
 def finished_problem(run_dir: Path, summary: dict) -> str | None:
-    """Why a finished run's files are damaged (a gap or unreadable part, final weights that
-    fail their checksum), or None."""
+    """Why a finished run's files are damaged, or None."""
     steps, why = part_steps(run_dir / METRICS)
     if why:
         return why
@@ -184,7 +208,7 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
     if summary["status"] == "completed" and last != summary["steps"]:
         return f"metrics/ ends at step {last}, not at the run's last step {summary['steps']}"
     why = metrics_gap(run_dir, steps) or part_steps(run_dir / PROBES)[1]
-    # an archived run (qkstudy/archive.py) keeps its logs, not its weights
+    # an archived run keeps its logs, not its weights
     if why is None and summary.get("final_weights_sha256") and not (
             run_dir / ARCHIVED).exists():
         try:
@@ -197,12 +221,11 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
 
 
 class DataChanged(UsageError):
-    """The prepared data is not what the run was trained on. The message says what changed."""
+    """The prepared data is not what the run was trained on."""
 
 
 def data_change(recorded: dict, now_: dict) -> str | None:
-    """What differs between the data identity a run recorded and the data's identity now (a
-    few words per field), or None when they agree."""
+    """What differs between a run's recorded data identity and the data's now, or None."""
     if recorded.get("tokens_sha256") == now_.get("tokens_sha256"):
         return None
     changed = [f"{key} {recorded.get(key)!r} -> {now_.get(key)!r}" for key in sorted(now_)
@@ -213,7 +236,7 @@ def data_change(recorded: dict, now_: dict) -> str | None:
 
 @dataclass(frozen=True)
 class RunFolder:
-    """One run's folder, <runs_dir>/<sweep>/<run_id>/: its paths, lock, state and files."""
+    """One run's folder: its paths, lock, state and files."""
 
     path: Path
 
@@ -236,12 +259,9 @@ class RunFolder:
     lock_file = property(lambda self: self.path / LOCK)
 
     def is_run(self) -> bool:
-        """Whether the folder holds a run (a config.json or a summary.json)."""
         return self.config_file.exists() or self.summary_file.exists()
 
-    # the JSON files ---------------------------------------------------------------------------
     def read_config(self) -> dict | None:
-        """config.json's object, unchecked (None when missing or unreadable)."""
         return read_json(self.config_file)
 
     def write_config(self, config: dict) -> None:
@@ -254,13 +274,11 @@ class RunFolder:
         write_json(self.manifest_file, manifest)
 
     def summary_record(self) -> dict:
-        """summary.json's object as it stands, unchecked ({} when missing or unreadable): for
-        display and planning; `read_summary` checks it."""
+        """summary.json's object unchecked ({} when missing or unreadable), for display."""
         return read_json(self.summary_file) or {}
 
-    def read_summary(self) -> dict | None:
-        """The run's summary.json (None if there is none yet); DamagedRun if it fails its
-        checks."""
+    def finished(self) -> dict | None:
+        """The checked summary if it says completed or diverged (files unchecked), else None."""
         summary, why = load_object(self.summary_file)
         if summary is None and why == "is missing":
             return None
@@ -268,21 +286,13 @@ class RunFolder:
         if why:
             raise DamagedRun(f"{self.summary_file} {why}; remove it (rm {self.summary_file}) and "
                              "run again to resume or retrain the run")
-        return summary
+        return summary if summary["status"] in FINISHED else None
 
     def write_summary(self, summary: dict) -> None:
         write_json(self.summary_file, summary)
 
-    # the states -------------------------------------------------------------------------------
-    def finished(self) -> dict | None:
-        """The summary if it says finished (completed or diverged; its files unchecked), else
-        None (failed runs retry)."""
-        summary = self.read_summary()
-        return summary if summary and summary["status"] in FINISHED else None
-
     def intact_summary(self) -> dict | None:
-        """The summary of a finished run whose files are intact, None if it is not finished, or
-        DamagedRun naming the damage and the repair."""
+        """The summary of a finished run with intact files, None if unfinished; DamagedRun."""
         done = self.finished()
         why = done and finished_problem(self.path, done)
         if why:
@@ -292,7 +302,7 @@ class RunFolder:
         return done
 
     def state(self) -> str:
-        """new | resumable | failed | finished | damaged (see the module docstring)."""
+        """new | resumable | failed | finished | damaged."""
         try:
             if self.intact_summary():
                 return "finished"
@@ -305,8 +315,7 @@ class RunFolder:
         return "new"
 
     def data_problem(self, identity: dict, data_dir: str) -> str | None:
-        """Why the run was trained on other data than `identity` (the prepared data's identity
-        now, data.load.data_identity), or None: the data is part of what a run is."""
+        """Why the run was trained on other data than `identity` (data.load), or None."""
         recorded = (self.read_manifest() or {}).get("data")
         if not isinstance(recorded, dict):
             return None  # nothing trained yet (the manifest is written before the first step)
@@ -317,9 +326,7 @@ class RunFolder:
                            "(name=...) or runs_dir=")
 
     def set_aside(self, why: str) -> Path:
-        """Move a damaged run folder to <sweep>/.damaged/<run_id>-<UTC time>/ by one rename (no
-        file is copied or deleted), and record why in <that folder>.json beside it. Returns
-        where it went; DamagedRun if it cannot be moved. The caller holds the run's lock."""
+        """Move a damaged run to <sweep>/.damaged/<run_id>-<UTC time>/ (the lock held)."""
         aside = self.path.parent / DAMAGED
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         try:
@@ -337,25 +344,21 @@ class RunFolder:
             "moved": now(), "pid": os.getpid()})
         return dest
 
-    # the lock ---------------------------------------------------------------------------------
     def lock(self) -> contextlib.AbstractContextManager[bool]:
         """True with the run's lock held, False at once if another process holds it."""
         return locks.exclusive(self.lock_file)
 
     def lock_pid(self) -> int | None:
-        """The pid written in the lock file (its holder's, or a dead holder's), or None."""
         return locks.written_pid(self.lock_file)
 
     def trained_by(self) -> int | None:
-        """The pid of the process that trained the run last (from its manifest), or None."""
+        """The pid of the process that trained the run last (its manifest's), or None."""
         pid = (self.read_manifest() or {}).get("pid")
         return pid if _is_int(pid) else None
 
     def holder(self, held: dict | None) -> int | None:
-        """The pid holding the run's lock (locks.holder), or None; never takes it."""
         return locks.holder(self.lock_file, held)
 
-    # the rows ---------------------------------------------------------------------------------
     def write_rows(self, metric_rows: list[dict], probe_rows: list[dict]) -> None:
         write_part(self.metrics_dir, metric_rows, METRICS_SCHEMA)
         write_part(self.probes_dir, probe_rows, PROBES_SCHEMA)
@@ -370,32 +373,24 @@ class RunFolder:
         return parts(self.metrics_dir)
 
     def drop_rows_from(self, step: int) -> None:
-        """On resume from a checkpoint at `step`: remove the parts written after it (they are
-        redone)."""
+        """Remove the parts written after a checkpoint at `step` (they are redone)."""
         for first, part in parts(self.metrics_dir) + parts(self.probes_dir):
             if first >= step:
                 part.unlink()
 
     def resume_problem(self, step: int, probe_every: int) -> str | None:
-        """Why the rows on disk do not match a checkpoint at `step` (metrics rows 0..step-1 once
-        each, probe rows at every probe step below it), or None."""
+        """Why the rows on disk do not match a checkpoint at `step`, or None."""
         return (coverage(self.metrics_dir, list(range(step)))
                 or coverage(self.probes_dir, list(range(0, step, probe_every)), once=False))
 
     def checkpoint_metadata(self) -> dict[str, str] | None:
-        """The checkpoint's header metadata (step, the recorder's clocks), unverified: for
-        display; None when there is none."""
         return read_tensor_metadata(self.checkpoint_file)
 
-    # what a dead or failed process leaves -----------------------------------------------------
     def clean_leftovers(self) -> list[str]:
         return forensics.clean_leftovers([self.path, self.metrics_dir, self.probes_dir])
 
     def tidy(self) -> None:
-        """Remove what a finished run's last writes left when they were cut short (a lock file,
-        temporary files, a fatal-signal log, the checkpoint, an earlier failure's traceback),
-        under the lock; nothing if another process holds it. The run finished, so such a log
-        is not a failure."""
+        """Under the lock, remove what a finished run's cut-short last writes left."""
         folders = [self.path, self.metrics_dir, self.probes_dir]
         if not (self.lock_file.exists() or self.checkpoint_file.exists()
                 or self.traceback_file.exists() or forensics.leftovers(folders)):
@@ -405,33 +400,26 @@ class RunFolder:
                 forensics.clean_leftovers(folders)
                 self.drop_finished_leftovers()
 
-    def fatal_signal_log(self) -> contextlib.AbstractContextManager[None]:
-        return forensics.fatal_signal_log(self.path)
-
     def record_failure(self, summary_base: dict, error: BaseException, text: str | None = None,
                        **extra: Any) -> None:
         forensics.record_failure(self.traceback_file, self.summary_file, summary_base, error,
                                  text, **extra)
 
     def drop_finished_leftovers(self) -> None:
-        """Once summary.json says finished: the checkpoint and an earlier failure's traceback are
-        no longer the run's (removed after the summary, so a crash between keeps the run; one
-        that cannot be removed now is removed by the next command on the run, `tidy`)."""
+        """Remove the checkpoint and an old traceback once summary.json says finished."""
         for path in (self.checkpoint_file, self.traceback_file):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
 
 
 def run_folders(sweep_dir: Path) -> list[RunFolder]:
-    """The run folders of a sweep folder that hold a config.json (dot-folders such as .damaged/
-    are not runs), by name."""
+    """The run folders with a config.json in a sweep folder (not dot-folders), by name."""
     return [RunFolder(p.parent) for p in sorted(Path(sweep_dir).glob(f"*/{CONFIG}"))
             if not p.parent.name.startswith(".")]
 
 
 def find_runs(root: Path) -> list[RunFolder]:
-    """Every run folder at any depth under `root` (holding a summary.json or config.json),
-    skipping hidden folders, in path order."""
+    """Every run folder at any depth under `root`, skipping hidden folders, in path order."""
     found = {p.parent for name in (SUMMARY, CONFIG) for p in Path(root).rglob(name)}
     return [RunFolder(f) for f in sorted(found)
             if not any(part.startswith(".") for part in f.relative_to(root).parts)]

@@ -1,17 +1,9 @@
-"""Train one run with either backend: folder, lock, checks, resume, the step loop, failure records.
-
-`python -m qkstudy train key=value ...`. Running the same config again resumes from its
-checkpoint; a finished run (summary.json says completed or diverged) is not re-run.
-
-Everything here is free of any framework. The backend (TrainConfig.backend, qkstudy/backends.py)
-supplies an Engine: the model and optimizer, one update, evaluation, probes, and its state as
-numpy arrays. This module owns the rest, so an MLX run and a torch run write the same run folder
-the same way: the batches (batches.py), the rows and summary (recorder.py), the checkpoint
-(checkpoint.py).
-"""
+"""`python -m qkstudy train`: one run with either backend's Engine (backends.py); the folder,
+lock, checks, resume, step loop and failure records are framework-free and shared."""
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import time
@@ -19,10 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import backends, files, interrupts, memory, provenance, run_folder
+import numpy as np
+
+from . import backends, files, forensics, interrupts, memory, provenance, run_folder
 from .backends import Engine
 from .batches import probe_batch, train_stream, val_batches
-from .checkpoint import resume_point, save_checkpoint
 from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
 from .data.load import data_identity, load_tokens
@@ -40,9 +33,7 @@ DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
 
 
 def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """The memory a run may use on its backend's device (a GPU's share when `runs` processes,
-    default RUNS_PER_DEVICE's, share the GPUs), or None for the machine's; None too when the
-    framework or device is missing (preflight says so)."""
+    """The memory a run may use on its device (its share of the GPUs), or None."""
     try:
         return backends.load(cfg.backend).memory_limit(cfg, runs)
     except UsageError:
@@ -50,24 +41,18 @@ def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] 
 
 
 def load_data(cfg: TrainConfig):
-    """(train tokens, val tokens, meta) after every check that needs the data, the memory
-    estimate included, so train and the sweep refuse before anything is written."""
+    """(train tokens, val tokens, meta) after every check that needs the data, memory included."""
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) < cfg.block_size + 2:
             raise UsageError(f"block_size={cfg.block_size} is above the {split} data of {cfg.data} "
                              f"({len(tokens)} tokens)")
-    # an allocation the framework cannot satisfy kills the process: refuse such a config here,
-    # against the GPU's share when the run trains on one
     memory.check(cfg, meta["vocab_size"], limit=device_memory(cfg))
     return train_tokens, val_tokens, meta
 
 
 def data_check(cfg: TrainConfig, meta: dict | None = None) -> tuple[dict | None, str | None]:
-    """(the identity of the data cfg.data holds now, data.load.data_identity; why cfg's run was
-    trained on other data than that, or None): the data is part of what a run is. `meta` is
-    load_tokens's when the caller has it; without it, data that cannot be read gives (None,
-    None) (training the run says why). The tokens' hash is computed once per process."""
+    """(cfg.data's identity now, why cfg's run was trained on other data or None)."""
     if meta is None:
         try:
             meta = load_tokens(cfg.data)[2]
@@ -77,25 +62,17 @@ def data_check(cfg: TrainConfig, meta: dict | None = None) -> tuple[dict | None,
     return now, RunFolder.of(cfg).data_problem(now, cfg.data)
 
 
-# --- the run ---------------------------------------------------------------------------------
-
 Repair = Callable[[Path, str], None]  # told (where the damaged folder went, what was damaged)
 
 
 def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
           repair: Repair | None = None, started: Callable[[], None] | None = None) -> dict:
-    """Run (or resume, or skip if finished) one config. Returns its summary. A finished run
-    whose files are damaged raises run_folder.DamagedRun, or with `repair` is moved aside
-    (nothing deleted, set_aside_damaged), `repair` is told where, and the run is trained again.
-    A run trained on other data than cfg.data holds now raises run_folder.DataChanged.
-    `started` is called once this process has the run (its lock, or its finished summary),
-    never when another process holds it (RunBusy)."""
+    """Run, resume or skip one config (`repair` retrains a damaged one); its summary."""
     cfg.validate()
-    # a missing framework, device or toolchain is a one-line error, before any folder
     backends.load(cfg.backend).preflight(cfg)
-    train_tokens, val_tokens, meta = load_data(cfg)  # all checks before anything is written
+    train_tokens, val_tokens, meta = load_data(cfg)
     folder = RunFolder.of(cfg)
-    changed = data_check(cfg, meta)[1]  # resumed, skipped or repaired: on the data it was made of
+    changed = data_check(cfg, meta)[1]
     if changed:
         raise run_folder.DataChanged(changed)
     try:
@@ -120,20 +97,17 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
             raise RunBusy(f"{folder} is being trained by another process")
         if started:
             started()
-        # finished while we took the lock, or trained here
         return folder.intact_summary() or _train_guarded(
             cfg, folder, (train_tokens, val_tokens, meta), verbose, prefix)
 
 
 class RunCrashed(RuntimeError):
-    """The run's previous process died by a fatal signal (its traceback is in traceback.txt)."""
+    """The run's previous process died by a fatal signal."""
 
 
 def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bool,
                    prefix: str) -> dict:
-    """_train_locked with the lock held: Ctrl-C and SIGTERM wait for the step in flight and its
-    bookkeeping (interrupts.py); a run that fails is recorded failed, one whose storage fails
-    keeps its last checkpoint."""
+    """_train_locked with signals deferred; a failure is recorded, a storage failure resumable."""
     with interrupts.Deferred() as guard:
         try:
             crashes = folder.clean_leftovers()
@@ -142,7 +116,7 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
                                    + crashes[-1].splitlines()[0])
                 folder.record_failure(summary_base(cfg), error, crashes[-1], fatal_signal=True)
                 raise error
-            with folder.fatal_signal_log():
+            with forensics.fatal_signal_log(folder.path):
                 return _train_locked(cfg, folder, *data, verbose, prefix, guard)
         except (KeyboardInterrupt, UsageError, RunCrashed):
             raise
@@ -158,7 +132,6 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
 
 
 def make_folder(path: Path, what: str) -> None:
-    """mkdir -p, or a one-line error saying why the folder cannot be made."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -167,10 +140,7 @@ def make_folder(path: Path, what: str) -> None:
 
 
 def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:
-    """(where it went, what was damaged) after moving a finished run with damaged files to
-    <sweep>/.damaged/ (run_folder.set_aside) under the run's lock, so it can be trained again;
-    None if it is not damaged (another process may have repaired it first); RunBusy if another
-    process holds it."""
+    """Move a damaged run aside under its lock: (where it went, the damage), or None."""
     try:
         with folder.lock() as acquired:
             if not acquired:
@@ -191,10 +161,61 @@ def summary_base(cfg: TrainConfig) -> dict:
             "d_model": cfg.d_model, "sweep": cfg.sweep, "config": cfg.identity()}
 
 
+# the checkpoint: weights ("model.<name>") and optimizer state ("opt.<key>"); the update
+# count in "opt.<...>.step" is the whole data cursor (batches.py)
+def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
+    """The updates applied; None unless every "opt.<...>.step" entry holds the same count."""
+    steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
+    if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
+        return None
+    return int(steps[0])
+
+
+def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
+    """Write the engine's state and `extra` (the recorder's clocks); returns the step."""
+    arrays = engine.state_arrays()
+    step = checkpoint_step(arrays)
+    files.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
+    return step
+
+
+def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarray], dict]:
+    """(step, arrays, extra), verified against its checksum and this engine's state spec."""
+    arrays, metadata = files.read_tensors(path)
+    want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in engine.state_spec().items()}
+    got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
+    step = checkpoint_step(arrays)
+    if got != want or step is None or metadata.get("step") != str(step):
+        raise files.DamagedFile(f"{path.name} does not match this run's model and step")
+    try:
+        extra = {k: ast.literal_eval(v) for k, v in metadata.items() if k not in ("step", "sha256")}
+    except (ValueError, SyntaxError):
+        raise files.DamagedFile(f"{path.name} has unreadable metadata") from None
+    return step, arrays, extra
+
+
+def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> tuple[int, dict]:
+    """(step, recorder clocks) of a checkpoint that verifies and agrees with the rows."""
+    path = folder.checkpoint_file
+    if path.exists():
+        try:
+            step, arrays, extra = read_checkpoint(path, engine)
+            folder.drop_rows_from(step)
+            why = folder.resume_problem(step, cfg.probe_every)
+        except files.DamagedFile as e:
+            why = str(e)
+        if why is None:
+            engine.load_state(arrays)
+            return step, extra
+        warn(f"warning: {folder.name}: {why}; restarting the run from step 0")
+        path.unlink()
+    folder.drop_rows_from(0)
+    return 0, {}
+
+
 def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
            prefix: str) -> tuple[Engine, dict, int, Recorder]:
-    """The run's config and manifest written, its engine built and resumed: (engine, manifest,
-    the step to start from, the recorder with the checkpoint's clocks)."""
+    """Write config and manifest, build and resume the engine: (engine, manifest, start, rec)."""
     folder.write_config({**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
     probe = probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
@@ -213,8 +234,7 @@ def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
 
 def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens, meta: dict,
                   verbose: bool, prefix: str, guard: interrupts.Deferred) -> dict:
-    """The run from its resume point to its summary: one update a step, values read back once a
-    log interval, evaluation and probes at their steps, a checkpoint every ckpt_every."""
+    """The step loop from the resume point to the summary."""
     engine, manifest, start, rec = _start(cfg, folder, val_tokens, meta, prefix)
     display = Display(cfg.run_id, cfg.steps, cfg.tokens_per_step, start, verbose, prefix)
     display.begin((f"resuming from step {start} of {cfg.steps}; " if start else "")
@@ -227,8 +247,8 @@ def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens,
         for step in range(start, cfg.steps):
             guard.check()  # the one place a signal stops the run: between steps
             t_measure = time.perf_counter()
-            _measure(rec, engine, step)
-            probing = rec.update_probe_due(step)
+            _measure(cfg, rec, engine, step)
+            probing = step % cfg.probe_every == 0
             before = engine.snapshot() if probing else None
             spent = time.perf_counter() - t_measure
             pending.append((step, engine.step(*next(batches))))
@@ -239,14 +259,14 @@ def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens,
             # evaluation and probes are not training time: the interval's clock skips them
             rec.measure_seconds += spent
             t_sync += spent
-            if not rec.sync_due(step):
+            if (step + 1) % cfg.log_every and step + 1 != cfg.steps:
                 continue
             diverged = rec.sync(_read(cfg, engine, pending), t_sync, display)
             pending.clear()
             if diverged:  # probe the weights as they are when the run is declared diverged
                 rec.record_probes(engine.probes(step + 1))
                 break
-            if rec.checkpoint_due(step):
+            if (step + 1) % cfg.ckpt_every == 0 and step + 1 != cfg.steps:
                 _checkpoint(folder, engine, rec)
             t_sync = time.perf_counter()
     except KeyboardInterrupt as stop:
@@ -261,27 +281,25 @@ def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens,
             stop.said = True  # the line above is the run's last word: cli adds none
         raise
     if rec.status == "completed":
-        _measure(rec, engine, cfg.steps)
+        _measure(cfg, rec, engine, cfg.steps)
     return _finish(cfg, folder, rec, engine, manifest, meta, display)
 
 
-def _measure(rec: Recorder, engine: Engine, step: int) -> None:
-    """Evaluation and probes at `step` (the parameters after `step` updates), when due."""
-    if rec.eval_due(step):
+def _measure(cfg: TrainConfig, rec: Recorder, engine: Engine, step: int) -> None:
+    if step % cfg.eval_every == 0 or step == cfg.steps:
         rec.record_val(step, engine.evaluate())
-    if rec.probe_due(step):
+    if step % cfg.probe_every == 0 or step == cfg.steps:
         rec.record_probes(engine.probes(step))
 
 
 def _read(cfg: TrainConfig, engine: Engine, pending: list[tuple[int, Any]]) -> list[tuple]:
-    """One device sync for a whole log interval: (step, loss, grad norm, lr, z-loss term)."""
+    """One device sync for a log interval: (step, loss, grad norm, lr, z-loss term) rows."""
     values = engine.read([handle for _, handle in pending])
     return [(s, a, b, c, z if cfg.z_loss else None)
             for (s, _), (a, b, c, z) in zip(pending, values)]
 
 
 def _checkpoint(folder: RunFolder, engine: Engine, rec: Recorder) -> int:
-    """The rows so far, then the checkpoint; returns its step."""
     rec.flush()
     return save_checkpoint(folder.checkpoint_file, engine, rec.state())
 
@@ -291,7 +309,6 @@ def _finish(cfg: TrainConfig, folder: RunFolder, rec: Recorder, engine: Engine, 
     digest = files.save_tensors(folder.final_file, engine.weights(), {"run_id": cfg.run_id})
     summary = rec.finish({**summary_base(cfg), "final_weights_sha256": digest,
                           "unigram_entropy": meta["unigram_entropy"]}, manifest, engine.params)
-    # the checkpoint, and an earlier attempt's failure record: this summary replaces them
     folder.drop_finished_leftovers()
     display.close(rec.closing_line(summary))
     return summary
@@ -308,8 +325,7 @@ USAGE = keys_usage(
 
 
 def pop_repair(argv: list[str]) -> tuple[list[str], bool]:
-    """(the other words, repair=true|false): a flag of the command, not a TrainConfig field,
-    so it never changes the run id."""
+    """(the other words, repair=true|false): not a TrainConfig field, so not in the run id."""
     words = [w for w in argv if w.partition("=")[0].strip().replace("-", "_") != "repair"]
     values = [w.partition("=")[2].strip().lower() for w in argv if w not in words]
     if len(values) > 1:
@@ -322,13 +338,10 @@ def pop_repair(argv: list[str]) -> tuple[list[str], bool]:
 def cli(argv: list[str]) -> int:
     argv, repair = pop_repair(argv)
     cfg = parse_train_config(argv)
-
-    def repaired(moved_to: Path, why: str) -> None:
-        print(f"repair: {why}; its files are kept in {moved_to}; training it again",
-              flush=True)
-
     try:
-        summary = train(cfg, repair=repaired if repair else None)
+        summary = train(cfg, repair=(lambda moved_to, why: print(
+            f"repair: {why}; its files are kept in {moved_to}; training it again", flush=True))
+            if repair else None)
     except RunBusy as e:
         raise UsageError(str(e)) from None
     except KeyboardInterrupt as e:  # the run's line says where it stopped and how to resume

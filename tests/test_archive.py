@@ -145,7 +145,7 @@ def test_a_thinned_archive_keeps_the_tables_and_its_restored_runs_stay_finished(
     assert main(["archive", str(elsewhere / "t"), f"out={again}"]) == 0
     assert again.read_bytes() == path.read_bytes()
     restored = elsewhere / "t" / completed.path.name
-    summary = run_folder.RunFolder(restored).read_summary()
+    summary = run_folder.RunFolder(restored).finished()
     assert run_folder.finished_problem(restored, summary) is None
     capsys.readouterr()
     assert main(tiny_sweep(tiny_data, elsewhere)) == 0  # nothing retrained

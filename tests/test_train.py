@@ -266,7 +266,7 @@ def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
     from mlx.utils import tree_unflatten
 
     from mlx_gpt.engine import Engine
-    from qkstudy.checkpoint import read_checkpoint, resume_point, save_checkpoint
+    from qkstudy.trainer import read_checkpoint, resume_point, save_checkpoint
 
     cfg = TrainConfig(lr=0.01, warmup_steps=2, max_steps=10, weight_decay=0.1, depth=1,
                       d_model=8, n_heads=2, block_size=4, bias=True)

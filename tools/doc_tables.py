@@ -1,23 +1,12 @@
-"""The docs' tables that restate the code, rendered from it: the sweep presets and the run keys.
-
-A Markdown file holds a generated table between two markers:
-
-    <!-- generated: presets -->
-    ...
-    <!-- end generated -->
-
-`python -m tools.doc_tables` (`just docs`) rewrites every such block in README.md and docs/*.md
-from the code; `--check` rewrites nothing and exits 1 naming each block that differs
-(tests/test_docs.py runs the same check).
-"""
+"""`python -m tools.doc_tables [--check]` (`just docs`): rewrite every block between
+`<!-- generated: NAME -->` and `<!-- end generated -->` in README.md and docs/*.md from the
+code, or (--check) exit 1 naming each block that differs."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
 import sys
-import tokenize
 import typing
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -45,7 +34,6 @@ def _vocab(sweep: SweepConfig) -> int | None:
 
 
 def _differs(sweep: SweepConfig) -> dict[str, object]:
-    """The run keys a preset sets to something other than TrainConfig's default."""
     base = TrainConfig()
     return {f.name: getattr(sweep.train, f.name) for f in dataclasses.fields(TrainConfig)
             if getattr(sweep.train, f.name) != getattr(base, f.name)}
@@ -59,92 +47,54 @@ def _value(key: str, value: object) -> str:
     return f"{key}={value}"
 
 
-def _lr_grid(s: SweepConfig) -> str:
-    lrs = s.grid_lrs()
-    how = ("given as `lrs=`" if s.lrs else
-           f"{_lr(s.lr_min)} to {_lr(s.lr_max)} at {_lr(s.points_per_decade)} a decade")
-    return f"{len(lrs)} LRs, {how}: {_list(_lr(x) for x in lrs)}"
-
-
-def _refinement(s: SweepConfig) -> str:
-    if not s.refine:
-        return "off (`refine=false`)"
-    return (f"{s.refine_steps} bisection step{'s' if s.refine_steps != 1 else ''} a curve, "
-            f"stopping within x{short_number(s.refine_factor)}: up to "
-            f"{_n(len(groups(s)) * s.refine_steps)} runs")
-
-
-def _threshold(s: SweepConfig) -> str:
-    if not s.refine or not s.threshold_steps:
-        return "off" + (" (needs `refine=true`)" if not s.refine else "")
-    runs = len(compared_arms(s)) * len(s.depth) * s.threshold_steps * len(s.seeds) * 2
-    return (f"{s.threshold_steps} steps a depth, every seed, both arms: up to {_n(runs)} runs")
-
-
-def _adaptive(s: SweepConfig) -> str:
-    added = extra_seeds(s)
-    if not added or not compared_arms(s):
-        return f"off (`max_seeds={s.max_seeds}`, not above the {len(s.seeds)} seeds)"
-    return (f"seeds {_list(added)} in cells still open, up to `max_seeds={s.max_seeds}`; "
-            f"gap that counts `min_gap={short_number(s.min_gap)}` nats")
-
-
-def _model(s: SweepConfig) -> str:
-    t = s.train
-    vocab = _vocab(s)
-    return (f"d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), block "
-            f"{t.block_size}, bias {str(t.bias).lower()}, vocabulary "
-            + (_n(vocab) if vocab else "from the data"))
-
-
-def _run(s: SweepConfig) -> str:
-    t = s.train
-    steps = (f"{_n(t.steps)} steps (`budget_tokens={_n(t.budget_tokens)}`)" if t.budget_tokens
-             else f"{_n(t.steps)} steps")
-    return (f"{steps} of batch {t.batch_size} x block {t.block_size} = "
-            f"{_n(t.tokens_per_step)} tokens: {_n(t.steps * t.tokens_per_step)} tokens a run")
-
-
-def _optimiser(s: SweepConfig) -> str:
-    t = s.train
-    decay = (f"independent weight decay {short_number(t.weight_decay)} (`independent_wd=true`)"
-             if t.independent_wd else
-             f"coupled weight decay {short_number(t.weight_decay)} (scaled by the LR)")
-    return f"AdamW, warmup {_n(t.warmup_steps)} steps, {decay}"
-
-
-def _cadence(s: SweepConfig) -> str:
-    t = s.train
-    return (f"eval every {_n(t.eval_every)} steps ({t.eval_batches} batches), probes every "
-            f"{_n(t.probe_every)}, log every {t.log_every}, checkpoint every "
-            f"{_n(t.ckpt_every)}, divergence window {t.divergence_window}")
-
-
 SHOWN = {"data", "d_model", "n_heads", "block_size", "bias", "batch_size", "max_steps",
          "budget_tokens", "warmup_steps", "weight_decay", "independent_wd", "eval_every",
          "eval_batches", "probe_every", "log_every", "ckpt_every", "divergence_window"}
+PRESET_ROWS = ("folder", "depths", "arms", "seeds", "LR grid", "grid runs", "boundary refinement",
+               "threshold bisection", "adaptive seeds", "sweep processes", "data", "model", "run",
+               "optimiser", "cadence", "other run keys")
 
-PRESET_ROWS = [
-    ("folder", lambda s: f"`{s.runs_dir}/{s.name}`"),
-    ("depths", lambda s: _list(s.depth)),
-    ("arms", lambda s: _list(s.arms)),
-    ("seeds", lambda s: _list(s.seeds)),
-    ("LR grid", _lr_grid),
-    ("grid runs", lambda s: f"{_n(len(grid(s)))} = {len(s.grid_lrs())} LRs x {len(s.arms)} "
-                            f"arms x {len(s.seeds)} seeds x {len(s.depth)} "
-                            f"dep{'ths' if len(s.depth) != 1 else 'th'}"),
-    ("boundary refinement", _refinement),
-    ("threshold bisection", _threshold),
-    ("adaptive seeds", _adaptive),
-    ("sweep processes", lambda s: f"`jobs={s.jobs}`"),
-    ("data", lambda s: f"`{s.train.data}`"),
-    ("model", _model),
-    ("run", _run),
-    ("optimiser", _optimiser),
-    ("cadence", _cadence),
-    ("other run keys", lambda s: _list(f"`{_value(k, v)}`" for k, v in _differs(s).items()
-                                       if k not in SHOWN) or "-"),
-]
+
+def _column(s: SweepConfig) -> list[str]:
+    """One preset's cells, in PRESET_ROWS order."""
+    t, lrs, vocab, added = s.train, s.grid_lrs(), _vocab(s), extra_seeds(s)
+    how = ("given as `lrs=`" if s.lrs else
+           f"{_lr(s.lr_min)} to {_lr(s.lr_max)} at {_lr(s.points_per_decade)} a decade")
+    refine = "off (`refine=false`)"
+    if s.refine:
+        refine = (f"{s.refine_steps} bisection step{'s' if s.refine_steps != 1 else ''} a curve, "
+                  f"stopping within x{short_number(s.refine_factor)}: up to "
+                  f"{_n(len(groups(s)) * s.refine_steps)} runs")
+    threshold = "off" + (" (needs `refine=true`)" if not s.refine else "")
+    if s.refine and s.threshold_steps:
+        runs = len(compared_arms(s)) * len(s.depth) * s.threshold_steps * len(s.seeds) * 2
+        threshold = (f"{s.threshold_steps} steps a depth, every seed, both arms: up to "
+                     f"{_n(runs)} runs")
+    adaptive = f"off (`max_seeds={s.max_seeds}`, not above the {len(s.seeds)} seeds)"
+    if added and compared_arms(s):
+        adaptive = (f"seeds {_list(added)} in cells still open, up to `max_seeds={s.max_seeds}`; "
+                    f"gap that counts `min_gap={short_number(s.min_gap)}` nats")
+    steps = f"{_n(t.steps)} steps" + (f" (`budget_tokens={_n(t.budget_tokens)}`)"
+                                      if t.budget_tokens else "")
+    decay = (f"independent weight decay {short_number(t.weight_decay)} (`independent_wd=true`)"
+             if t.independent_wd else
+             f"coupled weight decay {short_number(t.weight_decay)} (scaled by the LR)")
+    return [
+        f"`{s.runs_dir}/{s.name}`", _list(s.depth), _list(s.arms), _list(s.seeds),
+        f"{len(lrs)} LRs, {how}: {_list(_lr(x) for x in lrs)}",
+        f"{_n(len(grid(s)))} = {len(lrs)} LRs x {len(s.arms)} arms x {len(s.seeds)} seeds x "
+        f"{len(s.depth)} dep{'ths' if len(s.depth) != 1 else 'th'}",
+        refine, threshold, adaptive, f"`jobs={s.jobs}`", f"`{t.data}`",
+        f"d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), block {t.block_size}, "
+        f"bias {str(t.bias).lower()}, vocabulary " + (_n(vocab) if vocab else "from the data"),
+        f"{steps} of batch {t.batch_size} x block {t.block_size} = {_n(t.tokens_per_step)} "
+        f"tokens: {_n(t.steps * t.tokens_per_step)} tokens a run",
+        f"AdamW, warmup {_n(t.warmup_steps)} steps, {decay}",
+        f"eval every {_n(t.eval_every)} steps ({t.eval_batches} batches), probes every "
+        f"{_n(t.probe_every)}, log every {t.log_every}, checkpoint every {_n(t.ckpt_every)}, "
+        f"divergence window {t.divergence_window}",
+        _list(f"`{_value(k, v)}`" for k, v in _differs(s).items() if k not in SHOWN) or "-",
+    ]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -155,27 +105,24 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def presets_table() -> str:
-    """One column per preset, one row per thing a preset decides."""
+    columns = [_column(s) for s in PRESETS.values()]
     return _table([""] + [f"`{name}`" for name in PRESETS],
-                  [[what] + [row(s) for s in PRESETS.values()] for what, row in PRESET_ROWS])
+                  [[what, *(c[i] for c in columns)] for i, what in enumerate(PRESET_ROWS)])
 
 
 def parameters_table() -> str:
     """Parameters per preset and depth, QK-norm off (on adds 2 x head_dim gains a layer)."""
     shapes: dict[tuple, list[str]] = {}  # one row per model shape: presets that share it
     for name, s in PRESETS.items():
-        vocab = _vocab(s)
-        if vocab is not None:
-            t = s.train
-            shapes.setdefault((vocab, t.d_model, t.n_heads, t.block_size, t.bias, s.depth),
-                              []).append(f"`{name}`")
+        t = s.train
+        key = (_vocab(s), t.d_model, t.n_heads, t.block_size, t.bias, s.depth)
+        if key[0] is not None:
+            shapes.setdefault(key, []).append(f"`{name}`")
     rows = []
     for (vocab, d_model, n_heads, block_size, bias, depths), names in shapes.items():
         for depth in depths:
-            args = model_args(dataclasses.replace(
-                TrainConfig(), depth=depth, d_model=d_model, n_heads=n_heads,
-                block_size=block_size, bias=bias), vocab)
-            p = count_params(args)
+            p = count_params(model_args(TrainConfig(depth=depth, d_model=d_model, n_heads=n_heads,
+                                                    block_size=block_size, bias=bias), vocab))
             rows.append([", ".join(names), str(depth), _n(p["total"]), _n(p["non_embedding"]),
                          _n(p["embedding"]), _n(2 * (d_model // n_heads) * depth)])
     return _table(["preset", "depth", "total", "non-embedding", "embedding (wte + wpe)",
@@ -183,27 +130,18 @@ def parameters_table() -> str:
 
 
 def _field_comments() -> dict[str, str]:
-    """Each TrainConfig field's comment in qkstudy/config.py: the comment lines just above it
-    and the one at the end of its line."""
+    """Each TrainConfig field's comment: the comment lines just above it and the one after it."""
     source = Path(config_module.__file__).read_text()
     body = source[source.index("class TrainConfig"):]
-    body = body[:body.index("\n    @property")]
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(body).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    lines = body.splitlines()
-    out = {}
-    for number, line in enumerate(lines, 1):
+    out, above = {}, []
+    for line in body[:body.index("\n    @property")].splitlines():
         match = re.match(r"    (\w+): ", line)
-        if not match:
+        if line.strip().startswith("#"):
+            above.append(line.strip().lstrip("#").strip())
             continue
-        above, i = [], number - 1
-        while i >= 1 and lines[i - 1].strip().startswith("#"):
-            above.insert(0, comments[i])
-            i -= 1
-        inline = comments.get(number, "") if not line.strip().startswith("#") else ""
-        out[match.group(1)] = " ".join([*above, inline]).strip()
+        if match:
+            out[match.group(1)] = " ".join([*above, line.partition("#")[2].strip()]).strip()
+        above = []
     return out
 
 
@@ -224,8 +162,6 @@ def _in_run_id(name: str) -> str:
 
 
 def run_keys_table() -> str:
-    """Every TrainConfig key: its default, what it takes, whether it is in the run id, and the
-    comment it has in the code."""
     hints = typing.get_type_hints(TrainConfig)
     notes = _field_comments()
     rows = []
@@ -237,8 +173,6 @@ def run_keys_table() -> str:
 
 
 def probes_table() -> str:
-    """The probe registry (qkstudy/probe_names.py): every probe, how the analysis reduces it
-    over layers, which direction is worse, what it measures."""
     from qkstudy.probe_names import PROBES
 
     return _table(["probe", "over layers", "worse when", "what", "worst value per run"],
@@ -247,7 +181,6 @@ def probes_table() -> str:
 
 
 def summary_keys_table() -> str:
-    """summary.json's keys (run_folder.SUMMARY_FIELDS): kind, which runs write it, meaning."""
     from qkstudy.run_folder import SUMMARY_FIELDS
 
     return _table(["key", "kind", "runs", "what"],
@@ -264,12 +197,10 @@ def doc_files(root: Path = ROOT) -> list[Path]:
 
 
 def render(text: str) -> str:
-    """`text` with every generated block rendered from the code (KeyError: an unknown block)."""
     return BLOCK.sub(lambda m: m.group(1) + BLOCKS[m.group(2)]() + m.group(4), text)
 
 
 def stale(root: Path = ROOT) -> list[str]:
-    """'<file>: <block>' for every generated block that differs from the code."""
     out = []
     for path in doc_files(root):
         text = path.read_text()
@@ -287,17 +218,13 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tools.doc_tables [--check]", file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     differ = stale()
-    if argv == ["--check"]:
-        for line in differ:
-            print(f"out of date: {line} (just docs rewrites it)")
+    for line in differ:
+        print(f"out of date: {line} (just docs rewrites it)" if argv else f"rewrote {line}")
+    if argv:
         return 1 if differ else 0
     for path in doc_files():
-        text = path.read_text()
-        new = render(text)
-        if new != text:
-            path.write_text(new)
-    for line in differ:
-        print(f"rewrote {line}")
+        if render(text := path.read_text()) != text:
+            path.write_text(render(text))
     return 0
 
 

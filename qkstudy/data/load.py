@@ -1,10 +1,5 @@
-"""A prepared data folder read back: train.bin, val.bin and meta.json, checked before use.
-
-The folder is untrusted input: meta.json must be an object with a vocabulary size that fits
-uint16 and agrees with its tokenizer, each .bin must hold the token count meta.json states, and
-no token id may lie outside the vocabulary (it would index outside the embedding). Each failure
-is one line that names the file and the command that prepares it again.
-"""
+"""A prepared data folder (train.bin, val.bin, meta.json) read back as untrusted input: each
+failure is one line naming the file and the command that prepares it again."""
 
 from __future__ import annotations
 
@@ -60,19 +55,18 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         tokens = np.memmap(path, dtype="<u2", mode="r")
         largest, entropy, digest = token_stats(path, tokens)
         digests.append(digest)
-        if split == "train":  # computed, not trusted from meta.json (older folders lack it)
+        if split == "train":  # computed, not trusted from meta.json
             meta["unigram_entropy"] = round(entropy, 6)
-        if largest >= vocab:  # an id past the vocabulary would index outside the embedding
+        if largest >= vocab:
             raise UsageError(f"{path} holds token id {largest}, outside the vocabulary of "
                              f"{vocab} in meta.json; prepare the folder again: `{hint}`")
         arrays.append(tokens)
-    meta["tokens_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest()  # computed
+    meta["tokens_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest()
     return arrays[0], arrays[1], meta
 
 
 def data_identity(meta: dict) -> dict:
-    """What makes a prepared folder the data it is (meta as load_tokens returns it): the
-    tokens' sha256 decides; the rest says in words what changed when it differs."""
+    """What makes a prepared folder the data it is: the tokens' sha256, and words for a change."""
     return {"tokens_sha256": meta["tokens_sha256"], "tokenizer": meta.get("tokenizer"),
             "train_tokens": meta.get("train_tokens"), "val_tokens": meta.get("val_tokens"),
             "source": meta.get("source")}
@@ -82,11 +76,7 @@ _token_stats: dict[tuple, tuple[int, float, str]] = {}
 
 
 def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float, str]:
-    """(largest id, unigram entropy in nats per token, sha256 of the bytes) of a token file,
-    from one bincount and one pass of the hash, computed once per file version in this process.
-
-    The unigram entropy is the loss of a model that learned token frequencies and nothing else:
-    a stable run whose final loss stays near it is "degraded" (docs/report.md)."""
+    """(largest id, unigram entropy in nats, sha256) of a token file, once per file version."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, stat.st_ino)
     if key not in _token_stats:
@@ -95,5 +85,3 @@ def token_stats(path: Path, tokens: np.ndarray) -> tuple[int, float, str]:
         _token_stats[key] = (int(np.flatnonzero(counts)[-1]), float(-(p * np.log(p)).sum()),
                              hashlib.sha256(np.ascontiguousarray(tokens).data).hexdigest())
     return _token_stats[key]
-
-

@@ -1,24 +1,6 @@
-"""`python -m qkstudy prepare SOURCE [key=value ...]`: tokenise a corpus into uint16 files.
-
-A prepared folder holds:
-  train.bin, val.bin  raw little-endian uint16 token ids (np.memmap-compatible); every
-                      document is preceded by the end-of-text id, so a window that starts
-                      at a document start is conditioned exactly like one (GPT-2 convention)
-  meta.json           tokenizer, vocab_size, eot, token and document counts, the source,
-                      every input file with its size and sha256, the split rule, timings
-
-Split rule for single-corpus sources: document i (0-based, in reading order) goes to val
-when floor((i+1)*f) > floor(i*f), f = val_fraction; i.e. every (1/f)-th document. It is
-deterministic, streams, and spreads val evenly over a corpus that may be ordered.
-TinyStories has an official validation file, which is the val split as a whole.
-
-Each split must hold at least MIN_SPLIT_TOKENS = 257 tokens: one block of the default
-block size (256) plus the next-token target of its last position.
-
-Output is written to a hidden temporary folder beside the target and renamed into place
-at the end, so a failed run leaves nothing behind and an existing prepared folder is
-replaced only once the new one is complete.
-"""
+"""`python -m qkstudy prepare SOURCE [key=value ...]`: tokenise a corpus into train.bin and
+val.bin (little-endian uint16, end-of-text before each document) and meta.json, written to a
+hidden folder renamed into place at the end (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -72,8 +54,6 @@ class PrepareConfig:
 
 
 class _Split:
-    """One output file of uint16 ids, appended batch by batch."""
-
     def __init__(self, file: BinaryIO) -> None:
         self.file, self.tokens, self.documents, self.max_id = file, 0, 0, -1
 
@@ -93,7 +73,6 @@ class _Split:
 
 
 def _take(documents: Iterator[str], max_chars: int) -> list[str]:
-    """Documents from the iterator until they hold `max_chars` characters (at least one)."""
     batch, chars = [], 0
     for doc in documents:
         batch.append(doc)
@@ -103,32 +82,24 @@ def _take(documents: Iterator[str], max_chars: int) -> list[str]:
     return batch
 
 
-@dataclass
-class _Timer:  # the text read and the seconds spent encoding it
-    text_bytes: int = 0
-    seconds: float = 0.0
-
-
 def _is_val(index: int, val_fraction: float) -> bool:
-    """The split rule: every (1/f)-th document, evenly spread, deterministic, streamable."""
+    """Every (1/f)-th document, evenly spread, deterministic, streamable."""
     return math.floor((index + 1) * val_fraction) > math.floor(index * val_fraction)
 
 
-def _tokenize(documents: Iterable[str], tok: Tokenizer, timer: _Timer, cap: int,
+def _tokenize(documents: Iterable[str], tok: Tokenizer, timer: dict, cap: int,
               train: _Split, val: _Split | None, val_fraction: float) -> None:
     """Encode documents in batches, route each to train or val, stop at `cap` tokens (0: none)."""
     documents, index, total = iter(documents), 0, 0
     while True:
-        # A batch holds no more characters than tokens still allowed (GPT-2 gives ~1 token per
-        # 4 characters), so reading stops about one document past the cap and a fineweb shard
-        # beyond it is never downloaded.
+        # no more characters than tokens still allowed: no fineweb shard past the cap is fetched
         batch = _take(documents, min(BATCH_CHARS, cap - total) if cap else BATCH_CHARS)
         if not batch:
             return
         start = time.perf_counter()
         encoded = tok.encode_batch(batch)
-        timer.seconds += time.perf_counter() - start
-        timer.text_bytes += sum(len(d.encode()) for d in batch)
+        timer["seconds"] += time.perf_counter() - start
+        timer["text_bytes"] += sum(len(d.encode()) for d in batch)
         to_train, to_val = [], []
         for ids in encoded:
             is_val = val is not None and _is_val(index, val_fraction)
@@ -146,18 +117,16 @@ def _tokenize(documents: Iterable[str], tok: Tokenizer, timer: _Timer, cap: int,
 
 @contextlib.contextmanager
 def _staging(out: Path) -> Iterator[Path]:
-    """A temporary folder beside `out`, renamed to `out` on success, removed on failure."""
     if out.exists() and not out.is_dir():
         raise UsageError(f"output path {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / "meta.json").exists():
-        # Never replace a folder that was not written by prepare: it could be anything.
         raise UsageError(f"output folder {out} exists and is not a prepared data folder")
     missing = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        # os.mkdir honours the umask (mkdtemp would leave the published folder 0700).
+        # os.mkdir honours the umask (mkdtemp would leave the published folder 0700)
         tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        remove_stale(out)  # left by a killed run
+        remove_stale(out)
         os.mkdir(tmp)
     except OSError as e:
         _remove_empty(missing)
@@ -179,9 +148,7 @@ def _remove_empty(folders: list[Path]) -> None:
 
 
 def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
-    """Tokenise `source` into a prepared folder; returns (folder, meta)."""
     cfg = cfg.validate()
-    # first: a typo in SOURCE should not wait on a tokenizer
     corpus = resolve_source(source, synthetic_mb=cfg.size_mb, synthetic_seed=cfg.seed)
     tok = get_tokenizer(cfg.tokenizer)
     assert tok.vocab_size <= 1 << 16, "ids must fit uint16"
@@ -191,7 +158,7 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
     own_val = corpus.val_documents is not None
     split_rule = corpus.val_rule if own_val else (
         f"document i is val when floor((i+1)*{cfg.val_fraction:g}) > floor(i*{cfg.val_fraction:g})")
-    start, timer = time.perf_counter(), _Timer()
+    start, timer = time.perf_counter(), {"text_bytes": 0, "seconds": 0.0}
     with _staging(out) as tmp:
         with open(tmp / "train.bin", "wb") as train_file, open(tmp / "val.bin", "wb") as val_file:
             train, val = _Split(train_file), _Split(val_file)
@@ -217,10 +184,10 @@ def prepare(source: str, cfg: PrepareConfig) -> tuple[Path, dict]:
             "train_documents": train.documents, "val_documents": val.documents,
             "source": corpus.description, "inputs": corpus.inputs,
             "split": split_rule, "val_fraction": None if own_val else cfg.val_fraction,
-            "max_tokens": cap, "text_bytes": timer.text_bytes,
+            "max_tokens": cap, "text_bytes": timer["text_bytes"],
             "unigram_entropy": round(token_stats(tmp / "train.bin", np.memmap(
                 tmp / "train.bin", dtype="<u2", mode="r"))[1], 6),
-            "tokenize_mb_per_s": round(timer.text_bytes / 1e6 / max(timer.seconds, 1e-9), 2),
+            "tokenize_mb_per_s": round(timer["text_bytes"] / 1e6 / max(timer["seconds"], 1e-9), 2),
             "prepare_seconds": round(time.perf_counter() - start, 2),
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -248,7 +215,6 @@ def cli(argv: list[str]) -> int:
     except OSError as e:
         if not io_failure(e):
             raise
-        # the staging folder is already removed; an earlier folder at `out` is as it was
         raise UsageError(f"{describe_io_failure(e, 'the data folder')} while preparing {source}; "
                          f"nothing was kept. {io_advice(e).capitalize()} and run the same "
                          "command again") from None

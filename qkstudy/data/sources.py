@@ -1,8 +1,5 @@
-"""Where a corpus comes from: the embedded generator, local files, and the Hugging Face Hub.
-
-A source yields documents (strings) lazily, with a record of every input file (path or name,
-bytes, sha256) filled in as it is opened; downloads happen only when documents are read.
-"""
+"""Where a corpus comes from: the embedded generator, local files, the Hugging Face Hub; its
+documents are read (and downloaded) lazily."""
 
 from __future__ import annotations
 
@@ -28,8 +25,6 @@ READ_CHARS = 1 << 23
 
 @dataclass
 class Corpus:
-    """Documents from a source. `inputs` fills in as files are opened (downloads are lazy)."""
-
     name: str  # stem of the default output folder
     description: str
     documents: Iterator[str]
@@ -39,7 +34,7 @@ class Corpus:
 
 
 def _scan(path: Path, marker: bytes) -> tuple[dict, bool]:
-    """One pass over a file: its input record (size, sha256) and whether `marker` occurs."""
+    """A file's input record (size, sha256) and whether `marker` occurs in it."""
     digest, size, found, tail = hashlib.sha256(), 0, False, b""
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
@@ -59,7 +54,6 @@ def _txt_documents(path: Path, inputs: list[dict]) -> Iterator[str]:
     try:
         with open(path, encoding="utf-8") as f:
             while chunk := f.read(READ_CHARS):
-                # The last piece may continue in the next chunk: hold it back.
                 *pieces, carry = split(carry + chunk)
                 yield from (doc for p in pieces if (doc := p.strip()))
     except UnicodeDecodeError as e:
@@ -109,7 +103,7 @@ def _synthetic(size_mb: float, seed: int) -> Corpus:
     record = {"name": name, "bytes": 0, "sha256": ""}
 
     def documents() -> Iterator[str]:
-        # The hash is that of the stories written as a TinyStories-style .txt file.
+        # the hash of the stories written as a TinyStories-style .txt file
         digest = hashlib.sha256()
         for i, text in enumerate(synthetic.iter_text(n_chars, seed)):
             data = (f"\n{ENDOFTEXT}\n" if i else "").encode() + text.encode()
@@ -122,7 +116,7 @@ def _synthetic(size_mb: float, seed: int) -> Corpus:
 
 
 def _hub(what: str, call):
-    """call(huggingface_hub); its network, auth and hub errors as one line: cannot <what>."""
+    """call(huggingface_hub), its errors as one line: cannot <what>."""
     try:
         import huggingface_hub
         return call(huggingface_hub)
@@ -134,21 +128,11 @@ def _hub(what: str, call):
 
 
 def _hf_download(repo: str, filename: str) -> Path:
-    """One file from a Hugging Face dataset repo; cached, and resumed if interrupted."""
     return Path(_hub(f"download {filename} from {repo}",
                      lambda hub: hub.hf_hub_download(repo, filename, repo_type="dataset")))
 
 
-def _tinystories() -> Corpus:
-    train, valid = (_hf_download(TINYSTORIES_REPO, f) for f in TINYSTORIES_FILES)
-    inputs: list[dict] = []
-    return Corpus("tinystories", f"{TINYSTORIES_REPO}: {' + '.join(TINYSTORIES_FILES)}",
-                  _file_documents([train], inputs), inputs, _file_documents([valid], inputs),
-                  f"the official validation file {TINYSTORIES_FILES[1]} is val")
-
-
 def _fineweb_shards() -> Iterator[Path]:
-    """The sample/10BT parquet shards in name order, each downloaded only when reached."""
     names = _hub(f"list {FINEWEB_REPO}/{FINEWEB_FOLDER}", lambda hub: sorted(
         f.path for f in hub.HfApi().list_repo_tree(FINEWEB_REPO, path_in_repo=FINEWEB_FOLDER,
                                                   repo_type="dataset")
@@ -157,21 +141,19 @@ def _fineweb_shards() -> Iterator[Path]:
         yield _hf_download(FINEWEB_REPO, name)
 
 
-def _fineweb() -> Corpus:
-    inputs: list[dict] = []
-    return Corpus("fineweb-edu", f"{FINEWEB_REPO} {FINEWEB_FOLDER} parquet shards, column text",
-                  _file_documents(_fineweb_shards(), inputs), inputs)
-
-
 def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Corpus:
-    """A named source (synthetic, tinystories, fineweb-edu) or a local file or folder; the
-    synthetic corpus is `synthetic_mb` million characters from generator seed `synthetic_seed`."""
+    """A named source (NAMED_SOURCES) or a local file or folder."""
+    inputs: list[dict] = []
     if source == "synthetic":
         return _synthetic(synthetic_mb, synthetic_seed)
     if source == "tinystories":
-        return _tinystories()
+        train, valid = (_hf_download(TINYSTORIES_REPO, f) for f in TINYSTORIES_FILES)
+        return Corpus("tinystories", f"{TINYSTORIES_REPO}: {' + '.join(TINYSTORIES_FILES)}",
+                      _file_documents([train], inputs), inputs, _file_documents([valid], inputs),
+                      f"the official validation file {TINYSTORIES_FILES[1]} is val")
     if source == "fineweb-edu":
-        return _fineweb()
+        return Corpus("fineweb-edu", f"{FINEWEB_REPO} {FINEWEB_FOLDER} parquet shards, column "
+                      "text", _file_documents(_fineweb_shards(), inputs), inputs)
     path = Path(source).expanduser()
     if not path.exists():
         if path.suffix in (".txt", ".parquet") or os.sep in source:
@@ -181,6 +163,5 @@ def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Cor
     files = _local_files(path)
     stem = path.resolve().stem if path.is_file() else path.resolve().name
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem)
-    inputs: list[dict] = []
     return Corpus(name or "local", f"local {'folder' if path.is_dir() else 'file'} {path}",
                   _file_documents(files, inputs), inputs)

@@ -1,14 +1,6 @@
-"""The embedded default corpus: seeded, generated simple English stories.
-
-Every story has a cast (a hero, a friend, a grown-up helper), a setting, and one of
-several plot arcs: problem -> one or more failed attempts -> an idea -> resolution
--> feelings (and sometimes a moral). Slots are filled from word lists and sentence
-templates are chosen at random, so the corpus has a small vocabulary but a very
-large number of distinct sentences: a small model keeps learning for thousands of
-steps (names must be copied, pronouns must agree, the plot must resolve).
-
-Same seed -> identical stories; story i does not depend on how many are asked for.
-"""
+"""The embedded default corpus: seeded simple English stories (a cast, a setting, a plot arc)
+from word lists and templates: a small vocabulary, very many distinct sentences. Same seed ->
+identical stories; story i does not depend on how many are asked for."""
 
 from __future__ import annotations
 
@@ -18,9 +10,9 @@ from collections.abc import Iterator
 GIRLS = ["Lily", "Mia", "Emma", "Zoe", "Ava", "Nora", "Ruby", "Lucy", "Ella", "Rosa", "Ivy",
          "Maya", "Chloe", "Hana", "Sara", "Amara", "Poppy", "Daisy", "Greta", "Luna", "Nina",
          "Olive", "Tara", "Wren"]
-BOYS = ["Tom", "Ben", "Max", "Leo", "Sam", "Jack", "Finn", "Omar", "Eli", "Noah", "Theo",
-        "Kai", "Ravi", "Hugo", "Milo", "Oscar", "Felix", "Jonah", "Arlo", "Ezra", "Luca",
-        "Pablo", "Toby", "Yuki"]
+BOYS = ["Tom", "Ben", "Max", "Leo", "Sam", "Jack", "Finn", "Omar", "Eli", "Noah", "Theo", "Kai",
+        "Ravi", "Hugo", "Milo", "Oscar", "Felix", "Jonah", "Arlo", "Ezra", "Luca", "Pablo", "Toby",
+        "Yuki"]
 # Animal heroes get their own names so "a rabbit named Ben" and "a boy named Ben" both occur.
 ANIMALS = ["rabbit", "bunny", "puppy", "kitten", "bear", "fox", "duck", "frog", "mouse",
            "squirrel", "owl", "turtle", "pig", "lamb", "goat", "hedgehog", "otter", "panda",
@@ -31,22 +23,22 @@ ANIMAL_NAMES = ["Pip", "Bongo", "Tilly", "Whiskers", "Fluff", "Biscuit", "Pebble
 GROWN_UPS = ["Mom", "Dad", "Grandma", "Grandpa", "Aunt May", "Uncle Joe", "Miss Green",
              "Mr. Brown"]
 
-ADJ_HERO = ["little", "happy", "curious", "kind", "brave", "shy", "silly", "clever",
-            "cheerful", "busy", "gentle", "small", "playful", "quiet", "friendly", "sleepy"]
+ADJ_HERO = ["little", "happy", "curious", "kind", "brave", "shy", "silly", "clever", "cheerful",
+            "busy", "gentle", "small", "playful", "quiet", "friendly", "sleepy"]
 COLORS = ["red", "blue", "green", "yellow", "purple", "orange", "pink", "shiny", "striped",
           "spotted", "old", "new", "tiny", "big", "soft", "bright"]
 TOYS = ["ball", "kite", "teddy bear", "toy car", "doll", "boat", "drum", "book", "puzzle",
-        "balloon", "hat", "scarf", "robot", "train", "whistle", "yo-yo", "spinning top",
-        "bucket", "shovel", "crayon box"]
+        "balloon", "hat", "scarf", "robot", "train", "whistle", "yo-yo", "spinning top", "bucket",
+        "shovel", "crayon box"]
 FLYABLE = ["kite", "ball", "balloon", "hat", "scarf", "paper plane", "frisbee", "sock"]
 PLACES = ["park", "garden", "beach", "forest", "farm", "meadow", "river bank", "playground",
           "hill", "market", "lake", "village square", "orchard", "backyard", "zoo", "library"]
 PLACE_ADJ = ["big", "quiet", "green", "sunny", "busy", "small", "pretty", "windy", "old"]
 HOMES = ["in a little house near the woods", "in a small town by the sea",
-         "in a big city full of lights", "on a farm with many cows",
-         "in a cozy hole under a tree", "in a yellow house with a red door",
-         "near a river that sang all day", "at the top of a green hill",
-         "in a village with a tall clock", "in a tree house by the pond"]
+         "in a big city full of lights", "on a farm with many cows", "in a cozy hole under a tree",
+         "in a yellow house with a red door", "near a river that sang all day",
+         "at the top of a green hill", "in a village with a tall clock",
+         "in a tree house by the pond"]
 TIMES = ["One sunny morning", "One day", "One afternoon", "Early one morning",
          "One warm summer day", "One cold winter morning", "One windy afternoon",
          "On a bright spring day", "One evening", "Last Saturday", "One cloudy day"]
@@ -90,52 +82,41 @@ FIXES = ["glue", "tape", "a needle and thread", "a piece of string", "a small ha
 FEEL_BAD = ["sad", "upset", "worried", "cross", "scared", "grumpy", "lonely", "frustrated"]
 FEEL_GOOD = ["happy", "proud", "glad", "excited", "calm", "thankful", "joyful", "warm inside"]
 SAY = ["said", "asked", "shouted", "whispered", "cried", "called", "replied", "laughed"]
-MORALS = ["Friends are better when they help each other.",
-          "Trying again is how you learn.",
-          "Sharing makes everyone happy.",
-          "It is good to ask for help when you need it.",
+MORALS = ["Friends are better when they help each other.", "Trying again is how you learn.",
+          "Sharing makes everyone happy.", "It is good to ask for help when you need it.",
           "Being kind is the best thing you can do.",
-          "Things are not always as scary as they seem.",
-          "Being patient brings good things.",
+          "Things are not always as scary as they seem.", "Being patient brings good things.",
           "Small hands can do big things together."]
 
-OPENINGS = [
-    "Once upon a time, there was a {adj} {kind} named {hero}.",
-    "Once upon a time, in a {place_adj} town, lived a {adj} {kind} called {hero}.",
-    "There once was a {adj} {kind} named {hero} who lived {home}.",
-    "{hero} was a {adj} {kind} who lived {home}.",
-    "Long ago, a {adj} {kind} named {hero} lived {home}.",
-    "Not far from a {place_adj} {place}, there lived a {kind} named {hero}.",
-]
-TRAITS = [
-    "{He} loved to {hobby}.", "{His} favorite thing was {his} {color} {toy}.",
-    "Every day, {he} liked to {hobby2}.", "{He} had a best friend, {a_fkind} named {friend}.",
-    "{He} was always {adj2} and liked to {hobby}.", "{He} liked {food} more than anything.",
-]
-SETTINGS = [
-    "{time}, {hero} went to the {place} with {friend}.",
-    "{time}, {hero} and {friend} played at the {place}.",
-    "{time}, {hero} took {his} {color} {toy} to the {place}, where {he} met {friend}.",
-    "{time}, {hero} and {his} friend {friend} walked to the {place} to {hobby}.",
-    "{time}, the sun was shining, so {hero} and {friend} ran outside to the {place}.",
-]
+OPENINGS = ["Once upon a time, there was a {adj} {kind} named {hero}.",
+            "Once upon a time, in a {place_adj} town, lived a {adj} {kind} called {hero}.",
+            "There once was a {adj} {kind} named {hero} who lived {home}.",
+            "{hero} was a {adj} {kind} who lived {home}.",
+            "Long ago, a {adj} {kind} named {hero} lived {home}.",
+            "Not far from a {place_adj} {place}, there lived a {kind} named {hero}."]
+TRAITS = ["{He} loved to {hobby}.", "{His} favorite thing was {his} {color} {toy}.",
+          "Every day, {he} liked to {hobby2}.",
+          "{He} had a best friend, {a_fkind} named {friend}.",
+          "{He} was always {adj2} and liked to {hobby}.", "{He} liked {food} more than anything."]
+SETTINGS = ["{time}, {hero} went to the {place} with {friend}.",
+            "{time}, {hero} and {friend} played at the {place}.",
+            "{time}, {hero} took {his} {color} {toy} to the {place}, where {he} met {friend}.",
+            "{time}, {hero} and {his} friend {friend} walked to the {place} to {hobby}.",
+            "{time}, the sun was shining, so {hero} and {friend} ran outside to the {place}."]
 DIALOGUE = ['"{line}" {hero} {say}.', '{hero} looked at {friend} and {say}, "{line}"',
             '"{line}" {said_by_friend}']
 WORRIED_DIALOGUE = DIALOGUE + ['"Oh no," {hero} {say}. "{line}"']
 HAPPY_LINES = ["We did it!", "Thank you so much!", "Hooray!", "You are the best friend ever!",
                "That was fun!", "Let's do it again tomorrow!"]
-ENDINGS = [
-    "{hero} and {friend} smiled. It was a good day.",
-    "That night, {hero} went to bed feeling {good}.",
-    "From that day on, {hero} and {friend} were the best of friends.",
-    "{hero} gave {friend} a big hug. \"Thank you,\" {he} said.",
-    "They laughed and played at the {place} until the sun went down.",
-    "{hero} felt {good}, and {friend} felt {good2} too.",
-    "When they got home, {grownup} gave everyone some {food}.",
-]
+ENDINGS = ["{hero} and {friend} smiled. It was a good day.",
+           "That night, {hero} went to bed feeling {good}.",
+           "From that day on, {hero} and {friend} were the best of friends.",
+           "{hero} gave {friend} a big hug. \"Thank you,\" {he} said.",
+           "They laughed and played at the {place} until the sun went down.",
+           "{hero} felt {good}, and {friend} felt {good2} too.",
+           "When they got home, {grownup} gave everyone some {food}."]
 
-# Each plot: problem sentences, lines the characters say, failed attempts, the idea that
-# turns it around, and the resolution. Extra slots are filled per story by _plot_slots.
+# each plot: problem sentences, lines said, failed attempts, the idea, the resolution
 PLOTS: dict[str, dict[str, list[str]]] = {
     "stuck": {
         "problem": ["Suddenly, the wind blew {his} {fly} up into {high}.",
@@ -197,8 +178,7 @@ PLOTS: dict[str, dict[str, list[str]]] = {
         "idea": ["{grownup} took {his} hand and said, \"Let's go and look together.\"",
                  "{friend} said, \"I will come with you. We can be brave together.\"",
                  "{hero} took a deep breath and turned on the light."],
-        "solve": ["They looked, and {truth}.",
-                  "{hero} laughed, because {truth}.",
+        "solve": ["They looked, and {truth}.", "{hero} laughed, because {truth}.",
                   "It was not scary at all: {truth}."],
     },
     "skill": {
@@ -237,8 +217,7 @@ PLOTS: dict[str, dict[str, list[str]]] = {
                     "{hero} started to build {build} at the {place}."],
         "line": ["It will be the best one ever!", "Let's make it really big!",
                  "Help me carry this!"],
-        "fail": ["But when it was half done, it fell down.",
-                 "A dog ran by and knocked it over.",
+        "fail": ["But when it was half done, it fell down.", "A dog ran by and knocked it over.",
                  "The wind blew it down, and {hero} felt {bad}."],
         "idea": ["{friend} said, \"Let's make the bottom wider this time.\"",
                  "{grownup} showed them how to build it slowly and carefully.",
@@ -252,8 +231,7 @@ PLOTS: dict[str, dict[str, list[str]]] = {
                     "{hero} saw a tiny {stray} crying near the {place}.",
                     "A little {stray} sat all alone. It could not find its home."],
         "line": ["Poor little {stray}! Where is your family?",
-                 "Do not be afraid. We will help you.",
-                 "Are you lost?"],
+                 "Do not be afraid. We will help you.", "Are you lost?"],
         "fail": ["They walked to the big tree, but its family was not there.",
                  "They looked by the pond, but there was no one there.",
                  "{hero} called out, but nobody answered."],
@@ -292,7 +270,6 @@ PRONOUN_SLOTS = ("he", "him", "his", "himself")  # template slots, filled with t
 
 
 def _character(rng: random.Random, taken: set[str]) -> dict[str, str]:
-    """A random child or named animal with pronouns, not reusing a name already in the story."""
     while True:
         roll = rng.random()
         if roll < 0.35:
@@ -346,7 +323,6 @@ def _fill(template: str, s: dict[str, str]) -> str:
 
 
 def story(rng: random.Random) -> str:
-    """One story: opening, problem, failed attempts, idea, resolution, ending; 3-4 paragraphs."""
     s = _slots(rng)
     plot = PLOTS[rng.choice(sorted(PLOTS))]
     pick = rng.choice
@@ -373,14 +349,12 @@ def story(rng: random.Random) -> str:
 
 
 def iter_stories(seed: int) -> Iterator[str]:
-    """An endless, deterministic stream of stories."""
     rng = random.Random(seed)
     while True:
         yield story(rng)
 
 
 def iter_text(n_chars: int, seed: int) -> Iterator[str]:
-    """Stories from seed `seed` until their total length reaches `n_chars` characters."""
     total = 0
     for text in iter_stories(seed):
         if total >= n_chars:
@@ -390,5 +364,4 @@ def iter_text(n_chars: int, seed: int) -> Iterator[str]:
 
 
 def generate_text(n_chars: int, seed: int) -> list[str]:
-    """`iter_text` as a list."""
     return list(iter_text(n_chars, seed))
