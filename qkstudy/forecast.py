@@ -1,15 +1,7 @@
-"""How long training takes, forecast in one place: a sweep's plan (`--dry-run`), the ETA of its
-progress line, `just status`'s time left, and the hours of the study preset in `just bench` and
-`just gpu-check`.
-
-A run costs its training tokens plus its evaluations, a forward counted as a third of a step
-(run_cost_tokens); its seconds are that cost over the tokens/s of its depth. A plan's tokens/s
-come, in this order, from `--calibrate` (every depth timed here), the bench's stored figure
-(reports/bench.json from `just bench` on this machine: the shape nearest in FLOPs per token), a
-short timing of the first depth here, or, where no engine is installed, the FLOP model (numpy's
-float32 matmul peak here times CPU_SHARE, over the model's FLOPs per token). All but the first
-are scaled to the other depths by FLOPs per token (qkstudy/bench/shapes.py).
-"""
+"""How long training takes: a sweep's plan, its progress line's ETA, `just status`'s time left
+and the study's hours in `just bench` and `just gpu-check`. A run costs its training tokens plus
+its evaluations (run_cost_tokens), at the tokens/s of its depth: from `--calibrate`, the bench's
+stored figure, a short timing here, or, with no engine installed, the FLOP model."""
 
 from __future__ import annotations
 
@@ -18,7 +10,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import files, interrupts, provenance
@@ -48,14 +39,6 @@ def run_seconds(cfgs: list[TrainConfig], speeds: Mapping[int, float]) -> float:
     return sum(run_cost_tokens(c) / speeds[c.depth] for c in cfgs if speeds.get(c.depth, 0) > 0)
 
 
-@dataclass
-class Speeds:
-    """Tokens/s per depth and where they come from (one phrase for the printed plan)."""
-
-    per_depth: dict[int, float]
-    source: str
-
-
 def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConfig
            ) -> dict[int, float]:
     """`tok_s` measured at config `at`, carried to every depth by FLOPs per token."""
@@ -64,9 +47,9 @@ def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConf
 
 
 def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
-               ) -> tuple[Speeds | None, str | None]:
-    """(Speeds, None) from a bench report measured on this machine with this backend; (None,
-    why not in one line) when it cannot serve; (None, None) when there is none."""
+               ) -> tuple[tuple[dict[int, float], str] | None, str | None]:
+    """(speeds, None) from a bench report of this machine and backend, else (None, why not or
+    None when there is no report)."""
     if not path.exists():
         return None, None
     report, backend = files.read_json(path), next(iter(cfgs.values())).backend
@@ -90,35 +73,34 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
         speeds[depth] = tok_s * flops / want
         used.add(name)
     stamp = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
-    return Speeds(speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
+    return (speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
                           f"shape, measured {stamp}) scaled by FLOPs per token"), None
 
 
-def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable) -> Speeds:
+def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable) -> tuple[dict[int, float], str]:
     """A few steps of the first depth timed here, scaled to the others by FLOPs per token."""
     depth, cfg = next(iter(cfgs.items()))
     tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
     others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
-    return Speeds(scaled(cfgs, vocab, tok_s, cfg), f"tok/s from a short timing here (depth "
+    return (scaled(cfgs, vocab, tok_s, cfg), f"tok/s from a short timing here (depth "
                   f"{depth}, {timed} step{'s' if timed != 1 else ''}){others}; --calibrate times "
                   "every depth" + busy_note())
 
 
-def from_flops(cfgs: dict[int, TrainConfig], vocab: int, why: str) -> Speeds:
-    """The FLOP model, for a machine where no step can be timed (`why`: no engine)."""
+def from_flops(cfgs: dict[int, TrainConfig], vocab: int, why: str) -> tuple[dict[int, float], str]:
+    """The FLOP model, where no step can be timed (`why`: no engine)."""
     from .bench.measure import sgemm_gflops
 
     depth, cfg = next(iter(cfgs.items()))
     peak = sgemm_gflops(n=1024, repeats=2)
     tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
-    return Speeds(scaled(cfgs, vocab, tok_s, cfg), f"tok/s from the FLOP model: {CPU_SHARE:.0%} "
+    return (scaled(cfgs, vocab, tok_s, cfg), f"tok/s from the FLOP model: {CPU_SHARE:.0%} "
                   f"of numpy's float32 matmul peak here ({peak:,.0f} GFLOP/s), not timed ({why})")
 
 
 def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
-                say: Callable[[str], None]) -> Speeds:
-    """A plan's tokens/s without `--calibrate`: the bench's figure, a short timing, else the
-    FLOP model. `say` prints a note (why the bench's figure cannot serve)."""
+                say: Callable[[str], None]) -> tuple[dict[int, float], str]:
+    """A plan's tokens/s without `--calibrate`; `say` prints why the bench's figure cannot serve."""
     found, why = from_bench(cfgs, vocab)
     if why:
         say(why)
@@ -166,11 +148,10 @@ def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
 
 def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int
               ) -> float:
-    """Seconds until a sweep's queue is trained by its `processes`. `left`: the queue's cost in
-    calibrated seconds, `first` that of the run about to start; `planned` and `seconds`: the
-    calibrated and wall seconds of the runs this process trained (after its first). The ratio of
-    wall to calibrated time starts at 1.35/K of one process's speed each (two processes on 2
-    cores measured 1.32-1.44x one), counted as one run, and moves to the measured ratio."""
+    """Seconds until a sweep's queue (`left` calibrated seconds; `first` those of the next run)
+    is trained by `processes`. `planned`, `seconds`: calibrated and wall seconds this process
+    trained. Wall over calibrated time starts at max(1, K/1.35) (two processes on 2 cores measured
+    1.32-1.44x one), weighted as one run, and moves to the measured ratio."""
     if left <= 0 or first <= 0:
         return math.inf if left > 0 else 0.0
     prior = 1.0 / min(1.0, 1.35 / processes)
@@ -183,8 +164,8 @@ def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
 
 
 def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[str]]:
-    """({depth: tokens/s}, where they come from) for `just status`: the median rate of a depth's
-    finished runs, else the rate the sweep calibrated at its start (`stored`, from sweep.json)."""
+    """({depth: tokens/s}, their sources): a depth's finished runs' median, else the sweep's
+    calibration (`stored`, from sweep.json)."""
     rates, measured, calibrated = {}, [], []
     stored = stored if isinstance(stored, dict) else {}
     for depth in sorted({r.depth for r in runs if r.depth is not None}):
@@ -221,8 +202,7 @@ def time_left_line(runs: list, stored: object) -> str:
 
 
 def study_plan() -> dict:
-    """The study preset's run cost and grid: (train + evaluation) tokens per run at its depth,
-    runs per depth (arms x LRs x seeds) and FLOPs per token."""
+    """The study preset's run cost, grid and FLOPs per token."""
     from .bench.shapes import preset_base, preset_shape, shape_config
     from .sweep.config import PRESETS
 
@@ -236,17 +216,15 @@ def study_plan() -> dict:
 
 
 def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
-    """Hours of the study preset at `tokens_per_s`, one run at a time: a run, a depth, all."""
+    """Hours of a study preset's run, depth and whole study at `tokens_per_s`."""
     plan = plan or study_plan()
     run = plan["cost_tokens"] / tokens_per_s / 3600
     return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],
             "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
 
 
-# Machines not measured here, estimated from FLOPs: tokens/s = peak x share / FLOPs per token.
-# Peaks are the vendors' dense figures; the shares are this project's assumptions for a model
-# this small (its 50k-vocabulary head is most of the FLOPs). `just gpu-check` measures the CUDA
-# rows on a real GPU.
+# Machines not measured here: tokens/s = the vendor's dense peak x an assumed share / FLOPs per
+# token (`just gpu-check` measures the CUDA rows on a real GPU).
 ESTIMATES = (
     {"platform": "Apple M2 Max GPU (38-core)", "backend": "mlx", "peak_tflops": 13.6,
      "share": 0.30, "unit": "nights"},
@@ -260,8 +238,7 @@ ESTIMATES = (
 
 
 def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
-    """`just bench`'s table: the study's hours from the study-shape speeds measured here and,
-    for the machines of ESTIMATES, from FLOPs."""
+    """`just bench`'s table: the study's hours measured here and estimated for ESTIMATES."""
     plan, study, m = study_plan(), shapes.get("study"), machine or {}
     here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
     rows = []

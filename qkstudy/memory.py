@@ -1,9 +1,6 @@
-"""How much memory one training step needs, checked before anything trains.
-
-An allocation MLX cannot satisfy ends the process with SIGSEGV and no message (Linux CPU), so a
-config that cannot fit is refused up front with one line naming what takes the memory. This
-module imports neither MLX nor PyTorch: the estimate is arithmetic on the config, and the
-memory there is comes from the operating system (or from the caller, for a GPU).
+"""How much memory one training step needs, checked before anything trains: an allocation MLX
+cannot satisfy ends the process with SIGSEGV and no message, so a config that cannot fit is
+refused up front in one line. Framework-free: arithmetic on the config against the OS's memory.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from .parameters import count_params
 FLOAT32 = 4
 HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
 
-# Copies of each tensor family alive at the step's peak, float32: measured with
-# mx.get_peak_memory on MLX 0.32's CPU backend (kernels=cpu) at 15 shapes (docs/performance.md:
-# a least-squares fit gave 5.4, 17.4, 2.0, 4.6, 80 and 7.9) and rounded up, an upper-ish bound.
+# Copies of each tensor family alive at the step's peak, float32: a fit of mx.get_peak_memory at
+# 15 shapes (docs/performance.md), rounded up.
 PARAM_COPIES = 7  # weights, gradients, AdamW's moments, and the update's new ones
 LAYER_RESIDUAL_COPIES = 20  # per layer, kept for the backward (batch x block x d_model each)
 LAYER_SCORE_COPIES = 3  # per layer, kept: scores, exponentials, probabilities (b x h x t^2)
@@ -56,9 +52,9 @@ class Estimate:
         return max(self.terms, key=self.terms.__getitem__)
 
     def subject(self) -> str:
-        """The config's knobs behind the dominant term, as the user wrote them."""
+        """The config's knobs behind the dominant term."""
         c = self.cfg
-        return {"state": f"{format_count(self.parameters)} parameters (depth {c.depth}, "
+        return {"state": f"{format_bytes(self.parameters, '', '')} parameters (depth {c.depth}, "
                          f"d_model {c.d_model})",
                 "activations": f"batch_size {c.batch_size} x block_size {c.block_size} x "
                                f"d_model {c.d_model} x depth {c.depth}",
@@ -81,23 +77,13 @@ def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
     })
 
 
-def _scaled(n: float, units: tuple[str, str, str, str, str], space: str) -> str:
-    """n in decimal units (tera ... kilo, then the bare unit), two significant digits or more."""
-    for unit, size in zip(units, (1e12, 1e9, 1e6, 1e3)):
+def format_bytes(n: float, unit: str = "B", space: str = " ") -> str:
+    """1.3 TB, 23 GB, 250 MB, 12 kB; with unit and space "", a count: 1.6T, 12M, 800k."""
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
-            value = n / size
-            return f"{value:.1f}{space}{unit}" if value < 10 else f"{value:,.0f}{space}{unit}"
-    return f"{n:.0f}{space}{units[4]}".rstrip()
-
-
-def format_count(n: float) -> str:
-    """1.6T, 12M, 800k: a parameter count in two significant digits or more."""
-    return _scaled(n, ("T", "G", "M", "k", ""), "")
-
-
-def format_bytes(n: float) -> str:
-    """1.3 TB, 23 GB, 4.1 GB, 250 MB, 12 kB (decimal units, two significant digits or more)."""
-    return _scaled(n, ("TB", "GB", "MB", "kB", "B"), " ")
+            value = f"{n / size:.1f}" if n / size < 10 else f"{n / size:,.0f}"
+            return f"{value}{space}{prefix}{unit}"
+    return f"{n:.0f}{space}{unit}".rstrip()
 
 
 def _read_int(path: str) -> int | None:
@@ -119,14 +105,9 @@ def _mem_available() -> int | None:
         return None
 
 
-def available(gpu_bytes: int | None = None) -> tuple[int, str]:
-    """(bytes this process can use, the words for it). `gpu_bytes`: a CUDA device's memory, which
-    the caller (the torch backend) knows; else the machine's: unified memory on a Mac
-    (hw.memsize; macOS pages rather than failing), MemAvailable on Linux (what other processes
-    leave, without swapping) capped by a cgroup limit (a container or a Slurm job), else
-    physical RAM."""
-    if gpu_bytes is not None:
-        return gpu_bytes, f"the GPU has {format_bytes(gpu_bytes)}"
+def available() -> tuple[int, str]:
+    """(bytes this process can use, the words for it): a Mac's unified memory (macOS pages
+    rather than failing), else MemAvailable capped by a cgroup limit, else physical RAM."""
     if sys.platform == "darwin":
         try:
             size = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,
@@ -151,8 +132,8 @@ def available(gpu_bytes: int | None = None) -> tuple[int, str]:
 
 def check(cfg: TrainConfig, vocab_size: int, *, runs_at_once: int = 1, prefix: str = "",
           limit: tuple[int, str] | None = None) -> Estimate:
-    """The step's estimate; UsageError (one line: what needs the memory, what there is) when
-    `runs_at_once` such steps need more than HEADROOM of `limit` (default: available())."""
+    """The step's estimate; UsageError in one line when `runs_at_once` such steps need more than
+    HEADROOM of `limit` (default: available())."""
     est = estimate(cfg, vocab_size)
     size, there = limit if limit is not None else available()
     need = est.total * runs_at_once

@@ -1,12 +1,6 @@
-"""`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
-
-One screen per sweep: every run's state, the process holding it, its Slurm task (`--slurm`),
-and the sweep's progress, ETA and time left (qkstudy/forecast.py). It only reads files (and asks
-squeue/sacct), never takes a run lock and never writes. The numbers come from summary.json, the
-run lock, the checkpoint's header (step and training seconds), the last metrics part (train
-loss), sweep.json (grid points with no folder yet are waiting), slurm/<NNN>/submission.json and
-.damaged/*.json (damaged runs moved aside and trained again).
-"""
+"""`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance,
+one screen per sweep. It only reads files (and asks squeue/sacct): never a run lock, never a
+write."""
 
 from __future__ import annotations
 
@@ -64,8 +58,7 @@ class Run:
 
 
 def checkpoint_clocks(folder: RunFolder) -> dict:
-    """{step, train_seconds} from the checkpoint's header, or {} without one; train_seconds
-    counts evaluation and probes too (measure_seconds), as a run's pace does."""
+    """{step, train_seconds (evaluation and probes included)} from the checkpoint, or {}."""
     meta = folder.checkpoint_metadata()
     try:
         return {"step": int(meta["step"]),
@@ -128,8 +121,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
 
 
 def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
-    """Every run of the sweep: its run folders, and waiting, the runs submitted to Slurm and the
-    grid points of sweep.json without a folder."""
+    """The sweep's run folders, and, waiting, its Slurm runs and grid points without a folder."""
     from .sweep.slurm import submissions
 
     runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
@@ -156,8 +148,7 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
 
 
 def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
-    """Fill each submitted run's `slurm` column (its latest submission); returns where the
-    states came from, or None when nothing was submitted."""
+    """Fill each submitted run's `slurm` column; where the states came from, or None."""
     from .sweep import slurm
 
     tasks = {r["run_id"]: (record.get("job_id"), i, folder)
@@ -185,10 +176,8 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
 
 
 def progress(runs: list[Run]) -> tuple[float, float, float, int]:
-    """(tokens done, tokens planned, combined tok/s of the runs being trained, their number).
-    A finished run counts in full (a diverged run stops early: nothing of it is left), a run in
-    progress its checkpointed steps; a running run without a measured rate yet counts at the
-    mean rate of the sweep's finished runs."""
+    """(tokens done, tokens planned, combined tok/s of the runs training, their number). A
+    finished run counts in full; a running run without a rate yet at the finished runs' mean."""
     done = total = 0.0
     for r in runs:
         if r.steps and r.tokens_per_step:
@@ -201,8 +190,7 @@ def progress(runs: list[Run]) -> tuple[float, float, float, int]:
 
 
 def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
-    """What the sweep added after its grid (sweep/adaptive.py): the refinement LRs off the grid
-    and the adaptive seeds with the (depth, LR) cells they went to."""
+    """The refinement LRs off the grid and the adaptive seeds' (depth, LR) cells."""
     grid, seeds = sweep_json.get("grid_lrs"), sweep_json.get("seeds")
     out = []
     if isinstance(grid, list):
@@ -223,8 +211,7 @@ def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
 
 
 def report_line(sweep_dir: Path) -> str:
-    """Where the sweep's report is (`just report`'s default folder), and whether runs have
-    finished since it was built."""
+    """Where the sweep's report is, and whether runs have finished since it was built."""
     page = Path("reports") / sweep_dir.name / "report.html"
     if not page.exists():
         return f"report: none yet in {page.parent} (just report {sweep_dir})"
@@ -284,8 +271,7 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
 
 
 def sweep_dirs(path: Path) -> list[Path]:
-    """The sweep folders at `path`: itself when it holds runs, sweep.json or slurm/, else its
-    children that do."""
+    """`path` when it holds runs, sweep.json or slurm/, else its children that do."""
     def is_sweep(p: Path) -> bool:
         return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
             c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())

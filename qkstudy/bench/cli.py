@@ -1,5 +1,4 @@
-"""`python -m qkstudy bench [key=value ...]`: measure, print the tables, write bench.md and
-bench.json (what it measures: qkstudy/bench/__init__.py)."""
+"""`python -m qkstudy bench [key=value ...]`: measure, print and write bench.md and bench.json."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The bench's measurements, round by round: every variant at every shape, in fresh processes
-(step.py), gathered into one report with medians, ranges and paired ratios, beside the
-machine's float32 matmul peak (numpy's BLAS) and load."""
+"""The bench's rounds: every variant at every shape, gathered into one report with medians,
+ranges and paired ratios, beside numpy's float32 matmul peak and the machine's load."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def spread(values: list[float | None]) -> dict | None:
 
 
 def summarise(entry: dict, sgemm: float) -> None:
-    """Medians, ranges, FLOP/s and the paired ratios (b / a per round, both measured in that
-    round) of one shape's samples, in place."""
+    """Medians, ranges, FLOP/s and per-round paired ratios of one shape's samples, in place."""
     samples = entry["samples"]
     entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}
     entry["gflops"] = {k: s["median"] * entry["flops_per_token"] / 1e9
@@ -68,8 +66,7 @@ def summarise(entry: dict, sgemm: float) -> None:
 
 
 def measure_variant(name: str, variant: Variant, bench: BenchConfig, first: bool) -> dict:
-    """One measurement: the variant's processes at once. {"tokens_per_s": their total, ...}, or
-    {"error": why}."""
+    """One measurement of the variant's processes at once, or {"error": why}."""
     shape = preset_shape(name)
     cfg, _ = shape_config(shape, preset_base(name), backend=variant.backend)
     spec = Spec(config=dataclasses.asdict(cfg), vocab=shape["vocab"], warmup=bench.warmup,
@@ -83,8 +80,7 @@ def measure_variant(name: str, variant: Variant, bench: BenchConfig, first: bool
 
 
 def record(report: dict, entry: dict, v: Variant, m: dict, first: bool) -> None:
-    """One measurement into the report: its sample, and in round 1 the backend's facts,
-    overheads and matmul peak."""
+    """One measurement into the report (in round 1 also facts, overheads and matmul peak)."""
     entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": v.engine}
     entry["samples"].setdefault(v.key, []).append(m.get("tokens_per_s"))
     entry.setdefault("details", {}).setdefault(v.key, []).append(m)

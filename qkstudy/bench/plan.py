@@ -1,5 +1,4 @@
-"""What `python -m qkstudy bench` measures: its keys, the engine settings (variants) per shape,
-and every check that can fail before anything is measured."""
+"""What `python -m qkstudy bench` measures: its keys, the variants per shape, and the checks."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ import platform
 import sys
 from pathlib import Path
 
-from .. import trainer
 from ..errors import UsageError
 from .shapes import preset_shape
 
@@ -45,7 +43,7 @@ class BenchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One engine setting measured at a shape: backend, MLX CPU build, processes at once."""
+    """One engine setting: backend, MLX CPU build, processes at once."""
 
     backend: str
     build: str | None  # mlx: plain | native; torch: None
@@ -61,12 +59,7 @@ class Variant:
         return LABEL[self.backend] + (f" {BUILD_LABEL[self.build]}" if self.build else "")
 
     def env(self) -> dict[str, str]:
-        """As a run has it: the MLX build, and K processes sharing the device as a sweep with
-        jobs=K shares it (trainer.RUNS_PER_DEVICE)."""
-        env = {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
-        if self.processes > 1:
-            env[trainer.RUNS_PER_DEVICE] = str(self.processes)
-        return env
+        return {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
 
 
 def tuned_build_supported() -> bool:
@@ -95,11 +88,9 @@ class Plan:
     cpu_shapes: list[str]
     backends: list[str]
     builds: list[str]
-    out: Path
 
     def variants(self, name: str, parallel: int) -> list[Variant]:
-        """The engines measured at shape `name`, in the order of every round: per process
-        count, the backends (and MLX's builds) one after the other."""
+        """The engines measured at shape `name`, in round order: by process count, backend, build."""
         extra = name in self.cpu_shapes
         counts = (1, parallel) if extra and parallel > 1 else (1,)
         out = []
@@ -108,19 +99,6 @@ class Plan:
                 builds = (self.builds if extra else ["plain"]) if backend == "mlx" else [None]
                 out += [Variant(backend, build, n) for build in builds]
         return out
-
-
-def writable_folder(path: str) -> Path:
-    """The report's folder, made and written to once, before anything is measured."""
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".bench-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    return out
 
 
 def validate(bench: BenchConfig) -> Plan:
@@ -152,7 +130,14 @@ def validate(bench: BenchConfig) -> Plan:
     for b in missing:
         print(f"warning: {b} is not installed here; measuring "
               f"{', '.join(x for x in backends if x not in missing)} only", file=sys.stderr)
-    out = writable_folder(bench.out)
+    out = Path(bench.out)
+    try:  # the report's folder, made and written to once before anything is measured
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".bench-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
     builds = list(BUILDS) if bench.builds and tuned_build_supported() else ["plain"]
     return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
-                [b for b in backends if b not in missing], builds, out)
+                [b for b in backends if b not in missing], builds)

@@ -1,15 +1,9 @@
-"""The runs a sweep's results call for after its grid, replayed from the results on disk (so
-every stage is resumable and a Slurm re-submission finds the same runs): 1. boundary refinement
-(refine.py); 2. threshold refinement: per (depth, compared arm), bisection in log LR between the
-largest LR where the seed-mean gap (off minus on) is under min_gap and the LR above it, with
-every base seed in both arms; 3. adaptive seeds: one more seed at a time (both arms), up to
-max_seeds, for the (depth, LR) cells whose decision is still open.
-
-These are design rules (where to spend runs), read off summary.json alone; the claims are the
-analysis's (docs/report.md), which treats seeds added by rule 3 (optional stopping) as
-exploratory. A cell is open unless a one-sided t-test at DESIGN_ALPHA finds off worse by more
-than min_gap, on worse by more than min_gap, or the mean inside +-min_gap (TOST): the analysis's
-three cell claims; a cell where neither arm learned is never open.
+"""The runs a sweep's results call for after its grid, replayed from summary.json: 1. boundary
+refinement (refine.py); 2. per (depth, compared arm), bisection in log LR of where the seed-mean
+gap (off minus on) reaches min_gap, every base seed in both arms; 3. adaptive seeds, one at a
+time up to max_seeds, for the (depth, LR) cells still open: no one-sided t-test at DESIGN_ALPHA
+finds off worse, on worse, or the mean inside +-min_gap (TOST), and some arm learned. Design
+rules only: the analysis (docs/report.md) treats added seeds as exploratory.
 """
 
 from __future__ import annotations
@@ -23,13 +17,11 @@ from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, run_outcome
 
 OFF = "none"
-# A stable run within this many nats of the corpus's unigram entropy learned token frequencies
-# and little more (the analysis's default degraded_margin, analysis.metrics.Options).
+# A stable run within this many nats of the unigram entropy learned little more than token
+# frequencies (the analysis's default degraded_margin).
 DEGRADED_MARGIN = 0.2
-
-# A cell is closed only by a one-sided test at this level: the analysis adjusts 50-100 tests per
-# family (Benjamini-Hochberg at 0.05), where a claim needs p of about 0.05 k / m; a cell closed
-# at 0.05 unadjusted (3 seeds, 2 degrees of freedom) is seldom decided there.
+# The analysis adjusts 50-100 tests per family (Benjamini-Hochberg at 0.05): a cell closed at
+# 0.05 unadjusted is seldom decided there.
 DESIGN_ALPHA = 0.005
 
 Cell = tuple[float, bool]  # (gap off - on in clipped loss, both arms failed to learn)
@@ -91,8 +83,8 @@ def compared_arms(sweep: SweepConfig) -> list[str]:
 
 def threshold_state(sweep: SweepConfig, depth: int, arm: str
                     ) -> tuple[dict[float, float], list[TrainConfig]]:
-    """Replay one (depth, arm)'s threshold bisection: (seed-mean gap per informative LR so far,
-    the runs to train next: empty when done or when a base run has no result yet)."""
+    """One (depth, arm)'s threshold bisection: (seed-mean gap per informative LR, the runs to
+    train next: empty when done or while a base run has no result)."""
     means: dict[float, float] = {}
     for lr in sweep.grid_lrs():
         gaps, failed, pending = cell(sweep, depth, lr, arm, sweep.seeds)
@@ -115,8 +107,8 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
 
 def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
                       ) -> float | None:
-    """The next LR of the threshold bisection (the bracket's geometric mean, to three digits),
-    or None without a bracket or within `factor` (analysis/calibrate.py runs the same rule)."""
+    """The bracket's geometric mean to three digits, or None without a bracket or within
+    `factor` (analysis/calibrate.py runs the same rule)."""
     bracket = threshold_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:
         return None
@@ -125,8 +117,8 @@ def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
 
 
 def threshold_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:
-    """(largest LR under min_gap, the LR above it) from the top down, or None when the largest
-    LR is under min_gap (no threshold within the grid) or every LR is at least min_gap."""
+    """(largest LR under min_gap, the LR above it), or None when the top LR is under min_gap or
+    none is."""
     lrs = sorted(means)
     if not lrs or means[lrs[-1]] < min_gap:
         return None
@@ -144,8 +136,7 @@ def extra_seeds(sweep: SweepConfig) -> list[int]:
 
 def seed_state(sweep: SweepConfig, depth: int, arm: str, lrs: Iterable[float]
                ) -> list[TrainConfig]:
-    """Adaptive seeds for one (depth, arm): per cell, the next seed's runs while the cell is
-    open and has fewer than max_seeds; nothing while a cell waits on a run."""
+    """Per open cell of one (depth, arm) with fewer than max_seeds, the next seed's runs."""
     todo = []
     for lr in lrs:
         seeds = list(sweep.seeds)
@@ -161,8 +152,7 @@ def seed_state(sweep: SweepConfig, depth: int, arm: str, lrs: Iterable[float]
 
 
 def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
-    """The next runs the results call for, stage by stage: boundary refinement, then threshold
-    refinement, then adaptive seeds. A later stage starts only when the earlier one is done."""
+    """The next runs the results call for; a later stage starts when the earlier one is done."""
     if sweep.refine:
         boundary = [cfg for g in groups if (cfg := group_state(sweep, g)[1]) is not None]
         if boundary:

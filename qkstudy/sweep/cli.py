@@ -19,7 +19,7 @@ from . import slurm
 from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
-from .run import Tally, execute, record_processes, report, spawn_workers
+from .run import Tally, execute, gpu_share, record_processes, report, spawn_workers
 
 USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
                                 [--slurm [--submit] [slurm_key=value ...]]
@@ -46,7 +46,6 @@ any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes in
 
 FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--no-notify",
          "--worker")
-WORKER_GRACE_S = 10.0  # how long an interrupted sweep waits for its workers to stop by themselves
 
 
 def cli(argv: list[str]) -> int:
@@ -110,12 +109,10 @@ def emit_commands(sweep: SweepConfig, n_grid: int) -> int:
 
 def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]
                      ) -> Tally | int:
-    """This process trains with jobs - 1 workers beside it; the tally, or the exit code of an
-    interrupt (the workers stopped and waited for)."""
+    """Train beside jobs - 1 workers: the tally, or an interrupt's exit code."""
     workers = []
     if sweep.jobs > 1:  # this process is the first of the K sharing the device(s)
-        os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
-        os.environ[trainer.DEVICE_SLOT] = "0"
+        os.environ.update(gpu_share(sweep, 0))
         workers = spawn_workers(words, sweep)
         record_processes(sweep, [os.getpid(), *(w.pid for w in workers)])
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
@@ -140,7 +137,7 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
 
 
 class _Tee:
-    """stdout that also appends to a log file (the main sweep process's sweep.log)."""
+    """stdout that also appends to the main sweep process's sweep.log."""
 
     def __init__(self, stream, path: Path):
         self.stream, self.file = stream, open(path, "a", buffering=1)  # noqa: SIM115
@@ -157,11 +154,9 @@ class _Tee:
         return self.stream.isatty()
 
 
-def stop_workers(workers: list, grace: float = WORKER_GRACE_S) -> None:
-    """After this process was interrupted: a Ctrl-C in a terminal reached the workers too, and
-    they stop at their next safe point; a signal sent to this process alone (kill PID) did not,
-    so a worker still running after `grace` seconds gets SIGINT (never two while it
-    checkpoints)."""
+def stop_workers(workers: list, grace: float = 10.0) -> None:
+    """SIGINT to a worker still running `grace` seconds after this process was interrupted
+    (a Ctrl-C reached it too; `kill PID` of this process did not)."""
     deadline = time.monotonic() + grace
     for w in workers:
         try:
@@ -171,15 +166,14 @@ def stop_workers(workers: list, grace: float = WORKER_GRACE_S) -> None:
 
 
 def log_to(path: Path) -> None:
-    """Everything this process prints also goes to `path` (appended), like the workers' logs."""
+    """Everything this process prints is also appended to `path`."""
     trainer.make_folder(path.parent, "sweep folder")
     sys.stdout = _Tee(sys.stdout, path)
     print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
 
 
 def notify(title: str, message: str) -> None:
-    """Ring the terminal bell and post a desktop notification where one is available
-    (osascript on macOS, notify-send on Linux); never fails the sweep."""
+    """The terminal bell and a desktop notification (osascript, notify-send) where possible."""
     if sys.stdout.isatty():
         print("\a", end="", flush=True)
     if sys.platform == "darwin" and shutil.which("osascript"):

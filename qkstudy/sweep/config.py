@@ -1,5 +1,4 @@
-"""Sweep configuration: the SweepConfig dataclass, the LR grid, the presets, key=value parsing
-and the expansion of a sweep into its runs."""
+"""SweepConfig, its LR grid, the presets, key=value parsing and a sweep's runs."""
 
 from __future__ import annotations
 
@@ -27,22 +26,16 @@ class SweepConfig:
     lr_max: float = 3e-1
     points_per_decade: float = 2.0  # Wortsman et al. 2023 sweep LRs in half-decades
     seeds: tuple[int, ...] = (0, 1, 2)
-    # named logit controls (qkstudy/arms.py): none, a QK-norm variant, softcap<C>, zloss<W>
     arms: tuple[str, ...] = ("none", "rmsnorm")
     refine: bool = True
     refine_steps: int = 2  # bisection steps per (depth, arm, seed)
     refine_factor: float = 1.4  # stop once largest stable / smallest diverged LR are this close
-    # after the grid (sweep/adaptive.py): bisection steps of each depth's necessity threshold,
-    # and seeds added one at a time, up to max_seeds, to the (depth, LR) cells still undecided
-    threshold_steps: int = 2
-    max_seeds: int = 6
-    # nats: the analysis plan's margin (docs/report.md): a gap of at least this much means
-    # QK-norm is needed; the threshold bisection brackets where the seed-mean gap reaches it
-    min_gap: float = 0.1
+    threshold_steps: int = 2  # bisection steps of each depth's threshold (sweep/adaptive.py)
+    max_seeds: int = 6  # adaptive seeds, one at a time, for the cells still undecided
+    min_gap: float = 0.1  # nats: the analysis plan's margin (docs/report.md)
     runs_dir: str = "runs"
     jobs: int = 1  # sweep processes on this machine (they share work through run locks)
     train: TrainConfig = field(default_factory=TrainConfig)
-    # why backend=auto chose train.backend (empty when the backend was named); not a key
     backend_why: str = ""
 
     def validate(self) -> SweepConfig:
@@ -84,7 +77,7 @@ class SweepConfig:
 
 
 def three_significant(x: float) -> float:
-    """Round to 3 significant digits so LRs read well in names and tables (3e-4, 9.49e-4)."""
+    """Round to 3 significant digits (3e-4, 9.49e-4)."""
     return float(f"{x:.3g}")
 
 
@@ -104,10 +97,8 @@ def one_three(lr: float) -> float:
     return next((x for x in nice if abs(lr / x - 1) < 0.06), lr)
 
 
-# Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): nanoGPT's 0.1
-# scaled by the LR shrinks every matrix by 10% a step at LR 1, which bounds the off arm's q/k
-# weights and acts as an extra LR on QK-norm's scale-invariant q/k weights, so the divergence
-# boundary would partly measure weight decay. The coupled setting is the ablation mini-coupled-wd.
+# Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): coupled decay
+# would let the divergence boundary partly measure weight decay (the ablation mini-coupled-wd).
 INDEPENDENT_WD = {"independent_wd": True, "weight_decay": INDEPENDENT_WD_DEFAULT}
 
 # The study's plan: a plain nanoGPT of ~12M parameters (depth 6) with the GPT-2 vocabulary and a
@@ -121,13 +112,9 @@ STUDY = SweepConfig(
         probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD),
 )
 
-# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): three depths, both arms,
-# five seeds fixed in advance (the confirmatory tests of docs/report.md need a seed count that
-# does not depend on the data), 8 half-decade LRs from 1e-3 (stable) to 3 (every arm diverges),
-# two bisection steps per curve (a bracket of x1.33, finer than H2's equivalence bracket x1.41);
-# 300 steps of 16 x 64 byte tokens on a d_model-64 model (head_dim 32). Calibrated at depth 4:
-# QK-norm off vs on final val loss 2.60 vs 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max
-# attention logit 114 vs 6 and 6,571 vs 12.
+# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): five seeds fixed in
+# advance (docs/report.md), 8 half-decade LRs from 1e-3 (stable) to 3 (every arm diverges), two
+# bisection steps per curve (x1.33, finer than H2's x1.41); 300 steps of 16 x 64 byte tokens.
 MINI = SweepConfig(
     preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
     seeds=(0, 1, 2, 3, 4), arms=("none", "rmsnorm"), refine=True, refine_steps=2,
@@ -138,11 +125,8 @@ MINI = SweepConfig(
         log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD),
 )
 
-# A first result in about two minutes (docs/sweeps.md#demo): the mini's model and run at depth
-# 2, both arms, four seeds and four LRs fixed in advance from the mini's published results:
-# 1e-3 ("no difference" at every depth), 1e-2 (near the onset), 0.1 ("off worse" at every depth)
-# and 1 (divergent). No refinement, no adaptive seeds: the report's H1 cells are tested under the
-# plan (docs/report.md) on exactly these runs.
+# A first result in about two minutes (docs/sweeps.md#demo): the mini's run at depth 2 and four
+# LRs fixed from the mini's results (no difference, near the onset, off worse, divergent).
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(2,), lrs=(1e-3, 1e-2, 0.1, 1.0),
     seeds=(0, 1, 2, 3), arms=("none", "rmsnorm"), refine=False, threshold_steps=0, max_seeds=0,
@@ -185,7 +169,7 @@ def parse_list(key: str, text: str, kind: type) -> tuple:
 
 
 def parse_sweep_config(words: list[str]) -> SweepConfig:
-    """Preset (preset=NAME, default study) crossed with key=value overrides, validated."""
+    """Preset (default study) crossed with key=value overrides, validated."""
     pairs = split_key_values(words)
     preset = pairs.pop("preset", "study")
     if preset not in PRESETS:
@@ -216,18 +200,15 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
 
 
 def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
-    """One run of the sweep: arm `arm` (its one change against none, qkstudy/arms.py). data_seed
-    follows the seed (offset by the base data_seed), so a seed replicates all of training's
-    randomness while every LR and arm of one seed is paired (same init weights, same batches)."""
+    """One run of the sweep. data_seed follows the seed, so every LR and arm of one seed is
+    paired (same init weights, same batches)."""
     return apply_arm(dataclasses.replace(
         sweep.train, depth=depth, lr=lr, seed=seed, data_seed=sweep.train.data_seed + seed,
         sweep=sweep.name, runs_dir=sweep.runs_dir), arm)
 
 
 def grid(sweep: SweepConfig) -> list[TrainConfig]:
-    """Grid runs in the order they are trained: seed, then depth, then LR (ascending), with the
-    arms of one LR adjacent, so a partial night holds whole paired LR curves for seed 0 at every
-    depth before any run of seed 1 starts."""
+    """Grid runs in training order: seed, depth, LR, arm (whole paired curves seed by seed)."""
     return [run_config(sweep, depth, lr, arm, seed)
             for seed in sweep.seeds for depth in sweep.depth
             for lr in sweep.grid_lrs() for arm in sweep.arms]

@@ -1,5 +1,5 @@
-"""The plan of a sweep: the printed plan with its memory and time (qkstudy/forecast.py), the runs
-left, standalone commands and sweep.json."""
+"""A sweep's plan: the printed plan with its memory and time, the runs left, standalone commands
+and sweep.json."""
 
 from __future__ import annotations
 
@@ -34,15 +34,10 @@ def vocab_size(data: str) -> tuple[int | None, str]:
     return None, f"{data} is not prepared yet"
 
 
-def param_counts(cfg: TrainConfig, vocab: int) -> dict[str, int]:
-    return count_params(model_args(cfg, vocab))
-
-
 def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
                ) -> tuple[float, int]:
-    """(tokens/s, steps timed) of the run's own train step (its backend's Engine) at this exact
-    shape, on a random batch, after one warm-up step (which compiles); up to `steps` of them,
-    fewer once `max_seconds` have passed (qkstudy/bench/step.py times the same step longer)."""
+    """(tokens/s, steps timed) of the run's own engine's train step on a random batch, after a
+    compiling warm-up step: up to `steps`, fewer once `max_seconds` have passed."""
     x, y = random_batch(cfg, vocab, 0)
     engine = backends.load(cfg.backend).Engine(cfg, vocab, [], random_batch(cfg, vocab, 1))
     engine.read([engine.step(x, y)])
@@ -59,7 +54,7 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def extras_text(sweep: SweepConfig) -> str:
-    """What the sweep may add once the grid is done, with upper bounds (sweep/adaptive.py)."""
+    """What the sweep may add once the grid is done, with upper bounds."""
     compared = len(compared_arms(sweep)) * len(sweep.depth)
     threshold = compared * sweep.threshold_steps * len(sweep.seeds) * 2 if sweep.refine else 0
     cells = compared * (len(sweep.grid_lrs()) + (sweep.threshold_steps if sweep.refine else 0))
@@ -123,7 +118,7 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
     for depth, cfg in cfgs.items():
         line = f"  depth {depth:<5} "
         if vocab:
-            p = param_counts(cfg, vocab)
+            p = count_params(model_args(cfg, vocab))
             line += (f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M "
                      f"non-embedding); memory ~{memory.format_bytes(needs[depth])} a run")
         if calibrate_speed and vocab:
@@ -145,8 +140,7 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
                unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]) -> None:
     """The plan's time line (and its warning when it takes more than a day here)."""
     if calibrated:
-        found = forecast.Speeds(calibrated, "tok/s timed here for every depth (--calibrate)"
-                                + forecast.busy_note())
+        found = calibrated, "tok/s timed here for every depth (--calibrate)" + forecast.busy_note()
     else:
         def timed(cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
             print(f"  time        timing depth {cfg.depth} here (compile, then a step or two) "
@@ -157,9 +151,10 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
                 print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
 
         found = forecast.plan_speeds(cfgs, vocab, timed, lambda why: print(f"  note        {why}"))
-    total = forecast.run_seconds(unfinished, found.per_depth)
+    per_depth, source = found
+    total = forecast.run_seconds(unfinished, per_depth)
     refine = [run_config(sweep, d, 1.0, "none", 0) for d in sweep.depth]
-    per_refine = forecast.run_seconds(refine, found.per_depth) / len(refine)
+    per_refine = forecast.run_seconds(refine, per_depth) / len(refine)
     print(f"  time        ~{forecast.time_text(total)} for the "
           f"{counted(len(unfinished), 'unfinished grid run')} in one process"
           + (f" (jobs={sweep.jobs} shares them out; what that gains depends on the machine: "
@@ -167,16 +162,15 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
           + (f", + up to {forecast.time_text(refine_max * per_refine)} of refinement"
              if refine_max else "")
           + " (training and evaluation; diverged runs stop early; probes and checkpoints "
-          f"not counted); {found.source}", flush=True)
+          f"not counted); {source}", flush=True)
     alarm = forecast.warning(total, sweep.train, sweep.preset)
     if alarm:
         print(f"  warning     {alarm}", flush=True)
 
 
 def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
-    """Each depth's estimated peak bytes a run (qkstudy/memory.py); UsageError, before the first
-    run and before calibration, when `jobs` runs of a depth at once would not fit: on a GPU each
-    run against its share of it, else the `jobs` runs together against the machine's memory."""
+    """Each depth's estimated peak bytes a run; UsageError when `jobs` runs of a depth at once
+    would not fit (on a GPU each run in its share of it, else all in the machine's memory)."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
     gpu = trainer.device_memory(sweep.train, runs=sweep.jobs) \
@@ -196,9 +190,8 @@ def value_text(value: object) -> str:
 
 
 def command_line(cfg: TrainConfig) -> str:
-    """A standalone `train` command for this run with this environment's interpreter: the keys
-    that differ from TrainConfig's defaults (backend always: auto may choose otherwise where it
-    runs), which rebuild exactly this config and run_id."""
+    """A standalone `train` command that rebuilds exactly this config and run_id: the keys off
+    TrainConfig's defaults, and backend (auto may choose otherwise where it runs)."""
     default = TrainConfig()
     words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)
              if getattr(cfg, f.name) != getattr(default, f.name) or f.name == "backend"]
@@ -206,16 +199,14 @@ def command_line(cfg: TrainConfig) -> str:
 
 
 def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
-    """(grid runs without a finished result, the runs the results on disk call for once the grid
-    is done: boundary or threshold refinement, adaptive seeds; sweep/adaptive.py)."""
+    """(grid runs without a finished result, the runs the results call for after the grid)."""
     todo = [c for c in grid(sweep) if not run_outcome(c).finished]
     return todo, extra_runs(sweep, groups(sweep)) if not todo else []
 
 
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
-    """Write <runs_dir>/<name>/sweep.json: the base LR grid (so the analysis tells grid runs from
-    refinement runs) and the sweep's axes, united with those of earlier sweeps into the folder,
-    and the tokens/s per depth calibrated at the start (`just status`'s time left)."""
+    """Write sweep.json: the LR grid (the analysis tells grid from refinement runs by it) and the
+    axes, united with earlier sweeps', and the calibrated tokens/s (`just status`'s time left)."""
     folder = Path(sweep.runs_dir) / sweep.name
     trainer.make_folder(folder, "sweep folder")
     earlier = files.read_json(folder / "sweep.json") or {}

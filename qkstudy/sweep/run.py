@@ -1,5 +1,5 @@
-"""Running a sweep: train the planned runs one after another, pass over runs held by other
-processes, start worker processes (jobs=K), and report what was done."""
+"""Running a sweep: train its runs one after another, pass over runs held elsewhere, start the
+workers of jobs=K, and report."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from .config import SweepConfig, grid, groups, run_config
 from .plan import counted
 from .refine import Outcome, boundary, group_state, run_outcome
 
-HELD_POLL_SECONDS = 5.0
 PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own processes
 
 
@@ -53,9 +52,8 @@ class Tally:
 
 def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
             verbose: bool) -> None:
-    """Train one run (or skip it), recording the outcome; RunBusy and failures do not raise.
-    `speed` is the calibrated tokens/s of this run's depth (0: unknown), `queue_left` the
-    calibrated seconds of the queue from this run on."""
+    """Train one run (or skip it) into the tally. `speed`: calibrated tokens/s of its depth (0:
+    unknown); `queue_left`: calibrated seconds of the queue from this run on."""
     attempted.add(cfg.run_id)
     if passed_by(cfg, tally, verbose):
         return
@@ -68,9 +66,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         tally.busy.append(cfg)
         return
 
-    def announce(by: str | None = None) -> None:
-        """The run's one progress line: printed once this process has the run (a sibling that
-        takes it first gets the line instead, when the run is looked at again)."""
+    def announce(by: str | None = None) -> None:  # the run's one progress line
         if verbose:
             counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
             busy = ("with its other processes" if tally.processes > 1 or by
@@ -96,8 +92,8 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
 
 
 def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
-    """Whether the run is not to be trained: made of other data, finished with intact files, or
-    failed by killing its process. UsageError when the data changed while the sweep ran."""
+    """Whether the run is not to be trained (other data, finished intact, or killed its process);
+    UsageError when the data changed while the sweep ran."""
     now, changed = trainer.data_check(cfg)
     change = tally.data and now and run_folder.data_change(tally.data, now)
     if change:  # one sweep, one data: its runs are compared with each other
@@ -137,8 +133,8 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
 
 def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable,
                   verbose: bool) -> dict | None:
-    """trainer.train's summary, or None when the run was held, damaged, made of other data or
-    failed (each recorded in the tally and said in one line)."""
+    """trainer.train's summary, or None when the run was held, damaged, of other data or failed
+    (each recorded in the tally and said in one line)."""
     def repaired(moved_to: Path, why: str) -> None:
         tally.repaired.append((cfg.run_id, why, moved_to))
         print(f"[{position}] repair: {why}; its files are kept in {moved_to}; training it again",
@@ -170,20 +166,22 @@ def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Calla
 
 
 def record_processes(sweep: SweepConfig, pids: list[int]) -> None:
-    """Write the pids of this sweep's processes (the main one first, then its workers), so each
-    tells its siblings' runs from runs held by a process outside the sweep."""
+    """The pids of the sweep's processes (main first), to tell siblings from outside holders."""
     files.write_json(Path(sweep.runs_dir) / sweep.name / PROCESSES_FILE, {"pids": pids})
+
+
+def locked(folder: RunFolder) -> bool:
+    """Whether another live process holds the run's lock now."""
+    if not folder.path.is_dir():
+        return False
+    with folder.lock() as acquired:
+        return not acquired
 
 
 def holder(cfg: TrainConfig) -> int | None:
     """The pid of the other live process that holds this run's lock now, or None."""
     folder = RunFolder.of(cfg)
-    if not folder.path.is_dir():
-        return None
-    with folder.lock() as acquired:
-        if acquired:
-            return None
-    return folder.lock_pid()
+    return folder.lock_pid() if locked(folder) else None
 
 
 def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
@@ -201,12 +199,7 @@ def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
 
 
 def _held_elsewhere(cfg: TrainConfig) -> bool:
-    """Whether another live process holds this run's lock now (it is training it)."""
-    folder = RunFolder.of(cfg)
-    if not folder.path.is_dir() or run_outcome(cfg).finished:
-        return False
-    with folder.lock() as acquired:
-        return not acquired
+    return not run_outcome(cfg).finished and locked(RunFolder.of(cfg))
 
 
 def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
@@ -251,16 +244,15 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
         held = [cfg for cfg in wanted if _held_elsewhere(cfg)]
         if not held:
             return tally
-        time.sleep(HELD_POLL_SECONDS)
+        time.sleep(5.0)
         for cfg in held:
             attempted.discard(cfg.run_id)
             tally.busy = [c for c in tally.busy if c.run_id != cfg.run_id]
 
 
 def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
-    """The runs in the sweep's folder, beyond `known`, that this sweep makes after its grid
-    (boundary and threshold points, added seeds): every folder whose config.json is the config
-    run_config makes for its depth, LR, arm and seed (config.json holds no folder keys)."""
+    """The runs of the sweep's folder beyond `known` that this sweep made after its grid: the
+    folders whose config.json is what run_config makes for its depth, LR, arm and seed."""
     out = []
     for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
         if folder.name in known:
@@ -330,8 +322,7 @@ def print_boundaries(sweep: SweepConfig, curves: dict) -> None:
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
-    """Per depth and seed, each arm's peak max attention logit (any layer, any probe step) by
-    LR, from the runs' summary.json (runs finished before it was recorded there show -)."""
+    """Each arm's peak max attention logit per depth, seed and LR, from summary.json."""
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
         peak = RunFolder.of(cfg).summary_record().get("peak_max_attention_logit")
@@ -348,18 +339,13 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
 
 
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
-    """The environment of sweep process `slot` (the first is 0): with jobs=K, K processes share
-    the device(s), and a torch engine on N GPUs trains on cuda:(slot mod N) with its memory
-    capped at its share of that GPU (the first process sets the same in its own environment)."""
-    env = dict(os.environ)
-    if sweep.jobs > 1:
-        env[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
-        env[trainer.DEVICE_SLOT] = str(slot)
-    return env
+    """What sweep process `slot` (the first is 0) adds to its environment: with jobs=K, a torch
+    engine on N GPUs trains on cuda:(slot mod N), its memory capped at its share of that GPU."""
+    return {trainer.RUNS_PER_DEVICE: str(sweep.jobs), trainer.DEVICE_SLOT: str(slot)}
 
 
 def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen]:
-    """jobs=K: K-1 more sweep processes on the same tree (run locks share the work between them)."""
+    """jobs=K: K-1 more sweep processes on the same tree (run locks share the work)."""
     folder = Path(sweep.runs_dir) / sweep.name
     folder.mkdir(parents=True, exist_ok=True)
     workers = []
@@ -371,6 +357,6 @@ def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "qkstudy", "sweep",
              *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
-            stdout=log, stderr=subprocess.STDOUT, env=gpu_share(sweep, i)))
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **gpu_share(sweep, i)}))
         log.close()
     return workers

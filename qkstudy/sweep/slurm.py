@@ -1,17 +1,7 @@
-"""`python -m qkstudy sweep ... --slurm [--submit]`: a sweep as a Slurm job array.
-
-Each submission gets its own folder, <runs_dir>/<name>/slurm/<NNN>/, holding
-
-  tasks.txt        one standalone `train` command per run left (line i+1 is array task i)
-  submission.json  the runs (run_id, depth, lr, arm, seed, steps), the job id once submitted
-  array.sbatch     the array script: `--array=0-(N-1)[%K]`, one run per task
-  task-<i>.log     each task's output
-
-Every array task trains one run (`sweep --slurm-task tasks.txt i`): a run already finished or
-held by another process is reported in one line and the task exits 0; SIGTERM (Slurm's time
-limit, preemption, scancel) checkpoints the run, and the next submission resumes it. Runs are
-content addressed, so submitting the same sweep again lists only what is left, including the
-boundary-refinement runs the results now call for.
+"""`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array, one run
+a task, in <runs_dir>/<name>/slurm/<NNN>/ (tasks.txt, submission.json, array.sbatch,
+task-<i>.log; docs/sweeps.md). SIGTERM checkpoints a task's run; the next submission resumes it
+and adds the refinement runs the results now call for.
 """
 
 from __future__ import annotations
@@ -52,9 +42,8 @@ class SlurmOptions:
     gpus: int = -1  # --gres=gpu:N per task; -1: by the runs' device (for_device)
     max_parallel: int = 0  # the %K of --array=0-N%K; 0: no limit
     extra: str = ""  # more sbatch options, e.g. "--account=lab --qos=normal"
-    # SIGTERM to the task this many seconds before its time limit (--signal=B:TERM@N; 0: none),
-    # so the run checkpoints before Slurm kills it: the step in flight (~15 s at the study
-    # shape on a CPU) and the checkpoint must fit
+    # SIGTERM this many seconds before the time limit (0: none): the step in flight and the
+    # checkpoint must fit
     signal_seconds: int = 120
     requeue: bool = True  # --requeue: a preempted task goes back to the queue and resumes
 
@@ -80,12 +69,11 @@ class SlurmOptions:
         return self
 
     def for_device(self, device: str, backend: str = "torch") -> tuple[SlurmOptions, str | None]:
-        """(these options with gpus=-1 made one GPU a task for device=cuda and none otherwise,
-        a warning when the runs' device and the GPU request disagree, or None). MLX picks its
-        own device (no device key): its GPU request is the user's alone."""
+        """(these options with gpus=-1 made one GPU a task for device=cuda, else none; a warning
+        when a torch run's device and the GPU request disagree, or None)."""
         gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
         warning = None
-        if backend != "torch":
+        if backend != "torch":  # MLX picks its own device: its GPU request is the user's alone
             pass
         elif device == "cuda" and gpus == 0:
             warning = ("device=cuda with slurm_gpus=0: a task gets no GPU unless its partition "
@@ -146,8 +134,7 @@ def ask(command: list[str]) -> str | None:
 
 
 def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} of these jobs' tasks squeue lists, or None when
-    squeue is not available or fails."""
+    """{(array job id, task index): state} from squeue, or None when it cannot be asked."""
     text = ask(["squeue", "-h", "-r", "-o", "%F|%K|%T"]) if job_ids else None
     if text is None:
         return None
@@ -161,8 +148,7 @@ def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
 
 
 def accounting_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} from sacct (ended tasks too), or None when sacct
-    is not available (a cluster without accounting) or fails."""
+    """{(array job id, task index): state} from sacct (ended tasks too), or None."""
     text = ask(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]) \
         if job_ids else None
     if text is None:
@@ -177,8 +163,7 @@ def accounting_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
 
 
 def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
-    """(run ids whose array task of an earlier submission is still queued or running, the job
-    ids they belong to). Empty when squeue cannot be asked."""
+    """(run ids of earlier submissions' tasks still queued or running, their job ids)."""
     earlier = [(s.get("job_id"), s.get("runs", [])) for _, s in submissions(sweep_dir)]
     earlier = [(str(job), runs) for job, runs in earlier if job]
     states = queue_states([job for job, _ in earlier]) or {}
@@ -234,8 +219,6 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
     script = folder / "array.sbatch"
-    # written whole in a hidden folder and renamed into place: a failed write leaves no
-    # half submission that a later one would count
     with files.atomic_folder(folder) as tmp:
         files.write_text(tmp / "tasks.txt", "".join(command_line(c) + "\n" for c in runs))
         files.write_json(tmp / "submission.json", record)
