@@ -89,7 +89,7 @@ def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Call
 
 def from_flops(cfgs: dict[int, TrainConfig], vocab: int, why: str) -> tuple[dict[int, float], str]:
     """The FLOP model, where no step can be timed (`why`: no engine)."""
-    from .bench.measure import sgemm_gflops
+    from .bench.cli import sgemm_gflops
 
     depth, cfg = next(iter(cfgs.items()))
     peak = sgemm_gflops(n=1024, repeats=2)

@@ -18,7 +18,8 @@ import pytest
 
 from mlx_gpt import cpu_jit
 from qkstudy import forecast
-from qkstudy.bench import measure, plan, tables
+from qkstudy.bench import cli as bench
+from qkstudy.bench import tables
 from qkstudy.__main__ import main
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.errors import UsageError
@@ -52,8 +53,8 @@ def test_flops_per_token_follows_palm():
 
 def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
-    preset = measure.preset_shape
-    monkeypatch.setattr(measure, "preset_shape",
+    preset = bench.preset_shape
+    monkeypatch.setattr(bench, "preset_shape",
                         lambda name: dict(TINY) if name == "demo" else preset(name))
     out = tmp_path / "reports"
     assert main(["bench", "shapes=demo", "cpu_shapes=none", "rounds=2", "warmup=1",
@@ -108,14 +109,14 @@ def fake_measurements(monkeypatch) -> list:
                     "matmul_gflops": 50.0}
         return {"tokens_per_s": total, "processes": [one]}
 
-    monkeypatch.setattr(measure, "measure_variant", fake)
-    monkeypatch.setattr(plan, "tuned_build_supported", lambda: True)
+    monkeypatch.setattr(bench, "measure_variant", fake)
+    monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
     return calls
 
 
 def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_path):
     calls = fake_measurements(monkeypatch)
-    report = measure.run(plan.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
+    report = bench.run(bench.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
                                          parallel=2, out=str(tmp_path)))
     one_round = [("mini", "mlx-plain-1"), ("mini", "mlx-native-1"), ("mini", "torch-1"),
                  ("mini", "mlx-plain-2"), ("mini", "mlx-native-2"), ("mini", "torch-2")]

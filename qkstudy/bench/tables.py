@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..forecast import BENCH_KEY, NIGHT_HOURS
-from .plan import LABEL
+
+LABEL = {"mlx": "MLX", "torch": "PyTorch"}
 
 
 def median_range(s: dict | None, fmt: str = "{:,.0f}") -> str:
