@@ -74,44 +74,35 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
         used.add(name)
     stamp = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
     return (speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
-                          f"shape, measured {stamp}) scaled by FLOPs per token"), None
-
-
-def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable) -> tuple[dict[int, float], str]:
-    """A few steps of the first depth timed here, scaled to the others by FLOPs per token."""
-    depth, cfg = next(iter(cfgs.items()))
-    tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
-    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
-    return (scaled(cfgs, vocab, tok_s, cfg), f"tok/s from a short timing here (depth "
-                  f"{depth}, {timed} step{'s' if timed != 1 else ''}){others}; --calibrate times "
-                  "every depth" + busy_note())
-
-
-def from_flops(cfgs: dict[int, TrainConfig], vocab: int, why: str) -> tuple[dict[int, float], str]:
-    """The FLOP model, where no step can be timed (`why`: no engine)."""
-    from .bench.cli import sgemm_gflops
-
-    depth, cfg = next(iter(cfgs.items()))
-    peak = sgemm_gflops(n=1024, repeats=2)
-    tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
-    return (scaled(cfgs, vocab, tok_s, cfg), f"tok/s from the FLOP model: {CPU_SHARE:.0%} "
-                  f"of numpy's float32 matmul peak here ({peak:,.0f} GFLOP/s), not timed ({why})")
+                    f"shape, measured {stamp}) scaled by FLOPs per token"), None
 
 
 def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
                 say: Callable[[str], None]) -> tuple[dict[int, float], str]:
-    """A plan's tokens/s without `--calibrate`; `say` prints why the bench's figure cannot serve."""
+    """A plan's tokens/s without `--calibrate`: the bench's stored figure, a short timing of the
+    first depth, else the FLOP model; `say` prints why the bench's figure cannot serve."""
     found, why = from_bench(cfgs, vocab)
     if why:
         say(why)
     if found:
         return found
+    depth, cfg = next(iter(cfgs.items()))
     try:
-        return from_short_timing(cfgs, vocab, step_speed)
+        tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
     except (UsageError, ImportError) as e:  # no engine installed here
         if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
             raise
-        return from_flops(cfgs, vocab, str(e))
+        from .bench.cli import sgemm_gflops
+
+        peak = sgemm_gflops(n=1024, repeats=2)
+        tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
+        return scaled(cfgs, vocab, tok_s, cfg), (
+            f"tok/s from the FLOP model: {CPU_SHARE:.0%} of numpy's float32 matmul peak here "
+            f"({peak:,.0f} GFLOP/s), not timed ({e})")
+    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
+    return scaled(cfgs, vocab, tok_s, cfg), (
+        f"tok/s from a short timing here (depth {depth}, {timed} step{'s' if timed != 1 else ''})"
+        f"{others}; --calibrate times every depth" + busy_note())
 
 
 def busy_note() -> str:

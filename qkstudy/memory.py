@@ -86,23 +86,12 @@ def format_bytes(n: float, unit: str = "B", space: str = " ") -> str:
     return f"{n:.0f}{space}{unit}".rstrip()
 
 
-def _read_int(path: str) -> int | None:
+def _read(path: str) -> str:
     try:
         with open(path) as f:
-            text = f.read().strip()
+            return f.read().strip()
     except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _mem_available() -> int | None:
-    """Linux's estimate of the memory that can be allocated without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f
-                        if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
+        return ""
 
 
 def available() -> tuple[int, str]:
@@ -115,18 +104,19 @@ def available() -> tuple[int, str]:
             return size, f"this Mac has {format_bytes(size)} of unified memory"
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
-    size = _mem_available()
-    words = "this machine has {} available"
+    meminfo = [line.split() for line in _read("/proc/meminfo").splitlines()]
+    size = next((int(w[1]) * 1024 for w in meminfo if w[:1] == ["MemAvailable:"]), None)
+    words = "this machine has {} available"  # what can be allocated without swapping
     if size is None:
         try:
             size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             words = "this machine has {}"
         except (ValueError, OSError, AttributeError):
             return 1 << 62, "this machine's memory is unknown"
-    limit = _read_int("/sys/fs/cgroup/memory.max")  # cgroup v2; "max" (no limit) reads as None
-    if limit is not None and limit < size:
-        used = _read_int("/sys/fs/cgroup/memory.current") or 0
-        size, words = max(0, limit - used), "this process's cgroup has {} left"
+    limit, used = (_read(f"/sys/fs/cgroup/memory.{k}") for k in ("max", "current"))  # v2
+    if limit.isdigit() and int(limit) < size:  # "max": no limit
+        size = max(0, int(limit) - (int(used) if used.isdigit() else 0))
+        words = "this process's cgroup has {} left"
     return size, words.format(format_bytes(size))
 
 

@@ -57,17 +57,6 @@ class Run:
                 self.arm, self.run_id)
 
 
-def checkpoint_clocks(folder: RunFolder) -> dict:
-    """{step, train_seconds (evaluation and probes included)} from the checkpoint, or {}."""
-    meta = folder.checkpoint_metadata()
-    try:
-        return {"step": int(meta["step"]),
-                "train_seconds": sum(float(ast.literal_eval(meta.get(k, "0")))
-                                     for k in ("train_seconds", "measure_seconds"))}
-    except (TypeError, KeyError, ValueError, SyntaxError):
-        return {}
-
-
 def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
     """(step of the last metrics row written, the latest train loss in its part), or Nones."""
     import pyarrow.parquet as pq
@@ -105,11 +94,16 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             run.detail = f"val {summary['final_val_loss']:.4f}"
         run.loss = last_row(folder)[1]
         return run
-    ckpt = checkpoint_clocks(folder)
+    meta, ckpt = folder.checkpoint_metadata(), {}
+    try:  # training seconds count evaluation and probes too, as a run's pace does
+        ckpt = {"step": int(meta["step"]), "seconds": sum(float(ast.literal_eval(
+            meta.get(k, "0"))) for k in ("train_seconds", "measure_seconds"))}
+    except (TypeError, KeyError, ValueError, SyntaxError):
+        pass
     row_step, run.loss = last_row(folder)
     run.step = ckpt.get("step", row_step + 1 if row_step is not None else 0)
-    if ckpt.get("train_seconds") and run.tokens_per_step:
-        run.tok_s = run.step * run.tokens_per_step / ckpt["train_seconds"]
+    if ckpt.get("seconds") and run.tokens_per_step:
+        run.tok_s = run.step * run.tokens_per_step / ckpt["seconds"]
     if run.holder is not None:
         run.state, run.detail = "running", f"pid {run.holder}"
     elif status == "failed":
@@ -157,7 +151,7 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
     if not tasks:
         return None
     jobs = sorted({job for job, _, _ in tasks.values() if job})
-    queued, ended = slurm.queue_states(jobs), slurm.accounting_states(jobs)
+    queued, ended = slurm.task_states(jobs), slurm.task_states(jobs, ended=True)
     for run in runs:
         if run.run_id not in tasks:
             continue

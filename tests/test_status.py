@@ -174,8 +174,8 @@ def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
                                                     ("d1-noqk-lr0.1-s0-ggg", "none"))]
     files.write_json(folder / "submission.json", {"job_id": "77", "runs": runs})
     (folder / "task-1.log").write_text("task 1: ...\n")
-    monkeypatch.setattr(slurm, "queue_states", lambda jobs: {("77", 0): "RUNNING"})
-    monkeypatch.setattr(slurm, "accounting_states", lambda jobs: None)
+    monkeypatch.setattr(slurm, "task_states",
+                        lambda jobs, ended=False: None if ended else {("77", 0): "RUNNING"})
     text = status.render(sweep_dir)
     assert "Slurm task states from squeue" in text
     assert row(text, "d1-noqk-lr0.01-s0-eee").endswith("77_0 RUNNING")
@@ -183,7 +183,7 @@ def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
     # a submitted run with no folder yet is listed (waiting) with its task
     assert row(text, "d1-noqk-lr0.1-s0-ggg").split()[1] == "waiting"
     assert row(text, "d1-noqk-lr0.1-s0-ggg").endswith("77_2 not in queue")
-    monkeypatch.setattr(slurm, "queue_states", lambda jobs: None)  # no squeue: files only
+    monkeypatch.setattr(slurm, "task_states", lambda jobs, ended=False: None)  # files only
     text = status.render(sweep_dir)
     assert "Slurm task states from files" in text
     assert row(text, "d1-qkrmsnorm-lr0.01-s0-fff").endswith("77_1 log written")

@@ -73,13 +73,15 @@ def _cli(argv: list[str]) -> int:
     if "--emit-commands" in flags:
         return emit_commands(sweep, len(runs))
     worker, dry = "--worker" in flags, "--dry-run" in flags
-    if not dry and not worker:
-        trainer.load_data(sweep.train)  # the data must exist before anything is written
-    if "--slurm" in flags:
-        return slurm.submit(sweep, slurm_options, send="--submit" in flags)
     start = time.perf_counter()
     if not dry and not worker:
-        log_to(Path(sweep.runs_dir) / sweep.name / "sweep.log")
+        trainer.load_data(sweep.train)  # the data must exist before anything is written
+        if "--slurm" in flags:
+            return slurm.submit(sweep, slurm_options, send="--submit" in flags)
+        folder = Path(sweep.runs_dir) / sweep.name
+        trainer.make_folder(folder, "sweep folder")
+        sys.stdout = _Tee(sys.stdout, folder / "sweep.log")  # everything printed, appended
+        print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
     speeds = {} if worker else describe(sweep, runs, not dry or "--calibrate" in flags)
     if dry:
         return 0
@@ -163,13 +165,6 @@ def stop_workers(workers: list, grace: float = 10.0) -> None:
             w.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             w.send_signal(signal.SIGINT)
-
-
-def log_to(path: Path) -> None:
-    """Everything this process prints is also appended to `path`."""
-    trainer.make_folder(path.parent, "sweep folder")
-    sys.stdout = _Tee(sys.stdout, path)
-    print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
 
 
 def notify(title: str, message: str) -> None:

@@ -88,13 +88,10 @@ def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[flo
         return []
     n = math.floor(math.log10(lr_max / lr_min) * points_per_decade + 1e-9)
     lrs = [three_significant(lr_min * 10 ** (i / points_per_decade)) for i in range(n + 1)]
-    return [one_three(lr) for lr in lrs] if points_per_decade == 2 else lrs
-
-
-def one_three(lr: float) -> float:
-    exponent = math.floor(math.log10(lr))
-    nice = [float(f"{m}e{exponent}") for m in (1, 3, 10)]
-    return next((x for x in nice if abs(lr / x - 1) < 0.06), lr)
+    if points_per_decade != 2:
+        return lrs
+    nice = [[float(f"{m}e{math.floor(math.log10(lr))}") for m in (1, 3, 10)] for lr in lrs]
+    return [next((x for x in xs if abs(lr / x - 1) < 0.06), lr) for lr, xs in zip(lrs, nice)]
 
 
 # Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): coupled decay

@@ -48,6 +48,15 @@ def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float 
     return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
 
 
+def timed(label: str, cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
+    """step_speed, with `label ...` shown while it runs."""
+    print(label + " ...", end="", flush=True)
+    try:
+        return step_speed(cfg, vocab, **limits)
+    finally:
+        print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
+
+
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """'1 seed', '3 seeds', '1 process', '2 processes'."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
@@ -122,11 +131,9 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
             line += (f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M "
                      f"non-embedding); memory ~{memory.format_bytes(needs[depth])} a run")
         if calibrate_speed and vocab:
-            print(line + "; calibrating (compile, then up to 10 s of steps) ...", end="",
-                  flush=True)
-            speeds[depth], timed = step_speed(cfg, vocab)
-            print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
-            line += (f"; {speeds[depth]:,.0f} tok/s ({counted(timed, 'timed step')}); "
+            speeds[depth], n = timed(line + "; calibrating (compile, then up to 10 s of steps)",
+                                     cfg, vocab)
+            line += (f"; {speeds[depth]:,.0f} tok/s ({counted(n, 'timed step')}); "
                      f"{format_seconds(forecast.run_cost_tokens(cfg) / speeds[depth])} a run")
         print(line, flush=True)
     if not vocab:
@@ -140,18 +147,12 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
                unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]) -> None:
     """The plan's time line (and its warning when it takes more than a day here)."""
     if calibrated:
-        found = calibrated, "tok/s timed here for every depth (--calibrate)" + forecast.busy_note()
+        per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
+                                         + forecast.busy_note())
     else:
-        def timed(cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
-            print(f"  time        timing depth {cfg.depth} here (compile, then a step or two) "
-                  "...", end="", flush=True)
-            try:
-                return step_speed(cfg, vocab, **limits)
-            finally:
-                print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
-
-        found = forecast.plan_speeds(cfgs, vocab, timed, lambda why: print(f"  note        {why}"))
-    per_depth, source = found
+        per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab, **limits: timed(
+            f"  time        timing depth {cfg.depth} here (compile, then a step or two)", cfg,
+            vocab, **limits), lambda why: print(f"  note        {why}"))
     total = forecast.run_seconds(unfinished, per_depth)
     refine = [run_config(sweep, d, 1.0, "none", 0) for d in sweep.depth]
     per_refine = forecast.run_seconds(refine, per_depth) / len(refine)

@@ -72,17 +72,15 @@ class SlurmOptions:
         """(these options with gpus=-1 made one GPU a task for device=cuda, else none; a warning
         when a torch run's device and the GPU request disagree, or None)."""
         gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
-        warning = None
-        if backend != "torch":  # MLX picks its own device: its GPU request is the user's alone
-            pass
-        elif device == "cuda" and gpus == 0:
+        warning = None  # MLX picks its own device: its GPU request is the user's alone
+        if backend == "torch" and device == "cuda" and gpus == 0:
             warning = ("device=cuda with slurm_gpus=0: a task gets no GPU unless its partition "
                        "gives one, and then stops at its start (device cuda is not available)")
-        elif device == "auto" and gpus == 0:
+        elif backend == "torch" and device == "auto" and gpus == 0:
             warning = ("device=auto requests no GPU (slurm_gpus=0): the tasks train on the CPU "
                        "unless their partition gives them a GPU; for GPU runs use device=cuda "
                        "(one GPU a task) or slurm_gpus=1")
-        elif device in ("cpu", "mps") and gpus > 0:
+        elif backend == "torch" and device in ("cpu", "mps") and gpus > 0:
             warning = f"device={device} with slurm_gpus={gpus}: the GPUs are requested, not used"
         return dataclasses.replace(self, gpus=gpus), warning
 
@@ -122,68 +120,47 @@ def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
     return [(p, files.read_json(p / "submission.json") or {}) for p in found]
 
 
-def ask(command: list[str]) -> str | None:
-    """The output of a Slurm client command, or None when it is not on PATH or fails."""
-    if shutil.which(command[0]) is None:
+def task_states(job_ids: list[str], ended: bool = False) -> dict[tuple[str, int], str] | None:
+    """{(array job id, task index): state} from squeue (sacct with `ended`: ended tasks too), or
+    None when the command is not on PATH or fails."""
+    command = (["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)] if ended
+               else ["squeue", "-h", "-r", "-o", "%F_%K|%T"])
+    if not job_ids or shutil.which(command[0]) is None:
         return None
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} from squeue, or None when it cannot be asked."""
-    text = ask(["squeue", "-h", "-r", "-o", "%F|%K|%T"]) if job_ids else None
-    if text is None:
+    if out.returncode != 0:
         return None
     states = {}
-    for line in text.splitlines():
-        job, _, rest = line.strip().partition("|")
-        task, _, state = rest.partition("|")
-        if job in job_ids and task.isdigit():
-            states[(job, int(task))] = state
-    return states
-
-
-def accounting_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} from sacct (ended tasks too), or None."""
-    text = ask(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]) \
-        if job_ids else None
-    if text is None:
-        return None
-    states = {}
-    for line in text.splitlines():
-        job, _, state = line.partition("|")
+    for line in out.stdout.splitlines():
+        job, _, state = line.strip().partition("|")
         base, _, task = job.partition("_")
-        if task.isdigit():
+        if base in job_ids and task.isdigit():
             states[(base, int(task))] = state.split()[0] if state else "?"
     return states
 
 
 def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
     """(run ids of earlier submissions' tasks still queued or running, their job ids)."""
-    earlier = [(s.get("job_id"), s.get("runs", [])) for _, s in submissions(sweep_dir)]
-    earlier = [(str(job), runs) for job, runs in earlier if job]
-    states = queue_states([job for job, _ in earlier]) or {}
-    active, jobs = set(), []
-    for job, runs in earlier:
-        for (j, task), state in states.items():
-            if j == job and state in ACTIVE and task < len(runs):
-                active.add(runs[task]["run_id"])
-                jobs += [] if job in jobs else [job]
-    return active, jobs
+    earlier = {str(s["job_id"]): s.get("runs", []) for _, s in submissions(sweep_dir)
+               if s.get("job_id")}
+    active = {(job, earlier[job][task]["run_id"])
+              for (job, task), state in (task_states(list(earlier)) or {}).items()
+              if state in ACTIVE and task < len(earlier[job])}
+    return {run for _, run in active}, sorted({job for job, _ in active})
 
 
 def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions) -> str:
     limit = f"%{options.max_parallel}" if options.max_parallel else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}", f"#SBATCH --array=0-{n - 1}{limit}",
-             f"#SBATCH --output={folder}/task-%a.log"]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
+             f"#SBATCH --array=0-{n - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
     lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
     lines += [
         f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
-        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission resumes).",
+        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
+        "resumes).",
         f"cd {shlex.quote(str(Path.cwd()))}",
         f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
         f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
