@@ -2,5 +2,6 @@
 resumable runs, refined from the results on disk (docs/sweeps.md)."""
 
 from .cli import USAGE, cli
+from .config import PRESETS, grid, parse_sweep_config
 
-__all__ = ["USAGE", "cli"]
+__all__ = ["PRESETS", "USAGE", "cli", "grid", "parse_sweep_config"]

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,14 +277,9 @@ def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> lis
 
 def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
-    folder, on_grid = Path(sweep.runs_dir) / sweep.name, set(sweep.grid_lrs())
-    curves = {g: group_state(sweep, g)[0] for g in groups(sweep)}
-    runs = grid(sweep) + [run_config(sweep, depth, lr, arm, seed) for (depth, arm, seed), results
-                          in curves.items() for lr in results if lr not in on_grid]
+    folder, runs = Path(sweep.runs_dir) / sweep.name, grid(sweep)
     runs += added_runs(sweep, {c.run_id for c in runs})
-    counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
-    for cfg in runs:
-        counts[run_outcome(cfg).value] += 1
+    counts = Counter(run_outcome(cfg).value for cfg in runs)
     print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "
@@ -306,14 +302,15 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               "data than the data folder holds now; left untouched:")
     for line in tally.data_changed:
         print(f"  data changed: {line}")
-    print_boundaries(sweep, curves)
+    print_boundaries(sweep)
     print_peak_logits(sweep, runs)
 
 
-def print_boundaries(sweep: SweepConfig, curves: dict) -> None:
+def print_boundaries(sweep: SweepConfig) -> None:
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
     width, on_grid = max(len(a) for a in sweep.arms), len(sweep.grid_lrs())
-    for (depth, arm, seed), results in curves.items():
+    for depth, arm, seed in groups(sweep):
+        results = group_state(sweep, (depth, arm, seed))[0]
         lo, hi = boundary(results)
         print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
@@ -346,14 +343,12 @@ def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
 
 def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen]:
     """jobs=K: K-1 more sweep processes on the same tree (run locks share the work)."""
-    folder = Path(sweep.runs_dir) / sweep.name
-    folder.mkdir(parents=True, exist_ok=True)
-    workers = []
+    folder, workers = Path(sweep.runs_dir) / sweep.name, []
     for i in range(1, sweep.jobs):
         # appended, never truncated: a worker of an earlier, interrupted sweep may still write
         log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
-        log.write(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}\n")
-        log.flush()
+        print(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}", file=log,
+              flush=True)
         workers.append(subprocess.Popen(
             [sys.executable, "-m", "qkstudy", "sweep",
              *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
