@@ -48,8 +48,7 @@ def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConf
 
 def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
                ) -> tuple[tuple[dict[int, float], str] | None, str | None]:
-    """(speeds, None) from a bench report of this machine and backend, else (None, why not or
-    None when there is no report)."""
+    """(speeds, None) from this machine's bench report, else (None, why not or None)."""
     if not path.exists():
         return None, None
     report, backend = files.read_json(path), next(iter(cfgs.values())).backend
@@ -155,8 +154,7 @@ def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
 
 
 def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[str]]:
-    """({depth: tokens/s}, their sources): a depth's finished runs' median, else the sweep's
-    calibration (`stored`, from sweep.json)."""
+    """({depth: tokens/s}, sources): finished runs' median, else the calibration (`stored`)."""
     rates, measured, calibrated = {}, [], []
     stored = stored if isinstance(stored, dict) else {}
     for depth in sorted({r.depth for r in runs if r.depth is not None}):

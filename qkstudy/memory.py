@@ -122,8 +122,7 @@ def available() -> tuple[int, str]:
 
 def check(cfg: TrainConfig, vocab_size: int, *, runs_at_once: int = 1, prefix: str = "",
           limit: tuple[int, str] | None = None) -> Estimate:
-    """The step's estimate; UsageError in one line when `runs_at_once` such steps need more than
-    HEADROOM of `limit` (default: available())."""
+    """The step's estimate; UsageError when `runs_at_once` steps need over HEADROOM of `limit`."""
     est = estimate(cfg, vocab_size)
     size, there = limit if limit is not None else available()
     need = est.total * runs_at_once

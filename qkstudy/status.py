@@ -5,7 +5,7 @@ write."""
 from __future__ import annotations
 
 import ast
-import sys
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -130,14 +130,11 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     covered = {(r.depth, r.lr, r.arm, r.seed) for r in runs.values()}
     shapes = Counter((r.steps, r.tokens_per_step) for r in runs.values() if r.steps)
     steps, tps = shapes.most_common(1)[0][0] if shapes else (None, None)
-    for seed in plan.get("seeds", []):
-        for depth in plan.get("depths", []):
-            for lr in plan.get("grid_lrs", []):
-                for arm in plan.get("arms", []):
-                    if (depth, lr, arm, seed) not in covered:
-                        name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
-                        runs[name] = Run(name, depth, lr, arm, seed, steps, tps,
-                                         detail="(no folder yet)")
+    axes = (plan.get(k, []) for k in ("seeds", "depths", "grid_lrs", "arms"))
+    for seed, depth, lr, arm in itertools.product(*axes):
+        if (depth, lr, arm, seed) not in covered:
+            name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
+            runs[name] = Run(name, depth, lr, arm, seed, steps, tps, detail="(no folder yet)")
     return sorted(runs.values(), key=lambda r: r.order)
 
 
@@ -147,7 +144,8 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
 
     tasks = {r["run_id"]: (record.get("job_id"), i, folder)
              for folder, record in slurm.submissions(sweep_dir)
-             for i, r in enumerate(record.get("runs", [])) if isinstance(r, dict) and r.get("run_id")}
+             for i, r in enumerate(record.get("runs", []))
+             if isinstance(r, dict) and r.get("run_id")}
     if not tasks:
         return None
     jobs = sorted({job for job, _, _ in tasks.values() if job})
@@ -170,15 +168,14 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
 
 
 def progress(runs: list[Run]) -> tuple[float, float, float, int]:
-    """(tokens done, tokens planned, combined tok/s of the runs training, their number). A
-    finished run counts in full; a running run without a rate yet at the finished runs' mean."""
+    """(tokens done, tokens planned, tok/s of the runs training, their number)."""
     done = total = 0.0
     for r in runs:
         if r.steps and r.tokens_per_step:
             total += r.steps * r.tokens_per_step
             done += (r.steps if r.finished else min(r.step, r.steps)) * r.tokens_per_step
     rates = [r.tok_s for r in runs if r.finished and r.tok_s]
-    typical = sum(rates) / len(rates) if rates else 0.0
+    typical = sum(rates) / len(rates) if rates else 0.0  # for a running run without a rate yet
     running = [r for r in runs if r.state == "running"]
     return done, total, sum(r.tok_s or typical for r in running), len(running)
 
@@ -188,7 +185,7 @@ def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
     grid, seeds = sweep_json.get("grid_lrs"), sweep_json.get("seeds")
     out = []
     if isinstance(grid, list):
-        grid = [g for g in grid if isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0]
+        grid = [g for g in grid if type(g) in (int, float) and g > 0]
         off_grid = sorted({r.lr for r in runs if r.lr is not None
                            and all(abs(r.lr - g) > 1e-12 * g for g in grid)})
         if off_grid:
@@ -302,9 +299,8 @@ def cli(argv: list[str]) -> int:
     try:
         while True:
             screen = "\n\n".join(render(f) for f in folders)
-            sys.stdout.write("\033[H\033[2J" + screen + f"\n\n(refreshing every {watch:g} s; "
-                             "Ctrl-C stops)\n")
-            sys.stdout.flush()
+            print(f"\033[H\033[2J{screen}\n\n(refreshing every {watch:g} s; Ctrl-C stops)",
+                  flush=True)
             time.sleep(watch)
     except KeyboardInterrupt:
         return 0

@@ -103,7 +103,7 @@ class Plan:
     builds: list[str]
 
     def variants(self, name: str, parallel: int) -> list[Variant]:
-        """The engines measured at shape `name`, in round order: by process count, backend, build."""
+        """The engines measured at shape `name`, by process count, backend and build."""
         extra = name in self.cpu_shapes
         counts = (1, parallel) if extra and parallel > 1 else (1,)
         out = []

@@ -124,8 +124,9 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
                 errs.append(err)
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "qkstudy.bench.step",
-                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                    text=True, env={**environment, trainer.DEVICE_SLOT: str(i)}))
+                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=err, text=True,
+                    env={**environment, trainer.DEVICE_SLOT: str(i)}))
             if spec.sync:
                 for p, err in zip(procs, errs):
                     _wait_for_ready(p, err, deadline)

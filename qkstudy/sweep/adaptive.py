@@ -83,8 +83,7 @@ def compared_arms(sweep: SweepConfig) -> list[str]:
 
 def threshold_state(sweep: SweepConfig, depth: int, arm: str
                     ) -> tuple[dict[float, float], list[TrainConfig]]:
-    """One (depth, arm)'s threshold bisection: (seed-mean gap per informative LR, the runs to
-    train next: empty when done or while a base run has no result)."""
+    """One (depth, arm)'s threshold bisection: (seed-mean gap per LR, the runs to train next)."""
     means: dict[float, float] = {}
     for lr in sweep.grid_lrs():
         gaps, failed, pending = cell(sweep, depth, lr, arm, sweep.seeds)
@@ -107,8 +106,7 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
 
 def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
                       ) -> float | None:
-    """The bracket's geometric mean to three digits, or None without a bracket or within
-    `factor` (analysis/calibrate.py runs the same rule)."""
+    """The bracket's geometric mean to three digits, or None (analysis/calibrate.py's rule)."""
     bracket = threshold_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:
         return None
@@ -117,8 +115,7 @@ def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
 
 
 def threshold_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:
-    """(largest LR under min_gap, the LR above it), or None when the top LR is under min_gap or
-    none is."""
+    """(largest LR under min_gap, the LR above it) below a top LR at or over min_gap, or None."""
     lrs = sorted(means)
     if not lrs or means[lrs[-1]] < min_gap:
         return None

@@ -21,8 +21,8 @@ from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
 from .run import Tally, execute, gpu_share, record_processes, report, spawn_workers
 
-USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
-                                [--slurm [--submit] [slurm_key=value ...]]
+USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
+                                [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
 curve's stability boundary and each depth's necessity threshold, and adds seeds to the cells

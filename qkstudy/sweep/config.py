@@ -82,8 +82,7 @@ def three_significant(x: float) -> float:
 
 
 def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[float]:
-    """lr_min * 10**(i / points_per_decade) up to lr_max (inclusive), rounded to 3 digits;
-    half-decades (points_per_decade 2) snap to the 1-3-10 series within 6%."""
+    """Log-spaced LRs to 3 digits, lr_max included; half-decades snap to 1-3-10 within 6%."""
     if not (0 < lr_min < lr_max and points_per_decade > 0):
         return []
     n = math.floor(math.log10(lr_max / lr_min) * points_per_decade + 1e-9)
@@ -197,8 +196,7 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
 
 
 def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
-    """One run of the sweep. data_seed follows the seed, so every LR and arm of one seed is
-    paired (same init weights, same batches)."""
+    """One run; data_seed follows the seed, so a seed's LRs and arms share init and batches."""
     return apply_arm(dataclasses.replace(
         sweep.train, depth=depth, lr=lr, seed=seed, data_seed=sweep.train.data_seed + seed,
         sweep=sweep.name, runs_dir=sweep.runs_dir), arm)
@@ -215,4 +213,4 @@ Group = tuple[int, str, int]  # (depth, arm, seed): one LR curve, refined on its
 
 
 def groups(sweep: SweepConfig) -> list[Group]:
-    return [(depth, arm, seed) for seed in sweep.seeds for depth in sweep.depth for arm in sweep.arms]
+    return [(d, arm, seed) for seed in sweep.seeds for d in sweep.depth for arm in sweep.arms]

@@ -36,8 +36,7 @@ def vocab_size(data: str) -> tuple[int | None, str]:
 
 def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
                ) -> tuple[float, int]:
-    """(tokens/s, steps timed) of the run's own engine's train step on a random batch, after a
-    compiling warm-up step: up to `steps`, fewer once `max_seconds` have passed."""
+    """(tokens/s, steps timed) of the run's own engine after a compiling warm-up step."""
     x, y = random_batch(cfg, vocab, 0)
     engine = backends.load(cfg.backend).Engine(cfg, vocab, [], random_batch(cfg, vocab, 1))
     engine.read([engine.step(x, y)])
@@ -115,7 +114,8 @@ def print_header(sweep: SweepConfig, runs: list[TrainConfig], unfinished: int, r
           f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
 
 
-def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) -> dict[int, float]:
+def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
+             ) -> dict[int, float]:
     """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
     vocab, vocab_from = vocab_size(sweep.train.data)
     needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
@@ -144,7 +144,8 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
 
 
 def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
-               unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]) -> None:
+               unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]
+               ) -> None:
     """The plan's time line (and its warning when it takes more than a day here)."""
     if calibrated:
         per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
@@ -191,8 +192,7 @@ def value_text(value: object) -> str:
 
 
 def command_line(cfg: TrainConfig) -> str:
-    """A standalone `train` command that rebuilds exactly this config and run_id: the keys off
-    TrainConfig's defaults, and backend (auto may choose otherwise where it runs)."""
+    """A standalone `train` command of the keys off the defaults, and backend: this run_id."""
     default = TrainConfig()
     words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)
              if getattr(cfg, f.name) != getattr(default, f.name) or f.name == "backend"]
@@ -206,8 +206,7 @@ def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainCon
 
 
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
-    """Write sweep.json: the LR grid (the analysis tells grid from refinement runs by it) and the
-    axes, united with earlier sweeps', and the calibrated tokens/s (`just status`'s time left)."""
+    """Write sweep.json: the grid and axes (united with earlier ones') and calibrated tokens/s."""
     folder = Path(sweep.runs_dir) / sweep.name
     trainer.make_folder(folder, "sweep folder")
     earlier = files.read_json(folder / "sweep.json") or {}

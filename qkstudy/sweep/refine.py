@@ -14,9 +14,8 @@ from .config import Group, SweepConfig, run_config, three_significant
 
 def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float], steps: int,
                   factor: float) -> float | None:
-    """The next LR to try (the bracket's geometric mean), or None once `steps` points off the grid
-    were tried or the bracket is within `factor`. `results`: LR -> stable, diverged (False) or
-    failed (None)."""
+    """The bracket's geometric mean, or None once `steps` points off the grid were tried or the
+    bracket is within `factor`. `results`: LR -> stable (True, False, or None: failed)."""
     if sum(1 for lr in results if lr not in set(grid_lrs)) >= steps:
         return None
     lo, hi = boundary(results)
@@ -56,8 +55,7 @@ def run_outcome(cfg: TrainConfig) -> Outcome:
 
 def group_state(sweep: SweepConfig, group: Group
                 ) -> tuple[dict[float, bool | None], TrainConfig | None]:
-    """(results so far, the next run to train or None: done, or waiting on a run without a
-    result) of one curve's refinement. A failed refinement run is the next run again."""
+    """One curve's (results so far, next run: None when done or waiting on a run)."""
     depth, arm, seed = group
     grid_lrs = sweep.grid_lrs()
     results: dict[float, bool | None] = {}

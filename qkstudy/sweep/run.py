@@ -53,8 +53,7 @@ class Tally:
 
 def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
             verbose: bool) -> None:
-    """Train one run (or skip it) into the tally. `speed`: calibrated tokens/s of its depth (0:
-    unknown); `queue_left`: calibrated seconds of the queue from this run on."""
+    """Train one run (or skip it) into the tally; `speed`, `queue_left`: calibrated figures."""
     attempted.add(cfg.run_id)
     if passed_by(cfg, tally, verbose):
         return
@@ -93,8 +92,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
 
 
 def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
-    """Whether the run is not to be trained (other data, finished intact, or killed its process);
-    UsageError when the data changed while the sweep ran."""
+    """Whether the run is not to be trained (other data, finished intact, killed its process)."""
     now, changed = trainer.data_check(cfg)
     change = tally.data and now and run_folder.data_change(tally.data, now)
     if change:  # one sweep, one data: its runs are compared with each other
@@ -134,8 +132,7 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
 
 def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable,
                   verbose: bool) -> dict | None:
-    """trainer.train's summary, or None when the run was held, damaged, of other data or failed
-    (each recorded in the tally and said in one line)."""
+    """trainer.train's summary, or None when the run was held, damaged, of other data or failed."""
     def repaired(moved_to: Path, why: str) -> None:
         tally.repaired.append((cfg.run_id, why, moved_to))
         print(f"[{position}] repair: {why}; its files are kept in {moved_to}; training it again",
@@ -186,8 +183,7 @@ def holder(cfg: TrainConfig) -> int | None:
 
 
 def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
-    """'sweep process 2 (its log: sweep-worker-1.log)' when `pid` is one of this sweep's own
-    processes (PROCESSES_FILE), else None."""
+    """'sweep process 2 (its log: ...)' when `pid` is one of this sweep's own, else None."""
     if pid is None or pid == os.getpid():
         return None
     folder = RunFolder.of(cfg).path.parent
@@ -204,8 +200,7 @@ def _held_elsewhere(cfg: TrainConfig) -> bool:
 
 
 def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
-    """Train the grid, then what its results call for (sweep/adaptive.py: boundary and threshold
-    refinement, adaptive seeds); runs held elsewhere are looked at again after the grid."""
+    """Train the grid, then what its results call for; runs held elsewhere are retried."""
     runs = grid(sweep)
     tally = Tally(total=len(runs), processes=sweep.jobs,
                   data=trainer.data_check(sweep.train)[0])
@@ -252,8 +247,7 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
 
 
 def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
-    """The runs of the sweep's folder beyond `known` that this sweep made after its grid: the
-    folders whose config.json is what run_config makes for its depth, LR, arm and seed."""
+    """The runs in the sweep's folder beyond `known` that this sweep's run_config makes."""
     out = []
     for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
         if folder.name in known:
@@ -336,8 +330,7 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
 
 
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
-    """What sweep process `slot` (the first is 0) adds to its environment: with jobs=K, a torch
-    engine on N GPUs trains on cuda:(slot mod N), its memory capped at its share of that GPU."""
+    """Sweep process `slot`'s environment: on N GPUs it trains on cuda:(slot mod N)."""
     return {trainer.RUNS_PER_DEVICE: str(sweep.jobs), trainer.DEVICE_SLOT: str(slot)}
 
 

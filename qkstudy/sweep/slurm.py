@@ -121,8 +121,7 @@ def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
 
 
 def task_states(job_ids: list[str], ended: bool = False) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} from squeue (sacct with `ended`: ended tasks too), or
-    None when the command is not on PATH or fails."""
+    """{(array job id, task index): state} from squeue (sacct with `ended`), or None."""
     command = (["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)] if ended
                else ["squeue", "-h", "-r", "-o", "%F_%K|%T"])
     if not job_ids or shutil.which(command[0]) is None:
