@@ -153,8 +153,14 @@ def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
     return max(0.0, remaining_tokens) / rate if rate > 0 else None
 
 
-def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[str]]:
-    """({depth: tokens/s}, sources): finished runs' median, else the calibration (`stored`)."""
+def time_left_line(runs: list, stored: object) -> str:
+    """The training time of the runs without a result, in one process, for `just status`: at a
+    depth's finished runs' median tok/s, else at the sweep's calibration (`stored`)."""
+    left = [r for r in runs if not r.finished and r.state != "failed"]
+    if not left:
+        return "time left: none (every run has a result" + (
+            "; failed runs are retried by the sweep's command)" if any(
+                r.state == "failed" for r in runs) else ")")
     rates, measured, calibrated = {}, [], []
     stored = stored if isinstance(stored, dict) else {}
     for depth in sorted({r.depth for r in runs if r.depth is not None}):
@@ -163,21 +169,11 @@ def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[s
         if done:
             rates[depth] = statistics.median(done)
             measured.append(str(depth))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        elif type(value) in (int, float) and value > 0:
             rates[depth] = float(value)
             calibrated.append(str(depth))
-    return rates, [f"{how} (depth {', '.join(ds)})" for how, ds in (
+    sources = [f"{how} (depth {', '.join(ds)})" for how, ds in (
         ("measured by its finished runs", measured), ("calibrated at its start", calibrated)) if ds]
-
-
-def time_left_line(runs: list, stored: object) -> str:
-    """The training time of the runs without a result, in one process, for `just status`."""
-    left = [r for r in runs if not r.finished and r.state != "failed"]
-    if not left:
-        return "time left: none (every run has a result" + (
-            "; failed runs are retried by the sweep's command)" if any(
-                r.state == "failed" for r in runs) else ")")
-    rates, sources = rates_by_depth(runs, stored)
     known = [r for r in left if r.depth in rates and r.steps and r.tokens_per_step]
     if not known:
         return (f"time left: not known for the {len(left)} runs left (no finished run and no "
@@ -214,15 +210,11 @@ def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, floa
 
 # Machines not measured here: tokens/s = the vendor's dense peak x an assumed share / FLOPs per
 # token (`just gpu-check` measures the CUDA rows on a real GPU).
-ESTIMATES = (
-    {"platform": "Apple M2 Max GPU (38-core)", "backend": "mlx", "peak_tflops": 13.6,
-     "share": 0.30, "unit": "nights"},
-    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch fp32", "peak_tflops": 67.0,
-     "share": 0.35, "unit": "GPU-hours"},
-    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch tf32", "peak_tflops": 495.0,
-     "share": 0.12, "unit": "GPU-hours"},
-    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch bf16", "peak_tflops": 989.0,
-     "share": 0.07, "unit": "GPU-hours"},
+ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
+    ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
+    ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),
+    ("one H100/H200-class CUDA GPU", "torch tf32", 495.0, 0.12, "GPU-hours"),
+    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"),
 )
 
 
@@ -237,8 +229,8 @@ def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
             rows.append({"platform": here, "backend": backend, "tokens_per_s": s["median"],
                          "range": [s["min"], s["max"]], "unit": "nights",
                          "source": f"measured here, median of {s['n']} round(s)"})
-    rows += [{"platform": f"{e['platform']}, {e['peak_tflops']:g} TFLOP/s",
-              "backend": e["backend"], "unit": e["unit"],
-              "tokens_per_s": e["peak_tflops"] * 1e12 * e["share"] / plan["flops_per_token"],
-              "source": f"estimate: {e['share']:.0%} of peak assumed"} for e in ESTIMATES]
+    rows += [{"platform": f"{name}, {peak:g} TFLOP/s", "backend": backend, "unit": unit,
+              "tokens_per_s": peak * 1e12 * share / plan["flops_per_token"],
+              "source": f"estimate: {share:.0%} of peak assumed"}
+             for name, backend, peak, share, unit in ESTIMATES]
     return {"plan": plan, "rows": [r | study_hours(r["tokens_per_s"], plan) for r in rows]}

@@ -13,7 +13,6 @@ import platform
 import shlex
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from ..errors import UsageError
 from ..forecast import where_to_run
 from ..parameters import count_params
 from .shapes import flops_per_token, preset_base, preset_shape, shape_config
-from .step import Spec, StepFailed, measure_together
+from .step import Spec, StepFailed, measure_together, timed
 from .tables import LABEL, markdown
 
 BACKENDS = ("mlx", "torch")
@@ -46,12 +45,6 @@ class BenchConfig:
     probes: bool = True  # evaluation and probe cost (round 1)
     quick: bool = False  # the demo shape, one round, one second a measurement: a smoke test
     out: str = "reports"
-
-    def resolved(self) -> BenchConfig:
-        if not self.quick:
-            return self
-        return dataclasses.replace(self, shapes="demo", cpu_shapes="demo", rounds=1,
-                                   seconds=min(self.seconds, 1.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,12 +153,7 @@ def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
     """Best-of float32 n^3 matmul GFLOP/s in numpy (its BLAS): the machine's peak here."""
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     a @ a
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
+    return 2 * n**3 / min(timed(lambda: a @ a) for _ in range(repeats)) / 1e9
 
 
 def load_average() -> list[float] | None:
@@ -234,7 +222,9 @@ def record(report: dict, entry: dict, v: Variant, m: dict, first: bool) -> None:
 
 
 def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
-    bench = bench.resolved()
+    if bench.quick:
+        bench = dataclasses.replace(bench, shapes="demo", cpu_shapes="demo", rounds=1,
+                                    seconds=min(bench.seconds, 1.0))
     plan = validate(bench)
     report: dict = {
         "command": shlex.join(["python", "-m", "qkstudy", "bench", *(argv or [])]),

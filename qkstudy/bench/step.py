@@ -39,7 +39,7 @@ class Spec:
     sync: bool = False
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
@@ -53,7 +53,7 @@ def measure(spec: Spec, ready=None) -> dict:
     probe = random_batch(cfg, spec.vocab, 1)
     # one validation batch: the evaluation's cost is that batch's times eval_batches
     engine = backend.Engine(cfg, spec.vocab, [probe], probe)
-    warmup = [_timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
+    warmup = [timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
     steps = max(spec.min_steps, min(100_000, math.ceil(spec.seconds / max(warmup[-1], 1e-6))))
     stop = ready() if ready is not None else None
     started, start, pending, done = time.time(), time.perf_counter(), [], 0
@@ -90,9 +90,9 @@ def overheads(engine, cfg: TrainConfig, step_s: float, repeats: int = 2) -> dict
         engine.update_stats(0, before)
 
     engine.evaluate()  # compiles
-    eval_s = min(_timed(engine.evaluate) for _ in range(repeats)) * cfg.eval_batches
+    eval_s = min(timed(engine.evaluate) for _ in range(repeats)) * cfg.eval_batches
     probe_call()
-    probe_s = min(_timed(probe_call) for _ in range(repeats))
+    probe_s = min(timed(probe_call) for _ in range(repeats))
     return {"eval_call_s": eval_s, "eval_overhead": eval_s / (cfg.eval_every * step_s),
             "probe_call_s": probe_s, "probe_overhead": probe_s / (cfg.probe_every * step_s),
             "eval_every": cfg.eval_every, "eval_batches": cfg.eval_batches,

@@ -7,26 +7,22 @@ from ..forecast import BENCH_KEY, NIGHT_HOURS
 LABEL = {"mlx": "MLX", "torch": "PyTorch"}
 
 
-def median_range(s: dict | None, fmt: str = "{:,.0f}") -> str:
+def median_range(s: dict | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
     if not s:
         return "-"
-    if s["n"] == 1:
-        return fmt.format(s["median"])
-    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
+    text = fmt.format(s["median"]) + unit
+    return text if s["n"] == 1 else f"{text} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
 
 
 def ratio_text(s: dict | None) -> str:
-    if not s:
-        return "-"
-    return f"{s['median']:.2f}x" + (f" ({s['min']:.2f}-{s['max']:.2f})" if s["n"] > 1 else "")
-
-
-def number(x: float) -> str:
-    """Two significant digits below 100, whole numbers with separators above."""
-    return f"{x:.2g}" if x < 100 else f"{x:,.0f}"
+    return median_range(s, "{:.2f}", "x")
 
 
 def hours_text(hours: float, unit: str) -> str:
+    """Two significant digits below 100 hours, whole numbers above."""
+    def number(x: float) -> str:
+        return f"{x:.2g}" if x < 100 else f"{x:,.0f}"
+
     if unit == "nights":
         return f"{number(hours)} h ({number(hours / NIGHT_HOURS)} nights)"
     return f"{number(hours)} GPU-h"

@@ -271,7 +271,10 @@ def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> lis
 
 def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     """What the runs/ tree now holds for this sweep (whoever trained it), and each boundary."""
-    folder, runs = Path(sweep.runs_dir) / sweep.name, grid(sweep)
+    folder, on_grid = Path(sweep.runs_dir) / sweep.name, set(sweep.grid_lrs())
+    curves = {g: group_state(sweep, g)[0] for g in groups(sweep)}
+    runs = grid(sweep) + [run_config(sweep, depth, lr, arm, seed) for (depth, arm, seed), results
+                          in curves.items() for lr in results if lr not in on_grid]
     runs += added_runs(sweep, {c.run_id for c in runs})
     counts = Counter(run_outcome(cfg).value for cfg in runs)
     print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
@@ -296,15 +299,14 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               "data than the data folder holds now; left untouched:")
     for line in tally.data_changed:
         print(f"  data changed: {line}")
-    print_boundaries(sweep)
+    print_boundaries(sweep, curves)
     print_peak_logits(sweep, runs)
 
 
-def print_boundaries(sweep: SweepConfig) -> None:
+def print_boundaries(sweep: SweepConfig, curves: dict) -> None:
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
     width, on_grid = max(len(a) for a in sweep.arms), len(sweep.grid_lrs())
-    for depth, arm, seed in groups(sweep):
-        results = group_state(sweep, (depth, arm, seed))[0]
+    for (depth, arm, seed), results in curves.items():
         lo, hi = boundary(results)
         print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
