@@ -5,10 +5,10 @@ refused up front in one line. Framework-free: arithmetic on the config against t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 
 from .config import TrainConfig, model_args
 from .errors import UsageError
@@ -26,20 +26,22 @@ BACKWARD_SCORE_COPIES = 5  # one layer's backward at a time (batch x heads x blo
 BACKWARD_RESIDUAL_COPIES = 84  # one block's backward at a time, the MLP's unfused (b x t x c)
 LOGIT_COPIES = 8  # logits, the log-sum-exp's temporaries, their gradient (b x t x vocab)
 
-TERMS = {  # term -> (what it is, in a sentence; the knobs that shrink it)
-    "state": ("the parameters, gradients and AdamW state", "lower d_model or depth"),
-    "activations": ("the activations", "lower batch_size, block_size or d_model"),
-    "attention": ("the attention scores", "lower block_size or batch_size"),
-    "logits": ("the output logits", "lower batch_size or block_size"),
+TERMS = {  # term -> (what it is; the knobs behind it; the knobs that shrink it)
+    "state": ("the parameters, gradients and AdamW state",
+              "{params} parameters (depth {depth}, d_model {d_model})", "lower d_model or depth"),
+    "activations": ("the activations", "batch_size {batch_size} x block_size {block_size} x "
+                    "d_model {d_model} x depth {depth}", "lower batch_size, block_size or d_model"),
+    "attention": ("the attention scores", "block_size {block_size}",
+                  "lower block_size or batch_size"),
+    "logits": ("the output logits", "batch_size {batch_size} x block_size {block_size} x "
+               "vocabulary {vocab}", "lower batch_size or block_size"),
 }
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Estimate:
     """Bytes of one training step at its peak, by term (TERMS)."""
 
-    cfg: TrainConfig
-    vocab_size: int
     parameters: int
     terms: dict[str, float]
 
@@ -51,24 +53,13 @@ class Estimate:
     def dominant(self) -> str:
         return max(self.terms, key=self.terms.__getitem__)
 
-    def subject(self) -> str:
-        """The config's knobs behind the dominant term."""
-        c = self.cfg
-        return {"state": f"{format_bytes(self.parameters, '', '')} parameters (depth {c.depth}, "
-                         f"d_model {c.d_model})",
-                "activations": f"batch_size {c.batch_size} x block_size {c.block_size} x "
-                               f"d_model {c.d_model} x depth {c.depth}",
-                "attention": f"block_size {c.block_size}",
-                "logits": f"batch_size {c.batch_size} x block_size {c.block_size} x vocabulary "
-                          f"{self.vocab_size}"}[self.dominant]
-
 
 def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
     """Peak bytes of one compiled training step (forward, backward, AdamW update)."""
     b, t, c, h, layers = cfg.batch_size, cfg.block_size, cfg.d_model, cfg.n_heads, cfg.depth
     params = count_params(model_args(cfg, vocab_size))["total"]
     residual, scores = b * t * c, b * h * t * t
-    return Estimate(cfg, vocab_size, params, {
+    return Estimate(params, {
         "state": FLOAT32 * PARAM_COPIES * params,
         "activations": FLOAT32 * residual * (LAYER_RESIDUAL_COPIES * layers
                                              + BACKWARD_RESIDUAL_COPIES),
@@ -127,10 +118,12 @@ def check(cfg: TrainConfig, vocab_size: int, *, runs_at_once: int = 1, prefix: s
     size, there = limit if limit is not None else available()
     need = est.total * runs_at_once
     if need > HEADROOM * size:
-        what, fix = TERMS[est.dominant]
+        what, knobs, fix = TERMS[est.dominant]
+        subject = knobs.format(params=format_bytes(est.parameters, "", ""), vocab=vocab_size,
+                               **dataclasses.asdict(cfg))
         at_once = (f", {runs_at_once} runs at once (jobs={runs_at_once}): "
                    f"{format_bytes(need)}" if runs_at_once > 1 else "")
-        raise UsageError(f"{prefix}{est.subject()} needs about {format_bytes(est.total)} per "
+        raise UsageError(f"{prefix}{subject} needs about {format_bytes(est.total)} per "
                          f"training step ({format_bytes(est.terms[est.dominant])} of it for "
                          f"{what}){at_once}; {there}: {fix}")
     return est
