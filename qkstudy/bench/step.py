@@ -114,43 +114,39 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     if processes > 1:
-        environment[trainer.RUNS_PER_DEVICE] = environment.get(trainer.RUNS_PER_DEVICE,
-                                                               str(processes))
-    with tempfile.TemporaryDirectory(prefix="qkstudy-bench-") as tmp:
-        procs, errs = [], []
-        try:
-            for i in range(processes):
-                err = open(Path(tmp) / f"stderr-{i}", "w+")
-                errs.append(err)
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "qkstudy.bench.step",
-                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=err, text=True,
-                    env={**environment, trainer.DEVICE_SLOT: str(i)}))
-            if spec.sync:
-                for p, err in zip(procs, errs):
-                    _wait_for_ready(p, err, deadline)
-                stop = time.time() + spec.seconds  # all warmed up: go, all until the same time
-                for p in procs:
-                    p.stdin.write(f"go {stop!r}\n")
-                    p.stdin.flush()
-            results = []
+        environment.setdefault(trainer.RUNS_PER_DEVICE, str(processes))
+    procs, errs = [], []
+    try:
+        for i in range(processes):
+            errs.append(tempfile.TemporaryFile("w+"))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "qkstudy.bench.step", json.dumps(dataclasses.asdict(spec))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[-1], text=True,
+                env={**environment, trainer.DEVICE_SLOT: str(i)}))
+        if spec.sync:
             for p, err in zip(procs, errs):
-                try:
-                    out, _ = p.communicate(timeout=_left(deadline))
-                except subprocess.TimeoutExpired:
-                    raise StepFailed(f"not done within {timeout:.0f} s") from None
-                if p.returncode != 0:
-                    raise StepFailed(_failure(p.returncode, err))
-                results.append(json.loads(out.strip().splitlines()[-1]))
-            return results
-        finally:
+                _wait_for_ready(p, err, deadline)
+            stop = time.time() + spec.seconds  # all warmed up: go, all until the same time
             for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            for err in errs:
-                err.close()
+                p.stdin.write(f"go {stop!r}\n")
+                p.stdin.flush()
+        results = []
+        for p, err in zip(procs, errs):
+            try:
+                out, _ = p.communicate(timeout=_left(deadline))
+            except subprocess.TimeoutExpired:
+                raise StepFailed(f"not done within {timeout:.0f} s") from None
+            if p.returncode != 0:
+                raise StepFailed(_failure(p.returncode, err))
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for err in errs:
+            err.close()
 
 
 def _left(deadline: float | None) -> float | None:

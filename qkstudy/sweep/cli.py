@@ -120,7 +120,7 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
               f"(logs in {Path(sweep.runs_dir) / sweep.name}/sweep-worker-*.log)", flush=True)
     try:
-        tally = execute(sweep, speeds, verbose=True)
+        tally = execute(sweep, speeds)
     except KeyboardInterrupt as e:
         stop_workers(workers)
         print(f"\nsweep {sweep.name} interrupted; the current run is checkpointed. Run the same "

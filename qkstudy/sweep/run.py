@@ -51,11 +51,11 @@ class Tally:
         return sum(self.status.values())
 
 
-def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
-            verbose: bool) -> None:
+def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float
+            ) -> None:
     """Train one run (or skip it) into the tally; `speed`, `queue_left`: calibrated figures."""
     attempted.add(cfg.run_id)
-    if passed_by(cfg, tally, verbose):
+    if passed_by(cfg, tally):
         return
     planned = forecast.run_cost_tokens(cfg) / speed if speed > 0 else 0.0
     eta = format_seconds(forecast.queue_eta(queue_left, planned, tally.planned, tally.seconds,
@@ -67,13 +67,12 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         return
 
     def announce(by: str | None = None) -> None:  # the run's one progress line
-        if verbose:
-            counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
-            busy = ("with its other processes" if tally.processes > 1 or by
-                    else "passed over (held elsewhere)")
-            print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
-                  f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
-                  + (f": trained by {by}" if by else ""), flush=True)
+        counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
+        busy = ("with its other processes" if tally.processes > 1 or by
+                else "passed over (held elsewhere)")
+        print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
+              f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
+              + (f": trained by {by}" if by else ""), flush=True)
 
     if sibling:  # one line for the run, whichever of the sweep's processes trains it
         announce(sibling)
@@ -81,7 +80,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
         tally.siblings.add(cfg.run_id)
         return
     start = time.perf_counter()
-    summary = train_guarded(cfg, tally, position, announce, verbose)
+    summary = train_guarded(cfg, tally, position, announce)
     if summary is None:
         return
     tally.trained += 1
@@ -91,7 +90,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
 
 
-def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
+def passed_by(cfg: TrainConfig, tally: Tally) -> bool:
     """Whether the run is not to be trained (other data, finished intact, killed its process)."""
     now, changed = trainer.data_check(cfg)
     change = tally.data and now and run_folder.data_change(tally.data, now)
@@ -101,8 +100,7 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
                          "at this path, or run the sweep on the new data under another name=")
     if changed:  # neither skipped as finished nor resumed nor repaired
         tally.data_changed.append(changed)
-        if verbose:
-            print(f"data changed: {changed}", flush=True)
+        print(f"data changed: {changed}", flush=True)
         return True
     folder, v = RunFolder.of(cfg), run_outcome(cfg)
     if v.finished:
@@ -114,7 +112,7 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
         tally.skipped += 1
         tally.status[v.value] += 1
         sibling = sibling_name(cfg, folder.trained_by())
-        if verbose and sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
+        if sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
             tally.siblings.add(cfg.run_id)
             print(f"[sweep {tally.done + len(tally.busy)}/{tally.total}] lr {cfg.lr:.3g} "
                   f"arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}: {v.value}, "
@@ -123,15 +121,14 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
     summary = folder.summary_record()
     if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
         tally.status["failed"] += 1
-        if verbose:
-            print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
-                  f"Remove {folder.summary_file} to retry it", flush=True)
+        print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
+              f"Remove {folder.summary_file} to retry it", flush=True)
         return True
     return False
 
 
-def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable,
-                  verbose: bool) -> dict | None:
+def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable
+                  ) -> dict | None:
     """trainer.train's summary, or None when the run was held, damaged, of other data or failed."""
     def repaired(moved_to: Path, why: str) -> None:
         tally.repaired.append((cfg.run_id, why, moved_to))
@@ -139,12 +136,11 @@ def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Calla
               flush=True)
 
     try:
-        return trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired,
-                             started=announce)
+        return trainer.train(cfg, prefix=f"[{position}] ", repair=repaired, started=announce)
     except RunBusy:
         tally.busy.append(cfg)
         pid = holder(cfg)
-        if verbose and not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
+        if not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
             print(f"[{position}] {cfg.run_id} is held by a process outside this sweep"
                   + (f" (pid {pid})" if pid else "") + "; passing over", flush=True)
     except run_folder.DamagedRun as e:
@@ -199,7 +195,7 @@ def _held_elsewhere(cfg: TrainConfig) -> bool:
     return not run_outcome(cfg).finished and locked(RunFolder.of(cfg))
 
 
-def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
+def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
     """Train the grid, then what its results call for; runs held elsewhere are retried."""
     runs = grid(sweep)
     tally = Tally(total=len(runs), processes=sweep.jobs,
@@ -209,12 +205,12 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
     def train_all(cfgs: list[TrainConfig]) -> None:
         for i, cfg in enumerate(cfgs):
             run_one(cfg, tally, attempted, speeds.get(cfg.depth, 0.0),
-                    forecast.run_seconds(cfgs[i:], speeds), verbose)
+                    forecast.run_seconds(cfgs[i:], speeds))
 
     finished = [c for c in runs if run_outcome(c).finished]
     for cfg in finished:  # skipped silently; a damaged one is repaired (and says so)
         train_all([cfg])
-    if tally.skipped and verbose:
+    if tally.skipped:
         print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
               flush=True)
     # runs after the grid are read by the replay from their summary alone: check their files too
