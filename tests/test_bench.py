@@ -19,7 +19,6 @@ import pytest
 from mlx_gpt import cpu_jit
 from qkstudy import forecast
 from qkstudy.bench import cli as bench
-from qkstudy.bench import tables
 from qkstudy.__main__ import main
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.errors import UsageError
@@ -128,7 +127,7 @@ def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_pat
     tuned = mini["ratios"]["mlx-native-1/mlx-plain-1"]
     assert tuned["median"] == pytest.approx(140 / 120) and tuned["min"] == pytest.approx(150 / 130)
     assert mini["ratios"]["torch-2/torch-1"]["median"] == pytest.approx(290 / 170)
-    text = tables.markdown(report)
+    text = bench.markdown(report)
     assert "| mini | MLX tuned | 140 (130-150) | 236 (226-246) | 1.69x (1.64-1.74) | " \
            "1.17x (1.15-1.18) |" in text
     assert "Fastest: mini: PyTorch, 2 process(es) (290 tok/s)." in text
