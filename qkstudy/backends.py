@@ -1,6 +1,5 @@
 """The one seam between the core and an engine: `backend=mlx|torch` names a module (BACKENDS)
-whose contract, the `Backend` protocol, is checked when it is loaded (mlx_gpt/backend.py and
-torch_ref/backend.py)."""
+whose contract, the `Backend` protocol, is checked when it is loaded."""
 
 from __future__ import annotations
 

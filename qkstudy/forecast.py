@@ -1,7 +1,5 @@
-"""How long training takes: a sweep's plan, its progress line's ETA, `just status`'s time left
-and the study's hours in `just bench` and `just gpu-check`. A run costs its training tokens plus
-its evaluations (run_cost_tokens), at the tokens/s of its depth: from `--calibrate`, the bench's
-stored figure, a short timing here, or, with no engine installed, the FLOP model."""
+"""How long training takes, in one place: a sweep's plan and ETA, `just status`'s time left and
+the study's hours in `just bench` and `just gpu-check`."""
 
 from __future__ import annotations
 

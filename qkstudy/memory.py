@@ -1,7 +1,5 @@
-"""How much memory one training step needs, checked before anything trains: an allocation MLX
-cannot satisfy ends the process with SIGSEGV and no message, so a config that cannot fit is
-refused up front in one line. Framework-free: arithmetic on the config against the OS's memory.
-"""
+"""How much memory one training step needs, checked before anything trains (an allocation MLX
+cannot satisfy ends the process with SIGSEGV and no message). Framework-free."""
 
 from __future__ import annotations
 

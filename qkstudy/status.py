@@ -1,6 +1,5 @@
-"""`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance,
-one screen per sweep. It only reads files (and asks squeue/sacct): never a run lock, never a
-write."""
+"""`python -m qkstudy status`: a sweep at a glance, one screen per sweep. It only reads files
+(and asks squeue/sacct): never a run lock, never a write."""
 
 from __future__ import annotations
 
@@ -51,11 +50,6 @@ class Run:
     def finished(self) -> bool:
         return self.state in ("completed", "diverged")
 
-    @property
-    def order(self) -> tuple:
-        return (self.seed if self.seed is not None else 1 << 30, self.depth or 0, self.lr or 0.0,
-                self.arm, self.run_id)
-
 
 def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
     """(step of the last metrics row written, the latest train loss in its part), or Nones."""
@@ -83,7 +77,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
     run = Run(run_dir.name, config.get("depth", summary.get("depth")),
               config.get("lr", summary.get("lr")), arm_of(config),
               config.get("seed", summary.get("seed")), steps, tps, holder=folder.holder(held))
-    status = summary.get("status")
+    status, (row_step, run.loss) = summary.get("status"), last_row(folder)
     if status in ("completed", "diverged") and run.holder is None:
         run.state, run.tok_s = status, summary.get("tokens_per_second")
         run.step = summary.get("steps") or run.steps or 0
@@ -92,7 +86,6 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             run.detail = f"at step {run.step}"
         elif isinstance(summary.get("final_val_loss"), (int, float)):
             run.detail = f"val {summary['final_val_loss']:.4f}"
-        run.loss = last_row(folder)[1]
         return run
     meta, ckpt = folder.checkpoint_metadata(), {}
     try:  # training seconds count evaluation and probes too, as a run's pace does
@@ -100,15 +93,13 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             meta.get(k, "0"))) for k in ("train_seconds", "measure_seconds"))}
     except (TypeError, KeyError, ValueError, SyntaxError):
         pass
-    row_step, run.loss = last_row(folder)
     run.step = ckpt.get("step", row_step + 1 if row_step is not None else 0)
     if ckpt.get("seconds") and run.tokens_per_step:
         run.tok_s = run.step * run.tokens_per_step / ckpt["seconds"]
     if run.holder is not None:
         run.state, run.detail = "running", f"pid {run.holder}"
     elif status == "failed":
-        run.state = "failed"
-        run.detail = str(summary.get("error") or "").split("\n")[0]
+        run.state, run.detail = "failed", str(summary.get("error") or "").split("\n")[0]
     elif ckpt:
         run.state, run.detail = "interrupted", f"checkpoint at step {run.step}; resumes"
     return run
@@ -135,7 +126,8 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
         if (depth, lr, arm, seed) not in covered:
             name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
             runs[name] = Run(name, depth, lr, arm, seed, steps, tps, detail="(no folder yet)")
-    return sorted(runs.values(), key=lambda r: r.order)
+    return sorted(runs.values(), key=lambda r: (r.seed if r.seed is not None else 1 << 30,
+                                                r.depth or 0, r.lr or 0.0, r.arm, r.run_id))
 
 
 def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:

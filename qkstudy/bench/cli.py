@@ -56,8 +56,7 @@ class Variant:
 
     @property
     def key(self) -> str:
-        return "-".join([self.backend, *([self.build] if self.build else []),
-                         str(self.processes)])
+        return "-".join(filter(None, [self.backend, self.build, str(self.processes)]))
 
     @property
     def engine(self) -> str:
@@ -98,12 +97,8 @@ class Plan:
         """The engines measured at shape `name`, by process count, backend and build."""
         extra = name in self.cpu_shapes
         counts = (1, parallel) if extra and parallel > 1 else (1,)
-        out = []
-        for n in counts:
-            for backend in self.backends:
-                builds = (self.builds if extra else ["plain"]) if backend == "mlx" else [None]
-                out += [Variant(backend, build, n) for build in builds]
-        return out
+        builds = {"mlx": self.builds if extra else ["plain"], "torch": [None]}
+        return [Variant(b, build, n) for n in counts for b in self.backends for build in builds[b]]
 
 
 def validate(bench: BenchConfig) -> Plan:
@@ -246,9 +241,7 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
                 first = r == 0 and v.processes == 1 and v.build in (None, "plain")
                 print(f"measuring {name}: {v.engine}, {v.processes} process(es), round "
                       f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
-                load = load_average()
-                if load:
-                    report["machine"]["load_before_each"].append(load[0])
+                report["machine"]["load_before_each"] += (load_average() or [])[:1]
                 record(report, shapes[name], v, measure_variant(name, v, bench, first), first)
     for entry in shapes.values():
         summarise(entry, report["sgemm_gflops"])

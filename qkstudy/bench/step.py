@@ -1,8 +1,6 @@
 """One measurement in a fresh process (`python -m qkstudy.bench.step SPEC_JSON`): the run's own
-engine at the spec's shape, `warmup` steps, then about `seconds` of steps read back every
-`log_every` as the trainer does; the result is the last stdout line, as JSON. With "sync" it
-prints `ready` after its warm-up and waits for `go STOP_TIME`, so K processes time one window.
-"""
+engine's steps, read back every `log_every` as the trainer does; the result is the last stdout
+line. With "sync" it says `ready` after its warm-up and waits for `go STOP_TIME`."""
 
 from __future__ import annotations
 

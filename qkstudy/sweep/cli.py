@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -19,7 +20,7 @@ from . import slurm
 from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
-from .run import Tally, execute, gpu_share, record_processes, report, spawn_workers
+from .run import PROCESSES_FILE, Tally, execute, gpu_share, report, spawn_workers
 
 USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
                                 [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
@@ -116,9 +117,10 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
     if sweep.jobs > 1:  # this process is the first of the K sharing the device(s)
         os.environ.update(gpu_share(sweep, 0))
         workers = spawn_workers(words, sweep)
-        record_processes(sweep, [os.getpid(), *(w.pid for w in workers)])
+        folder, pids = Path(sweep.runs_dir) / sweep.name, [w.pid for w in workers]
+        files.write_json(folder / PROCESSES_FILE, {"pids": [os.getpid(), *pids]})  # main first
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
-              f"(logs in {Path(sweep.runs_dir) / sweep.name}/sweep-worker-*.log)", flush=True)
+              f"(logs in {folder}/sweep-worker-*.log)", flush=True)
     try:
         tally = execute(sweep, speeds)
     except KeyboardInterrupt as e:
@@ -178,7 +180,5 @@ def notify(title: str, message: str) -> None:
         command = ["notify-send", title, message]
     else:
         return
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(command, timeout=10, check=False, capture_output=True)
-    except (OSError, subprocess.SubprocessError):
-        pass

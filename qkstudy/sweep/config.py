@@ -54,17 +54,14 @@ class SweepConfig:
              f"{MAX_GRID_LRS} learning rates"),
             (len(self.lrs) <= MAX_GRID_LRS, f"lrs has more than {MAX_GRID_LRS} values"),
             (all(lr > 0 for lr in self.lrs), "every value in lrs must be > 0"),
-            (self.refine_steps >= 0, f"refine_steps must be >= 0, got {self.refine_steps}"),
             (self.refine_factor > 1, f"refine_factor must be > 1, got {self.refine_factor}"),
-            (self.threshold_steps >= 0,
-             f"threshold_steps must be >= 0, got {self.threshold_steps}"),
-            (self.max_seeds >= 0, f"max_seeds must be >= 0, got {self.max_seeds}"),
             (math.isfinite(self.min_gap) and self.min_gap > 0,
              f"min_gap must be a number > 0 (nats), got {self.min_gap}"),
-            (self.jobs >= 1, f"jobs must be >= 1, got {self.jobs}"),
             ("/" not in self.name and self.name not in ("", ".", ".."),
              f"name must be a plain folder name, got {self.name!r}"),
-        ]
+        ] + [(getattr(self, k) >= least, f"{k} must be >= {least}, got {getattr(self, k)}")
+             for k, least in (("refine_steps", 0), ("threshold_steps", 0), ("max_seeds", 0),
+                              ("jobs", 1))]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)

@@ -77,12 +77,8 @@ def extras_text(sweep: SweepConfig) -> str:
 
 def device_text(t: TrainConfig) -> str:
     """The backend and the device a run of `t` trains on here, or why it cannot train here."""
-    try:
-        backend = backends.load(t.backend)
-    except UsageError as e:
-        return f"{t.backend}: not installed here ({e})"
-    try:
-        device = backend.device(t)
+    try:  # UsageError: not installed here, or no such device
+        device = backends.load(t.backend).device(t)
     except UsageError as e:
         return f"{t.backend}: {e}"
     where = f"{device} ({provenance.chip()}, {os.cpu_count()} cores)" if device == "cpu" else device

@@ -159,11 +159,6 @@ def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Calla
     return None
 
 
-def record_processes(sweep: SweepConfig, pids: list[int]) -> None:
-    """The pids of the sweep's processes (main first), to tell siblings from outside holders."""
-    files.write_json(Path(sweep.runs_dir) / sweep.name / PROCESSES_FILE, {"pids": pids})
-
-
 def locked(folder: RunFolder) -> bool:
     """Whether another live process holds the run's lock now."""
     if not folder.path.is_dir():

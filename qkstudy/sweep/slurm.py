@@ -1,8 +1,5 @@
 """`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array, one run
-a task, in <runs_dir>/<name>/slurm/<NNN>/ (tasks.txt, submission.json, array.sbatch,
-task-<i>.log; docs/sweeps.md). SIGTERM checkpoints a task's run; the next submission resumes it
-and adds the refinement runs the results now call for.
-"""
+a task, in <runs_dir>/<name>/slurm/<NNN>/ (docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -89,10 +86,9 @@ class SlurmOptions:
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--time={self.time}"] if self.time else []
         lines += [f"--gres=gpu:{self.gpus}"] if self.gpus > 0 else []
-        # B: signals the batch shell only, which `exec`s the task (array_script): the trainer
-        # itself gets SIGTERM, checkpoints and exits 143
+        # B: the batch shell, which `exec`s the task: the trainer gets SIGTERM and checkpoints
         lines += [f"--signal=B:TERM@{self.signal_seconds}"] if self.signal_seconds else []
-        # a requeued task appends to its log, which keeps what the stopped attempt said
+        # a requeued task appends to its log (what the stopped attempt said is kept)
         lines += ["--requeue", "--open-mode=append"] if self.requeue else []
         return lines + shlex.split(self.extra)
 
@@ -229,9 +225,6 @@ def sbatch(script: Path, record: dict) -> None:
     print(f"{line}\nsubmitted job array {job_id} ({counted(len(record['runs']), 'task')})")
 
 
-# --- one array task ------------------------------------------------------------------------
-
-
 def run_task(args: list[str]) -> int:
     """`sweep --slurm-task TASKS_FILE INDEX`: train the run on line INDEX+1 of TASKS_FILE."""
     if len(args) != 2 or not args[1].isdigit():
@@ -252,7 +245,7 @@ def run_task(args: list[str]) -> int:
         print(f"{label} is already {outcome.value}; nothing to do", flush=True)
         return 0
     try:
-        summary = trainer.train(cfg, verbose=True, prefix=f"[task {index}] ")
+        summary = trainer.train(cfg, prefix=f"[task {index}] ")
     except RunBusy:
         print(f"{label} is held by another process (its lock); nothing to do", flush=True)
         return 0
