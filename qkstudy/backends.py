@@ -55,8 +55,7 @@ class Backend(Protocol):
         ...
 
 
-CONTRACT = ("Engine", "preflight", "device", "facts", "matmul_gflops",
-            "peak_memory_bytes", "memory_limit")
+CONTRACT = ("Engine", *(name for name in vars(Backend) if not name.startswith("_")))
 
 
 def load(backend: str) -> Backend:

@@ -62,9 +62,6 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
                                             tally.processes))
     position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
     sibling = sibling_name(cfg, holder(cfg))
-    if sibling and cfg.run_id in tally.siblings:  # looked at again: its line is printed
-        tally.busy.append(cfg)
-        return
 
     def announce(by: str | None = None) -> None:  # the run's one progress line
         counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
@@ -75,7 +72,8 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
               + (f": trained by {by}" if by else ""), flush=True)
 
     if sibling:  # one line for the run, whichever of the sweep's processes trains it
-        announce(sibling)
+        if cfg.run_id not in tally.siblings:  # else looked at again: its line is printed
+            announce(sibling)
         tally.busy.append(cfg)
         tally.siblings.add(cfg.run_id)
         return
