@@ -64,8 +64,7 @@ def load(backend: str) -> Backend:
     name, hint = BACKENDS[backend]
     denormals.flush()
     try:
-        # a signal while a framework's C extension initialises is held until the import is
-        # done: interrupted there, the extension aborts the process
+        # a signal is held until the import is done: interrupted, a C extension aborts
         with interrupts.Deferred():
             module = importlib.import_module(name)
     except ImportError as e:  # the framework itself missing, not a failure inside the engine

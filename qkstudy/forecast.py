@@ -20,8 +20,7 @@ NIGHT_HOURS = 10  # a night on a workstation
 DAY_SECONDS = 24 * 3600
 BENCH_JSON = Path("reports/bench.json")
 BENCH_KEY = {"mlx": "mlx-plain-1", "torch": "torch-1"}  # one process, the run's default build
-# The share of numpy's sgemm peak a CPU train step reaches: 15-52% measured at the presets'
-# shapes (docs/performance.md); the FLOP model assumes the lower middle.
+# The share of numpy's sgemm peak a CPU train step reaches (15-52% measured: performance.md)
 CPU_SHARE = 0.3
 STUDY_DEPTHS = 3  # the whole study: three depths, each counted at the study preset's depth
 
@@ -205,8 +204,7 @@ def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, floa
             "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
 
 
-# Machines not measured here: tokens/s = the vendor's dense peak x an assumed share / FLOPs per
-# token (`just gpu-check` measures the CUDA rows on a real GPU).
+# Machines not measured here: tokens/s = the vendor's dense peak x a share / FLOPs per token
 ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
     ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
     ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),

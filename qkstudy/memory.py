@@ -15,8 +15,7 @@ from .parameters import count_params
 FLOAT32 = 4
 HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
 
-# Copies of each tensor family alive at the step's peak, float32: a fit of mx.get_peak_memory at
-# 15 shapes (docs/performance.md), rounded up.
+# Copies of each tensor family alive at the step's peak (a fit at 15 shapes: performance.md)
 PARAM_COPIES = 7  # weights, gradients, AdamW's moments, and the update's new ones
 LAYER_RESIDUAL_COPIES = 20  # per layer, kept for the backward (batch x block x d_model each)
 LAYER_SCORE_COPIES = 3  # per layer, kept: scores, exponentials, probabilities (b x h x t^2)

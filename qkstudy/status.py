@@ -206,7 +206,9 @@ def report_line(sweep_dir: Path) -> str:
             + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
 
 
-def summary_lines(sweep_dir: Path, runs: list[Run], now: float | None) -> list[str]:
+def render(sweep_dir: Path) -> str:
+    runs = sweep_runs(sweep_dir, flock_holders())
+    source = add_slurm_states(sweep_dir, runs)
     counts = Counter(r.state for r in runs)
     done, total, rate, n_running = progress(runs)
     eta = eta_seconds(total - done, rate)
@@ -219,21 +221,14 @@ def summary_lines(sweep_dir: Path, runs: list[Run], now: float | None) -> list[s
             "; resume with the sweep's command" if not counts["running"] and counts["waiting"]
             + counts["interrupted"] + counts["failed"] else "")
     sweep_json = files.read_json(sweep_dir / "sweep.json") or {}
-    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at "
-             f"{time.strftime('%H:%M:%S', time.localtime(now))}",
+    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {time.strftime('%H:%M:%S')}",
              f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES), line,
              time_left_line(runs, sweep_json.get("calibrated_tokens_per_s")),
              report_line(sweep_dir)]
     if sweep_json.get("refine"):
         lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
                      "as the grid's results come in)")
-    return lines + extras_lines(runs, sweep_json)
-
-
-def render(sweep_dir: Path, now: float | None = None) -> str:
-    runs = sweep_runs(sweep_dir, flock_holders())
-    source = add_slurm_states(sweep_dir, runs)
-    lines = summary_lines(sweep_dir, runs, now)
+    lines += extras_lines(runs, sweep_json)
     if source:
         lines.append(f"Slurm task states from {source}")
     for r in run_folder.set_aside_records(sweep_dir):  # damaged runs moved aside, trained again

@@ -17,12 +17,8 @@ from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, run_outcome
 
 OFF = "none"
-# A stable run within this many nats of the unigram entropy learned little more than token
-# frequencies (the analysis's default degraded_margin).
-DEGRADED_MARGIN = 0.2
-# The analysis adjusts 50-100 tests per family (Benjamini-Hochberg at 0.05): a cell closed at
-# 0.05 unadjusted is seldom decided there.
-DESIGN_ALPHA = 0.005
+DEGRADED_MARGIN = 0.2  # nats above unigram entropy: learned only token frequencies (analysis's)
+DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05): 0.05 is too lax
 
 Cell = tuple[float, bool]  # (gap off - on in clipped loss, both arms failed to learn)
 

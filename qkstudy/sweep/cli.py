@@ -72,7 +72,13 @@ def _cli(argv: list[str]) -> int:
     sweep = parse_sweep_config(words)
     runs = [c.validate() for c in grid(sweep)]  # every run's config is checked before anything runs
     if "--emit-commands" in flags:
-        return emit_commands(sweep, len(runs))
+        todo, refine = remaining_runs(sweep)
+        print("".join(command_line(cfg) + "\n" for cfg in todo + refine), end="")
+        print(f"# {len(todo)} of {len(runs)} grid runs left, {len(refine)} refinement runs called "
+              "for by the results so far" + (" (run --emit-commands again once these finish and "
+                                             "their folders are merged)" if sweep.refine else ""),
+              file=sys.stderr)
+        return 0
     worker, dry = "--worker" in flags, "--dry-run" in flags
     start = time.perf_counter()
     if not dry and not worker:
@@ -96,17 +102,6 @@ def _cli(argv: list[str]) -> int:
         failed = tally.status["failed"]
         notify(f"sweep {sweep.name} finished", f"{tally.done} runs have a result"
                + (f", {failed} failed" if failed else ""))
-    return 0
-
-
-def emit_commands(sweep: SweepConfig, n_grid: int) -> int:
-    todo, refine = remaining_runs(sweep)
-    for cfg in todo + refine:
-        print(command_line(cfg))
-    print(f"# {len(todo)} of {n_grid} grid runs left, {len(refine)} refinement runs called for "
-          "by the results so far" + (" (run --emit-commands again once these finish and their "
-                                     "folders are merged)" if sweep.refine else ""),
-          file=sys.stderr)
     return 0
 
 

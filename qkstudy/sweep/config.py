@@ -94,8 +94,7 @@ def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[flo
 # would let the divergence boundary partly measure weight decay (the ablation mini-coupled-wd).
 INDEPENDENT_WD = {"independent_wd": True, "weight_decay": INDEPENDENT_WD_DEFAULT}
 
-# The study's plan: a plain nanoGPT of ~12M parameters (depth 6) with the GPT-2 vocabulary and a
-# fixed budget of 100M tokens: 16 x 256 = 4,096 tokens a step, 24,414 steps.
+# The study's plan: a ~12M-parameter nanoGPT (depth 6), GPT-2 vocabulary, 100M tokens.
 STUDY = SweepConfig(
     preset="study", name="study", depth=(6,), lr_min=3e-4, lr_max=3e-1, points_per_decade=2,
     seeds=(0, 1, 2), arms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
@@ -105,9 +104,8 @@ STUDY = SweepConfig(
         probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD),
 )
 
-# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): five seeds fixed in
-# advance (docs/report.md), 8 half-decade LRs from 1e-3 (stable) to 3 (every arm diverges), two
-# bisection steps per curve (x1.33, finer than H2's x1.41); 300 steps of 16 x 64 byte tokens.
+# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): seeds fixed in advance,
+# LRs from 1e-3 (stable) to 3 (all diverge), two bisection steps (x1.33, finer than H2's x1.41).
 MINI = SweepConfig(
     preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
     seeds=(0, 1, 2, 3, 4), arms=("none", "rmsnorm"), refine=True, refine_steps=2,

@@ -44,8 +44,7 @@ class Point:
     block_size: int = 64
     data: str = "data/synthetic-bytes"
     lrs: tuple[float, ...] = LRS
-    # a probe point: the off arm only, no bisection, probes every `probe_every` steps (the
-    # warmup figure's runs); 0 for a ladder point (both arms, bisection, probes at sixths)
+    # > 0: a probe point (the warmup figure's): the off arm only, no bisection
     probe_every: int = 0
 
     def words(self) -> list[str]:
@@ -85,8 +84,7 @@ POINTS = {p.name: p for p in (
 # The warmup law's points: every width-64 ladder point
 WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
                  "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")
-# The study preset's point, where the law's prediction is tested (a GPU's run: not in the
-# default order). Its own corpus and shape; the same LR grid, seeds and bisection.
+# The study preset's point, where the law's prediction is tested (a GPU's: not by default)
 STUDY_POINT = Point("study-point", 192, 24_414, 1000, depth=6, head_dim=64, block_size=256,
                     data="data/tinystories-gpt2")
 KNOWN = {**POINTS, STUDY_POINT.name: STUDY_POINT}

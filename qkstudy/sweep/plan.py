@@ -87,15 +87,20 @@ def device_text(t: TrainConfig) -> str:
     return f"mlx on {where}"
 
 
-def print_header(sweep: SweepConfig, runs: list[TrainConfig], unfinished: int, refine_max: int,
-                 vocab: int | None, vocab_from: str) -> None:
+def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
+             ) -> dict[int, float]:
+    """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
+    vocab, vocab_from = vocab_size(sweep.train.data)
+    needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
+    unfinished = [c for c in runs if not run_outcome(c).finished]
+    refine_max = len(groups(sweep)) * sweep.refine_steps if sweep.refine else 0
     t = sweep.train
     print(f"sweep {sweep.name} (preset {sweep.preset}): {counted(len(runs), 'grid run')} = "
           f"{counted(len(sweep.grid_lrs()), 'LR')} x {counted(len(sweep.arms), 'arm')} x "
           f"{counted(len(sweep.seeds), 'seed')} x {counted(len(sweep.depth), 'depth')}"
           + (f", + up to {counted(refine_max, 'refinement run')} ({sweep.refine_steps} per "
              f"curve, to within x{sweep.refine_factor:g})" if refine_max else ", no refinement"))
-    print(f"  folder      {Path(sweep.runs_dir) / sweep.name}  ({len(runs) - unfinished} of "
+    print(f"  folder      {Path(sweep.runs_dir) / sweep.name}  ({len(runs) - len(unfinished)} of "
           f"{len(runs)} grid runs already finished)")
     print(f"  LRs         {' '.join(f'{lr:.3g}' for lr in sweep.grid_lrs())}")
     print(f"  after grid  {extras_text(sweep)}")
@@ -108,16 +113,6 @@ def print_header(sweep: SweepConfig, runs: list[TrainConfig], unfinished: int, r
     print(f"  run         {t.steps:,} steps x {t.tokens_per_step:,} tokens = "
           f"{t.steps * t.tokens_per_step:,} tokens; warmup {t.warmup_steps}, eval every "
           f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
-
-
-def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
-             ) -> dict[int, float]:
-    """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
-    vocab, vocab_from = vocab_size(sweep.train.data)
-    needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
-    unfinished = [c for c in runs if not run_outcome(c).finished]
-    refine_max = len(groups(sweep)) * sweep.refine_steps if sweep.refine else 0
-    print_header(sweep, runs, len(unfinished), refine_max, vocab, vocab_from)
     cfgs = {d: run_config(sweep, d, sweep.train.lr, sweep.arms[-1], 0) for d in sweep.depth}
     speeds: dict[int, float] = {}
     for depth, cfg in cfgs.items():

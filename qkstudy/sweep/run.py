@@ -224,8 +224,7 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
             tally.total += len(new)
             train_all(new)
             continue
-        # runs another process holds: the next round waits on them, so wait with it rather
-        # than leave the rest of the extras to that process alone
+        # the next round waits on runs another process holds: wait with it for them
         held = [cfg for cfg in wanted if _held_elsewhere(cfg)]
         if not held:
             return tally

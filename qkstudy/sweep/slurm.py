@@ -39,8 +39,7 @@ class SlurmOptions:
     gpus: int = -1  # --gres=gpu:N per task; -1: by the runs' device (for_device)
     max_parallel: int = 0  # the %K of --array=0-N%K; 0: no limit
     extra: str = ""  # more sbatch options, e.g. "--account=lab --qos=normal"
-    # SIGTERM this many seconds before the time limit (0: none): the step in flight and the
-    # checkpoint must fit
+    # SIGTERM this long before the time limit (0: none) for the step in flight and a checkpoint
     signal_seconds: int = 120
     requeue: bool = True  # --requeue: a preempted task goes back to the queue and resumes
 
