@@ -51,22 +51,9 @@ class Run:
         return self.state in ("completed", "diverged")
 
 
-def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
-    """(step of the last metrics row written, the latest train loss in its part), or Nones."""
+def read_run(run_dir: Path, held: dict | None) -> Run:
     import pyarrow.parquet as pq
 
-    found = folder.metric_parts()
-    try:
-        table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
-    except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
-        table = None
-    if table is None or table.num_rows == 0:
-        return None, None
-    losses = [x for x in table.column("train_loss").to_pylist() if x is not None]
-    return int(table.column("step")[-1].as_py()), losses[-1] if losses else None
-
-
-def read_run(run_dir: Path, held: dict | None) -> Run:
     folder = RunFolder(run_dir)
     config, summary = folder.read_config() or {}, folder.summary_record()
     steps, tps = summary.get("steps"), None
@@ -77,7 +64,17 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
     run = Run(run_dir.name, config.get("depth", summary.get("depth")),
               config.get("lr", summary.get("lr")), arm_of(config),
               config.get("seed", summary.get("seed")), steps, tps, holder=folder.holder(held))
-    status, (row_step, run.loss) = summary.get("status"), last_row(folder)
+    found, table = folder.metric_parts(), None
+    try:  # the last metrics part: the step of its last row, its latest train loss
+        table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
+    except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
+        pass
+    row_step = None
+    if table is not None and table.num_rows:
+        row_step = int(table.column("step")[-1].as_py())
+        run.loss = next((x for x in reversed(table.column("train_loss").to_pylist())
+                         if x is not None), None)
+    status = summary.get("status")
     if status in ("completed", "diverged") and run.holder is None:
         run.state, run.tok_s = status, summary.get("tokens_per_second")
         run.step = summary.get("steps") or run.steps or 0
@@ -193,19 +190,6 @@ def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
     return out
 
 
-def report_line(sweep_dir: Path) -> str:
-    """Where the sweep's report is, and whether runs have finished since it was built."""
-    page = Path("reports") / sweep_dir.name / "report.html"
-    if not page.exists():
-        return f"report: none yet in {page.parent} (just report {sweep_dir})"
-    built = page.stat().st_mtime
-    newer = sum(1 for f in run_folders(sweep_dir)
-                if f.summary_file.exists() and f.summary_file.stat().st_mtime > built)
-    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(built))
-    return (f"report: {page} (built {stamp}"
-            + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
-
-
 def render(sweep_dir: Path) -> str:
     runs = sweep_runs(sweep_dir, flock_holders())
     source = add_slurm_states(sweep_dir, runs)
@@ -221,10 +205,18 @@ def render(sweep_dir: Path) -> str:
             "; resume with the sweep's command" if not counts["running"] and counts["waiting"]
             + counts["interrupted"] + counts["failed"] else "")
     sweep_json = files.read_json(sweep_dir / "sweep.json") or {}
+    page = Path("reports") / sweep_dir.name / "report.html"
     lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {time.strftime('%H:%M:%S')}",
              f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES), line,
              time_left_line(runs, sweep_json.get("calibrated_tokens_per_s")),
-             report_line(sweep_dir)]
+             f"report: none yet in {page.parent} (just report {sweep_dir})"]
+    if page.exists():  # and whether runs have finished since it was built
+        built = page.stat().st_mtime
+        newer = sum(1 for f in run_folders(sweep_dir)
+                    if f.summary_file.exists() and f.summary_file.stat().st_mtime > built)
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(built))
+        lines[-1] = (f"report: {page} (built {stamp}"
+                     + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
     if sweep_json.get("refine"):
         lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
                      "as the grid's results come in)")
@@ -248,22 +240,9 @@ def render(sweep_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def sweep_dirs(path: Path) -> list[Path]:
-    """`path` when it holds runs, sweep.json or slurm/, else its children that do."""
-    def is_sweep(p: Path) -> bool:
-        return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
-            c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())
-
-    if not path.is_dir():
-        raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
-    if RunFolder(path).is_run():
-        raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
-    if is_sweep(path):
-        return [path]
-    found = sorted(p for p in path.iterdir() if p.is_dir() and is_sweep(p))
-    if not found:
-        raise UsageError(f"{path} holds no sweep (no run folders, no sweep.json)")
-    return found
+def is_sweep(p: Path) -> bool:
+    return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
+        c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())
 
 
 def cli(argv: list[str]) -> int:
@@ -279,7 +258,15 @@ def cli(argv: list[str]) -> int:
             raise UsageError(f"--watch={text}: must be > 0 seconds")
     if len(paths) > 1:
         raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
-    folders = sweep_dirs(Path(paths[0] if paths else "runs"))
+    path = Path(paths[0] if paths else "runs")  # a sweep folder, or a folder of sweeps
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
+    if RunFolder(path).is_run():
+        raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
+    folders = [path] if is_sweep(path) else sorted(
+        p for p in path.iterdir() if p.is_dir() and is_sweep(p))
+    if not folders:
+        raise UsageError(f"{path} holds no sweep (no run folders, no sweep.json)")
     if watch is None:
         print("\n\n".join(render(f) for f in folders))
         return 0

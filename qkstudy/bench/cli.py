@@ -165,24 +165,6 @@ def spread(values: list[float | None]) -> dict | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def summarise(entry: dict, sgemm: float) -> None:
-    """Medians, ranges, FLOP/s and per-round paired ratios of one shape's samples, in place."""
-    samples = entry["samples"]
-    entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}
-    entry["gflops"] = {k: s["median"] * entry["flops_per_token"] / 1e9
-                       for k, s in entry["tokens_per_s"].items() if s}
-    entry["share_of_sgemm_peak"] = {k: g / sgemm for k, g in entry["gflops"].items()}
-    pairs, base = [], "mlx-plain-1"
-    for key, v in entry["variants"].items():
-        if v["processes"] == 1 and key != base:
-            pairs.append((base, key))
-        if v["processes"] > 1:
-            pairs.append((key.rsplit("-", 1)[0] + "-1", key))
-    entry["ratios"] = {f"{b}/{a}": spread([y / x for x, y in zip(samples[a], samples[b])
-                                           if x and y is not None])
-                       for a, b in pairs if a in samples}
-
-
 def measure_variant(name: str, variant: Variant, bench: BenchConfig, first: bool) -> dict:
     """One measurement of the variant's processes at once, or {"error": why}."""
     shape = preset_shape(name)
@@ -243,8 +225,22 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
                       f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
                 report["machine"]["load_before_each"] += (load_average() or [])[:1]
                 record(report, shapes[name], v, measure_variant(name, v, bench, first), first)
-    for entry in shapes.values():
-        summarise(entry, report["sgemm_gflops"])
+    for entry in shapes.values():  # medians, ranges, FLOP/s and per-round paired ratios
+        samples = entry["samples"]
+        entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}
+        entry["gflops"] = {k: s["median"] * entry["flops_per_token"] / 1e9
+                           for k, s in entry["tokens_per_s"].items() if s}
+        entry["share_of_sgemm_peak"] = {k: g / report["sgemm_gflops"]
+                                        for k, g in entry["gflops"].items()}
+        pairs, base = [], "mlx-plain-1"
+        for key, v in entry["variants"].items():
+            if v["processes"] == 1 and key != base:
+                pairs.append((base, key))
+            if v["processes"] > 1:
+                pairs.append((key.rsplit("-", 1)[0] + "-1", key))
+        entry["ratios"] = {f"{b}/{a}": spread([y / x for x, y in zip(samples[a], samples[b])
+                                               if x and y is not None])
+                           for a, b in pairs if a in samples}
     report["shapes"] = shapes
     report["where_to_run"] = where_to_run(shapes, report["machine"])
     report["machine"]["load_average_after"] = load_average()
@@ -273,11 +269,6 @@ def hours_text(hours: float, unit: str) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = machine_lines(report) + speed_table(report)
-    return "\n".join(lines + processes_table(report) + where_to_run_table(report["where_to_run"]))
-
-
-def machine_lines(report: dict) -> list[str]:
     m, cfg = report["machine"], report["config"]
     load, after, during = (m.get(k) for k in ("load_average", "load_average_after",
                                               "load_before_each"))
@@ -286,7 +277,7 @@ def machine_lines(report: dict) -> list[str]:
                 f"{facts['mlx']['blas']})" if "mlx" in facts else "",
                 f"PyTorch {facts['torch']['torch']} on {facts['torch']['device']}, "
                 f"{facts['torch']['threads']} threads" if "torch" in facts else ""]
-    return [
+    return "\n".join([
         f"Machine: {m['platform']}, {m['cpu'] or 'CPU unknown'}, {m['cpus']} CPUs; "
         + "; ".join(v for v in versions if v)
         + (f"; 1-minute load average {load[0]:.2f} at the start" if load else "")
@@ -300,7 +291,8 @@ def machine_lines(report: dict) -> list[str]:
         f"{cfg['warmup']} warm-up steps, then timed steps for about {cfg['seconds']:g} s (at "
         f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
         "the median (range) of the per-round ratios.",
-    ]
+    ] + speed_table(report) + processes_table(report)
+        + where_to_run_table(report["where_to_run"]))
 
 
 def speed_table(report: dict) -> list[str]:

@@ -69,32 +69,27 @@ def measure(spec: Spec, ready=None) -> dict:
               "window": [started, started + seconds],
               "framework": engine.framework, "device": engine.device,
               "engine": engine.manifest_extra, "backend": backend.facts(cfg)}
-    if spec.overheads:
-        result["overheads"] = overheads(engine, cfg, result["step_s"])
+    if spec.overheads:  # evaluation and probe cost per call and as a share of training
+        def probe_call() -> None:  # the trainer's own calls
+            before = engine.snapshot()
+            engine.probes(0)
+            engine.update_stats(0, before)
+
+        engine.evaluate()  # compiles
+        eval_s = min(timed(engine.evaluate) for _ in range(2)) * cfg.eval_batches
+        probe_call()
+        probe_s, step_s = min(timed(probe_call) for _ in range(2)), result["step_s"]
+        result["overheads"] = {
+            "eval_call_s": eval_s, "eval_overhead": eval_s / (cfg.eval_every * step_s),
+            "probe_call_s": probe_s, "probe_overhead": probe_s / (cfg.probe_every * step_s),
+            "eval_every": cfg.eval_every, "eval_batches": cfg.eval_batches,
+            "probe_every": cfg.probe_every}
     if spec.matmul:
         result["matmul_gflops"] = backend.matmul_gflops(cfg)
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, kB on Linux
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
     result["peak_memory_bytes"] = backend.peak_memory_bytes(cfg)
     return result
-
-
-def overheads(engine, cfg: TrainConfig, step_s: float, repeats: int = 2) -> dict:
-    """Evaluation and probe cost per call and as a share of training at the config's intervals."""
-
-    def probe_call() -> None:
-        before = engine.snapshot()
-        engine.probes(0)
-        engine.update_stats(0, before)
-
-    engine.evaluate()  # compiles
-    eval_s = min(timed(engine.evaluate) for _ in range(repeats)) * cfg.eval_batches
-    probe_call()
-    probe_s = min(timed(probe_call) for _ in range(repeats))
-    return {"eval_call_s": eval_s, "eval_overhead": eval_s / (cfg.eval_every * step_s),
-            "probe_call_s": probe_s, "probe_overhead": probe_s / (cfg.probe_every * step_s),
-            "eval_every": cfg.eval_every, "eval_batches": cfg.eval_batches,
-            "probe_every": cfg.probe_every}
 
 
 class StepFailed(RuntimeError):

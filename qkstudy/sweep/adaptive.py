@@ -20,41 +20,31 @@ OFF = "none"
 DEGRADED_MARGIN = 0.2  # nats above unigram entropy: learned only token frequencies (analysis's)
 DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05): 0.05 is too lax
 
-Cell = tuple[float, bool]  # (gap off - on in clipped loss, both arms failed to learn)
-
-
-def _pair(cfg_off: TrainConfig, cfg_on: TrainConfig) -> Cell | None:
-    """The seed's paired gap and whether neither run learned, or None until both finished."""
-    out = []
-    for cfg in (cfg_off, cfg_on):
-        if not run_outcome(cfg).finished:
-            return None
-        s = RunFolder.of(cfg).summary_record()
-        init, final = s.get("init_loss"), s.get("final_val_loss")
-        if not isinstance(init, (int, float)):
-            return None
-        diverged = s.get("status") != "completed" or not isinstance(final, (int, float)) \
-            or not math.isfinite(final)
-        loss = init if diverged else min(final, init)
-        entropy = s.get("unigram_entropy")
-        degraded = (not diverged and isinstance(entropy, (int, float))
-                    and final > entropy - DEGRADED_MARGIN)
-        out.append((loss, diverged or degraded))
-    return out[0][0] - out[1][0], out[0][1] and out[1][1]
-
 
 def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[int]
          ) -> tuple[list[float], bool, list[TrainConfig]]:
-    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished)."""
+    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished);
+    a gap is off minus on in clipped loss, a run failed to learn when diverged or degraded."""
     gaps, failed, pending = [], True, []
     for seed in seeds:
-        off, on = (run_config(sweep, depth, lr, a, seed) for a in (OFF, arm))
-        pair = _pair(off, on)
-        if pair is None:
-            pending += [c for c in (off, on) if not run_outcome(c).finished]
+        pair = [run_config(sweep, depth, lr, a, seed) for a in (OFF, arm)]
+        out = []
+        for cfg in pair:
+            s = RunFolder.of(cfg).summary_record() if run_outcome(cfg).finished else {}
+            init, final = s.get("init_loss"), s.get("final_val_loss")
+            if not isinstance(init, (int, float)):
+                break  # not finished (or no initial loss): no gap for this seed yet
+            diverged = s.get("status") != "completed" or not isinstance(final, (int, float)) \
+                or not math.isfinite(final)
+            entropy = s.get("unigram_entropy")
+            degraded = (not diverged and isinstance(entropy, (int, float))
+                        and final > entropy - DEGRADED_MARGIN)
+            out.append((init if diverged else min(final, init), diverged or degraded))
+        if len(out) < 2:
+            pending += [c for c in pair if not run_outcome(c).finished]
             continue
-        gaps.append(pair[0])
-        failed = failed and pair[1]
+        gaps.append(out[0][0] - out[1][0])
+        failed = failed and out[0][1] and out[1][1]
     return gaps, failed and bool(gaps), pending
 
 
@@ -127,23 +117,6 @@ def extra_seeds(sweep: SweepConfig) -> list[int]:
     return list(range(top + 1, top + 1 + max(0, sweep.max_seeds - len(sweep.seeds))))
 
 
-def seed_state(sweep: SweepConfig, depth: int, arm: str, lrs: Iterable[float]
-               ) -> list[TrainConfig]:
-    """Per open cell of one (depth, arm) with fewer than max_seeds, the next seed's runs."""
-    todo = []
-    for lr in lrs:
-        seeds = list(sweep.seeds)
-        for extra in [*extra_seeds(sweep), None]:
-            gaps, failed, pending = cell(sweep, depth, lr, arm, seeds)
-            if pending:
-                todo += pending
-                break
-            if failed or extra is None or not is_open(gaps, sweep.min_gap):
-                break
-            seeds.append(extra)
-    return todo
-
-
 def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
     """The next runs the results call for; a later stage starts when the earlier one is done."""
     if sweep.refine:
@@ -157,8 +130,17 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
             if pending:
                 out += pending
                 continue
-            if sweep.max_seeds > len(sweep.seeds):
-                lrs = sorted(set(sweep.grid_lrs()) | set(means))
-                out += seed_state(sweep, depth, arm, lrs)
+            if sweep.max_seeds <= len(sweep.seeds):
+                continue
+            for lr in sorted(set(sweep.grid_lrs()) | set(means)):  # adaptive seeds, cell by cell
+                seeds = list(sweep.seeds)
+                for extra in [*extra_seeds(sweep), None]:  # the next seed while the cell is open
+                    gaps, failed, pending = cell(sweep, depth, lr, arm, seeds)
+                    if pending:
+                        out += pending
+                        break
+                    if failed or extra is None or not is_open(gaps, sweep.min_gap):
+                        break
+                    seeds.append(extra)
     unique = {c.run_id: c for c in out if not run_outcome(c).finished}
     return list(unique.values())

@@ -23,17 +23,6 @@ from .refine import run_outcome
 VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
 
 
-def vocab_size(data: str) -> tuple[int | None, str]:
-    """The data's vocabulary size and where it came from (meta.json, or the folder's name)."""
-    meta = files.read_json(Path(data) / "meta.json")
-    if meta and "vocab_size" in meta:
-        return int(meta["vocab_size"]), "meta.json"
-    suffix = Path(data).name.rsplit("-", 1)[-1]
-    if suffix in VOCAB_BY_SUFFIX:
-        return VOCAB_BY_SUFFIX[suffix], f"assumed from the name; {data} is not prepared yet"
-    return None, f"{data} is not prepared yet"
-
-
 def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
                ) -> tuple[float, int]:
     """(tokens/s, steps timed) of the run's own engine after a compiling warm-up step."""
@@ -90,7 +79,11 @@ def device_text(t: TrainConfig) -> str:
 def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
              ) -> dict[int, float]:
     """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
-    vocab, vocab_from = vocab_size(sweep.train.data)
+    data, meta = sweep.train.data, files.read_json(Path(sweep.train.data) / "meta.json") or {}
+    vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_SUFFIX.get(
+        Path(data).name.rsplit("-", 1)[-1])  # else assumed from the folder's name
+    vocab_from = ("meta.json" if "vocab_size" in meta else f"assumed from the name; {data} is "
+                  "not prepared yet" if vocab else f"{data} is not prepared yet")
     needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
     unfinished = [c for c in runs if not run_outcome(c).finished]
     refine_max = len(groups(sweep)) * sweep.refine_steps if sweep.refine else 0

@@ -287,19 +287,15 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               "data than the data folder holds now; left untouched:")
     for line in tally.data_changed:
         print(f"  data changed: {line}")
-    print_boundaries(sweep, curves)
-    print_peak_logits(sweep, runs)
-
-
-def print_boundaries(sweep: SweepConfig, curves: dict) -> None:
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
-    width, on_grid = max(len(a) for a in sweep.arms), len(sweep.grid_lrs())
+    width = max(len(a) for a in sweep.arms)
     for (depth, arm, seed), results in curves.items():
         lo, hi = boundary(results)
         print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
-              + ("" if len(results) >= on_grid else "  (grid incomplete)"))
+              + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
+    print_peak_logits(sweep, runs)
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
