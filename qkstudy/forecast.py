@@ -18,11 +18,9 @@ from .progress import format_seconds
 
 NIGHT_HOURS = 10  # a night on a workstation
 DAY_SECONDS = 24 * 3600
-BENCH_JSON = Path("reports/bench.json")
 BENCH_KEY = {"mlx": "mlx-plain-1", "torch": "torch-1"}  # one process, the run's default build
 # The share of numpy's sgemm peak a CPU train step reaches (15-52% measured: performance.md)
 CPU_SHARE = 0.3
-STUDY_DEPTHS = 3  # the whole study: three depths, each counted at the study preset's depth
 
 
 def run_cost_tokens(cfg: TrainConfig) -> float:
@@ -43,7 +41,7 @@ def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConf
     return {d: tok_s * flops / flops_per_token(model_args(c, vocab)) for d, c in cfgs.items()}
 
 
-def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
+def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = Path("reports/bench.json")
                ) -> tuple[tuple[dict[int, float], str] | None, str | None]:
     """(speeds, None) from this machine's bench report, else (None, why not or None)."""
     if not path.exists():
@@ -132,8 +130,7 @@ def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
             + "; ".join(faster))
 
 
-def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int
-              ) -> float:
+def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int) -> float:
     """Seconds until a sweep's queue (`left` calibrated seconds; `first` those of the next run)
     is trained by `processes`. `planned`, `seconds`: calibrated and wall seconds this process
     trained. Wall over calibrated time starts at max(1, K/1.35) (two processes on 2 cores measured
@@ -142,11 +139,6 @@ def queue_eta(left: float, first: float, planned: float, seconds: float, process
         return math.inf if left > 0 else 0.0
     prior = 1.0 / min(1.0, 1.35 / processes)
     return left * (first * prior + seconds) / (first + planned) / processes
-
-
-def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
-    """Seconds left at `rate` tokens/s, None when nothing is being trained (rate 0)."""
-    return max(0.0, remaining_tokens) / rate if rate > 0 else None
 
 
 def time_left_line(runs: list, stored: object) -> str:
@@ -183,7 +175,7 @@ def time_left_line(runs: list, stored: object) -> str:
 
 
 def study_plan() -> dict:
-    """The study preset's run cost, grid and FLOPs per token."""
+    """The study preset's run cost, grid, FLOPs per token and depths (3, each costed as its)."""
     from .bench.shapes import preset_base, preset_shape, shape_config
     from .sweep.config import PRESETS
 
@@ -193,7 +185,7 @@ def study_plan() -> dict:
     return {"depth": shape["depth"], "cost_tokens": run_cost_tokens(cfg),
             "budget_tokens": cfg.budget_tokens, "arms": len(study.arms),
             "lrs": len(study.grid_lrs()), "seeds": len(study.seeds), "runs_per_depth": runs,
-            "depths": STUDY_DEPTHS, "flops_per_token": flops_per_token(args)}
+            "depths": 3, "flops_per_token": flops_per_token(args)}
 
 
 def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
@@ -209,8 +201,7 @@ ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
     ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
     ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),
     ("one H100/H200-class CUDA GPU", "torch tf32", 495.0, 0.12, "GPU-hours"),
-    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"),
-)
+    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"))
 
 
 def where_to_run(shapes: dict, machine: dict | None = None) -> dict:

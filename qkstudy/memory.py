@@ -31,8 +31,7 @@ TERMS = {  # term -> (what it is; the knobs behind it; the knobs that shrink it)
     "attention": ("the attention scores", "block_size {block_size}",
                   "lower block_size or batch_size"),
     "logits": ("the output logits", "batch_size {batch_size} x block_size {block_size} x "
-               "vocabulary {vocab}", "lower batch_size or block_size"),
-}
+               "vocabulary {vocab}", "lower batch_size or block_size")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +60,7 @@ def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
         "activations": FLOAT32 * residual * (LAYER_RESIDUAL_COPIES * layers
                                              + BACKWARD_RESIDUAL_COPIES),
         "attention": FLOAT32 * scores * (LAYER_SCORE_COPIES * layers + BACKWARD_SCORE_COPIES),
-        "logits": FLOAT32 * LOGIT_COPIES * b * t * model_args(cfg, vocab_size).padded_vocab,
-    })
+        "logits": FLOAT32 * LOGIT_COPIES * b * t * model_args(cfg, vocab_size).padded_vocab})
 
 
 def format_bytes(n: float, unit: str = "B", space: str = " ") -> str:

@@ -14,7 +14,7 @@ from . import files, run_folder
 from .arms import arm_of
 from .config import split_flags
 from .errors import UsageError
-from .forecast import eta_seconds, time_left_line
+from .forecast import time_left_line
 from .locks import flock_holders
 from .progress import format_seconds
 from .run_folder import RunFolder, run_folders
@@ -195,7 +195,7 @@ def render(sweep_dir: Path) -> str:
     source = add_slurm_states(sweep_dir, runs)
     counts = Counter(r.state for r in runs)
     done, total, rate, n_running = progress(runs)
-    eta = eta_seconds(total - done, rate)
+    eta = max(0.0, total - done) / rate if rate > 0 else None  # None: nothing is training
     share = f"{done / total:.0%} of {total:,.0f} planned tokens" if total else "no planned tokens"
     if eta is not None:
         line = (f"progress {share} | ETA {format_seconds(eta)} at {rate:,.0f} tok/s "

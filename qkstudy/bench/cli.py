@@ -27,7 +27,6 @@ from .step import Spec, StepFailed, measure_together, timed
 
 BACKENDS = ("mlx", "torch")
 LABEL = {"mlx": "MLX", "torch": "PyTorch"}
-BUILDS = ("plain", "native")  # MLX_GPT_CPU_JIT: MLX's own CPU kernel build, and -march=native
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +137,7 @@ def validate(bench: BenchConfig) -> Plan:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    builds = list(BUILDS) if bench.builds and tuned_build_supported() else ["plain"]
+    builds = ["plain", "native"] if bench.builds and tuned_build_supported() else ["plain"]
     return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
                 [b for b in backends if b not in missing], builds)
 
@@ -291,8 +290,7 @@ def markdown(report: dict) -> str:
         f"{cfg['warmup']} warm-up steps, then timed steps for about {cfg['seconds']:g} s (at "
         f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
         "the median (range) of the per-round ratios.",
-    ] + speed_table(report) + processes_table(report)
-        + where_to_run_table(report["where_to_run"]))
+    ] + speed_table(report) + processes_table(report) + where_to_run_table(report["where_to_run"]))
 
 
 def speed_table(report: dict) -> list[str]:

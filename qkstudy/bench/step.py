@@ -19,7 +19,6 @@ from .. import backends, trainer
 from ..config import TrainConfig
 from .shapes import random_batch
 
-ROOT = Path(__file__).resolve().parents[2]
 READY = "ready"
 
 
@@ -105,7 +104,7 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
     environment = {**os.environ, **(env or {})}
     # this checkout first, wherever the caller runs from
     environment["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+        [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
     if processes > 1:
         environment.setdefault(trainer.RUNS_PER_DEVICE, str(processes))
     procs, errs = [], []

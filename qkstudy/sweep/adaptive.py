@@ -1,10 +1,7 @@
-"""The runs a sweep's results call for after its grid, replayed from summary.json: 1. boundary
-refinement (refine.py); 2. per (depth, compared arm), bisection in log LR of where the seed-mean
-gap (off minus on) reaches min_gap, every base seed in both arms; 3. adaptive seeds, one at a
-time up to max_seeds, for the (depth, LR) cells still open: no one-sided t-test at DESIGN_ALPHA
-finds off worse, on worse, or the mean inside +-min_gap (TOST), and some arm learned. Design
-rules only: the analysis (docs/report.md) treats added seeds as exploratory.
-"""
+"""The runs a sweep's results call for after its grid, replayed from summary.json: boundary
+refinement (refine.py); per (depth, compared arm), bisection of where the seed-mean gap (off
+minus on) reaches min_gap; adaptive seeds, up to max_seeds, for the (depth, LR) cells still open:
+no one-sided t-test at DESIGN_ALPHA finds off worse, on worse, or the mean within +-min_gap."""
 
 from __future__ import annotations
 
@@ -90,8 +87,7 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
     return means, []
 
 
-def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
-                      ) -> float | None:
+def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float) -> float | None:
     """The bracket's geometric mean to three digits, or None (analysis/calibrate.py's rule)."""
     bracket = threshold_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:

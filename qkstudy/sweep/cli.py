@@ -20,7 +20,7 @@ from . import slurm
 from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
-from .run import PROCESSES_FILE, Tally, execute, gpu_share, report, spawn_workers
+from .run import PROCESSES_FILE, Tally, execute, gpu_share, report
 
 USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
                                 [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
@@ -105,15 +105,23 @@ def _cli(argv: list[str]) -> int:
     return 0
 
 
-def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]
-                     ) -> Tally | int:
+def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]) -> Tally | int:
     """Train beside jobs - 1 workers: the tally, or an interrupt's exit code."""
-    workers = []
-    if sweep.jobs > 1:  # this process is the first of the K sharing the device(s)
-        os.environ.update(gpu_share(sweep, 0))
-        workers = spawn_workers(words, sweep)
-        folder, pids = Path(sweep.runs_dir) / sweep.name, [w.pid for w in workers]
-        files.write_json(folder / PROCESSES_FILE, {"pids": [os.getpid(), *pids]})  # main first
+    workers, folder = [], Path(sweep.runs_dir) / sweep.name
+    os.environ.update(gpu_share(sweep, 0) if sweep.jobs > 1 else {})  # the first of K processes
+    for i in range(1, sweep.jobs):  # K-1 more on the same tree (run locks share the work)
+        # appended, never truncated: a worker of an earlier, interrupted sweep may still write
+        log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
+        print(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}", file=log,
+              flush=True)
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "qkstudy", "sweep",
+             *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **gpu_share(sweep, i)}))
+        log.close()
+    if workers:
+        pids = [os.getpid(), *(w.pid for w in workers)]  # the main process first
+        files.write_json(folder / PROCESSES_FILE, {"pids": pids})
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
               f"(logs in {folder}/sweep-worker-*.log)", flush=True)
     try:

@@ -101,8 +101,7 @@ STUDY = SweepConfig(
     train=TrainConfig(
         data="data/tinystories-gpt2", d_model=192, n_heads=3, block_size=256, batch_size=16,
         budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
-        probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD),
-)
+        probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD))
 
 # The smallest study that decides H1-H3 on a laptop CPU (`just mini`): seeds fixed in advance,
 # LRs from 1e-3 (stable) to 3 (all diverge), two bisection steps (x1.33, finer than H2's x1.41).
@@ -113,8 +112,7 @@ MINI = SweepConfig(
     train=TrainConfig(
         data="data/synthetic-bytes", d_model=64, n_heads=2, block_size=64, batch_size=16,
         max_steps=300, warmup_steps=30, eval_every=50, eval_batches=4, probe_every=50,
-        log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD),
-)
+        log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD))
 
 # A first result in about two minutes (docs/sweeps.md#demo): the mini's run at depth 2 and four
 # LRs fixed from the mini's results (no difference, near the onset, off worse, divergent).
@@ -199,8 +197,7 @@ def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -
 
 def grid(sweep: SweepConfig) -> list[TrainConfig]:
     """Grid runs in training order: seed, depth, LR, arm (whole paired curves seed by seed)."""
-    return [run_config(sweep, depth, lr, arm, seed)
-            for seed in sweep.seeds for depth in sweep.depth
+    return [run_config(sweep, depth, lr, arm, seed) for seed in sweep.seeds for depth in sweep.depth
             for lr in sweep.grid_lrs() for arm in sweep.arms]
 
 

@@ -61,8 +61,7 @@ class Point:
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
             f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
             f"probe_every={self.probe_every or every}", f"divergence_window={every}",
-            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch",
-        ]
+            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch"]
 
 
 POINTS = {p.name: p for p in (
@@ -79,8 +78,7 @@ POINTS = {p.name: p for p in (
     Point("w64-s4800-wu1920", 64, 4800, 1920, lrs=WARMUP_LRS),
     # the warmup figure's runs: the off arm's probes every 48 steps through 4,800 steps
     Point("probes-s4800-wu30", 64, 4800, 30, lrs=PROBE_LRS, probe_every=48),
-    Point("probes-s4800-wu480", 64, 4800, 480, lrs=PROBE_LRS, probe_every=48),
-)}
+    Point("probes-s4800-wu480", 64, 4800, 480, lrs=PROBE_LRS, probe_every=48))}
 # The warmup law's points: every width-64 ladder point
 WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
                  "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")

@@ -206,5 +206,4 @@ def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> 
         "threshold_steps": sweep.threshold_steps, "max_seeds": sweep.max_seeds,
         "min_gap": sweep.min_gap,
         "calibrated_tokens_per_s": {str(d): v for d, v in (speeds or {}).items()}
-        or earlier.get("calibrated_tokens_per_s", {}),
-    })
+        or earlier.get("calibrated_tokens_per_s", {})})

@@ -4,8 +4,6 @@ workers of jobs=K, and report."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -125,8 +123,7 @@ def passed_by(cfg: TrainConfig, tally: Tally) -> bool:
     return False
 
 
-def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable
-                  ) -> dict | None:
+def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable) -> dict | None:
     """trainer.train's summary, or None when the run was held, damaged, of other data or failed."""
     def repaired(moved_to: Path, why: str) -> None:
         tally.repaired.append((cfg.run_id, why, moved_to))
@@ -191,8 +188,7 @@ def _held_elsewhere(cfg: TrainConfig) -> bool:
 def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
     """Train the grid, then what its results call for; runs held elsewhere are retried."""
     runs = grid(sweep)
-    tally = Tally(total=len(runs), processes=sweep.jobs,
-                  data=trainer.data_check(sweep.train)[0])
+    tally = Tally(total=len(runs), processes=sweep.jobs, data=trainer.data_check(sweep.train)[0])
     attempted: set[str] = set()
 
     def train_all(cfgs: list[TrainConfig]) -> None:
@@ -253,8 +249,7 @@ def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
 
 def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> list[TrainConfig]:
     """The finished runs of the sweep's folder that it made after its grid."""
-    return [c for c in added_runs(sweep, {c.run_id for c in grid_runs})
-            if run_outcome(c).finished]
+    return [c for c in added_runs(sweep, {c.run_id for c in grid_runs}) if run_outcome(c).finished]
 
 
 def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
@@ -318,19 +313,3 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
     """Sweep process `slot`'s environment: on N GPUs it trains on cuda:(slot mod N)."""
     return {trainer.RUNS_PER_DEVICE: str(sweep.jobs), trainer.DEVICE_SLOT: str(slot)}
-
-
-def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen]:
-    """jobs=K: K-1 more sweep processes on the same tree (run locks share the work)."""
-    folder, workers = Path(sweep.runs_dir) / sweep.name, []
-    for i in range(1, sweep.jobs):
-        # appended, never truncated: a worker of an earlier, interrupted sweep may still write
-        log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
-        print(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}", file=log,
-              flush=True)
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "qkstudy", "sweep",
-             *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **gpu_share(sweep, i)}))
-        log.close()
-    return workers
