@@ -1,11 +1,5 @@
-"""The one seam between the core and an engine: how a backend is found and what it must provide.
-
-`backend=mlx|torch` names a module (BACKENDS) whose contract, the `Backend` protocol below, is
-checked when it is loaded: the run's Engine (the train step, which the sweep's plan and the
-benchmarks time too), a preflight (the checks that need the framework, before anything is
-written), where a run trains and the bench step's facts. mlx_gpt/backend.py and
-torch_ref/backend.py are the two sides of it.
-"""
+"""The one seam between the core and an engine: `backend=mlx|torch` names a module (BACKENDS)
+whose contract, the `Backend` protocol, is checked when it is loaded."""
 
 from __future__ import annotations
 
@@ -18,8 +12,6 @@ from . import denormals, interrupts
 from .config import TrainConfig
 from .errors import UsageError
 
-Batch = tuple[np.ndarray, np.ndarray]
-
 # backend -> (its module, what to install when its framework is missing)
 BACKENDS = {"mlx": ("mlx_gpt.backend", "MLX is not installed: pip install -e '.[mlx]' (Apple "
                                        "Silicon or Linux); or run with backend=torch"),
@@ -28,8 +20,7 @@ BACKENDS = {"mlx": ("mlx_gpt.backend", "MLX is not installed: pip install -e '.[
 
 
 class Engine(Protocol):
-    """One run's model, optimizer and step, built as `Engine(cfg, vocab_size, val_batches,
-    probe_batch)`; the trainer (qkstudy/trainer.py) drives it."""
+    """One run's model, optimizer and step: `Engine(cfg, vocab_size, val_batches, probe_batch)`."""
 
     framework: str  # "mlx" | "torch"
     device: str  # described, e.g. "cpu" or "cuda (NVIDIA H200)"
@@ -54,39 +45,26 @@ class Backend(Protocol):
 
     Engine: type  # the train step: Engine(cfg, vocab_size, val, probe) -> an Engine
 
-    def preflight(self, cfg: TrainConfig) -> None:
-        """UsageError when `cfg` cannot run here (device, precision, toolchain)."""
-
-    def device(self, cfg: TrainConfig) -> str:
-        """Where a run of `cfg` trains, described ("cpu", "gpu", "cuda (NVIDIA H200)")."""
-
-    def facts(self, cfg: TrainConfig) -> dict:
-        """The bench's record of the framework: version, device, BLAS or threads."""
-
-    def matmul_gflops(self, cfg: TrainConfig) -> float:
-        """The framework's matmul peak on the run's device, in the run's precision."""
-
-    def peak_memory_bytes(self, cfg: TrainConfig) -> int | None:
-        """The framework's peak allocation so far in this process (None: not known)."""
-
+    def preflight(self, cfg: TrainConfig) -> None: ...  # UsageError when cfg cannot run here
+    def device(self, cfg: TrainConfig) -> str: ...  # "cpu", "gpu", "cuda (NVIDIA H200)"
+    def facts(self, cfg: TrainConfig) -> dict: ...  # the bench's record: version, device, BLAS
+    def matmul_gflops(self, cfg: TrainConfig) -> float: ...  # on the run's device and precision
+    def peak_memory_bytes(self, cfg: TrainConfig) -> int | None: ...  # so far in this process
+    # (bytes, words) a run may use when not the machine's memory: its share of a GPU, else None
     def memory_limit(self, cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-        """(bytes, the words for them) a run may use on its device when that is not the
-        machine's memory (a GPU's share with `runs` processes on the GPUs); None otherwise."""
+        ...
 
 
-CONTRACT = ("Engine", "preflight", "device", "facts", "matmul_gflops",
-            "peak_memory_bytes", "memory_limit")
+CONTRACT = ("Engine", *(name for name in vars(Backend) if not name.startswith("_")))
 
 
 def load(backend: str) -> Backend:
-    """The backend's module, its contract checked; UsageError saying what to install when its
-    framework is missing. Sets flush-to-zero first (qkstudy/denormals.py), before the framework
-    starts the threads that inherit it."""
+    """The backend's module, its contract checked (UsageError: what to install). Flush-to-zero is
+    set first, before the framework starts the threads that inherit it."""
     name, hint = BACKENDS[backend]
     denormals.flush()
     try:
-        # a signal while a framework's C extension initialises is held until the import is
-        # done: interrupted there, the extension aborts the process
+        # a signal is held until the import is done: interrupted, a C extension aborts
         with interrupts.Deferred():
             module = importlib.import_module(name)
     except ImportError as e:  # the framework itself missing, not a failure inside the engine

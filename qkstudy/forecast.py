@@ -1,15 +1,5 @@
-"""How long training takes, forecast in one place: a sweep's plan (`--dry-run`), the ETA of its
-progress line, `just status`'s time left, and the hours of the study preset in `just bench` and
-`just gpu-check`.
-
-A run costs its training tokens plus its evaluations, a forward counted as a third of a step
-(run_cost_tokens); its seconds are that cost over the tokens/s of its depth. A plan's tokens/s
-come, in this order, from `--calibrate` (every depth timed here), the bench's stored figure
-(reports/bench.json from `just bench` on this machine: the shape nearest in FLOPs per token), a
-short timing of the first depth here, or, where no engine is installed, the FLOP model (numpy's
-float32 matmul peak here times CPU_SHARE, over the model's FLOPs per token). All but the first
-are scaled to the other depths by FLOPs per token (qkstudy/bench/shapes.py).
-"""
+"""How long training takes, in one place: a sweep's plan and ETA, `just status`'s time left and
+the study's hours in `just bench` and `just gpu-check`."""
 
 from __future__ import annotations
 
@@ -18,7 +8,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from . import files, interrupts, provenance
@@ -29,12 +18,9 @@ from .progress import format_seconds
 
 NIGHT_HOURS = 10  # a night on a workstation
 DAY_SECONDS = 24 * 3600
-BENCH_JSON = Path("reports/bench.json")
 BENCH_KEY = {"mlx": "mlx-plain-1", "torch": "torch-1"}  # one process, the run's default build
-# The share of numpy's sgemm peak a CPU train step reaches: 15-52% measured at the presets'
-# shapes (docs/performance.md); the FLOP model assumes the lower middle.
+# The share of numpy's sgemm peak a CPU train step reaches (15-52% measured: performance.md)
 CPU_SHARE = 0.3
-STUDY_DEPTHS = 3  # the whole study: three depths, each counted at the study preset's depth
 
 
 def run_cost_tokens(cfg: TrainConfig) -> float:
@@ -48,14 +34,6 @@ def run_seconds(cfgs: list[TrainConfig], speeds: Mapping[int, float]) -> float:
     return sum(run_cost_tokens(c) / speeds[c.depth] for c in cfgs if speeds.get(c.depth, 0) > 0)
 
 
-@dataclass
-class Speeds:
-    """Tokens/s per depth and where they come from (one phrase for the printed plan)."""
-
-    per_depth: dict[int, float]
-    source: str
-
-
 def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConfig
            ) -> dict[int, float]:
     """`tok_s` measured at config `at`, carried to every depth by FLOPs per token."""
@@ -63,10 +41,9 @@ def scaled(cfgs: dict[int, TrainConfig], vocab: int, tok_s: float, at: TrainConf
     return {d: tok_s * flops / flops_per_token(model_args(c, vocab)) for d, c in cfgs.items()}
 
 
-def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
-               ) -> tuple[Speeds | None, str | None]:
-    """(Speeds, None) from a bench report measured on this machine with this backend; (None,
-    why not in one line) when it cannot serve; (None, None) when there is none."""
+def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = Path("reports/bench.json")
+               ) -> tuple[tuple[dict[int, float], str] | None, str | None]:
+    """(speeds, None) from this machine's bench report, else (None, why not or None)."""
     if not path.exists():
         return None, None
     report, backend = files.read_json(path), next(iter(cfgs.values())).backend
@@ -90,46 +67,36 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = BENCH_JSON
         speeds[depth] = tok_s * flops / want
         used.add(name)
     stamp = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
-    return Speeds(speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
-                          f"shape, measured {stamp}) scaled by FLOPs per token"), None
-
-
-def from_short_timing(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable) -> Speeds:
-    """A few steps of the first depth timed here, scaled to the others by FLOPs per token."""
-    depth, cfg = next(iter(cfgs.items()))
-    tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
-    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
-    return Speeds(scaled(cfgs, vocab, tok_s, cfg), f"tok/s from a short timing here (depth "
-                  f"{depth}, {timed} step{'s' if timed != 1 else ''}){others}; --calibrate times "
-                  "every depth" + busy_note())
-
-
-def from_flops(cfgs: dict[int, TrainConfig], vocab: int, why: str) -> Speeds:
-    """The FLOP model, for a machine where no step can be timed (`why`: no engine)."""
-    from .bench.measure import sgemm_gflops
-
-    depth, cfg = next(iter(cfgs.items()))
-    peak = sgemm_gflops(n=1024, repeats=2)
-    tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
-    return Speeds(scaled(cfgs, vocab, tok_s, cfg), f"tok/s from the FLOP model: {CPU_SHARE:.0%} "
-                  f"of numpy's float32 matmul peak here ({peak:,.0f} GFLOP/s), not timed ({why})")
+    return (speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
+                    f"shape, measured {stamp}) scaled by FLOPs per token"), None
 
 
 def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
-                say: Callable[[str], None]) -> Speeds:
-    """A plan's tokens/s without `--calibrate`: the bench's figure, a short timing, else the
-    FLOP model. `say` prints a note (why the bench's figure cannot serve)."""
+                say: Callable[[str], None]) -> tuple[dict[int, float], str]:
+    """A plan's tokens/s without `--calibrate`: the bench's stored figure, a short timing of the
+    first depth, else the FLOP model; `say` prints why the bench's figure cannot serve."""
     found, why = from_bench(cfgs, vocab)
     if why:
         say(why)
     if found:
         return found
+    depth, cfg = next(iter(cfgs.items()))
     try:
-        return from_short_timing(cfgs, vocab, step_speed)
+        tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
     except (UsageError, ImportError) as e:  # no engine installed here
         if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
             raise
-        return from_flops(cfgs, vocab, str(e))
+        from .bench.cli import sgemm_gflops
+
+        peak = sgemm_gflops(n=1024, repeats=2)
+        tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
+        return scaled(cfgs, vocab, tok_s, cfg), (
+            f"tok/s from the FLOP model: {CPU_SHARE:.0%} of numpy's float32 matmul peak here "
+            f"({peak:,.0f} GFLOP/s), not timed ({e})")
+    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
+    return scaled(cfgs, vocab, tok_s, cfg), (
+        f"tok/s from a short timing here (depth {depth}, {timed} step{'s' if timed != 1 else ''})"
+        f"{others}; --calibrate times every depth" + busy_note())
 
 
 def busy_note() -> str:
@@ -158,33 +125,30 @@ def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
     faster = ["backend=torch (faster than MLX on CPUs: docs/performance.md)"] * (t.backend == "mlx")
     faster += ["one CUDA GPU (`just gpu-check` there; docs/performance.md's where-to-run table)",
                "--slurm across a cluster's nodes"]
-    if preset != "mini":
-        faster.append("preset=mini (the smallest study that decides the hypotheses)")
+    faster += ["preset=mini (the smallest study that decides the hypotheses)"] * (preset != "mini")
     return (f"more than a day on this machine ({seconds / DAY_SECONDS:,.0f} days); faster: "
             + "; ".join(faster))
 
 
-def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int
-              ) -> float:
-    """Seconds until a sweep's queue is trained by its `processes`. `left`: the queue's cost in
-    calibrated seconds, `first` that of the run about to start; `planned` and `seconds`: the
-    calibrated and wall seconds of the runs this process trained (after its first). The ratio of
-    wall to calibrated time starts at 1.35/K of one process's speed each (two processes on 2
-    cores measured 1.32-1.44x one), counted as one run, and moves to the measured ratio."""
+def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int) -> float:
+    """Seconds until a sweep's queue (`left` calibrated seconds; `first` those of the next run)
+    is trained by `processes`. `planned`, `seconds`: calibrated and wall seconds this process
+    trained. Wall over calibrated time starts at max(1, K/1.35) (two processes on 2 cores measured
+    1.32-1.44x one), weighted as one run, and moves to the measured ratio."""
     if left <= 0 or first <= 0:
         return math.inf if left > 0 else 0.0
     prior = 1.0 / min(1.0, 1.35 / processes)
     return left * (first * prior + seconds) / (first + planned) / processes
 
 
-def eta_seconds(remaining_tokens: float, rate: float) -> float | None:
-    """Seconds left at `rate` tokens/s, None when nothing is being trained (rate 0)."""
-    return max(0.0, remaining_tokens) / rate if rate > 0 else None
-
-
-def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[str]]:
-    """({depth: tokens/s}, where they come from) for `just status`: the median rate of a depth's
-    finished runs, else the rate the sweep calibrated at its start (`stored`, from sweep.json)."""
+def time_left_line(runs: list, stored: object) -> str:
+    """The training time of the runs without a result, in one process, for `just status`: at a
+    depth's finished runs' median tok/s, else at the sweep's calibration (`stored`)."""
+    left = [r for r in runs if not r.finished and r.state != "failed"]
+    if not left:
+        return "time left: none (every run has a result" + (
+            "; failed runs are retried by the sweep's command)" if any(
+                r.state == "failed" for r in runs) else ")")
     rates, measured, calibrated = {}, [], []
     stored = stored if isinstance(stored, dict) else {}
     for depth in sorted({r.depth for r in runs if r.depth is not None}):
@@ -193,21 +157,11 @@ def rates_by_depth(runs: list, stored: object) -> tuple[dict[int, float], list[s
         if done:
             rates[depth] = statistics.median(done)
             measured.append(str(depth))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        elif type(value) in (int, float) and value > 0:
             rates[depth] = float(value)
             calibrated.append(str(depth))
-    return rates, [f"{how} (depth {', '.join(ds)})" for how, ds in (
+    sources = [f"{how} (depth {', '.join(ds)})" for how, ds in (
         ("measured by its finished runs", measured), ("calibrated at its start", calibrated)) if ds]
-
-
-def time_left_line(runs: list, stored: object) -> str:
-    """The training time of the runs without a result, in one process, for `just status`."""
-    left = [r for r in runs if not r.finished and r.state != "failed"]
-    if not left:
-        return "time left: none (every run has a result" + (
-            "; failed runs are retried by the sweep's command)" if any(
-                r.state == "failed" for r in runs) else ")")
-    rates, sources = rates_by_depth(runs, stored)
     known = [r for r in left if r.depth in rates and r.steps and r.tokens_per_step]
     if not known:
         return (f"time left: not known for the {len(left)} runs left (no finished run and no "
@@ -221,8 +175,7 @@ def time_left_line(runs: list, stored: object) -> str:
 
 
 def study_plan() -> dict:
-    """The study preset's run cost and grid: (train + evaluation) tokens per run at its depth,
-    runs per depth (arms x LRs x seeds) and FLOPs per token."""
+    """The study preset's run cost, grid, FLOPs per token and depths (3, each costed as its)."""
     from .bench.shapes import preset_base, preset_shape, shape_config
     from .sweep.config import PRESETS
 
@@ -232,36 +185,27 @@ def study_plan() -> dict:
     return {"depth": shape["depth"], "cost_tokens": run_cost_tokens(cfg),
             "budget_tokens": cfg.budget_tokens, "arms": len(study.arms),
             "lrs": len(study.grid_lrs()), "seeds": len(study.seeds), "runs_per_depth": runs,
-            "depths": STUDY_DEPTHS, "flops_per_token": flops_per_token(args)}
+            "depths": 3, "flops_per_token": flops_per_token(args)}
 
 
 def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
-    """Hours of the study preset at `tokens_per_s`, one run at a time: a run, a depth, all."""
+    """Hours of a study preset's run, depth and whole study at `tokens_per_s`."""
     plan = plan or study_plan()
     run = plan["cost_tokens"] / tokens_per_s / 3600
     return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],
             "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
 
 
-# Machines not measured here, estimated from FLOPs: tokens/s = peak x share / FLOPs per token.
-# Peaks are the vendors' dense figures; the shares are this project's assumptions for a model
-# this small (its 50k-vocabulary head is most of the FLOPs). `just gpu-check` measures the CUDA
-# rows on a real GPU.
-ESTIMATES = (
-    {"platform": "Apple M2 Max GPU (38-core)", "backend": "mlx", "peak_tflops": 13.6,
-     "share": 0.30, "unit": "nights"},
-    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch fp32", "peak_tflops": 67.0,
-     "share": 0.35, "unit": "GPU-hours"},
-    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch tf32", "peak_tflops": 495.0,
-     "share": 0.12, "unit": "GPU-hours"},
-    {"platform": "one H100/H200-class CUDA GPU", "backend": "torch bf16", "peak_tflops": 989.0,
-     "share": 0.07, "unit": "GPU-hours"},
-)
+# Machines not measured here: tokens/s = the vendor's dense peak x a share / FLOPs per token
+ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
+    ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
+    ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),
+    ("one H100/H200-class CUDA GPU", "torch tf32", 495.0, 0.12, "GPU-hours"),
+    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"))
 
 
 def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
-    """`just bench`'s table: the study's hours from the study-shape speeds measured here and,
-    for the machines of ESTIMATES, from FLOPs."""
+    """`just bench`'s table: the study's hours measured here and estimated for ESTIMATES."""
     plan, study, m = study_plan(), shapes.get("study"), machine or {}
     here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
     rows = []
@@ -271,8 +215,8 @@ def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
             rows.append({"platform": here, "backend": backend, "tokens_per_s": s["median"],
                          "range": [s["min"], s["max"]], "unit": "nights",
                          "source": f"measured here, median of {s['n']} round(s)"})
-    rows += [{"platform": f"{e['platform']}, {e['peak_tflops']:g} TFLOP/s",
-              "backend": e["backend"], "unit": e["unit"],
-              "tokens_per_s": e["peak_tflops"] * 1e12 * e["share"] / plan["flops_per_token"],
-              "source": f"estimate: {e['share']:.0%} of peak assumed"} for e in ESTIMATES]
+    rows += [{"platform": f"{name}, {peak:g} TFLOP/s", "backend": backend, "unit": unit,
+              "tokens_per_s": peak * 1e12 * share / plan["flops_per_token"],
+              "source": f"estimate: {share:.0%} of peak assumed"}
+             for name, backend, peak, share, unit in ESTIMATES]
     return {"plan": plan, "rows": [r | study_hours(r["tokens_per_s"], plan) for r in rows]}

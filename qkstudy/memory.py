@@ -1,17 +1,12 @@
-"""How much memory one training step needs, checked before anything trains.
-
-An allocation MLX cannot satisfy ends the process with SIGSEGV and no message (Linux CPU), so a
-config that cannot fit is refused up front with one line naming what takes the memory. This
-module imports neither MLX nor PyTorch: the estimate is arithmetic on the config, and the
-memory there is comes from the operating system (or from the caller, for a GPU).
-"""
+"""How much memory one training step needs, checked before anything trains (an allocation MLX
+cannot satisfy ends the process with SIGSEGV and no message). Framework-free."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 
 from .config import TrainConfig, model_args
 from .errors import UsageError
@@ -20,9 +15,7 @@ from .parameters import count_params
 FLOAT32 = 4
 HEADROOM = 0.9  # refuse above this share of the memory there is: the OS, data and caches need some
 
-# Copies of each tensor family alive at the step's peak, float32: measured with
-# mx.get_peak_memory on MLX 0.32's CPU backend (kernels=cpu) at 15 shapes (docs/performance.md:
-# a least-squares fit gave 5.4, 17.4, 2.0, 4.6, 80 and 7.9) and rounded up, an upper-ish bound.
+# Copies of each tensor family alive at the step's peak (a fit at 15 shapes: performance.md)
 PARAM_COPIES = 7  # weights, gradients, AdamW's moments, and the update's new ones
 LAYER_RESIDUAL_COPIES = 20  # per layer, kept for the backward (batch x block x d_model each)
 LAYER_SCORE_COPIES = 3  # per layer, kept: scores, exponentials, probabilities (b x h x t^2)
@@ -30,20 +23,21 @@ BACKWARD_SCORE_COPIES = 5  # one layer's backward at a time (batch x heads x blo
 BACKWARD_RESIDUAL_COPIES = 84  # one block's backward at a time, the MLP's unfused (b x t x c)
 LOGIT_COPIES = 8  # logits, the log-sum-exp's temporaries, their gradient (b x t x vocab)
 
-TERMS = {  # term -> (what it is, in a sentence; the knobs that shrink it)
-    "state": ("the parameters, gradients and AdamW state", "lower d_model or depth"),
-    "activations": ("the activations", "lower batch_size, block_size or d_model"),
-    "attention": ("the attention scores", "lower block_size or batch_size"),
-    "logits": ("the output logits", "lower batch_size or block_size"),
-}
+TERMS = {  # term -> (what it is; the knobs behind it; the knobs that shrink it)
+    "state": ("the parameters, gradients and AdamW state",
+              "{params} parameters (depth {depth}, d_model {d_model})", "lower d_model or depth"),
+    "activations": ("the activations", "batch_size {batch_size} x block_size {block_size} x "
+                    "d_model {d_model} x depth {depth}", "lower batch_size, block_size or d_model"),
+    "attention": ("the attention scores", "block_size {block_size}",
+                  "lower block_size or batch_size"),
+    "logits": ("the output logits", "batch_size {batch_size} x block_size {block_size} x "
+               "vocabulary {vocab}", "lower batch_size or block_size")}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Estimate:
     """Bytes of one training step at its peak, by term (TERMS)."""
 
-    cfg: TrainConfig
-    vocab_size: int
     parameters: int
     terms: dict[str, float]
 
@@ -55,78 +49,40 @@ class Estimate:
     def dominant(self) -> str:
         return max(self.terms, key=self.terms.__getitem__)
 
-    def subject(self) -> str:
-        """The config's knobs behind the dominant term, as the user wrote them."""
-        c = self.cfg
-        return {"state": f"{format_count(self.parameters)} parameters (depth {c.depth}, "
-                         f"d_model {c.d_model})",
-                "activations": f"batch_size {c.batch_size} x block_size {c.block_size} x "
-                               f"d_model {c.d_model} x depth {c.depth}",
-                "attention": f"block_size {c.block_size}",
-                "logits": f"batch_size {c.batch_size} x block_size {c.block_size} x vocabulary "
-                          f"{self.vocab_size}"}[self.dominant]
-
 
 def estimate(cfg: TrainConfig, vocab_size: int) -> Estimate:
     """Peak bytes of one compiled training step (forward, backward, AdamW update)."""
     b, t, c, h, layers = cfg.batch_size, cfg.block_size, cfg.d_model, cfg.n_heads, cfg.depth
     params = count_params(model_args(cfg, vocab_size))["total"]
     residual, scores = b * t * c, b * h * t * t
-    return Estimate(cfg, vocab_size, params, {
+    return Estimate(params, {
         "state": FLOAT32 * PARAM_COPIES * params,
         "activations": FLOAT32 * residual * (LAYER_RESIDUAL_COPIES * layers
                                              + BACKWARD_RESIDUAL_COPIES),
         "attention": FLOAT32 * scores * (LAYER_SCORE_COPIES * layers + BACKWARD_SCORE_COPIES),
-        "logits": FLOAT32 * LOGIT_COPIES * b * t * model_args(cfg, vocab_size).padded_vocab,
-    })
+        "logits": FLOAT32 * LOGIT_COPIES * b * t * model_args(cfg, vocab_size).padded_vocab})
 
 
-def _scaled(n: float, units: tuple[str, str, str, str, str], space: str) -> str:
-    """n in decimal units (tera ... kilo, then the bare unit), two significant digits or more."""
-    for unit, size in zip(units, (1e12, 1e9, 1e6, 1e3)):
+def format_bytes(n: float, unit: str = "B", space: str = " ") -> str:
+    """1.3 TB, 23 GB, 250 MB, 12 kB; with unit and space "", a count: 1.6T, 12M, 800k."""
+    for prefix, size in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if n >= size:
-            value = n / size
-            return f"{value:.1f}{space}{unit}" if value < 10 else f"{value:,.0f}{space}{unit}"
-    return f"{n:.0f}{space}{units[4]}".rstrip()
+            value = f"{n / size:.1f}" if n / size < 10 else f"{n / size:,.0f}"
+            return f"{value}{space}{prefix}{unit}"
+    return f"{n:.0f}{space}{unit}".rstrip()
 
 
-def format_count(n: float) -> str:
-    """1.6T, 12M, 800k: a parameter count in two significant digits or more."""
-    return _scaled(n, ("T", "G", "M", "k", ""), "")
-
-
-def format_bytes(n: float) -> str:
-    """1.3 TB, 23 GB, 4.1 GB, 250 MB, 12 kB (decimal units, two significant digits or more)."""
-    return _scaled(n, ("TB", "GB", "MB", "kB", "B"), " ")
-
-
-def _read_int(path: str) -> int | None:
+def _read(path: str) -> str:
     try:
         with open(path) as f:
-            text = f.read().strip()
+            return f.read().strip()
     except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+        return ""
 
 
-def _mem_available() -> int | None:
-    """Linux's estimate of the memory that can be allocated without swapping (MemAvailable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f
-                        if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def available(gpu_bytes: int | None = None) -> tuple[int, str]:
-    """(bytes this process can use, the words for it). `gpu_bytes`: a CUDA device's memory, which
-    the caller (the torch backend) knows; else the machine's: unified memory on a Mac
-    (hw.memsize; macOS pages rather than failing), MemAvailable on Linux (what other processes
-    leave, without swapping) capped by a cgroup limit (a container or a Slurm job), else
-    physical RAM."""
-    if gpu_bytes is not None:
-        return gpu_bytes, f"the GPU has {format_bytes(gpu_bytes)}"
+def available() -> tuple[int, str]:
+    """(bytes this process can use, the words for it): a Mac's unified memory (macOS pages
+    rather than failing), else MemAvailable capped by a cgroup limit, else physical RAM."""
     if sys.platform == "darwin":
         try:
             size = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,
@@ -134,33 +90,35 @@ def available(gpu_bytes: int | None = None) -> tuple[int, str]:
             return size, f"this Mac has {format_bytes(size)} of unified memory"
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
-    size = _mem_available()
-    words = "this machine has {} available"
+    meminfo = [line.split() for line in _read("/proc/meminfo").splitlines()]
+    size = next((int(w[1]) * 1024 for w in meminfo if w[:1] == ["MemAvailable:"]), None)
+    words = "this machine has {} available"  # what can be allocated without swapping
     if size is None:
         try:
             size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             words = "this machine has {}"
         except (ValueError, OSError, AttributeError):
             return 1 << 62, "this machine's memory is unknown"
-    limit = _read_int("/sys/fs/cgroup/memory.max")  # cgroup v2; "max" (no limit) reads as None
-    if limit is not None and limit < size:
-        used = _read_int("/sys/fs/cgroup/memory.current") or 0
-        size, words = max(0, limit - used), "this process's cgroup has {} left"
+    limit, used = (_read(f"/sys/fs/cgroup/memory.{k}") for k in ("max", "current"))  # v2
+    if limit.isdigit() and int(limit) < size:  # "max": no limit
+        size = max(0, int(limit) - (int(used) if used.isdigit() else 0))
+        words = "this process's cgroup has {} left"
     return size, words.format(format_bytes(size))
 
 
 def check(cfg: TrainConfig, vocab_size: int, *, runs_at_once: int = 1, prefix: str = "",
           limit: tuple[int, str] | None = None) -> Estimate:
-    """The step's estimate; UsageError (one line: what needs the memory, what there is) when
-    `runs_at_once` such steps need more than HEADROOM of `limit` (default: available())."""
+    """The step's estimate; UsageError when `runs_at_once` steps need over HEADROOM of `limit`."""
     est = estimate(cfg, vocab_size)
     size, there = limit if limit is not None else available()
     need = est.total * runs_at_once
     if need > HEADROOM * size:
-        what, fix = TERMS[est.dominant]
+        what, knobs, fix = TERMS[est.dominant]
+        subject = knobs.format(params=format_bytes(est.parameters, "", ""), vocab=vocab_size,
+                               **dataclasses.asdict(cfg))
         at_once = (f", {runs_at_once} runs at once (jobs={runs_at_once}): "
                    f"{format_bytes(need)}" if runs_at_once > 1 else "")
-        raise UsageError(f"{prefix}{est.subject()} needs about {format_bytes(est.total)} per "
+        raise UsageError(f"{prefix}{subject} needs about {format_bytes(est.total)} per "
                          f"training step ({format_bytes(est.terms[est.dominant])} of it for "
                          f"{what}){at_once}; {there}: {fix}")
     return est

@@ -1,17 +1,10 @@
-"""`python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]`: a sweep at a glance.
-
-One screen per sweep: every run's state, the process holding it, its Slurm task (`--slurm`),
-and the sweep's progress, ETA and time left (qkstudy/forecast.py). It only reads files (and asks
-squeue/sacct), never takes a run lock and never writes. The numbers come from summary.json, the
-run lock, the checkpoint's header (step and training seconds), the last metrics part (train
-loss), sweep.json (grid points with no folder yet are waiting), slurm/<NNN>/submission.json and
-.damaged/*.json (damaged runs moved aside and trained again).
-"""
+"""`python -m qkstudy status`: a sweep at a glance, one screen per sweep. It only reads files
+(and asks squeue/sacct): never a run lock, never a write."""
 
 from __future__ import annotations
 
 import ast
-import sys
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -21,7 +14,7 @@ from . import files, run_folder
 from .arms import arm_of
 from .config import split_flags
 from .errors import UsageError
-from .forecast import eta_seconds, time_left_line
+from .forecast import time_left_line
 from .locks import flock_holders
 from .progress import format_seconds
 from .run_folder import RunFolder, run_folders
@@ -57,40 +50,10 @@ class Run:
     def finished(self) -> bool:
         return self.state in ("completed", "diverged")
 
-    @property
-    def order(self) -> tuple:
-        return (self.seed if self.seed is not None else 1 << 30, self.depth or 0, self.lr or 0.0,
-                self.arm, self.run_id)
-
-
-def checkpoint_clocks(folder: RunFolder) -> dict:
-    """{step, train_seconds} from the checkpoint's header, or {} without one; train_seconds
-    counts evaluation and probes too (measure_seconds), as a run's pace does."""
-    meta = folder.checkpoint_metadata()
-    try:
-        return {"step": int(meta["step"]),
-                "train_seconds": sum(float(ast.literal_eval(meta.get(k, "0")))
-                                     for k in ("train_seconds", "measure_seconds"))}
-    except (TypeError, KeyError, ValueError, SyntaxError):
-        return {}
-
-
-def last_row(folder: RunFolder) -> tuple[int | None, float | None]:
-    """(step of the last metrics row written, the latest train loss in its part), or Nones."""
-    import pyarrow.parquet as pq
-
-    found = folder.metric_parts()
-    try:
-        table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
-    except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
-        table = None
-    if table is None or table.num_rows == 0:
-        return None, None
-    losses = [x for x in table.column("train_loss").to_pylist() if x is not None]
-    return int(table.column("step")[-1].as_py()), losses[-1] if losses else None
-
 
 def read_run(run_dir: Path, held: dict | None) -> Run:
+    import pyarrow.parquet as pq
+
     folder = RunFolder(run_dir)
     config, summary = folder.read_config() or {}, folder.summary_record()
     steps, tps = summary.get("steps"), None
@@ -101,6 +64,16 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
     run = Run(run_dir.name, config.get("depth", summary.get("depth")),
               config.get("lr", summary.get("lr")), arm_of(config),
               config.get("seed", summary.get("seed")), steps, tps, holder=folder.holder(held))
+    found, table = folder.metric_parts(), None
+    try:  # the last metrics part: the step of its last row, its latest train loss
+        table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
+    except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
+        pass
+    row_step = None
+    if table is not None and table.num_rows:
+        row_step = int(table.column("step")[-1].as_py())
+        run.loss = next((x for x in reversed(table.column("train_loss").to_pylist())
+                         if x is not None), None)
     status = summary.get("status")
     if status in ("completed", "diverged") and run.holder is None:
         run.state, run.tok_s = status, summary.get("tokens_per_second")
@@ -110,26 +83,27 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
             run.detail = f"at step {run.step}"
         elif isinstance(summary.get("final_val_loss"), (int, float)):
             run.detail = f"val {summary['final_val_loss']:.4f}"
-        run.loss = last_row(folder)[1]
         return run
-    ckpt = checkpoint_clocks(folder)
-    row_step, run.loss = last_row(folder)
+    meta, ckpt = folder.checkpoint_metadata(), {}
+    try:  # training seconds count evaluation and probes too, as a run's pace does
+        ckpt = {"step": int(meta["step"]), "seconds": sum(float(ast.literal_eval(
+            meta.get(k, "0"))) for k in ("train_seconds", "measure_seconds"))}
+    except (TypeError, KeyError, ValueError, SyntaxError):
+        pass
     run.step = ckpt.get("step", row_step + 1 if row_step is not None else 0)
-    if ckpt.get("train_seconds") and run.tokens_per_step:
-        run.tok_s = run.step * run.tokens_per_step / ckpt["train_seconds"]
+    if ckpt.get("seconds") and run.tokens_per_step:
+        run.tok_s = run.step * run.tokens_per_step / ckpt["seconds"]
     if run.holder is not None:
         run.state, run.detail = "running", f"pid {run.holder}"
     elif status == "failed":
-        run.state = "failed"
-        run.detail = str(summary.get("error") or "").split("\n")[0]
+        run.state, run.detail = "failed", str(summary.get("error") or "").split("\n")[0]
     elif ckpt:
         run.state, run.detail = "interrupted", f"checkpoint at step {run.step}; resumes"
     return run
 
 
 def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
-    """Every run of the sweep: its run folders, and waiting, the runs submitted to Slurm and the
-    grid points of sweep.json without a folder."""
+    """The sweep's run folders, and, waiting, its Slurm runs and grid points without a folder."""
     from .sweep.slurm import submissions
 
     runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
@@ -144,29 +118,27 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     covered = {(r.depth, r.lr, r.arm, r.seed) for r in runs.values()}
     shapes = Counter((r.steps, r.tokens_per_step) for r in runs.values() if r.steps)
     steps, tps = shapes.most_common(1)[0][0] if shapes else (None, None)
-    for seed in plan.get("seeds", []):
-        for depth in plan.get("depths", []):
-            for lr in plan.get("grid_lrs", []):
-                for arm in plan.get("arms", []):
-                    if (depth, lr, arm, seed) not in covered:
-                        name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
-                        runs[name] = Run(name, depth, lr, arm, seed, steps, tps,
-                                         detail="(no folder yet)")
-    return sorted(runs.values(), key=lambda r: r.order)
+    axes = (plan.get(k, []) for k in ("seeds", "depths", "grid_lrs", "arms"))
+    for seed, depth, lr, arm in itertools.product(*axes):
+        if (depth, lr, arm, seed) not in covered:
+            name = f"d{depth}-{arm}-lr{lr:.3g}-s{seed}"
+            runs[name] = Run(name, depth, lr, arm, seed, steps, tps, detail="(no folder yet)")
+    return sorted(runs.values(), key=lambda r: (r.seed if r.seed is not None else 1 << 30,
+                                                r.depth or 0, r.lr or 0.0, r.arm, r.run_id))
 
 
 def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
-    """Fill each submitted run's `slurm` column (its latest submission); returns where the
-    states came from, or None when nothing was submitted."""
+    """Fill each submitted run's `slurm` column; where the states came from, or None."""
     from .sweep import slurm
 
     tasks = {r["run_id"]: (record.get("job_id"), i, folder)
              for folder, record in slurm.submissions(sweep_dir)
-             for i, r in enumerate(record.get("runs", [])) if isinstance(r, dict) and r.get("run_id")}
+             for i, r in enumerate(record.get("runs", []))
+             if isinstance(r, dict) and r.get("run_id")}
     if not tasks:
         return None
     jobs = sorted({job for job, _, _ in tasks.values() if job})
-    queued, ended = slurm.queue_states(jobs), slurm.accounting_states(jobs)
+    queued, ended = slurm.task_states(jobs), slurm.task_states(jobs, ended=True)
     for run in runs:
         if run.run_id not in tasks:
             continue
@@ -185,28 +157,24 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
 
 
 def progress(runs: list[Run]) -> tuple[float, float, float, int]:
-    """(tokens done, tokens planned, combined tok/s of the runs being trained, their number).
-    A finished run counts in full (a diverged run stops early: nothing of it is left), a run in
-    progress its checkpointed steps; a running run without a measured rate yet counts at the
-    mean rate of the sweep's finished runs."""
+    """(tokens done, tokens planned, tok/s of the runs training, their number)."""
     done = total = 0.0
     for r in runs:
         if r.steps and r.tokens_per_step:
             total += r.steps * r.tokens_per_step
             done += (r.steps if r.finished else min(r.step, r.steps)) * r.tokens_per_step
     rates = [r.tok_s for r in runs if r.finished and r.tok_s]
-    typical = sum(rates) / len(rates) if rates else 0.0
+    typical = sum(rates) / len(rates) if rates else 0.0  # for a running run without a rate yet
     running = [r for r in runs if r.state == "running"]
     return done, total, sum(r.tok_s or typical for r in running), len(running)
 
 
 def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
-    """What the sweep added after its grid (sweep/adaptive.py): the refinement LRs off the grid
-    and the adaptive seeds with the (depth, LR) cells they went to."""
+    """The refinement LRs off the grid and the adaptive seeds' (depth, LR) cells."""
     grid, seeds = sweep_json.get("grid_lrs"), sweep_json.get("seeds")
     out = []
     if isinstance(grid, list):
-        grid = [g for g in grid if isinstance(g, (int, float)) and not isinstance(g, bool) and g > 0]
+        grid = [g for g in grid if type(g) in (int, float) and g > 0]
         off_grid = sorted({r.lr for r in runs if r.lr is not None
                            and all(abs(r.lr - g) > 1e-12 * g for g in grid)})
         if off_grid:
@@ -222,24 +190,12 @@ def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
     return out
 
 
-def report_line(sweep_dir: Path) -> str:
-    """Where the sweep's report is (`just report`'s default folder), and whether runs have
-    finished since it was built."""
-    page = Path("reports") / sweep_dir.name / "report.html"
-    if not page.exists():
-        return f"report: none yet in {page.parent} (just report {sweep_dir})"
-    built = page.stat().st_mtime
-    newer = sum(1 for f in run_folders(sweep_dir)
-                if f.summary_file.exists() and f.summary_file.stat().st_mtime > built)
-    stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(built))
-    return (f"report: {page} (built {stamp}"
-            + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
-
-
-def summary_lines(sweep_dir: Path, runs: list[Run], now: float | None) -> list[str]:
+def render(sweep_dir: Path) -> str:
+    runs = sweep_runs(sweep_dir, flock_holders())
+    source = add_slurm_states(sweep_dir, runs)
     counts = Counter(r.state for r in runs)
     done, total, rate, n_running = progress(runs)
-    eta = eta_seconds(total - done, rate)
+    eta = max(0.0, total - done) / rate if rate > 0 else None  # None: nothing is training
     share = f"{done / total:.0%} of {total:,.0f} planned tokens" if total else "no planned tokens"
     if eta is not None:
         line = (f"progress {share} | ETA {format_seconds(eta)} at {rate:,.0f} tok/s "
@@ -249,21 +205,22 @@ def summary_lines(sweep_dir: Path, runs: list[Run], now: float | None) -> list[s
             "; resume with the sweep's command" if not counts["running"] and counts["waiting"]
             + counts["interrupted"] + counts["failed"] else "")
     sweep_json = files.read_json(sweep_dir / "sweep.json") or {}
-    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at "
-             f"{time.strftime('%H:%M:%S', time.localtime(now))}",
+    page = Path("reports") / sweep_dir.name / "report.html"
+    lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {time.strftime('%H:%M:%S')}",
              f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES), line,
              time_left_line(runs, sweep_json.get("calibrated_tokens_per_s")),
-             report_line(sweep_dir)]
+             f"report: none yet in {page.parent} (just report {sweep_dir})"]
+    if page.exists():  # and whether runs have finished since it was built
+        built = page.stat().st_mtime
+        newer = sum(1 for f in run_folders(sweep_dir)
+                    if f.summary_file.exists() and f.summary_file.stat().st_mtime > built)
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(built))
+        lines[-1] = (f"report: {page} (built {stamp}"
+                     + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
     if sweep_json.get("refine"):
         lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
                      "as the grid's results come in)")
-    return lines + extras_lines(runs, sweep_json)
-
-
-def render(sweep_dir: Path, now: float | None = None) -> str:
-    runs = sweep_runs(sweep_dir, flock_holders())
-    source = add_slurm_states(sweep_dir, runs)
-    lines = summary_lines(sweep_dir, runs, now)
+    lines += extras_lines(runs, sweep_json)
     if source:
         lines.append(f"Slurm task states from {source}")
     for r in run_folder.set_aside_records(sweep_dir):  # damaged runs moved aside, trained again
@@ -283,23 +240,9 @@ def render(sweep_dir: Path, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def sweep_dirs(path: Path) -> list[Path]:
-    """The sweep folders at `path`: itself when it holds runs, sweep.json or slurm/, else its
-    children that do."""
-    def is_sweep(p: Path) -> bool:
-        return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
-            c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())
-
-    if not path.is_dir():
-        raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
-    if RunFolder(path).is_run():
-        raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
-    if is_sweep(path):
-        return [path]
-    found = sorted(p for p in path.iterdir() if p.is_dir() and is_sweep(p))
-    if not found:
-        raise UsageError(f"{path} holds no sweep (no run folders, no sweep.json)")
-    return found
+def is_sweep(p: Path) -> bool:
+    return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
+        c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())
 
 
 def cli(argv: list[str]) -> int:
@@ -315,16 +258,23 @@ def cli(argv: list[str]) -> int:
             raise UsageError(f"--watch={text}: must be > 0 seconds")
     if len(paths) > 1:
         raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
-    folders = sweep_dirs(Path(paths[0] if paths else "runs"))
+    path = Path(paths[0] if paths else "runs")  # a sweep folder, or a folder of sweeps
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
+    if RunFolder(path).is_run():
+        raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
+    folders = [path] if is_sweep(path) else sorted(
+        p for p in path.iterdir() if p.is_dir() and is_sweep(p))
+    if not folders:
+        raise UsageError(f"{path} holds no sweep (no run folders, no sweep.json)")
     if watch is None:
         print("\n\n".join(render(f) for f in folders))
         return 0
     try:
         while True:
             screen = "\n\n".join(render(f) for f in folders)
-            sys.stdout.write("\033[H\033[2J" + screen + f"\n\n(refreshing every {watch:g} s; "
-                             "Ctrl-C stops)\n")
-            sys.stdout.flush()
+            print(f"\033[H\033[2J{screen}\n\n(refreshing every {watch:g} s; Ctrl-C stops)",
+                  flush=True)
             time.sleep(watch)
     except KeyboardInterrupt:
         return 0

@@ -18,7 +18,7 @@ import pytest
 
 from mlx_gpt import cpu_jit
 from qkstudy import forecast
-from qkstudy.bench import measure, plan, tables
+from qkstudy.bench import cli as bench
 from qkstudy.__main__ import main
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.errors import UsageError
@@ -52,8 +52,8 @@ def test_flops_per_token_follows_palm():
 
 def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
-    preset = measure.preset_shape
-    monkeypatch.setattr(measure, "preset_shape",
+    preset = bench.preset_shape
+    monkeypatch.setattr(bench, "preset_shape",
                         lambda name: dict(TINY) if name == "demo" else preset(name))
     out = tmp_path / "reports"
     assert main(["bench", "shapes=demo", "cpu_shapes=none", "rounds=2", "warmup=1",
@@ -108,14 +108,14 @@ def fake_measurements(monkeypatch) -> list:
                     "matmul_gflops": 50.0}
         return {"tokens_per_s": total, "processes": [one]}
 
-    monkeypatch.setattr(measure, "measure_variant", fake)
-    monkeypatch.setattr(plan, "tuned_build_supported", lambda: True)
+    monkeypatch.setattr(bench, "measure_variant", fake)
+    monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
     return calls
 
 
 def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_path):
     calls = fake_measurements(monkeypatch)
-    report = measure.run(plan.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
+    report = bench.run(bench.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
                                          parallel=2, out=str(tmp_path)))
     one_round = [("mini", "mlx-plain-1"), ("mini", "mlx-native-1"), ("mini", "torch-1"),
                  ("mini", "mlx-plain-2"), ("mini", "mlx-native-2"), ("mini", "torch-2")]
@@ -127,7 +127,7 @@ def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_pat
     tuned = mini["ratios"]["mlx-native-1/mlx-plain-1"]
     assert tuned["median"] == pytest.approx(140 / 120) and tuned["min"] == pytest.approx(150 / 130)
     assert mini["ratios"]["torch-2/torch-1"]["median"] == pytest.approx(290 / 170)
-    text = tables.markdown(report)
+    text = bench.markdown(report)
     assert "| mini | MLX tuned | 140 (130-150) | 236 (226-246) | 1.69x (1.64-1.74) | " \
            "1.17x (1.15-1.18) |" in text
     assert "Fastest: mini: PyTorch, 2 process(es) (290 tok/s)." in text

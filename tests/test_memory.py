@@ -75,10 +75,9 @@ def test_refusal_names_the_dominant_term_what_it_needs_and_what_there_is():
     memory.check(fits, 257, runs_at_once=2, limit=(int(need * 2.3), "x"))
 
 
-def test_available_memory_is_the_machines_or_the_gpus_given():
+def test_available_memory_is_the_machines():
     size, words = memory.available()
     assert size > 10**8 and "GB" in words
-    assert memory.available(gpu_bytes=141 * 10**9) == (141 * 10**9, "the GPU has 141 GB")
 
 
 @pytest.fixture(scope="module")

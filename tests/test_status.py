@@ -157,11 +157,9 @@ def test_eta_arithmetic():
             run("interrupted", 20), run("waiting", 0)]
     done, total, rate, n = status.progress(runs)
     assert (done, total, rate, n) == (1000 + 1000 + 400 + 200, 5000, 50.0, 1)
-    assert status.eta_seconds(total - done, rate) == 2400 / 50
     # two processes add up; a run with no measured rate yet counts at the finished runs' mean
     runs += [run("running", 0)]
     assert status.progress(runs)[2:] == (450.0, 2)
-    assert status.eta_seconds(100, 0.0) is None and status.eta_seconds(-5, 10.0) == 0.0
     assert status.format_seconds(3725) == "1h02m" and status.format_seconds(65) == "1m05s"
 
 
@@ -174,8 +172,8 @@ def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
                                                     ("d1-noqk-lr0.1-s0-ggg", "none"))]
     files.write_json(folder / "submission.json", {"job_id": "77", "runs": runs})
     (folder / "task-1.log").write_text("task 1: ...\n")
-    monkeypatch.setattr(slurm, "queue_states", lambda jobs: {("77", 0): "RUNNING"})
-    monkeypatch.setattr(slurm, "accounting_states", lambda jobs: None)
+    monkeypatch.setattr(slurm, "task_states",
+                        lambda jobs, ended=False: None if ended else {("77", 0): "RUNNING"})
     text = status.render(sweep_dir)
     assert "Slurm task states from squeue" in text
     assert row(text, "d1-noqk-lr0.01-s0-eee").endswith("77_0 RUNNING")
@@ -183,7 +181,7 @@ def test_slurm_task_states_beside_runs(sweep_dir, monkeypatch):
     # a submitted run with no folder yet is listed (waiting) with its task
     assert row(text, "d1-noqk-lr0.1-s0-ggg").split()[1] == "waiting"
     assert row(text, "d1-noqk-lr0.1-s0-ggg").endswith("77_2 not in queue")
-    monkeypatch.setattr(slurm, "queue_states", lambda jobs: None)  # no squeue: files only
+    monkeypatch.setattr(slurm, "task_states", lambda jobs, ended=False: None)  # files only
     text = status.render(sweep_dir)
     assert "Slurm task states from files" in text
     assert row(text, "d1-qkrmsnorm-lr0.01-s0-fff").endswith("77_1 log written")

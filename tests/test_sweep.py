@@ -18,13 +18,13 @@ import pytest
 
 from qkstudy import files, forecast, run_folder, sweep, trainer
 from qkstudy.__main__ import main
-from qkstudy.config import parse_train_config
+from qkstudy.config import model_args, parse_train_config
 from qkstudy.errors import UsageError
 from qkstudy.locks import RunBusy
 from qkstudy.run_folder import RunFolder
 from qkstudy.sweep.config import groups, log_grid, run_config
-from qkstudy.sweep.plan import param_counts
-from qkstudy.sweep.refine import bisect_boundary, boundary, next_midpoint
+from qkstudy.parameters import count_params
+from qkstudy.sweep.refine import boundary, next_midpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_study_preset_is_the_studys_plan():
     runs = sweep.grid(sc)
     assert len(runs) == 7 * 2 * 3  # LRs x arms x seeds
     assert runs[0].steps == 24_414 and runs[0].tokens_per_step == 4096
-    params = param_counts(runs[0], 50257)
+    params = count_params(model_args(runs[0], 50257))
     assert 10e6 < params["total"] < 15e6
     assert sc.refine and sc.jobs == 1
 
@@ -230,6 +230,14 @@ def test_dry_run_of_the_study_says_how_long_and_warns(tmp_path, monkeypatch, cap
 # --- boundary refinement ----------------------------------------------------------------------
 
 GRID = [1e-3, 3.16e-3, 1e-2, 3.16e-2, 1e-1]
+
+
+def bisect_boundary(grid_lrs, is_stable, steps: int, factor: float) -> dict:
+    """The whole refinement against a stability oracle: every LR asked, in order."""
+    results = {lr: is_stable(lr) for lr in grid_lrs}
+    while (lr := next_midpoint(results, grid_lrs, steps, factor)) is not None:
+        results[lr] = is_stable(lr)
+    return results
 
 
 def test_bisection_narrows_the_bracket_around_a_stub_threshold():

@@ -1,17 +1,386 @@
-"""`python -m qkstudy bench [key=value ...]`: measure, print the tables, write bench.md and
-bench.json (what it measures: qkstudy/bench/__init__.py)."""
+"""`python -m qkstudy bench [key=value ...]`: the keys and checks, the rounds (every variant at
+every shape) gathered into one report (medians, ranges, paired ratios, numpy's matmul peak),
+and its Markdown tables, printed and written as bench.md beside bench.json."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import math
+import os
+import platform
+import shlex
+import statistics
 import sys
 from pathlib import Path
 
-from .. import files
+import numpy as np
+
+from .. import files, provenance
 from ..cli import keys_usage
 from ..config import apply_overrides, split_key_values
-from .measure import run
-from .plan import BenchConfig
-from .tables import markdown
+from ..errors import UsageError
+from ..forecast import BENCH_KEY, NIGHT_HOURS, where_to_run
+from ..parameters import count_params
+from .shapes import flops_per_token, preset_base, preset_shape, shape_config
+from .step import Spec, StepFailed, measure_together, timed
+
+BACKENDS = ("mlx", "torch")
+LABEL = {"mlx": "MLX", "torch": "PyTorch"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    shapes: str = "demo,mini,study"  # preset shapes measured with every backend; none
+    backends: str = "mlx,torch"
+    rounds: int = 3  # every measurement once per round; medians and ranges over rounds
+    warmup: int = 2  # untimed steps per measurement (compilation, first allocations)
+    seconds: float = 3.0  # timed steps per measurement: enough for about this long ...
+    min_steps: int = 3  # ... and at least this many
+    cpu_shapes: str = "demo,mini"  # also K processes at once and MLX's two CPU builds; none
+    parallel: int = 2  # K; 1 leaves that comparison out
+    builds: bool = True  # MLX's plain against its tuned CPU build (Linux x86-64 only)
+    probes: bool = True  # evaluation and probe cost (round 1)
+    quick: bool = False  # the demo shape, one round, one second a measurement: a smoke test
+    out: str = "reports"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One engine setting: backend, MLX CPU build, processes at once."""
+
+    backend: str
+    build: str | None  # mlx: plain | native; torch: None
+    processes: int
+
+    @property
+    def key(self) -> str:
+        return "-".join(filter(None, [self.backend, self.build, str(self.processes)]))
+
+    @property
+    def engine(self) -> str:
+        return LABEL[self.backend] + {"plain": " plain", "native": " tuned", None: ""}[self.build]
+
+    def env(self) -> dict[str, str]:
+        return {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
+
+
+def tuned_build_supported() -> bool:
+    """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py's supported())."""
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+
+
+def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[str]:
+    """Comma-separated names; `none` is the empty list."""
+    if text.strip() == "none":
+        return []
+    names = [s.strip() for s in text.split(",")]
+    if not all(names):
+        raise UsageError(f"{key} has an empty name ({text!r})")
+    if len(set(names)) != len(names):
+        raise UsageError(f"{key} names one twice ({text!r})")
+    for name in names:
+        if known is not None and name not in known:
+            raise UsageError(f"unknown {key[:-1]} {name!r} in {key}; known: {', '.join(known)}")
+    return names
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    shapes: list[str]  # every shape measured, in order
+    cpu_shapes: list[str]
+    backends: list[str]
+    builds: list[str]
+
+    def variants(self, name: str, parallel: int) -> list[Variant]:
+        """The engines measured at shape `name`, by process count, backend and build."""
+        extra = name in self.cpu_shapes
+        counts = (1, parallel) if extra and parallel > 1 else (1,)
+        builds = {"mlx": self.builds if extra else ["plain"], "torch": [None]}
+        return [Variant(b, build, n) for n in counts for b in self.backends for build in builds[b]]
+
+
+def validate(bench: BenchConfig) -> Plan:
+    """Every check that can fail, before anything is measured."""
+    for ok, message in [
+            (bench.rounds >= 1, f"rounds must be >= 1, got {bench.rounds}"),
+            (bench.warmup >= 1, f"warmup must be >= 1 (it also sizes the timed steps), got "
+                                f"{bench.warmup}"),
+            (math.isfinite(bench.seconds) and bench.seconds > 0,
+             f"seconds must be a number > 0, got {bench.seconds}"),
+            (bench.min_steps >= 1, f"min_steps must be >= 1, got {bench.min_steps}"),
+            (bench.parallel >= 1, f"parallel must be >= 1 (1 leaves the comparison out), got "
+                                  f"{bench.parallel}")]:
+        if not ok:
+            raise UsageError(message)
+    shapes = names_of(bench.shapes, "shapes")
+    cpu_shapes = names_of(bench.cpu_shapes, "cpu_shapes")
+    for name in shapes + cpu_shapes:
+        preset_shape(name)  # the shapes are the presets: UsageError naming them
+    if not shapes and not cpu_shapes:
+        raise UsageError("nothing to measure: shapes and cpu_shapes are both none")
+    backends = names_of(bench.backends, "backends", BACKENDS)
+    if not backends:
+        raise UsageError("backends needs at least one of mlx, torch")
+    missing = [b for b in backends if importlib.util.find_spec(b) is None]
+    if missing == backends:
+        raise UsageError(f"{' and '.join(missing)} not installed: nothing to measure with; "
+                         + " or ".join(f"pip install -e '.[{b}]'" for b in missing))
+    for b in missing:
+        print(f"warning: {b} is not installed here; measuring "
+              f"{', '.join(x for x in backends if x not in missing)} only", file=sys.stderr)
+    out = Path(bench.out)
+    try:  # the report's folder, made and written to once before anything is measured
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".bench-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
+    builds = ["plain", "native"] if bench.builds and tuned_build_supported() else ["plain"]
+    return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
+                [b for b in backends if b not in missing], builds)
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
+    """Best-of float32 n^3 matmul GFLOP/s in numpy (its BLAS): the machine's peak here."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    return 2 * n**3 / min(timed(lambda: a @ a) for _ in range(repeats)) / 1e9
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def spread(values: list[float | None]) -> dict | None:
+    """{"median", "min", "max", "n"} of the values that exist; None if none does."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def measure_variant(name: str, variant: Variant, bench: BenchConfig, first: bool) -> dict:
+    """One measurement of the variant's processes at once, or {"error": why}."""
+    shape = preset_shape(name)
+    cfg, _ = shape_config(shape, preset_base(name), backend=variant.backend)
+    spec = Spec(config=dataclasses.asdict(cfg), vocab=shape["vocab"], warmup=bench.warmup,
+                seconds=bench.seconds, min_steps=bench.min_steps,
+                overheads=first and bench.probes, matmul=first)
+    try:
+        results = measure_together(spec, variant.processes, env=variant.env())
+    except StepFailed as e:
+        return {"error": str(e)}
+    return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
+
+
+def record(report: dict, entry: dict, v: Variant, m: dict, first: bool) -> None:
+    """One measurement into the report (in round 1 also facts, overheads and matmul peak)."""
+    entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": v.engine}
+    entry["samples"].setdefault(v.key, []).append(m.get("tokens_per_s"))
+    entry.setdefault("details", {}).setdefault(v.key, []).append(m)
+    if "error" in m:
+        print(f"failed ({m['error']})", flush=True)
+        return
+    print(f"{m['tokens_per_s']:,.0f} tok/s", flush=True)
+    one = m["processes"][0]
+    if first:
+        report["facts"].setdefault(v.backend, one["backend"] | {"engine": one["engine"]})
+        if "overheads" in one:
+            entry["overheads"][v.backend] = one["overheads"]
+        if "matmul_gflops" in one:
+            report.setdefault("matmul_gflops", {}).setdefault(v.backend, one["matmul_gflops"])
+
+
+def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
+    if bench.quick:
+        bench = dataclasses.replace(bench, shapes="demo", cpu_shapes="demo", rounds=1,
+                                    seconds=min(bench.seconds, 1.0))
+    plan = validate(bench)
+    report: dict = {
+        "command": shlex.join(["python", "-m", "qkstudy", "bench", *(argv or [])]),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "cpu": provenance.chip(), "load_average": load_average(),
+                    "load_before_each": []},
+        "config": dataclasses.asdict(bench), "backends": plan.backends, "builds": plan.builds,
+        "facts": {}}
+    print("measuring the sgemm peak (numpy) ...", flush=True)
+    report["sgemm_gflops"] = sgemm_gflops()
+    shapes: dict[str, dict] = {}
+    for name in plan.shapes:
+        _, args = shape_config(preset_shape(name), preset_base(name))
+        shapes[name] = {"shape": preset_shape(name), "params": count_params(args),
+                        "flops_per_token": flops_per_token(args), "samples": {},
+                        "variants": {}, "overheads": {}}
+    for r in range(bench.rounds):
+        for name in plan.shapes:
+            for v in plan.variants(name, bench.parallel):
+                first = r == 0 and v.processes == 1 and v.build in (None, "plain")
+                print(f"measuring {name}: {v.engine}, {v.processes} process(es), round "
+                      f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
+                report["machine"]["load_before_each"] += (load_average() or [])[:1]
+                record(report, shapes[name], v, measure_variant(name, v, bench, first), first)
+    for entry in shapes.values():  # medians, ranges, FLOP/s and per-round paired ratios
+        samples = entry["samples"]
+        entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}
+        entry["gflops"] = {k: s["median"] * entry["flops_per_token"] / 1e9
+                           for k, s in entry["tokens_per_s"].items() if s}
+        entry["share_of_sgemm_peak"] = {k: g / report["sgemm_gflops"]
+                                        for k, g in entry["gflops"].items()}
+        pairs, base = [], "mlx-plain-1"
+        for key, v in entry["variants"].items():
+            if v["processes"] == 1 and key != base:
+                pairs.append((base, key))
+            if v["processes"] > 1:
+                pairs.append((key.rsplit("-", 1)[0] + "-1", key))
+        entry["ratios"] = {f"{b}/{a}": spread([y / x for x, y in zip(samples[a], samples[b])
+                                               if x and y is not None])
+                           for a, b in pairs if a in samples}
+    report["shapes"] = shapes
+    report["where_to_run"] = where_to_run(shapes, report["machine"])
+    report["machine"]["load_average_after"] = load_average()
+    return report
+
+
+def median_range(s: dict | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
+    if not s:
+        return "-"
+    text = fmt.format(s["median"]) + unit
+    return text if s["n"] == 1 else f"{text} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
+
+
+def ratio_text(s: dict | None) -> str:
+    return median_range(s, "{:.2f}", "x")
+
+
+def hours_text(hours: float, unit: str) -> str:
+    """Two significant digits below 100 hours, whole numbers above."""
+    def number(x: float) -> str:
+        return f"{x:.2g}" if x < 100 else f"{x:,.0f}"
+
+    if unit == "nights":
+        return f"{number(hours)} h ({number(hours / NIGHT_HOURS)} nights)"
+    return f"{number(hours)} GPU-h"
+
+
+def markdown(report: dict) -> str:
+    m, cfg = report["machine"], report["config"]
+    load, after, during = (m.get(k) for k in ("load_average", "load_average_after",
+                                              "load_before_each"))
+    matmul, facts = report.get("matmul_gflops", {}), report.get("facts", {})
+    versions = [f"MLX {facts['mlx']['mlx']} on {facts['mlx']['device']} (BLAS "
+                f"{facts['mlx']['blas']})" if "mlx" in facts else "",
+                f"PyTorch {facts['torch']['torch']} on {facts['torch']['device']}, "
+                f"{facts['torch']['threads']} threads" if "torch" in facts else ""]
+    return "\n".join([
+        f"Machine: {m['platform']}, {m['cpu'] or 'CPU unknown'}, {m['cpus']} CPUs; "
+        + "; ".join(v for v in versions if v)
+        + (f"; 1-minute load average {load[0]:.2f} at the start" if load else "")
+        + (f", {min(during):.2f}-{max(during):.2f} before each measurement (the bench's own "
+           f"processes included)" if during else "")
+        + (f", {after[0]:.2f} at the end" if after else "") + ".",
+        f"Float32 matmul peak (2048^3, best of 3): numpy {report['sgemm_gflops']:.0f} GFLOP/s"
+        + "".join(f", {LABEL[b]} {g:.0f}" for b, g in matmul.items()) + ".",
+        f"Command: `{report['command']}`. Each value: the median of {cfg['rounds']} round(s) "
+        f"(range in brackets); each measurement a fresh process running the run's own engine: "
+        f"{cfg['warmup']} warm-up steps, then timed steps for about {cfg['seconds']:g} s (at "
+        f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
+        "the median (range) of the per-round ratios.",
+    ] + speed_table(report) + processes_table(report) + where_to_run_table(report["where_to_run"]))
+
+
+def speed_table(report: dict) -> list[str]:
+    shapes, backends = report["shapes"], report["backends"]
+    both = sorted(backends) == ["mlx", "torch"]
+    head = (["shape", "params", "MFLOPs/token"] + [f"{LABEL[b]} tok/s" for b in backends]
+            + ["PyTorch / MLX"] * both
+            + [f"{LABEL[b]} GFLOP/s (share of sgemm peak)" for b in backends]
+            + [f"{LABEL[b]} probe / eval overhead" for b in backends])
+    lines = ["", "The shapes (each preset's model at its largest depth):", "",
+              "| shape | depth | d_model | heads | block | batch | vocabulary |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, e in shapes.items():
+        s = e["shape"]
+        lines.append(f"| {name} | {s['depth']} | {s['d_model']} | {s['n_heads']} | "
+                     f"{s['block_size']} | {s['batch_size']} | {s['vocab']:,} |")
+    lines += ["", "Train step, one process:", "", "| " + " | ".join(head) + " |",
+              "|" + " --- |" * len(head)]
+    for name, e in shapes.items():
+        row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
+        row += [median_range(e["tokens_per_s"].get(BENCH_KEY[b])) for b in backends]
+        if both:
+            row += [ratio_text(e["ratios"].get("torch-1/mlx-plain-1"))]
+        for b in backends:
+            k = BENCH_KEY[b]
+            row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
+                    if k in e["gflops"] else "-"]
+        for b in backends:
+            o = e["overheads"].get(b)
+            row += [f"{o['probe_overhead']:.1%} / {o['eval_overhead']:.1%}" if o else "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    if any(e["overheads"] for e in shapes.values()):
+        lines += ["", "Overhead: one probe call (measure, snapshot, update_stats) per probe_every "
+                      "steps and one evaluation (eval_batches batches) per eval_every steps, at "
+                      "each preset's own intervals, as a share of its training time."]
+    return lines
+
+
+def processes_table(report: dict) -> list[str]:
+    k = report["config"]["parallel"]
+    rows, fastest = [], []
+    for name, e in report["shapes"].items():
+        variants = e["variants"]
+        if len(variants) <= len(report["backends"]):
+            continue  # one setting per backend: the first table has it all
+        best = max((key for key, s in e["tokens_per_s"].items() if s),
+                   key=lambda key: e["tokens_per_s"][key]["median"], default=None)
+        if best:
+            v = variants[best]
+            fastest.append(f"{name}: {v['engine']}, {v['processes']} process(es) "
+                           f"({e['tokens_per_s'][best]['median']:,.0f} tok/s)")
+        for key, v in variants.items():
+            if v["processes"] != 1:
+                continue
+            many = key.rsplit("-", 1)[0] + f"-{k}"
+            rows.append(
+                f"| {name} | {v['engine']} | {median_range(e['tokens_per_s'].get(key))} | "
+                f"{median_range(e['tokens_per_s'].get(many))} | "
+                f"{ratio_text(e['ratios'].get(f'{many}/{key}'))} | "
+                f"{ratio_text(e['ratios'].get(f'{key}/mlx-plain-1'))} |")
+    if not rows:
+        return []
+    return ["", f"Processes at once and MLX's CPU builds (tokens/s, in total for {k} processes; "
+                "tuned = MLX's CPU kernels built with -march=native, MLX_GPT_CPU_JIT=native):", "",
+            f"| shape | engine | 1 process | {k} at once | {k} / 1 process | 1 process vs MLX "
+            f"plain |", "| --- | --- | --- | --- | --- | --- |", *rows,
+            "", "Fastest: " + "; ".join(fastest) + "."]
+
+
+def where_to_run_table(w: dict) -> list[str]:
+    p = w["plan"]
+    lines = ["", f"Where to run the study: the study preset's run is {p['budget_tokens']:,} "
+                 f"training tokens plus its evaluations ({p['cost_tokens']:,.0f} "
+                 "token-equivalents) "
+                 f"at depth {p['depth']} ({p['flops_per_token'] / 1e6:.1f} MFLOPs per token); one "
+                 f"depth is {p['runs_per_depth']} runs ({p['arms']} arms x {p['lrs']} LRs x "
+                 f"{p['seeds']} seeds), the whole study {p['depths']} depths, each counted at "
+                 f"depth {p['depth']}'s cost, one run at a time (a night: {NIGHT_HOURS} h):", "",
+             "| platform | backend | tokens/s at the study shape | source | one run | one depth "
+             f"({p['runs_per_depth']} runs) | whole study ({p['runs_per_depth'] * p['depths']} "
+             "runs) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in w["rows"]:
+        speed = f"{r['tokens_per_s']:,.0f}"
+        if "range" in r:
+            speed += f" ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
+        lines.append(f"| {r['platform']} | {r['backend']} | {speed} | {r['source']} | "
+                     f"{hours_text(r['hours_per_run'], r['unit'])} | "
+                     f"{hours_text(r['hours_per_depth'], r['unit'])} | "
+                     f"{hours_text(r['hours_whole_study'], r['unit'])} |")
+    return lines
 
 
 USAGE = keys_usage(

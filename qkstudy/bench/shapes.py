@@ -1,15 +1,5 @@
-"""The models the benchmarks time: the presets' own (qkstudy/sweep/config.py PRESETS).
-
-Framework-free (both backends' benchmarks and the GPU check use it).
-
-A shape is a dict of SHAPE_KEYS: depth, d_model, n_heads, block_size, batch_size and vocab. A
-preset's shape is its run's model at the preset's largest depth, with the vocabulary of its
-data's tokenizer (the data folder's suffix: bytes -> 257, gpt2 -> 50,257), so `just bench` and
-`just gpu-check` time exactly the model a preset's run trains. Model FLOPs per token follow the
-PaLM appendix (Chowdhery et al. 2022, app. B): 6 N + 12 L H Q T, with N the matmul parameters
-(everything but the position table; the tied embedding counts once, as the output head) and L,
-H, Q, T the layers, heads, head dim and context.
-"""
+"""The models the benchmarks time (framework-free): a preset's shape is its run's model at its
+largest depth, as a dict of depth, d_model, n_heads, block_size, batch_size and vocab."""
 
 from __future__ import annotations
 
@@ -20,9 +10,6 @@ import numpy as np
 from ..config import ModelArgs, TrainConfig, model_args
 from ..errors import UsageError
 from ..parameters import count_params
-
-SHAPE_KEYS = ("depth", "d_model", "n_heads", "block_size", "batch_size", "vocab")
-PRESET_SHAPES = ("demo", "mini", "study")  # the presets a benchmark measures by default
 
 
 def preset_shape(name: str) -> dict[str, int]:
@@ -35,17 +22,13 @@ def preset_shape(name: str) -> dict[str, int]:
                          f"{', '.join(PRESETS)}")
     sweep = PRESETS[name]
     t = sweep.train
-    suffix = t.data.rstrip("/").rsplit("-", 1)[-1]
-    if suffix not in VOCAB_BY_SUFFIX:
-        raise UsageError(f"preset {name}'s data {t.data} names no known tokenizer")
     return {"depth": max(sweep.depth), "d_model": t.d_model, "n_heads": t.n_heads,
             "block_size": t.block_size, "batch_size": t.batch_size,
-            "vocab": VOCAB_BY_SUFFIX[suffix]}
+            "vocab": VOCAB_BY_SUFFIX[t.data.rsplit("-", 1)[-1]]}
 
 
 def preset_base(name: str) -> TrainConfig | None:
-    """The preset's own run config (its intervals, optimizer and arm), or None for a shape
-    that is not a preset."""
+    """The preset's own run config, or None for a shape that is not a preset."""
     from ..sweep.config import PRESETS
 
     return PRESETS[name].train if name in PRESETS else None
@@ -53,8 +36,7 @@ def preset_base(name: str) -> TrainConfig | None:
 
 def shape_config(shape: dict, base: TrainConfig | None = None, **changes
                  ) -> tuple[TrainConfig, ModelArgs]:
-    """(the run config of `shape`, its model arguments): `base` (a preset's run config, or
-    TrainConfig's defaults) with the shape's dimensions and `changes` (backend=, device=, ...)."""
+    """(the run config of `shape` over `base` with `changes` (backend=, ...), its model args)."""
     base = base or TrainConfig(warmup_steps=10, max_steps=10_000)
     cfg = dataclasses.replace(base, depth=shape["depth"], d_model=shape["d_model"],
                               n_heads=shape["n_heads"], block_size=shape["block_size"],
@@ -70,7 +52,8 @@ def random_batch(cfg: TrainConfig, vocab: int, seed: int = 0) -> tuple[np.ndarra
 
 
 def flops_per_token(args: ModelArgs) -> float:
-    """Training FLOPs per token, forward and backward: 6 N + 12 L H Q T (module docstring)."""
+    """Training FLOPs per token, 6 N + 12 L H Q T (PaLM, Chowdhery et al. 2022, app. B); N: the
+    matmul parameters (all but the position table; the tied embedding once)."""
     n = count_params(args)["total"] - args.block_size * args.d_model  # minus the position table
     attention = 12 * args.depth * args.n_heads * (args.d_model // args.n_heads) * args.block_size
     return 6.0 * n + attention

@@ -1,16 +1,6 @@
-"""One measurement of the benchmarks, in a fresh process: a backend's real training step.
-
-`python -m qkstudy.bench.step SPEC_JSON` builds the run's own engine (qkstudy/backends.py) at the
-spec's shape, takes `warmup` synced steps (compilation, first allocations), then times about
-`seconds` of steps (at least `min_steps`) on one random batch, read back every `log_every` steps
-as the trainer does; optionally also one evaluation batch and one probe call ("overheads") and
-the backend's matmul peak ("matmul"). The last line on stdout is the result as JSON.
-
-With "sync" the process prints `ready` after its warm-up and waits for `go STOP_TIME` on stdin:
-`measure_together` lines up K such processes and gives them one stop time, so they time the
-same window. Each is started with the caller's environment plus `env` and its number among the
-K (QKSTUDY_DEVICE_SLOT: on N GPUs, process i trains on GPU i mod N, as in a sweep).
-"""
+"""One measurement in a fresh process (`python -m qkstudy.bench.step SPEC_JSON`): the run's own
+engine's steps, read back every `log_every` as the trainer does; the result is the last stdout
+line. With "sync" it says `ready` after its warm-up and waits for `go STOP_TIME`."""
 
 from __future__ import annotations
 
@@ -29,7 +19,6 @@ from .. import backends, trainer
 from ..config import TrainConfig
 from .shapes import random_batch
 
-ROOT = Path(__file__).resolve().parents[2]
 READY = "ready"
 
 
@@ -46,28 +35,23 @@ class Spec:
     matmul: bool = False  # the backend's matmul peak on the run's device and precision
     sync: bool = False
 
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(**self.config).validate()
 
-
-def _timed(fn) -> float:
+def timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
 def measure(spec: Spec, ready=None) -> dict:
-    """The measurement, in this process. `ready` is called between warm-up and timing; when it
-    returns a stop time (time.time()), steps are timed until then instead of a fixed count."""
-    cfg = spec.train_config()
+    """The measurement, here; `ready`, called after the warm-up, may return a stop time."""
+    cfg = TrainConfig(**spec.config).validate()
     backend = backends.load(cfg.backend)
     x, y = random_batch(cfg, spec.vocab, 0)
     probe = random_batch(cfg, spec.vocab, 1)
     # one validation batch: the evaluation's cost is that batch's times eval_batches
     engine = backend.Engine(cfg, spec.vocab, [probe], probe)
-    warmup = [_timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
-    last = warmup[-1] if warmup else _timed(lambda: engine.read([engine.step(x, y)]))
-    steps = max(spec.min_steps, min(100_000, math.ceil(spec.seconds / max(last, 1e-6))))
+    warmup = [timed(lambda: engine.read([engine.step(x, y)])) for _ in range(spec.warmup)]
+    steps = max(spec.min_steps, min(100_000, math.ceil(spec.seconds / max(warmup[-1], 1e-6))))
     stop = ready() if ready is not None else None
     started, start, pending, done = time.time(), time.perf_counter(), [], 0
     while done < steps if stop is None else (done < spec.min_steps or time.time() < stop):
@@ -79,14 +63,26 @@ def measure(spec: Spec, ready=None) -> dict:
     if pending:
         engine.read(pending)
     seconds = time.perf_counter() - start
-    steps = done
-    result = {"tokens_per_s": steps * cfg.tokens_per_step / seconds, "steps": steps,
-              "seconds": seconds, "step_s": seconds / steps, "warmup_s": warmup,
+    result = {"tokens_per_s": done * cfg.tokens_per_step / seconds, "steps": done,
+              "seconds": seconds, "step_s": seconds / done, "warmup_s": warmup,
               "window": [started, started + seconds],
               "framework": engine.framework, "device": engine.device,
               "engine": engine.manifest_extra, "backend": backend.facts(cfg)}
-    if spec.overheads:
-        result["overheads"] = overheads(engine, cfg, result["step_s"])
+    if spec.overheads:  # evaluation and probe cost per call and as a share of training
+        def probe_call() -> None:  # the trainer's own calls
+            before = engine.snapshot()
+            engine.probes(0)
+            engine.update_stats(0, before)
+
+        engine.evaluate()  # compiles
+        eval_s = min(timed(engine.evaluate) for _ in range(2)) * cfg.eval_batches
+        probe_call()
+        probe_s, step_s = min(timed(probe_call) for _ in range(2)), result["step_s"]
+        result["overheads"] = {
+            "eval_call_s": eval_s, "eval_overhead": eval_s / (cfg.eval_every * step_s),
+            "probe_call_s": probe_s, "probe_overhead": probe_s / (cfg.probe_every * step_s),
+            "eval_every": cfg.eval_every, "eval_batches": cfg.eval_batches,
+            "probe_every": cfg.probe_every}
     if spec.matmul:
         result["matmul_gflops"] = backend.matmul_gflops(cfg)
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, kB on Linux
@@ -95,77 +91,54 @@ def measure(spec: Spec, ready=None) -> dict:
     return result
 
 
-def overheads(engine, cfg: TrainConfig, step_s: float, repeats: int = 2) -> dict:
-    """Evaluation and probe cost per call, and as a share of training time at the config's
-    intervals (eval_every, eval_batches, probe_every): the trainer's own calls."""
-
-    def probe_call() -> None:
-        before = engine.snapshot()
-        engine.probes(0)
-        engine.update_stats(0, before)
-
-    engine.evaluate()  # compiles
-    eval_s = min(_timed(engine.evaluate) for _ in range(repeats)) * cfg.eval_batches
-    probe_call()
-    probe_s = min(_timed(probe_call) for _ in range(repeats))
-    return {"eval_call_s": eval_s, "eval_overhead": eval_s / (cfg.eval_every * step_s),
-            "probe_call_s": probe_s, "probe_overhead": probe_s / (cfg.probe_every * step_s),
-            "eval_every": cfg.eval_every, "eval_batches": cfg.eval_batches,
-            "probe_every": cfg.probe_every}
-
-
 class StepFailed(RuntimeError):
-    """A measurement process failed or ran out of time; the message says which and why."""
+    """A measurement process failed or ran out of time."""
 
 
 def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None = None,
                      timeout: float | None = None) -> list[dict]:
-    """`processes` fresh processes measuring `spec` at once: each warms up, then all start their
-    timed steps together. Their results, in start order; StepFailed if any fails (or, with
-    `timeout` seconds, is not done by then: all are then killed)."""
+    """The results of `processes` fresh processes measuring `spec` in one window; StepFailed if
+    any fails or is not done within `timeout` seconds (all are then killed)."""
     spec = dataclasses.replace(spec, sync=processes > 1)
     deadline = None if timeout is None else time.monotonic() + timeout
     environment = {**os.environ, **(env or {})}
     # this checkout first, wherever the caller runs from
     environment["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+        [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
     if processes > 1:
-        environment[trainer.RUNS_PER_DEVICE] = environment.get(trainer.RUNS_PER_DEVICE,
-                                                               str(processes))
-    with tempfile.TemporaryDirectory(prefix="qkstudy-bench-") as tmp:
-        procs, errs = [], []
-        try:
-            for i in range(processes):
-                err = open(Path(tmp) / f"stderr-{i}", "w+")
-                errs.append(err)
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "qkstudy.bench.step",
-                     json.dumps(dataclasses.asdict(spec))], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                    text=True, env={**environment, trainer.DEVICE_SLOT: str(i)}))
-            if spec.sync:
-                for p, err in zip(procs, errs):
-                    _wait_for_ready(p, err, deadline)
-                stop = time.time() + spec.seconds  # all warmed up: go, all until the same time
-                for p in procs:
-                    p.stdin.write(f"go {stop!r}\n")
-                    p.stdin.flush()
-            results = []
+        environment.setdefault(trainer.RUNS_PER_DEVICE, str(processes))
+    procs, errs = [], []
+    try:
+        for i in range(processes):
+            errs.append(tempfile.TemporaryFile("w+"))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "qkstudy.bench.step", json.dumps(dataclasses.asdict(spec))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[-1], text=True,
+                env={**environment, trainer.DEVICE_SLOT: str(i)}))
+        if spec.sync:
             for p, err in zip(procs, errs):
-                try:
-                    out, _ = p.communicate(timeout=_left(deadline))
-                except subprocess.TimeoutExpired:
-                    raise StepFailed(f"not done within {timeout:.0f} s") from None
-                if p.returncode != 0:
-                    raise StepFailed(_failure(p.returncode, err))
-                results.append(json.loads(out.strip().splitlines()[-1]))
-            return results
-        finally:
+                _wait_for_ready(p, err, deadline)
+            stop = time.time() + spec.seconds  # all warmed up: go, all until the same time
             for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            for err in errs:
-                err.close()
+                p.stdin.write(f"go {stop!r}\n")
+                p.stdin.flush()
+        results = []
+        for p, err in zip(procs, errs):
+            try:
+                out, _ = p.communicate(timeout=_left(deadline))
+            except subprocess.TimeoutExpired:
+                raise StepFailed(f"not done within {timeout:.0f} s") from None
+            if p.returncode != 0:
+                raise StepFailed(_failure(p.returncode, err))
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for err in errs:
+            err.close()
 
 
 def _left(deadline: float | None) -> float | None:
@@ -173,7 +146,7 @@ def _left(deadline: float | None) -> float | None:
 
 
 def _wait_for_ready(p: subprocess.Popen, err, deadline: float | None) -> None:
-    """Read the process's stdout up to its `ready` line (in a thread, to honour the deadline)."""
+    """Read the process's stdout up to its `ready` line (in a thread, for the deadline)."""
     import threading
 
     seen: list[str] = []

@@ -1,16 +1,7 @@
-"""The runs a sweep's results call for after its grid, replayed from the results on disk (so
-every stage is resumable and a Slurm re-submission finds the same runs): 1. boundary refinement
-(refine.py); 2. threshold refinement: per (depth, compared arm), bisection in log LR between the
-largest LR where the seed-mean gap (off minus on) is under min_gap and the LR above it, with
-every base seed in both arms; 3. adaptive seeds: one more seed at a time (both arms), up to
-max_seeds, for the (depth, LR) cells whose decision is still open.
-
-These are design rules (where to spend runs), read off summary.json alone; the claims are the
-analysis's (docs/report.md), which treats seeds added by rule 3 (optional stopping) as
-exploratory. A cell is open unless a one-sided t-test at DESIGN_ALPHA finds off worse by more
-than min_gap, on worse by more than min_gap, or the mean inside +-min_gap (TOST): the analysis's
-three cell claims; a cell where neither arm learned is never open.
-"""
+"""The runs a sweep's results call for after its grid, replayed from summary.json: boundary
+refinement (refine.py); per (depth, compared arm), bisection of where the seed-mean gap (off
+minus on) reaches min_gap; adaptive seeds, up to max_seeds, for the (depth, LR) cells still open:
+no one-sided t-test at DESIGN_ALPHA finds off worse, on worse, or the mean within +-min_gap."""
 
 from __future__ import annotations
 
@@ -23,50 +14,34 @@ from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, run_outcome
 
 OFF = "none"
-# A stable run within this many nats of the corpus's unigram entropy learned token frequencies
-# and little more (the analysis's default degraded_margin, analysis.metrics.Options).
-DEGRADED_MARGIN = 0.2
-
-# A cell is closed only by a one-sided test at this level: the analysis adjusts 50-100 tests per
-# family (Benjamini-Hochberg at 0.05), where a claim needs p of about 0.05 k / m; a cell closed
-# at 0.05 unadjusted (3 seeds, 2 degrees of freedom) is seldom decided there.
-DESIGN_ALPHA = 0.005
-
-Cell = tuple[float, bool]  # (gap off - on in clipped loss, both arms failed to learn)
-
-
-def _pair(cfg_off: TrainConfig, cfg_on: TrainConfig) -> Cell | None:
-    """The seed's paired gap and whether neither run learned, or None until both finished."""
-    out = []
-    for cfg in (cfg_off, cfg_on):
-        if not run_outcome(cfg).finished:
-            return None
-        s = RunFolder.of(cfg).summary_record()
-        init, final = s.get("init_loss"), s.get("final_val_loss")
-        if not isinstance(init, (int, float)):
-            return None
-        diverged = s.get("status") != "completed" or not isinstance(final, (int, float)) \
-            or not math.isfinite(final)
-        loss = init if diverged else min(final, init)
-        entropy = s.get("unigram_entropy")
-        degraded = (not diverged and isinstance(entropy, (int, float))
-                    and final > entropy - DEGRADED_MARGIN)
-        out.append((loss, diverged or degraded))
-    return out[0][0] - out[1][0], out[0][1] and out[1][1]
+DEGRADED_MARGIN = 0.2  # nats above unigram entropy: learned only token frequencies (analysis's)
+DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05): 0.05 is too lax
 
 
 def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[int]
          ) -> tuple[list[float], bool, list[TrainConfig]]:
-    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished)."""
+    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished);
+    a gap is off minus on in clipped loss, a run failed to learn when diverged or degraded."""
     gaps, failed, pending = [], True, []
     for seed in seeds:
-        off, on = (run_config(sweep, depth, lr, a, seed) for a in (OFF, arm))
-        pair = _pair(off, on)
-        if pair is None:
-            pending += [c for c in (off, on) if not run_outcome(c).finished]
+        pair = [run_config(sweep, depth, lr, a, seed) for a in (OFF, arm)]
+        out = []
+        for cfg in pair:
+            s = RunFolder.of(cfg).summary_record() if run_outcome(cfg).finished else {}
+            init, final = s.get("init_loss"), s.get("final_val_loss")
+            if not isinstance(init, (int, float)):
+                break  # not finished (or no initial loss): no gap for this seed yet
+            diverged = s.get("status") != "completed" or not isinstance(final, (int, float)) \
+                or not math.isfinite(final)
+            entropy = s.get("unigram_entropy")
+            degraded = (not diverged and isinstance(entropy, (int, float))
+                        and final > entropy - DEGRADED_MARGIN)
+            out.append((init if diverged else min(final, init), diverged or degraded))
+        if len(out) < 2:
+            pending += [c for c in pair if not run_outcome(c).finished]
             continue
-        gaps.append(pair[0])
-        failed = failed and pair[1]
+        gaps.append(out[0][0] - out[1][0])
+        failed = failed and out[0][1] and out[1][1]
     return gaps, failed and bool(gaps), pending
 
 
@@ -91,8 +66,7 @@ def compared_arms(sweep: SweepConfig) -> list[str]:
 
 def threshold_state(sweep: SweepConfig, depth: int, arm: str
                     ) -> tuple[dict[float, float], list[TrainConfig]]:
-    """Replay one (depth, arm)'s threshold bisection: (seed-mean gap per informative LR so far,
-    the runs to train next: empty when done or when a base run has no result yet)."""
+    """One (depth, arm)'s threshold bisection: (seed-mean gap per LR, the runs to train next)."""
     means: dict[float, float] = {}
     for lr in sweep.grid_lrs():
         gaps, failed, pending = cell(sweep, depth, lr, arm, sweep.seeds)
@@ -113,10 +87,8 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
     return means, []
 
 
-def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
-                      ) -> float | None:
-    """The next LR of the threshold bisection (the bracket's geometric mean, to three digits),
-    or None without a bracket or within `factor` (analysis/calibrate.py runs the same rule)."""
+def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float) -> float | None:
+    """The bracket's geometric mean to three digits, or None (analysis/calibrate.py's rule)."""
     bracket = threshold_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:
         return None
@@ -125,8 +97,7 @@ def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float
 
 
 def threshold_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:
-    """(largest LR under min_gap, the LR above it) from the top down, or None when the largest
-    LR is under min_gap (no threshold within the grid) or every LR is at least min_gap."""
+    """(largest LR under min_gap, the LR above it) below a top LR at or over min_gap, or None."""
     lrs = sorted(means)
     if not lrs or means[lrs[-1]] < min_gap:
         return None
@@ -142,27 +113,8 @@ def extra_seeds(sweep: SweepConfig) -> list[int]:
     return list(range(top + 1, top + 1 + max(0, sweep.max_seeds - len(sweep.seeds))))
 
 
-def seed_state(sweep: SweepConfig, depth: int, arm: str, lrs: Iterable[float]
-               ) -> list[TrainConfig]:
-    """Adaptive seeds for one (depth, arm): per cell, the next seed's runs while the cell is
-    open and has fewer than max_seeds; nothing while a cell waits on a run."""
-    todo = []
-    for lr in lrs:
-        seeds = list(sweep.seeds)
-        for extra in [*extra_seeds(sweep), None]:
-            gaps, failed, pending = cell(sweep, depth, lr, arm, seeds)
-            if pending:
-                todo += pending
-                break
-            if failed or extra is None or not is_open(gaps, sweep.min_gap):
-                break
-            seeds.append(extra)
-    return todo
-
-
 def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
-    """The next runs the results call for, stage by stage: boundary refinement, then threshold
-    refinement, then adaptive seeds. A later stage starts only when the earlier one is done."""
+    """The next runs the results call for; a later stage starts when the earlier one is done."""
     if sweep.refine:
         boundary = [cfg for g in groups if (cfg := group_state(sweep, g)[1]) is not None]
         if boundary:
@@ -174,8 +126,17 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
             if pending:
                 out += pending
                 continue
-            if sweep.max_seeds > len(sweep.seeds):
-                lrs = sorted(set(sweep.grid_lrs()) | set(means))
-                out += seed_state(sweep, depth, arm, lrs)
+            if sweep.max_seeds <= len(sweep.seeds):
+                continue
+            for lr in sorted(set(sweep.grid_lrs()) | set(means)):  # adaptive seeds, cell by cell
+                seeds = list(sweep.seeds)
+                for extra in [*extra_seeds(sweep), None]:  # the next seed while the cell is open
+                    gaps, failed, pending = cell(sweep, depth, lr, arm, seeds)
+                    if pending:
+                        out += pending
+                        break
+                    if failed or extra is None or not is_open(gaps, sweep.min_gap):
+                        break
+                    seeds.append(extra)
     unique = {c.run_id: c for c in out if not run_outcome(c).finished}
     return list(unique.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -19,10 +20,10 @@ from . import slurm
 from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
-from .run import Tally, execute, record_processes, report, spawn_workers
+from .run import PROCESSES_FILE, Tally, execute, gpu_share, report
 
-USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]] [--emit-commands]
-                                [--slurm [--submit] [slurm_key=value ...]]
+USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
+                                [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
 curve's stability boundary and each depth's necessity threshold, and adds seeds to the cells
@@ -46,7 +47,6 @@ any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes in
 
 FLAGS = ("--dry-run", "--calibrate", "--emit-commands", "--slurm", "--submit", "--no-notify",
          "--worker")
-WORKER_GRACE_S = 10.0  # how long an interrupted sweep waits for its workers to stop by themselves
 
 
 def cli(argv: list[str]) -> int:
@@ -72,15 +72,23 @@ def _cli(argv: list[str]) -> int:
     sweep = parse_sweep_config(words)
     runs = [c.validate() for c in grid(sweep)]  # every run's config is checked before anything runs
     if "--emit-commands" in flags:
-        return emit_commands(sweep, len(runs))
+        todo, refine = remaining_runs(sweep)
+        print("".join(command_line(cfg) + "\n" for cfg in todo + refine), end="")
+        print(f"# {len(todo)} of {len(runs)} grid runs left, {len(refine)} refinement runs called "
+              "for by the results so far" + (" (run --emit-commands again once these finish and "
+                                             "their folders are merged)" if sweep.refine else ""),
+              file=sys.stderr)
+        return 0
     worker, dry = "--worker" in flags, "--dry-run" in flags
-    if not dry and not worker:
-        trainer.load_data(sweep.train)  # the data must exist before anything is written
-    if "--slurm" in flags:
-        return slurm.submit(sweep, slurm_options, send="--submit" in flags)
     start = time.perf_counter()
     if not dry and not worker:
-        log_to(Path(sweep.runs_dir) / sweep.name / "sweep.log")
+        trainer.load_data(sweep.train)  # the data must exist before anything is written
+        if "--slurm" in flags:
+            return slurm.submit(sweep, slurm_options, send="--submit" in flags)
+        folder = Path(sweep.runs_dir) / sweep.name
+        trainer.make_folder(folder, "sweep folder")
+        sys.stdout = _Tee(sys.stdout, folder / "sweep.log")  # everything printed, appended
+        print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
     speeds = {} if worker else describe(sweep, runs, not dry or "--calibrate" in flags)
     if dry:
         return 0
@@ -97,31 +105,27 @@ def _cli(argv: list[str]) -> int:
     return 0
 
 
-def emit_commands(sweep: SweepConfig, n_grid: int) -> int:
-    todo, refine = remaining_runs(sweep)
-    for cfg in todo + refine:
-        print(command_line(cfg))
-    print(f"# {len(todo)} of {n_grid} grid runs left, {len(refine)} refinement runs called for "
-          "by the results so far" + (" (run --emit-commands again once these finish and their "
-                                     "folders are merged)" if sweep.refine else ""),
-          file=sys.stderr)
-    return 0
-
-
-def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]
-                     ) -> Tally | int:
-    """This process trains with jobs - 1 workers beside it; the tally, or the exit code of an
-    interrupt (the workers stopped and waited for)."""
-    workers = []
-    if sweep.jobs > 1:  # this process is the first of the K sharing the device(s)
-        os.environ[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
-        os.environ[trainer.DEVICE_SLOT] = "0"
-        workers = spawn_workers(words, sweep)
-        record_processes(sweep, [os.getpid(), *(w.pid for w in workers)])
+def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]) -> Tally | int:
+    """Train beside jobs - 1 workers: the tally, or an interrupt's exit code."""
+    workers, folder = [], Path(sweep.runs_dir) / sweep.name
+    os.environ.update(gpu_share(sweep, 0) if sweep.jobs > 1 else {})  # the first of K processes
+    for i in range(1, sweep.jobs):  # K-1 more on the same tree (run locks share the work)
+        # appended, never truncated: a worker of an earlier, interrupted sweep may still write
+        log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
+        print(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}", file=log,
+              flush=True)
+        workers.append(subprocess.Popen(
+            [sys.executable, "-m", "qkstudy", "sweep",
+             *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **gpu_share(sweep, i)}))
+        log.close()
+    if workers:
+        pids = [os.getpid(), *(w.pid for w in workers)]  # the main process first
+        files.write_json(folder / PROCESSES_FILE, {"pids": pids})
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
-              f"(logs in {Path(sweep.runs_dir) / sweep.name}/sweep-worker-*.log)", flush=True)
+              f"(logs in {folder}/sweep-worker-*.log)", flush=True)
     try:
-        tally = execute(sweep, speeds, verbose=True)
+        tally = execute(sweep, speeds)
     except KeyboardInterrupt as e:
         stop_workers(workers)
         print(f"\nsweep {sweep.name} interrupted; the current run is checkpointed. Run the same "
@@ -140,7 +144,7 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
 
 
 class _Tee:
-    """stdout that also appends to a log file (the main sweep process's sweep.log)."""
+    """stdout that also appends to the main sweep process's sweep.log."""
 
     def __init__(self, stream, path: Path):
         self.stream, self.file = stream, open(path, "a", buffering=1)  # noqa: SIM115
@@ -157,11 +161,9 @@ class _Tee:
         return self.stream.isatty()
 
 
-def stop_workers(workers: list, grace: float = WORKER_GRACE_S) -> None:
-    """After this process was interrupted: a Ctrl-C in a terminal reached the workers too, and
-    they stop at their next safe point; a signal sent to this process alone (kill PID) did not,
-    so a worker still running after `grace` seconds gets SIGINT (never two while it
-    checkpoints)."""
+def stop_workers(workers: list, grace: float = 10.0) -> None:
+    """SIGINT to a worker still running `grace` seconds after this process was interrupted
+    (a Ctrl-C reached it too; `kill PID` of this process did not)."""
     deadline = time.monotonic() + grace
     for w in workers:
         try:
@@ -170,16 +172,8 @@ def stop_workers(workers: list, grace: float = WORKER_GRACE_S) -> None:
             w.send_signal(signal.SIGINT)
 
 
-def log_to(path: Path) -> None:
-    """Everything this process prints also goes to `path` (appended), like the workers' logs."""
-    trainer.make_folder(path.parent, "sweep folder")
-    sys.stdout = _Tee(sys.stdout, path)
-    print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
-
-
 def notify(title: str, message: str) -> None:
-    """Ring the terminal bell and post a desktop notification where one is available
-    (osascript on macOS, notify-send on Linux); never fails the sweep."""
+    """The terminal bell and a desktop notification (osascript, notify-send) where possible."""
     if sys.stdout.isatty():
         print("\a", end="", flush=True)
     if sys.platform == "darwin" and shutil.which("osascript"):
@@ -189,7 +183,5 @@ def notify(title: str, message: str) -> None:
         command = ["notify-send", title, message]
     else:
         return
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(command, timeout=10, check=False, capture_output=True)
-    except (OSError, subprocess.SubprocessError):
-        pass

@@ -1,5 +1,4 @@
-"""Sweep configuration: the SweepConfig dataclass, the LR grid, the presets, key=value parsing
-and the expansion of a sweep into its runs."""
+"""SweepConfig, its LR grid, the presets, key=value parsing and a sweep's runs."""
 
 from __future__ import annotations
 
@@ -27,22 +26,16 @@ class SweepConfig:
     lr_max: float = 3e-1
     points_per_decade: float = 2.0  # Wortsman et al. 2023 sweep LRs in half-decades
     seeds: tuple[int, ...] = (0, 1, 2)
-    # named logit controls (qkstudy/arms.py): none, a QK-norm variant, softcap<C>, zloss<W>
     arms: tuple[str, ...] = ("none", "rmsnorm")
     refine: bool = True
     refine_steps: int = 2  # bisection steps per (depth, arm, seed)
     refine_factor: float = 1.4  # stop once largest stable / smallest diverged LR are this close
-    # after the grid (sweep/adaptive.py): bisection steps of each depth's necessity threshold,
-    # and seeds added one at a time, up to max_seeds, to the (depth, LR) cells still undecided
-    threshold_steps: int = 2
-    max_seeds: int = 6
-    # nats: the analysis plan's margin (docs/report.md): a gap of at least this much means
-    # QK-norm is needed; the threshold bisection brackets where the seed-mean gap reaches it
-    min_gap: float = 0.1
+    threshold_steps: int = 2  # bisection steps of each depth's threshold (sweep/adaptive.py)
+    max_seeds: int = 6  # adaptive seeds, one at a time, for the cells still undecided
+    min_gap: float = 0.1  # nats: the analysis plan's margin (docs/report.md)
     runs_dir: str = "runs"
     jobs: int = 1  # sweep processes on this machine (they share work through run locks)
     train: TrainConfig = field(default_factory=TrainConfig)
-    # why backend=auto chose train.backend (empty when the backend was named); not a key
     backend_why: str = ""
 
     def validate(self) -> SweepConfig:
@@ -61,17 +54,14 @@ class SweepConfig:
              f"{MAX_GRID_LRS} learning rates"),
             (len(self.lrs) <= MAX_GRID_LRS, f"lrs has more than {MAX_GRID_LRS} values"),
             (all(lr > 0 for lr in self.lrs), "every value in lrs must be > 0"),
-            (self.refine_steps >= 0, f"refine_steps must be >= 0, got {self.refine_steps}"),
             (self.refine_factor > 1, f"refine_factor must be > 1, got {self.refine_factor}"),
-            (self.threshold_steps >= 0,
-             f"threshold_steps must be >= 0, got {self.threshold_steps}"),
-            (self.max_seeds >= 0, f"max_seeds must be >= 0, got {self.max_seeds}"),
             (math.isfinite(self.min_gap) and self.min_gap > 0,
              f"min_gap must be a number > 0 (nats), got {self.min_gap}"),
-            (self.jobs >= 1, f"jobs must be >= 1, got {self.jobs}"),
             ("/" not in self.name and self.name not in ("", ".", ".."),
              f"name must be a plain folder name, got {self.name!r}"),
-        ]
+        ] + [(getattr(self, k) >= least, f"{k} must be >= {least}, got {getattr(self, k)}")
+             for k, least in (("refine_steps", 0), ("threshold_steps", 0), ("max_seeds", 0),
+                              ("jobs", 1))]
         for ok, message in checks:
             if not ok:
                 raise UsageError(message)
@@ -84,50 +74,37 @@ class SweepConfig:
 
 
 def three_significant(x: float) -> float:
-    """Round to 3 significant digits so LRs read well in names and tables (3e-4, 9.49e-4)."""
+    """Round to 3 significant digits (3e-4, 9.49e-4)."""
     return float(f"{x:.3g}")
 
 
 def log_grid(lr_min: float, lr_max: float, points_per_decade: float) -> list[float]:
-    """lr_min * 10**(i / points_per_decade) up to lr_max (inclusive), rounded to 3 digits;
-    half-decades (points_per_decade 2) snap to the 1-3-10 series within 6%."""
+    """Log-spaced LRs to 3 digits, lr_max included; half-decades snap to 1-3-10 within 6%."""
     if not (0 < lr_min < lr_max and points_per_decade > 0):
         return []
     n = math.floor(math.log10(lr_max / lr_min) * points_per_decade + 1e-9)
     lrs = [three_significant(lr_min * 10 ** (i / points_per_decade)) for i in range(n + 1)]
-    return [one_three(lr) for lr in lrs] if points_per_decade == 2 else lrs
+    if points_per_decade != 2:
+        return lrs
+    nice = [[float(f"{m}e{math.floor(math.log10(lr))}") for m in (1, 3, 10)] for lr in lrs]
+    return [next((x for x in xs if abs(lr / x - 1) < 0.06), lr) for lr, xs in zip(lrs, nice)]
 
 
-def one_three(lr: float) -> float:
-    exponent = math.floor(math.log10(lr))
-    nice = [float(f"{m}e{exponent}") for m in (1, 3, 10)]
-    return next((x for x in nice if abs(lr / x - 1) < 0.06), lr)
-
-
-# Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): nanoGPT's 0.1
-# scaled by the LR shrinks every matrix by 10% a step at LR 1, which bounds the off arm's q/k
-# weights and acts as an extra LR on QK-norm's scale-invariant q/k weights, so the divergence
-# boundary would partly measure weight decay. The coupled setting is the ablation mini-coupled-wd.
+# Weight decay that does not move with the LR (Wortsman et al. 2023, sec. 3.2.2): coupled decay
+# would let the divergence boundary partly measure weight decay (the ablation mini-coupled-wd).
 INDEPENDENT_WD = {"independent_wd": True, "weight_decay": INDEPENDENT_WD_DEFAULT}
 
-# The study's plan: a plain nanoGPT of ~12M parameters (depth 6) with the GPT-2 vocabulary and a
-# fixed budget of 100M tokens: 16 x 256 = 4,096 tokens a step, 24,414 steps.
+# The study's plan: a ~12M-parameter nanoGPT (depth 6), GPT-2 vocabulary, 100M tokens.
 STUDY = SweepConfig(
     preset="study", name="study", depth=(6,), lr_min=3e-4, lr_max=3e-1, points_per_decade=2,
     seeds=(0, 1, 2), arms=("none", "rmsnorm"), refine=True, refine_steps=2, refine_factor=1.4,
     train=TrainConfig(
         data="data/tinystories-gpt2", d_model=192, n_heads=3, block_size=256, batch_size=16,
         budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
-        probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD),
-)
+        probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD))
 
-# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): three depths, both arms,
-# five seeds fixed in advance (the confirmatory tests of docs/report.md need a seed count that
-# does not depend on the data), 8 half-decade LRs from 1e-3 (stable) to 3 (every arm diverges),
-# two bisection steps per curve (a bracket of x1.33, finer than H2's equivalence bracket x1.41);
-# 300 steps of 16 x 64 byte tokens on a d_model-64 model (head_dim 32). Calibrated at depth 4:
-# QK-norm off vs on final val loss 2.60 vs 2.42 at lr 1e-2 and 2.99 vs 2.49 at 1e-1, peak max
-# attention logit 114 vs 6 and 6,571 vs 12.
+# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): seeds fixed in advance,
+# LRs from 1e-3 (stable) to 3 (all diverge), two bisection steps (x1.33, finer than H2's x1.41).
 MINI = SweepConfig(
     preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
     seeds=(0, 1, 2, 3, 4), arms=("none", "rmsnorm"), refine=True, refine_steps=2,
@@ -135,14 +112,10 @@ MINI = SweepConfig(
     train=TrainConfig(
         data="data/synthetic-bytes", d_model=64, n_heads=2, block_size=64, batch_size=16,
         max_steps=300, warmup_steps=30, eval_every=50, eval_batches=4, probe_every=50,
-        log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD),
-)
+        log_every=10, ckpt_every=100, divergence_window=50, **INDEPENDENT_WD))
 
-# A first result in about two minutes (docs/sweeps.md#demo): the mini's model and run at depth
-# 2, both arms, four seeds and four LRs fixed in advance from the mini's published results:
-# 1e-3 ("no difference" at every depth), 1e-2 (near the onset), 0.1 ("off worse" at every depth)
-# and 1 (divergent). No refinement, no adaptive seeds: the report's H1 cells are tested under the
-# plan (docs/report.md) on exactly these runs.
+# A first result in about two minutes (docs/sweeps.md#demo): the mini's run at depth 2 and four
+# LRs fixed from the mini's results (no difference, near the onset, off worse, divergent).
 DEMO = SweepConfig(
     preset="demo", name="demo", depth=(2,), lrs=(1e-3, 1e-2, 0.1, 1.0),
     seeds=(0, 1, 2, 3), arms=("none", "rmsnorm"), refine=False, threshold_steps=0, max_seeds=0,
@@ -185,7 +158,7 @@ def parse_list(key: str, text: str, kind: type) -> tuple:
 
 
 def parse_sweep_config(words: list[str]) -> SweepConfig:
-    """Preset (preset=NAME, default study) crossed with key=value overrides, validated."""
+    """Preset (default study) crossed with key=value overrides, validated."""
     pairs = split_key_values(words)
     preset = pairs.pop("preset", "study")
     if preset not in PRESETS:
@@ -216,20 +189,15 @@ def parse_sweep_config(words: list[str]) -> SweepConfig:
 
 
 def run_config(sweep: SweepConfig, depth: int, lr: float, arm: str, seed: int) -> TrainConfig:
-    """One run of the sweep: arm `arm` (its one change against none, qkstudy/arms.py). data_seed
-    follows the seed (offset by the base data_seed), so a seed replicates all of training's
-    randomness while every LR and arm of one seed is paired (same init weights, same batches)."""
+    """One run; data_seed follows the seed, so a seed's LRs and arms share init and batches."""
     return apply_arm(dataclasses.replace(
         sweep.train, depth=depth, lr=lr, seed=seed, data_seed=sweep.train.data_seed + seed,
         sweep=sweep.name, runs_dir=sweep.runs_dir), arm)
 
 
 def grid(sweep: SweepConfig) -> list[TrainConfig]:
-    """Grid runs in the order they are trained: seed, then depth, then LR (ascending), with the
-    arms of one LR adjacent, so a partial night holds whole paired LR curves for seed 0 at every
-    depth before any run of seed 1 starts."""
-    return [run_config(sweep, depth, lr, arm, seed)
-            for seed in sweep.seeds for depth in sweep.depth
+    """Grid runs in training order: seed, depth, LR, arm (whole paired curves seed by seed)."""
+    return [run_config(sweep, depth, lr, arm, seed) for seed in sweep.seeds for depth in sweep.depth
             for lr in sweep.grid_lrs() for arm in sweep.arms]
 
 
@@ -237,4 +205,4 @@ Group = tuple[int, str, int]  # (depth, arm, seed): one LR curve, refined on its
 
 
 def groups(sweep: SweepConfig) -> list[Group]:
-    return [(depth, arm, seed) for seed in sweep.seeds for depth in sweep.depth for arm in sweep.arms]
+    return [(d, arm, seed) for seed in sweep.seeds for d in sweep.depth for arm in sweep.arms]

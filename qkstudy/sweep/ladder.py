@@ -1,10 +1,6 @@
 """`python -m qkstudy ladder`: the pre-registered ladder of width and training length
-(docs/report.md#the-ladder-how-the-answer-moves-with-scale-fixed-2026-12-01-before-any-ladder-run).
-
-Each point is a plain sweep, written as the sweep's own words so that `python -m qkstudy sweep
-<words>` runs the same point by hand; the ladder runs the points in order into
-<runs_dir>/<point>, and a point already finished costs a look at its folder (resume is the
-sweep's)."""
+(docs/report.md#the-ladder-how-the-answer-moves-with-scale-fixed-2026-12-01-before-any-ladder-run),
+each point a plain sweep written as the sweep's own words, run in order into <runs_dir>/<point>."""
 
 from __future__ import annotations
 
@@ -29,8 +25,7 @@ backend=torch. A finished point is skipped, an unfinished one resumes.
 LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 SEEDS = (0, 1, 2, 3, 4)
 REFINE_STEPS = 1  # boundary-bisection steps per curve (the ladder's plan: H2 is secondary here)
-# The warmup ladder's grid: the width ladder's without 1e-4 and 3e-4, where no point's onset
-# can be (every onset measured lay between 0.003 and 0.1; docs/report.md, the warmup ladder)
+# The warmup ladder's grid: without 1e-4 and 3e-4 (every onset measured lay in 0.003-0.1)
 WARMUP_LRS = LRS[2:]
 PROBE_SEEDS = (0, 1)
 PROBE_LRS = (0.01, 0.03, 0.1)  # around the onsets at 4,800 steps (0.0079 and 0.046)
@@ -49,8 +44,7 @@ class Point:
     block_size: int = 64
     data: str = "data/synthetic-bytes"
     lrs: tuple[float, ...] = LRS
-    # a probe point: the off arm only, no bisection, probes every `probe_every` steps (the
-    # warmup figure's runs); 0 for a ladder point (both arms, bisection, probes at sixths)
+    # > 0: a probe point (the warmup figure's): the off arm only, no bisection
     probe_every: int = 0
 
     def words(self) -> list[str]:
@@ -67,8 +61,7 @@ class Point:
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
             f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
             f"probe_every={self.probe_every or every}", f"divergence_window={every}",
-            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch",
-        ]
+            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch"]
 
 
 POINTS = {p.name: p for p in (
@@ -85,15 +78,11 @@ POINTS = {p.name: p for p in (
     Point("w64-s4800-wu1920", 64, 4800, 1920, lrs=WARMUP_LRS),
     # the warmup figure's runs: the off arm's probes every 48 steps through 4,800 steps
     Point("probes-s4800-wu30", 64, 4800, 30, lrs=PROBE_LRS, probe_every=48),
-    Point("probes-s4800-wu480", 64, 4800, 480, lrs=PROBE_LRS, probe_every=48),
-)}
+    Point("probes-s4800-wu480", 64, 4800, 480, lrs=PROBE_LRS, probe_every=48))}
 # The warmup law's points: every width-64 ladder point
 WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
                  "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")
-# The points with warmup at 10% of the run: the transfer law's (the last one is the contrast)
-LAW_POINTS = ("w64-s300", "w128-s300", "w64-s1200", "w256-s300", "w64-s4800")
-# The study preset's point, where the law's prediction is tested (a GPU's run: not in the
-# default order). Its own corpus and shape; the same LR grid, seeds and bisection.
+# The study preset's point, where the law's prediction is tested (a GPU's: not by default)
 STUDY_POINT = Point("study-point", 192, 24_414, 1000, depth=6, head_dim=64, block_size=256,
                     data="data/tinystories-gpt2")
 KNOWN = {**POINTS, STUDY_POINT.name: STUDY_POINT}

@@ -1,5 +1,5 @@
-"""The plan of a sweep: the printed plan with its memory and time (qkstudy/forecast.py), the runs
-left, standalone commands and sweep.json."""
+"""A sweep's plan: the printed plan with its memory and time, the runs left, standalone commands
+and sweep.json."""
 
 from __future__ import annotations
 
@@ -23,26 +23,9 @@ from .refine import run_outcome
 VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
 
 
-def vocab_size(data: str) -> tuple[int | None, str]:
-    """The data's vocabulary size and where it came from (meta.json, or the folder's name)."""
-    meta = files.read_json(Path(data) / "meta.json")
-    if meta and "vocab_size" in meta:
-        return int(meta["vocab_size"]), "meta.json"
-    suffix = Path(data).name.rsplit("-", 1)[-1]
-    if suffix in VOCAB_BY_SUFFIX:
-        return VOCAB_BY_SUFFIX[suffix], f"assumed from the name; {data} is not prepared yet"
-    return None, f"{data} is not prepared yet"
-
-
-def param_counts(cfg: TrainConfig, vocab: int) -> dict[str, int]:
-    return count_params(model_args(cfg, vocab))
-
-
 def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
                ) -> tuple[float, int]:
-    """(tokens/s, steps timed) of the run's own train step (its backend's Engine) at this exact
-    shape, on a random batch, after one warm-up step (which compiles); up to `steps` of them,
-    fewer once `max_seconds` have passed (qkstudy/bench/step.py times the same step longer)."""
+    """(tokens/s, steps timed) of the run's own engine after a compiling warm-up step."""
     x, y = random_batch(cfg, vocab, 0)
     engine = backends.load(cfg.backend).Engine(cfg, vocab, [], random_batch(cfg, vocab, 1))
     engine.read([engine.step(x, y)])
@@ -53,13 +36,22 @@ def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float 
     return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
 
 
+def timed(label: str, cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
+    """step_speed, with `label ...` shown while it runs."""
+    print(label + " ...", end="", flush=True)
+    try:
+        return step_speed(cfg, vocab, **limits)
+    finally:
+        print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
+
+
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """'1 seed', '3 seeds', '1 process', '2 processes'."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def extras_text(sweep: SweepConfig) -> str:
-    """What the sweep may add once the grid is done, with upper bounds (sweep/adaptive.py)."""
+    """What the sweep may add once the grid is done, with upper bounds."""
     compared = len(compared_arms(sweep)) * len(sweep.depth)
     threshold = compared * sweep.threshold_steps * len(sweep.seeds) * 2 if sweep.refine else 0
     cells = compared * (len(sweep.grid_lrs()) + (sweep.threshold_steps if sweep.refine else 0))
@@ -74,12 +66,8 @@ def extras_text(sweep: SweepConfig) -> str:
 
 def device_text(t: TrainConfig) -> str:
     """The backend and the device a run of `t` trains on here, or why it cannot train here."""
-    try:
-        backend = backends.load(t.backend)
-    except UsageError as e:
-        return f"{t.backend}: not installed here ({e})"
-    try:
-        device = backend.device(t)
+    try:  # UsageError: not installed here, or no such device
+        device = backends.load(t.backend).device(t)
     except UsageError as e:
         return f"{t.backend}: {e}"
     where = f"{device} ({provenance.chip()}, {os.cpu_count()} cores)" if device == "cpu" else device
@@ -88,15 +76,24 @@ def device_text(t: TrainConfig) -> str:
     return f"mlx on {where}"
 
 
-def print_header(sweep: SweepConfig, runs: list[TrainConfig], unfinished: int, refine_max: int,
-                 vocab: int | None, vocab_from: str) -> None:
+def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
+             ) -> dict[int, float]:
+    """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
+    data, meta = sweep.train.data, files.read_json(Path(sweep.train.data) / "meta.json") or {}
+    vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_SUFFIX.get(
+        Path(data).name.rsplit("-", 1)[-1])  # else assumed from the folder's name
+    vocab_from = ("meta.json" if "vocab_size" in meta else f"assumed from the name; {data} is "
+                  "not prepared yet" if vocab else f"{data} is not prepared yet")
+    needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
+    unfinished = [c for c in runs if not run_outcome(c).finished]
+    refine_max = len(groups(sweep)) * sweep.refine_steps if sweep.refine else 0
     t = sweep.train
     print(f"sweep {sweep.name} (preset {sweep.preset}): {counted(len(runs), 'grid run')} = "
           f"{counted(len(sweep.grid_lrs()), 'LR')} x {counted(len(sweep.arms), 'arm')} x "
           f"{counted(len(sweep.seeds), 'seed')} x {counted(len(sweep.depth), 'depth')}"
           + (f", + up to {counted(refine_max, 'refinement run')} ({sweep.refine_steps} per "
              f"curve, to within x{sweep.refine_factor:g})" if refine_max else ", no refinement"))
-    print(f"  folder      {Path(sweep.runs_dir) / sweep.name}  ({len(runs) - unfinished} of "
+    print(f"  folder      {Path(sweep.runs_dir) / sweep.name}  ({len(runs) - len(unfinished)} of "
           f"{len(runs)} grid runs already finished)")
     print(f"  LRs         {' '.join(f'{lr:.3g}' for lr in sweep.grid_lrs())}")
     print(f"  after grid  {extras_text(sweep)}")
@@ -109,29 +106,18 @@ def print_header(sweep: SweepConfig, runs: list[TrainConfig], unfinished: int, r
     print(f"  run         {t.steps:,} steps x {t.tokens_per_step:,} tokens = "
           f"{t.steps * t.tokens_per_step:,} tokens; warmup {t.warmup_steps}, eval every "
           f"{t.eval_every}, probes every {t.probe_every}, checkpoint every {t.ckpt_every}")
-
-
-def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool) -> dict[int, float]:
-    """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
-    vocab, vocab_from = vocab_size(sweep.train.data)
-    needs = plan_memory(sweep, vocab)  # refuses the whole plan before anything is printed
-    unfinished = [c for c in runs if not run_outcome(c).finished]
-    refine_max = len(groups(sweep)) * sweep.refine_steps if sweep.refine else 0
-    print_header(sweep, runs, len(unfinished), refine_max, vocab, vocab_from)
     cfgs = {d: run_config(sweep, d, sweep.train.lr, sweep.arms[-1], 0) for d in sweep.depth}
     speeds: dict[int, float] = {}
     for depth, cfg in cfgs.items():
         line = f"  depth {depth:<5} "
         if vocab:
-            p = param_counts(cfg, vocab)
+            p = count_params(model_args(cfg, vocab))
             line += (f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M "
                      f"non-embedding); memory ~{memory.format_bytes(needs[depth])} a run")
         if calibrate_speed and vocab:
-            print(line + "; calibrating (compile, then up to 10 s of steps) ...", end="",
-                  flush=True)
-            speeds[depth], timed = step_speed(cfg, vocab)
-            print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
-            line += (f"; {speeds[depth]:,.0f} tok/s ({counted(timed, 'timed step')}); "
+            speeds[depth], n = timed(line + "; calibrating (compile, then up to 10 s of steps)",
+                                     cfg, vocab)
+            line += (f"; {speeds[depth]:,.0f} tok/s ({counted(n, 'timed step')}); "
                      f"{format_seconds(forecast.run_cost_tokens(cfg) / speeds[depth])} a run")
         print(line, flush=True)
     if not vocab:
@@ -142,24 +128,19 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool)
 
 
 def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
-               unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]) -> None:
+               unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]
+               ) -> None:
     """The plan's time line (and its warning when it takes more than a day here)."""
     if calibrated:
-        found = forecast.Speeds(calibrated, "tok/s timed here for every depth (--calibrate)"
-                                + forecast.busy_note())
+        per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
+                                         + forecast.busy_note())
     else:
-        def timed(cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
-            print(f"  time        timing depth {cfg.depth} here (compile, then a step or two) "
-                  "...", end="", flush=True)
-            try:
-                return step_speed(cfg, vocab, **limits)
-            finally:
-                print("\r\033[K" if sys.stdout.isatty() else "\n", end="")
-
-        found = forecast.plan_speeds(cfgs, vocab, timed, lambda why: print(f"  note        {why}"))
-    total = forecast.run_seconds(unfinished, found.per_depth)
+        per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab, **limits: timed(
+            f"  time        timing depth {cfg.depth} here (compile, then a step or two)", cfg,
+            vocab, **limits), lambda why: print(f"  note        {why}"))
+    total = forecast.run_seconds(unfinished, per_depth)
     refine = [run_config(sweep, d, 1.0, "none", 0) for d in sweep.depth]
-    per_refine = forecast.run_seconds(refine, found.per_depth) / len(refine)
+    per_refine = forecast.run_seconds(refine, per_depth) / len(refine)
     print(f"  time        ~{forecast.time_text(total)} for the "
           f"{counted(len(unfinished), 'unfinished grid run')} in one process"
           + (f" (jobs={sweep.jobs} shares them out; what that gains depends on the machine: "
@@ -167,16 +148,15 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
           + (f", + up to {forecast.time_text(refine_max * per_refine)} of refinement"
              if refine_max else "")
           + " (training and evaluation; diverged runs stop early; probes and checkpoints "
-          f"not counted); {found.source}", flush=True)
+          f"not counted); {source}", flush=True)
     alarm = forecast.warning(total, sweep.train, sweep.preset)
     if alarm:
         print(f"  warning     {alarm}", flush=True)
 
 
 def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
-    """Each depth's estimated peak bytes a run (qkstudy/memory.py); UsageError, before the first
-    run and before calibration, when `jobs` runs of a depth at once would not fit: on a GPU each
-    run against its share of it, else the `jobs` runs together against the machine's memory."""
+    """Each depth's estimated peak bytes a run; UsageError when `jobs` runs of a depth at once
+    would not fit (on a GPU each run in its share of it, else all in the machine's memory)."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
     gpu = trainer.device_memory(sweep.train, runs=sweep.jobs) \
@@ -196,9 +176,7 @@ def value_text(value: object) -> str:
 
 
 def command_line(cfg: TrainConfig) -> str:
-    """A standalone `train` command for this run with this environment's interpreter: the keys
-    that differ from TrainConfig's defaults (backend always: auto may choose otherwise where it
-    runs), which rebuild exactly this config and run_id."""
+    """A standalone `train` command of the keys off the defaults, and backend: this run_id."""
     default = TrainConfig()
     words = [shlex.quote(f"{f.name}={value_text(getattr(cfg, f.name))}") for f in fields(cfg)
              if getattr(cfg, f.name) != getattr(default, f.name) or f.name == "backend"]
@@ -206,16 +184,13 @@ def command_line(cfg: TrainConfig) -> str:
 
 
 def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainConfig]]:
-    """(grid runs without a finished result, the runs the results on disk call for once the grid
-    is done: boundary or threshold refinement, adaptive seeds; sweep/adaptive.py)."""
+    """(grid runs without a finished result, the runs the results call for after the grid)."""
     todo = [c for c in grid(sweep) if not run_outcome(c).finished]
     return todo, extra_runs(sweep, groups(sweep)) if not todo else []
 
 
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
-    """Write <runs_dir>/<name>/sweep.json: the base LR grid (so the analysis tells grid runs from
-    refinement runs) and the sweep's axes, united with those of earlier sweeps into the folder,
-    and the tokens/s per depth calibrated at the start (`just status`'s time left)."""
+    """Write sweep.json: the grid and axes (united with earlier ones') and calibrated tokens/s."""
     folder = Path(sweep.runs_dir) / sweep.name
     trainer.make_folder(folder, "sweep folder")
     earlier = files.read_json(folder / "sweep.json") or {}
@@ -231,5 +206,4 @@ def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> 
         "threshold_steps": sweep.threshold_steps, "max_seeds": sweep.max_seeds,
         "min_gap": sweep.min_gap,
         "calibrated_tokens_per_s": {str(d): v for d, v in (speeds or {}).items()}
-        or earlier.get("calibrated_tokens_per_s", {}),
-    })
+        or earlier.get("calibrated_tokens_per_s", {})})

@@ -4,7 +4,7 @@ diverged LR of each (depth, arm, seed) curve, replayed from the results on disk.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
 
 from ..config import TrainConfig
@@ -14,12 +14,8 @@ from .config import Group, SweepConfig, run_config, three_significant
 
 def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float], steps: int,
                   factor: float) -> float | None:
-    """The next LR to try, or None when the boundary is known well enough.
-
-    `results` maps every LR tried so far to True (stable), False (diverged) or None (failed).
-    The bracket is hi = the smallest diverged LR, lo = the largest stable LR below it; the next
-    point is their geometric mean, until `steps` points off the grid were tried or hi / lo <=
-    `factor`."""
+    """The bracket's geometric mean, or None once `steps` points off the grid were tried or the
+    bracket is within `factor`. `results`: LR -> stable (True, False, or None: failed)."""
     if sum(1 for lr in results if lr not in set(grid_lrs)) >= steps:
         return None
     lo, hi = boundary(results)
@@ -29,15 +25,6 @@ def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float
     rounded = three_significant(mid)
     mid = rounded if lo < rounded < hi else mid
     return None if mid in results else mid
-
-
-def bisect_boundary(grid_lrs: Sequence[float], is_stable: Callable[[float], bool | None],
-                    steps: int, factor: float) -> dict[float, bool | None]:
-    """Run the whole refinement against a stability oracle; returns every LR asked, in order."""
-    results = {lr: is_stable(lr) for lr in grid_lrs}
-    while (lr := next_midpoint(results, grid_lrs, steps, factor)) is not None:
-        results[lr] = is_stable(lr)
-    return results
 
 
 class Outcome(Enum):
@@ -68,10 +55,7 @@ def run_outcome(cfg: TrainConfig) -> Outcome:
 
 def group_state(sweep: SweepConfig, group: Group
                 ) -> tuple[dict[float, bool | None], TrainConfig | None]:
-    """(results so far, the next run to train or None) of one curve's refinement. None when the
-    curve is done or waits on a run without a result (one held by another process, say). A
-    refinement run that failed is the next run again: the sweep retries it once an invocation
-    (run.execute's `attempted`), and not at all when it killed its process (run.run_one)."""
+    """One curve's (results so far, next run: None when done or waiting on a run)."""
     depth, arm, seed = group
     grid_lrs = sweep.grid_lrs()
     results: dict[float, bool | None] = {}

@@ -1,12 +1,11 @@
-"""Running a sweep: train the planned runs one after another, pass over runs held by other
-processes, start worker processes (jobs=K), and report what was done."""
+"""Running a sweep: train its runs one after another, pass over runs held elsewhere, start the
+workers of jobs=K, and report."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from .config import SweepConfig, grid, groups, run_config
 from .plan import counted
 from .refine import Outcome, boundary, group_state, run_outcome
 
-HELD_POLL_SECONDS = 5.0
 PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own processes
 
 
@@ -51,41 +49,34 @@ class Tally:
         return sum(self.status.values())
 
 
-def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float,
-            verbose: bool) -> None:
-    """Train one run (or skip it), recording the outcome; RunBusy and failures do not raise.
-    `speed` is the calibrated tokens/s of this run's depth (0: unknown), `queue_left` the
-    calibrated seconds of the queue from this run on."""
+def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, queue_left: float
+            ) -> None:
+    """Train one run (or skip it) into the tally; `speed`, `queue_left`: calibrated figures."""
     attempted.add(cfg.run_id)
-    if passed_by(cfg, tally, verbose):
+    if passed_by(cfg, tally):
         return
     planned = forecast.run_cost_tokens(cfg) / speed if speed > 0 else 0.0
     eta = format_seconds(forecast.queue_eta(queue_left, planned, tally.planned, tally.seconds,
                                             tally.processes))
     position = f"{tally.done + len(tally.busy) + 1}/{tally.total}"
     sibling = sibling_name(cfg, holder(cfg))
-    if sibling and cfg.run_id in tally.siblings:  # looked at again: its line is printed
-        tally.busy.append(cfg)
-        return
 
-    def announce(by: str | None = None) -> None:
-        """The run's one progress line: printed once this process has the run (a sibling that
-        takes it first gets the line instead, when the run is looked at again)."""
-        if verbose:
-            counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
-            busy = ("with its other processes" if tally.processes > 1 or by
-                    else "passed over (held elsewhere)")
-            print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
-                  f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
-                  + (f": trained by {by}" if by else ""), flush=True)
+    def announce(by: str | None = None) -> None:  # the run's one progress line
+        counts = ", ".join(f"{n} {s}" for s, n in tally.status.items())
+        busy = ("with its other processes" if tally.processes > 1 or by
+                else "passed over (held elsewhere)")
+        print(f"[sweep {position}: {counts}, {len(tally.busy)} {busy} | ETA {eta}] "
+              f"lr {cfg.lr:.3g} arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}"
+              + (f": trained by {by}" if by else ""), flush=True)
 
     if sibling:  # one line for the run, whichever of the sweep's processes trains it
-        announce(sibling)
+        if cfg.run_id not in tally.siblings:  # else looked at again: its line is printed
+            announce(sibling)
         tally.busy.append(cfg)
         tally.siblings.add(cfg.run_id)
         return
     start = time.perf_counter()
-    summary = train_guarded(cfg, tally, position, announce, verbose)
+    summary = train_guarded(cfg, tally, position, announce)
     if summary is None:
         return
     tally.trained += 1
@@ -95,9 +86,8 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
     tally.status[summary["status"] if summary["status"] in tally.status else "failed"] += 1
 
 
-def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
-    """Whether the run is not to be trained: made of other data, finished with intact files, or
-    failed by killing its process. UsageError when the data changed while the sweep ran."""
+def passed_by(cfg: TrainConfig, tally: Tally) -> bool:
+    """Whether the run is not to be trained (other data, finished intact, killed its process)."""
     now, changed = trainer.data_check(cfg)
     change = tally.data and now and run_folder.data_change(tally.data, now)
     if change:  # one sweep, one data: its runs are compared with each other
@@ -106,8 +96,7 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
                          "at this path, or run the sweep on the new data under another name=")
     if changed:  # neither skipped as finished nor resumed nor repaired
         tally.data_changed.append(changed)
-        if verbose:
-            print(f"data changed: {changed}", flush=True)
+        print(f"data changed: {changed}", flush=True)
         return True
     folder, v = RunFolder.of(cfg), run_outcome(cfg)
     if v.finished:
@@ -119,7 +108,7 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
         tally.skipped += 1
         tally.status[v.value] += 1
         sibling = sibling_name(cfg, folder.trained_by())
-        if verbose and sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
+        if sibling and cfg.run_id not in tally.siblings:  # it ended meanwhile
             tally.siblings.add(cfg.run_id)
             print(f"[sweep {tally.done + len(tally.busy)}/{tally.total}] lr {cfg.lr:.3g} "
                   f"arm {arm_name(cfg)} depth {cfg.depth} seed {cfg.seed}: {v.value}, "
@@ -128,29 +117,25 @@ def passed_by(cfg: TrainConfig, tally: Tally, verbose: bool) -> bool:
     summary = folder.summary_record()
     if v is Outcome.FAILED and summary.get("fatal_signal"):  # it would take the sweep down again
         tally.status["failed"] += 1
-        if verbose:
-            print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
-                  f"Remove {folder.summary_file} to retry it", flush=True)
+        print(f"{cfg.run_id} killed its process before ({summary.get('error')}); not retried. "
+              f"Remove {folder.summary_file} to retry it", flush=True)
         return True
     return False
 
 
-def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable,
-                  verbose: bool) -> dict | None:
-    """trainer.train's summary, or None when the run was held, damaged, made of other data or
-    failed (each recorded in the tally and said in one line)."""
+def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Callable) -> dict | None:
+    """trainer.train's summary, or None when the run was held, damaged, of other data or failed."""
     def repaired(moved_to: Path, why: str) -> None:
         tally.repaired.append((cfg.run_id, why, moved_to))
         print(f"[{position}] repair: {why}; its files are kept in {moved_to}; training it again",
               flush=True)
 
     try:
-        return trainer.train(cfg, verbose=verbose, prefix=f"[{position}] ", repair=repaired,
-                             started=announce)
+        return trainer.train(cfg, prefix=f"[{position}] ", repair=repaired, started=announce)
     except RunBusy:
         tally.busy.append(cfg)
         pid = holder(cfg)
-        if verbose and not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
+        if not sibling_name(cfg, pid):  # a sibling took it meanwhile: its own
             print(f"[{position}] {cfg.run_id} is held by a process outside this sweep"
                   + (f" (pid {pid})" if pid else "") + "; passing over", flush=True)
     except run_folder.DamagedRun as e:
@@ -169,26 +154,22 @@ def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Calla
     return None
 
 
-def record_processes(sweep: SweepConfig, pids: list[int]) -> None:
-    """Write the pids of this sweep's processes (the main one first, then its workers), so each
-    tells its siblings' runs from runs held by a process outside the sweep."""
-    files.write_json(Path(sweep.runs_dir) / sweep.name / PROCESSES_FILE, {"pids": pids})
+def locked(folder: RunFolder) -> bool:
+    """Whether another live process holds the run's lock now."""
+    if not folder.path.is_dir():
+        return False
+    with folder.lock() as acquired:
+        return not acquired
 
 
 def holder(cfg: TrainConfig) -> int | None:
     """The pid of the other live process that holds this run's lock now, or None."""
     folder = RunFolder.of(cfg)
-    if not folder.path.is_dir():
-        return None
-    with folder.lock() as acquired:
-        if acquired:
-            return None
-    return folder.lock_pid()
+    return folder.lock_pid() if locked(folder) else None
 
 
 def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
-    """'sweep process 2 (its log: sweep-worker-1.log)' when `pid` is one of this sweep's own
-    processes (PROCESSES_FILE), else None."""
+    """'sweep process 2 (its log: ...)' when `pid` is one of this sweep's own, else None."""
     if pid is None or pid == os.getpid():
         return None
     folder = RunFolder.of(cfg).path.parent
@@ -201,31 +182,24 @@ def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
 
 
 def _held_elsewhere(cfg: TrainConfig) -> bool:
-    """Whether another live process holds this run's lock now (it is training it)."""
-    folder = RunFolder.of(cfg)
-    if not folder.path.is_dir() or run_outcome(cfg).finished:
-        return False
-    with folder.lock() as acquired:
-        return not acquired
+    return not run_outcome(cfg).finished and locked(RunFolder.of(cfg))
 
 
-def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = True) -> Tally:
-    """Train the grid, then what its results call for (sweep/adaptive.py: boundary and threshold
-    refinement, adaptive seeds); runs held elsewhere are looked at again after the grid."""
+def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
+    """Train the grid, then what its results call for; runs held elsewhere are retried."""
     runs = grid(sweep)
-    tally = Tally(total=len(runs), processes=sweep.jobs,
-                  data=trainer.data_check(sweep.train)[0])
+    tally = Tally(total=len(runs), processes=sweep.jobs, data=trainer.data_check(sweep.train)[0])
     attempted: set[str] = set()
 
     def train_all(cfgs: list[TrainConfig]) -> None:
         for i, cfg in enumerate(cfgs):
             run_one(cfg, tally, attempted, speeds.get(cfg.depth, 0.0),
-                    forecast.run_seconds(cfgs[i:], speeds), verbose)
+                    forecast.run_seconds(cfgs[i:], speeds))
 
     finished = [c for c in runs if run_outcome(c).finished]
     for cfg in finished:  # skipped silently; a damaged one is repaired (and says so)
         train_all([cfg])
-    if tally.skipped and verbose:
+    if tally.skipped:
         print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
               flush=True)
     # runs after the grid are read by the replay from their summary alone: check their files too
@@ -246,21 +220,18 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float], verbose: bool = Tru
             tally.total += len(new)
             train_all(new)
             continue
-        # runs another process holds: the next round waits on them, so wait with it rather
-        # than leave the rest of the extras to that process alone
+        # the next round waits on runs another process holds: wait with it for them
         held = [cfg for cfg in wanted if _held_elsewhere(cfg)]
         if not held:
             return tally
-        time.sleep(HELD_POLL_SECONDS)
+        time.sleep(5.0)
         for cfg in held:
             attempted.discard(cfg.run_id)
             tally.busy = [c for c in tally.busy if c.run_id != cfg.run_id]
 
 
 def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
-    """The runs in the sweep's folder, beyond `known`, that this sweep makes after its grid
-    (boundary and threshold points, added seeds): every folder whose config.json is the config
-    run_config makes for its depth, LR, arm and seed (config.json holds no folder keys)."""
+    """The runs in the sweep's folder beyond `known` that this sweep's run_config makes."""
     out = []
     for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
         if folder.name in known:
@@ -278,8 +249,7 @@ def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
 
 def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> list[TrainConfig]:
     """The finished runs of the sweep's folder that it made after its grid."""
-    return [c for c in added_runs(sweep, {c.run_id for c in grid_runs})
-            if run_outcome(c).finished]
+    return [c for c in added_runs(sweep, {c.run_id for c in grid_runs}) if run_outcome(c).finished]
 
 
 def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
@@ -289,9 +259,7 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
     runs = grid(sweep) + [run_config(sweep, depth, lr, arm, seed) for (depth, arm, seed), results
                           in curves.items() for lr in results if lr not in on_grid]
     runs += added_runs(sweep, {c.run_id for c in runs})
-    counts = {"completed": 0, "diverged": 0, "failed": 0, "pending": 0}
-    for cfg in runs:
-        counts[run_outcome(cfg).value] += 1
+    counts = Counter(run_outcome(cfg).value for cfg in runs)
     print(f"sweep {sweep.name}: {len(runs) - counts['pending']} of {counted(len(runs), 'run')} "
           f"have a result ({counts['completed']} completed, {counts['diverged']} diverged, "
           f"{counts['failed']} failed); {tally.trained} trained by this process; sweep wall "
@@ -314,24 +282,19 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               "data than the data folder holds now; left untouched:")
     for line in tally.data_changed:
         print(f"  data changed: {line}")
-    print_boundaries(sweep, curves)
-    print_peak_logits(sweep, runs)
-
-
-def print_boundaries(sweep: SweepConfig, curves: dict) -> None:
     print("  stability boundary per curve (largest stable LR < smallest diverged LR):")
-    width, on_grid = max(len(a) for a in sweep.arms), len(sweep.grid_lrs())
+    width = max(len(a) for a in sweep.arms)
     for (depth, arm, seed), results in curves.items():
         lo, hi = boundary(results)
         print(f"    depth {depth} arm {arm:<{width}} seed {seed}:  "
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
-              + ("" if len(results) >= on_grid else "  (grid incomplete)"))
+              + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
+    print_peak_logits(sweep, runs)
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
-    """Per depth and seed, each arm's peak max attention logit (any layer, any probe step) by
-    LR, from the runs' summary.json (runs finished before it was recorded there show -)."""
+    """Each arm's peak max attention logit per depth, seed and LR, from summary.json."""
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
         peak = RunFolder.of(cfg).summary_record().get("peak_max_attention_logit")
@@ -348,29 +311,5 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
 
 
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
-    """The environment of sweep process `slot` (the first is 0): with jobs=K, K processes share
-    the device(s), and a torch engine on N GPUs trains on cuda:(slot mod N) with its memory
-    capped at its share of that GPU (the first process sets the same in its own environment)."""
-    env = dict(os.environ)
-    if sweep.jobs > 1:
-        env[trainer.RUNS_PER_DEVICE] = str(sweep.jobs)
-        env[trainer.DEVICE_SLOT] = str(slot)
-    return env
-
-
-def spawn_workers(words: list[str], sweep: SweepConfig) -> list[subprocess.Popen]:
-    """jobs=K: K-1 more sweep processes on the same tree (run locks share the work between them)."""
-    folder = Path(sweep.runs_dir) / sweep.name
-    folder.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for i in range(1, sweep.jobs):
-        # appended, never truncated: a worker of an earlier, interrupted sweep may still write
-        log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
-        log.write(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}\n")
-        log.flush()
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "qkstudy", "sweep",
-             *[w for w in words if not w.startswith("jobs=")], "jobs=1", "--worker"],
-            stdout=log, stderr=subprocess.STDOUT, env=gpu_share(sweep, i)))
-        log.close()
-    return workers
+    """Sweep process `slot`'s environment: on N GPUs it trains on cuda:(slot mod N)."""
+    return {trainer.RUNS_PER_DEVICE: str(sweep.jobs), trainer.DEVICE_SLOT: str(slot)}

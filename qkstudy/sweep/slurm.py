@@ -1,18 +1,5 @@
-"""`python -m qkstudy sweep ... --slurm [--submit]`: a sweep as a Slurm job array.
-
-Each submission gets its own folder, <runs_dir>/<name>/slurm/<NNN>/, holding
-
-  tasks.txt        one standalone `train` command per run left (line i+1 is array task i)
-  submission.json  the runs (run_id, depth, lr, arm, seed, steps), the job id once submitted
-  array.sbatch     the array script: `--array=0-(N-1)[%K]`, one run per task
-  task-<i>.log     each task's output
-
-Every array task trains one run (`sweep --slurm-task tasks.txt i`): a run already finished or
-held by another process is reported in one line and the task exits 0; SIGTERM (Slurm's time
-limit, preemption, scancel) checkpoints the run, and the next submission resumes it. Runs are
-content addressed, so submitting the same sweep again lists only what is left, including the
-boundary-refinement runs the results now call for.
-"""
+"""`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array, one run
+a task, in <runs_dir>/<name>/slurm/<NNN>/ (docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -52,9 +39,7 @@ class SlurmOptions:
     gpus: int = -1  # --gres=gpu:N per task; -1: by the runs' device (for_device)
     max_parallel: int = 0  # the %K of --array=0-N%K; 0: no limit
     extra: str = ""  # more sbatch options, e.g. "--account=lab --qos=normal"
-    # SIGTERM to the task this many seconds before its time limit (--signal=B:TERM@N; 0: none),
-    # so the run checkpoints before Slurm kills it: the step in flight (~15 s at the study
-    # shape on a CPU) and the checkpoint must fit
+    # SIGTERM this long before the time limit (0: none) for the step in flight and a checkpoint
     signal_seconds: int = 120
     requeue: bool = True  # --requeue: a preempted task goes back to the queue and resumes
 
@@ -80,21 +65,18 @@ class SlurmOptions:
         return self
 
     def for_device(self, device: str, backend: str = "torch") -> tuple[SlurmOptions, str | None]:
-        """(these options with gpus=-1 made one GPU a task for device=cuda and none otherwise,
-        a warning when the runs' device and the GPU request disagree, or None). MLX picks its
-        own device (no device key): its GPU request is the user's alone."""
+        """(these options with gpus=-1 made one GPU a task for device=cuda, else none; a warning
+        when a torch run's device and the GPU request disagree, or None)."""
         gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
-        warning = None
-        if backend != "torch":
-            pass
-        elif device == "cuda" and gpus == 0:
+        warning = None  # MLX picks its own device: its GPU request is the user's alone
+        if backend == "torch" and device == "cuda" and gpus == 0:
             warning = ("device=cuda with slurm_gpus=0: a task gets no GPU unless its partition "
                        "gives one, and then stops at its start (device cuda is not available)")
-        elif device == "auto" and gpus == 0:
+        elif backend == "torch" and device == "auto" and gpus == 0:
             warning = ("device=auto requests no GPU (slurm_gpus=0): the tasks train on the CPU "
                        "unless their partition gives them a GPU; for GPU runs use device=cuda "
                        "(one GPU a task) or slurm_gpus=1")
-        elif device in ("cpu", "mps") and gpus > 0:
+        elif backend == "torch" and device in ("cpu", "mps") and gpus > 0:
             warning = f"device={device} with slurm_gpus={gpus}: the GPUs are requested, not used"
         return dataclasses.replace(self, gpus=gpus), warning
 
@@ -103,10 +85,9 @@ class SlurmOptions:
         lines += [f"--partition={self.partition}"] if self.partition else []
         lines += [f"--time={self.time}"] if self.time else []
         lines += [f"--gres=gpu:{self.gpus}"] if self.gpus > 0 else []
-        # B: signals the batch shell only, which `exec`s the task (array_script): the trainer
-        # itself gets SIGTERM, checkpoints and exits 143
+        # B: the batch shell, which `exec`s the task: the trainer gets SIGTERM and checkpoints
         lines += [f"--signal=B:TERM@{self.signal_seconds}"] if self.signal_seconds else []
-        # a requeued task appends to its log, which keeps what the stopped attempt said
+        # a requeued task appends to its log (what the stopped attempt said is kept)
         lines += ["--requeue", "--open-mode=append"] if self.requeue else []
         return lines + shlex.split(self.extra)
 
@@ -134,71 +115,46 @@ def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
     return [(p, files.read_json(p / "submission.json") or {}) for p in found]
 
 
-def ask(command: list[str]) -> str | None:
-    """The output of a Slurm client command, or None when it is not on PATH or fails."""
-    if shutil.which(command[0]) is None:
+def task_states(job_ids: list[str], ended: bool = False) -> dict[tuple[str, int], str] | None:
+    """{(array job id, task index): state} from squeue (sacct with `ended`), or None."""
+    command = (["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)] if ended
+               else ["squeue", "-h", "-r", "-o", "%F_%K|%T"])
+    if not job_ids or shutil.which(command[0]) is None:
         return None
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout if out.returncode == 0 else None
-
-
-def queue_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} of these jobs' tasks squeue lists, or None when
-    squeue is not available or fails."""
-    text = ask(["squeue", "-h", "-r", "-o", "%F|%K|%T"]) if job_ids else None
-    if text is None:
+    if out.returncode != 0:
         return None
     states = {}
-    for line in text.splitlines():
-        job, _, rest = line.strip().partition("|")
-        task, _, state = rest.partition("|")
-        if job in job_ids and task.isdigit():
-            states[(job, int(task))] = state
-    return states
-
-
-def accounting_states(job_ids: list[str]) -> dict[tuple[str, int], str] | None:
-    """{(array job id, task index): state} from sacct (ended tasks too), or None when sacct
-    is not available (a cluster without accounting) or fails."""
-    text = ask(["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)]) \
-        if job_ids else None
-    if text is None:
-        return None
-    states = {}
-    for line in text.splitlines():
-        job, _, state = line.partition("|")
+    for line in out.stdout.splitlines():
+        job, _, state = line.strip().partition("|")
         base, _, task = job.partition("_")
-        if task.isdigit():
+        if base in job_ids and task.isdigit():
             states[(base, int(task))] = state.split()[0] if state else "?"
     return states
 
 
 def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
-    """(run ids whose array task of an earlier submission is still queued or running, the job
-    ids they belong to). Empty when squeue cannot be asked."""
-    earlier = [(s.get("job_id"), s.get("runs", [])) for _, s in submissions(sweep_dir)]
-    earlier = [(str(job), runs) for job, runs in earlier if job]
-    states = queue_states([job for job, _ in earlier]) or {}
-    active, jobs = set(), []
-    for job, runs in earlier:
-        for (j, task), state in states.items():
-            if j == job and state in ACTIVE and task < len(runs):
-                active.add(runs[task]["run_id"])
-                jobs += [] if job in jobs else [job]
-    return active, jobs
+    """(run ids of earlier submissions' tasks still queued or running, their job ids)."""
+    earlier = {str(s["job_id"]): s.get("runs", []) for _, s in submissions(sweep_dir)
+               if s.get("job_id")}
+    active = {(job, earlier[job][task]["run_id"])
+              for (job, task), state in (task_states(list(earlier)) or {}).items()
+              if state in ACTIVE and task < len(earlier[job])}
+    return {run for _, run in active}, sorted({job for job, _ in active})
 
 
 def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions) -> str:
     limit = f"%{options.max_parallel}" if options.max_parallel else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}", f"#SBATCH --array=0-{n - 1}{limit}",
-             f"#SBATCH --output={folder}/task-%a.log"]
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
+             f"#SBATCH --array=0-{n - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
     lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
     lines += [
         f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
-        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission resumes).",
+        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
+        "resumes).",
         f"cd {shlex.quote(str(Path.cwd()))}",
         f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
         f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
@@ -234,8 +190,6 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
     script = folder / "array.sbatch"
-    # written whole in a hidden folder and renamed into place: a failed write leaves no
-    # half submission that a later one would count
     with files.atomic_folder(folder) as tmp:
         files.write_text(tmp / "tasks.txt", "".join(command_line(c) + "\n" for c in runs))
         files.write_json(tmp / "submission.json", record)
@@ -270,9 +224,6 @@ def sbatch(script: Path, record: dict) -> None:
     print(f"{line}\nsubmitted job array {job_id} ({counted(len(record['runs']), 'task')})")
 
 
-# --- one array task ------------------------------------------------------------------------
-
-
 def run_task(args: list[str]) -> int:
     """`sweep --slurm-task TASKS_FILE INDEX`: train the run on line INDEX+1 of TASKS_FILE."""
     if len(args) != 2 or not args[1].isdigit():
@@ -293,7 +244,7 @@ def run_task(args: list[str]) -> int:
         print(f"{label} is already {outcome.value}; nothing to do", flush=True)
         return 0
     try:
-        summary = trainer.train(cfg, verbose=True, prefix=f"[task {index}] ")
+        summary = trainer.train(cfg, prefix=f"[task {index}] ")
     except RunBusy:
         print(f"{label} is held by another process (its lock); nothing to do", flush=True)
         return 0
