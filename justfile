@@ -121,4 +121,4 @@ test-slurm *args:
 # rewrite the docs' generated tables (presets, run keys) from the code; --check only compares
 [group('4 check the statistics and the tooling')]
 docs *args:
-    @{{py}} -m tools.doc_tables "$@"
+    @{{py}} -m tests.doc_tables "$@"

@@ -86,7 +86,7 @@ def test_the_analysis_commands_shown_use_the_words_they_accept():
 def test_the_generated_tables_match_the_code():
     """The presets' and run keys' tables in the docs are rendered from the code: `just docs`
     rewrites them, and this fails while one differs."""
-    from tools.doc_tables import BLOCK, stale
+    from tests.doc_tables import BLOCK, stale
 
     assert not stale(), f"out of date (run `just docs`): {stale()}"
     blocks = {(path, m.group(2)) for path in ("docs/sweeps.md", "docs/model.md")
@@ -96,7 +96,7 @@ def test_the_generated_tables_match_the_code():
 
 
 def test_the_generator_rewrites_a_block_and_names_an_unknown_one(tmp_path):
-    from tools import doc_tables
+    from tests import doc_tables
 
     (tmp_path / "docs").mkdir()
     stale_doc = "a\n<!-- generated: run-keys -->\nold\n<!-- end generated -->\nb\n"
