@@ -1,5 +1,4 @@
-"""The probes (qkstudy/probes.py) on MLX arrays: one forward with captures and one backward on
-the probe batch (`collect`), and the update ratios of one update (`update_stats`)."""
+"""The probes (qkstudy/probes.py) on MLX arrays."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ OPS = SimpleNamespace(
 
 
 def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
-    """Every forward and gradient probe on the batch (x, y), for params after `step` updates:
-    the model's own forward with its captures (its attention written out) and the gradient of
-    its training objective."""
+    """Every forward and gradient probe on the batch (x, y), for params after `step` updates."""
     def objective(x: mx.array, y: mx.array):
         captures: list[dict] = []
         logits = model(x, captures)

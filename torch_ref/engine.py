@@ -1,21 +1,21 @@
-"""The PyTorch engine of a run (qkstudy/trainer.py drives it): backend=torch on cuda, mps or cpu.
+"""The PyTorch engine of a run (qkstudy/trainer.py drives it): backend=torch on cuda, mps or cpu
+(docs/torch_ref.md). Checkpoint state: model.<name> (float32 master weights in every
+precision), opt.<name>.exp_avg, .exp_avg_sq and .step. The step never waits for the device:
+batches go through pinned memory, the rate comes from a table on the device, a step's numbers
+stay there until `read`; with QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under
+torch's sync debug mode "error" (gpu-check's throughput rows).
 
-The model of torch_ref/model.py from the core's numpy initial weights (an MLX run's), AdamW of
-torch_ref/optim.py, and the state as numpy arrays for the trainer's checkpoints: model.<name>
-(float32 master weights in every precision), opt.<name>.exp_avg and .exp_avg_sq (the moments)
-and opt.<name>.step (the update count the schedule follows). precision: fp32 (no TF32), tf32
-(CUDA matmuls), bf16 (autocast of the forward; loss, optimizer and weights stay float32);
-compile: compiled.py; deterministic and a sweep's share of the device: device.py.
-
-The step never waits for the device: batches go through pinned memory, the learning rate comes
-from a table on the device, and a step's numbers stay there until `read`. With
-QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's sync debug mode
-"error", so one that makes the host wait raises (gpu-check's throughput rows).
+torch.compile: the model is an argument, so each (depth, arm, batch) shape of a process is one
+graph; a sweep process sees many, so the graph limit is raised to GRAPHS, and a process that
+needs more says so in one line.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import sys
 
 import numpy as np
 import torch
@@ -24,13 +24,61 @@ from qkstudy import denormals
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.parameters import count_params, initial_weights
 
-from . import compiled
 from . import probes as probe_lib
 from .device import describe, place, resolve_device, runs_per_device, set_determinism, set_precision
 from .model import GPT
 from .optim import clip_and_step, make_optimizer
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
+GRAPHS = 64  # graphs per function: 32 (depth, arm) shapes, training and evaluation each
+FELL_BACK = ("torch.compile: a process of this sweep met more than {limit} shapes and runs the "
+             "rest eagerly (same maths, slower); fewer depths or arms a process avoid it")
+
+
+def objective(model, x: torch.Tensor, y: torch.Tensor, bf16: bool):
+    """GPT.loss of one batch, the forward in bfloat16 under bf16, the loss in float32."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(x)
+    return model.loss(logits.float(), y)
+
+
+def val_loss(model, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
+    return objective(model, x, y, bf16)[1]
+
+
+class FallbackNotice(logging.Filter):
+    """Replaces torch's multi-line warning on reaching the recompile limit with FELL_BACK."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "hit config." not in str(record.msg):
+            return True
+        limit = record.args[1] if isinstance(record.args, tuple) and len(record.args) > 1 \
+            else GRAPHS
+        print(FELL_BACK.format(limit=limit), file=sys.stderr, flush=True)
+        return False
+
+
+@functools.cache
+def configure() -> None:
+    """Raise torch's graph limits to GRAPHS (never lower them), watch for the fall back."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), GRAPHS))
+    # torch 2.x: the limit over all of a function's graphs; kept above the per-function one
+    for total in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(config, total):
+            setattr(config, total, max(getattr(config, total), 4 * GRAPHS))
+            break
+    logging.getLogger("torch._dynamo.convert_frame").addFilter(FallbackNotice())
+
+
+@functools.cache
+def functions(compile_: bool):
+    """(objective, val_loss), compiled once a process when `compile_`."""
+    if not compile_:
+        return objective, val_loss
+    configure()
+    return torch.compile(objective), torch.compile(val_loss)
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -41,7 +89,7 @@ def preflight(cfg: TrainConfig) -> None:
 
 def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """Token ids on `device`; to a GPU asynchronously from pinned memory (from pageable memory
-    the host would wait; torch's host allocator keeps the block until its copy is done)."""
+    the host would wait)."""
     host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if device.type != "cuda":
         return host.to(device)
@@ -49,8 +97,6 @@ def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 class Engine:
-    """qkstudy.trainer.Engine for PyTorch."""
-
     framework = "torch"
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
@@ -74,7 +120,7 @@ class Engine:
         self.sync_check = self.dev.type == "cuda" and os.environ.get(SYNC_CHECK) == "1"
         self.steps_run = 0
         self.bf16 = cfg.precision == "bf16"
-        self.objective, self.val_loss = compiled.functions(cfg.compile)
+        self.objective, self.val_loss = functions(cfg.compile)
         self.device = describe(self.dev)
         self.params = count_params(args)
         self.manifest_extra = {"torch_threads": torch.get_num_threads(),
@@ -117,8 +163,7 @@ class Engine:
         self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
 
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW.
-        Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
+        """(cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
         checked = self.sync_check and self.steps_run > 0
         self.steps_run += 1
         if checked:
@@ -148,12 +193,12 @@ class Engine:
     def probes(self, step: int) -> list[dict]:
         return probe_lib.collect(self.model, self.px, self.py, step)
 
-    def snapshot(self):
-        return probe_lib.snapshot(self.model)
+    def snapshot(self, copy: bool = True):
+        return probe_lib.snapshot(self.model, copy)
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return probe_lib.update_stats(step, before, probe_lib.snapshot(self.model))
+        return probe_lib.update_stats(step, before, self.snapshot())
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {n: p.detach().cpu().numpy().copy() for n, p in self.model.named_parameters()}
+        return {n: p.cpu().numpy().copy() for n, p in self.snapshot(copy=False).items()}
 

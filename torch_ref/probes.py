@@ -1,5 +1,4 @@
-"""The probes (qkstudy/probes.py) on torch tensors, as mlx_gpt/probes.py computes them on MLX
-arrays: the same names, formulas and rows (docs/probes.md)."""
+"""The probes (qkstudy/probes.py) on torch tensors."""
 
 from __future__ import annotations
 
@@ -17,9 +16,8 @@ OPS = SimpleNamespace(  # MPS has no float64: the numbers leave the device as fl
 
 
 def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
-    """Every forward and gradient probe on the batch (x, y), for params after `step` updates:
-    the model's own forward with its captures (its attention written out); the gradients come
-    from torch.autograd.grad, so the parameters' .grad is left alone."""
+    """Every forward and gradient probe on the batch (x, y), for params after `step` updates;
+    through torch.autograd.grad, so the parameters' .grad is left alone."""
     named = dict(model.named_parameters())
     with torch.enable_grad():
         captures: list[dict] = []
@@ -33,7 +31,6 @@ def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dic
 
 
 def snapshot(model: GPT, copy: bool = True) -> dict[str, torch.Tensor]:
-    """The parameters, detached (a copy, for update_stats, unless copy=False)."""
     return {k: p.detach().clone() if copy else p.detach() for k, p in model.named_parameters()}
 
 
