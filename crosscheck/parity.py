@@ -1,15 +1,9 @@
-"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (also `just parity`).
+"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (`just parity`; docs/torch_ref.md).
 
-For qk_norm none and every variant (qkstudy/variants.py) and the rival arms (attention soft-cap,
-z-loss) at depth 1 and 3, on both of mlx_gpt's kernel paths (kernels=cpu: mlx_gpt/kernels.py;
-kernels=library: MLX's fused attention, GELU and cross-entropy, the path Apple GPUs run), in
-float32, with the same weights and the same batch, it compares logits, loss, every gradient and
-the probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
-torch.optim.AdamW) under the same settings, and compares the loss at every step. It prints
-the largest deviation of each kind and exits 1 when a tolerance is broken.
-
-Relative deviation, everywhere: max|a - b| / max|b|, with b the MLX value and the max taken
-over the elements of one tensor (logits, one gradient) or, for a scalar, |a - b| / |b|.
+For every QK-norm arm and rival arm at depth 1 and 3, on both of mlx_gpt's kernel paths, in
+float32 with the same weights and batch: logits, loss, every gradient and the probes, then the
+loss of each step of 50 trained with each library's AdamW. Relative deviation everywhere:
+max|a - b| / max|b| over one tensor's elements, b the MLX value. Exits 1 on a broken tolerance.
 """
 
 from __future__ import annotations
@@ -45,28 +39,21 @@ from torch_ref import probes as torch_probes
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
 
-# Tolerances (relative, as defined above). The issue fixes logits, gradients and trajectory.
 LOGITS_RTOL = 1e-5
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 PROBE_RTOL = 1e-4
 TRAJECTORY_RTOL = 1e-4
-# Probes both frameworks must report for every layer; any other shared name is compared too.
+# probes both must report for every layer; any other shared name is compared too
 REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
-QK_NORMS = ("none", *VARIANTS)  # every QK-norm variant (qkstudy/variants.py)
-# The rival arms, each one change against qk_norm=none. The cap is far below the study's 50 and
-# the weight far above its 1e-4 so that both change these small models' numbers: at C = 5 the
-# perturbed models' sharp logits are bent by the tanh (from init, over 50 steps at lr 1e-3, the
-# logits stay small and the cap is near the identity); at W = 1e-2 the z-loss term is about 6%
-# of the objective and changes which steps are clipped.
+QK_NORMS = ("none", *VARIANTS)
+# far from the study's cap 50 and weight 1e-4, so that both change these small models' numbers
 RIVALS = ({"attn_softcap": 5.0}, {"z_loss": 1e-2})
 DEPTHS = (1, 3)
-KERNELS = ("cpu", "library")  # mlx_gpt's two kernel paths, both checked on any device
-# Small enough for a 2-core CPU, big enough for several heads and a padded vocab (257 -> 320).
-# The trajectory LR stays below the loss-spike regime: at lr >= 2e-3 this model spikes (grad
-# norm > 100) and a spike amplifies float32 rounding differences between any two kernels to
-# 1e-2 and more, which says nothing about semantics. clip 2.0 clips 12 of the 50 steps.
+KERNELS = ("cpu", "library")
+# lr below the loss-spike regime (from 2e-3 a spike amplifies float32 rounding to 1e-2 and more);
+# clip 2.0 clips 12 of the 50 steps
 BASE = TrainConfig(depth=1, d_model=64, n_heads=4, block_size=64, batch_size=4, lr=1e-3,
                    warmup_steps=10, max_steps=50, weight_decay=0.1, grad_clip=2.0,
                    seed=0, data_seed=0, kernels="cpu")
@@ -132,8 +119,7 @@ def case_name(cfg: TrainConfig) -> str:
 
 
 def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
-    """(logits, (objective, loss, z), gradients, probe rows) of one forward/backward, and the
-    update probes of one AdamW step from those gradients."""
+    """(logits, (objective, loss, z), gradients, probe rows with those of one AdamW update)."""
     def objective(m: MlxGPT, a: mx.array, b: mx.array):
         logits = m(a)
         return (*m.loss(logits, b), logits)
@@ -162,8 +148,7 @@ def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, 
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """Logits, loss, every gradient and the probes of one forward/backward on one batch of the
-    perturbed model and its torch copy, and the update probes of one AdamW step."""
+    """One forward/backward and one update of the perturbed model and its torch copy."""
     case = case_name(cfg)
     mlx_model = build_model(cfg, vocab_size)
     perturb(mlx_model, cfg.seed + 1)
@@ -192,8 +177,7 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
 
 
 def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple[str, float]]:
-    """(layer/name, relative deviation) for every probe both frameworks report (each head of a
-    per-head probe on its own; REQUIRED_PROBES must be there)."""
+    """(layer/name, relative deviation) of every probe (and head) both frameworks report."""
     def values(rows: list[dict]) -> dict[tuple, float]:
         return {(r["layer"], -1 if r["head"] is None else r["head"], r["name"]): r["value"]
                 for r in rows}
@@ -210,8 +194,7 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
 
 
 def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term): the compiled step of
-    mlx_gpt.engine."""
+    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term) of mlx_gpt's step."""
     model = build_model(cfg, vocab_size)
     step_fn, state = make_train_step(model, mlx_optim.make_optimizer(cfg, model.parameters()),
                                      cfg.grad_clip)
@@ -223,14 +206,12 @@ def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.
     return np.array(mx.stack(out))
 
 
-# torch trajectories already computed: `kernels` chooses between mlx_gpt's two kernel paths only,
-# so both paths of one config are compared with one torch trajectory
+# torch trajectories computed: mlx_gpt's two kernel paths of a config share one
 _TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
 
 
 def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The same as mlx_trajectory with the torch engine of backend=torch (fp32 on the CPU),
-    from the same numpy initial weights."""
+    """mlx_trajectory with the engine of backend=torch (fp32 on the CPU)."""
     torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
     key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
     if key not in _TORCH_TRAJECTORIES:
@@ -258,8 +239,7 @@ def step_cases() -> list[TrainConfig]:
 
 
 def trajectory_cases() -> list[TrainConfig]:
-    """Each QK-norm kind and each rival arm at depth 3 on each kernel path, plus independent
-    decay and biases (ndim-1 params, no decay)."""
+    """Each arm at depth 3 on each kernel path, plus independent decay and biases."""
     deep = dataclasses.replace(BASE, depth=3)
     return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in QK_NORMS] + [
         dataclasses.replace(deep, kernels=k, **rival) for k in KERNELS for rival in RIVALS] + [
@@ -269,7 +249,7 @@ def trajectory_cases() -> list[TrainConfig]:
 
 
 def run_all() -> list[Deviation]:
-    torch.manual_seed(0)  # nothing here draws from torch's RNG; this only pins it
+    torch.manual_seed(0)
     tokens, vocab = byte_tokens(), ByteTokenizer.vocab_size
     rows: list[Deviation] = []
     biased = [dataclasses.replace(BASE, depth=2, qk_norm="layernorm", bias=True, kernels=k)
@@ -302,7 +282,6 @@ deviations and exits non-zero when a tolerance is broken. Takes no arguments."""
 def cli(argv: list[str]) -> int:
     if argv:
         raise UsageError(f"parity takes no arguments; got {' '.join(argv)}")
-    # These models are tiny: one thread is as fast, and it does not spin against other work.
     torch.set_num_threads(1)
     rows = run_all()
     print(format_table(rows))

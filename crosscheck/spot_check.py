@@ -1,17 +1,9 @@
 """`python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
 
-Re-runs an MLX run with backend=torch: the same config, the same numpy initial weights
-(qkstudy/parameters.py) and the same batches, trained by the same driver (qkstudy/trainer.py) into
-its own run folder beside the MLX one, the torch twin of the run:
-
-  <runs_dir>/<sweep>/<tag>-torch-lr<lr>-s<seed>-<hash>/   (run_id of the config with backend=torch)
-    config.json, manifest.json, metrics/, probes/, final.safetensors, summary.json
-                       as every run folder (framework torch, the device in the manifest)
-    comparison.json    largest relative deviation from the MLX run of train loss, val loss,
-                       grad norm and each probe, over the steps both have, and the judgement
-
-A finished spot check is not re-run (its comparison is refreshed); an interrupted one resumes
-from its checkpoint like any run.
+Re-runs an MLX run with backend=torch (same config, initial weights and batches) into its torch
+twin's run folder beside it, plus comparison.json: the largest relative deviation from the MLX
+run of train loss, val loss, grad norm and each probe, and the judgement. A finished spot check
+is not re-run (its comparison is refreshed); an interrupted one resumes like any run.
 """
 
 from __future__ import annotations
@@ -28,7 +20,9 @@ from qkstudy.errors import UsageError
 OPTIONS = ("device", "data")
 
 
-def read_reference(run_dir: Path) -> dict:
+def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = None):
+    """The config of `run_dir`'s torch twin (backend=torch on `device`), where it lives."""
+    run_dir = Path(run_dir)
     config_path = RunFolder(run_dir).config_file
     if not config_path.is_file():
         raise UsageError(f"{run_dir} is not a run folder (no {config_path.name})")
@@ -40,17 +34,10 @@ def read_reference(run_dir: Path) -> dict:
         raise UsageError(f"{config_path} does not hold a JSON object")
     if reference.get("framework", "mlx") != "mlx":
         raise UsageError(f"{run_dir} is a {reference['framework']} run; spot-check an MLX run")
-    return reference
-
-
-def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = None):
-    """The config of `run_dir`'s torch twin (backend=torch on `device`), where it lives."""
-    run_dir = Path(run_dir)
-    reference = read_reference(run_dir)
     reference_id = reference.get("run_id") or run_dir.name
-    cfg = load_config(str(RunFolder(run_dir).config_file))
+    cfg = load_config(str(config_path))
     if cfg.run_id != reference_id:
-        raise UsageError(f"{RunFolder(run_dir).config_file} rebuilds run_id {cfg.run_id}, not the run's "
+        raise UsageError(f"{config_path} rebuilds run_id {cfg.run_id}, not the run's "
                          f"{reference_id}: the file is damaged or from another version, so the "
                          "run cannot be re-run faithfully")
     # config.json leaves out where the run lives; the folder says it: <runs_dir>/<sweep>/<run>

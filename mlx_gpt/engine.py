@@ -64,16 +64,12 @@ class Engine:
 
         self._eval = eval_fn
 
-    def _state(self) -> dict[str, mx.array]:
-        return {**{f"model.{k}": v for k, v in tree_flatten(self.model.parameters())},
-                **{f"opt.{k}": v for k, v in tree_flatten(self.opt.state)}}
-
     def state_spec(self):
-        return {k: (tuple(v.shape), np.dtype(str(v.dtype).split(".")[-1]))
-                for k, v in self._state().items()}
+        return {k: (v.shape, v.dtype) for k, v in self.state_arrays().items()}
 
     def state_arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.array(v) for k, v in self._state().items()}
+        return {**{f"model.{k}": np.array(v) for k, v in tree_flatten(self.model.parameters())},
+                **{f"opt.{k}": np.array(v) for k, v in tree_flatten(self.opt.state)}}
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Before the first step: the compiled step holds the optimizer's state dicts."""

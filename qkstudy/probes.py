@@ -1,15 +1,8 @@
-"""The probes' statistics, written once for both engines (docs/probes.md).
-
-Each is a function of what an engine's probe forward captures (GPT(x, captures): per block q
-and k before and after QK-norm, the scaled logits before and after any soft-cap, the causal
-mask, the residual stream after the block), its parameters and its gradients. They use only
-the methods MLX arrays and torch tensors share (x.square().mean(), x.max(), x.logsumexp(axis=-1),
-...) and what an engine's `ops` gives: where(cond, a, b), f32(x) (a cast to float32) and
-numbers(arrays) (their entries as Python floats, in one device sync).
-
-A value is (layer, name, array): layer is the block index, or -1 for whole-model values and
-for per-group values pooled over all layers; per-group names carry the group after a slash
-(`grad_rms/attn.qkv`); a per-head probe's array has one entry per head.
+"""The probes' statistics, written once for both engines (docs/probes.md), from a probe
+forward's captures, the parameters and the gradients. They use only the methods MLX arrays and
+torch tensors share and an engine's `ops`: where(cond, a, b), f32(x) and numbers(arrays) (their
+entries as Python floats, in one device sync). A value is (layer, name, array): layer -1 for
+whole-model values and groups pooled over layers; a per-head probe has one entry per head.
 """
 
 from __future__ import annotations
@@ -84,8 +77,7 @@ def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> lis
 
 
 def group_rms(arrays: dict, ops) -> list[tuple]:
-    """(layer, group, RMS) per parameter group in each layer and pooled over layers (layer -1):
-    sqrt(sum of squares / number of entries) over the group's arrays."""
+    """(layer, group, RMS) per parameter group in each layer and pooled over layers (-1)."""
     sums: dict[tuple[int, str], list] = {}
     for name, a in arrays.items():
         group, layer = parameter_group(name)
@@ -100,8 +92,7 @@ def group_rms(arrays: dict, ops) -> list[tuple]:
 
 def collected(args: ModelArgs, captures: list[dict], logits, loss, params: dict, grads: dict,
               ops) -> list[tuple]:
-    """Every probe of one forward (its captures, output logits and cross-entropy) and its
-    backward (the gradients of every parameter)."""
+    """Every probe of one forward and its backward."""
     values = [v for layer, c in enumerate(captures) for v in layer_probes(layer, c, args, params, ops)]
     values += [(WHOLE_MODEL, "loss", loss), (WHOLE_MODEL, "output_logit_max", logits.max()),
                (WHOLE_MODEL, "output_logsumexp_mean", logits.logsumexp(axis=-1).mean()),
@@ -120,8 +111,8 @@ def update_ratios(before: dict, after: dict, ops) -> list[tuple]:
 
 
 def rows(step: int, values: list[tuple], ops) -> list[dict]:
-    """The rows {"step", "layer", "head", "name", "value"} of `values`: one row per scalar, one
-    per head of a per-head value (every other row's head is None)."""
+    """The rows {"step", "layer", "head", "name", "value"}: one per scalar, one per head of a
+    per-head value (head None otherwise)."""
     numbers = iter(ops.numbers([v for *_, v in values]))
     return [{"step": step, "layer": layer, "head": head, "name": name, "value": next(numbers)}
             for layer, name, v in values

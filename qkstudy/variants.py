@@ -1,10 +1,5 @@
-"""The QK-norm variants, one row each: what the config accepts, the arms, each attention's extra
-parameters and their initial values, and the probes' logit bound come from here. Each engine
-builds a row with one function per `norm` (mlx_gpt/model.py, torch_ref/model.py).
-
-A variant's parameters live in each attention module under `attn.<name>.weight`, so the probes'
-parameter groups merge them into `qk_norm` and weight decay (matrices only) never touches them.
-"""
+"""The QK-norm variants, one row each: the config's choices, the arms, each attention's own
+parameters (`attn.<name>.weight`, never decayed) and the probes' logit bound come from here."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ from dataclasses import dataclass
 
 
 def henry_scale(block_size: int, head_dim: int) -> float:
-    """Henry et al. (2020)'s initial g: log2(L^2 - L) for sequences of length L (here the block)."""
+    """Henry et al. (2020)'s initial g: log2(L^2 - L) for sequences of length L (the block)."""
     return math.log2(block_size * block_size - block_size)
 
 

@@ -28,32 +28,26 @@ def facts(cfg: TrainConfig) -> dict:
 def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> float:
     """n^3 matmul GFLOP/s on the run's device in its precision (bfloat16 for bf16, else float32,
     TF32 under tf32): n 8192 on a GPU, 2048 on the CPU; best of `repeats` timings of 10 products
-    on a GPU, 1 on the CPU."""
+    on a GPU, 1 on the CPU, after one such timing as a warm-up."""
     dev = resolve_device(cfg.device)
     set_precision(cfg.precision, dev)
     gpu = dev.type in ("cuda", "mps")
-    n = n or (8192 if gpu else 2048)
-    products = 10 if gpu else 1
-    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float32
-    a = torch.randn(n, n, device=dev, dtype=dtype)
+    n, products = n or (8192 if gpu else 2048), 10 if gpu else 1
+    a = torch.randn(n, n, device=dev,
+                    dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
 
-    def sync() -> None:
+    def timed() -> float:
+        t = time.perf_counter()
+        for _ in range(products):
+            a @ a
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         elif dev.type == "mps":
             torch.mps.synchronize()
+        return (time.perf_counter() - t) / products
 
-    for _ in range(3 if gpu else 1):
-        a @ a
-    sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(products):
-            a @ a
-        sync()
-        best = min(best, (time.perf_counter() - t) / products)
-    return 2 * n**3 / best / 1e9
+    timed()
+    return 2 * n**3 / min(timed() for _ in range(repeats)) / 1e9
 
 
 def peak_memory_bytes(cfg: TrainConfig) -> int | None:

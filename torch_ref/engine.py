@@ -134,12 +134,7 @@ class Engine:
         self.px, self.py = (stage(a, self.dev) for a in probe)
 
     def state_spec(self):
-        f32, spec = np.dtype("float32"), {}
-        for name, p in self.model.named_parameters():
-            for key in (f"model.{name}", f"opt.{name}.exp_avg", f"opt.{name}.exp_avg_sq"):
-                spec[key] = (tuple(p.shape), f32)
-            spec[f"opt.{name}.step"] = ((), f32)
-        return spec
+        return {k: (v.shape, v.dtype) for k, v in self.state_arrays().items()}
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         out = {}
@@ -169,18 +164,16 @@ class Engine:
         if checked:
             torch.cuda.set_sync_debug_mode("error")
         try:
-            return self._step(x, y)
+            self.model.zero_grad(set_to_none=True)
+            total, loss, z = self.objective(self.model, stage(x, self.dev), stage(y, self.dev),
+                                            self.bf16)
+            total.backward()
+            lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
+            grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)
+            return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
         finally:
             if checked:
                 torch.cuda.set_sync_debug_mode("default")
-
-    def _step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        self.model.zero_grad(set_to_none=True)
-        total, loss, z = self.objective(self.model, stage(x, self.dev), stage(y, self.dev), self.bf16)
-        total.backward()
-        lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
-        grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)
-        return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
 
     def read(self, pending: list[torch.Tensor]) -> list[tuple[float, float, float, float]]:
         return torch.stack(pending).cpu().double().tolist()  # one sync; MPS has no float64
