@@ -26,7 +26,7 @@ from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt import optim as mlx_optim
 from mlx_gpt import probes as mlx_probes
-from mlx_gpt.engine import build_model, make_train_step
+from mlx_gpt.engine import Engine as MlxEngine, build_model
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
 from qkstudy.config import TrainConfig, model_args
@@ -35,7 +35,7 @@ from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
 from qkstudy.variants import VARIANTS
 from torch_ref import optim as torch_optim
-from torch_ref import probes as torch_probes
+from torch_ref import engine as torch_engine
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
 
@@ -139,11 +139,11 @@ def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, 
     terms = model.loss(logits, torch.from_numpy(y.astype(np.int64)))
     terms[0].backward()
     grads = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
-    rows = torch_probes.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
-    before = torch_probes.snapshot(model)
+    rows = torch_engine.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
+    before = torch_engine.snapshot(model)
     torch_optim.update(*torch_optim.make_optimizer(cfg, dict(model.named_parameters())),
                        cfg.grad_clip)
-    rows += torch_probes.update_stats(0, before, torch_probes.snapshot(model))
+    rows += torch_engine.update_stats(0, before, torch_engine.snapshot(model))
     return logits.detach().numpy(), [t.item() for t in terms], grads, rows
 
 
@@ -193,42 +193,29 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
             for layer, head, name in sorted(mlx_values.keys() & torch_values.keys())]
 
 
-def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term) of mlx_gpt's step."""
-    model = build_model(cfg, vocab_size)
-    step_fn, state = make_train_step(model, mlx_optim.make_optimizer(cfg, model.parameters()),
-                                     cfg.grad_clip)
-    out = []
-    for step in range(cfg.steps):
-        x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
-        out.append(mx.stack(step_fn(mx.array(x), mx.array(y))))
-        mx.eval(state, out[-1])
-    return np.array(mx.stack(out))
-
-
 # torch trajectories computed: mlx_gpt's two kernel paths of a config share one
 _TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
 
 
-def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """mlx_trajectory with the engine of backend=torch (fp32 on the CPU)."""
-    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
-    key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
-    if key not in _TORCH_TRAJECTORIES:
-        probe = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
-        engine = TorchEngine(torch_cfg, vocab_size, [], probe)
-        out = [engine.step(*train_batch(tokens, cfg.data_seed, step, cfg.batch_size,
-                                        cfg.block_size)) for step in range(cfg.steps)]
-        _TORCH_TRAJECTORIES[key] = torch.stack(out).numpy()
-    return _TORCH_TRAJECTORIES[key].copy()
+def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term) of an engine's steps."""
+    batches = [train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
+               for step in range(cfg.steps)]
+    engine = engine_class(cfg, vocab_size, [], batches[0])
+    return np.array(engine.read([engine.step(x, y) for x, y in batches]))
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    case = case_name(cfg)
-    a, b = torch_trajectory(cfg, tokens, vocab_size), mlx_trajectory(cfg, tokens, vocab_size)
+    """The MLX engine's steps against backend=torch's (fp32 on the CPU)."""
+    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
+    key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
+    if key not in _TORCH_TRAJECTORIES:
+        _TORCH_TRAJECTORIES[key] = trajectory(TorchEngine, torch_cfg, tokens, vocab_size)
+    a, b = _TORCH_TRAJECTORIES[key], trajectory(MlxEngine, cfg, tokens, vocab_size)
     loss = [(f"step {s}", relative(a[s, 0], b[s, 0])) for s in range(cfg.steps)]
     clipped = int(np.sum(b[:, 1] > cfg.grad_clip)) if cfg.grad_clip > 0 else 0
-    return [worst(case, f"{cfg.steps}-step train loss ({clipped} clipped)", loss, TRAJECTORY_RTOL)]
+    return [worst(case_name(cfg), f"{cfg.steps}-step train loss ({clipped} clipped)", loss,
+                  TRAJECTORY_RTOL)]
 
 
 def step_cases() -> list[TrainConfig]:

@@ -1,13 +1,7 @@
-"""MLX's CPU backend prepared before `import mlx` (Linux only): an optimised BLAS and the tuned
-build of its fused kernels (docs/performance.md).
-
-BLAS: the `mlx[cpu]` wheel links the reference BLAS (~50x slower sgemm); libmlx.so imports only
-`cblas_sgemm/dgemm/cgemm`, so a BLAS loaded with RTLD_GLOBAL first is the one MLX binds to.
-Kernels: MLX compiles each fused kernel with `g++` on PATH into `$TMPDIR/mlx/<version>/cpu/`,
-cached by kernel name only. With MLX_GPT_CPU_JIT=native a `g++` wrapper adding -march=native
-goes first on PATH and TMPDIR points at a folder keyed by this CPU, compiler and flags (Python's
-own temporary folder stays put). The default, plain, is MLX's own build.
-"""
+"""MLX's CPU backend prepared before `import mlx` (Linux only; docs/performance.md): a BLAS loaded
+with RTLD_GLOBAL, which MLX then binds its cblas calls to (its wheel's reference BLAS is ~50x
+slower), and with MLX_GPT_CPU_JIT=native a g++ wrapper adding -march=native first on PATH, with
+TMPDIR (where MLX caches its kernels by name only) a folder keyed by CPU, compiler and flags."""
 
 from __future__ import annotations
 
@@ -101,14 +95,6 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 
-def wanted() -> bool:
-    mode = os.environ.get(ENV, DEFAULT)
-    if mode not in ("native", "plain"):
-        print(f"warning: {ENV}={mode!r} is neither native nor plain; using plain", file=sys.stderr)
-        return False
-    return mode == "native" and supported()
-
-
 def _write_once(path: Path, text: str, mode: int) -> None:
     """Write `path` atomically unless it already holds `text` (other processes may read it)."""
     if path.exists() and path.read_text() == text:
@@ -119,24 +105,22 @@ def _write_once(path: Path, text: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _without_inherited() -> list[str]:
-    """Undo a parent's ensure_native_jit (a plain child must not use the tuned cache): PATH."""
+def ensure_native_jit() -> str | None:
+    """Route MLX's CPU JIT through the -march=native wrapper. Returns the cache folder, or None."""
+    global active
+    if active or "mlx.core" in sys.modules:
+        return active  # once mlx is imported it is too late to change where MLX compiles
+    # undo a parent's ensure_native_jit: a child running plain must not use the tuned cache
     root = str(cache_root())
     if os.environ.get("TMPDIR", "").startswith(root) and ORIGINAL_TMPDIR in os.environ:
         os.environ["TMPDIR"] = os.environ[ORIGINAL_TMPDIR]
         tempfile.tempdir = None
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if not p.startswith(root)]
     os.environ["PATH"] = os.pathsep.join(path)
-    return path
-
-
-def ensure_native_jit() -> str | None:
-    """Route MLX's CPU JIT through the -march=native wrapper. Returns the cache folder, or None."""
-    global active
-    if active or "mlx.core" in sys.modules:
-        return active  # once mlx is imported it is too late to change where MLX compiles
-    path = _without_inherited()
-    if not wanted():
+    mode = os.environ.get(ENV, DEFAULT)
+    if mode not in ("native", "plain"):
+        print(f"warning: {ENV}={mode!r} is neither native nor plain; using plain", file=sys.stderr)
+    if mode != "native" or not supported():
         return None
     gxx = shutil.which("g++", path=os.pathsep.join(path))
     identity = cpu_identity()

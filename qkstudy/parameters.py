@@ -1,11 +1,6 @@
-"""The model's parameters without a framework: names, shapes, counts and initial values.
-
-Both engines build exactly these parameters and start from `initial_weights`, numpy arrays drawn
-from (seed, parameter name): nanoGPT's scheme, N(0, 0.02) for every matrix, residual projections
-N(0, 0.02 / sqrt(2 * depth)), biases 0, norm gains 1, a variant's own parameters their initial
-value. So the QK-norm arms of one seed share every common weight. INIT_SCHEME names the scheme
-in each run's identity.
-"""
+"""The model's parameters without a framework: names, shapes, counts and initial values, numpy
+arrays drawn from (seed, parameter name) that both engines start from (docs/model.md), so the
+QK-norm arms of one seed share every common weight. INIT_SCHEME names it in a run's identity."""
 
 from __future__ import annotations
 
@@ -60,7 +55,8 @@ def count_params(args: ModelArgs) -> dict[str, int]:
 
 
 def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
-    """The run's initial parameters as float32 arrays (the module docstring's scheme)."""
+    """nanoGPT's scheme: N(0, 0.02) for every matrix, residual projections N(0, 0.02 /
+    sqrt(2 * depth)), biases 0, norm gains 1, a variant's own parameters their initial value."""
     residual_std = 0.02 / math.sqrt(2 * args.depth)
     own = variant(args.qk_norm).parameters(args.block_size, args.d_model // args.n_heads)
     weights = {}

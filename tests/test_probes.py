@@ -363,7 +363,7 @@ def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
     import torch
 
     from torch_ref.model import GPT as TorchGPT
-    from torch_ref.probes import collect as torch_collect
+    from torch_ref.engine import collect as torch_collect
 
     model = make_model(qk_norm, attn_softcap=softcap)
     twin = TorchGPT(model.args)

@@ -1,14 +1,8 @@
-"""The PyTorch engine of a run (qkstudy/trainer.py drives it): backend=torch on cuda, mps or cpu
-(docs/torch_ref.md). Checkpoint state: model.<name> (float32 master weights in every
-precision), opt.<name>.exp_avg, .exp_avg_sq and .step. The step never waits for the device:
-batches go through pinned memory, the rate comes from a table on the device, a step's numbers
-stay there until `read`; with QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under
-torch's sync debug mode "error" (gpu-check's throughput rows).
-
-torch.compile: the model is an argument, so each (depth, arm, batch) shape of a process is one
-graph; a sweep process sees many, so the graph limit is raised to GRAPHS, and a process that
-needs more says so in one line.
-"""
+"""The PyTorch engine of a run (docs/torch_ref.md). The step never waits for the device: batches
+go through pinned memory, the rate comes from a table on the device, a step's numbers stay there
+until `read`; with QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's
+sync debug mode "error". torch.compile makes a graph per (depth, arm, batch) shape of a process:
+its limit is raised to GRAPHS, and a process that needs more says so in one line."""
 
 from __future__ import annotations
 
@@ -16,15 +10,15 @@ import functools
 import logging
 import os
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from qkstudy import denormals
+from qkstudy import denormals, probes
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.parameters import count_params, initial_weights
 
-from . import probes as probe_lib
 from .device import describe, place, resolve_device, runs_per_device, set_determinism, set_precision
 from .model import GPT
 from .optim import clip_and_step, make_optimizer
@@ -79,6 +73,37 @@ def functions(compile_: bool):
         return objective, val_loss
     configure()
     return torch.compile(objective), torch.compile(val_loss)
+
+
+PROBE_OPS = SimpleNamespace(  # MPS has no float64: the numbers leave the device as float32
+    where=torch.where, f32=lambda x: x.float(),
+    numbers=lambda values: torch.cat([v.float().reshape(-1) for v in values]).cpu().double()
+    .tolist())
+
+
+def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
+    """Every forward and gradient probe (qkstudy/probes.py) on the batch (x, y), for params
+    after `step` updates; through torch.autograd.grad, so the parameters' .grad is left alone."""
+    named = dict(model.named_parameters())
+    with torch.enable_grad():
+        captures: list[dict] = []
+        logits = model(x, captures)
+        total, ce, _ = model.loss(logits, y)
+        grads = dict(zip(named, torch.autograd.grad(total, list(named.values()))))
+    captures = [{k: v.detach() for k, v in c.items()} for c in captures]
+    values = probes.collected(model.args, captures, logits.detach(), ce.detach(),
+                              snapshot(model, copy=False), grads, PROBE_OPS)
+    return probes.rows(step, values, PROBE_OPS)
+
+
+def snapshot(model: GPT, copy: bool = True) -> dict[str, torch.Tensor]:
+    return {k: p.detach().clone() if copy else p.detach() for k, p in model.named_parameters()}
+
+
+def update_stats(step: int, before: dict[str, torch.Tensor],
+                 after: dict[str, torch.Tensor]) -> list[dict]:
+    """update_rms_ratio/<group> of update `step` from the parameters before and after it."""
+    return probes.rows(step, probes.update_ratios(before, after, PROBE_OPS), PROBE_OPS)
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -184,14 +209,14 @@ class Engine:
         return torch.stack(losses).mean().item()
 
     def probes(self, step: int) -> list[dict]:
-        return probe_lib.collect(self.model, self.px, self.py, step)
+        return collect(self.model, self.px, self.py, step)
 
-    def snapshot(self, copy: bool = True):
-        return probe_lib.snapshot(self.model, copy)
+    def snapshot(self):
+        return snapshot(self.model)
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return probe_lib.update_stats(step, before, self.snapshot())
+        return update_stats(step, before, snapshot(self.model))
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {n: p.cpu().numpy().copy() for n, p in self.snapshot(copy=False).items()}
+        return {n: p.cpu().numpy().copy() for n, p in snapshot(self.model, copy=False).items()}
 

@@ -24,12 +24,13 @@ from qkstudy.data.prepare import PrepareConfig, prepare
 from qkstudy.errors import UsageError
 
 from .device import describe, resolve_device
-from .gpu_stages import (PRECISIONS, Clock, GpuCheckConfig, parity, parity_summary, parity_text,
-                         sweep, sweep_summary, sweep_text, throughput, throughput_summary,
-                         throughput_text)
+from .gpu_stages import (PRECISIONS, Clock, GpuCheckConfig, check_row, parity, parity_row,
+                         parity_text, sweep, sweep_summary, sweep_text, throughput,
+                         throughput_summary, throughput_text)
 
 ARCHIVE = "gpu-check-runs.tar.gz"
-SUMMARIES = {"parity": parity_summary, "throughput": throughput_summary, "sweep": sweep_summary}
+SUMMARIES = {"parity": lambda p: [parity_row(p, label) for label in p["planned"]],
+             "throughput": throughput_summary, "sweep": sweep_summary}
 
 
 def skipped_text(skipped: list[str]) -> str:
@@ -47,21 +48,20 @@ def machine(device: torch.device) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
             "device": describe(device)}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info["gpu_memory_bytes"] = props.total_memory
-        info["multiprocessors"] = props.multi_processor_count
-    return info
+    if device.type != "cuda":
+        return info
+    props = torch.cuda.get_device_properties(device)
+    return {**info, "gpu_memory_bytes": props.total_memory,
+            "multiprocessors": props.multi_processor_count}
 
 
 def summary(report: dict) -> list[dict]:
-    """A row per planned check ({"check", "ok": True/False/None (not run), "figure"}); a stage
-    that crashed is one failed row."""
+    """A row per planned check (gpu_stages.check_row); a stage that crashed is one failed row."""
     rows = []
     for stage, rows_of in SUMMARIES.items():
         result = report.get(stage, {"error": "not run"})
         if "error" in result:
-            rows.append({"check": stage, "ok": False, "figure": f"crashed: {result['error']}"})
+            rows.append(check_row(stage, False, f"crashed: {result['error']}"))
         else:
             rows += rows_of(result)
     return rows
@@ -125,10 +125,11 @@ def _run(check: GpuCheckConfig, clock: Clock, device: torch.device, out: Path, w
     report["elapsed_s"] = clock.elapsed()
     report["summary"] = summary(report)
     report["passed"] = all(r["ok"] is True for r in report["summary"])
+    times = [f"{name} " + (f"{s:.0f} s" if (s := report[name].get("stage_seconds")) is not None
+                           else "-") for name in SUMMARIES]
     text += ["Skipped for time: " + skipped_text(skipped),
              f"Elapsed: {report['elapsed_s']:.0f} s of a {check.budget:g} s budget "
-             f"(parity {stage_time(report, 'parity')}, throughput "
-             f"{stage_time(report, 'throughput')}, sweep {stage_time(report, 'sweep')}).", ""]
+             f"({', '.join(times)}).", ""]
     text += summary_text(report["summary"])
     with tarfile.open(out / ARCHIVE, "w:gz") as tar:  # the run folders without weights
         for name in ("runs", "parity-runs", "sweep.log"):
@@ -137,11 +138,6 @@ def _run(check: GpuCheckConfig, clock: Clock, device: torch.device, out: Path, w
                     (".safetensors", run_folder.LOCK)) else info)
     report["archive"] = ARCHIVE
     return report, "\n".join(text)
-
-
-def stage_time(report: dict, stage: str) -> str:
-    seconds = report.get(stage, {}).get("stage_seconds")
-    return "-" if seconds is None else f"{seconds:.0f} s"
 
 
 USAGE = keys_usage(

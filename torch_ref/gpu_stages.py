@@ -1,10 +1,6 @@
-"""gpu-check's plan and its three stages, each ending by its share of the budget (what does not
-fit is skipped and said): 1. parity: a short run on the CPU in fp32 and on the device in each
-precision (`python -m qkstudy train`, a process each), every step's training loss against the
-CPU's, and the device's fp32 run again, whose final weights must be the same bytes; 2.
-throughput: tokens/s of the run's own engine (qkstudy/bench/step.py, fresh processes) with
-FLOP/s against the measured matmul peak, K runs at once timed over one window, every timed step
-under CUDA's sync debug mode "error"; 3. a short demo sweep with jobs=K."""
+"""gpu-check's plan and its three stages (docs/performance.md#just-gpu-check): parity of short
+runs against the CPU's, throughput of the run's own engine, a short demo sweep; each ends by its
+share of the budget, and what does not fit is skipped and said."""
 
 from __future__ import annotations
 
@@ -72,21 +68,15 @@ def python_env(check: GpuCheckConfig) -> dict[str, str]:
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def check_row(check: str, ok: bool | None, figure: str) -> dict:
-    """A row of the summary table (ok None: not run)."""
+def check_row(check: str, ok: bool | None, figure: str) -> dict:  # ok None: not run
     return {"check": check, "ok": ok, "figure": figure}
-
-
-def train_words(cfg: TrainConfig) -> list[str]:
-    """`python -m qkstudy train` words for the fields of `cfg` that are not the defaults."""
-    default = TrainConfig()
-    return [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-            if getattr(cfg, f.name) != getattr(default, f.name)]
 
 
 def train_run(cfg: TrainConfig, check: GpuCheckConfig, out: Path, left: float) -> dict:
     """Train `cfg` in a process of its own: its run's record."""
-    done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *train_words(cfg)],
+    words = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
+             if getattr(cfg, f.name) != getattr(TrainConfig(), f.name)]
+    done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *words],
                           capture_output=True, text=True, env=python_env(check), cwd=ROOT,
                           timeout=left)
     folder = RunFolder.of(cfg)
@@ -192,10 +182,6 @@ def parity_row(p: dict, label: str) -> dict:
                      f"largest deviation {d['max']:.1e} (limit {d['limit']:g})")
 
 
-def parity_summary(p: dict) -> list[dict]:
-    return [parity_row(p, label) for label in p["planned"]]
-
-
 def throughput_plan(check: GpuCheckConfig) -> list[dict]:
     """The study's shape (tiny with quick) eager in every precision, bf16 with
     deterministic=false (what determinism costs), then compiled bf16 one run and K at once
@@ -230,10 +216,13 @@ def measure(check: GpuCheckConfig, m: dict, spec: Spec, left: float, args
                                timeout=min(left, 240 if m["compile"] else 90))
     total, fpt = sum(r["tokens_per_s"] for r in results), flops_per_token(args)
     windows = [r["window"] for r in results]
+    # the time all the windows share, over the longest one (1: all K timed at once)
+    common = min(end for _, end in windows) - max(start for start, _ in windows)
     row = {**m, "status": "ok", "tokens_per_s": total,
            "per_process": [r["tokens_per_s"] for r in results],
            "steps": [r["steps"] for r in results], "warmup_s": [r["warmup_s"] for r in results],
-           "windows": windows, "overlap": overlap(windows),  # 1: all K timed at once
+           "windows": windows,
+           "overlap": max(0.0, common) / max(end - start for start, end in windows),
            "peak_memory_bytes": [r["peak_memory_bytes"] for r in results],
            "flops_per_token": fpt, "tflops": total * fpt / 1e12}
     return row, results[0].get("matmul_gflops")
@@ -271,12 +260,6 @@ def throughput(check: GpuCheckConfig, clock: Clock, skipped: list) -> dict:
         print(f"{row['tokens_per_s']:,.0f} tok/s", flush=True)
     return {"matmul_gflops": peaks, "seconds": seconds, "parallel": check.parallel,
             "shapes": shapes, "rows": rows, "where_to_run": where_to_run(rows)}
-
-
-def overlap(windows: list[list[float]]) -> float:
-    """The time all the windows share, over the longest one."""
-    common = min(end for _, end in windows) - max(start for start, _ in windows)
-    return max(0.0, common) / max(end - start for start, end in windows)
 
 
 def where_to_run(rows: list[dict]) -> list[dict]:
