@@ -33,6 +33,7 @@ from qkstudy.config import TrainConfig, model_args
 from qkstudy.data import synthetic
 from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
+from qkstudy.probes import update_ratios
 from qkstudy.variants import VARIANTS
 from torch_ref import optim as torch_optim
 from torch_ref import engine as torch_engine
@@ -128,7 +129,7 @@ def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, 
     rows = mlx_probes.collect(model, mx.array(px), mx.array(py), 0)
     before = dict(tree_flatten(model.parameters()))
     mlx_optim.update(mlx_optim.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
-    rows += mlx_probes.update_stats(0, before, dict(tree_flatten(model.parameters())))
+    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_probes.OPS)
     return np.array(logits), [t.item() for t in terms], {
         k: np.array(v) for k, v in tree_flatten(grads)}, rows
 
@@ -143,7 +144,7 @@ def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, 
     before = torch_engine.snapshot(model)
     torch_optim.update(*torch_optim.make_optimizer(cfg, dict(model.named_parameters())),
                        cfg.grad_clip)
-    rows += torch_engine.update_stats(0, before, torch_engine.snapshot(model))
+    rows += update_ratios(0, before, torch_engine.snapshot(model), torch_engine.PROBE_OPS)
     return logits.detach().numpy(), [t.item() for t in terms], grads, rows
 
 

@@ -11,7 +11,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from qkstudy import denormals
+from qkstudy import denormals, probes
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.parameters import count_params
 
@@ -100,7 +100,7 @@ class Engine:
         return dict(tree_flatten(self.model.parameters()))
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return probe_lib.update_stats(step, before, self.snapshot())
+        return probes.update_ratios(step, before, self.snapshot(), probe_lib.OPS)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in self.snapshot().items()}

@@ -28,11 +28,5 @@ def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
         return total, ce, logits, captures
 
     (_, ce, logits, captures), grads = nn.value_and_grad(model, objective)(x, y)
-    values = probes.collected(model.args, captures, logits, ce,
-                              dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), OPS)
-    return probes.rows(step, values, OPS)
-
-
-def update_stats(step: int, before: dict[str, mx.array], after: dict[str, mx.array]) -> list[dict]:
-    """update_rms_ratio/<group> of update `step` from the parameters before and after it."""
-    return probes.rows(step, probes.update_ratios(before, after, OPS), OPS)
+    return probes.collected(step, model.args, captures, logits, ce,
+                            dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), OPS)

@@ -1,6 +1,6 @@
 """The model's parameters without a framework: names, shapes, counts and initial values, numpy
 arrays drawn from (seed, parameter name) that both engines start from (docs/model.md), so the
-QK-norm arms of one seed share every common weight. INIT_SCHEME names it in a run's identity."""
+QK-norm arms of one seed share every common weight (TrainConfig.init names the scheme)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ import numpy as np
 
 from .config import ModelArgs
 from .variants import variant
-
-INIT_SCHEME = "numpy"
-
 
 def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape (nn.Linear weights are (out, in))."""

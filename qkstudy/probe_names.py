@@ -67,11 +67,6 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 )}
 
 
-def probe(name: str) -> Probe | None:
-    """The registry's entry of a probe row's name (`grad_rms/attn.qkv` -> grad_rms)."""
-    return PROBES.get(name.split("/", 1)[0])
-
-
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _GROUP_ALIASES = {"ln1": "ln", "ln2": "ln", "ln_f": "ln", "attn.q_norm": "qk_norm",
                   "attn.k_norm": "qk_norm", "attn.qk_scale": "qk_norm"}

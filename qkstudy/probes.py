@@ -90,24 +90,26 @@ def group_rms(arrays: dict, ops) -> list[tuple]:
             for (layer, group), (total, count) in sorted(sums.items())]
 
 
-def collected(args: ModelArgs, captures: list[dict], logits, loss, params: dict, grads: dict,
-              ops) -> list[tuple]:
-    """Every probe of one forward and its backward."""
-    values = [v for layer, c in enumerate(captures) for v in layer_probes(layer, c, args, params, ops)]
+def collected(step: int, args: ModelArgs, captures: list[dict], logits, loss, params: dict,
+              grads: dict, ops) -> list[dict]:
+    """The rows of every probe of one forward and its backward, for params after `step` updates."""
+    values = [v for layer, c in enumerate(captures)
+              for v in layer_probes(layer, c, args, params, ops)]
     values += [(WHOLE_MODEL, "loss", loss), (WHOLE_MODEL, "output_logit_max", logits.max()),
                (WHOLE_MODEL, "output_logsumexp_mean", logits.logsumexp(axis=-1).mean()),
                (WHOLE_MODEL, "grad_norm",
                 sum(ops.f32(g).square().sum() for g in grads.values()).sqrt())]
     for name, arrays in (("grad_rms", grads), ("param_rms", params)):
         values += [(layer, f"{name}/{group}", v) for layer, group, v in group_rms(arrays, ops)]
-    return values
+    return rows(step, values, ops)
 
 
-def update_ratios(before: dict, after: dict, ops) -> list[tuple]:
-    """update_rms_ratio/<group>: RMS(after - before) / RMS(before) of one update, per group."""
+def update_ratios(step: int, before: dict, after: dict, ops) -> list[dict]:
+    """The rows of update_rms_ratio/<group>, RMS(after - before) / RMS(before) per group, of
+    update `step`."""
     update = group_rms({name: after[name] - before[name] for name in before}, ops)
-    return [(layer, f"update_rms_ratio/{group}", u / p)
-            for (layer, group, u), (*_, p) in zip(update, group_rms(before, ops))]
+    return rows(step, [(layer, f"update_rms_ratio/{group}", u / p)
+                       for (layer, group, u), (*_, p) in zip(update, group_rms(before, ops))], ops)
 
 
 def rows(step: int, values: list[tuple], ops) -> list[dict]:

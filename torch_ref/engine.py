@@ -91,19 +91,12 @@ def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dic
         total, ce, _ = model.loss(logits, y)
         grads = dict(zip(named, torch.autograd.grad(total, list(named.values()))))
     captures = [{k: v.detach() for k, v in c.items()} for c in captures]
-    values = probes.collected(model.args, captures, logits.detach(), ce.detach(),
-                              snapshot(model, copy=False), grads, PROBE_OPS)
-    return probes.rows(step, values, PROBE_OPS)
+    return probes.collected(step, model.args, captures, logits.detach(), ce.detach(),
+                            snapshot(model, copy=False), grads, PROBE_OPS)
 
 
 def snapshot(model: GPT, copy: bool = True) -> dict[str, torch.Tensor]:
     return {k: p.detach().clone() if copy else p.detach() for k, p in model.named_parameters()}
-
-
-def update_stats(step: int, before: dict[str, torch.Tensor],
-                 after: dict[str, torch.Tensor]) -> list[dict]:
-    """update_rms_ratio/<group> of update `step` from the parameters before and after it."""
-    return probes.rows(step, probes.update_ratios(before, after, PROBE_OPS), PROBE_OPS)
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -215,7 +208,7 @@ class Engine:
         return snapshot(self.model)
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return update_stats(step, before, snapshot(self.model))
+        return probes.update_ratios(step, before, snapshot(self.model), PROBE_OPS)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {n: p.cpu().numpy().copy() for n, p in snapshot(self.model, copy=False).items()}
