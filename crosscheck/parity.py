@@ -83,7 +83,7 @@ def relative(a: np.ndarray | float, b: np.ndarray | float) -> float:
     return float(diff / scale)
 
 
-def worst(case: str, quantity: str, pairs: Iterable[tuple[str, float]], tolerance: float) -> Deviation:
+def worst(case: str, quantity: str, pairs: Iterable[tuple], tolerance: float) -> Deviation:
     where, value = max(pairs, key=lambda kv: (not math.isfinite(kv[1]), kv[1]))
     return Deviation(case, quantity, where, value, tolerance)
 
@@ -177,7 +177,7 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
     ]
 
 
-def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple[str, float]]:
+def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple]:
     """(layer/name, relative deviation) of every probe (and head) both frameworks report."""
     def values(rows: list[dict]) -> dict[tuple, float]:
         return {(r["layer"], -1 if r["head"] is None else r["head"], r["name"]): r["value"]

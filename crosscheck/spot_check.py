@@ -141,7 +141,8 @@ def format_comparison(comparison: dict) -> str:
         if column in comparison:
             c = comparison[column]
             lines.append(f"  {column:<10} max {c['max_relative_deviation']:.2e} at step "
-                         f"{c['at_step']}, mean {c['mean_relative_deviation']:.2e} ({c['n']} values)")
+                         f"{c['at_step']}, mean {c['mean_relative_deviation']:.2e} "
+                         f"({c['n']} values)")
     for name, c in comparison.get("probes", {}).items():
         lines.append(f"  probe {name}: max {c['max_relative_deviation']:.2e} "
                      f"(step {c['at_step']}, layer {c['layer']})")

@@ -77,7 +77,9 @@ class CausalSelfAttention(nn.Module):
 
     def capped(self, scores: mx.array) -> mx.array:
         """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
-        return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap)) if self.softcap else scores
+        if not self.softcap:
+            return scores
+        return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap))
 
     def __call__(self, x: mx.array, capture: dict | None = None) -> mx.array:
         """The fused kernel, or the attention written out: for a capture (what the probes

@@ -21,7 +21,7 @@ def rms(x, ops):
 
 
 def kurtosis(x, ops):
-    """Fourth standardised moment over all entries, E[(x-mu)^4] / E[(x-mu)^2]^2 (3 for a Gaussian)."""
+    """E[(x-mu)^4] / E[(x-mu)^2]^2 over all entries (3 for a Gaussian)."""
     centred = ops.f32(x) - ops.f32(x).mean()
     return centred.square().square().mean() / centred.square().mean().square()
 
@@ -64,7 +64,8 @@ def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> lis
     if row.gains:  # normalised vectors of norm <= sqrt(head_dim) times their gains
         g_q, g_k = (params[f"{attn}.{n}.weight"].abs().max() for n in ("q_norm", "k_norm"))
         values += [("q_norm_gain_max_abs", g_q), ("k_norm_gain_max_abs", g_k),
-                   ("max_attention_logit_bound", g_q * g_k * math.sqrt(args.d_model // args.n_heads))]
+                   ("max_attention_logit_bound",
+                    g_q * g_k * math.sqrt(args.d_model // args.n_heads))]
     elif row.scale_init:  # unit vectors: |logit| <= |g|
         g = params[f"{attn}.qk_scale.weight"].abs().max()
         values += [("qk_scale", g), ("max_attention_logit_bound", g)]

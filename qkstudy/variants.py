@@ -8,11 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
-def henry_scale(block_size: int, head_dim: int) -> float:
-    """Henry et al. (2020)'s initial g: log2(L^2 - L) for sequences of length L (the block)."""
-    return math.log2(block_size * block_size - block_size)
-
-
 @dataclass(frozen=True)
 class Variant:
     name: str
@@ -27,18 +22,20 @@ class Variant:
     # initialised to scale_init(block_size, head_dim); the bound is then |g| (unit vectors)
     scale_init: Callable[[int, int], float] | None = None
 
-    def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple[tuple[int, ...], float]]:
+    def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple]:
         """{name: (shape, initial value)} of each attention's own parameters."""
         gains = {n: ((head_dim,), 1.0) for n in ("q_norm", "k_norm")} if self.gains else {}
-        scale = {"qk_scale": ((1,), self.scale_init(block_size, head_dim))} if self.scale_init else {}
-        return gains | scale
+        if not self.scale_init:
+            return gains
+        return gains | {"qk_scale": ((1,), self.scale_init(block_size, head_dim))}
 
 
 NONE = Variant("none", None)  # qk_norm=none: q and k as they are
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("rmsnorm", "rms", gains=True),  # Qwen3's placement
     Variant("layernorm", "layer", gains=True),  # Wortsman et al. (2023), Dehghani et al. (2023)
-    Variant("l2norm", "l2", scale_init=henry_scale),  # Henry et al. (2020), QKNorm
+    # Henry et al. (2020), QKNorm: g starts at log2(L^2 - L) for sequences of length L (the block)
+    Variant("l2norm", "l2", scale_init=lambda block, head_dim: math.log2(block * block - block)),
 )}
 
 
