@@ -146,7 +146,7 @@ def format_comparison(comparison: dict) -> str:
     for name, c in comparison.get("probes", {}).items():
         lines.append(f"  probe {name}: max {c['max_relative_deviation']:.2e} "
                      f"(step {c['at_step']}, layer {c['layer']})")
-    judgement = comparison.get("judgement") or judge(comparison)
+    judgement = comparison["judgement"]
     lines.append("spot check: " + ("PASS" if judgement["pass"] else "FAIL: "
                                    + "; ".join(judgement["failures"]))
                  + " (tolerances: " + ", ".join(f"{k} {v:g}" for k, v in TOLERANCES.items())
@@ -167,8 +167,7 @@ the agreement against stated tolerances. data= points at the corpus when it move
 
 def cli(argv: list[str]) -> int:
     if not argv or "=" in argv[0]:
-        raise UsageError("usage: python -m crosscheck spot-check RUN_DIR "
-                         "[device=auto|cuda|mps|cpu] [data=PATH]")
+        raise UsageError(USAGE.splitlines()[0])
     options = split_key_values(argv[1:])
     unknown = sorted(options.keys() - set(OPTIONS))
     if unknown:

@@ -33,17 +33,6 @@ SUMMARIES = {"parity": lambda p: [parity_row(p, label) for label in p["planned"]
              "throughput": throughput_summary, "sweep": sweep_summary}
 
 
-def skipped_text(skipped: list[str]) -> str:
-    """What the budget did not reach; throughput's as a count (its table says which)."""
-    if not skipped:
-        return "nothing"
-    measurements = [s for s in skipped if s.startswith("throughput: ")]
-    rest = [s for s in skipped if s not in measurements]
-    if measurements:
-        rest.append(f"throughput: {len(measurements)} measurement(s), marked in its table")
-    return "; ".join(rest)
-
-
 def machine(device: torch.device) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
@@ -127,7 +116,11 @@ def _run(check: GpuCheckConfig, clock: Clock, device: torch.device, out: Path, w
     report["passed"] = all(r["ok"] is True for r in report["summary"])
     times = [f"{name} " + (f"{s:.0f} s" if (s := report[name].get("stage_seconds")) is not None
                            else "-") for name in SUMMARIES]
-    text += ["Skipped for time: " + skipped_text(skipped),
+    # what the budget did not reach; throughput's as a count (its table says which)
+    measurements = [s for s in skipped if s.startswith("throughput: ")]
+    said = [s for s in skipped if s not in measurements] + [
+        f"throughput: {len(measurements)} measurement(s), marked in its table"] * bool(measurements)
+    text += ["Skipped for time: " + ("; ".join(said) or "nothing"),
              f"Elapsed: {report['elapsed_s']:.0f} s of a {check.budget:g} s budget "
              f"({', '.join(times)}).", ""]
     text += summary_text(report["summary"])
