@@ -135,7 +135,6 @@ def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, 
 
 
 def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
-    """mlx_step with the torch model."""
     logits = model(torch.from_numpy(x.astype(np.int64)))
     terms = model.loss(logits, torch.from_numpy(y.astype(np.int64)))
     terms[0].backward()

@@ -26,16 +26,11 @@ def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = Non
     config_path = RunFolder(run_dir).config_file
     if not config_path.is_file():
         raise UsageError(f"{run_dir} is not a run folder (no {config_path.name})")
-    try:
-        reference = json.loads(config_path.read_text())
-    except json.JSONDecodeError:
-        raise UsageError(f"{config_path} is not valid JSON") from None
-    if not isinstance(reference, dict):
-        raise UsageError(f"{config_path} does not hold a JSON object")
+    cfg = load_config(str(config_path))  # a UsageError for what is not a config
+    reference = json.loads(config_path.read_text())
     if reference.get("framework", "mlx") != "mlx":
         raise UsageError(f"{run_dir} is a {reference['framework']} run; spot-check an MLX run")
     reference_id = reference.get("run_id") or run_dir.name
-    cfg = load_config(str(config_path))
     if cfg.run_id != reference_id:
         raise UsageError(f"{config_path} rebuilds run_id {cfg.run_id}, not the run's "
                          f"{reference_id}: the file is damaged or from another version, so the "

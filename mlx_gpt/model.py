@@ -40,14 +40,6 @@ def resolve_kernels(kernels: str) -> str:
     return kernels
 
 
-class Weight(nn.Module):
-    """One parameter of a QK-norm variant, `attn.<name>.weight`."""
-
-    def __init__(self, shape: tuple[int, ...], value: float):
-        super().__init__()
-        self.weight = mx.full(shape, value)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -56,7 +48,8 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
         self.variant = variant(args.qk_norm)  # its row builds its parameters and its norm
         for name, (shape, value) in self.variant.parameters(args.block_size, self.head_dim).items():
-            setattr(self, name, Weight(shape, value))
+            setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
+            getattr(self, name).weight = mx.full(shape, value)
         self.softcap = args.attn_softcap
         self.ops = kernel_ops(args.kernels)
         self.scale = 1.0 / math.sqrt(self.head_dim)

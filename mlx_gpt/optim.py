@@ -15,7 +15,6 @@ from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 
 
 def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
-    """AdamW over `params` (a model's parameter tree), its state initialised."""
     rates = mx.array(learning_rates(cfg))
     last = rates.size - 1
 

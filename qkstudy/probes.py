@@ -32,30 +32,18 @@ def outlier_share(x, ops, sigmas: float = OUTLIER_SIGMAS):
     return ops.f32(centred.abs() > sigmas * centred.square().mean().sqrt()).mean()
 
 
-def attention_entropy(logits, causal, ops):
-    """Entropy in nats of each query's attention distribution: (B, nh, T) from (B, nh, T, T)."""
-    masked = ops.where(causal, logits, NEG_INF)
-    log_p = masked - masked.logsumexp(axis=-1, keepdims=True)
-    return -ops.where(causal, log_p.exp() * log_p, 0.0).sum(axis=-1)
-
-
-def attention_sink_share(logits, causal, ops):
-    """Each head's attention probability on the first position, mean over the batch and the
-    queries: (nh,) from (B, nh, T, T) logits."""
-    masked = ops.where(causal, logits, NEG_INF)
-    return (masked[..., 0] - masked.logsumexp(axis=-1)).exp().mean(axis=(0, 2))
-
-
 def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> list[tuple]:
-    """One block's forward probes from its capture."""
-    row, causal, capped = variant(args.qk_norm), c["causal"], c["capped"]
-    entropy = attention_entropy(capped, causal, ops).mean(axis=(0, 2))  # (nh,)
-    values = [("max_attention_logit_capped", ops.where(causal, capped, NEG_INF).max())
-              ] if args.attn_softcap else []
+    row, causal = variant(args.qk_norm), c["causal"]
+    masked = ops.where(causal, c["capped"], NEG_INF)  # (B, nh, T, T)
+    log_p = masked - masked.logsumexp(axis=-1, keepdims=True)
+    # each query's attention entropy in nats, mean over the batch and the queries: (nh,)
+    entropy = (-ops.where(causal, log_p.exp() * log_p, 0.0).sum(axis=-1)).mean(axis=(0, 2))
+    # each head's attention probability on the first position, mean likewise
+    sink = (masked[..., 0] - masked.logsumexp(axis=-1)).exp().mean(axis=(0, 2))
+    values = [("max_attention_logit_capped", masked.max())] if args.attn_softcap else []
     values += [("max_attention_logit", ops.where(causal, c["logits"], NEG_INF).max()),
                ("attention_entropy_mean", entropy.mean()),
-               ("attention_entropy_min_head", entropy.min()),
-               ("attention_sink_share", attention_sink_share(capped, causal, ops)),  # per head
+               ("attention_entropy_min_head", entropy.min()), ("attention_sink_share", sink),
                ("q_rms", rms(c["q"], ops)), ("k_rms", rms(c["k"], ops))]
     if row.norm:
         values += [("q_rms_normed", rms(c["q_normed"], ops)),

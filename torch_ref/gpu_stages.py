@@ -63,7 +63,7 @@ def quick_env(check: GpuCheckConfig) -> dict[str, str]:
 
 
 def python_env(check: GpuCheckConfig) -> dict[str, str]:
-    """The environment of the processes started here: this checkout importable."""
+    """This checkout importable."""
     return {**os.environ, **quick_env(check), "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 

@@ -18,14 +18,6 @@ NORMS = {"rms": lambda x, w: x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True)
          "l2": lambda x, w: x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + NORM_EPS)}
 
 
-class Weight(nn.Module):
-    """One parameter of a QK-norm variant, `attn.<name>.weight`."""
-
-    def __init__(self, shape: tuple[int, ...], value: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.full(shape, value))
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -34,7 +26,8 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
         self.variant = variant(args.qk_norm)  # its row builds its parameters and its norm
         for name, (shape, value) in self.variant.parameters(args.block_size, self.head_dim).items():
-            setattr(self, name, Weight(shape, value))
+            setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
+            getattr(self, name).weight = nn.Parameter(torch.full(shape, value))
         self.softcap = args.attn_softcap
         self.scale = 1.0 / math.sqrt(self.head_dim)
 

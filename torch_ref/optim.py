@@ -20,8 +20,7 @@ class Schedule:
         self.rates = [self.base * (r / self.base) for r in learning_rates(cfg).tolist()]
         self.resume(0)
 
-    def rate(self, update: int) -> float:
-        """The rate of update number `update` (0-based); past the last, the last one."""
+    def rate(self, update: int) -> float:  # past the last update, the last one's
         return self.rates[min(update, len(self.rates) - 1)]
 
     def resume(self, updates: int) -> None:
