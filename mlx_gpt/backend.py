@@ -12,10 +12,7 @@ from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 
 from . import cpu_jit
-from .engine import Engine
-
-__all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
-           "peak_memory_bytes", "preflight"]
+from .engine import Engine  # noqa: F401 - the seam's contract (qkstudy/backends.py)
 
 
 def device(cfg: TrainConfig) -> str:
