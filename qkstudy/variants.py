@@ -10,16 +10,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Variant:
+    """norm: how each head's q and k are normalised over head_dim, "rms", "layer" (mean-centred,
+    no bias), "l2" (unit length) or None; gains: a learnable gain per dimension (q_norm, k_norm,
+    shared by a layer's heads, init 1); scale_init: a learnable softmax scale qk_scale, one a
+    layer, in place of 1/sqrt(head_dim), starting at scale_init(block_size, head_dim)."""
+
     name: str
-    # how each head's q and k are normalised over head_dim: "rms", "layer" (mean-centred, no
-    # bias) or "l2" (unit length); None: not at all
     norm: str | None
-    # a learnable gain per dimension, q_norm and k_norm, shared by a layer's heads (init 1). The
-    # probes' bound on |scaled logit| is then max|g_q| max|g_k| sqrt(head_dim): RMS- or
-    # mean-centred vectors have norm <= sqrt(head_dim) before their gains
     gains: bool = False
-    # the softmax scale 1/sqrt(head_dim) replaced by a learnable qk_scale, one a layer,
-    # initialised to scale_init(block_size, head_dim); the bound is then |g| (unit vectors)
     scale_init: Callable[[int, int], float] | None = None
 
     def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple]:
