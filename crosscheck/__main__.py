@@ -1,7 +1,5 @@
 """`python -m crosscheck <command>`: parity, spot-check."""
 
-from __future__ import annotations
-
 from qkstudy import interrupts
 from qkstudy.cli import entry
 
@@ -10,8 +8,6 @@ COMMANDS = {
     "spot-check": ("crosscheck.spot_check",
                    "re-run an MLX run folder with PyTorch: RUN_DIR [device=auto|cuda|mps|cpu]"),
 }
-
-
 main = entry("python -m crosscheck", COMMANDS,
              missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'",
                       "mlx": "MLX is not installed; pip install -e '.[mlx]'"})

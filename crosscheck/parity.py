@@ -1,15 +1,9 @@
-"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (also `just parity`).
+"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (`just parity`; docs/torch_ref.md).
 
-For qk_norm none and every variant (qkstudy/variants.py) and the rival arms (attention soft-cap,
-z-loss) at depth 1 and 3, on both of mlx_gpt's kernel paths (kernels=cpu: mlx_gpt/kernels.py;
-kernels=library: MLX's fused attention, GELU and cross-entropy, the path Apple GPUs run), in
-float32, with the same weights and the same batch, it compares logits, loss, every gradient and
-the probes; then it trains both for 50 steps, each with its library's AdamW (mlx.optimizers.AdamW,
-torch.optim.AdamW) under the same settings, and compares the loss at every step. It prints
-the largest deviation of each kind and exits 1 when a tolerance is broken.
-
-Relative deviation, everywhere: max|a - b| / max|b|, with b the MLX value and the max taken
-over the elements of one tensor (logits, one gradient) or, for a scalar, |a - b| / |b|.
+For every QK-norm arm and rival arm at depth 1 and 3, on both of mlx_gpt's kernel paths, in
+float32 with the same weights and batch: logits, loss, every gradient and the probes, then the
+loss of each step of 50 trained with each library's AdamW. Relative deviation everywhere:
+max|a - b| / max|b| over one tensor's elements, b the MLX value. Exits 1 on a broken tolerance.
 """
 
 from __future__ import annotations
@@ -32,41 +26,35 @@ from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt import optim as mlx_optim
 from mlx_gpt import probes as mlx_probes
-from mlx_gpt.engine import build_model, make_train_step
+from mlx_gpt.engine import Engine as MlxEngine, build_model
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.data import synthetic
 from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
+from qkstudy.probes import update_ratios
 from qkstudy.variants import VARIANTS
 from torch_ref import optim as torch_optim
-from torch_ref import probes as torch_probes
+from torch_ref import engine as torch_engine
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
 
-# Tolerances (relative, as defined above). The issue fixes logits, gradients and trajectory.
 LOGITS_RTOL = 1e-5
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 PROBE_RTOL = 1e-4
 TRAJECTORY_RTOL = 1e-4
-# Probes both frameworks must report for every layer; any other shared name is compared too.
+# probes both must report for every layer; any other shared name is compared too
 REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
-QK_NORMS = ("none", *VARIANTS)  # every QK-norm variant (qkstudy/variants.py)
-# The rival arms, each one change against qk_norm=none. The cap is far below the study's 50 and
-# the weight far above its 1e-4 so that both change these small models' numbers: at C = 5 the
-# perturbed models' sharp logits are bent by the tanh (from init, over 50 steps at lr 1e-3, the
-# logits stay small and the cap is near the identity); at W = 1e-2 the z-loss term is about 6%
-# of the objective and changes which steps are clipped.
+QK_NORMS = ("none", *VARIANTS)
+# far from the study's cap 50 and weight 1e-4, so that both change these small models' numbers
 RIVALS = ({"attn_softcap": 5.0}, {"z_loss": 1e-2})
 DEPTHS = (1, 3)
-KERNELS = ("cpu", "library")  # mlx_gpt's two kernel paths, both checked on any device
-# Small enough for a 2-core CPU, big enough for several heads and a padded vocab (257 -> 320).
-# The trajectory LR stays below the loss-spike regime: at lr >= 2e-3 this model spikes (grad
-# norm > 100) and a spike amplifies float32 rounding differences between any two kernels to
-# 1e-2 and more, which says nothing about semantics. clip 2.0 clips 12 of the 50 steps.
+KERNELS = ("cpu", "library")
+# lr below the loss-spike regime (from 2e-3 a spike amplifies float32 rounding to 1e-2 and more);
+# clip 2.0 clips 12 of the 50 steps
 BASE = TrainConfig(depth=1, d_model=64, n_heads=4, block_size=64, batch_size=4, lr=1e-3,
                    warmup_steps=10, max_steps=50, weight_decay=0.1, grad_clip=2.0,
                    seed=0, data_seed=0, kernels="cpu")
@@ -95,7 +83,7 @@ def relative(a: np.ndarray | float, b: np.ndarray | float) -> float:
     return float(diff / scale)
 
 
-def worst(case: str, quantity: str, pairs: Iterable[tuple[str, float]], tolerance: float) -> Deviation:
+def worst(case: str, quantity: str, pairs: Iterable[tuple], tolerance: float) -> Deviation:
     where, value = max(pairs, key=lambda kv: (not math.isfinite(kv[1]), kv[1]))
     return Deviation(case, quantity, where, value, tolerance)
 
@@ -132,8 +120,7 @@ def case_name(cfg: TrainConfig) -> str:
 
 
 def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
-    """(logits, (objective, loss, z), gradients, probe rows) of one forward/backward, and the
-    update probes of one AdamW step from those gradients."""
+    """(logits, (objective, loss, z), gradients, probe rows with those of one AdamW update)."""
     def objective(m: MlxGPT, a: mx.array, b: mx.array):
         logits = m(a)
         return (*m.loss(logits, b), logits)
@@ -142,28 +129,26 @@ def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, 
     rows = mlx_probes.collect(model, mx.array(px), mx.array(py), 0)
     before = dict(tree_flatten(model.parameters()))
     mlx_optim.update(mlx_optim.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
-    rows += mlx_probes.update_stats(0, before, dict(tree_flatten(model.parameters())))
+    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_probes.OPS)
     return np.array(logits), [t.item() for t in terms], {
         k: np.array(v) for k, v in tree_flatten(grads)}, rows
 
 
 def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
-    """mlx_step with the torch model."""
     logits = model(torch.from_numpy(x.astype(np.int64)))
     terms = model.loss(logits, torch.from_numpy(y.astype(np.int64)))
     terms[0].backward()
     grads = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
-    rows = torch_probes.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
-    before = torch_probes.snapshot(model)
+    rows = torch_engine.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
+    before = torch_engine.snapshot(model)
     torch_optim.update(*torch_optim.make_optimizer(cfg, dict(model.named_parameters())),
                        cfg.grad_clip)
-    rows += torch_probes.update_stats(0, before, torch_probes.snapshot(model))
+    rows += update_ratios(0, before, torch_engine.snapshot(model), torch_engine.PROBE_OPS)
     return logits.detach().numpy(), [t.item() for t in terms], grads, rows
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """Logits, loss, every gradient and the probes of one forward/backward on one batch of the
-    perturbed model and its torch copy, and the update probes of one AdamW step."""
+    """One forward/backward and one update of the perturbed model and its torch copy."""
     case = case_name(cfg)
     mlx_model = build_model(cfg, vocab_size)
     perturb(mlx_model, cfg.seed + 1)
@@ -191,9 +176,8 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
     ]
 
 
-def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple[str, float]]:
-    """(layer/name, relative deviation) for every probe both frameworks report (each head of a
-    per-head probe on its own; REQUIRED_PROBES must be there)."""
+def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> list[tuple]:
+    """(layer/name, relative deviation) of every probe (and head) both frameworks report."""
     def values(rows: list[dict]) -> dict[tuple, float]:
         return {(r["layer"], -1 if r["head"] is None else r["head"], r["name"]): r["value"]
                 for r in rows}
@@ -209,45 +193,29 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
             for layer, head, name in sorted(mlx_values.keys() & torch_values.keys())]
 
 
-def mlx_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term): the compiled step of
-    mlx_gpt.engine."""
-    model = build_model(cfg, vocab_size)
-    step_fn, state = make_train_step(model, mlx_optim.make_optimizer(cfg, model.parameters()),
-                                     cfg.grad_clip)
-    out = []
-    for step in range(cfg.steps):
-        x, y = train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
-        out.append(mx.stack(step_fn(mx.array(x), mx.array(y))))
-        mx.eval(state, out[-1])
-    return np.array(mx.stack(out))
-
-
-# torch trajectories already computed: `kernels` chooses between mlx_gpt's two kernel paths only,
-# so both paths of one config are compared with one torch trajectory
+# torch trajectories computed: mlx_gpt's two kernel paths of a config share one
 _TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
 
 
-def torch_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """The same as mlx_trajectory with the torch engine of backend=torch (fp32 on the CPU),
-    from the same numpy initial weights."""
-    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
-    key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
-    if key not in _TORCH_TRAJECTORIES:
-        probe = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
-        engine = TorchEngine(torch_cfg, vocab_size, [], probe)
-        out = [engine.step(*train_batch(tokens, cfg.data_seed, step, cfg.batch_size,
-                                        cfg.block_size)) for step in range(cfg.steps)]
-        _TORCH_TRAJECTORIES[key] = torch.stack(out).numpy()
-    return _TORCH_TRAJECTORIES[key].copy()
+def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term) of an engine's steps."""
+    batches = [train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
+               for step in range(cfg.steps)]
+    engine = engine_class(cfg, vocab_size, [], batches[0])
+    return np.array(engine.read([engine.step(x, y) for x, y in batches]))
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    case = case_name(cfg)
-    a, b = torch_trajectory(cfg, tokens, vocab_size), mlx_trajectory(cfg, tokens, vocab_size)
+    """The MLX engine's steps against backend=torch's (fp32 on the CPU)."""
+    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
+    key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
+    if key not in _TORCH_TRAJECTORIES:
+        _TORCH_TRAJECTORIES[key] = trajectory(TorchEngine, torch_cfg, tokens, vocab_size)
+    a, b = _TORCH_TRAJECTORIES[key], trajectory(MlxEngine, cfg, tokens, vocab_size)
     loss = [(f"step {s}", relative(a[s, 0], b[s, 0])) for s in range(cfg.steps)]
     clipped = int(np.sum(b[:, 1] > cfg.grad_clip)) if cfg.grad_clip > 0 else 0
-    return [worst(case, f"{cfg.steps}-step train loss ({clipped} clipped)", loss, TRAJECTORY_RTOL)]
+    return [worst(case_name(cfg), f"{cfg.steps}-step train loss ({clipped} clipped)", loss,
+                  TRAJECTORY_RTOL)]
 
 
 def step_cases() -> list[TrainConfig]:
@@ -258,8 +226,7 @@ def step_cases() -> list[TrainConfig]:
 
 
 def trajectory_cases() -> list[TrainConfig]:
-    """Each QK-norm kind and each rival arm at depth 3 on each kernel path, plus independent
-    decay and biases (ndim-1 params, no decay)."""
+    """Each arm at depth 3 on each kernel path, plus independent decay and biases."""
     deep = dataclasses.replace(BASE, depth=3)
     return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in QK_NORMS] + [
         dataclasses.replace(deep, kernels=k, **rival) for k in KERNELS for rival in RIVALS] + [
@@ -269,7 +236,7 @@ def trajectory_cases() -> list[TrainConfig]:
 
 
 def run_all() -> list[Deviation]:
-    torch.manual_seed(0)  # nothing here draws from torch's RNG; this only pins it
+    torch.manual_seed(0)
     tokens, vocab = byte_tokens(), ByteTokenizer.vocab_size
     rows: list[Deviation] = []
     biased = [dataclasses.replace(BASE, depth=2, qk_norm="layernorm", bias=True, kernels=k)
@@ -302,7 +269,6 @@ deviations and exits non-zero when a tolerance is broken. Takes no arguments."""
 def cli(argv: list[str]) -> int:
     if argv:
         raise UsageError(f"parity takes no arguments; got {' '.join(argv)}")
-    # These models are tiny: one thread is as fast, and it does not spin against other work.
     torch.set_num_threads(1)
     rows = run_all()
     print(format_table(rows))

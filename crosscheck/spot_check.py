@@ -1,17 +1,9 @@
 """`python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
 
-Re-runs an MLX run with backend=torch: the same config, the same numpy initial weights
-(qkstudy/parameters.py) and the same batches, trained by the same driver (qkstudy/trainer.py) into
-its own run folder beside the MLX one, the torch twin of the run:
-
-  <runs_dir>/<sweep>/<tag>-torch-lr<lr>-s<seed>-<hash>/   (run_id of the config with backend=torch)
-    config.json, manifest.json, metrics/, probes/, final.safetensors, summary.json
-                       as every run folder (framework torch, the device in the manifest)
-    comparison.json    largest relative deviation from the MLX run of train loss, val loss,
-                       grad norm and each probe, over the steps both have, and the judgement
-
-A finished spot check is not re-run (its comparison is refreshed); an interrupted one resumes
-from its checkpoint like any run.
+Re-runs an MLX run with backend=torch (same config, initial weights and batches) into its torch
+twin's run folder beside it, plus comparison.json: the largest relative deviation from the MLX
+run of train loss, val loss, grad norm and each probe, and the judgement. A finished spot check
+is not re-run (its comparison is refreshed); an interrupted one resumes like any run.
 """
 
 from __future__ import annotations
@@ -28,29 +20,19 @@ from qkstudy.errors import UsageError
 OPTIONS = ("device", "data")
 
 
-def read_reference(run_dir: Path) -> dict:
-    config_path = RunFolder(run_dir).config_file
-    if not config_path.is_file():
-        raise UsageError(f"{run_dir} is not a run folder (no {config_path.name})")
-    try:
-        reference = json.loads(config_path.read_text())
-    except json.JSONDecodeError:
-        raise UsageError(f"{config_path} is not valid JSON") from None
-    if not isinstance(reference, dict):
-        raise UsageError(f"{config_path} does not hold a JSON object")
-    if reference.get("framework", "mlx") != "mlx":
-        raise UsageError(f"{run_dir} is a {reference['framework']} run; spot-check an MLX run")
-    return reference
-
-
 def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = None):
     """The config of `run_dir`'s torch twin (backend=torch on `device`), where it lives."""
     run_dir = Path(run_dir)
-    reference = read_reference(run_dir)
+    config_path = RunFolder(run_dir).config_file
+    if not config_path.is_file():
+        raise UsageError(f"{run_dir} is not a run folder (no {config_path.name})")
+    cfg = load_config(str(config_path))  # a UsageError for what is not a config
+    reference = json.loads(config_path.read_text())
+    if reference.get("framework", "mlx") != "mlx":
+        raise UsageError(f"{run_dir} is a {reference['framework']} run; spot-check an MLX run")
     reference_id = reference.get("run_id") or run_dir.name
-    cfg = load_config(str(RunFolder(run_dir).config_file))
     if cfg.run_id != reference_id:
-        raise UsageError(f"{RunFolder(run_dir).config_file} rebuilds run_id {cfg.run_id}, not the run's "
+        raise UsageError(f"{config_path} rebuilds run_id {cfg.run_id}, not the run's "
                          f"{reference_id}: the file is damaged or from another version, so the "
                          "run cannot be re-run faithfully")
     # config.json leaves out where the run lives; the folder says it: <runs_dir>/<sweep>/<run>
@@ -154,11 +136,12 @@ def format_comparison(comparison: dict) -> str:
         if column in comparison:
             c = comparison[column]
             lines.append(f"  {column:<10} max {c['max_relative_deviation']:.2e} at step "
-                         f"{c['at_step']}, mean {c['mean_relative_deviation']:.2e} ({c['n']} values)")
+                         f"{c['at_step']}, mean {c['mean_relative_deviation']:.2e} "
+                         f"({c['n']} values)")
     for name, c in comparison.get("probes", {}).items():
         lines.append(f"  probe {name}: max {c['max_relative_deviation']:.2e} "
                      f"(step {c['at_step']}, layer {c['layer']})")
-    judgement = comparison.get("judgement") or judge(comparison)
+    judgement = comparison["judgement"]
     lines.append("spot check: " + ("PASS" if judgement["pass"] else "FAIL: "
                                    + "; ".join(judgement["failures"]))
                  + " (tolerances: " + ", ".join(f"{k} {v:g}" for k, v in TOLERANCES.items())
@@ -179,8 +162,7 @@ the agreement against stated tolerances. data= points at the corpus when it move
 
 def cli(argv: list[str]) -> int:
     if not argv or "=" in argv[0]:
-        raise UsageError("usage: python -m crosscheck spot-check RUN_DIR "
-                         "[device=auto|cuda|mps|cpu] [data=PATH]")
+        raise UsageError(USAGE.splitlines()[0])
     options = split_key_values(argv[1:])
     unknown = sorted(options.keys() - set(OPTIONS))
     if unknown:

@@ -1,20 +1,18 @@
-"""mlx_gpt's side of the engine seam (qkstudy/backends.py): the names the core finds it by."""
+"""mlx_gpt's side of the engine seam (qkstudy/backends.py), with MLX's bench facts."""
 
 from __future__ import annotations
 
 import shutil
 import sys
+import time
 
 import mlx.core as mx
 
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 
-from .engine import Engine
-from .hardware import facts, matmul_gflops, peak_memory_bytes
-
-__all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
-           "peak_memory_bytes", "preflight"]
+from . import cpu_jit
+from .engine import Engine  # noqa: F401 - the seam's contract (qkstudy/backends.py)
 
 
 def device(cfg: TrainConfig) -> str:
@@ -23,8 +21,7 @@ def device(cfg: TrainConfig) -> str:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """On Linux MLX's CPU backend compiles the step's fused kernels with g++ at first use:
-    without it the run would fail at its first step, after its folder is made."""
+    """On Linux MLX's CPU backend compiles its kernels with g++ at the first step."""
     if sys.platform.startswith("linux") and device(cfg) == "cpu" and not shutil.which("g++"):
         raise UsageError("MLX's CPU backend compiles its kernels with g++, which is not on PATH: "
                          "install it (Debian/Ubuntu: apt-get install g++) or run with "
@@ -34,3 +31,24 @@ def preflight(cfg: TrainConfig) -> None:
 def memory_limit(cfg: TrainConfig, runs: int | None = None) -> None:
     """MLX trains in the machine's memory (unified on a Mac): the core's own check."""
     return None
+
+
+def facts(cfg: TrainConfig) -> dict:
+    return {"mlx": mx.__version__, "device": str(mx.default_device()), "blas": cpu_jit.blas,
+            "cpu_jit": "native" if cpu_jit.active else "plain"}
+
+
+def matmul_gflops(cfg: TrainConfig, n: int = 2048, repeats: int = 3) -> float:
+    """Best-of float32 n^3 matmul GFLOP/s on MLX's default device."""
+    a = mx.random.normal((n, n), dtype=mx.float32)
+    mx.eval(a @ a)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mx.eval(a @ a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def peak_memory_bytes(cfg: TrainConfig) -> int:
+    return int(mx.get_peak_memory())

@@ -1,16 +1,13 @@
-"""Build MLX's fused CPU kernels for this CPU (Linux x86-64), in a cache of their own.
-
-MLX's Linux CPU backend compiles each fused elementwise kernel at run time with `g++ -O3 ...`
-(found on PATH) for baseline x86-64 and caches it under `$TMPDIR/mlx/<version>/cpu/` by kernel
-name only. With MLX_GPT_CPU_JIT=native, before mlx is imported, this module puts first on PATH a
-`g++` wrapper that appends `-march=native`, and points TMPDIR at a folder keyed by this CPU's
-identity, the compiler and the flags, so a library built otherwise is never loaded; Python's
-own temporary folder stays where it was. The default, plain, is MLX's own build (the tuned one
-measured 1.02-1.04x on a 2-core AMD EPYC: docs/performance.md). Elsewhere nothing changes.
-"""
+"""MLX's CPU backend prepared before `import mlx` (Linux only; docs/performance.md): a BLAS loaded
+with RTLD_GLOBAL, which MLX then binds its cblas calls to (its wheel's reference BLAS is ~50x
+slower), and with MLX_GPT_CPU_JIT=native a g++ wrapper adding -march=native first on PATH, with
+TMPDIR (where MLX caches its kernels by name only) a folder keyed by CPU, compiler and flags."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import glob
 import hashlib
 import os
 import platform
@@ -20,19 +17,48 @@ import sys
 import tempfile
 from pathlib import Path
 
+BLAS_PATHS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+              "/usr/lib/aarch64-linux-gnu/libopenblas.so.0", "/usr/lib64/libopenblas.so.0",
+              "/usr/lib/libopenblas.so.0")
 ENV = "MLX_GPT_CPU_JIT"  # native | plain
 DEFAULT = "plain"
 FLAGS = "-march=native"
 ORIGINAL_TMPDIR = "MLX_GPT_ORIGINAL_TMPDIR"  # TMPDIR before this module changed it
-
-# The wrapper MLX runs (through the shell) as `g++ --version` and `g++ <flags> -I <include>
-# <dir>/tmp_<id>.cpp -o <dir>/tmp_<id>.so`; MLX renames the library to its kernel name itself.
+# MLX runs it (through the shell) as `g++ --version` and `g++ <flags> ... -o <dir>/tmp_<id>.so`
 WRAPPER = """#!/bin/sh
 # Written by mlx_gpt/cpu_jit.py: MLX's CPU JIT compiler, with {flags}.
 exec {gxx} "$@" {flags}
 """
 
-active: str | None = None  # the cache folder in use, or None (MLX's own build)
+blas: str | None = None  # the BLAS loaded, recorded in each run's manifest
+active: str | None = None  # the tuned cache folder in use, or None (MLX's own build)
+
+
+def ensure_fast_blas() -> str | None:
+    """Load an optimised BLAS globally before mlx is imported. Returns its path, or None."""
+    global blas
+    if blas or not sys.platform.startswith("linux") or os.environ.get("MLX_GPT_BLAS") == "none":
+        return blas
+    if "mlx.core" in sys.modules:
+        print("warning: mlx was imported before mlx_gpt; it may be using the slow reference BLAS",
+              file=sys.stderr)
+    found = ctypes.util.find_library("openblas")
+    # PyPI's `mkl` wheel ships libmkl_rt with the plain cblas names
+    for path in [os.environ.get("MLX_GPT_BLAS"), found, *BLAS_PATHS,
+                 *sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))]:
+        if not path:
+            continue
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            lib.cblas_sgemm  # noqa: B018 - must export the plain name MLX imports
+        except (OSError, AttributeError):
+            continue
+        blas = path
+        return blas
+    print("warning: no OpenBLAS found; MLX on Linux falls back to the reference BLAS (~50x slower "
+          "matmuls). Fix: apt-get install libopenblas0-pthread (or set MLX_GPT_BLAS=/path/lib.so)",
+          file=sys.stderr)
+    return None
 
 
 def cpu_identity() -> str:
@@ -69,16 +95,8 @@ def supported() -> bool:
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 
-def wanted() -> bool:
-    mode = os.environ.get(ENV, DEFAULT)
-    if mode not in ("native", "plain"):
-        print(f"warning: {ENV}={mode!r} is neither native nor plain; using plain", file=sys.stderr)
-        return False
-    return mode == "native" and supported()
-
-
 def _write_once(path: Path, text: str, mode: int) -> None:
-    """Write `path` unless it already holds `text`; atomically, as other processes may read it."""
+    """Write `path` atomically unless it already holds `text` (other processes may read it)."""
     if path.exists() and path.read_text() == text:
         return
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -87,25 +105,22 @@ def _write_once(path: Path, text: str, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def _without_inherited() -> list[str]:
-    """Undo what a parent process's ensure_native_jit put in the environment (a child running
-    plain must not compile into, or load from, the tuned cache). Returns PATH without it."""
+def ensure_native_jit() -> str | None:
+    """Route MLX's CPU JIT through the -march=native wrapper. Returns the cache folder, or None."""
+    global active
+    if active or "mlx.core" in sys.modules:
+        return active  # once mlx is imported it is too late to change where MLX compiles
+    # undo a parent's ensure_native_jit: a child running plain must not use the tuned cache
     root = str(cache_root())
     if os.environ.get("TMPDIR", "").startswith(root) and ORIGINAL_TMPDIR in os.environ:
         os.environ["TMPDIR"] = os.environ[ORIGINAL_TMPDIR]
         tempfile.tempdir = None
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if not p.startswith(root)]
     os.environ["PATH"] = os.pathsep.join(path)
-    return path
-
-
-def ensure_native_jit() -> str | None:
-    """Route MLX's CPU JIT through the -march=native wrapper. Returns the cache folder, or None."""
-    global active
-    if active or "mlx.core" in sys.modules:
-        return active  # once mlx is imported it is too late to change where MLX compiles
-    path = _without_inherited()
-    if not wanted():
+    mode = os.environ.get(ENV, DEFAULT)
+    if mode not in ("native", "plain"):
+        print(f"warning: {ENV}={mode!r} is neither native nor plain; using plain", file=sys.stderr)
+    if mode != "native" or not supported():
         return None
     gxx = shutil.which("g++", path=os.pathsep.join(path))
     identity = cpu_identity()
@@ -121,7 +136,6 @@ def ensure_native_jit() -> str | None:
         print(f"warning: cannot set up the tuned CPU JIT cache in {folder} ({exc}); MLX builds "
               f"its kernels for baseline x86-64", file=sys.stderr)
         return None
-    # Python's temporary files stay where they were, in this process and in its children.
     original = os.environ.get(ORIGINAL_TMPDIR, tempfile.gettempdir())
     tempfile.tempdir = original
     os.environ[ORIGINAL_TMPDIR] = original

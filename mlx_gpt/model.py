@@ -1,10 +1,6 @@
-"""A plain nanoGPT decoder in MLX, with QK-norm as its switch (and two rival logit controls,
-off by default: attention-logit soft-capping and the z-loss term of GPT.loss).
-
-Token + learned position embeddings, pre-LN blocks (LayerNorm), causal multi-head attention,
-GELU MLP of width 4*d_model, final LayerNorm, tied input/output embeddings, no dropout.
-Parameter names and shapes match torch_ref/model.py one to one (nn.Linear is (out, in) in both).
-"""
+"""A plain nanoGPT decoder in MLX with QK-norm as its switch, and two rival logit controls
+(attention-logit soft-capping, the z-loss term of GPT.loss); docs/model.md. Parameter names and
+shapes match torch_ref/model.py one to one."""
 
 from __future__ import annotations
 
@@ -21,7 +17,6 @@ from qkstudy.variants import variant
 
 from . import kernels as cpu_kernels
 
-KERNELS = ("auto", "library", "cpu")
 # MLX's own elementwise maths, as mlx_gpt/kernels.py names it
 LIBRARY = SimpleNamespace(gelu=nn.gelu, tanh=mx.tanh,
                           softmax=lambda x: mx.softmax(x, axis=-1, precise=True),
@@ -38,23 +33,11 @@ def kernel_ops(kernels: str):
 
 
 def resolve_kernels(kernels: str) -> str:
-    """'cpu' (mlx_gpt/kernels.py: exp/erf as multiply-adds, written-out attention) or 'library'
-    (mx.fast.scaled_dot_product_attention and MLX's own GELU, softmax and log-sum-exp). 'auto'
-    picks cpu on MLX's CPU device, where the library computes exp/erf one element at a time,
-    else library. Both compute the same function (agreement within float32 rounding is tested)."""
+    """'auto' -> cpu on MLX's CPU device (where MLX's exp/erf run one element at a time), else
+    library (MLX's fused attention, GELU, softmax and log-sum-exp). Same function either way."""
     if kernels == "auto":
         return "cpu" if mx.default_device().type == mx.DeviceType.cpu else "library"
-    if kernels not in KERNELS:
-        raise ValueError(f"kernels must be one of {', '.join(KERNELS)}; got {kernels!r}")
     return kernels
-
-
-class Weight(nn.Module):
-    """One parameter of a QK-norm variant, `attn.<name>.weight`."""
-
-    def __init__(self, shape: tuple[int, ...], value: float):
-        super().__init__()
-        self.weight = mx.full(shape, value)
 
 
 class CausalSelfAttention(nn.Module):
@@ -65,13 +48,14 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
         self.variant = variant(args.qk_norm)  # its row builds its parameters and its norm
         for name, (shape, value) in self.variant.parameters(args.block_size, self.head_dim).items():
-            setattr(self, name, Weight(shape, value))
+            setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
+            getattr(self, name).weight = mx.full(shape, value)
         self.softcap = args.attn_softcap
         self.ops = kernel_ops(args.kernels)
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def heads(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """q, k, v split into heads, before QK-norm: each (B, nh, T, hs)."""
+        """q, k, v: each (B, nh, T, hs)."""
         B, T, C = x.shape
         return tuple(t.reshape(B, T, self.n_heads, self.head_dim).transpose(0, 2, 1, 3)
                      for t in mx.split(self.qkv(x), 3, axis=-1))
@@ -85,13 +69,14 @@ class CausalSelfAttention(nn.Module):
         return norm(q, None), norm(k, None)
 
     def capped(self, scores: mx.array) -> mx.array:
-        """Soft-capping (Gemma 2): C*tanh(scores/C), so every |logit| < C; identity when off."""
-        return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap)) if self.softcap else scores
+        """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
+        if not self.softcap:
+            return scores
+        return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap))
 
     def __call__(self, x: mx.array, capture: dict | None = None) -> mx.array:
-        """The fused kernel, or the attention written out: for a capture (what the probes read:
-        q and k before and after QK-norm, the scaled logits before and after the soft-cap, the
-        causal mask), a soft-cap, or the CPU kernels' vectorised exp."""
+        """The fused kernel, or the attention written out: for a capture (what the probes
+        read), a soft-cap or the CPU kernels."""
         B, T, C = x.shape
         q_raw, k_raw, v = self.heads(x)
         q, k = self.normed(q_raw, k_raw)
@@ -147,8 +132,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
 
     def __call__(self, idx: mx.array, captures: list[dict] | None = None) -> mx.array:
-        """Logits (B, T, padded_vocab). With `captures` (a list), one dict per block is
-        appended: what its attention keeps and the residual stream after the block."""
+        """Logits (B, T, padded_vocab); with `captures`, one dict per block appended to it."""
         x = self.wte(idx) + self.wpe(mx.arange(idx.shape[1]))  # (B, T, C)
         for block in self.blocks:
             capture = None if captures is None else {}
@@ -158,11 +142,8 @@ class GPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.T  # the tied head
 
     def loss(self, logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """(training objective, cross-entropy, z-loss term) of `logits` against `targets`.
-
-        The cross-entropy is the mean next-token one in nats; the objective adds, with
-        z_loss = W > 0, the z-loss term W * mean over positions of logsumexp(logits)^2
-        (Chowdhery et al. 2022; Wortsman et al. 2023), 0 when z_loss is off."""
+        """(objective, mean cross-entropy, z-loss term): the objective adds, when z_loss = W > 0,
+        W * mean over positions of logsumexp(logits)^2 (Chowdhery et al. 2022)."""
         lse = kernel_ops(self.args.kernels).logsumexp(logits)
         ce = mx.mean(lse - mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
         z = self.args.z_loss * mx.mean(mx.square(lse)) if self.args.z_loss else mx.array(0.0)
@@ -170,6 +151,5 @@ class GPT(nn.Module):
 
 
 def init_weights(model: GPT, seed: int) -> None:
-    """The run's initial weights: qkstudy.parameters' numpy scheme, the same in both engines."""
     model.load_weights([(k, mx.array(v)) for k, v in initial_weights(model.args, seed).items()])
     mx.eval(model.parameters())

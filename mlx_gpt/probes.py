@@ -1,5 +1,4 @@
-"""The probes (qkstudy/probes.py) on MLX arrays: one forward with captures and one backward on
-the probe batch (`collect`), and the update ratios of one update (`update_stats`)."""
+"""The probes (qkstudy/probes.py) on MLX arrays."""
 
 from __future__ import annotations
 
@@ -21,9 +20,7 @@ OPS = SimpleNamespace(
 
 
 def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
-    """Every forward and gradient probe on the batch (x, y), for params after `step` updates:
-    the model's own forward with its captures (its attention written out) and the gradient of
-    its training objective."""
+    """Every forward and gradient probe on the batch (x, y), for params after `step` updates."""
     def objective(x: mx.array, y: mx.array):
         captures: list[dict] = []
         logits = model(x, captures)
@@ -31,11 +28,5 @@ def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
         return total, ce, logits, captures
 
     (_, ce, logits, captures), grads = nn.value_and_grad(model, objective)(x, y)
-    values = probes.collected(model.args, captures, logits, ce,
-                              dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), OPS)
-    return probes.rows(step, values, OPS)
-
-
-def update_stats(step: int, before: dict[str, mx.array], after: dict[str, mx.array]) -> list[dict]:
-    """update_rms_ratio/<group> of update `step` from the parameters before and after it."""
-    return probes.rows(step, probes.update_ratios(before, after, OPS), OPS)
+    return probes.collected(step, model.args, captures, logits, ce,
+                            dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), OPS)

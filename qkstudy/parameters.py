@@ -1,16 +1,6 @@
-"""The model's parameters without a framework: names, shapes, counts and initial values.
-
-Both trainers (mlx_gpt/model.py, torch_ref/model.py) build exactly these parameters, and both
-start a run from `initial_weights`: numpy arrays drawn from (seed, parameter name), so an MLX
-run and a torch run of one config start from identical weights and neither framework needs the
-other. nanoGPT's scheme: N(0, 0.02) for every matrix, residual projections (attn.proj,
-mlp.proj) N(0, 0.02 / sqrt(2 * depth)), biases 0, norm gains 1, a QK-norm variant's own
-parameters their entry's initial value (qkstudy/variants.py). Each tensor's stream depends on
-(seed, its name) only, so every weight the QK-norm arms share starts identical for one seed:
-the arms differ only in the QK-norm gains.
-
-INIT_SCHEME names this scheme in each run's identity (TrainConfig.init).
-"""
+"""The model's parameters without a framework: names, shapes, counts and initial values, numpy
+arrays drawn from (seed, parameter name) that both engines start from (docs/model.md), so the
+QK-norm arms of one seed share every common weight (TrainConfig.init names the scheme)."""
 
 from __future__ import annotations
 
@@ -22,11 +12,8 @@ import numpy as np
 from .config import ModelArgs
 from .variants import variant
 
-INIT_SCHEME = "numpy"
-
-
 def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape, in the models' naming (nn.Linear weights are (out, in))."""
+    """Every parameter's name and shape (nn.Linear weights are (out, in))."""
     c, bias, head_dim = args.d_model, args.bias, args.d_model // args.n_heads
     shapes: dict[str, tuple[int, ...]] = {"wte.weight": (args.padded_vocab, c),
                                           "wpe.weight": (args.block_size, c)}
@@ -65,7 +52,8 @@ def count_params(args: ModelArgs) -> dict[str, int]:
 
 
 def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
-    """The run's initial parameters as float32 arrays (the module docstring's scheme)."""
+    """nanoGPT's scheme: N(0, 0.02) for every matrix, residual projections N(0, 0.02 /
+    sqrt(2 * depth)), biases 0, norm gains 1, a variant's own parameters their initial value."""
     residual_std = 0.02 / math.sqrt(2 * args.depth)
     own = variant(args.qk_norm).parameters(args.block_size, args.d_model // args.n_heads)
     weights = {}

@@ -1,5 +1,5 @@
-"""The probes' vocabulary, free of any framework: the names both trainers write, the parameter
-groups and the outlier threshold (docs/probes.md; the statistics: qkstudy/probes.py)."""
+"""The probes' vocabulary: the names both engines write, the parameter groups and the outlier
+threshold (docs/probes.md)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 20
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: how the analysis reduces it over layers (min, max or mean; a whole-model
-    value, layer -1, is used as it is; a per-head probe is reduced over its heads the same way),
-    which direction is worse (or None), whether its worst value over training is summarised
-    per run, its words (docs/probes.md's table), and whether it has one row per head (its rows
-    carry a `head` index; every other row's head is null)."""
+    """One probe: how the analysis reduces it over layers (and heads), which direction is worse
+    (or None), whether its worst value is summarised per run, its words (docs/probes.md's
+    table), and whether it has one row per head."""
 
     name: str
     over_layers: str
@@ -25,8 +23,7 @@ class Probe:
     per_head: bool = False
 
 
-# Every probe either engine writes (before the `/<group>` suffix), in one place: the analysis
-# (analysis/metrics.py), the charts and docs/probes.md's generated table read it.
+# every probe either engine writes (before the `/<group>` suffix)
 PROBES: dict[str, Probe] = {p.name: p for p in (
     Probe("attention_entropy_min_head", "min", "smaller", "the lowest head's mean attention "
           "entropy (nats)", tracked=True),
@@ -70,22 +67,14 @@ PROBES: dict[str, Probe] = {p.name: p for p in (
 )}
 
 
-def probe(name: str) -> Probe | None:
-    """The registry's entry of a probe row's name (`grad_rms/attn.qkv` -> grad_rms)."""
-    return PROBES.get(name.split("/", 1)[0])
-
-
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 _GROUP_ALIASES = {"ln1": "ln", "ln2": "ln", "ln_f": "ln", "attn.q_norm": "qk_norm",
                   "attn.k_norm": "qk_norm", "attn.qk_scale": "qk_norm"}
 
 
 def parameter_group(name: str) -> tuple[str, int]:
-    """'blocks.3.attn.qkv.weight' -> ('attn.qkv', 3); 'ln_f.bias' -> ('ln', -1).
-
-    A group is the parameter's module path without the block index and without .weight/.bias,
-    with the norms merged: ln1, ln2, ln_f -> ln; attn.q_norm, attn.k_norm -> qk_norm.
-    """
+    """'blocks.3.attn.qkv.weight' -> ('attn.qkv', 3); 'ln_f.bias' -> ('ln', -1); the norms
+    merged: ln1, ln2, ln_f -> ln; attn.q_norm, attn.k_norm, attn.qk_scale -> qk_norm."""
     layer = WHOLE_MODEL
     match = _BLOCK.match(name)
     if match:

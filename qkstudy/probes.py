@@ -1,15 +1,8 @@
-"""The probes' statistics, written once for both engines (docs/probes.md).
-
-Each is a function of what an engine's probe forward captures (GPT(x, captures): per block q
-and k before and after QK-norm, the scaled logits before and after any soft-cap, the causal
-mask, the residual stream after the block), its parameters and its gradients. They use only
-the methods MLX arrays and torch tensors share (x.square().mean(), x.max(), x.logsumexp(axis=-1),
-...) and what an engine's `ops` gives: where(cond, a, b), f32(x) (a cast to float32) and
-numbers(arrays) (their entries as Python floats, in one device sync).
-
-A value is (layer, name, array): layer is the block index, or -1 for whole-model values and
-for per-group values pooled over all layers; per-group names carry the group after a slash
-(`grad_rms/attn.qkv`); a per-head probe's array has one entry per head.
+"""The probes' statistics, written once for both engines (docs/probes.md), from a probe
+forward's captures, the parameters and the gradients. They use only the methods MLX arrays and
+torch tensors share and an engine's `ops`: where(cond, a, b), f32(x) and numbers(arrays) (their
+entries as Python floats, in one device sync). A value is (layer, name, array): layer -1 for
+whole-model values and groups pooled over layers; a per-head probe has one entry per head.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ def rms(x, ops):
 
 
 def kurtosis(x, ops):
-    """Fourth standardised moment over all entries, E[(x-mu)^4] / E[(x-mu)^2]^2 (3 for a Gaussian)."""
+    """E[(x-mu)^4] / E[(x-mu)^2]^2 over all entries (3 for a Gaussian)."""
     centred = ops.f32(x) - ops.f32(x).mean()
     return centred.square().square().mean() / centred.square().mean().square()
 
@@ -39,30 +32,18 @@ def outlier_share(x, ops, sigmas: float = OUTLIER_SIGMAS):
     return ops.f32(centred.abs() > sigmas * centred.square().mean().sqrt()).mean()
 
 
-def attention_entropy(logits, causal, ops):
-    """Entropy in nats of each query's attention distribution: (B, nh, T) from (B, nh, T, T)."""
-    masked = ops.where(causal, logits, NEG_INF)
-    log_p = masked - masked.logsumexp(axis=-1, keepdims=True)
-    return -ops.where(causal, log_p.exp() * log_p, 0.0).sum(axis=-1)
-
-
-def attention_sink_share(logits, causal, ops):
-    """Each head's attention probability on the first position, mean over the batch and the
-    queries: (nh,) from (B, nh, T, T) logits."""
-    masked = ops.where(causal, logits, NEG_INF)
-    return (masked[..., 0] - masked.logsumexp(axis=-1)).exp().mean(axis=(0, 2))
-
-
 def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> list[tuple]:
-    """One block's forward probes from its capture."""
-    row, causal, capped = variant(args.qk_norm), c["causal"], c["capped"]
-    entropy = attention_entropy(capped, causal, ops).mean(axis=(0, 2))  # (nh,)
-    values = [("max_attention_logit_capped", ops.where(causal, capped, NEG_INF).max())
-              ] if args.attn_softcap else []
+    row, causal = variant(args.qk_norm), c["causal"]
+    masked = ops.where(causal, c["capped"], NEG_INF)  # (B, nh, T, T)
+    log_p = masked - masked.logsumexp(axis=-1, keepdims=True)
+    # each query's attention entropy in nats, mean over the batch and the queries: (nh,)
+    entropy = (-ops.where(causal, log_p.exp() * log_p, 0.0).sum(axis=-1)).mean(axis=(0, 2))
+    # each head's attention probability on the first position, mean likewise
+    sink = (masked[..., 0] - masked.logsumexp(axis=-1)).exp().mean(axis=(0, 2))
+    values = [("max_attention_logit_capped", masked.max())] if args.attn_softcap else []
     values += [("max_attention_logit", ops.where(causal, c["logits"], NEG_INF).max()),
                ("attention_entropy_mean", entropy.mean()),
-               ("attention_entropy_min_head", entropy.min()),
-               ("attention_sink_share", attention_sink_share(capped, causal, ops)),  # per head
+               ("attention_entropy_min_head", entropy.min()), ("attention_sink_share", sink),
                ("q_rms", rms(c["q"], ops)), ("k_rms", rms(c["k"], ops))]
     if row.norm:
         values += [("q_rms_normed", rms(c["q_normed"], ops)),
@@ -71,7 +52,8 @@ def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> lis
     if row.gains:  # normalised vectors of norm <= sqrt(head_dim) times their gains
         g_q, g_k = (params[f"{attn}.{n}.weight"].abs().max() for n in ("q_norm", "k_norm"))
         values += [("q_norm_gain_max_abs", g_q), ("k_norm_gain_max_abs", g_k),
-                   ("max_attention_logit_bound", g_q * g_k * math.sqrt(args.d_model // args.n_heads))]
+                   ("max_attention_logit_bound",
+                    g_q * g_k * math.sqrt(args.d_model // args.n_heads))]
     elif row.scale_init:  # unit vectors: |logit| <= |g|
         g = params[f"{attn}.qk_scale.weight"].abs().max()
         values += [("qk_scale", g), ("max_attention_logit_bound", g)]
@@ -84,8 +66,7 @@ def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> lis
 
 
 def group_rms(arrays: dict, ops) -> list[tuple]:
-    """(layer, group, RMS) per parameter group in each layer and pooled over layers (layer -1):
-    sqrt(sum of squares / number of entries) over the group's arrays."""
+    """(layer, group, RMS) per parameter group in each layer and pooled over layers (-1)."""
     sums: dict[tuple[int, str], list] = {}
     for name, a in arrays.items():
         group, layer = parameter_group(name)
@@ -98,30 +79,31 @@ def group_rms(arrays: dict, ops) -> list[tuple]:
             for (layer, group), (total, count) in sorted(sums.items())]
 
 
-def collected(args: ModelArgs, captures: list[dict], logits, loss, params: dict, grads: dict,
-              ops) -> list[tuple]:
-    """Every probe of one forward (its captures, output logits and cross-entropy) and its
-    backward (the gradients of every parameter)."""
-    values = [v for layer, c in enumerate(captures) for v in layer_probes(layer, c, args, params, ops)]
+def collected(step: int, args: ModelArgs, captures: list[dict], logits, loss, params: dict,
+              grads: dict, ops) -> list[dict]:
+    """The rows of every probe of one forward and its backward, for params after `step` updates."""
+    values = [v for layer, c in enumerate(captures)
+              for v in layer_probes(layer, c, args, params, ops)]
     values += [(WHOLE_MODEL, "loss", loss), (WHOLE_MODEL, "output_logit_max", logits.max()),
                (WHOLE_MODEL, "output_logsumexp_mean", logits.logsumexp(axis=-1).mean()),
                (WHOLE_MODEL, "grad_norm",
                 sum(ops.f32(g).square().sum() for g in grads.values()).sqrt())]
     for name, arrays in (("grad_rms", grads), ("param_rms", params)):
         values += [(layer, f"{name}/{group}", v) for layer, group, v in group_rms(arrays, ops)]
-    return values
+    return rows(step, values, ops)
 
 
-def update_ratios(before: dict, after: dict, ops) -> list[tuple]:
-    """update_rms_ratio/<group>: RMS(after - before) / RMS(before) of one update, per group."""
+def update_ratios(step: int, before: dict, after: dict, ops) -> list[dict]:
+    """The rows of update_rms_ratio/<group>, RMS(after - before) / RMS(before) per group, of
+    update `step`."""
     update = group_rms({name: after[name] - before[name] for name in before}, ops)
-    return [(layer, f"update_rms_ratio/{group}", u / p)
-            for (layer, group, u), (*_, p) in zip(update, group_rms(before, ops))]
+    return rows(step, [(layer, f"update_rms_ratio/{group}", u / p)
+                       for (layer, group, u), (*_, p) in zip(update, group_rms(before, ops))], ops)
 
 
 def rows(step: int, values: list[tuple], ops) -> list[dict]:
-    """The rows {"step", "layer", "head", "name", "value"} of `values`: one row per scalar, one
-    per head of a per-head value (every other row's head is None)."""
+    """The rows {"step", "layer", "head", "name", "value"}: one per scalar, one per head of a
+    per-head value (head None otherwise)."""
     numbers = iter(ops.numbers([v for *_, v in values]))
     return [{"step": step, "layer": layer, "head": head, "name": name, "value": next(numbers)}
             for layer, name, v in values

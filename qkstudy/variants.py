@@ -1,10 +1,5 @@
-"""The QK-norm variants, one row each: what the config accepts, the arms, each attention's extra
-parameters and their initial values, and the probes' logit bound come from here. Each engine
-builds a row with one function per `norm` (mlx_gpt/model.py, torch_ref/model.py).
-
-A variant's parameters live in each attention module under `attn.<name>.weight`, so the probes'
-parameter groups merge them into `qk_norm` and weight decay (matrices only) never touches them.
-"""
+"""The QK-norm variants, one row each: the config's choices, the arms, each attention's own
+parameters (`attn.<name>.weight`, never decayed) and the probes' logit bound come from here."""
 
 from __future__ import annotations
 
@@ -13,37 +8,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
-def henry_scale(block_size: int, head_dim: int) -> float:
-    """Henry et al. (2020)'s initial g: log2(L^2 - L) for sequences of length L (here the block)."""
-    return math.log2(block_size * block_size - block_size)
-
-
 @dataclass(frozen=True)
 class Variant:
+    """norm: how each head's q and k are normalised over head_dim, "rms", "layer" (mean-centred,
+    no bias), "l2" (unit length) or None; gains: a learnable gain per dimension (q_norm, k_norm,
+    shared by a layer's heads, init 1); scale_init: a learnable softmax scale qk_scale, one a
+    layer, in place of 1/sqrt(head_dim), starting at scale_init(block_size, head_dim)."""
+
     name: str
-    # how each head's q and k are normalised over head_dim: "rms", "layer" (mean-centred, no
-    # bias) or "l2" (unit length); None: not at all
     norm: str | None
-    # a learnable gain per dimension, q_norm and k_norm, shared by a layer's heads (init 1). The
-    # probes' bound on |scaled logit| is then max|g_q| max|g_k| sqrt(head_dim): RMS- or
-    # mean-centred vectors have norm <= sqrt(head_dim) before their gains
     gains: bool = False
-    # the softmax scale 1/sqrt(head_dim) replaced by a learnable qk_scale, one a layer,
-    # initialised to scale_init(block_size, head_dim); the bound is then |g| (unit vectors)
     scale_init: Callable[[int, int], float] | None = None
 
-    def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple[tuple[int, ...], float]]:
+    def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple]:
         """{name: (shape, initial value)} of each attention's own parameters."""
         gains = {n: ((head_dim,), 1.0) for n in ("q_norm", "k_norm")} if self.gains else {}
-        scale = {"qk_scale": ((1,), self.scale_init(block_size, head_dim))} if self.scale_init else {}
-        return gains | scale
+        if not self.scale_init:
+            return gains
+        return gains | {"qk_scale": ((1,), self.scale_init(block_size, head_dim))}
 
 
 NONE = Variant("none", None)  # qk_norm=none: q and k as they are
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("rmsnorm", "rms", gains=True),  # Qwen3's placement
     Variant("layernorm", "layer", gains=True),  # Wortsman et al. (2023), Dehghani et al. (2023)
-    Variant("l2norm", "l2", scale_init=henry_scale),  # Henry et al. (2020), QKNorm
+    # Henry et al. (2020), QKNorm: g starts at log2(L^2 - L) for sequences of length L (the block)
+    Variant("l2norm", "l2", scale_init=lambda block, head_dim: math.log2(block * block - block)),
 )}
 
 

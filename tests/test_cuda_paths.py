@@ -245,17 +245,17 @@ def test_compile_keeps_a_process_compiled_across_its_shapes_and_says_when_it_fal
     """The raised limit is set, and past it the process says so in one line: checked with
     dynamo's tracing alone (backend="eager"), no kernels compiled."""
     from qkstudy.config import model_args
-    from torch_ref import compiled
+    from torch_ref import engine
     from torch_ref.model import GPT
 
     config = torch._dynamo.config
-    compiled.configure()
-    assert config.recompile_limit >= compiled.GRAPHS == 64
-    assert config.accumulated_recompile_limit >= 4 * compiled.GRAPHS
+    engine.configure()
+    assert config.recompile_limit >= engine.GRAPHS == 64
+    assert config.accumulated_recompile_limit >= 4 * engine.GRAPHS
 
     torch._dynamo.reset()
     monkeypatch.setattr(config, "recompile_limit", 2)
-    step = torch.compile(compiled.objective, backend="eager")
+    step = torch.compile(engine.objective, backend="eager")
     x = torch.zeros((1, 8), dtype=torch.long)
     for depth in (1, 1, 2, 3, 4):  # depth 1 twice: one graph; then 2 and 3 more
         model = GPT(model_args(TrainConfig(depth=depth, d_model=16, n_heads=2, block_size=8),
@@ -267,7 +267,7 @@ def test_compile_keeps_a_process_compiled_across_its_shapes_and_says_when_it_fal
 
 
 def test_the_fallback_notice_lets_other_log_records_through(capsys):
-    from torch_ref.compiled import FallbackNotice
+    from torch_ref.engine import FallbackNotice
 
     other = logging.LogRecord("torch._dynamo", logging.WARNING, "", 0, "something else", (),
                               None)

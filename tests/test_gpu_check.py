@@ -113,12 +113,12 @@ def test_a_failing_stage_makes_the_check_fail(tmp_path, monkeypatch, capsys):
     """One measurement fails (its process exits 1): the summary says which and the exit status
     is 1, the other stages passing (stand-ins here, to keep this test fast)."""
     from qkstudy.bench.step import StepFailed
-    from torch_ref import gpu_check, gpu_throughput
+    from torch_ref import gpu_check, gpu_stages
 
     def fail(*args, **kwargs):
         raise StepFailed("exit status 1: RuntimeError: injected")
 
-    monkeypatch.setattr(gpu_throughput, "measure_together", fail)
+    monkeypatch.setattr(gpu_stages, "measure_together", fail)
     monkeypatch.setattr(gpu_check, "parity", lambda *a: json.loads(json.dumps(PARITY_OK)))
     monkeypatch.setattr(gpu_check, "sweep", lambda *a: json.loads(json.dumps(SWEEP_OK)))
     assert gpu_check.cli(["device=cpu", "quick=true", f"out={tmp_path}"]) == 1

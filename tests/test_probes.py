@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt import probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
 from qkstudy import probe_names
-from qkstudy.probes import kurtosis, outlier_share
+from qkstudy.probes import kurtosis, outlier_share, update_ratios
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "probes.md"
 EPS = 1e-5
@@ -240,7 +240,7 @@ def test_update_stats_matches_numpy():
     rng = np.random.default_rng(3)
     after = {name: p + mx.array((rng.uniform(1e-4, 1e-1) * rng.standard_normal(p.shape))
                                 .astype(np.float32)) for name, p in before.items()}
-    rows = probes.update_stats(12, before, after)
+    rows = update_ratios(12, before, after, probes.OPS)
     assert {r["step"] for r in rows} == {12}
     B = {k: np.array(v, dtype=np.float64) for k, v in before.items()}
     A = {k: np.array(v, dtype=np.float64) for k, v in after.items()}
@@ -347,7 +347,7 @@ def test_documented_names_are_exactly_the_written_ones():
         model = make_model(qk_norm, attn_softcap=cap)
         x, y = make_batch()
         params = dict(tree_flatten(model.parameters()))
-        rows = probes.collect(model, x, y, 0) + probes.update_stats(0, params, params)
+        rows = probes.collect(model, x, y, 0) + update_ratios(0, params, params, probes.OPS)
         written |= {row_name_pattern(r["name"]) for r in rows}
         groups = {r["name"].split("/")[1] for r in rows if "/" in r["name"]}
         assert groups == GROUPS - ({"qk_norm"} if qk_norm == "none" else set())
@@ -363,7 +363,7 @@ def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
     import torch
 
     from torch_ref.model import GPT as TorchGPT
-    from torch_ref.probes import collect as torch_collect
+    from torch_ref.engine import collect as torch_collect
 
     model = make_model(qk_norm, attn_softcap=softcap)
     twin = TorchGPT(model.args)
@@ -372,4 +372,4 @@ def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
     names = {r["name"] for r in probes.collect(model, x, y, 0)}
     assert names == {r["name"] for r in torch_collect(
         twin, *(torch.from_numpy(np.array(a)).long() for a in (x, y)), 0)}
-    assert [n for n in names if probe_names.probe(n) is None] == []
+    assert [n for n in names if probe_names.PROBES.get(n.split("/", 1)[0]) is None] == []

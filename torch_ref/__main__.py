@@ -1,7 +1,5 @@
 """`python -m torch_ref <command>`: gpu-check (parity and spot-check: python -m crosscheck)."""
 
-from __future__ import annotations
-
 from qkstudy import interrupts
 from qkstudy.cli import entry
 
@@ -9,8 +7,6 @@ COMMANDS = {
     "gpu-check": ("torch_ref.gpu_check",
                   "backend=torch on one GPU: CUDA-vs-CPU parity, tokens/s, a demo sweep (<8 min)"),
 }
-
-
 main = entry("python -m torch_ref", COMMANDS,
              missing={"torch": "PyTorch is not installed; pip install -e '.[torch]'"})
 

@@ -1,17 +1,53 @@
-"""torch_ref's side of the engine seam (qkstudy/backends.py): the names the core finds it by."""
+"""torch_ref's side of the engine seam (qkstudy/backends.py), with torch's bench facts."""
 
 from __future__ import annotations
 
+import time
+
+import torch
+
 from qkstudy.config import TrainConfig
 
-from .device import describe, memory_limit, resolve_device
-from .engine import Engine, preflight
-from .hardware import facts, matmul_gflops, peak_memory_bytes
-
-__all__ = ["Engine", "device", "facts", "matmul_gflops", "memory_limit",
-           "peak_memory_bytes", "preflight"]
+from .device import describe, memory_limit, resolve_device, set_precision  # noqa: F401
+from .engine import Engine, preflight  # noqa: F401 - the seam's contract (qkstudy/backends.py)
 
 
 def device(cfg: TrainConfig) -> str:
     """The device `device=` resolves to here, described ("cpu", "cuda:0 (NVIDIA H200)")."""
     return describe(resolve_device(cfg.device))
+
+
+def facts(cfg: TrainConfig) -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "device": device(cfg), "cuda": torch.version.cuda}
+
+
+def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> float:
+    """n^3 matmul GFLOP/s on the run's device in its precision (bfloat16 for bf16, else float32,
+    TF32 under tf32): n 8192 on a GPU, 2048 on the CPU; best of `repeats` timings of 10 products
+    on a GPU, 1 on the CPU, after one such timing as a warm-up."""
+    dev = resolve_device(cfg.device)
+    set_precision(cfg.precision, dev)
+    gpu = dev.type in ("cuda", "mps")
+    n, products = n or (8192 if gpu else 2048), 10 if gpu else 1
+    a = torch.randn(n, n, device=dev,
+                    dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
+
+    def timed() -> float:
+        t = time.perf_counter()
+        for _ in range(products):
+            a @ a
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        elif dev.type == "mps":
+            torch.mps.synchronize()
+        return (time.perf_counter() - t) / products
+
+    timed()
+    return 2 * n**3 / min(timed() for _ in range(repeats)) / 1e9
+
+
+def peak_memory_bytes(cfg: TrainConfig) -> int | None:
+    """The peak CUDA allocation of this process; None on other devices."""
+    dev = resolve_device(cfg.device)
+    return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None

@@ -1,15 +1,7 @@
-"""The device a torch run trains on, and the settings that go with it.
-
-A sweep with jobs=K starts K processes (QKSTUDY_RUNS_PER_DEVICE=K, QKSTUDY_DEVICE_SLOT=i). On
-CUDA process i trains on cuda:(i mod N) of the N GPUs it sees, its memory capped at 1/M of that
-GPU when M of the K share it, and its run's memory estimate is checked against that share
-before anything is written; on the CPU it takes 1/K of the threads instead.
-
-Determinism (TrainConfig.deterministic, default true): torch.use_deterministic_algorithms and
-cuBLAS's fixed workspace (set before the run's first CUDA call: the trainer's preflight);
-off lets CUDA pick faster non-deterministic kernels. On the CPU repeats and resumes are
-bit-identical (tested).
-"""
+"""The device a torch run trains on, and its settings. A sweep with jobs=K starts K processes
+(QKSTUDY_RUNS_PER_DEVICE=K, QKSTUDY_DEVICE_SLOT=i): on CUDA process i trains on cuda:(i mod N),
+its memory capped at 1/M of that GPU when M of the K share it; on the CPU it takes 1/K of the
+threads. Determinism (on by default) is set before the run's first CUDA call (preflight)."""
 
 from __future__ import annotations
 
@@ -59,68 +51,55 @@ def set_precision(precision: str, device: torch.device) -> None:
 
 
 def set_determinism(deterministic: bool) -> None:
-    """Deterministic algorithms on or off, with cuBLAS's workspace setting (in the environment
-    before CUDA starts). Their NaN fill of new tensors (a guard against kernels reading memory
-    they did not write) is off: no kernel of this model does (a run's weights are bit-identical
-    without it: tests/test_torch_ref.py), and it costs a pass over every new tensor."""
+    """Deterministic algorithms on or off, with cuBLAS's workspace setting. Their NaN fill of new
+    tensors is off: no kernel here reads memory it did not write (tests/test_torch_ref.py)."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 
-def _env_int(name: str, default: int, least: int) -> int:
-    try:
-        return max(least, int(os.environ.get(name, "") or default))
-    except ValueError:
-        return default
-
-
 def runs_per_device() -> int:
     """K of a sweep with jobs=K (RUNS_PER_DEVICE in the environment), else 1."""
-    return _env_int(RUNS_PER_DEVICE, 1, 1)
+    try:
+        return max(1, int(os.environ.get(RUNS_PER_DEVICE, "") or 1))
+    except ValueError:
+        return 1
 
 
-def device_slot() -> int:
-    """This process's number among the K (DEVICE_SLOT in the environment), else 0."""
-    return _env_int(DEVICE_SLOT, 0, 0)
-
-
-def sharing(index: int, runs: int, count: int) -> int:
-    """How many of `runs` processes, placed round robin on `count` GPUs, land on GPU `index`."""
-    return len([s for s in range(runs) if s % count == index]) or 1
+def this_gpu(runs: int | None = None) -> tuple[int, int]:
+    """(this process's GPU, i mod N for DEVICE_SLOT i, how many of `runs` processes placed round
+    robin share it)."""
+    count = torch.cuda.device_count()
+    try:
+        index = max(0, int(os.environ.get(DEVICE_SLOT, "") or 0)) % count
+    except ValueError:
+        index = 0
+    shared = len([s for s in range(runs or runs_per_device()) if s % count == index]) or 1
+    return index, shared
 
 
 def place(name: str) -> torch.device:
-    """The run's device. On CUDA: this process's GPU (cuda:i mod N) made current, its memory
-    capped at 1/M of the GPU when M processes share it."""
+    """The run's device; on CUDA this process's GPU made current, its memory capped at 1/M of it
+    when M processes share it."""
     device = resolve_device(name)
     if device.type != "cuda":
         return device
-    count = torch.cuda.device_count()
-    index = device_slot() % count
+    index, shared = this_gpu()
     torch.cuda.set_device(index)
-    shared = sharing(index, runs_per_device(), count)
     if shared > 1:  # an index, not torch.device("cuda"): torch refuses a device without one
         torch.cuda.set_per_process_memory_fraction(1 / shared, index)
     return torch.device("cuda", index)
 
 
 def memory_limit(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """(bytes, the words for them) this run may use on its GPU, for qkstudy.memory.check; None
-    off CUDA (the machine's memory is checked). The GPU's share for this process (1/M of its
-    memory when M of `runs` processes, default runs_per_device(), share it, as `place` caps
-    it), and no more than is free now plus what this process's allocator already holds (an
-    earlier run's cache is reused)."""
-    if cfg.backend != "torch":
+    """(bytes, the words for them) this run may use on its GPU (qkstudy.memory.check), None off
+    CUDA: its share of the GPU as `place` caps it, and no more than is free now plus what this
+    process's allocator already holds (an earlier run's cache is reused)."""
+    if cfg.backend != "torch" or resolve_device(cfg.device).type != "cuda":
         return None
-    device = resolve_device(cfg.device)
-    if device.type != "cuda":
-        return None
-    count = torch.cuda.device_count()
-    index = device_slot() % count
+    index, shared = this_gpu(runs)
     free, total = torch.cuda.mem_get_info(index)
-    shared = sharing(index, runs or runs_per_device(), count)
     usable = min(total // shared, free + torch.cuda.memory_reserved(index))
     share = f", 1/{shared} of it for each of the {shared} runs sharing it" if shared > 1 else ""
     return usable, (f"cuda:{index} ({torch.cuda.get_device_name(index)}) has "

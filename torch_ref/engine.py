@@ -1,36 +1,102 @@
-"""The PyTorch engine of a run (qkstudy/trainer.py drives it): backend=torch on cuda, mps or cpu.
-
-The model of torch_ref/model.py from the core's numpy initial weights (an MLX run's), AdamW of
-torch_ref/optim.py, and the state as numpy arrays for the trainer's checkpoints: model.<name>
-(float32 master weights in every precision), opt.<name>.exp_avg and .exp_avg_sq (the moments)
-and opt.<name>.step (the update count the schedule follows). precision: fp32 (no TF32), tf32
-(CUDA matmuls), bf16 (autocast of the forward; loss, optimizer and weights stay float32);
-compile: compiled.py; deterministic and a sweep's share of the device: device.py.
-
-The step never waits for the device: batches go through pinned memory, the learning rate comes
-from a table on the device, and a step's numbers stay there until `read`. With
-QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's sync debug mode
-"error", so one that makes the host wait raises (gpu-check's throughput rows).
-"""
+"""The PyTorch engine of a run (docs/torch_ref.md). The step never waits for the device: batches
+go through pinned memory, the rate comes from a table on the device, a step's numbers stay there
+until `read`; with QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's
+sync debug mode "error". torch.compile makes a graph per (depth, arm, batch) shape of a process:
+its limit is raised to GRAPHS, and a process that needs more says so in one line."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
-from qkstudy import denormals
+from qkstudy import denormals, probes
 from qkstudy.config import TrainConfig, model_args
 from qkstudy.parameters import count_params, initial_weights
 
-from . import compiled
-from . import probes as probe_lib
 from .device import describe, place, resolve_device, runs_per_device, set_determinism, set_precision
 from .model import GPT
 from .optim import clip_and_step, make_optimizer
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
+GRAPHS = 64  # graphs per function: 32 (depth, arm) shapes, training and evaluation each
+FELL_BACK = ("torch.compile: a process of this sweep met more than {limit} shapes and runs the "
+             "rest eagerly (same maths, slower); fewer depths or arms a process avoid it")
+
+
+def objective(model, x: torch.Tensor, y: torch.Tensor, bf16: bool):
+    """GPT.loss of one batch, the forward in bfloat16 under bf16, the loss in float32."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(x)
+    return model.loss(logits.float(), y)
+
+
+def val_loss(model, x: torch.Tensor, y: torch.Tensor, bf16: bool) -> torch.Tensor:
+    return objective(model, x, y, bf16)[1]
+
+
+class FallbackNotice(logging.Filter):
+    """Replaces torch's multi-line warning on reaching the recompile limit with FELL_BACK."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "hit config." not in str(record.msg):
+            return True
+        limit = record.args[1] if isinstance(record.args, tuple) and len(record.args) > 1 \
+            else GRAPHS
+        print(FELL_BACK.format(limit=limit), file=sys.stderr, flush=True)
+        return False
+
+
+@functools.cache
+def configure() -> None:
+    """Raise torch's graph limits to GRAPHS (never lower them), watch for the fall back."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), GRAPHS))
+    # torch 2.x: the limit over all of a function's graphs; kept above the per-function one
+    for total in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(config, total):
+            setattr(config, total, max(getattr(config, total), 4 * GRAPHS))
+            break
+    logging.getLogger("torch._dynamo.convert_frame").addFilter(FallbackNotice())
+
+
+@functools.cache
+def functions(compile_: bool):
+    """(objective, val_loss), compiled once a process when `compile_`."""
+    if not compile_:
+        return objective, val_loss
+    configure()
+    return torch.compile(objective), torch.compile(val_loss)
+
+
+PROBE_OPS = SimpleNamespace(  # MPS has no float64: the numbers leave the device as float32
+    where=torch.where, f32=lambda x: x.float(),
+    numbers=lambda values: torch.cat([v.float().reshape(-1) for v in values]).cpu().double()
+    .tolist())
+
+
+def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
+    """Every forward and gradient probe (qkstudy/probes.py) on the batch (x, y), for params
+    after `step` updates; through torch.autograd.grad, so the parameters' .grad is left alone."""
+    named = dict(model.named_parameters())
+    with torch.enable_grad():
+        captures: list[dict] = []
+        logits = model(x, captures)
+        total, ce, _ = model.loss(logits, y)
+        grads = dict(zip(named, torch.autograd.grad(total, list(named.values()))))
+    captures = [{k: v.detach() for k, v in c.items()} for c in captures]
+    return probes.collected(step, model.args, captures, logits.detach(), ce.detach(),
+                            snapshot(model, copy=False), grads, PROBE_OPS)
+
+
+def snapshot(model: GPT, copy: bool = True) -> dict[str, torch.Tensor]:
+    return {k: p.detach().clone() if copy else p.detach() for k, p in model.named_parameters()}
 
 
 def preflight(cfg: TrainConfig) -> None:
@@ -41,7 +107,7 @@ def preflight(cfg: TrainConfig) -> None:
 
 def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
     """Token ids on `device`; to a GPU asynchronously from pinned memory (from pageable memory
-    the host would wait; torch's host allocator keeps the block until its copy is done)."""
+    the host would wait)."""
     host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if device.type != "cuda":
         return host.to(device)
@@ -49,8 +115,6 @@ def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 
 class Engine:
-    """qkstudy.trainer.Engine for PyTorch."""
-
     framework = "torch"
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
@@ -74,7 +138,7 @@ class Engine:
         self.sync_check = self.dev.type == "cuda" and os.environ.get(SYNC_CHECK) == "1"
         self.steps_run = 0
         self.bf16 = cfg.precision == "bf16"
-        self.objective, self.val_loss = compiled.functions(cfg.compile)
+        self.objective, self.val_loss = functions(cfg.compile)
         self.device = describe(self.dev)
         self.params = count_params(args)
         self.manifest_extra = {"torch_threads": torch.get_num_threads(),
@@ -88,12 +152,7 @@ class Engine:
         self.px, self.py = (stage(a, self.dev) for a in probe)
 
     def state_spec(self):
-        f32, spec = np.dtype("float32"), {}
-        for name, p in self.model.named_parameters():
-            for key in (f"model.{name}", f"opt.{name}.exp_avg", f"opt.{name}.exp_avg_sq"):
-                spec[key] = (tuple(p.shape), f32)
-            spec[f"opt.{name}.step"] = ((), f32)
-        return spec
+        return {k: (v.shape, v.dtype) for k, v in self.state_arrays().items()}
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         out = {}
@@ -117,25 +176,22 @@ class Engine:
         self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
 
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        """Forward, backward of the objective (cross-entropy + z-loss term), clip, AdamW.
-        Returns (cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
+        """(cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
         checked = self.sync_check and self.steps_run > 0
         self.steps_run += 1
         if checked:
             torch.cuda.set_sync_debug_mode("error")
         try:
-            return self._step(x, y)
+            self.model.zero_grad(set_to_none=True)
+            total, loss, z = self.objective(self.model, stage(x, self.dev), stage(y, self.dev),
+                                            self.bf16)
+            total.backward()
+            lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
+            grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)
+            return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
         finally:
             if checked:
                 torch.cuda.set_sync_debug_mode("default")
-
-    def _step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        self.model.zero_grad(set_to_none=True)
-        total, loss, z = self.objective(self.model, stage(x, self.dev), stage(y, self.dev), self.bf16)
-        total.backward()
-        lr = self.lr_table[min(self.schedule.updates, len(self.lr_table) - 1)]
-        grad_norm = clip_and_step(self.opt, self.schedule, self.cfg.grad_clip)
-        return torch.stack([loss.detach(), grad_norm.float(), lr, z.detach()])
 
     def read(self, pending: list[torch.Tensor]) -> list[tuple[float, float, float, float]]:
         return torch.stack(pending).cpu().double().tolist()  # one sync; MPS has no float64
@@ -146,14 +202,14 @@ class Engine:
         return torch.stack(losses).mean().item()
 
     def probes(self, step: int) -> list[dict]:
-        return probe_lib.collect(self.model, self.px, self.py, step)
+        return collect(self.model, self.px, self.py, step)
 
     def snapshot(self):
-        return probe_lib.snapshot(self.model)
+        return snapshot(self.model)
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return probe_lib.update_stats(step, before, probe_lib.snapshot(self.model))
+        return probes.update_ratios(step, before, snapshot(self.model), PROBE_OPS)
 
     def weights(self) -> dict[str, np.ndarray]:
-        return {n: p.detach().cpu().numpy().copy() for n, p in self.model.named_parameters()}
+        return {n: p.cpu().numpy().copy() for n, p in snapshot(self.model, copy=False).items()}
 

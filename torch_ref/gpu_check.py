@@ -1,15 +1,7 @@
-"""`python -m torch_ref gpu-check` (`just gpu-check`): backend=torch on one CUDA GPU, in one script.
-
-Three stages, each time-boxed inside `budget` seconds (default 480; the plan needs about 5 minutes
-on an H200, an estimate until one runs it: docs/performance.md#just-gpu-check): 1. parity
-(gpu_parity.py): a short run on the CPU in fp32 and on the device in each precision, the
-training loss per step against the CPU's; 2. throughput (gpu_throughput.py): tokens/s at the
-study's shape; 3. sweep (gpu_sweep.py): a 4-run demo sweep with jobs=K. One summary table, a row
-per planned check; exit status 0 only when every row passed. It writes gpu-check.json,
-gpu-check.txt and gpu-check-runs.tar.gz (the run folders without weights, the sweep's log) to
-`out` (default $OUT, else gpu-check/). device=cpu quick=true: the same stages on the CPU at
-tiny sizes, one thread a process (the test suite's way to check it). Needs no network, no MLX.
-"""
+"""`python -m torch_ref gpu-check` (`just gpu-check`): backend=torch on one CUDA GPU, in one script
+time-boxed inside `budget` seconds (docs/performance.md#just-gpu-check), its stages in
+gpu_stages.py. One summary table, a row per planned check; exit status 0 only when every row
+passed. device=cpu quick=true: the same stages on the CPU at tiny sizes (the test suite's way)."""
 
 from __future__ import annotations
 
@@ -19,58 +11,46 @@ import os
 import platform
 import shutil
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
 import torch
 
-from qkstudy import files
+from qkstudy import files, run_folder
 from qkstudy.cli import keys_usage
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.data.prepare import PrepareConfig, prepare
 from qkstudy.errors import UsageError
 
 from .device import describe, resolve_device
-from .gpu_parity import parity, parity_summary, parity_text
-from .gpu_plan import PRECISIONS, Clock, GpuCheckConfig
-from .gpu_sweep import ARCHIVE, archive, sweep, sweep_summary, sweep_text
-from .gpu_throughput import throughput, throughput_summary, throughput_text
+from .gpu_stages import (PRECISIONS, Clock, GpuCheckConfig, check_row, parity, parity_row,
+                         parity_text, sweep, sweep_summary, sweep_text, throughput,
+                         throughput_summary, throughput_text)
 
-
-def skipped_text(skipped: list[str]) -> str:
-    """What the budget did not reach: in full, but throughput's as a count (its table says
-    which)."""
-    if not skipped:
-        return "nothing"
-    measurements = [s for s in skipped if s.startswith("throughput: ")]
-    rest = [s for s in skipped if s not in measurements]
-    if measurements:
-        rest.append(f"throughput: {len(measurements)} measurement(s), marked in its table")
-    return "; ".join(rest)
+ARCHIVE = "gpu-check-runs.tar.gz"
+SUMMARIES = {"parity": lambda p: [parity_row(p, label) for label in p["planned"]],
+             "throughput": throughput_summary, "sweep": sweep_summary}
 
 
 def machine(device: torch.device) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "cpus": os.cpu_count(),
             "device": describe(device)}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info["gpu_memory_bytes"] = props.total_memory
-        info["multiprocessors"] = props.multi_processor_count
-    return info
-
-
-SUMMARIES = {"parity": parity_summary, "throughput": throughput_summary, "sweep": sweep_summary}
+    if device.type != "cuda":
+        return info
+    props = torch.cuda.get_device_properties(device)
+    return {**info, "gpu_memory_bytes": props.total_memory,
+            "multiprocessors": props.multi_processor_count}
 
 
 def summary(report: dict) -> list[dict]:
-    """A row per planned check ({"check", "ok": True/False/None (not run), "figure"}); a stage
-    that crashed is one failed row."""
+    """A row per planned check (gpu_stages.check_row); a stage that crashed is one failed row."""
     rows = []
     for stage, rows_of in SUMMARIES.items():
         result = report.get(stage, {"error": "not run"})
         if "error" in result:
-            rows.append({"check": stage, "ok": False, "figure": f"crashed: {result['error']}"})
+            rows.append(check_row(stage, False, f"crashed: {result['error']}"))
         else:
             rows += rows_of(result)
     return rows
@@ -90,14 +70,13 @@ def summary_text(rows: list[dict]) -> list[str]:
 def run(check: GpuCheckConfig) -> tuple[dict, str]:
     clock = Clock(check.budget)
     device = resolve_device(check.device)  # an unavailable device: one line, nothing written
-    out = check.out_dir()
+    out = Path(check.out or os.environ.get("OUT") or "gpu-check")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"cannot write to {out}: {e.strerror or e}") from None
     out = out.resolve()
-    # the corpus and the run folders: a scratch folder, archived into `out` at the end (so `out`
-    # holds three files)
+    # the corpus and the run folders: a scratch folder, archived into `out` at the end
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     try:
         return _run(check, clock, device, out, work)
@@ -135,18 +114,23 @@ def _run(check: GpuCheckConfig, clock: Clock, device: torch.device, out: Path, w
     report["elapsed_s"] = clock.elapsed()
     report["summary"] = summary(report)
     report["passed"] = all(r["ok"] is True for r in report["summary"])
-    text += ["Skipped for time: " + skipped_text(skipped),
+    times = [f"{name} " + (f"{s:.0f} s" if (s := report[name].get("stage_seconds")) is not None
+                           else "-") for name in SUMMARIES]
+    # what the budget did not reach; throughput's as a count (its table says which)
+    measurements = [s for s in skipped if s.startswith("throughput: ")]
+    said = [s for s in skipped if s not in measurements] + [
+        f"throughput: {len(measurements)} measurement(s), marked in its table"] * bool(measurements)
+    text += ["Skipped for time: " + ("; ".join(said) or "nothing"),
              f"Elapsed: {report['elapsed_s']:.0f} s of a {check.budget:g} s budget "
-             f"(parity {stage_time(report, 'parity')}, throughput "
-             f"{stage_time(report, 'throughput')}, sweep {stage_time(report, 'sweep')}).", ""]
+             f"({', '.join(times)}).", ""]
     text += summary_text(report["summary"])
-    report["archive"] = archive(work, out).name
+    with tarfile.open(out / ARCHIVE, "w:gz") as tar:  # the run folders without weights
+        for name in ("runs", "parity-runs", "sweep.log"):
+            if (work / name).exists():
+                tar.add(work / name, arcname=name, filter=lambda info: None if info.name.endswith(
+                    (".safetensors", run_folder.LOCK)) else info)
+    report["archive"] = ARCHIVE
     return report, "\n".join(text)
-
-
-def stage_time(report: dict, stage: str) -> str:
-    seconds = report.get(stage, {}).get("stage_seconds")
-    return "-" if seconds is None else f"{seconds:.0f} s"
 
 
 USAGE = keys_usage(

@@ -1,11 +1,5 @@
-"""The mlx_gpt decoder in PyTorch: same architecture, same parameter names and shapes.
-
-Token + learned position embeddings, pre-LN blocks, causal multi-head attention with optional
-QK-norm and soft-capped logits, exact-erf GELU MLP of width 4*d_model, final LayerNorm, tied
-head over the vocab padded to a multiple of 64, no dropout. Every norm uses eps 1e-5, as
-mlx_gpt/model.py does. Weights start at torch's defaults: the engine loads the numpy initial
-weights (qkstudy/parameters.py).
-"""
+"""The mlx_gpt decoder in PyTorch: same architecture, same parameter names and shapes
+(docs/model.md). The engine loads the numpy initial weights (qkstudy/parameters.py)."""
 
 from __future__ import annotations
 
@@ -24,14 +18,6 @@ NORMS = {"rms": lambda x, w: x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True)
          "l2": lambda x, w: x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + NORM_EPS)}
 
 
-class Weight(nn.Module):
-    """One parameter of a QK-norm variant, `attn.<name>.weight`."""
-
-    def __init__(self, shape: tuple[int, ...], value: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.full(shape, value))
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -40,12 +26,13 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
         self.variant = variant(args.qk_norm)  # its row builds its parameters and its norm
         for name, (shape, value) in self.variant.parameters(args.block_size, self.head_dim).items():
-            setattr(self, name, Weight(shape, value))
+            setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
+            getattr(self, name).weight = nn.Parameter(torch.full(shape, value))
         self.softcap = args.attn_softcap
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v split into heads, before QK-norm: each (B, nh, T, hs)."""
+        """q, k, v: each (B, nh, T, hs)."""
         B, T, C = x.shape
         return tuple(t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
                      for t in self.qkv(x).split(C, dim=-1))
@@ -63,9 +50,7 @@ class CausalSelfAttention(nn.Module):
         return self.softcap * torch.tanh(scores * (1.0 / self.softcap)) if self.softcap else scores
 
     def forward(self, x: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
-        """The fused kernel, or the attention written out for a capture (what the probes read:
-        q and k before and after QK-norm, the scaled logits before and after the soft-cap, the
-        causal mask) or a soft-cap."""
+        """The fused kernel, or the attention written out for a capture or a soft-cap."""
         B, T, C = x.shape
         q_raw, k_raw, v = self.heads(x)
         q, k = self.normed(q_raw, k_raw)
@@ -120,8 +105,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
 
     def forward(self, idx: torch.Tensor, captures: list[dict] | None = None) -> torch.Tensor:
-        """Logits (B, T, padded_vocab); with `captures` (a list) one dict per block is appended
-        (what its attention keeps, and the residual stream after the block)."""
+        """Logits (B, T, padded_vocab); with `captures`, one dict per block appended to it."""
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             capture = None if captures is None else {}
@@ -132,8 +116,7 @@ class GPT(nn.Module):
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(cross-entropy + z-loss term, cross-entropy, z-loss term), as mlx_gpt's GPT.loss:
-        the term is z_loss * mean over positions of logsumexp(logits)^2 (0 when z_loss is 0)."""
+        """(objective, cross-entropy, z-loss term), as mlx_gpt's GPT.loss."""
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
         if not self.args.z_loss:
             return ce, ce, torch.zeros((), dtype=ce.dtype, device=ce.device)

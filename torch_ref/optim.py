@@ -1,11 +1,9 @@
-"""mlx_gpt/optim.py's optimizer with PyTorch's own pieces, applying the same rule of the core
-(qkstudy/optimizer.py): `torch.optim.AdamW` in two groups (`decays` with `decay_coefficient`,
-the rest without), `Schedule` over `learning_rates`, and `clip_grad_norm_`'s two halves for
-global-norm clipping (grad_clip=0: none).
+"""mlx_gpt/optim.py's optimizer with PyTorch's own pieces, the core's rule (qkstudy/optimizer.py):
+`torch.optim.AdamW` in two groups (`decays` with `decay_coefficient`, the rest without),
+`Schedule` over `learning_rates`, and `clip_grad_norm_`'s two halves (grad_clip=0: no clipping).
 """
 
 from __future__ import annotations
-
 
 import torch
 
@@ -14,33 +12,26 @@ from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 
 
 class Schedule:
-    """The rate of every update, set on the optimizer's groups before each step: the core's
-    rates, held once (the engine's device table and a resume read them here). Each rate is
+    """The rate of every update, set on the optimizer's groups before each step. Each rate is
     base x (rate / base), as LambdaLR computes it, so runs keep their numbers to the bit."""
 
     def __init__(self, opt: torch.optim.AdamW, cfg: TrainConfig):
         self.opt, self.base = opt, cfg.lr
         self.rates = [self.base * (r / self.base) for r in learning_rates(cfg).tolist()]
-        self.updates = 0  # updates taken so far: the next one uses rate(updates)
         self.resume(0)
 
-    def rate(self, update: int) -> float:
-        """The rate of update number `update` (0-based); past the last, the last one."""
+    def rate(self, update: int) -> float:  # past the last update, the last one's
         return self.rates[min(update, len(self.rates) - 1)]
 
     def resume(self, updates: int) -> None:
-        """Continue after `updates` updates (a checkpoint's step count)."""
+        """Continue after `updates` updates (the next one uses rate(updates))."""
         self.updates = updates
         for group in self.opt.param_groups:
             group["lr"] = self.rate(updates)
 
-    def step(self) -> None:
-        self.resume(self.updates + 1)
-
 
 def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
                    ) -> tuple[torch.optim.AdamW, Schedule]:
-    """AdamW over `named_params` with its learning-rate schedule."""
     decay = [p for name, p in named_params.items() if decays(name, tuple(p.shape))]
     other = [p for name, p in named_params.items() if not decays(name, tuple(p.shape))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": decay_coefficient(cfg)},
@@ -51,23 +42,20 @@ def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
 
 def clip_and_step(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
                   ) -> torch.Tensor:
-    """Clip the .grad tensors to global norm `grad_clip` (0: no clipping, as
-    torch.nn.utils.clip_grad_norm_ does it in its two halves) and take one step. Returns the
-    pre-clip gradient norm as a 0-d tensor, not read: nothing here waits for the device (AdamW
-    reads its rate, a float, from the group)."""
+    """Clip the .grad tensors to global norm `grad_clip` and take one step. Returns the pre-clip
+    gradient norm as a 0-d tensor, not read: nothing here waits for the device."""
     params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if grad_clip > 0:
         torch.nn.utils.clip_grads_with_norm_(params, grad_clip, norm)
     opt.step()
-    schedule.step()
+    schedule.resume(schedule.updates + 1)
     return norm
 
 
 def update(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """clip_and_step, returning (pre-clip gradient norm, learning rate used) as 0-d tensors:
-    for the cross-checks (the engine reads its rate from a table on the device)."""
+    """clip_and_step, returning (pre-clip gradient norm, learning rate used) as 0-d tensors."""
     lr = opt.param_groups[0]["lr"]
     norm = clip_and_step(opt, schedule, grad_clip)
     return norm, torch.tensor(lr, dtype=torch.float32, device=norm.device)
