@@ -1,14 +1,6 @@
-"""`python -m analysis ladder [SOURCE ...] [out=reports/ladder]`: the ladder's analysis, as
-docs/report.md's plan fixes it.
-
-A source is a ladder folder (runs/ladder: one sweep folder per point), one point's sweep folder,
-a folder of point archives (results/ladder) or one archive (<point>.tar.xz). Per point: the
-tested rule, the instability onset with its whole-seed interval, the LR-sensitivity gap, the
-max-usable-LR ratio and the off arm's peak attention logit. Across the width-64 points: the
-warmup law log10(onset) = a + b log2(warmup / 30) + c log2(steps / 300), its three claims under
-Holm and its prediction at the study preset's schedule. A point enters the law only once its
-sweep has nothing left to run.
-"""
+"""`python -m analysis ladder [SOURCE ...] [out=reports/ladder]`: per ladder point the tested rule,
+the onset, H2's two measures and the off arm's peak logit; across the width-64 points the warmup
+law, its claims and its prediction at the study preset's schedule (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -153,8 +145,7 @@ def point_row(r: PointResult, options: ReportOptions) -> dict:
 
 
 def peak_logits(study: Study) -> pl.DataFrame:
-    """Per finished, not diverged run: its peak max attention logit over probe steps (each
-    step's value is already the max over layers)."""
+    """Per completed run: its peak max attention logit over probe steps (and layers)."""
     probes = study.probe_steps.filter(pl.col("name") == "max_attention_logit")
     peak = probes.group_by("run").agg(peak_logit=pl.col("value").max())
     runs = study.points.filter(pl.col("status") == "completed").select("run", "arm", "lr", "seed")
@@ -263,8 +254,9 @@ def prediction_check(points: pl.DataFrame, fit: dict) -> str:
             f"prediction interval, and the two intervals {'overlap' if overlap else 'do not overlap'}.")
 
 
-def _ci(r: dict, key: str, fmt: str, prefix: str = "") -> str:
-    if r[f"{key}_lo"] is None:
+def ci_text(r: dict, key: str, fmt: str, prefix: str = "") -> str:
+    """r[key] with its interval (r[key_lo], r[key_hi]) as text, or "-" without one."""
+    if r.get(key) is None or r.get(f"{key}_lo") is None:
         return "-"
     return (f"{prefix}{r[key]:{fmt}} [{prefix}{r[f'{key}_lo']:{fmt}}, "
             f"{prefix}{r[f'{key}_hi']:{fmt}}]")
@@ -280,8 +272,8 @@ def summary_text(out: dict) -> str:
         runs = f"{r['runs']}" + ("" if r["complete"] else f" ({r['runs_left']} left)")
         lines.append(f"| `{r['point']}` | {r['d_model']} | {r['steps']:,} | {r['warmup']} | "
                      f"{runs} | {r['rule']} | {r['onset']} | "
-                     f"{_ci(r, 'sensitivity_gap', '+.3f')} | "
-                     f"{_ci(r, 'usable_ratio', '.2f', 'x')} | {r['off_peak_logit']:,.0f} |")
+                     f"{ci_text(r, 'sensitivity_gap', '+.3f')} | "
+                     f"{ci_text(r, 'usable_ratio', '.2f', 'x')} | {r['off_peak_logit']:,.0f} |")
     fit = out["fit"]
     lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
     check = prediction_check(t, fit)  # type: ignore[arg-type]

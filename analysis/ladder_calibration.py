@@ -1,16 +1,7 @@
-"""The warmup law's calibration (docs/report.md, the warmup ladder): simulated ladders whose
-instability onset follows a known law, run through the whole procedure, measure the coverage of
-the b, c and prediction intervals, how often each claim is made falsely, and the power to tell
-"the onset follows the warmup's steps" from "its share of the run".
-
-One simulated ladder: the law's eight points, each a study of its own (analysis/calibrate.py's
-world, with the noise fitted from real sweeps at depth 4, and an under-training gap at the
-smallest LRs of the longer points), swept on its own grid by the sweep's rules (one
-boundary-bisection step per curve, two threshold-bisection steps), its H1 cells tested, its
-onset read with fresh whole-seed draws, then the law fitted and tested by analysis.ladder.
-
-    python -m analysis ladder-calibrate [studies=100] [seeds=5]
-"""
+"""`python -m analysis ladder-calibrate [studies=100] [seeds=5]`: the warmup law's calibration.
+Simulated ladders of the law's eight points under a known law, each point swept by the sweep's
+rules with noise fitted from real sweeps and read as a real one, then the law fitted and scored:
+coverage, each claim's false rate and power (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.ladder import analyse_ladder, seed_effects, summary_text
+from analysis.ladder import analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
 from analysis.study import Study, analyse
 from qkstudy.archive import extract
@@ -33,13 +33,6 @@ def _lr(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _ci(r: dict, key: str, fmt: str, prefix: str = "") -> str:
-    if r.get(key) is None or r.get(f"{key}_lo") is None:
-        return "-"
-    return (f"{prefix}{r[key]:{fmt}} [{prefix}{r[f'{key}_lo']:{fmt}}, "
-            f"{prefix}{r[f'{key}_hi']:{fmt}}]")
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -48,7 +41,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def row_cells(r: dict) -> list[str]:
     return [f"`{r['study']}`", str(r["depth"]), str(r["d_model"]), f"{r['steps']:,}", str(r["warmup"]),
             _lr(r["no_difference_up_to"]), _lr(r["off_worse_from"]), r["onset"],
-            _ci(r, "usable_ratio", ".2f", "x"), _ci(r, "sensitivity_gap", "+.2f")]
+            ci_text(r, "usable_ratio", ".2f", "x"), ci_text(r, "sensitivity_gap", "+.2f")]
 
 
 def study_rows(study: Study, name: str) -> list[dict]:
