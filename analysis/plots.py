@@ -150,62 +150,31 @@ def _lr_color(df: pl.DataFrame) -> alt.Color:
                      legend=alt.Legend(title="learning rate"))
 
 
-def _by_arm_and_depth(chart: alt.Chart, data: pl.DataFrame, title: str) -> alt.FacetChart:
-    return finish(chart.properties(width=panel_width(data["depth"].n_unique()), height=PANEL_H)
-                  .facet(row=alt.Row("arm:N", title=None, header=ROW_HEADER),
-                         column=alt.Column("depth:O", title="depth"))
-                  .properties(title=title))
-
-
-def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
-    data = with_lr_label(probe_series(runs, probes, ["max_attention_logit"])
-                         .filter(pl.col("value") > 0))
-    if data.is_empty():
-        return _empty("no max_attention_logit probe rows")
-    chart = (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12))
-             .encode(x="step:Q", y=alt.Y("value:Q", scale=alt.Scale(type="log"),
-                                         title="max attention logit"),
-                     color=_lr_color(data), detail="lr:Q",
-                     tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
-                              alt.Tooltip("value:Q", format=".3g"), "seeds:Q"]))
-    return _by_arm_and_depth(chart, data, "Max attention logit vs step (seed mean; log scale)")
-
-
-def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
-    data = probe_series(runs, probes, ["attention_entropy_mean", "attention_entropy_min_head"])
-    if data.is_empty():
-        return _empty("no attention entropy probe rows")
-    mean = pl.col("name") == "attention_entropy_mean"
-    data = with_lr_label(data).with_columns(
-        measure=pl.when(mean).then(pl.lit("mean over heads")).otherwise(pl.lit("lowest head")))
-    chart = (alt.Chart(values(data)).mark_line()
-             .encode(x="step:Q", y=alt.Y("value:Q", title="attention entropy (nats)"),
-                     color=_lr_color(data), detail="lr:Q",
-                     strokeDash=alt.StrokeDash("measure:N", title="line",
-                                               sort=["mean over heads", "lowest head"]),
-                     tooltip=["arm:N", "measure:N", alt.Tooltip("lr:Q", format=".3g"),
-                              "step:Q", alt.Tooltip("value:Q", format=".3f")]))
-    return _by_arm_and_depth(chart, data, "Attention entropy vs step (seed mean)")
-
-
-def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str]) -> alt.Chart:
+def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], title: str,
+                row: str = "arm", dash: str | None = None, log: bool = False,
+                height: int = PANEL_H) -> alt.Chart:
+    """Probes vs step per depth (rows: arm or probe), one line per LR, seed means."""
     data = with_lr_label(probe_series(runs, probes, names))
+    if log:
+        data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
     if data.is_empty():
-        return _empty("no other probe rows")
+        return _empty(f"no {' or '.join(names)} probe rows")
     data = data.with_columns(probe=pl.col("name").map_elements(probe_words,
                                                                return_dtype=pl.String))
-    return finish(alt.Chart(values(data)).mark_line()
-                  .encode(x="step:Q", y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-                          color=_lr_color(data), detail="lr:Q",
-                          strokeDash=alt.StrokeDash("arm:N", title="arm"),
-                          tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"),
-                                   "step:Q", alt.Tooltip("value:Q", format=".4g")])
-                  .properties(width=panel_width(data["depth"].n_unique()), height=PANEL_H - 40)
-                  .facet(row=alt.Row("probe:N", title=None, sort=[probe_words(n) for n in names],
-                                     header=ROW_HEADER),
-                         column=alt.Column("depth:O", title="depth"))
-                  .resolve_scale(y="independent")
-                  .properties(title="Other probes vs step (reduced over layers, seed mean)"))
+    y = alt.Y("value:Q", title=probe_words(names[0]) if len(names) == 1 else None,
+              scale=alt.Scale(type="log") if log else alt.Scale(zero=False))
+    extra = {"strokeDash": alt.StrokeDash(f"{dash}:N", title=dash)} if dash else {}
+    sort = [probe_words(n) for n in names] if row == "probe" else "ascending"
+    chart = (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12) if log else False)
+             .encode(x="step:Q", y=y, color=_lr_color(data), detail="lr:Q", **extra,
+                     tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
+                              alt.Tooltip("value:Q", format=".4g"), "seeds:Q"])
+             .properties(width=panel_width(data["depth"].n_unique()), height=height)
+             .facet(row=alt.Row(f"{row}:N", title=None, sort=sort, header=ROW_HEADER),
+                    column=alt.Column("depth:O", title="depth")))
+    if row == "probe":
+        chart = chart.resolve_scale(y="independent")
+    return finish(chart.properties(title=title))
 
 
 def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:

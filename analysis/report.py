@@ -49,13 +49,18 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
         "headline": C.headline_chart(study.gaps, study.thresholds, study.arms),
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
         "training_curves": P.training_curves_chart(shown, runs.metrics, picks),
-        "max_attention_logit": P.max_logit_chart(points, probes),
-        "attention_entropy": P.entropy_chart(points, probes),
+        "max_attention_logit": P.probe_chart(points, probes, ["max_attention_logit"],
+                                             "Max attention logit vs step (seed mean; log scale)",
+                                             log=True),
+        "attention_entropy": P.probe_chart(points, probes, list(C.ATTENTION_PROBES[1:]),
+                                           "Attention entropy vs step (seed mean)", dash="probe"),
         "lr_sensitivity": P.sensitivity_chart(points),
         "lr_landmarks": P.landmarks_chart(study.arms, study.thresholds),
     }
     if wanted:
-        out["other_probes"] = P.other_probes_chart(points, probes, wanted)
+        out["other_probes"] = P.probe_chart(
+            points, probes, wanted, "Other probes vs step (reduced over layers, seed mean)",
+            row="probe", dash="arm", height=C.PANEL_H - 40)
     return {k: out[k] for k in CHARTS if k in out}
 
 
