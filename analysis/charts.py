@@ -74,10 +74,13 @@ def lr_ticks(lrs: list[float], width: float) -> list[float]:
     return lrs[:1]
 
 
-def lr_axis(lrs: list[float], width: float) -> alt.Axis:
-    """A log LR axis whose labels never collide."""
-    return alt.Axis(values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
-                    title="learning rate (log)", labelFlush=False)
+def lr_x(lrs: list[float], width: float) -> tuple[alt.X, alt.Scale]:
+    """A log LR axis a little wider than the LRs, whose labels never collide (and its scale)."""
+    lrs = [v for v in lrs if v and v > 0]
+    scale = alt.Scale(type="log", nice=False, domain=[min(lrs) / 1.3, max(lrs) * 1.3])
+    return alt.X("lr:Q", scale=scale, axis=alt.Axis(
+        values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
+        title="learning rate (log)", labelFlush=False)), scale
 
 
 def finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
@@ -147,11 +150,7 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
         domain=shown, range=["circle", "cross", "diamond"][:len(shown)]))
     title = "final val loss (clipped)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
-    lrs = [v for v in data["lr"].to_list() if v and v > 0]
-    x = alt.X("lr:Q", scale=alt.Scale(type="log", nice=False,
-                                      domain=[min(lrs) / 1.3, max(lrs) * 1.3]),
-              axis=lr_axis(lrs, width))
-    base = alt.Chart().encode(x=x, color=color)
+    base = alt.Chart().encode(x=lr_x(data["lr"].to_list(), width)[0], color=color)
     band = base.mark_area(opacity=0.18).encode(
         y=alt.Y("lo:Q", title=title), y2="hi:Q") \
         .transform_filter(alt.datum.kind == "mean")
@@ -195,13 +194,6 @@ GREYED = "#b0b0b0"  # LRs run without a test: drawn, but never in a decision's c
 EDGE_MARK = "interval continues beyond the axis"
 
 
-def gap_axis_range(means: list[float], floor: float = 0.05) -> tuple[float, float]:
-    """The seed-mean gaps and zero with a margin (one wide interval must not flatten them)."""
-    lo, hi = min(means + [0.0]), max(means + [0.0])
-    pad = max(0.25 * (hi - lo), floor)
-    return lo - pad, hi + pad
-
-
 def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
     """The gap cells with their outcome in words, y and interval cut to the y range."""
     words = {k: v[0] for k, v in DECISION_STYLE.items()} | UNTESTED_WORDS
@@ -215,7 +207,10 @@ def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
         compared=pl.format("off minus {}", pl.col("compared_arm").map_elements(
             M.arm_words, return_dtype=pl.String)),
         kind=pl.lit("cell"))
-    y_lo, y_hi = gap_axis_range(cells.filter("tested")["mean_gap"].drop_nulls().to_list())
+    # the y axis: the tested seed-mean gaps and zero with a margin (not the widest interval)
+    means = cells.filter("tested")["mean_gap"].drop_nulls().to_list() + [0.0]
+    pad = max(0.25 * (max(means) - min(means)), 0.05)
+    y_lo, y_hi = min(means) - pad, max(means) + pad
     cells = cells.with_columns(
         y=pl.when("tested").then(pl.col("mean_gap")).otherwise(0.0),
         bar_lo=pl.col("ci_lo").clip(y_lo, y_hi), bar_hi=pl.col("ci_hi").clip(y_lo, y_hi))
@@ -280,7 +275,8 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
     cells, y_lo, y_hi = _headline_cells(gaps)
     lrs = cells["lr"].to_list()
     width = panel_width(cells["depth"].n_unique())
-    lo, hi = min(lrs) / 1.3, max(lrs) * 1.3
+    x, x_scale = lr_x(lrs, width)
+    lo, hi = x_scale.domain
     rules = _headline_rules(cells, thresholds, arms, lo, hi, y_hi)
     cut = pl.concat([  # an interval beyond the y axis: a triangle where it leaves it
         cells.filter(pl.col("tested") & (pl.col(end) > y_hi if up else pl.col(end) < y_lo))
@@ -288,8 +284,6 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
         for up, end in ((True, "ci_hi"), (False, "ci_lo"))]).with_columns(
         kind=pl.lit("cut"), marker=pl.lit(EDGE_MARK))
     data = pl.concat([cells, rules, cut], how="diagonal_relaxed")
-    x_scale = alt.Scale(type="log", nice=False, domain=[lo, hi])
-    x = alt.X("lr:Q", scale=x_scale, axis=lr_axis(lrs, width))
     y_scale = alt.Scale(domain=[y_lo, y_hi], nice=False, zero=False)
     tested = cells.filter("tested")["outcome"].to_list()
     shown = [w for w, _ in DECISION_STYLE.values() if w in tested]

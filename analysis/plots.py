@@ -138,23 +138,12 @@ def other_probe_names(found: list[str], limit: int = 8) -> list[str]:
     return (chosen or sorted(extra))[:limit]
 
 
-def with_lr_label(df: pl.DataFrame) -> pl.DataFrame:
-    """An `lr_label` column ("3.00e-03") whose text order is the LRs' numeric order."""
-    return df.with_columns(lr_label=pl.col("lr").map_elements(lambda v: f"{v:.2e}",
-                                                              return_dtype=pl.String))
-
-
-def _lr_color(df: pl.DataFrame) -> alt.Color:
-    labels = [f"{v:.2e}" for v in sorted(df["lr"].unique().to_list())]
-    return alt.Color("lr_label:O", sort=labels, scale=alt.Scale(scheme="viridis", domain=labels),
-                     legend=alt.Legend(title="learning rate"))
-
-
 def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], title: str,
                 row: str = "arm", dash: str | None = None, log: bool = False,
                 height: int = PANEL_H) -> alt.Chart:
     """Probes vs step per depth (rows: arm or probe), one line per LR, seed means."""
-    data = with_lr_label(probe_series(runs, probes, names))
+    data = probe_series(runs, probes, names).with_columns(  # "3.00e-03": text order = LR order
+        lr_label=pl.col("lr").map_elements(lambda v: f"{v:.2e}", return_dtype=pl.String))
     if log:
         data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
     if data.is_empty():
@@ -165,8 +154,11 @@ def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], titl
               scale=alt.Scale(type="log") if log else alt.Scale(zero=False))
     extra = {"strokeDash": alt.StrokeDash(f"{dash}:N", title=dash)} if dash else {}
     sort = [probe_words(n) for n in names] if row == "probe" else "ascending"
+    labels = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
+    color = alt.Color("lr_label:O", sort=labels, title="learning rate",
+                      scale=alt.Scale(scheme="viridis", domain=labels))
     chart = (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12) if log else False)
-             .encode(x="step:Q", y=y, color=_lr_color(data), detail="lr:Q", **extra,
+             .encode(x="step:Q", y=y, color=color, detail="lr:Q", **extra,
                      tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
                               alt.Tooltip("value:Q", format=".4g"), "seeds:Q"])
              .properties(width=panel_width(data["depth"].n_unique()), height=height)
@@ -175,6 +167,13 @@ def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], titl
     if row == "probe":
         chart = chart.resolve_scale(y="independent")
     return finish(chart.properties(title=title))
+
+
+def depth_x(frame: pl.DataFrame, field: str) -> alt.X:
+    """A depth axis with a tick per depth run and half a step of margin."""
+    depths = sorted(frame["depth"].unique().to_list())
+    return alt.X(field, title="depth", axis=alt.Axis(values=depths, format="d"),
+                 scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
 
 
 def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
@@ -188,9 +187,7 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
         return _empty("LR sensitivity undefined (base grid < 2 LRs)")
     color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()),
                       title=None)
-    depths = sorted(points["depth"].unique().to_list())
-    x = alt.X("depth:Q", axis=alt.Axis(values=depths, format="d"),
-              scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
+    x = depth_x(points, "depth:Q")
     dots = (alt.Chart().mark_point(size=50, opacity=0.7)
             .encode(x=x, y=alt.Y("lr_sensitivity:Q", title="LR sensitivity"), color=color,
                     tooltip=["arm:N", "depth:Q", "seed:N",
@@ -241,14 +238,12 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     data = _landmark_data(arms, thresholds)
     if data.is_empty():
         return _empty("no learning-rate landmarks")
-    depths = sorted(arms["depth"].unique().to_list())
     kinds = thresholds["compared_arm"].unique().to_list()
     arm_colors = arm_scale(arms[M.ARM].unique().to_list())
     color = alt.Color("arm:N", title=None, scale=alt.Scale(
         domain=list(arm_colors.domain) + [f"onset ({k} vs off)" for k in kinds],
         range=list(arm_colors.range) + ["#000000"] * len(kinds)))
-    x = alt.X("x:Q", title="depth", axis=alt.Axis(values=depths, format="d"),
-              scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
+    x = depth_x(arms, "x:Q")
     y_scale = alt.Scale(type="log", nice=False,
                         domain=[float(data["lo"].min()), float(data["hi"].max())])
     shape = alt.Shape("measure:N", title=None, scale=alt.Scale(
