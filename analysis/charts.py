@@ -122,53 +122,47 @@ def lr_brush() -> alt.Parameter:
 
 MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
                                        "another framework's run")
+LR_TIP = alt.Tooltip("lr:Q", format=".3g")
+LOSS_TIP = alt.Tooltip("loss:Q", format=".4f")
+MARKS = {  # the loss chart's points: marker -> (shape, mark, tooltip)
+    MEAN_MARK: ("circle", {"filled": True, "size": 40},
+                ["arm:N", LR_TIP, LOSS_TIP, "seeds:Q", "diverged:Q"]),
+    DIVERGED_MARK: ("cross", {"size": 110, "filled": True, "strokeWidth": 1},
+                    ["arm:N", LR_TIP, "seed:N"]),
+    OTHER_MARK: ("diamond", {"size": 90, "filled": False, "strokeWidth": 2},
+                 ["framework:N", "arm:N", "seed:N", LOSS_TIP])}
 
 
 def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) -> alt.FacetChart:
     """Final val loss vs LR per depth: seed mean, seed range, diverged runs, twins."""
     p = M.with_losses(points).with_columns(arm_expr())
-    cells = (p.group_by("depth", "arm", "lr")
-             .agg(loss=pl.col("loss_clipped").mean(), lo=pl.col("loss_clipped").min(),
-                  hi=pl.col("loss_clipped").max(), seeds=pl.len(),
-                  diverged=pl.col("diverged").sum())
-             .with_columns(kind=pl.lit("mean"), marker=pl.lit(MEAN_MARK)))
-    marks = (p.filter("diverged").select("depth", "arm", "lr", loss="loss_clipped", seed="seed")
-             .with_columns(kind=pl.lit("diverged"), marker=pl.lit(DIVERGED_MARK)))
-    frames = [cells, marks]
-    if twins is not None and twins.height:
-        other = (M.with_losses(twins).with_columns(arm_expr())
-                 .select("depth", "arm", "lr", "framework", loss="loss_clipped", seed="seed")
-                 .with_columns(kind=pl.lit("other framework"), marker=pl.lit(OTHER_MARK)))
-        frames.append(other)
-    data = pl.concat(frames, how="diagonal_relaxed").sort("depth", "arm", "lr")
+    loss = pl.col("loss_clipped")
+    frames = {MEAN_MARK: p.group_by("depth", "arm", "lr").agg(
+        loss=loss.mean(), lo=loss.min(), hi=loss.max(), seeds=pl.len(),
+        diverged=pl.col("diverged").sum()),
+        DIVERGED_MARK: p.filter("diverged").select("depth", "arm", "lr", "seed", loss=loss)}
+    if twins is not None:
+        frames[OTHER_MARK] = (M.with_losses(twins).with_columns(arm_expr())
+                              .select("depth", "arm", "lr", "framework", "seed", loss=loss))
+    frames = {k: f.with_columns(marker=pl.lit(k)) for k, f in frames.items()
+              if f.height or k == MEAN_MARK}
+    data = pl.concat(list(frames.values()), how="diagonal_relaxed").sort("depth", "arm", "lr")
     width = panel_width(data["depth"].n_unique())
-    colors = arm_scale(points[M.ARM].unique().to_list())
-    color = alt.Color("arm:N", scale=colors, title="arm", legend=alt.Legend(symbolOpacity=1))
-    shown = [MEAN_MARK] + ([DIVERGED_MARK] if marks.height else []) + (
-        [OTHER_MARK] if len(frames) == 3 else [])
+    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()), title="arm",
+                      legend=alt.Legend(symbolOpacity=1))
     shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
-        domain=shown, range=["circle", "cross", "diamond"][:len(shown)]))
+        domain=list(frames), range=[MARKS[k][0] for k in frames]))
     title = "final val loss (clipped)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
     base = alt.Chart().encode(x=lr_x(data["lr"].to_list(), width)[0], color=color)
-    band = base.mark_area(opacity=0.18).encode(
-        y=alt.Y("lo:Q", title=title), y2="hi:Q") \
-        .transform_filter(alt.datum.kind == "mean")
-    line = base.mark_line().encode(y=y).transform_filter(alt.datum.kind == "mean")
-    mean = base.mark_point(filled=True, size=40).encode(
-        y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"),
-                                   alt.Tooltip("loss:Q", format=".4f"), "seeds:Q", "diverged:Q"]) \
-        .transform_filter(alt.datum.kind == "mean").add_params(lr_brush())
-    div = base.mark_point(size=110, filled=True, strokeWidth=1).encode(
-        y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "seed:N"]) \
-        .transform_filter(alt.datum.kind == "diverged")
-    layers = [band, line, mean] + ([div] if marks.height else [])
-    if len(frames) == 3:
-        layers.append(base.mark_point(size=90, filled=False, strokeWidth=2)
-                      .encode(y=y, shape=shape,
-                              tooltip=["framework:N", "arm:N", "seed:N",
-                                       alt.Tooltip("loss:Q", format=".4f")])
-                      .transform_filter(alt.datum.kind == "other framework"))
+    mean = alt.datum.marker == MEAN_MARK
+    layers = [base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=title), y2="hi:Q")
+              .transform_filter(mean), base.mark_line().encode(y=y).transform_filter(mean)]
+    for marker in frames:
+        layer = (base.mark_point(**MARKS[marker][1])
+                 .encode(y=y, shape=shape, tooltip=MARKS[marker][2])
+                 .transform_filter(alt.datum.marker == marker))
+        layers.append(layer.add_params(lr_brush()) if marker == MEAN_MARK else layer)
     return finish(alt.layer(*layers, data=values(data))
                   .properties(width=width, height=PANEL_H + 60)
                   .facet(column=alt.Column("depth:O", title="depth"))
