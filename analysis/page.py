@@ -154,20 +154,8 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
            f'<tbody>\n{body}\n</tbody></table></div>{more}'
 
 
-def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
-    return [{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
-             "arm": M.arm_words(r["compared_arm"])}
-            for r in verdicts.iter_rows(named=True)]
-
-
 def _script_json(obj) -> str:
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
-
-
-def _templates() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
-                              autoescape=True, undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True)
 
 
 # the runs table's columns the HTML leaves out (tables/runs.* has them)
@@ -189,12 +177,8 @@ def run_provenance(runs: Runs) -> pl.DataFrame:
             "git_commit": str(m.get("git_commit") or "unknown")[:12],
             "git_dirty": str(m.get("git_dirty")),
             "versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v),
-            "platform": str(m.get("platform", "?")),
-            "chip": str(m.get("chip", "?")),
-            "device": str(m.get("device", "?")),
-            "blas": str(m.get("blas", "?")),
-            "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12],
-        })
+            **{k: str(m.get(k, "?")) for k in ("platform", "chip", "device", "blas")},
+            "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12]})
     if not rows:
         return pl.DataFrame()
     keys = list(rows[0])
@@ -209,9 +193,7 @@ def analysis_environment() -> dict[str, str]:
         commit += " (with local changes)"
     versions = provenance.versions("polars", "altair", "vl-convert-python")
     return {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "analysis git commit": commit, "python": versions["python"] or "?",
-            "polars": versions["polars"] or "?", "altair": versions["altair"] or "?",
-            "vl-convert-python": versions["vl-convert-python"] or "?",
+            "analysis git commit": commit, **{k: v or "?" for k, v in versions.items()},
             "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
 
 
@@ -238,14 +220,19 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
                 and (not c.startswith("final_") or c in shown_probes
                      or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
     safe = markupsafe.Markup
-    return _templates().get_template("report.html.j2").render(
+    templates = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                                   autoescape=True, undefined=jinja2.StrictUndefined,
+                                   keep_trailing_newline=True)
+    return templates.get_template("report.html.j2").render(
         env=env, root=str(runs.root), n_runs=t.height,
         status=", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows()),
         n_points=study.points.height, framework=study.framework,
         depths=", ".join(str(d) for d in sorted(study.points["depth"].unique())),
         n_seeds=study.points["seed"].n_unique(), alpha=f"{o.alpha:g}", min_gap=f"{o.min_gap:g}",
         threshold_text=threshold_text, notes=study.notes, warnings=runs.warnings,
-        verdicts=_verdict_rows(study.verdicts),
+        verdicts=[{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
+                   "arm": M.arm_words(r["compared_arm"])}
+                  for r in study.verdicts.iter_rows(named=True)],
         arms_table=safe(html_table(study.arms, arm_cols)),
         per_seed_table=safe(html_table(per_seed)),
         onset_table=safe(html_table(study.thresholds)),

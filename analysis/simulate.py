@@ -84,18 +84,11 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
     informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
     var = {(d, lr): s ** 2 for d, lr, s in informative.select("depth", "lr", "gap_sd").iter_rows()}
     dof = {(d, lr): n - 1 for d, lr, n in informative.select("depth", "lr", "pairs").iter_rows()}
-    sd = {}
-    for depth in DEPTHS:
-        row = []
-        for lr in LRS:
-            pooled = [var[(d, lr)] for d in DEPTHS if (d, lr) in var]
-            if (depth, lr) not in var:
-                row.append(math.nan)
-                continue
-            prior = float(np.mean(pooled))
-            k = dof[(depth, lr)]
-            row.append(math.sqrt((var[(depth, lr)] * k + prior * 4) / (k + 4)))
-        sd[depth] = tuple(row)
+    prior = {lr: np.mean([var[(d, lr)] for d in DEPTHS if (d, lr) in var]) for lr in LRS
+             if any((d, lr) in var for d in DEPTHS)}  # the LR's variance pooled over depths
+    sd = {depth: tuple(math.sqrt((var[(depth, lr)] * dof[(depth, lr)] + prior[lr] * 4)
+                                 / (dof[(depth, lr)] + 4)) if (depth, lr) in var else math.nan
+                       for lr in LRS) for depth in DEPTHS}
     r = []
     for depth in DEPTHS:
         ok = informative.filter(pl.col("depth") == depth)["lr"].to_list()
@@ -109,7 +102,7 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
                     r.append(float(np.corrcoef(x[keep], y[keep])[0, 1]))
     stable = max_usable_lr_per_seed(points, options).drop_nulls("first_divergent_lr")
     first = np.log10(stable["first_divergent_lr"].to_numpy())
-    on_failed = (cells.filter(~pl.col("informative"))["lr"].to_list())
+    on_failed = cells.filter(~pl.col("informative"))["lr"].to_list()
     collapse = min([lr for lr in LRS if lr in on_failed] or [max(LRS)])
     off_degrade, on_degrade, rho = fit_failures(points, cells, options)
     return Noise(gap_sd=sd, correlation=float(np.clip(np.mean(r), 0, 0.95)) if r else 0.5,
