@@ -166,6 +166,13 @@ RUN_COLUMNS_FIRST = ("run", "depth", "arm", "lr", "seed", "framework", "status",
                      "peak_max_attention_logit", "final_attention_entropy_min_head",
                      "final_residual_kurtosis", "loss_spikes", "tokens_per_second", "in_study")
 
+# the arms table's columns in the HTML
+ARM_COLUMNS = ("depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points", "grid_lr_min",
+               "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo", "lr_sensitivity_hi",
+               "sensitivity_seeds", "max_usable_lr", "max_usable_lr_lo", "max_usable_lr_hi",
+               "lower_bound_seeds", "first_divergent_lr", "optimal_lr", "optimal_lr_lo",
+               "optimal_lr_hi", "best_loss", "best_loss_lo", "best_loss_hi", "nonfinite_final")
+
 
 def run_provenance(runs: Runs) -> pl.DataFrame:
     """Distinct (framework, commit, versions, hardware) combinations with their run counts."""
@@ -207,12 +214,6 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
                       "best runs")
     per_seed = study.sensitivity_per_seed.join(study.usable_per_seed, how="full", coalesce=True,
                                                on=["depth", "arm", "seed"])
-    arm_cols = ["depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points",
-                "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo",
-                "lr_sensitivity_hi", "sensitivity_seeds", "max_usable_lr", "max_usable_lr_lo",
-                "max_usable_lr_hi", "lower_bound_seeds", "first_divergent_lr",
-                "optimal_lr", "optimal_lr_lo", "optimal_lr_hi", "best_loss", "best_loss_lo",
-                "best_loss_hi", "nonfinite_final"]
     # the HTML shows the attention and kurtosis probes; every final_<probe> is in the files
     shown_probes = [f"final_{n}" for n in C.ATTENTION_PROBES] + [
         c for c in study.per_run.columns if c.startswith("final_") and "kurtosis" in c]
@@ -233,7 +234,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         verdicts=[{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
                    "arm": M.arm_words(r["compared_arm"])}
                   for r in study.verdicts.iter_rows(named=True)],
-        arms_table=safe(html_table(study.arms, arm_cols)),
+        arms_table=safe(html_table(study.arms, list(ARM_COLUMNS))),
         per_seed_table=safe(html_table(per_seed)),
         onset_table=safe(html_table(study.thresholds)),
         threshold_widening=f"{o.threshold_widening:g}",
