@@ -255,19 +255,11 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         family = [r for r in rows if r["compared_arm"] == on and r["role"] == PRIMARY]
         S.adjust_family([(r, k) for r in family for k in ("p_for", "p_against", "p_equivalent")],
                         a, method="holm")
-    for r in rows:
-        if r["decision"] is not None:
-            continue
-        if r["p_for"] is None:
-            r["decision"] = UNDETERMINED if r["note"] else TOO_FEW
-        elif r["q_for"] < a:
-            r["decision"] = "for"
-        elif r["q_against"] < a:
-            r["decision"] = "against"
-        elif r["q_equivalent"] is not None and r["q_equivalent"] < a:
-            r["decision"] = "equivalent"
-        else:
-            r["decision"] = UNDETERMINED
+    for r in (r for r in rows if r["decision"] is None):
+        r["decision"] = ((UNDETERMINED if r["note"] else TOO_FEW) if r["p_for"] is None
+                         else next((d for d in ("for", "against", "equivalent")
+                                    if r[f"q_{d}"] is not None and r[f"q_{d}"] < a),
+                                   UNDETERMINED))
     return pl.DataFrame(rows, schema=H2_SCHEMA).sort(
         "compared_arm", "measure", pl.col("depth").fill_null(0))
 

@@ -24,17 +24,10 @@ def arm_words(arm: str) -> str:
     """An arm in words: "QK-norm off", "QK-norm on (rmsnorm)", "attention soft-cap 50"."""
     if arm == OFF:
         return "QK-norm off"
-    words = []
-    for part in arm.split("+"):
-        if part in QK_NORM_ARMS:
-            words.append(f"QK-norm on ({part})")
-        elif part.startswith("softcap"):
-            words.append(f"attention soft-cap {part.removeprefix('softcap')}")
-        elif part.startswith("zloss"):
-            words.append(f"z-loss {part.removeprefix('zloss')}")
-        else:
-            words.append(part)
-    return " + ".join(words)
+    prefixes = {"softcap": "attention soft-cap ", "zloss": "z-loss "}
+    return " + ".join(f"QK-norm on ({part})" if part in QK_NORM_ARMS else next(
+        (w + part.removeprefix(k) for k, w in prefixes.items() if part.startswith(k)), part)
+        for part in arm.split("+"))
 
 
 def control_words(arm: str) -> str:
