@@ -48,22 +48,17 @@ def _():
 
 
 @app.cell
-def _(Path, mo, sys):
+def _(Path, UsageError, load_study, mo, sys):
     _bare = [a for a in sys.argv[1:] if a != "--" and not a.startswith("-")]
     _default = (mo.notebook_dir() or Path("analysis")).parent / "runs" / "demo"
     runs_dir = Path(_bare[0] if _bare else _default)
-    return (runs_dir,)
-
-
-@app.cell
-def _(UsageError, load_study, mo, runs_dir, sys):
     try:
         study = load_study(runs_dir)
     except UsageError as _e:
         if not mo.running_in_notebook():
             sys.exit(f"error: {_e}")  # headless: a bad folder fails the run, in one line
         mo.stop(True, mo.callout(mo.md(f"**error:** {_e}"), kind="danger"))
-    return (study,)
+    return runs_dir, study
 
 
 @app.cell

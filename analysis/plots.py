@@ -37,23 +37,6 @@ VAL_MARK, ABOVE_MARK, DIVERGED_AT = ("val loss", "leaves the axis (loss above it
                                      "diverged (last step)")
 
 
-def _curve_data(chosen: pl.DataFrame, metrics: pl.LazyFrame, max_points: int) -> pl.DataFrame:
-    m = metrics.join(chosen.lazy().select("run"), on="run")
-    steps = m.group_by("run").agg(last=pl.col("step").max())
-    train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
-             .with_columns(bin=pl.col("step") // ((pl.col("last") // max_points) + 1))
-             .group_by("run", "bin").agg(step=pl.col("step").max(),
-                                         loss=pl.col("train_loss").mean())
-             .drop("bin").with_columns(series=pl.lit("train")))
-    val = (m.filter(pl.col("val_loss").is_not_null())
-           .select("run", "step", loss="val_loss").with_columns(series=pl.lit("val")))
-    lr_text = pl.col("lr").map_elements(lambda v: f"{v:.3g}", return_dtype=pl.String)
-    return (pl.concat([train, val]).join(chosen.lazy(), on="run")
-            .with_columns(panel=pl.format("depth {}, lr {}", "depth", lr_text),
-                          line=pl.format("{} seed {} ({})", "arm", "seed", "framework"))
-            .sort("run", "series", "step").collect())
-
-
 def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.DataFrame:
     """Val dots and the markers of curves leaving the axis; y_plot is where each is drawn."""
     above = ~pl.col("loss").is_finite() | (pl.col("loss") > top)
@@ -72,14 +55,25 @@ def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.Da
         y_plot=pl.when(pl.col("marker") == VAL_MARK).then(pl.col("loss")).otherwise("y_edge"))
 
 
-def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame,
-                          max_points: int = 60, columns: int = 3) -> alt.Chart:
+def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame
+                          ) -> alt.Chart:
     """Train and val loss vs step for the picked LRs, one line per run."""
-    if "diverged_step" not in runs.columns:
-        runs = runs.with_columns(diverged_step=pl.lit(None, dtype=pl.Int64))
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
         "run", "depth", "lr", "seed", "framework", "arm", "init_loss", "status", "diverged_step")
-    data = _curve_data(chosen, metrics, max_points)
+    m = metrics.join(chosen.lazy().select("run"), on="run")
+    steps = m.group_by("run").agg(last=pl.col("step").max())
+    train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
+             .with_columns(bin=pl.col("step") // ((pl.col("last") // 60) + 1))  # <= 60 points
+             .group_by("run", "bin").agg(step=pl.col("step").max(),
+                                         loss=pl.col("train_loss").mean())
+             .drop("bin").with_columns(series=pl.lit("train")))
+    val = (m.filter(pl.col("val_loss").is_not_null())
+           .select("run", "step", loss="val_loss").with_columns(series=pl.lit("val")))
+    lr_text = pl.col("lr").map_elements(lambda v: f"{v:.3g}", return_dtype=pl.String)
+    data = (pl.concat([train, val]).join(chosen.lazy(), on="run")
+            .with_columns(panel=pl.format("depth {}, lr {}", "depth", lr_text),
+                          line=pl.format("{} seed {} ({})", "arm", "seed", "framework"))
+            .sort("run", "series", "step").collect())
     if data.is_empty():
         return _empty("no metrics rows for the chosen learning rates")
     finite = data.filter(pl.col("loss").is_finite())
@@ -87,13 +81,13 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
     scale = alt.Scale(domain=[float(finite["loss"].min()) * 0.97, top], zero=False, nice=False)
     data = _edge_markers(data, chosen, top)
     markers = [k for k in (VAL_MARK, ABOVE_MARK, DIVERGED_AT) if (data["marker"] == k).any()]
+    shapes = {VAL_MARK: "circle", ABOVE_MARK: "triangle-up", DIVERGED_AT: "cross"}
     shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
-        domain=markers, range=[{VAL_MARK: "circle", ABOVE_MARK: "triangle-up",
-                                DIVERGED_AT: "cross"}[k] for k in markers]))
+        domain=markers, range=[shapes[k] for k in markers]))
     color = alt.Color("arm:N", scale=arm_scale(runs[M.ARM].unique().to_list()), title="arm")
     dash = alt.StrokeDash("framework:N", title="framework", legend=alt.Legend()
                           if data["framework"].drop_nulls().n_unique() > 1 else None)
-    train = (alt.Chart().mark_line(opacity=0.55, clip=True)
+    lines = (alt.Chart().mark_line(opacity=0.55, clip=True)
              .encode(x="step:Q", y=alt.Y("loss:Q", scale=scale, title="loss (nats)"),
                      color=color, strokeDash=dash, detail="line:N")
              .transform_filter(alt.datum.series == "train"))
@@ -106,22 +100,13 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
                       tooltip=["line:N", "marker:N", "step:Q",
                                alt.Tooltip("loss:Q", format=".4g")])
               .transform_filter("datum.marker != null"))
-    width = panel_width(min(columns, data["panel"].n_unique()))
-    return finish(alt.layer(train, points, data=values(data))
+    width = panel_width(min(3, data["panel"].n_unique()))
+    return finish(alt.layer(lines, points, data=values(data))
                   .properties(width=width, height=PANEL_H + 40)
                   .facet(facet=alt.Facet("panel:N", title=None, sort=alt.SortField("depth")),
-                         columns=columns)
+                         columns=3)
                   .resolve_scale(x="independent")
                   .properties(title="Training curves (lines: train loss, dots: val loss)"))
-
-
-def probe_series(runs: pl.DataFrame, probe_steps: pl.DataFrame, names: list[str]) -> pl.DataFrame:
-    """(depth, arm, lr, name, step) -> the seed mean of the probe values of `runs`."""
-    keyed = runs.select("run", "depth", M.ARM, "lr")
-    return (probe_steps.filter(pl.col("name").is_in(names)).join(keyed, on="run")
-            .group_by("depth", M.ARM, "lr", "name", "step")
-            .agg(value=pl.col("value").mean(), seeds=pl.len())
-            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step"))
 
 
 # drawn in the "other probes" chart when present (z-loss pulls the log-sum-exp towards 0)
@@ -142,8 +127,13 @@ def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], titl
                 row: str = "arm", dash: str | None = None, log: bool = False,
                 height: int = PANEL_H) -> alt.Chart:
     """Probes vs step per depth (rows: arm or probe), one line per LR, seed means."""
-    data = probe_series(runs, probes, names).with_columns(  # "3.00e-03": text order = LR order
-        lr_label=pl.col("lr").map_elements(lambda v: f"{v:.2e}", return_dtype=pl.String))
+    keyed = runs.select("run", "depth", M.ARM, "lr")
+    data = (probes.filter(pl.col("name").is_in(names)).join(keyed, on="run")
+            .group_by("depth", M.ARM, "lr", "name", "step")
+            .agg(value=pl.col("value").mean(), seeds=pl.len())
+            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step")
+            .with_columns(lr_label=pl.col("lr").map_elements(  # "3.00e-03": sorts as the LRs
+                lambda v: f"{v:.2e}", return_dtype=pl.String)))
     if log:
         data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
     if data.is_empty():
