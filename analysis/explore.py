@@ -65,8 +65,7 @@ def _(Path, UsageError, load_study, mo, sys):
 def _(C, arm_words, mo, study):
     # every depth, arm and LR by default: the largest gap may sit at any LR
     _depths = sorted(study.points["depth"].unique().to_list())
-    _arms = sorted(study.points["arm"].unique().to_list(),
-                   key=lambda a: (a != "none", a))
+    _arms = sorted(study.points["arm"].unique().to_list(), key=lambda a: (a != "none", a))
     _lrs = sorted(study.points["lr"].unique().to_list())
     _probes = sorted(study.probe_steps["name"].unique().to_list())
     _probe = next((p for p in C.ATTENTION_PROBES if p in _probes), _probes[0] if _probes else None)

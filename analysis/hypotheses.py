@@ -90,13 +90,11 @@ def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
     off = best.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],
-                       suffix="_on").with_columns(compared_arm=pl.lit(on))
-              for on in compared_arms(points)]
-    schema = {"depth": pl.Int64, "seed": pl.Int64, "best": pl.Float64, "best_on": pl.Float64,
-              "compared_arm": pl.String}
-    return (pl.concat(frames) if frames else pl.DataFrame(schema=schema)).sort(
-        "compared_arm", "depth", "seed")
+    frames = [off.join(best.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM),
+                       on=["depth", "seed"], suffix="_on")
+              .with_columns(compared_arm=pl.lit(on, pl.String))
+              for on in compared_arms(points) or [None]]  # None: an empty frame
+    return pl.concat(frames).sort("compared_arm", "depth", "seed")
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:

@@ -104,11 +104,10 @@ def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozense
 
 
 def _identity(summary: dict, config: dict | None) -> dict:
-    ident = summary.get("config") if isinstance(summary.get("config"), dict) else None
-    if ident is None and config is not None:
-        ident = config
-    if ident is None:
-        ident = {k: summary.get(k) for k in (*DESIGN_KEYS, "d_model")}
+    ident = summary.get("config")
+    if not isinstance(ident, dict):
+        ident = config if config is not None else {k: summary.get(k)
+                                                   for k in (*DESIGN_KEYS, "d_model")}
     return {k: v for k, v in ident.items() if k not in NON_IDENTITY}
 
 
