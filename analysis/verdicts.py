@@ -56,14 +56,14 @@ def combine(parts: list[Part]) -> str:
     none decided: "inconclusive", or "not enough data" when no part had data."""
     decided = [p for p in parts if p.direction in (FOR, AGAINST)]
     ways = {p.direction for p in decided}
+    unclear = any(p.direction == UNCLEAR for p in parts)
     if len(ways) > 1:
         return MIXED
-    if ways:
-        way = ways.pop()
-        verdict = label(way, min(p.seeds for p in decided))
-        unclear = any(p.direction == UNCLEAR for p in parts)
-        return f"partly {verdict}" if way == FOR and unclear else verdict
-    return INCONCLUSIVE if any(p.direction == UNCLEAR for p in parts) else NO_DATA
+    if not ways:
+        return INCONCLUSIVE if unclear else NO_DATA
+    way = ways.pop()
+    verdict = label(way, min(p.seeds for p in decided))
+    return f"partly {verdict}" if way == FOR and unclear else verdict
 
 
 def _lr(x: float | None) -> str:
