@@ -38,9 +38,7 @@ from .study import ReportOptions, Study, analyse
 
 
 def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevelMixin]:
-    runs = study.runs
     points = study.points
-    shown = pl.concat([points, study.others])
     probes = study.probe_steps.join(points.select("run"), on="run")
     found = sorted(probes["name"].unique().to_list())
     wanted = [n for n in options.probe_names if n in found] or P.other_probe_names(found)
@@ -48,7 +46,8 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     out = {
         "headline": C.headline_chart(study.gaps, study.thresholds, study.arms),
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
-        "training_curves": P.training_curves_chart(shown, runs.metrics, picks),
+        "training_curves": P.training_curves_chart(pl.concat([points, study.others]),
+                                                   study.runs.metrics, picks),
         "max_attention_logit": P.probe_chart(points, probes, ["max_attention_logit"],
                                              "Max attention logit vs step (seed mean; log scale)",
                                              log=True),
