@@ -22,7 +22,7 @@ from .metrics import (
     paired_gaps,
     with_losses,
 )
-from .threshold import BELOW, DepthDraws
+from .threshold import BELOW, DepthDraws, gap_matrix
 
 OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
     "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
@@ -186,10 +186,8 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
     diffs = units["diff"].to_list()
     log_scale = measure == MAX_USABLE
     margin = math.log(options.lr_ratio_margin) if log_scale else options.min_gap
-    depths = sorted(set(units["depth"].to_list()))
-    matrix = np.full((len(seed_ids), len(depths)), np.nan)
-    for d, s, x in units.select("depth", "seed", "diff").iter_rows():
-        matrix[seed_ids.index(s), depths.index(d)] = x
+    matrix = gap_matrix(units.select("seed", lr="depth", gap="diff"), seed_ids,
+                        sorted(set(units["depth"].to_list())))  # (seeds, depths)
     lo = hi = None
     if len(diffs) >= 2 and len(set(units["seed"].to_list())) >= 2:
         means, counts = S.seed_bootstrap(matrix, S.seed_draws(len(seed_ids), options.bootstrap,
