@@ -58,8 +58,9 @@ MAX_POINTS = 40  # per run and curve: a curve's shape, small enough for a 300-ru
 SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_step", "framework")
 
 
-def _binned(frame: pl.DataFrame, value: str) -> dict[str, list[list[float]]]:
+def _binned(frame: pl.LazyFrame, value: str) -> dict[str, list[list[float]]]:
     """{run: [[step, value], ...]}: at most MAX_POINTS bin means per run."""
+    frame = frame.filter(pl.col(value).is_not_null()).select("run", "step", value).collect()
     if frame.is_empty():
         return {}
     last = frame.group_by("run").agg(last=pl.col("step").max())
@@ -79,13 +80,9 @@ def run_details(study: Study) -> dict:
     table = study.runs.table.join(shown.select("run"), on="run")
     names = table["run"].to_list()
     metrics = study.runs.metrics.filter(pl.col("run").is_in(names))
-    train = _binned(metrics.filter(pl.col("train_loss").is_not_null())
-                    .select("run", "step", "train_loss").collect(), "train_loss")
-    val = _binned(metrics.filter(pl.col("val_loss").is_not_null())
-                  .select("run", "step", "val_loss").collect(), "val_loss")
-    logit = _binned(study.probe_steps.filter((pl.col("name") == "max_attention_logit")
-                                             & pl.col("run").is_in(names))
-                    .select("run", "step", "value"), "value")
+    train, val = _binned(metrics, "train_loss"), _binned(metrics, "val_loss")
+    logit = _binned(study.probe_steps.lazy().filter((pl.col("name") == "max_attention_logit")
+                                                    & pl.col("run").is_in(names)), "value")
     configs = {}
     for row in table.iter_rows(named=True):
         run_dir = row.get("run_dir")
