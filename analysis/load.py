@@ -222,8 +222,7 @@ def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, 
                               include_file_paths="_part")
               .select("_part", *[cast(c, t, schema) for c, t in columns.items()])
               for schema, paths in by_schema.items()]
-    return (pl.concat(frames, how="vertical").join(runs, on="_part")
-            .select(*columns, "run"))
+    return (pl.concat(frames, how="vertical").join(runs, on="_part").select(*columns, "run"))
 
 
 def load_runs(root: str | Path) -> Runs:
@@ -253,8 +252,7 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"no usable runs under {root}: "
                          + "; ".join(w.removeprefix("run ") for w in warnings[:3])
                          + (f"; and {len(warnings) - 3} more" if len(warnings) > 3 else ""))
-    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "arm", "lr", "seed",
-                                                       "framework")
+    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "arm", "lr", "seed", "framework")
     return Runs(root=root, table=table, metrics=_scan(metric_parts, METRICS_COLUMNS),
                 probes=_scan(probe_parts, PROBES_COLUMNS, PROBES_OPTIONAL), manifests=manifests,
                 warnings=warnings)

@@ -145,8 +145,7 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
             if df.height > max_rows else "")
     search = ('<input type="search" class="table-filter" placeholder="filter rows: words that '
               'must all appear (e.g. diverged d4 rmsnorm)" size="60">' if filterable else "")
-    table = (f'<table class="data compact" id="{name}">' if toggle
-             else '<table class="data">')
+    table = (f'<table class="data compact" id="{name}">' if toggle else '<table class="data">')
     return f'{search}{toggle}<div class="scroll">{table}<thead><tr>{head}</tr></thead>' \
            f'<tbody>\n{body}\n</tbody></table></div>{more}'
 

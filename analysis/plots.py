@@ -138,8 +138,7 @@ def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], titl
         data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
     if data.is_empty():
         return _empty(f"no {' or '.join(names)} probe rows")
-    data = data.with_columns(probe=pl.col("name").map_elements(probe_words,
-                                                               return_dtype=pl.String))
+    data = data.with_columns(probe=pl.col("name").map_elements(probe_words, return_dtype=pl.String))
     y = alt.Y("value:Q", title=probe_words(names[0]) if len(names) == 1 else None,
               scale=alt.Scale(type="log") if log else alt.Scale(zero=False))
     extra = {"strokeDash": alt.StrokeDash(f"{dash}:N", title=dash)} if dash else {}
@@ -175,8 +174,7 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
                       means.with_columns(kind=pl.lit("mean"))], how="diagonal_relaxed")
     if data["lr_sensitivity"].drop_nulls().is_empty():
         return _empty("LR sensitivity undefined (base grid < 2 LRs)")
-    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()),
-                      title=None)
+    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()), title=None)
     x = depth_x(points, "depth:Q")
     dots = (alt.Chart().mark_point(size=50, opacity=0.7)
             .encode(x=x, y=alt.Y("lr_sensitivity:Q", title="LR sensitivity"), color=color,
