@@ -22,10 +22,9 @@ def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None
         have = sorted(run_lrs.filter(pl.col("depth") == depth)["lr"].to_list())
         wanted = lrs
         if not lrs:
-            off = arms.filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF))
-            row = off.row(0, named=True) if off.height else {}
-            wanted = [row.get(k) for k in ("optimal_lr", "max_usable_lr", "first_divergent_lr")]
-            wanted = [w for w in wanted if w] or [have[len(have) // 2]]
+            off = arms.filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF)).head(1)
+            wanted = [w for k in ("optimal_lr", "max_usable_lr", "first_divergent_lr")
+                      for w in off[k] if w] or [have[len(have) // 2]]
             if twins is not None and twins.height:
                 wanted += sorted(twins.filter(pl.col("depth") == depth)["lr"].unique())[:2]
         snapped = {min(have, key=lambda h: abs(math.log(h / w))) for w in wanted}
