@@ -69,7 +69,7 @@ def _score_h1(world: World, truth: Truth, verdict: str, gaps: pl.DataFrame, m: f
         bad_same |= decision == NO_DIFFERENCE and abs(g) >= m
     return {"H1 false supported": float(not truth.h1 and supported(verdict)),
             "H1 false not supported": float(truth.h1 and verdict == "not supported"),
-            "H1 power": float(truth.h1 and supported(verdict)),
+            "H1 power": float(supported(verdict)) if truth.h1 else math.nan,
             "cells false needed": float(bad_worse), "cells false no difference": float(bad_same)}
 
 
@@ -86,7 +86,7 @@ def _score_h2(truth: Truth, h2: pl.DataFrame, options: Options) -> dict:
             (d == "against" and effect >= -margin) or (d == "equivalent" and abs(effect) >= margin))
         out[f"H2 {measure} false no difference"] = float(d == "equivalent"
                                                          and abs(effect) >= margin)
-        out[f"H2 {measure} power"] = float(effect > margin and d == "for")
+        out[f"H2 {measure} power"] = float(d == "for") if effect > margin else math.nan
     return out
 
 
@@ -102,7 +102,8 @@ def _score_h3(truth: Truth, verdict: str, h3: pl.DataFrame, slope_margin: float)
                 (d == "rises" and not s > 0) or (d == "equal" and not abs(s) < slope_margin))),
             "H3 false no difference": float(d == "equal" and not abs(s) < slope_margin),
             "H3 false rises": float(d == "rises" and not s > 0),
-            "H3 power": float(falls and supported(verdict)), "H3 slope coverage": covered}
+            "H3 power": float(supported(verdict)) if falls else math.nan,
+            "H3 slope coverage": covered}
 
 
 def _onset_coverage(truth: Truth, onsets: pl.DataFrame) -> float:
@@ -154,8 +155,8 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
             what, kind = _split(key)
             values = np.array([s[key] for s in scores], float)
             values = values[np.isfinite(values)]
-            if kind == "power" and not _true(what, truth, options):
-                continue  # no power where the hypothesis is false
+            if kind == "power" and not values.size:
+                continue  # no power where the hypothesis is false (NaN)
             false = kind.startswith("false")
             n = len(values)
             hits = int(values.sum()) if kind != "coverage" else None
@@ -168,16 +169,6 @@ def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
                                       "hypothesis": pl.String, "claim": pl.String,
                                       "count": pl.Int64, "studies": pl.Int64,
                                       "rate": pl.Float64, "upper_95": pl.Float64})
-
-
-def _true(what: str, truth: Truth, options: Options) -> bool:
-    if what == "H1":
-        return truth.h1
-    if what == f"H2 {MAX_USABLE}":
-        return truth.usable_effect > math.log(options.lr_ratio_margin)
-    if what == f"H2 {SENSITIVITY}":
-        return truth.sensitivity_drop > options.min_gap
-    return not math.isnan(truth.slope) and truth.slope < 0
 
 
 def markdown(table: pl.DataFrame) -> str:

@@ -74,10 +74,13 @@ def lr_ticks(lrs: list[float], width: float) -> list[float]:
     return lrs[:1]
 
 
-def lr_axis(lrs: list[float], width: float) -> alt.Axis:
-    """A log LR axis whose labels never collide."""
-    return alt.Axis(values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
-                    title="learning rate (log)", labelFlush=False)
+def lr_x(lrs: list[float], width: float) -> tuple[alt.X, alt.Scale]:
+    """A log LR axis a little wider than the LRs, whose labels never collide (and its scale)."""
+    lrs = [v for v in lrs if v and v > 0]
+    scale = alt.Scale(type="log", nice=False, domain=[min(lrs) / 1.3, max(lrs) * 1.3])
+    return alt.X("lr:Q", scale=scale, axis=alt.Axis(
+        values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
+        title="learning rate (log)", labelFlush=False)), scale
 
 
 def finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
@@ -119,57 +122,47 @@ def lr_brush() -> alt.Parameter:
 
 MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
                                        "another framework's run")
+LR_TIP = alt.Tooltip("lr:Q", format=".3g")
+LOSS_TIP = alt.Tooltip("loss:Q", format=".4f")
+MARKS = {  # the loss chart's points: marker -> (shape, mark, tooltip)
+    MEAN_MARK: ("circle", {"filled": True, "size": 40},
+                ["arm:N", LR_TIP, LOSS_TIP, "seeds:Q", "diverged:Q"]),
+    DIVERGED_MARK: ("cross", {"size": 110, "filled": True, "strokeWidth": 1},
+                    ["arm:N", LR_TIP, "seed:N"]),
+    OTHER_MARK: ("diamond", {"size": 90, "filled": False, "strokeWidth": 2},
+                 ["framework:N", "arm:N", "seed:N", LOSS_TIP])}
 
 
 def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) -> alt.FacetChart:
     """Final val loss vs LR per depth: seed mean, seed range, diverged runs, twins."""
     p = M.with_losses(points).with_columns(arm_expr())
-    cells = (p.group_by("depth", "arm", "lr")
-             .agg(loss=pl.col("loss_clipped").mean(), lo=pl.col("loss_clipped").min(),
-                  hi=pl.col("loss_clipped").max(), seeds=pl.len(),
-                  diverged=pl.col("diverged").sum())
-             .with_columns(kind=pl.lit("mean"), marker=pl.lit(MEAN_MARK)))
-    marks = (p.filter("diverged").select("depth", "arm", "lr", loss="loss_clipped", seed="seed")
-             .with_columns(kind=pl.lit("diverged"), marker=pl.lit(DIVERGED_MARK)))
-    frames = [cells, marks]
-    if twins is not None and twins.height:
-        other = (M.with_losses(twins).with_columns(arm_expr())
-                 .select("depth", "arm", "lr", "framework", loss="loss_clipped", seed="seed")
-                 .with_columns(kind=pl.lit("other framework"), marker=pl.lit(OTHER_MARK)))
-        frames.append(other)
-    data = pl.concat(frames, how="diagonal_relaxed").sort("depth", "arm", "lr")
+    loss = pl.col("loss_clipped")
+    frames = {MEAN_MARK: p.group_by("depth", "arm", "lr").agg(
+        loss=loss.mean(), lo=loss.min(), hi=loss.max(), seeds=pl.len(),
+        diverged=pl.col("diverged").sum()),
+        DIVERGED_MARK: p.filter("diverged").select("depth", "arm", "lr", "seed", loss=loss)}
+    if twins is not None:
+        frames[OTHER_MARK] = (M.with_losses(twins).with_columns(arm_expr())
+                              .select("depth", "arm", "lr", "framework", "seed", loss=loss))
+    frames = {k: f.with_columns(marker=pl.lit(k)) for k, f in frames.items()
+              if f.height or k == MEAN_MARK}
+    data = pl.concat(list(frames.values()), how="diagonal_relaxed").sort("depth", "arm", "lr")
     width = panel_width(data["depth"].n_unique())
-    colors = arm_scale(points[M.ARM].unique().to_list())
-    color = alt.Color("arm:N", scale=colors, title="arm", legend=alt.Legend(symbolOpacity=1))
-    shown = [MEAN_MARK] + ([DIVERGED_MARK] if marks.height else []) + (
-        [OTHER_MARK] if len(frames) == 3 else [])
+    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()), title="arm",
+                      legend=alt.Legend(symbolOpacity=1))
     shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
-        domain=shown, range=["circle", "cross", "diamond"][:len(shown)]))
+        domain=list(frames), range=[MARKS[k][0] for k in frames]))
     title = "final val loss (clipped)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
-    lrs = [v for v in data["lr"].to_list() if v and v > 0]
-    x = alt.X("lr:Q", scale=alt.Scale(type="log", nice=False,
-                                      domain=[min(lrs) / 1.3, max(lrs) * 1.3]),
-              axis=lr_axis(lrs, width))
-    base = alt.Chart().encode(x=x, color=color)
-    band = base.mark_area(opacity=0.18).encode(
-        y=alt.Y("lo:Q", title=title), y2="hi:Q") \
-        .transform_filter(alt.datum.kind == "mean")
-    line = base.mark_line().encode(y=y).transform_filter(alt.datum.kind == "mean")
-    mean = base.mark_point(filled=True, size=40).encode(
-        y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"),
-                                   alt.Tooltip("loss:Q", format=".4f"), "seeds:Q", "diverged:Q"]) \
-        .transform_filter(alt.datum.kind == "mean").add_params(lr_brush())
-    div = base.mark_point(size=110, filled=True, strokeWidth=1).encode(
-        y=y, shape=shape, tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "seed:N"]) \
-        .transform_filter(alt.datum.kind == "diverged")
-    layers = [band, line, mean] + ([div] if marks.height else [])
-    if len(frames) == 3:
-        layers.append(base.mark_point(size=90, filled=False, strokeWidth=2)
-                      .encode(y=y, shape=shape,
-                              tooltip=["framework:N", "arm:N", "seed:N",
-                                       alt.Tooltip("loss:Q", format=".4f")])
-                      .transform_filter(alt.datum.kind == "other framework"))
+    base = alt.Chart().encode(x=lr_x(data["lr"].to_list(), width)[0], color=color)
+    mean = alt.datum.marker == MEAN_MARK
+    layers = [base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=title), y2="hi:Q")
+              .transform_filter(mean), base.mark_line().encode(y=y).transform_filter(mean)]
+    for marker in frames:
+        layer = (base.mark_point(**MARKS[marker][1])
+                 .encode(y=y, shape=shape, tooltip=MARKS[marker][2])
+                 .transform_filter(alt.datum.marker == marker))
+        layers.append(layer.add_params(lr_brush()) if marker == MEAN_MARK else layer)
     return finish(alt.layer(*layers, data=values(data))
                   .properties(width=width, height=PANEL_H + 60)
                   .facet(column=alt.Column("depth:O", title="depth"))
@@ -195,13 +188,6 @@ GREYED = "#b0b0b0"  # LRs run without a test: drawn, but never in a decision's c
 EDGE_MARK = "interval continues beyond the axis"
 
 
-def gap_axis_range(means: list[float], floor: float = 0.05) -> tuple[float, float]:
-    """The seed-mean gaps and zero with a margin (one wide interval must not flatten them)."""
-    lo, hi = min(means + [0.0]), max(means + [0.0])
-    pad = max(0.25 * (hi - lo), floor)
-    return lo - pad, hi + pad
-
-
 def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
     """The gap cells with their outcome in words, y and interval cut to the y range."""
     words = {k: v[0] for k, v in DECISION_STYLE.items()} | UNTESTED_WORDS
@@ -215,7 +201,10 @@ def _headline_cells(gaps: pl.DataFrame) -> tuple[pl.DataFrame, float, float]:
         compared=pl.format("off minus {}", pl.col("compared_arm").map_elements(
             M.arm_words, return_dtype=pl.String)),
         kind=pl.lit("cell"))
-    y_lo, y_hi = gap_axis_range(cells.filter("tested")["mean_gap"].drop_nulls().to_list())
+    # the y axis: the tested seed-mean gaps and zero with a margin (not the widest interval)
+    means = cells.filter("tested")["mean_gap"].drop_nulls().to_list() + [0.0]
+    pad = max(0.25 * (max(means) - min(means)), 0.05)
+    y_lo, y_hi = min(means) - pad, max(means) + pad
     cells = cells.with_columns(
         y=pl.when("tested").then(pl.col("mean_gap")).otherwise(0.0),
         bar_lo=pl.col("ci_lo").clip(y_lo, y_hi), bar_hi=pl.col("ci_hi").clip(y_lo, y_hi))
@@ -280,7 +269,8 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
     cells, y_lo, y_hi = _headline_cells(gaps)
     lrs = cells["lr"].to_list()
     width = panel_width(cells["depth"].n_unique())
-    lo, hi = min(lrs) / 1.3, max(lrs) * 1.3
+    x, x_scale = lr_x(lrs, width)
+    lo, hi = x_scale.domain
     rules = _headline_rules(cells, thresholds, arms, lo, hi, y_hi)
     cut = pl.concat([  # an interval beyond the y axis: a triangle where it leaves it
         cells.filter(pl.col("tested") & (pl.col(end) > y_hi if up else pl.col(end) < y_lo))
@@ -288,8 +278,6 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
         for up, end in ((True, "ci_hi"), (False, "ci_lo"))]).with_columns(
         kind=pl.lit("cut"), marker=pl.lit(EDGE_MARK))
     data = pl.concat([cells, rules, cut], how="diagonal_relaxed")
-    x_scale = alt.Scale(type="log", nice=False, domain=[lo, hi])
-    x = alt.X("lr:Q", scale=x_scale, axis=lr_axis(lrs, width))
     y_scale = alt.Scale(domain=[y_lo, y_hi], nice=False, zero=False)
     tested = cells.filter("tested")["outcome"].to_list()
     shown = [w for w, _ in DECISION_STYLE.values() if w in tested]

@@ -35,45 +35,37 @@ def _():
     import sys
     from pathlib import Path
 
-    import altair as alt
     import marimo as mo
     import polars as pl
 
     from analysis import charts as C
     from analysis import plots as P
     from analysis.metrics import arm_words
-    from analysis.study import load_study, probe_curves, training_curves
+    from analysis.study import load_study
     from qkstudy.errors import UsageError
 
-    return (C, P, Path, UsageError, alt, arm_words, load_study, mo, pl, probe_curves, sys,
-            training_curves)
+    return C, P, Path, UsageError, arm_words, load_study, mo, pl, sys
 
 
 @app.cell
-def _(Path, mo, sys):
+def _(Path, UsageError, load_study, mo, sys):
     _bare = [a for a in sys.argv[1:] if a != "--" and not a.startswith("-")]
     _default = (mo.notebook_dir() or Path("analysis")).parent / "runs" / "demo"
     runs_dir = Path(_bare[0] if _bare else _default)
-    return (runs_dir,)
-
-
-@app.cell
-def _(UsageError, load_study, mo, runs_dir, sys):
     try:
         study = load_study(runs_dir)
     except UsageError as _e:
         if not mo.running_in_notebook():
             sys.exit(f"error: {_e}")  # headless: a bad folder fails the run, in one line
         mo.stop(True, mo.callout(mo.md(f"**error:** {_e}"), kind="danger"))
-    return (study,)
+    return runs_dir, study
 
 
 @app.cell
 def _(C, arm_words, mo, study):
     # every depth, arm and LR by default: the largest gap may sit at any LR
     _depths = sorted(study.points["depth"].unique().to_list())
-    _arms = sorted(study.points["arm"].unique().to_list(),
-                   key=lambda a: (a != "none", a))
+    _arms = sorted(study.points["arm"].unique().to_list(), key=lambda a: (a != "none", a))
     _lrs = sorted(study.points["lr"].unique().to_list())
     _probes = sorted(study.probe_steps["name"].unique().to_list())
     _probe = next((p for p in C.ATTENTION_PROBES if p in _probes), _probes[0] if _probes else None)
@@ -124,73 +116,22 @@ def _(C, mo, pl, picked_gaps, study):
     return
 
 
-@app.cell
-def _(C, P, alt, picked_runs):
-    def seed_lines(data, mark, y, title, **encoding):
-        """One line per seed, coloured by arm, one panel per depth and LR."""
-        data = P.with_lr_label(data).with_columns(C.arm_expr())
-        lrs = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
-        color = alt.Color("arm:N", scale=C.arm_scale(picked_runs["arm"].to_list()), title="arm")
-        return C.finish(
-            alt.Chart(C.values(data)).mark_line(strokeWidth=1.2, opacity=0.8, **mark)
-            .encode(x=alt.X("step:Q"), y=y, color=color, detail="seed:N", **encoding)
-            .properties(width=180, height=150)
-            .facet(row=alt.Row("depth:O", title="depth"),
-                   column=alt.Column("lr_label:O", title="learning rate", sort=lrs))
-            .resolve_scale(x="independent").properties(title=title))
-
-    return (seed_lines,)
-
-
 @app.cell(hide_code=True)
-def _(alt, mo, picked_runs, pl, seed_lines, study, training_curves):
-    def _chart():
-        curves = training_curves(study).filter(pl.col("run").is_in(picked_runs["run"].implode()))
-        if curves.is_empty():
-            return mo.md("_no runs in the selection_")
-        # train loss is logged every few steps: ~100 bin means per run keep the page light
-        step = max(1, (curves["step"].max() or 0) // 100)
-        keys = ["run", "depth", "arm", "lr", "seed"]
-        train = (curves.filter(pl.col("train_loss").is_finite())
-                 .group_by(*keys, (pl.col("step") // step * step).alias("step"))
-                 .agg(loss=pl.col("train_loss").mean())
-                 .with_columns(curve=pl.lit("train (binned)")))
-        val = (curves.filter(pl.col("val_loss").is_finite())
-               .select(*keys, "step", loss="val_loss").with_columns(curve=pl.lit("val")))
-        data = pl.concat([train, val]).sort(*keys, "curve", "step")
-        # as in the report, the axis ends a little above the initial loss
-        top = (picked_runs["init_loss"].max() or data["loss"].max()) * 1.1
-        return seed_lines(
-            data, {"clip": True}, alt.Y("loss:Q", title="loss (nats)",
-                                        scale=alt.Scale(zero=False, domainMax=top)),
-            "Training curves: one line per seed",
-            strokeDash=alt.StrokeDash("curve:N", title="curve"),
-            tooltip=["arm:N", "lr:Q", "seed:Q", "curve:N", "step:Q",
-                     alt.Tooltip("loss:Q", format=".3f")])
-
-    mo.vstack([mo.md("## Training curves"), _chart()])
+def _(P, mo, picked_runs, study):
+    # the report's charts over the selection: every picked LR, one line per run
+    _picks = picked_runs.select("depth", "lr").unique()
+    mo.vstack([mo.md("## Training curves"),
+               P.training_curves_chart(picked_runs, study.runs.metrics, _picks)])
     return
 
 
 @app.cell(hide_code=True)
-def _(C, alt, log_y, mo, picked_runs, pl, probe_curves, probe_pick, seed_lines, study):
-    def _chart():
-        if probe_pick.value is None:
-            return mo.md("_these runs logged no probes_")
-        data = probe_curves(study, probe_pick.value).filter(
-            pl.col("run").is_in(picked_runs["run"].implode()))
-        if log_y.value:
-            data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
-        if data.is_empty():
-            return mo.md("_no probe values in the selection_")
-        name = C.probe_words(probe_pick.value)
-        scale = alt.Scale(type="log") if log_y.value else alt.Scale(zero=False)
-        return seed_lines(
-            data, {"point": True}, alt.Y("value:Q", title=name, scale=scale),
-            f"{name} against step (reduced over layers as in the report), one line per seed",
-            tooltip=["arm:N", "lr:Q", "seed:Q", "step:Q", alt.Tooltip("value:Q", format=".4g")])
-
-    mo.vstack([mo.md("## Probe curves"), _chart()])
+def _(C, P, log_y, mo, picked_runs, probe_pick, study):
+    _probe = probe_pick.value
+    mo.vstack([mo.md("## Probe curves"), mo.md("_these runs logged no probes_") if not _probe
+               else P.probe_chart(picked_runs, study.probe_steps, [_probe],
+                                  f"{C.probe_words(_probe)} against step (reduced over layers "
+                                  "as in the report, seed mean)", log=log_y.value)])
     return
 
 

@@ -22,7 +22,7 @@ from .metrics import (
     paired_gaps,
     with_losses,
 )
-from .threshold import BELOW, DepthDraws
+from .threshold import BELOW, DepthDraws, gap_matrix
 
 OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (
     "off worse", "on worse", "no difference", "undetermined", "uninformative", "too few seeds")
@@ -90,13 +90,11 @@ def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
     off = best.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = [off.join(best.filter(pl.col(ARM) == on).drop(ARM), on=["depth", "seed"],
-                       suffix="_on").with_columns(compared_arm=pl.lit(on))
-              for on in compared_arms(points)]
-    schema = {"depth": pl.Int64, "seed": pl.Int64, "best": pl.Float64, "best_on": pl.Float64,
-              "compared_arm": pl.String}
-    return (pl.concat(frames) if frames else pl.DataFrame(schema=schema)).sort(
-        "compared_arm", "depth", "seed")
+    frames = [off.join(best.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM),
+                       on=["depth", "seed"], suffix="_on")
+              .with_columns(compared_arm=pl.lit(on, pl.String))
+              for on in compared_arms(points) or [None]]  # None: an empty frame
+    return pl.concat(frames).sort("compared_arm", "depth", "seed")
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -188,10 +186,8 @@ def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataF
     diffs = units["diff"].to_list()
     log_scale = measure == MAX_USABLE
     margin = math.log(options.lr_ratio_margin) if log_scale else options.min_gap
-    depths = sorted(set(units["depth"].to_list()))
-    matrix = np.full((len(seed_ids), len(depths)), np.nan)
-    for d, s, x in units.select("depth", "seed", "diff").iter_rows():
-        matrix[seed_ids.index(s), depths.index(d)] = x
+    matrix = gap_matrix(units.select("seed", lr="depth", gap="diff"), seed_ids,
+                        sorted(set(units["depth"].to_list())))  # (seeds, depths)
     lo = hi = None
     if len(diffs) >= 2 and len(set(units["seed"].to_list())) >= 2:
         means, counts = S.seed_bootstrap(matrix, S.seed_draws(len(seed_ids), options.bootstrap,
@@ -255,19 +251,11 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
         family = [r for r in rows if r["compared_arm"] == on and r["role"] == PRIMARY]
         S.adjust_family([(r, k) for r in family for k in ("p_for", "p_against", "p_equivalent")],
                         a, method="holm")
-    for r in rows:
-        if r["decision"] is not None:
-            continue
-        if r["p_for"] is None:
-            r["decision"] = UNDETERMINED if r["note"] else TOO_FEW
-        elif r["q_for"] < a:
-            r["decision"] = "for"
-        elif r["q_against"] < a:
-            r["decision"] = "against"
-        elif r["q_equivalent"] is not None and r["q_equivalent"] < a:
-            r["decision"] = "equivalent"
-        else:
-            r["decision"] = UNDETERMINED
+    for r in (r for r in rows if r["decision"] is None):
+        r["decision"] = ((UNDETERMINED if r["note"] else TOO_FEW) if r["p_for"] is None
+                         else next((d for d in ("for", "against", "equivalent")
+                                    if r[f"q_{d}"] is not None and r[f"q_{d}"] < a),
+                                   UNDETERMINED))
     return pl.DataFrame(rows, schema=H2_SCHEMA).sort(
         "compared_arm", "measure", pl.col("depth").fill_null(0))
 

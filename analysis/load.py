@@ -104,11 +104,10 @@ def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozense
 
 
 def _identity(summary: dict, config: dict | None) -> dict:
-    ident = summary.get("config") if isinstance(summary.get("config"), dict) else None
-    if ident is None and config is not None:
-        ident = config
-    if ident is None:
-        ident = {k: summary.get(k) for k in (*DESIGN_KEYS, "d_model")}
+    ident = summary.get("config")
+    if not isinstance(ident, dict):
+        ident = config if config is not None else {k: summary.get(k)
+                                                   for k in (*DESIGN_KEYS, "d_model")}
     return {k: v for k, v in ident.items() if k not in NON_IDENTITY}
 
 
@@ -223,8 +222,7 @@ def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, 
                               include_file_paths="_part")
               .select("_part", *[cast(c, t, schema) for c, t in columns.items()])
               for schema, paths in by_schema.items()]
-    return (pl.concat(frames, how="vertical").join(runs, on="_part")
-            .select(*columns, "run"))
+    return (pl.concat(frames, how="vertical").join(runs, on="_part").select(*columns, "run"))
 
 
 def load_runs(root: str | Path) -> Runs:
@@ -254,8 +252,7 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"no usable runs under {root}: "
                          + "; ".join(w.removeprefix("run ") for w in warnings[:3])
                          + (f"; and {len(warnings) - 3} more" if len(warnings) > 3 else ""))
-    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "arm", "lr", "seed",
-                                                       "framework")
+    table = pl.DataFrame(rows, schema=RUN_SCHEMA).sort("depth", "arm", "lr", "seed", "framework")
     return Runs(root=root, table=table, metrics=_scan(metric_parts, METRICS_COLUMNS),
                 probes=_scan(probe_parts, PROBES_COLUMNS, PROBES_OPTIONAL), manifests=manifests,
                 warnings=warnings)

@@ -24,17 +24,10 @@ def arm_words(arm: str) -> str:
     """An arm in words: "QK-norm off", "QK-norm on (rmsnorm)", "attention soft-cap 50"."""
     if arm == OFF:
         return "QK-norm off"
-    words = []
-    for part in arm.split("+"):
-        if part in QK_NORM_ARMS:
-            words.append(f"QK-norm on ({part})")
-        elif part.startswith("softcap"):
-            words.append(f"attention soft-cap {part.removeprefix('softcap')}")
-        elif part.startswith("zloss"):
-            words.append(f"z-loss {part.removeprefix('zloss')}")
-        else:
-            words.append(part)
-    return " + ".join(words)
+    prefixes = {"softcap": "attention soft-cap ", "zloss": "z-loss "}
+    return " + ".join(f"QK-norm on ({part})" if part in QK_NORM_ARMS else next(
+        (w + part.removeprefix(k) for k, w in prefixes.items() if part.startswith(k)), part)
+        for part in arm.split("+"))
 
 
 def control_words(arm: str) -> str:
@@ -210,19 +203,13 @@ def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFr
         "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
     off = p.filter(pl.col(ARM) == OFF).drop(ARM)
     frames = []
-    for on in compared_arms(p):
-        on_runs = p.filter(pl.col(ARM) == on).drop(ARM)
+    for on in compared_arms(p) or [None]:  # None: no arm to compare, an empty frame
+        on_runs = p.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM)
         frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
                       .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
                                "diverged": "diverged_off", "degraded": "degraded_off"})
-                      .with_columns(compared_arm=pl.lit(on),
+                      .with_columns(compared_arm=pl.lit(on, pl.String),
                                     gap=pl.col("loss_off") - pl.col("loss_on")))
-    if not frames:
-        return pl.DataFrame(schema={"depth": pl.Int64, "lr": pl.Float64, "seed": pl.Int64,
-                                    "loss_off": pl.Float64, "diverged_off": pl.Boolean,
-                                    "degraded_off": pl.Boolean, "loss_on": pl.Float64,
-                                    "diverged_on": pl.Boolean, "degraded_on": pl.Boolean,
-                                    "compared_arm": pl.String, "gap": pl.Float64})
     return pl.concat(frames).sort("compared_arm", "depth", "lr", "seed")
 
 

@@ -58,8 +58,9 @@ MAX_POINTS = 40  # per run and curve: a curve's shape, small enough for a 300-ru
 SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_step", "framework")
 
 
-def _binned(frame: pl.DataFrame, value: str) -> dict[str, list[list[float]]]:
+def _binned(frame: pl.LazyFrame, value: str) -> dict[str, list[list[float]]]:
     """{run: [[step, value], ...]}: at most MAX_POINTS bin means per run."""
+    frame = frame.filter(pl.col(value).is_not_null()).select("run", "step", value).collect()
     if frame.is_empty():
         return {}
     last = frame.group_by("run").agg(last=pl.col("step").max())
@@ -79,13 +80,9 @@ def run_details(study: Study) -> dict:
     table = study.runs.table.join(shown.select("run"), on="run")
     names = table["run"].to_list()
     metrics = study.runs.metrics.filter(pl.col("run").is_in(names))
-    train = _binned(metrics.filter(pl.col("train_loss").is_not_null())
-                    .select("run", "step", "train_loss").collect(), "train_loss")
-    val = _binned(metrics.filter(pl.col("val_loss").is_not_null())
-                  .select("run", "step", "val_loss").collect(), "val_loss")
-    logit = _binned(study.probe_steps.filter((pl.col("name") == "max_attention_logit")
-                                             & pl.col("run").is_in(names))
-                    .select("run", "step", "value"), "value")
+    train, val = _binned(metrics, "train_loss"), _binned(metrics, "val_loss")
+    logit = _binned(study.probe_steps.lazy().filter((pl.col("name") == "max_attention_logit")
+                                                    & pl.col("run").is_in(names)), "value")
     configs = {}
     for row in table.iter_rows(named=True):
         run_dir = row.get("run_dir")
@@ -148,26 +145,13 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
             if df.height > max_rows else "")
     search = ('<input type="search" class="table-filter" placeholder="filter rows: words that '
               'must all appear (e.g. diverged d4 rmsnorm)" size="60">' if filterable else "")
-    table = (f'<table class="data compact" id="{name}">' if toggle
-             else '<table class="data">')
+    table = (f'<table class="data compact" id="{name}">' if toggle else '<table class="data">')
     return f'{search}{toggle}<div class="scroll">{table}<thead><tr>{head}</tr></thead>' \
            f'<tbody>\n{body}\n</tbody></table></div>{more}'
 
 
-def _verdict_rows(verdicts: pl.DataFrame) -> list[dict[str, str]]:
-    return [{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
-             "arm": M.arm_words(r["compared_arm"])}
-            for r in verdicts.iter_rows(named=True)]
-
-
 def _script_json(obj) -> str:
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
-
-
-def _templates() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
-                              autoescape=True, undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True)
 
 
 # the runs table's columns the HTML leaves out (tables/runs.* has them)
@@ -177,6 +161,13 @@ RUN_COLUMNS_FIRST = ("run", "depth", "arm", "lr", "seed", "framework", "status",
                      "final_val_loss", "final_train_loss", "diverged_step", "steps",
                      "peak_max_attention_logit", "final_attention_entropy_min_head",
                      "final_residual_kurtosis", "loss_spikes", "tokens_per_second", "in_study")
+
+# the arms table's columns in the HTML
+ARM_COLUMNS = ("depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points", "grid_lr_min",
+               "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo", "lr_sensitivity_hi",
+               "sensitivity_seeds", "max_usable_lr", "max_usable_lr_lo", "max_usable_lr_hi",
+               "lower_bound_seeds", "first_divergent_lr", "optimal_lr", "optimal_lr_lo",
+               "optimal_lr_hi", "best_loss", "best_loss_lo", "best_loss_hi", "nonfinite_final")
 
 
 def run_provenance(runs: Runs) -> pl.DataFrame:
@@ -189,12 +180,8 @@ def run_provenance(runs: Runs) -> pl.DataFrame:
             "git_commit": str(m.get("git_commit") or "unknown")[:12],
             "git_dirty": str(m.get("git_dirty")),
             "versions": ", ".join(f"{k} {v}" for k, v in sorted(versions.items()) if v),
-            "platform": str(m.get("platform", "?")),
-            "chip": str(m.get("chip", "?")),
-            "device": str(m.get("device", "?")),
-            "blas": str(m.get("blas", "?")),
-            "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12],
-        })
+            **{k: str(m.get(k, "?")) for k in ("platform", "chip", "device", "blas")},
+            "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12]})
     if not rows:
         return pl.DataFrame()
     keys = list(rows[0])
@@ -209,9 +196,7 @@ def analysis_environment() -> dict[str, str]:
         commit += " (with local changes)"
     versions = provenance.versions("polars", "altair", "vl-convert-python")
     return {"generated": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "analysis git commit": commit, "python": versions["python"] or "?",
-            "polars": versions["polars"] or "?", "altair": versions["altair"] or "?",
-            "vl-convert-python": versions["vl-convert-python"] or "?",
+            "analysis git commit": commit, **{k: v or "?" for k, v in versions.items()},
             "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
 
 
@@ -225,12 +210,6 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
                       "best runs")
     per_seed = study.sensitivity_per_seed.join(study.usable_per_seed, how="full", coalesce=True,
                                                on=["depth", "arm", "seed"])
-    arm_cols = ["depth", "arm", "runs", "seeds", "lrs", "diverged", "grid_points",
-                "grid_lr_min", "grid_lr_max", "lr_sensitivity", "lr_sensitivity_lo",
-                "lr_sensitivity_hi", "sensitivity_seeds", "max_usable_lr", "max_usable_lr_lo",
-                "max_usable_lr_hi", "lower_bound_seeds", "first_divergent_lr",
-                "optimal_lr", "optimal_lr_lo", "optimal_lr_hi", "best_loss", "best_loss_lo",
-                "best_loss_hi", "nonfinite_final"]
     # the HTML shows the attention and kurtosis probes; every final_<probe> is in the files
     shown_probes = [f"final_{n}" for n in C.ATTENTION_PROBES] + [
         c for c in study.per_run.columns if c.startswith("final_") and "kurtosis" in c]
@@ -238,39 +217,40 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
                 and (not c.startswith("final_") or c in shown_probes
                      or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
     safe = markupsafe.Markup
-    return _templates().get_template("report.html.j2").render(
+    templates = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                                   autoescape=True, undefined=jinja2.StrictUndefined,
+                                   keep_trailing_newline=True)
+    return templates.get_template("report.html.j2").render(
         env=env, root=str(runs.root), n_runs=t.height,
         status=", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows()),
         n_points=study.points.height, framework=study.framework,
         depths=", ".join(str(d) for d in sorted(study.points["depth"].unique())),
-        n_seeds=study.points["seed"].n_unique(), alpha=f"{o.alpha:g}", min_gap=f"{o.min_gap:g}",
+        n_seeds=study.points["seed"].n_unique(), **{k: f"{getattr(o, k):g}" for k in (
+            "alpha", "min_gap", "threshold_widening", "degraded_margin", "lr_ratio_margin",
+            "slope_margin")},
         threshold_text=threshold_text, notes=study.notes, warnings=runs.warnings,
-        verdicts=_verdict_rows(study.verdicts),
-        arms_table=safe(html_table(study.arms, arm_cols)),
-        per_seed_table=safe(html_table(per_seed)),
-        onset_table=safe(html_table(study.thresholds)),
-        threshold_widening=f"{o.threshold_widening:g}",
-        best_table=safe(html_table(study.best_gaps)),
-        h2_table=safe(html_table(study.h2_tests)), h3_table=safe(html_table(study.h3_tests)),
-        degraded_margin=f"{o.degraded_margin:g}", lr_ratio_margin=f"{o.lr_ratio_margin:g}",
-        slope_margin=f"{o.slope_margin:g}",
+        verdicts=[{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
+                   "arm": M.arm_words(r["compared_arm"])}
+                  for r in study.verdicts.iter_rows(named=True)],
+        arms_table=safe(html_table(study.arms, list(ARM_COLUMNS))),
+        **{f"{k}_table": safe(html_table(v)) for k, v in (
+            ("per_seed", per_seed), ("onset", study.thresholds), ("best", study.best_gaps),
+            ("h2", study.h2_tests), ("h3", study.h3_tests), ("gaps", study.gaps),
+            ("twins", study.twins), ("spikes", study.spikes),
+            ("provenance", run_provenance(runs)))},
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
         comparison=comparison and {
             "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],
             "gaps": safe(html_table(comparison["gaps"], filterable=True)),
             "verdicts": safe(html_table(comparison["verdicts"]))},
         headline_caption=CHARTS["headline"], sentences=headline(study),
-        gaps_table=safe(html_table(study.gaps)), twins_table=safe(html_table(study.twins)),
-        spikes_table=safe(html_table(study.spikes)),
         runs_table=safe(html_table(study.per_run, run_cols, filterable=True,
                                    first=RUN_COLUMNS_FIRST, name="runs-table")),
-        provenance_table=safe(html_table(run_provenance(runs))),
         specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),
         links_json=safe(_script_json({
-            "arms": [M.arm_words(a) for a in sorted(
-                study.points[M.ARM].unique().to_list(),
-                key=lambda k: (k != M.OFF, k))],
+            "arms": [M.arm_words(a) for a in sorted(study.points[M.ARM].unique().to_list(),
+                                                    key=lambda k: (k != M.OFF, k))],
             "depths": sorted(study.points["depth"].unique().to_list()),
             "signals": {"arms": ARMS, "depths": DEPTHS, "lr": LR_RANGE, "brush": BRUSH}})),
         javascript_bundle=safe(vlc.javascript_bundle()))

@@ -22,10 +22,9 @@ def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None
         have = sorted(run_lrs.filter(pl.col("depth") == depth)["lr"].to_list())
         wanted = lrs
         if not lrs:
-            off = arms.filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF))
-            row = off.row(0, named=True) if off.height else {}
-            wanted = [row.get(k) for k in ("optimal_lr", "max_usable_lr", "first_divergent_lr")]
-            wanted = [w for w in wanted if w] or [have[len(have) // 2]]
+            off = arms.filter((pl.col("depth") == depth) & (pl.col(M.ARM) == M.OFF)).head(1)
+            wanted = [w for k in ("optimal_lr", "max_usable_lr", "first_divergent_lr")
+                      for w in off[k] if w] or [have[len(have) // 2]]
             if twins is not None and twins.height:
                 wanted += sorted(twins.filter(pl.col("depth") == depth)["lr"].unique())[:2]
         snapped = {min(have, key=lambda h: abs(math.log(h / w))) for w in wanted}
@@ -35,23 +34,6 @@ def curve_runs(points: pl.DataFrame, arms: pl.DataFrame, lrs: list[float] | None
 
 VAL_MARK, ABOVE_MARK, DIVERGED_AT = ("val loss", "leaves the axis (loss above its top)",
                                      "diverged (last step)")
-
-
-def _curve_data(chosen: pl.DataFrame, metrics: pl.LazyFrame, max_points: int) -> pl.DataFrame:
-    m = metrics.join(chosen.lazy().select("run"), on="run")
-    steps = m.group_by("run").agg(last=pl.col("step").max())
-    train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
-             .with_columns(bin=pl.col("step") // ((pl.col("last") // max_points) + 1))
-             .group_by("run", "bin").agg(step=pl.col("step").max(),
-                                         loss=pl.col("train_loss").mean())
-             .drop("bin").with_columns(series=pl.lit("train")))
-    val = (m.filter(pl.col("val_loss").is_not_null())
-           .select("run", "step", loss="val_loss").with_columns(series=pl.lit("val")))
-    lr_text = pl.col("lr").map_elements(lambda v: f"{v:.3g}", return_dtype=pl.String)
-    return (pl.concat([train, val]).join(chosen.lazy(), on="run")
-            .with_columns(panel=pl.format("depth {}, lr {}", "depth", lr_text),
-                          line=pl.format("{} seed {} ({})", "arm", "seed", "framework"))
-            .sort("run", "series", "step").collect())
 
 
 def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.DataFrame:
@@ -72,14 +54,25 @@ def _edge_markers(data: pl.DataFrame, chosen: pl.DataFrame, top: float) -> pl.Da
         y_plot=pl.when(pl.col("marker") == VAL_MARK).then(pl.col("loss")).otherwise("y_edge"))
 
 
-def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame,
-                          max_points: int = 60, columns: int = 3) -> alt.Chart:
+def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.DataFrame
+                          ) -> alt.Chart:
     """Train and val loss vs step for the picked LRs, one line per run."""
-    if "diverged_step" not in runs.columns:
-        runs = runs.with_columns(diverged_step=pl.lit(None, dtype=pl.Int64))
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
         "run", "depth", "lr", "seed", "framework", "arm", "init_loss", "status", "diverged_step")
-    data = _curve_data(chosen, metrics, max_points)
+    m = metrics.join(chosen.lazy().select("run"), on="run")
+    steps = m.group_by("run").agg(last=pl.col("step").max())
+    train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
+             .with_columns(bin=pl.col("step") // ((pl.col("last") // 60) + 1))  # <= 60 points
+             .group_by("run", "bin").agg(step=pl.col("step").max(),
+                                         loss=pl.col("train_loss").mean())
+             .drop("bin").with_columns(series=pl.lit("train")))
+    val = (m.filter(pl.col("val_loss").is_not_null())
+           .select("run", "step", loss="val_loss").with_columns(series=pl.lit("val")))
+    lr_text = pl.col("lr").map_elements(lambda v: f"{v:.3g}", return_dtype=pl.String)
+    data = (pl.concat([train, val]).join(chosen.lazy(), on="run")
+            .with_columns(panel=pl.format("depth {}, lr {}", "depth", lr_text),
+                          line=pl.format("{} seed {} ({})", "arm", "seed", "framework"))
+            .sort("run", "series", "step").collect())
     if data.is_empty():
         return _empty("no metrics rows for the chosen learning rates")
     finite = data.filter(pl.col("loss").is_finite())
@@ -87,13 +80,13 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
     scale = alt.Scale(domain=[float(finite["loss"].min()) * 0.97, top], zero=False, nice=False)
     data = _edge_markers(data, chosen, top)
     markers = [k for k in (VAL_MARK, ABOVE_MARK, DIVERGED_AT) if (data["marker"] == k).any()]
+    shapes = {VAL_MARK: "circle", ABOVE_MARK: "triangle-up", DIVERGED_AT: "cross"}
     shape = alt.Shape("marker:N", title="marker", scale=alt.Scale(
-        domain=markers, range=[{VAL_MARK: "circle", ABOVE_MARK: "triangle-up",
-                                DIVERGED_AT: "cross"}[k] for k in markers]))
+        domain=markers, range=[shapes[k] for k in markers]))
     color = alt.Color("arm:N", scale=arm_scale(runs[M.ARM].unique().to_list()), title="arm")
     dash = alt.StrokeDash("framework:N", title="framework", legend=alt.Legend()
                           if data["framework"].drop_nulls().n_unique() > 1 else None)
-    train = (alt.Chart().mark_line(opacity=0.55, clip=True)
+    lines = (alt.Chart().mark_line(opacity=0.55, clip=True)
              .encode(x="step:Q", y=alt.Y("loss:Q", scale=scale, title="loss (nats)"),
                      color=color, strokeDash=dash, detail="line:N")
              .transform_filter(alt.datum.series == "train"))
@@ -106,22 +99,13 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
                       tooltip=["line:N", "marker:N", "step:Q",
                                alt.Tooltip("loss:Q", format=".4g")])
               .transform_filter("datum.marker != null"))
-    width = panel_width(min(columns, data["panel"].n_unique()))
-    return finish(alt.layer(train, points, data=values(data))
+    width = panel_width(min(3, data["panel"].n_unique()))
+    return finish(alt.layer(lines, points, data=values(data))
                   .properties(width=width, height=PANEL_H + 40)
                   .facet(facet=alt.Facet("panel:N", title=None, sort=alt.SortField("depth")),
-                         columns=columns)
+                         columns=3)
                   .resolve_scale(x="independent")
                   .properties(title="Training curves (lines: train loss, dots: val loss)"))
-
-
-def probe_series(runs: pl.DataFrame, probe_steps: pl.DataFrame, names: list[str]) -> pl.DataFrame:
-    """(depth, arm, lr, name, step) -> the seed mean of the probe values of `runs`."""
-    keyed = runs.select("run", "depth", M.ARM, "lr")
-    return (probe_steps.filter(pl.col("name").is_in(names)).join(keyed, on="run")
-            .group_by("depth", M.ARM, "lr", "name", "step")
-            .agg(value=pl.col("value").mean(), seeds=pl.len())
-            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step"))
 
 
 # drawn in the "other probes" chart when present (z-loss pulls the log-sum-exp towards 0)
@@ -138,74 +122,46 @@ def other_probe_names(found: list[str], limit: int = 8) -> list[str]:
     return (chosen or sorted(extra))[:limit]
 
 
-def with_lr_label(df: pl.DataFrame) -> pl.DataFrame:
-    """An `lr_label` column ("3.00e-03") whose text order is the LRs' numeric order."""
-    return df.with_columns(lr_label=pl.col("lr").map_elements(lambda v: f"{v:.2e}",
-                                                              return_dtype=pl.String))
-
-
-def _lr_color(df: pl.DataFrame) -> alt.Color:
-    labels = [f"{v:.2e}" for v in sorted(df["lr"].unique().to_list())]
-    return alt.Color("lr_label:O", sort=labels, scale=alt.Scale(scheme="viridis", domain=labels),
-                     legend=alt.Legend(title="learning rate"))
-
-
-def _by_arm_and_depth(chart: alt.Chart, data: pl.DataFrame, title: str) -> alt.FacetChart:
-    return finish(chart.properties(width=panel_width(data["depth"].n_unique()), height=PANEL_H)
-                  .facet(row=alt.Row("arm:N", title=None, header=ROW_HEADER),
-                         column=alt.Column("depth:O", title="depth"))
-                  .properties(title=title))
-
-
-def max_logit_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
-    data = with_lr_label(probe_series(runs, probes, ["max_attention_logit"])
-                         .filter(pl.col("value") > 0))
+def probe_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str], title: str,
+                row: str = "arm", dash: str | None = None, log: bool = False,
+                height: int = PANEL_H) -> alt.Chart:
+    """Probes vs step per depth (rows: arm or probe), one line per LR, seed means."""
+    keyed = runs.select("run", "depth", M.ARM, "lr")
+    data = (probes.filter(pl.col("name").is_in(names)).join(keyed, on="run")
+            .group_by("depth", M.ARM, "lr", "name", "step")
+            .agg(value=pl.col("value").mean(), seeds=pl.len())
+            .with_columns(arm_expr()).sort("depth", "arm", "lr", "name", "step")
+            .with_columns(lr_label=pl.col("lr").map_elements(  # "3.00e-03": sorts as the LRs
+                lambda v: f"{v:.2e}", return_dtype=pl.String)))
+    if log:
+        data = data.filter(pl.col("value") > 0)  # a log axis has no place for 0 or below
     if data.is_empty():
-        return _empty("no max_attention_logit probe rows")
-    chart = (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12))
-             .encode(x="step:Q", y=alt.Y("value:Q", scale=alt.Scale(type="log"),
-                                         title="max attention logit"),
-                     color=_lr_color(data), detail="lr:Q",
-                     tooltip=["arm:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
-                              alt.Tooltip("value:Q", format=".3g"), "seeds:Q"]))
-    return _by_arm_and_depth(chart, data, "Max attention logit vs step (seed mean; log scale)")
+        return _empty(f"no {' or '.join(names)} probe rows")
+    data = data.with_columns(probe=pl.col("name").map_elements(probe_words, return_dtype=pl.String))
+    y = alt.Y("value:Q", title=probe_words(names[0]) if len(names) == 1 else None,
+              scale=alt.Scale(type="log") if log else alt.Scale(zero=False))
+    extra = {"strokeDash": alt.StrokeDash(f"{dash}:N", title=dash)} if dash else {}
+    sort = [probe_words(n) for n in names] if row == "probe" else "ascending"
+    labels = [f"{v:.2e}" for v in sorted(data["lr"].unique().to_list())]
+    color = alt.Color("lr_label:O", sort=labels, title="learning rate",
+                      scale=alt.Scale(scheme="viridis", domain=labels))
+    chart = (alt.Chart(values(data)).mark_line(point=alt.OverlayMarkDef(size=12) if log else False)
+             .encode(x="step:Q", y=y, color=color, detail="lr:Q", **extra,
+                     tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"), "step:Q",
+                              alt.Tooltip("value:Q", format=".4g"), "seeds:Q"])
+             .properties(width=panel_width(data["depth"].n_unique()), height=height)
+             .facet(row=alt.Row(f"{row}:N", title=None, sort=sort, header=ROW_HEADER),
+                    column=alt.Column("depth:O", title="depth")))
+    if row == "probe":
+        chart = chart.resolve_scale(y="independent")
+    return finish(chart.properties(title=title))
 
 
-def entropy_chart(runs: pl.DataFrame, probes: pl.DataFrame) -> alt.Chart:
-    data = probe_series(runs, probes, ["attention_entropy_mean", "attention_entropy_min_head"])
-    if data.is_empty():
-        return _empty("no attention entropy probe rows")
-    mean = pl.col("name") == "attention_entropy_mean"
-    data = with_lr_label(data).with_columns(
-        measure=pl.when(mean).then(pl.lit("mean over heads")).otherwise(pl.lit("lowest head")))
-    chart = (alt.Chart(values(data)).mark_line()
-             .encode(x="step:Q", y=alt.Y("value:Q", title="attention entropy (nats)"),
-                     color=_lr_color(data), detail="lr:Q",
-                     strokeDash=alt.StrokeDash("measure:N", title="line",
-                                               sort=["mean over heads", "lowest head"]),
-                     tooltip=["arm:N", "measure:N", alt.Tooltip("lr:Q", format=".3g"),
-                              "step:Q", alt.Tooltip("value:Q", format=".3f")]))
-    return _by_arm_and_depth(chart, data, "Attention entropy vs step (seed mean)")
-
-
-def other_probes_chart(runs: pl.DataFrame, probes: pl.DataFrame, names: list[str]) -> alt.Chart:
-    data = with_lr_label(probe_series(runs, probes, names))
-    if data.is_empty():
-        return _empty("no other probe rows")
-    data = data.with_columns(probe=pl.col("name").map_elements(probe_words,
-                                                               return_dtype=pl.String))
-    return finish(alt.Chart(values(data)).mark_line()
-                  .encode(x="step:Q", y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-                          color=_lr_color(data), detail="lr:Q",
-                          strokeDash=alt.StrokeDash("arm:N", title="arm"),
-                          tooltip=["arm:N", "probe:N", alt.Tooltip("lr:Q", format=".3g"),
-                                   "step:Q", alt.Tooltip("value:Q", format=".4g")])
-                  .properties(width=panel_width(data["depth"].n_unique()), height=PANEL_H - 40)
-                  .facet(row=alt.Row("probe:N", title=None, sort=[probe_words(n) for n in names],
-                                     header=ROW_HEADER),
-                         column=alt.Column("depth:O", title="depth"))
-                  .resolve_scale(y="independent")
-                  .properties(title="Other probes vs step (reduced over layers, seed mean)"))
+def depth_x(frame: pl.DataFrame, field: str) -> alt.X:
+    """A depth axis with a tick per depth run and half a step of margin."""
+    depths = sorted(frame["depth"].unique().to_list())
+    return alt.X(field, title="depth", axis=alt.Axis(values=depths, format="d"),
+                 scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
 
 
 def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
@@ -217,11 +173,8 @@ def sensitivity_chart(points: pl.DataFrame) -> alt.Chart:
                       means.with_columns(kind=pl.lit("mean"))], how="diagonal_relaxed")
     if data["lr_sensitivity"].drop_nulls().is_empty():
         return _empty("LR sensitivity undefined (base grid < 2 LRs)")
-    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()),
-                      title=None)
-    depths = sorted(points["depth"].unique().to_list())
-    x = alt.X("depth:Q", axis=alt.Axis(values=depths, format="d"),
-              scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
+    color = alt.Color("arm:N", scale=arm_scale(points[M.ARM].unique().to_list()), title=None)
+    x = depth_x(points, "depth:Q")
     dots = (alt.Chart().mark_point(size=50, opacity=0.7)
             .encode(x=x, y=alt.Y("lr_sensitivity:Q", title="LR sensitivity"), color=color,
                     tooltip=["arm:N", "depth:Q", "seed:N",
@@ -272,14 +225,12 @@ def landmarks_chart(arms: pl.DataFrame, thresholds: pl.DataFrame) -> alt.Chart:
     data = _landmark_data(arms, thresholds)
     if data.is_empty():
         return _empty("no learning-rate landmarks")
-    depths = sorted(arms["depth"].unique().to_list())
     kinds = thresholds["compared_arm"].unique().to_list()
     arm_colors = arm_scale(arms[M.ARM].unique().to_list())
     color = alt.Color("arm:N", title=None, scale=alt.Scale(
         domain=list(arm_colors.domain) + [f"onset ({k} vs off)" for k in kinds],
         range=list(arm_colors.range) + ["#000000"] * len(kinds)))
-    x = alt.X("x:Q", title="depth", axis=alt.Axis(values=depths, format="d"),
-              scale=alt.Scale(domain=[min(depths) - 0.5, max(depths) + 0.5], nice=False))
+    x = depth_x(arms, "x:Q")
     y_scale = alt.Scale(type="log", nice=False,
                         domain=[float(data["lo"].min()), float(data["hi"].max())])
     shape = alt.Shape("measure:N", title=None, scale=alt.Scale(

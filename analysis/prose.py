@@ -77,15 +77,11 @@ def headline(study: Study) -> list[str]:
         for r in t.iter_rows(named=True):
             rule = r["tested_rule"].split(": ", 1)[1]
             out.append(f"Depth {r['depth']}: {_onset_words(r)}; tested: {rule}.")
-    v = study.verdicts
-    several = v["compared_arm"].n_unique() > 1
-
-    def verdict(r: dict) -> str:
-        arm = f" ({M.arm_words(r['compared_arm'])})" if several else ""
-        return (f"{r['hypothesis']}{arm} {r['verdict']} ({r['family_size']} tests, "
-                f"{r['correction']}, n={r['seeds']})")
-
-    out.append("Verdicts: " + "; ".join(verdict(r) for r in v.iter_rows(named=True)) + ".")
+    several = study.verdicts["compared_arm"].n_unique() > 1
+    out.append("Verdicts: " + "; ".join(
+        r["hypothesis"] + (f" ({M.arm_words(r['compared_arm'])})" if several else "")
+        + f" {r['verdict']} ({r['family_size']} tests, {r['correction']}, n={r['seeds']})"
+        for r in study.verdicts.iter_rows(named=True)) + ".")
     p = study.per_run
     params = p["params_total"].drop_nulls() if "params_total" in p.columns else pl.Series([])
     tokens = p["tokens_seen"].drop_nulls().max() if "tokens_seen" in p.columns else None

@@ -38,9 +38,7 @@ from .study import ReportOptions, Study, analyse
 
 
 def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevelMixin]:
-    runs = study.runs
     points = study.points
-    shown = pl.concat([points, study.others])
     probes = study.probe_steps.join(points.select("run"), on="run")
     found = sorted(probes["name"].unique().to_list())
     wanted = [n for n in options.probe_names if n in found] or P.other_probe_names(found)
@@ -48,14 +46,20 @@ def build_charts(study: Study, options: ReportOptions) -> dict[str, alt.TopLevel
     out = {
         "headline": C.headline_chart(study.gaps, study.thresholds, study.arms),
         "loss_vs_lr": C.loss_vs_lr_chart(points, study.others),
-        "training_curves": P.training_curves_chart(shown, runs.metrics, picks),
-        "max_attention_logit": P.max_logit_chart(points, probes),
-        "attention_entropy": P.entropy_chart(points, probes),
+        "training_curves": P.training_curves_chart(pl.concat([points, study.others]),
+                                                   study.runs.metrics, picks),
+        "max_attention_logit": P.probe_chart(points, probes, ["max_attention_logit"],
+                                             "Max attention logit vs step (seed mean; log scale)",
+                                             log=True),
+        "attention_entropy": P.probe_chart(points, probes, list(C.ATTENTION_PROBES[1:]),
+                                           "Attention entropy vs step (seed mean)", dash="probe"),
         "lr_sensitivity": P.sensitivity_chart(points),
         "lr_landmarks": P.landmarks_chart(study.arms, study.thresholds),
     }
     if wanted:
-        out["other_probes"] = P.other_probes_chart(points, probes, wanted)
+        out["other_probes"] = P.probe_chart(
+            points, probes, wanted, "Other probes vs step (reduced over layers, seed mean)",
+            row="probe", dash="arm", height=C.PANEL_H - 40)
     return {k: out[k] for k in CHARTS if k in out}
 
 
@@ -118,38 +122,36 @@ def build_report(runs_dir: str | Path, out: str | Path,
     if shown_as:
         runs.table = runs.table.with_columns(
             pl.col("run_dir").str.replace(shown_as[0], shown_as[1], literal=True))
-    if runs.table.filter(pl.col("status").is_in(FINISHED)).is_empty():
-        with replacing(out) as tmp:
-            (tmp / "tables").mkdir()
-            write_table(runs.table, tmp / "tables", "runs")
-            (tmp / "report.html").write_text(failed_page(runs))
-            (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
-        return out / "report.html", None
-    print(f"building the report of {runs.table.height} runs in {out} (tables, charts, page) ...",
-          file=sys.stderr, flush=True)
-    study = analyse(runs, options)
-    other = analyse(load_runs(options.compare_with), options) if options.compare_with else None
+    study = other = None
+    if not runs.table.filter(pl.col("status").is_in(FINISHED)).is_empty():
+        print(f"building the report of {runs.table.height} runs in {out} (tables, charts, "
+              "page) ...", file=sys.stderr, flush=True)
+        study = analyse(runs, options)
+        if options.compare_with:
+            other = analyse(load_runs(options.compare_with), options)
     with replacing(out) as tmp:
         tables = tmp / "tables"
         tables.mkdir()
+        (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
+        if study is None:  # no finished run: the page lists the failed ones
+            write_table(runs.table, tables, "runs")
+            (tmp / "report.html").write_text(failed_page(runs))
+            return out / "report.html", None
         for name, table in TABLES.items():
             frame = getattr(study, table)
             if name != "exploratory_gaps" or frame.height:
                 write_table(frame, tables, name)
-        specs = {}
-        for name, chart in build_charts(study, options).items():
-            specs[name] = link(name, chart.to_dict())
-            C.save_chart(specs[name], tmp / "charts", name, scale=options.png_scale)
+        specs = {name: link(name, chart.to_dict())
+                 for name, chart in build_charts(study, options).items()}
         comparison = None
         if other is not None:
             comparison = K.comparison(study, other, runs_dir, options.compare_with)
             write_table(comparison["gaps"], tables, "comparison_gaps")
             write_table(comparison["verdicts"], tables, "comparison_verdicts")
             specs["comparison"] = comparison["chart"].to_dict()
-            C.save_chart(specs["comparison"], tmp / "charts", "comparison",
-                         scale=options.png_scale)
+        for name, spec in specs.items():
+            C.save_chart(spec, tmp / "charts", name, scale=options.png_scale)
         (tmp / "report.html").write_text(render_html(study, specs, options, comparison))
-        (tmp / "warnings.txt").write_text("".join(w + "\n" for w in runs.warnings))
     return out / "report.html", study
 
 
@@ -250,26 +252,21 @@ def unpacked(path: Path, stack: contextlib.ExitStack) -> tuple[Path, tuple[str, 
 
 def cli(argv: list[str]) -> int:
     runs_dir, out, options = parse_args(argv)
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:  # an archive stays unpacked until the report is built
         runs_dir, shown_as = unpacked(runs_dir, stack)
         if options.compare_with:
             options = dataclasses.replace(options, compare_with=str(unpacked(
                 Path(options.compare_with), stack)[0]))
-        return _report(runs_dir, out, options, shown_as)
-
-
-def _report(runs_dir: Path, out: Path, options: ReportOptions,
-            shown_as: tuple[str, str] | None) -> int:
-    if options.compare_with and not Path(options.compare_with).is_dir():
-        raise UsageError(f"runs folder to compare with {options.compare_with} does not exist "
-                         "(or is not a folder)")
-    t0 = time.perf_counter()
-    check_writable(out)
-    try:
-        path, study = build_report(runs_dir, out, options, shown_as)
-    except OSError as e:  # the earlier report, if any, is as it was
-        raise UsageError(f"cannot write the report to {out}: {e.strerror or e}; "
-                         f"{files.io_advice(e)} and run the same command again") from None
+        if options.compare_with and not Path(options.compare_with).is_dir():
+            raise UsageError(f"runs folder to compare with {options.compare_with} does not "
+                             "exist (or is not a folder)")
+        t0 = time.perf_counter()
+        check_writable(out)
+        try:
+            path, study = build_report(runs_dir, out, options, shown_as)
+        except OSError as e:  # the earlier report, if any, is as it was
+            raise UsageError(f"cannot write the report to {out}: {e.strerror or e}; "
+                             f"{files.io_advice(e)} and run the same command again") from None
     if study is None:
         print(f"report: {path} (no finished runs: every run failed; the page lists them)")
         return 0
@@ -278,12 +275,8 @@ def _report(runs_dir: Path, out: Path, options: ReportOptions,
     for note in study.notes:
         print(f"note: {note}", file=sys.stderr)
     several = study.verdicts["compared_arm"].n_unique() > 1
-
-    def verdict_text(r: dict) -> str:
-        arm = f" ({r['compared_arm']})" if several else ""
-        return f"{r['hypothesis']}{arm} {r['verdict']}"
-
-    verdicts = ", ".join(verdict_text(r) for r in study.verdicts.iter_rows(named=True))
+    verdicts = ", ".join(r["hypothesis"] + (f" ({r['compared_arm']})" if several else "")
+                         + f" {r['verdict']}" for r in study.verdicts.iter_rows(named=True))
     print(f"report: {path} ({study.runs.table.height} runs, {study.points.height} in the study; "
           f"{verdicts or 'no verdicts'}; {time.perf_counter() - t0:.0f} s)")
     return 0

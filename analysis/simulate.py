@@ -84,18 +84,11 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
     informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
     var = {(d, lr): s ** 2 for d, lr, s in informative.select("depth", "lr", "gap_sd").iter_rows()}
     dof = {(d, lr): n - 1 for d, lr, n in informative.select("depth", "lr", "pairs").iter_rows()}
-    sd = {}
-    for depth in DEPTHS:
-        row = []
-        for lr in LRS:
-            pooled = [var[(d, lr)] for d in DEPTHS if (d, lr) in var]
-            if (depth, lr) not in var:
-                row.append(math.nan)
-                continue
-            prior = float(np.mean(pooled))
-            k = dof[(depth, lr)]
-            row.append(math.sqrt((var[(depth, lr)] * k + prior * 4) / (k + 4)))
-        sd[depth] = tuple(row)
+    prior = {lr: np.mean([var[(d, lr)] for d in DEPTHS if (d, lr) in var]) for lr in LRS
+             if any((d, lr) in var for d in DEPTHS)}  # the LR's variance pooled over depths
+    sd = {depth: tuple(math.sqrt((var[(depth, lr)] * dof[(depth, lr)] + prior[lr] * 4)
+                                 / (dof[(depth, lr)] + 4)) if (depth, lr) in var else math.nan
+                       for lr in LRS) for depth in DEPTHS}
     r = []
     for depth in DEPTHS:
         ok = informative.filter(pl.col("depth") == depth)["lr"].to_list()
@@ -109,7 +102,7 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
                     r.append(float(np.corrcoef(x[keep], y[keep])[0, 1]))
     stable = max_usable_lr_per_seed(points, options).drop_nulls("first_divergent_lr")
     first = np.log10(stable["first_divergent_lr"].to_numpy())
-    on_failed = (cells.filter(~pl.col("informative"))["lr"].to_list())
+    on_failed = cells.filter(~pl.col("informative"))["lr"].to_list()
     collapse = min([lr for lr in LRS if lr in on_failed] or [max(LRS)])
     off_degrade, on_degrade, rho = fit_failures(points, cells, options)
     return Noise(gap_sd=sd, correlation=float(np.clip(np.mean(r), 0, 0.95)) if r else 0.5,
@@ -161,11 +154,8 @@ UNDERTRAIN_CENTRE, UNDERTRAIN_WIDTH = math.log10(math.sqrt(3e-4 * 1e-3)), 0.08
 
 
 def undertrain_gap(scenario: Scenario, depth: int, lr: float) -> float:
-    size = scenario.undertrain.get(depth, 0.0)
-    if not size:
-        return 0.0
     z = (math.log10(lr) - UNDERTRAIN_CENTRE) / UNDERTRAIN_WIDTH
-    return size / (1 + math.exp(min(z, 700.0)))
+    return scenario.undertrain.get(depth, 0.0) / (1 + math.exp(min(z, 700.0)))
 
 
 SCENARIOS = {
@@ -184,15 +174,10 @@ def true_gap(scenario: Scenario, depth: int, lr: float, margin: float) -> float:
     if scenario.onset is None:
         return 0.0
     onset = math.log10(scenario.onset[depth])
-    width = scenario.ramp
-    centre = onset + width * math.log(PLATEAU / margin - 1)
-    z = (math.log10(lr) - centre) / width
+    centre = onset + scenario.ramp * math.log(PLATEAU / margin - 1)
+    z = (math.log10(lr) - centre) / scenario.ramp
     ramp = PLATEAU / (1 + math.exp(-z)) if z > -700 else 0.0
     return ramp + (scenario.low_gap.get(depth, 0.0) if math.log10(lr) < onset else 0.0)
-
-
-def base_loss(lr: float) -> float:
-    return 2.23 + 0.06 * (math.log10(lr) + 2.5) ** 2
 
 
 LATTICE = np.arange(-3.25, 0.75, 1 / 32)  # log10 LRs where one seed's noise is drawn
@@ -232,7 +217,7 @@ class World:
         if lr >= self.noise.collapse_lr or degraded:
             return "completed", UNIGRAM - 0.05 + 0.02 * self.on_noise[depth][seed, i]
         # each arm carries half the gap's variance, so the null is symmetric in the arms
-        loss = base_loss(lr) + self.on_offset[depth][seed] + \
+        loss = 2.23 + 0.06 * (math.log10(lr) + 2.5) ** 2 + self.on_offset[depth][seed] + \
             self.sd(depth, lr) / math.sqrt(2) * self.gap_noise[(depth, arm)][seed, i]
         if arm == "none":
             loss += true_gap(self.scenario, depth, lr, self.margin) + \
@@ -281,18 +266,16 @@ def failure_draws(scenario: Scenario, noise: Noise, seeds: int, rng: np.random.G
                   noiseless: bool, depths: tuple[int, ...]) -> dict[tuple[int, str], np.ndarray]:
     """Each simulated (depth, arm, seed)'s first degraded LR (log10), from a real sweep's."""
     def pick(values: tuple[float, ...]) -> np.ndarray:
-        if not values:
-            return np.full(seeds, math.inf)
         v = np.asarray(values, float)
-        return np.full(seeds, float(np.median(v))) if noiseless else rng.choice(v, seeds)
+        return (np.full(seeds, math.inf) if not values else np.full(seeds, float(np.median(v)))
+                if noiseless else rng.choice(v, seeds))
 
     out = {}
     for dp in depths:
         out[(dp, "rmsnorm")] = pick(noise.on_degrade)
-        if scenario.onset is None or not noise.off_degrade:
-            out[(dp, "none")] = pick(noise.on_degrade)
-        else:
-            out[(dp, "none")] = math.log10(scenario.onset[dp]) + pick(noise.off_degrade)
+        out[(dp, "none")] = (pick(noise.on_degrade) if scenario.onset is None
+                             or not noise.off_degrade
+                             else math.log10(scenario.onset[dp]) + pick(noise.off_degrade))
     return out
 
 

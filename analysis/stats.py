@@ -67,12 +67,9 @@ def adjust(pvalues: list[float | None], alpha: float, method: str = "fdr_bh"
     """Adjusted p-values of one family (None stays None): Benjamini-Hochberg or Holm."""
     tested = [i for i, p in enumerate(pvalues) if p is not None and math.isfinite(p)]
     out: list[float | None] = [None] * len(pvalues)
-    if tested and method == "holm":
-        adjusted = holm([pvalues[i] for i in tested])
-    elif tested:
-        _, adjusted, _, _ = multipletests([pvalues[i] for i in tested], alpha=alpha,
-                                          method=method)
     if tested:
+        p = [pvalues[i] for i in tested]
+        adjusted = holm(p) if method == "holm" else multipletests(p, alpha=alpha, method=method)[1]
         for i, q in zip(tested, adjusted):
             out[i] = float(q)
     return out

@@ -156,13 +156,10 @@ def per_run_table(runs: Runs, probe_steps: pl.DataFrame, loss_thresholds: pl.Dat
            .join(loss_thresholds, on="depth", how="left")
            .join(reached, on="run", how="left")
            .join(probes, on="run", how="left"))
-    for name in first:
-        if name not in out.columns:
-            out = out.with_columns(pl.lit(None, dtype=pl.Float64).alias(name))
+    out = out.with_columns(pl.lit(None, pl.Float64).alias(n) for n in first if n not in out.columns)
     probe_cols = sorted(c for c in out.columns if c.startswith("final_") and c not in first)
     rest = [c for c in out.columns if c not in first and c not in probe_cols]
-    return out.select(first + probe_cols + rest).sort("depth", "arm", "lr", "seed",
-                                                      "framework")
+    return out.select(first + probe_cols + rest).sort("depth", "arm", "lr", "seed", "framework")
 
 
 def twin_table(runs: Runs, framework: str) -> pl.DataFrame:

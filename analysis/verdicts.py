@@ -56,14 +56,14 @@ def combine(parts: list[Part]) -> str:
     none decided: "inconclusive", or "not enough data" when no part had data."""
     decided = [p for p in parts if p.direction in (FOR, AGAINST)]
     ways = {p.direction for p in decided}
+    unclear = any(p.direction == UNCLEAR for p in parts)
     if len(ways) > 1:
         return MIXED
-    if ways:
-        way = ways.pop()
-        verdict = label(way, min(p.seeds for p in decided))
-        unclear = any(p.direction == UNCLEAR for p in parts)
-        return f"partly {verdict}" if way == FOR and unclear else verdict
-    return INCONCLUSIVE if any(p.direction == UNCLEAR for p in parts) else NO_DATA
+    if not ways:
+        return INCONCLUSIVE if unclear else NO_DATA
+    way = ways.pop()
+    verdict = label(way, min(p.seeds for p in decided))
+    return f"partly {verdict}" if way == FOR and unclear else verdict
 
 
 def _lr(x: float | None) -> str:
@@ -132,18 +132,18 @@ def h1_direction(informative: pl.DataFrame) -> str:
     """One depth's H1 direction from its informative cells: FOR when off is worse at some LR
     and a lower LR shows no difference; AGAINST when on is worse anywhere, or off worse at
     every LR, or no difference at every LR; else UNCLEAR."""
-    lrs = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
-           for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE)}
-    worse, calm, harm = lrs[OFF_WORSE], lrs[NO_DIFFERENCE], lrs[ON_WORSE]
-    if harm:
+    worse, calm, harm = (_lrs_at(informative, k) for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE))
+    if harm or (worse and len(worse) == informative.height):
         return AGAINST
     if worse and any(lr < min(worse) for lr in calm):
         return FOR
-    if worse and len(worse) == informative.height:
-        return AGAINST
     if not worse and informative.height and len(calm) == informative.height:
         return AGAINST
     return UNCLEAR
+
+
+def _lrs_at(cells: pl.DataFrame, decision: str) -> list[float]:
+    return cells.filter(pl.col("decision") == decision)["lr"].to_list()
 
 
 def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
@@ -158,27 +158,19 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
             continue
         informative = tested.filter("informative")
         # the fewest paired seeds of the decided cells (an undecided bisection LR does not count)
-        decided = informative.filter(pl.col("decision").is_in([OFF_WORSE, NO_DIFFERENCE,
-                                                               ON_WORSE]))
+        decided = informative.filter(pl.col("decision") != UNDETERMINED)
         n = int((decided if decided.height else tested)["pairs"].min())
-        by = {k: informative.filter(pl.col("decision") == k)["lr"].to_list()
-              for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE, UNDETERMINED)}
-        worse, calm, harm = by[OFF_WORSE], by[NO_DIFFERENCE], by[ON_WORSE]
-        direction = h1_direction(informative)
-        t = thresholds.filter((pl.col("compared_arm") == on) & (pl.col("depth") == d))
-        b = best.filter((pl.col("compared_arm") == on) & (pl.col("depth") == d))
-        strongest = informative.filter(pl.col("decision") == OFF_WORSE).sort("mean_gap").tail(1)
+        here = (pl.col("compared_arm") == on) & (pl.col("depth") == d)
+        t, b = thresholds.filter(here), best.filter(here)
+        top = informative.filter(pl.col("decision") == OFF_WORSE).sort("mean_gap").tail(1)
+        largest = "" if top.is_empty() else " (largest gap {} at lr {}, q {})".format(
+            _effect(top["mean_gap"][0], top["ci_lo"][0], top["ci_hi"][0]), _lr(top["lr"][0]),
+            _q(top["q_off_worse"][0]))
         outcomes = "; ".join(
-            f"{words} at {'lr ' if words == 'off worse' else ''}{_lrs(lrs)}" + extra
-            for words, lrs, extra in (
-                ("off worse", worse, "" if strongest.is_empty() else
-                 " (largest gap {} at lr {}, q {})".format(
-                     _effect(strongest["mean_gap"][0], strongest["ci_lo"][0],
-                             strongest["ci_hi"][0]), _lr(strongest["lr"][0]),
-                     _q(strongest["q_off_worse"][0]))),
-                ("no difference", calm, ""), ("on worse", harm, ""),
-                ("undetermined", by[UNDETERMINED], ""))
-            if lrs) or "no informative LR"
+            f"{k} at {'lr ' if k == OFF_WORSE else ''}{_lrs(lrs)}"
+            + (largest if k == OFF_WORSE else "")
+            for k in (OFF_WORSE, NO_DIFFERENCE, ON_WORSE, UNDETERMINED)
+            if (lrs := _lrs_at(informative, k))) or "no informative LR"
         text = (f"depth {d}: {outcomes}"
                 + (f"; {tested.height - informative.height} LRs where neither arm learned"
                    if tested.height > informative.height else "")
@@ -187,7 +179,7 @@ def _h1(on: str, gaps: pl.DataFrame, best: pl.DataFrame, thresholds: pl.DataFram
                    f"; best loss off - on {_effect(b['mean_gap'][0], b['ci_lo'][0], b['ci_hi'][0])}"
                    f" (q {_q(b['q_off_worse'][0])})")
                 + f" (n={n})")
-        parts.append(Part(direction, n, text))
+        parts.append(Part(h1_direction(informative), n, text))
     family = int(mine["family_size"].max() or 0) if mine.height else 0
     return _row("H1", on, f"{control_words(on)}'s effect on final loss is LR-conditional: none "
                 "at low LR, large at high LR", parts, "depths", family)

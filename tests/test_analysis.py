@@ -806,7 +806,8 @@ def test_legends_name_every_marker_and_probes_read_as_words():
                            "name": ["residual_kurtosis"] * 2 + ["output_logsumexp_mean"] * 2,
                            "value": [3.0, 9.0, 1.0, 2.0]})
     runs = pl.DataFrame({"run": ["r"], "depth": [2], "arm": ["none"], "lr": [0.01]})
-    chart = P.other_probes_chart(runs, probes, ["residual_kurtosis", "output_logsumexp_mean"])
+    chart = P.probe_chart(runs, probes, ["residual_kurtosis", "output_logsumexp_mean"], "other",
+                          row="probe")
     spec = chart.to_dict()
     names = {row["probe"] for row in spec["data"]["values"]}
     assert names == {"residual kurtosis", "output log-sum-exp (mean)"}

@@ -129,7 +129,7 @@ def test_notebook_exports_to_html_with_verdicts_and_charts(tiny_runs, tmp_path):
     for verdict in load_study(tiny_runs).verdicts["verdict"]:
         assert verdict in page, verdict
     assert page.count("application/vnd.vegalite") >= 3  # gap headline, training, probe
-    for title in ("Training curves: one line per seed", "max attention logit against step"):
+    for title in ("Training curves (lines: train loss", "max attention logit against step"):
         assert title in page, title
     # the defaults show the answer: every LR in the curves, the probe on a log axis
     for lr in LRS:
