@@ -118,7 +118,8 @@ test *args:
 test-slurm *args:
     @{{py}} -m pytest tests/test_slurm.py "$@"
 
-# rewrite the docs' generated tables (presets, run keys) from the code; --check only compares
+# rewrite the docs' generated tables from the code (presets, run keys) and from results/ (the published answer: README, docs/results.md); --check only compares
 [group('4 check the statistics and the tooling')]
 docs *args:
     @{{py}} -m tests.doc_tables "$@"
+    @{{py}} -m tests.results_tables "$@"

@@ -16,18 +16,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck", "tools")
+PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck")
 
 # package -> the top-level modules it must never import (anywhere, lazily included)
 FORBIDDEN = {
-    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis", "tools",
+    "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis",
                 "polars", "altair", "marimo"},
     "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
     "mlx_gpt": {"torch", "torch_ref", "analysis", "crosscheck"},
     "torch_ref": {"mlx", "mlx_gpt", "analysis", "crosscheck"},
     "crosscheck": {"analysis"},  # above both engines: it may import either, never the analysis
-    # the docs generators read the core and the analysis, nothing that needs a framework
-    "tools": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
 }
 
 
@@ -56,8 +54,7 @@ def test_no_arrow_points_up_or_across_the_frameworks():
 # who imports whom among the packages: the core at the bottom; the two engines and the analysis
 # on it, side by side; the cross-engine checks on top of both engines
 GRAPH = {"qkstudy": set(), "mlx_gpt": {"qkstudy"}, "torch_ref": {"qkstudy"},
-         "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"},
-         "tools": {"qkstudy", "analysis"}}
+         "analysis": {"qkstudy"}, "crosscheck": {"qkstudy", "mlx_gpt", "torch_ref"}}
 
 
 def test_the_engines_are_siblings_over_the_core():
@@ -83,7 +80,7 @@ def imports_for_type_checking_only(path: Path) -> list[str]:
     return found
 
 
-CIRCLE_FREE = ("qkstudy", "mlx_gpt", "torch_ref", "crosscheck", "tools", "analysis")
+CIRCLE_FREE = ("qkstudy", "mlx_gpt", "torch_ref", "crosscheck", "analysis")
 
 
 def test_no_import_circle_is_hidden_behind_type_checking(tmp_path):

@@ -21,7 +21,7 @@ def block(page: Path, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def made() -> dict[str, str]:
-    from tools import results_tables as rt
+    from tests import results_tables as rt
 
     return rt.blocks(*rt.analyse_all(ROOT))
 

@@ -1,8 +1,8 @@
 """The published answer, rebuilt from the archives in results/: the README's answer table,
 docs/results.md's generated blocks and the answer's figure (docs/results/answer.png).
 
-    python -m tools.results_tables           # rewrite the generated blocks and the figure
-    python -m tools.results_tables --check   # exit 1 where a block differs from the archives
+    python -m tests.results_tables           # rewrite the generated blocks and the figure
+    python -m tests.results_tables --check   # exit 1 where a block differs from the archives
 
 A generated block sits between `<!-- NAME: ... -->` and `<!-- end NAME -->`; the prose around
 it is written by hand and cites it. tests/test_published.py holds every block to the archives.
@@ -137,8 +137,10 @@ def replace_block(text: str, name: str, content: str) -> str:
 
 def main(argv: list[str]) -> int:
     if argv not in ([], ["--check"]):
-        print("usage: python -m tools.results_tables [--check]", file=sys.stderr)
-        return 2
+        asked = argv in (["--help"], ["-h"])
+        print("usage: python -m tests.results_tables [--check]",
+              file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     studies, ladder = analyse_all()
     made = blocks(studies, ladder)
     pages = {ROOT / "README.md": ["answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder"]}
