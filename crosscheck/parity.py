@@ -24,8 +24,7 @@ import mlx.core as mx
 import torch
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_gpt import optim as mlx_optim
-from mlx_gpt import probes as mlx_probes
+from mlx_gpt import engine as mlx_engine
 from mlx_gpt.engine import Engine as MlxEngine, build_model
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
@@ -35,7 +34,6 @@ from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
 from qkstudy.probes import update_ratios
 from qkstudy.variants import VARIANTS
-from torch_ref import optim as torch_optim
 from torch_ref import engine as torch_engine
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
@@ -126,10 +124,10 @@ def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, 
         return (*m.loss(logits, b), logits)
 
     (*terms, logits), grads = nn.value_and_grad(model, objective)(model, mx.array(x), mx.array(y))
-    rows = mlx_probes.collect(model, mx.array(px), mx.array(py), 0)
+    rows = mlx_engine.collect(model, mx.array(px), mx.array(py), 0)
     before = dict(tree_flatten(model.parameters()))
-    mlx_optim.update(mlx_optim.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
-    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_probes.OPS)
+    mlx_engine.update(mlx_engine.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
+    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_engine.OPS)
     return np.array(logits), [t.item() for t in terms], {
         k: np.array(v) for k, v in tree_flatten(grads)}, rows
 
@@ -141,7 +139,7 @@ def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, 
     grads = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
     rows = torch_engine.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
     before = torch_engine.snapshot(model)
-    torch_optim.update(*torch_optim.make_optimizer(cfg, dict(model.named_parameters())),
+    torch_engine.update(*torch_engine.make_optimizer(cfg, dict(model.named_parameters())),
                        cfg.grad_clip)
     rows += update_ratios(0, before, torch_engine.snapshot(model), torch_engine.PROBE_OPS)
     return logits.detach().numpy(), [t.item() for t in terms], grads, rows

@@ -1,5 +1,5 @@
-"""The optimizer's numbers, stated once for both engines' AdamW (mlx_gpt/optim.py,
-torch_ref/optim.py): nanoGPT's LR schedule and decay rule, and Wortsman et al.'s independent
+"""The optimizer's numbers, stated once for both engines' AdamW (mlx_gpt/engine.py,
+torch_ref/engine.py): nanoGPT's LR schedule and decay rule, and Wortsman et al.'s independent
 decay (weight_decay / lr, so the decay per step does not shrink with the peak LR)."""
 
 from __future__ import annotations
