@@ -171,8 +171,8 @@ class Recorder:
             "params": params, "peak_max_attention_logit": self.peak_logit(),
         }
         manifest["ended"] = files.now()
-        self.folder.write_manifest(manifest)
-        self.folder.write_summary(summary)
+        files.write_json(self.folder.manifest_file, manifest)
+        files.write_json(self.folder.summary_file, summary)
         return summary
 
     def peak_logit(self) -> float | None:

@@ -19,8 +19,7 @@ import pyarrow.parquet as pq
 from . import forensics, locks
 from .config import TrainConfig
 from .errors import UsageError
-from .files import DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata, \
-    read_tensors, write_json
+from .files import DamagedFile, atomic, load_object, now, read_json, read_tensors, write_json
 
 
 CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.json", \
@@ -264,14 +263,8 @@ class RunFolder:
     def read_config(self) -> dict | None:
         return read_json(self.config_file)
 
-    def write_config(self, config: dict) -> None:
-        write_json(self.config_file, config)
-
     def read_manifest(self) -> dict | None:
         return read_json(self.manifest_file)
-
-    def write_manifest(self, manifest: dict) -> None:
-        write_json(self.manifest_file, manifest)
 
     def summary_record(self) -> dict:
         """summary.json's object unchecked ({} when missing or unreadable), for display."""
@@ -287,9 +280,6 @@ class RunFolder:
             raise DamagedRun(f"{self.summary_file} {why}; remove it (rm {self.summary_file}) and "
                              "run again to resume or retrain the run")
         return summary if summary["status"] in FINISHED else None
-
-    def write_summary(self, summary: dict) -> None:
-        write_json(self.summary_file, summary)
 
     def intact_summary(self) -> dict | None:
         """The summary of a finished run with intact files, None if unfinished; DamagedRun."""
@@ -348,16 +338,10 @@ class RunFolder:
         """True with the run's lock held, False at once if another process holds it."""
         return locks.exclusive(self.lock_file)
 
-    def lock_pid(self) -> int | None:
-        return locks.written_pid(self.lock_file)
-
     def trained_by(self) -> int | None:
         """The pid of the process that trained the run last (its manifest's), or None."""
         pid = (self.read_manifest() or {}).get("pid")
         return pid if _is_int(pid) else None
-
-    def holder(self, held: dict | None) -> int | None:
-        return locks.holder(self.lock_file, held)
 
     def write_rows(self, metric_rows: list[dict], probe_rows: list[dict]) -> None:
         write_part(self.metrics_dir, metric_rows, METRICS_SCHEMA)
@@ -369,9 +353,6 @@ class RunFolder:
     def read_probes(self) -> pa.Table | None:
         return read_parts(self.probes_dir)
 
-    def metric_parts(self) -> list[tuple[int, Path]]:
-        return parts(self.metrics_dir)
-
     def drop_rows_from(self, step: int) -> None:
         """Remove the parts written after a checkpoint at `step` (they are redone)."""
         for first, part in parts(self.metrics_dir) + parts(self.probes_dir):
@@ -382,12 +363,6 @@ class RunFolder:
         """Why the rows on disk do not match a checkpoint at `step`, or None."""
         return (coverage(self.metrics_dir, list(range(step)))
                 or coverage(self.probes_dir, list(range(0, step, probe_every)), once=False))
-
-    def checkpoint_metadata(self) -> dict[str, str] | None:
-        return read_tensor_metadata(self.checkpoint_file)
-
-    def clean_leftovers(self) -> list[str]:
-        return forensics.clean_leftovers([self.path, self.metrics_dir, self.probes_dir])
 
     def tidy(self) -> None:
         """Under the lock, remove what a finished run's cut-short last writes left."""

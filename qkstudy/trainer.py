@@ -110,7 +110,8 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
     """_train_locked with signals deferred; a failure is recorded, a storage failure resumable."""
     with interrupts.Deferred() as guard:
         try:
-            crashes = folder.clean_leftovers()
+            crashes = forensics.clean_leftovers(
+                [folder.path, folder.metrics_dir, folder.probes_dir])
             if crashes:
                 error = RunCrashed("an earlier attempt died by a fatal signal: "
                                    + crashes[-1].splitlines()[0])
@@ -216,7 +217,8 @@ def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> t
 def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
            prefix: str) -> tuple[Engine, dict, int, Recorder]:
     """Write config and manifest, build and resume the engine: (engine, manifest, start, rec)."""
-    folder.write_config({**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
+    files.write_json(folder.config_file,
+                     {**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
     probe = probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
     engine = backends.load(cfg.backend).Engine(cfg, meta["vocab_size"], val, probe)
@@ -228,7 +230,7 @@ def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
                                  lambda line: print(prefix + line, file=sys.stderr, flush=True))
     if start:
         manifest["resumed_from_step"] = start
-    folder.write_manifest(manifest)
+    files.write_json(folder.manifest_file, manifest)
     return engine, manifest, start, Recorder(cfg, folder, **clocks)
 
 

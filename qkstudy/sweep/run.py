@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import files, forecast, run_folder, trainer
+from .. import files, forecast, locks, run_folder, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
@@ -165,7 +165,7 @@ def locked(folder: RunFolder) -> bool:
 def holder(cfg: TrainConfig) -> int | None:
     """The pid of the other live process that holds this run's lock now, or None."""
     folder = RunFolder.of(cfg)
-    return folder.lock_pid() if locked(folder) else None
+    return locks.written_pid(folder.lock_file) if locked(folder) else None
 
 
 def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
