@@ -63,7 +63,8 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
         steps = max(1, budget // tps) if budget > 0 else config.get("max_steps", steps)
     run = Run(run_dir.name, config.get("depth", summary.get("depth")),
               config.get("lr", summary.get("lr")), arm_of(config),
-              config.get("seed", summary.get("seed")), steps, tps, holder=locks.holder(folder.lock_file, held))
+              config.get("seed", summary.get("seed")), steps, tps,
+              holder=locks.holder(folder.lock_file, held))
     found, table = run_folder.parts(folder.metrics_dir), None
     try:  # the last metrics part: the step of its last row, its latest train loss
         table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
