@@ -1,10 +1,4 @@
-"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (`just parity`; docs/torch_ref.md).
-
-For every QK-norm arm and rival arm at depth 1 and 3, on both of mlx_gpt's kernel paths, in
-float32 with the same weights and batch: logits, loss, every gradient and the probes, then the
-loss of each step of 50 trained with each library's AdamW. Relative deviation everywhere:
-max|a - b| / max|b| over one tensor's elements, b the MLX value. Exits 1 on a broken tolerance.
-"""
+"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (docs/torch_ref.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""`python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
-
-Re-runs an MLX run with backend=torch (same config, initial weights and batches) into its torch
-twin's run folder beside it, plus comparison.json: the largest relative deviation from the MLX
-run of train loss, val loss, grad norm and each probe, and the judgement. A finished spot check
-is not re-run (its comparison is refreshed); an interrupted one resumes like any run.
-"""
+"""`python -m crosscheck spot-check RUN_DIR [device=...] [data=PATH]`: an MLX run in torch."""
 
 from __future__ import annotations
 
@@ -71,8 +65,7 @@ def _deviations(torch_rows: list[dict], mlx_rows: list[dict], key, columns) -> d
 
 
 def compare(mlx_dir: Path, torch_dir: Path) -> dict:
-    """Per-step relative deviation |torch - mlx| / |mlx| of train loss, val loss, grad norm and
-    each probe, and the judgement."""
+    """Per-step relative deviation |torch - mlx| / |mlx| of each number, and the judgement."""
     mlx, torch = RunFolder(mlx_dir), RunFolder(torch_dir)
     a, b = torch.read_metrics(), mlx.read_metrics()
     digests = [(f.read_manifest() or {}).get("data_meta_sha256") for f in (mlx, torch)]

@@ -1,7 +1,4 @@
-"""MLX's CPU backend prepared before `import mlx` (Linux only; docs/performance.md): a BLAS loaded
-with RTLD_GLOBAL, which MLX then binds its cblas calls to (its wheel's reference BLAS is ~50x
-slower), and with MLX_GPT_CPU_JIT=native a g++ wrapper adding -march=native first on PATH, with
-TMPDIR (where MLX caches its kernels by name only) a folder keyed by CPU, compiler and flags."""
+"""MLX's CPU backend prepared before `import mlx` (Linux only; docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The MLX engine of a run (qkstudy/trainer.py drives it). Its checkpoint state: the weights
-("model.<name>") and the optimizer's whole state ("opt.<key>" of tree_flatten(opt.state))."""
+"""The MLX engine of a run; checkpoint state: "model.<name>" and "opt.<key>" arrays."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
 
 def update(opt: optim.MultiOptimizer, model, grads: dict, grad_clip: float
            ) -> tuple[mx.array, mx.array]:
-    """Clip to global norm `grad_clip` and apply one step to `model` in place: (pre-clip
-    gradient norm, learning rate used)."""
+    """Clip to global norm and step in place: (pre-clip gradient norm, learning rate used)."""
     clipped, norm = optim.clip_grad_norm(grads, grad_clip if grad_clip > 0 else math.inf)
     opt.update(model, clipped if grad_clip > 0 else grads)
     return norm, opt.learning_rate

@@ -1,6 +1,4 @@
-"""A plain nanoGPT decoder in MLX with QK-norm as its switch, and two rival logit controls
-(attention-logit soft-capping, the z-loss term of GPT.loss); docs/model.md. Parameter names and
-shapes match torch_ref/model.py one to one."""
+"""A plain nanoGPT decoder in MLX with QK-norm, soft-capping and z-loss (docs/model.md)."""
 
 from __future__ import annotations
 

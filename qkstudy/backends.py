@@ -1,5 +1,4 @@
-"""The one seam between the core and an engine: `backend=mlx|torch` names a module (BACKENDS)
-whose contract, the `Backend` protocol, is checked when it is loaded."""
+"""The seam between core and engine: `backend=mlx|torch` names a module (Backend protocol)."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ CONTRACT = ("Engine", *(name for name in vars(Backend) if not name.startswith("_
 
 
 def load(backend: str) -> Backend:
-    """The backend's module, its contract checked (UsageError: what to install). Flush-to-zero is
-    set first, before the framework starts the threads that inherit it."""
+    """The backend's module, its contract checked; flush-to-zero set before its threads start."""
     name, hint = BACKENDS[backend]
     denormals.flush()
     try:

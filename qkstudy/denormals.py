@@ -1,6 +1,4 @@
-"""Flush-to-zero for the CPU's subnormal floats (each a ~100-cycle assist on x86-64; high-LR
-runs make many: docs/performance.md), set on the main thread through libm's fegetenv/fesetenv
-before a framework starts its threads, which inherit it. Linux x86-64 and aarch64 only."""
+"""Flush-to-zero for subnormal floats, set before a framework's threads (docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Files that are never half-written (os.replace of a synced temporary) and tensors that carry
-their checksum; every file is read back as untrusted."""
+"""Files never half-written, tensors that carry their checksum; every read untrusted."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""How long training takes, in one place: a sweep's plan and ETA, `just status`'s time left and
-the study's hours in `just bench` and `just gpu-check`."""
+"""How long training takes: a sweep's plan and ETA, status's time left, the bench's hours."""
 
 from __future__ import annotations
 
@@ -73,8 +72,7 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = Path("repo
 
 def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
                 say: Callable[[str], None]) -> tuple[dict[int, float], str]:
-    """A plan's tokens/s without `--calibrate`: the bench's stored figure, a short timing of the
-    first depth, else the FLOP model; `say` prints why the bench's figure cannot serve."""
+    """A plan's tokens/s without --calibrate: the bench's figure, a short timing, or FLOPs."""
     found, why = from_bench(cfgs, vocab)
     if why:
         say(why)
@@ -142,8 +140,7 @@ def queue_eta(left: float, first: float, planned: float, seconds: float, process
 
 
 def time_left_line(runs: list, stored: object) -> str:
-    """The training time of the runs without a result, in one process, for `just status`: at a
-    depth's finished runs' median tok/s, else at the sweep's calibration (`stored`)."""
+    """The training time of the runs without a result, in one process, for `just status`."""
     left = [r for r in runs if not r.finished and r.state != "failed"]
     if not left:
         return "time left: none (every run has a result" + (

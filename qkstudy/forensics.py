@@ -1,5 +1,4 @@
-"""What a dead process leaves in a run folder (temporaries with its pid, a .fatal-<pid>
-traceback log), and what a failed run keeps."""
+"""What a dead process leaves in a run folder, and what a failed run keeps."""
 
 from __future__ import annotations
 

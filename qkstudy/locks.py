@@ -1,5 +1,4 @@
-"""One process per run: a flock'd lock file holding its pid, removed on release (so one left
-behind is a dead process's), and who holds one."""
+"""One process per run: a flock'd lock file holding its pid, removed on release."""
 
 from __future__ import annotations
 

@@ -15,9 +15,7 @@ from .run_folder import RunFolder
 
 def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
                init_loss: float | None, recent: Sequence[float]) -> str | None:
-    """Why this step counts as diverged, or None: a non-finite loss or gradient norm, or after
-    warmup a lower median of the last `divergence_window` losses above init_loss + margin (a
-    transient spike moves that median by one rank at most)."""
+    """Why this step counts as diverged (non-finite, or median loss over init + margin), or None."""
     if not math.isfinite(loss):
         return "non-finite loss"
     if not math.isfinite(grad_norm):

@@ -1,7 +1,4 @@
-"""The run folder, <runs_dir>/<sweep>/<run_id>/: its file names, lock, states and checks.
-
-No other module spells its names (a test holds the code to it); docs/outputs.md shows the
-layout. States (`RunFolder.state`): new, resumable, failed, finished, damaged."""
+"""The run folder, <runs_dir>/<sweep>/<run_id>/: its file names, lock, states and checks."""
 
 from __future__ import annotations
 

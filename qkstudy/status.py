@@ -1,5 +1,4 @@
-"""`python -m qkstudy status`: a sweep at a glance, one screen per sweep. It only reads files
-(and asks squeue/sacct): never a run lock, never a write."""
+"""`python -m qkstudy status`: a sweep at a glance; it only reads, never locks or writes."""
 
 from __future__ import annotations
 

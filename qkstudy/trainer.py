@@ -1,5 +1,4 @@
-"""`python -m qkstudy train`: one run with either backend's Engine (backends.py); the folder,
-lock, checks, resume, step loop and failure records are framework-free and shared."""
+"""`python -m qkstudy train`: one run with either backend's Engine, the rest shared."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The QK-norm variants, one row each: the config's choices, the arms, each attention's own
-parameters (`attn.<name>.weight`, never decayed) and the probes' logit bound come from here."""
+"""The QK-norm variants, one row each: choices, arms, parameters and logit bound."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The device a torch run trains on, and its settings. A sweep with jobs=K starts K processes
-(QKSTUDY_RUNS_PER_DEVICE=K, QKSTUDY_DEVICE_SLOT=i): on CUDA process i trains on cuda:(i mod N),
-its memory capped at 1/M of that GPU when M of the K share it; on the CPU it takes 1/K of the
-threads. Determinism (on by default) is set before the run's first CUDA call (preflight)."""
+"""The device a torch run trains on, its share of it, and determinism."""
 
 from __future__ import annotations
 
@@ -68,8 +65,7 @@ def runs_per_device() -> int:
 
 
 def this_gpu(runs: int | None = None) -> tuple[int, int]:
-    """(this process's GPU, i mod N for DEVICE_SLOT i, how many of `runs` processes placed round
-    robin share it)."""
+    """(this process's GPU, how many of `runs` processes share it)."""
     count = torch.cuda.device_count()
     try:
         index = max(0, int(os.environ.get(DEVICE_SLOT, "") or 0)) % count
@@ -80,8 +76,7 @@ def this_gpu(runs: int | None = None) -> tuple[int, int]:
 
 
 def place(name: str) -> torch.device:
-    """The run's device; on CUDA this process's GPU made current, its memory capped at 1/M of it
-    when M processes share it."""
+    """The run's device; on CUDA this process's GPU, its memory capped at its share."""
     device = resolve_device(name)
     if device.type != "cuda":
         return device

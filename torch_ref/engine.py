@@ -1,8 +1,4 @@
-"""The PyTorch engine of a run (docs/torch_ref.md). The step never waits for the device: batches
-go through pinned memory, the rate comes from a table on the device, a step's numbers stay there
-until `read`; with QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's
-sync debug mode "error". torch.compile makes a graph per (depth, arm, batch) shape of a process:
-its limit is raised to GRAPHS, and a process that needs more says so in one line."""
+"""The PyTorch engine of a run (docs/torch_ref.md): its step never waits for the device."""
 
 from __future__ import annotations
 
@@ -60,8 +56,7 @@ def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
 
 def clip_and_step(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
                   ) -> torch.Tensor:
-    """Clip the .grad tensors to global norm `grad_clip` and take one step. Returns the pre-clip
-    gradient norm as a 0-d tensor, not read: nothing here waits for the device."""
+    """Clip to global norm and step; the pre-clip norm as a 0-d tensor, not read."""
     params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if grad_clip > 0:
@@ -156,8 +151,7 @@ def preflight(cfg: TrainConfig) -> None:
 
 
 def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Token ids on `device`; to a GPU asynchronously from pinned memory (from pageable memory
-    the host would wait)."""
+    """Token ids on `device`; to a GPU asynchronously from pinned memory."""
     host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if device.type != "cuda":
         return host.to(device)

@@ -1,6 +1,4 @@
-"""gpu-check's plan and its three stages (docs/performance.md#just-gpu-check): parity of short
-runs against the CPU's, throughput of the run's own engine, a short demo sweep; each ends by its
-share of the budget, and what does not fit is skipped and said."""
+"""gpu-check's plan and its three stages: parity, throughput, a demo sweep."""
 
 from __future__ import annotations
 
@@ -57,8 +55,7 @@ class Clock:
 
 
 def quick_env(check: GpuCheckConfig) -> dict[str, str]:
-    """quick=true: one thread a process (on a shared CPU torch's threads can make a tiny step
-    100x slower)."""
+    """quick=true: one thread a process (a shared CPU's threads slow a tiny step)."""
     return {"OMP_NUM_THREADS": "1"} if check.quick else {}
 
 
@@ -160,8 +157,7 @@ def parity_text(p: dict) -> list[str]:
 
 
 def parity_row(p: dict, label: str) -> dict:
-    """ok when the run finished and (against the reference) every step was compared and within
-    its limit; None when it was not run (time)."""
+    """ok when the run finished and every step was within its limit; None when not run."""
     r, d, check = p["runs"].get(label), p["deviation"].get(label), f"parity {label}"
     if r is None:
         return check_row(check, None, "not run (time)")
@@ -209,8 +205,7 @@ def label(m: dict) -> str:
 
 def measure(check: GpuCheckConfig, m: dict, spec: Spec, left: float, args
             ) -> tuple[dict, float | None]:
-    """One measurement's row and matmul peak; a step that makes the host wait for the GPU fails
-    it (engine.py's SYNC_CHECK)."""
+    """One measurement's row and matmul peak; a step that makes the host wait fails it."""
     env = {RUNS_PER_DEVICE: str(m["processes"]), SYNC_CHECK: "1", **quick_env(check)}
     results = measure_together(spec, m["processes"], env=env,
                                timeout=min(left, 240 if m["compile"] else 90))

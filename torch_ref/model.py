@@ -1,5 +1,4 @@
-"""The mlx_gpt decoder in PyTorch: same architecture, same parameter names and shapes
-(docs/model.md). The engine loads the numpy initial weights (qkstudy/parameters.py)."""
+"""The mlx_gpt decoder in PyTorch: same architecture, parameter names and shapes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""`python -m qkstudy bench [key=value ...]`: the keys and checks, the rounds (every variant at
-every shape) gathered into one report (medians, ranges, paired ratios, numpy's matmul peak),
-and its Markdown tables, printed and written as bench.md beside bench.json."""
+"""`python -m qkstudy bench [key=value ...]`: the rounds, the report and its Markdown tables."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Where a corpus comes from: the embedded generator, local files, the Hugging Face Hub; its
-documents are read (and downloaded) lazily."""
+"""Where a corpus comes from: the embedded generator, local files, the Hugging Face Hub."""
 
 from __future__ import annotations
 

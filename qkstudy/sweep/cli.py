@@ -162,8 +162,7 @@ class _Tee:
 
 
 def stop_workers(workers: list, grace: float = 10.0) -> None:
-    """SIGINT to a worker still running `grace` seconds after this process was interrupted
-    (a Ctrl-C reached it too; `kill PID` of this process did not)."""
+    """SIGINT to a worker still running `grace` seconds after this process was interrupted."""
     deadline = time.monotonic() + grace
     for w in workers:
         try:

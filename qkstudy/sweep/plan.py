@@ -1,5 +1,4 @@
-"""A sweep's plan: the printed plan with its memory and time, the runs left, standalone commands
-and sweep.json."""
+"""A sweep's plan: the printed plan, the runs left, standalone commands and sweep.json."""
 
 from __future__ import annotations
 
@@ -155,8 +154,7 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
 
 
 def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
-    """Each depth's estimated peak bytes a run; UsageError when `jobs` runs of a depth at once
-    would not fit (on a GPU each run in its share of it, else all in the machine's memory)."""
+    """Each depth's estimated peak bytes a run; UsageError when `jobs` runs would not fit."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
     gpu = trainer.device_memory(sweep.train, runs=sweep.jobs) \

@@ -1,5 +1,4 @@
-"""Boundary refinement: bisect in log space between the largest stable and the smallest
-diverged LR of each (depth, arm, seed) curve, replayed from the results on disk."""
+"""Boundary refinement: bisect in log space between the largest stable and smallest diverged LR."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Running a sweep: train its runs one after another, pass over runs held elsewhere, start the
-workers of jobs=K, and report."""
+"""Running a sweep: its runs one after another, the workers of jobs=K, the report."""
 
 from __future__ import annotations
 

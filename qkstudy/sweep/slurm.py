@@ -1,5 +1,4 @@
-"""`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array, one run
-a task, in <runs_dir>/<name>/slurm/<NNN>/ (docs/sweeps.md)."""
+"""`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array."""
 
 from __future__ import annotations
 
