@@ -71,8 +71,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
 
 
 def make_train_step(model: GPT, opt: optim.MultiOptimizer, grad_clip: float):
-    """The compiled update (x, y) -> (cross-entropy, pre-clip grad norm, lr, z-loss term), its
-    gradient GPT.loss's objective's; with the state list to evaluate after each call."""
+    """The compiled update (x, y) -> (loss, grad norm, lr, z), and its state list."""
     loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.loss(m(x), y))
     state = [model.state, opt.state]
 

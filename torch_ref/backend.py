@@ -23,9 +23,7 @@ def facts(cfg: TrainConfig) -> dict:
 
 
 def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> float:
-    """n^3 matmul GFLOP/s on the run's device in its precision (bfloat16 for bf16, else float32,
-    TF32 under tf32): n 8192 on a GPU, 2048 on the CPU; best of `repeats` timings of 10 products
-    on a GPU, 1 on the CPU, after one such timing as a warm-up."""
+    """n^3 matmul GFLOP/s on the run's device in its precision, best of `repeats`."""
     dev = resolve_device(cfg.device)
     set_precision(cfg.precision, dev)
     gpu = dev.type in ("cuda", "mps")

@@ -48,8 +48,7 @@ def set_precision(precision: str, device: torch.device) -> None:
 
 
 def set_determinism(deterministic: bool) -> None:
-    """Deterministic algorithms on or off, with cuBLAS's workspace setting. Their NaN fill of new
-    tensors is off: no kernel here reads memory it did not write (tests/test_torch_ref.py)."""
+    """Deterministic algorithms on or off, with cuBLAS's workspace setting."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)
@@ -88,9 +87,7 @@ def place(name: str) -> torch.device:
 
 
 def memory_limit(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """(bytes, the words for them) this run may use on its GPU (qkstudy.memory.check), None off
-    CUDA: its share of the GPU as `place` caps it, and no more than is free now plus what this
-    process's allocator already holds (an earlier run's cache is reused)."""
+    """(bytes, their words) this run may use on its GPU: its share, at most free + held."""
     if cfg.backend != "torch" or resolve_device(cfg.device).type != "cuda":
         return None
     index, shared = this_gpu(runs)

@@ -127,8 +127,7 @@ PROBE_OPS = SimpleNamespace(  # MPS has no float64: the numbers leave the device
 
 
 def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
-    """Every forward and gradient probe (qkstudy/probes.py) on the batch (x, y), for params
-    after `step` updates; through torch.autograd.grad, so the parameters' .grad is left alone."""
+    """Every probe on the batch (x, y) after `step` updates; .grad is left alone."""
     named = dict(model.named_parameters())
     with torch.enable_grad():
         captures: list[dict] = []

@@ -179,9 +179,7 @@ def parity_row(p: dict, label: str) -> dict:
 
 
 def throughput_plan(check: GpuCheckConfig) -> list[dict]:
-    """The study's shape (tiny with quick) eager in every precision, bf16 with
-    deterministic=false (what determinism costs), then compiled bf16 one run and K at once
-    (quick: eager, K at once)."""
+    """The study's shape in every precision, then compiled bf16 one run and K at once."""
     k = check.parallel
 
     def row(precision: str, compile_: bool = False, processes: int = 1,

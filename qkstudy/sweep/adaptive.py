@@ -20,8 +20,7 @@ DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05):
 
 def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[int]
          ) -> tuple[list[float], bool, list[TrainConfig]]:
-    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished);
-    a gap is off minus on in clipped loss, a run failed to learn when diverged or degraded."""
+    """(seed gaps off minus on, every pair failed to learn, runs not finished)."""
     gaps, failed, pending = [], True, []
     for seed in seeds:
         pair = [run_config(sweep, depth, lr, a, seed) for a in (OFF, arm)]

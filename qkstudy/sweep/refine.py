@@ -13,8 +13,7 @@ from .config import Group, SweepConfig, run_config, three_significant
 
 def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float], steps: int,
                   factor: float) -> float | None:
-    """The bracket's geometric mean, or None once `steps` points off the grid were tried or the
-    bracket is within `factor`. `results`: LR -> stable (True, False, or None: failed)."""
+    """The bracket's geometric mean, or None once `steps` were tried or it is within `factor`."""
     if sum(1 for lr in results if lr not in set(grid_lrs)) >= steps:
         return None
     lo, hi = boundary(results)

@@ -64,8 +64,7 @@ class SlurmOptions:
         return self
 
     def for_device(self, device: str, backend: str = "torch") -> tuple[SlurmOptions, str | None]:
-        """(these options with gpus=-1 made one GPU a task for device=cuda, else none; a warning
-        when a torch run's device and the GPU request disagree, or None)."""
+        """(options with gpus=-1 resolved for the device, a warning on a mismatch or None)."""
         gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
         warning = None  # MLX picks its own device: its GPU request is the user's alone
         if backend == "torch" and device == "cuda" and gpus == 0:
