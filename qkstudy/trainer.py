@@ -221,8 +221,7 @@ def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
     probe = probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
     engine = backends.load(cfg.backend).Engine(cfg, meta["vocab_size"], val, probe)
-    manifest = provenance.manifest(cfg.data, engine.framework, engine.device,
-                                   engine.manifest_extra)
+    manifest = provenance.manifest(cfg.data, engine.framework, engine.device, engine.manifest_extra)
     manifest["data"] = data_identity(meta)  # checked when the run is resumed or skipped
     manifest["pid"] = os.getpid()
     start, clocks = resume_point(cfg, folder, engine,

@@ -146,8 +146,7 @@ def parity_text(p: dict) -> list[str]:
         for label in labels:
             loss = p["runs"][label]["losses"].get(str(s))
             dev = p["deviation"].get(label, {}).get("per_step", {}).get(str(s))
-            cells.append(f"{loss:.5f} ({dev:.1e})" if loss is not None and dev is not None
-                         else "-")
+            cells.append(f"{loss:.5f} ({dev:.1e})" if loss is not None and dev is not None else "-")
         lines.append(f"| {s} | {ref[str(s)]:.5f} | " + " | ".join(cells) + " |")
     worst = [f"{label}: {d['max']:.1e} at step {d['max_at_step']} (limit {d['limit']:g})"
              if d["max"] is not None else f"{label}: -" for label, d in p["deviation"].items()]
@@ -350,8 +349,7 @@ def sweep(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: l
 
 
 def sweep_text(s: dict) -> list[str]:
-    lines = [f"3. Sweep: {s['command']}", f"   {s['status']}; {len(s['runs'])} run(s) finished",
-             ""]
+    lines = [f"3. Sweep: {s['command']}", f"   {s['status']}; {len(s['runs'])} run(s) finished", ""]
     if s["runs"]:
         lines += ["| run | QK-norm | lr | seed | status | final val loss | final train loss | "
                   "steps | tokens/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
