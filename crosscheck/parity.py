@@ -140,7 +140,6 @@ def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, 
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """One forward/backward and one update of the perturbed model and its torch copy."""
     case = case_name(cfg)
     mlx_model = build_model(cfg, vocab_size)
     perturb(mlx_model, cfg.seed + 1)
@@ -190,7 +189,6 @@ _TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
 
 
 def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term) of an engine's steps."""
     batches = [train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
                for step in range(cfg.steps)]
     engine = engine_class(cfg, vocab_size, [], batches[0])
@@ -198,7 +196,6 @@ def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: i
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """The MLX engine's steps against backend=torch's (fp32 on the CPU)."""
     torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
     key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
     if key not in _TORCH_TRAJECTORIES:

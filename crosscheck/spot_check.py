@@ -38,7 +38,6 @@ def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = Non
 
 def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = None,
                verbose: bool = True) -> tuple[Path, dict]:
-    """Re-run `run_dir` with torch on `device`. Returns (torch run folder, its summary)."""
     cfg = torch_twin(run_dir, device, data)
     summary = trainer.train(cfg, verbose=verbose)
     out = RunFolder.of(cfg).path
@@ -107,7 +106,6 @@ TOLERANCES = {"train_loss": 1e-3, "val_loss": 1e-3, "grad_norm": 1e-2}
 
 
 def judge(comparison: dict) -> dict:
-    """{"pass": bool, "tolerances": ..., "failures": [why, ...]} for a comparison."""
     failures = []
     if not comparison.get("steps_compared"):
         failures.append("no common steps to compare")

@@ -59,7 +59,6 @@ def ensure_fast_blas() -> str | None:
 
 
 def cpu_identity() -> str:
-    """The CPU's model name and feature flags, as /proc/cpuinfo gives them for the first core."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -88,7 +87,6 @@ def cache_key(identity: str, gxx: str) -> str:
 
 
 def supported() -> bool:
-    """Linux on x86-64, where MLX's CPU backend compiles its kernels with g++."""
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 

@@ -28,7 +28,6 @@ OPS = SimpleNamespace(
 
 
 def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
-    """Every forward and gradient probe on the batch (x, y), for params after `step` updates."""
     def objective(x: mx.array, y: mx.array):
         captures: list[dict] = []
         logits = model(x, captures)
@@ -58,7 +57,6 @@ def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
 
 def update(opt: optim.MultiOptimizer, model, grads: dict, grad_clip: float
            ) -> tuple[mx.array, mx.array]:
-    """Clip to global norm and step in place: (pre-clip gradient norm, learning rate used)."""
     clipped, norm = optim.clip_grad_norm(grads, grad_clip if grad_clip > 0 else math.inf)
     opt.update(model, clipped if grad_clip > 0 else grads)
     return norm, opt.learning_rate

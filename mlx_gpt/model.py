@@ -26,7 +26,6 @@ NORMS = {"rms": lambda x, w: mx.fast.rms_norm(x, w, NORM_EPS),
 
 
 def kernel_ops(kernels: str):
-    """The elementwise maths of a kernel path: mlx_gpt/kernels.py's (cpu) or MLX's own."""
     return cpu_kernels if kernels == "cpu" else LIBRARY
 
 
@@ -66,7 +65,6 @@ class CausalSelfAttention(nn.Module):
         return norm(q, None), norm(k, None)
 
     def capped(self, scores: mx.array) -> mx.array:
-        """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
         if not self.softcap:
             return scores
         return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap))

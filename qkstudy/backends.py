@@ -40,8 +40,6 @@ class Engine(Protocol):
 
 
 class Backend(Protocol):
-    """What a backend's module provides."""
-
     Engine: type  # the train step: Engine(cfg, vocab_size, val, probe) -> an Engine
 
     def preflight(self, cfg: TrainConfig) -> None: ...  # UsageError when cfg cannot run here

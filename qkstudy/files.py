@@ -43,7 +43,6 @@ def describe_io_failure(error: OSError, where: Path | str) -> str:
 
 
 def io_advice(error: OSError) -> str:
-    """What to do about an io_failure, as a verb phrase."""
     if error.errno in _FULL or "No space left on device" in str(error):
         return "free some space"
     if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

@@ -29,7 +29,6 @@ def run_cost_tokens(cfg: TrainConfig) -> float:
 
 
 def run_seconds(cfgs: list[TrainConfig], speeds: Mapping[int, float]) -> float:
-    """Seconds of these runs at tokens/s per depth (a depth without a speed counts 0)."""
     return sum(run_cost_tokens(c) / speeds[c.depth] for c in cfgs if speeds.get(c.depth, 0) > 0)
 
 
@@ -186,7 +185,6 @@ def study_plan() -> dict:
 
 
 def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
-    """Hours of a study preset's run, depth and whole study at `tokens_per_s`."""
     plan = plan or study_plan()
     run = plan["cost_tokens"] / tokens_per_s / 3600
     return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],

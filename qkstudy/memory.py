@@ -35,8 +35,6 @@ TERMS = {  # term -> (what it is; the knobs behind it; the knobs that shrink it)
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """Bytes of one training step at its peak, by term (TERMS)."""
-
     parameters: int
     terms: dict[str, float]
 

@@ -11,7 +11,6 @@ from .config import ModelArgs
 from .variants import variant
 
 def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape (nn.Linear weights are (out, in))."""
     c, bias, head_dim = args.d_model, args.bias, args.d_model // args.n_heads
     shapes: dict[str, tuple[int, ...]] = {"wte.weight": (args.padded_vocab, c),
                                           "wpe.weight": (args.block_size, c)}
@@ -42,7 +41,6 @@ def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 
 def count_params(args: ModelArgs) -> dict[str, int]:
-    """{"total", "embedding" (token + position tables), "non_embedding"} parameter counts."""
     sizes = {name: math.prod(shape) for name, shape in parameter_shapes(args).items()}
     total = sum(sizes.values())
     embedding = sizes["wte.weight"] + sizes["wpe.weight"]

@@ -71,8 +71,6 @@ def finite(x: float | None) -> float | None:
 
 
 class Recorder:
-    """Buffers a run's rows and writes them as parts; judges divergence."""
-
     def __init__(self, cfg: TrainConfig, folder: RunFolder, *, init_loss: float | None = None,
                  elapsed: float = 0.0, train_seconds: float = 0.0, measure_seconds: float = 0.0,
                  health: dict | None = None):
@@ -174,7 +172,6 @@ class Recorder:
         return summary
 
     def peak_logit(self) -> float | None:
-        """The largest max_attention_logit probe value, or None."""
         table = self.folder.read_probes()
         if table is None:
             return None

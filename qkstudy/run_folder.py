@@ -111,7 +111,6 @@ _PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
 
 
 def parts(folder: Path) -> list[tuple[int, Path]]:
-    """(first step, path) of each part in `folder`, in step order."""
     if not folder.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
@@ -155,7 +154,6 @@ def steps_cover(name: str, steps: list[int], expected: list[int], once: bool = T
 
 
 def summary_problem(summary: dict, run_dir: Path) -> str | None:
-    """What is wrong with a summary.json object, or None."""
     status = summary.get("status")
     if status not in (*FINISHED, "failed"):
         return f"has status {status!r}, not one of completed, diverged, failed"
@@ -332,7 +330,6 @@ class RunFolder:
         return dest
 
     def lock(self) -> contextlib.AbstractContextManager[bool]:
-        """True with the run's lock held, False at once if another process holds it."""
         return locks.exclusive(self.lock_file)
 
     def trained_by(self) -> int | None:
@@ -357,12 +354,10 @@ class RunFolder:
                 part.unlink()
 
     def resume_problem(self, step: int, probe_every: int) -> str | None:
-        """Why the rows on disk do not match a checkpoint at `step`, or None."""
         return (coverage(self.metrics_dir, list(range(step)))
                 or coverage(self.probes_dir, list(range(0, step, probe_every)), once=False))
 
     def tidy(self) -> None:
-        """Under the lock, remove what a finished run's cut-short last writes left."""
         folders = [self.path, self.metrics_dir, self.probes_dir]
         if not (self.lock_file.exists() or self.checkpoint_file.exists()
                 or self.traceback_file.exists() or forensics.leftovers(folders)):
@@ -378,7 +373,6 @@ class RunFolder:
                                  text, **extra)
 
     def drop_finished_leftovers(self) -> None:
-        """Remove the checkpoint and an old traceback once summary.json says finished."""
         for path in (self.checkpoint_file, self.traceback_file):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)

@@ -32,7 +32,6 @@ DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
 
 
 def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """The memory a run may use on its device (its share of the GPUs), or None."""
     try:
         return backends.load(cfg.backend).memory_limit(cfg, runs)
     except UsageError:
@@ -172,7 +171,6 @@ def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
 
 
 def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
-    """Write the engine's state and `extra` (the recorder's clocks); returns the step."""
     arrays = engine.state_arrays()
     step = checkpoint_step(arrays)
     files.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
@@ -234,7 +232,6 @@ def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
 
 def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens, meta: dict,
                   verbose: bool, prefix: str, guard: interrupts.Deferred) -> dict:
-    """The step loop from the resume point to the summary."""
     engine, manifest, start, rec = _start(cfg, folder, val_tokens, meta, prefix)
     display = Display(cfg.run_id, cfg.steps, cfg.tokens_per_step, start, verbose, prefix)
     display.begin((f"resuming from step {start} of {cfg.steps}; " if start else "")

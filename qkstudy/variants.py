@@ -20,7 +20,6 @@ class Variant:
     scale_init: Callable[[int, int], float] | None = None
 
     def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple]:
-        """{name: (shape, initial value)} of each attention's own parameters."""
         gains = {n: ((head_dim,), 1.0) for n in ("q_norm", "k_norm")} if self.gains else {}
         if not self.scale_init:
             return gains
@@ -37,5 +36,4 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 
 
 def variant(kind: str) -> Variant:
-    """The row of a qk_norm kind (NONE for "none"); the config has validated the kind."""
     return NONE if kind == "none" else VARIANTS[kind]

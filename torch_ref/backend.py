@@ -13,7 +13,6 @@ from .engine import Engine, preflight  # noqa: F401 - the seam's contract (qkstu
 
 
 def device(cfg: TrainConfig) -> str:
-    """The device `device=` resolves to here, described ("cpu", "cuda:0 (NVIDIA H200)")."""
     return describe(resolve_device(cfg.device))
 
 
@@ -46,6 +45,5 @@ def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> f
 
 
 def peak_memory_bytes(cfg: TrainConfig) -> int | None:
-    """The peak CUDA allocation of this process; None on other devices."""
     dev = resolve_device(cfg.device)
     return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None

@@ -56,7 +56,6 @@ def set_determinism(deterministic: bool) -> None:
 
 
 def runs_per_device() -> int:
-    """K of a sweep with jobs=K (RUNS_PER_DEVICE in the environment), else 1."""
     try:
         return max(1, int(os.environ.get(RUNS_PER_DEVICE, "") or 1))
     except ValueError:
@@ -75,7 +74,6 @@ def this_gpu(runs: int | None = None) -> tuple[int, int]:
 
 
 def place(name: str) -> torch.device:
-    """The run's device; on CUDA this process's GPU, its memory capped at its share."""
     device = resolve_device(name)
     if device.type != "cuda":
         return device

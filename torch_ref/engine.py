@@ -68,7 +68,6 @@ def clip_and_step(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
 
 def update(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """clip_and_step, returning (pre-clip gradient norm, learning rate used) as 0-d tensors."""
     lr = opt.param_groups[0]["lr"]
     norm = clip_and_step(opt, schedule, grad_clip)
     return norm, torch.tensor(lr, dtype=torch.float32, device=norm.device)
@@ -99,7 +98,6 @@ class FallbackNotice(logging.Filter):
 
 @functools.cache
 def configure() -> None:
-    """Raise torch's graph limits to GRAPHS (never lower them), watch for the fall back."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), GRAPHS))
@@ -144,7 +142,6 @@ def snapshot(model: GPT, copy: bool = True) -> dict[str, torch.Tensor]:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Torch's checks before the run folder is made, determinism before CUDA starts."""
     set_determinism(cfg.deterministic)
     set_precision(cfg.precision, resolve_device(cfg.device))
 
@@ -219,7 +216,6 @@ class Engine:
         self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
 
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        """(cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
         checked = self.sync_check and self.steps_run > 0
         self.steps_run += 1
         if checked:

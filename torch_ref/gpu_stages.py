@@ -60,7 +60,6 @@ def quick_env(check: GpuCheckConfig) -> dict[str, str]:
 
 
 def python_env(check: GpuCheckConfig) -> dict[str, str]:
-    """This checkout importable."""
     return {**os.environ, **quick_env(check), "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
@@ -70,7 +69,6 @@ def check_row(check: str, ok: bool | None, figure: str) -> dict:  # ok None: not
 
 
 def train_run(cfg: TrainConfig, check: GpuCheckConfig, out: Path, left: float) -> dict:
-    """Train `cfg` in a process of its own: its run's record."""
     words = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
              if getattr(cfg, f.name) != getattr(TrainConfig(), f.name)]
     done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *words],
@@ -299,7 +297,6 @@ def throughput_text(t: dict, device: str) -> list[str]:
 
 
 def throughput_summary(t: dict) -> list[dict]:
-    """A row per planned measurement: ok, failed, or None (skipped for time)."""
     return [check_row(f"throughput {label(r)}", ok,
                       f"{r['tokens_per_s']:,.0f} tokens/s" if ok else r["status"])
             for r in t["rows"]
@@ -363,7 +360,6 @@ def sweep_text(s: dict) -> list[str]:
 
 
 def sweep_summary(s: dict) -> list[dict]:
-    """One row: ok when the sweep exited 0 and every planned run finished."""
     check = f"sweep jobs={s['jobs']}"
     if s["status"] == "skipped for time":
         return [check_row(check, None, "not run (time)")]

@@ -22,8 +22,6 @@ READY = "ready"
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """What one process measures."""
-
     config: dict  # TrainConfig fields (backend, device, precision, compile included)
     vocab: int
     warmup: int = 2

@@ -59,7 +59,6 @@ def is_open(gaps: list[float], min_gap: float) -> bool:
 
 
 def compared_arms(sweep: SweepConfig) -> list[str]:
-    """The arms compared with the off arm (none when the sweep has no off arm)."""
     return [a for a in sweep.arms if a != OFF] if OFF in sweep.arms else []
 
 
@@ -113,7 +112,6 @@ def extra_seeds(sweep: SweepConfig) -> list[int]:
 
 
 def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
-    """The next runs the results call for; a later stage starts when the earlier one is done."""
     if sweep.refine:
         boundary = [cfg for g in groups if (cfg := group_state(sweep, g)[1]) is not None]
         if boundary:

@@ -144,8 +144,6 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
 
 
 class _Tee:
-    """stdout that also appends to the main sweep process's sweep.log."""
-
     def __init__(self, stream, path: Path):
         self.stream, self.file = stream, open(path, "a", buffering=1)  # noqa: SIM115
 
@@ -172,7 +170,6 @@ def stop_workers(workers: list, grace: float = 10.0) -> None:
 
 
 def notify(title: str, message: str) -> None:
-    """The terminal bell and a desktop notification (osascript, notify-send) where possible."""
     if sys.stdout.isatty():
         print("\a", end="", flush=True)
     if sys.platform == "darwin" and shutil.which("osascript"):

@@ -26,8 +26,6 @@ def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float
 
 
 class Outcome(Enum):
-    """What the runs tree holds for one run."""
-
     COMPLETED = "completed"
     DIVERGED = "diverged"
     FAILED = "failed"  # trained and raised: no outcome on stability; the next sweep retries it
@@ -43,7 +41,6 @@ class Outcome(Enum):
 
 
 def run_outcome(cfg: TrainConfig) -> Outcome:
-    """The run's outcome from its summary.json (PENDING when there is none or it is unreadable)."""
     summary = RunFolder.of(cfg).summary_record()
     try:
         return Outcome(summary.get("status") if isinstance(summary, dict) else None)

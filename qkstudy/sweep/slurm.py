@@ -94,7 +94,6 @@ KEYS = {f"slurm_{f.name}": f.name for f in dataclasses.fields(SlurmOptions)}
 
 
 def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOptions]:
-    """(the words that are not slurm_* keys, the SlurmOptions those keys give)."""
     pairs = split_key_values(words)
     mine = {k: pairs.pop(k) for k in list(pairs) if k.startswith("slurm_")}
     unknown = sorted(set(mine) - set(KEYS))
@@ -107,7 +106,6 @@ def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOpti
 
 
 def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
-    """(folder, submission.json) of every earlier submission of this sweep, oldest first."""
     root = sweep_dir / "slurm"
     found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) if root.is_dir() else []
     return [(p, files.read_json(p / "submission.json") or {}) for p in found]
@@ -160,7 +158,6 @@ def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions
 
 
 def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
-    """Write the task list and array script of what is left (and sbatch it when `send`)."""
     if send and shutil.which("sbatch") is None:
         raise UsageError("--submit needs sbatch on PATH; without --submit the array script is "
                          "written for you to submit")
@@ -208,7 +205,6 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
 
 
 def sbatch(script: Path, record: dict) -> None:
-    """Submit the array and keep its job id in submission.json."""
     line = f"sbatch {shlex.quote(str(script))}"
     try:
         out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
