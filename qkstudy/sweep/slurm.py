@@ -142,21 +142,6 @@ def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
     return {run for _, run in active}, sorted({job for job, _ in active})
 
 
-def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions) -> str:
-    limit = f"%{options.max_parallel}" if options.max_parallel else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
-             f"#SBATCH --array=0-{n - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
-    lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
-    lines += [
-        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
-        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
-        "resumes).",
-        f"cd {shlex.quote(str(Path.cwd()))}",
-        f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
-        f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
-    return "\n".join(lines)
-
-
 def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
     if send and shutil.which("sbatch") is None:
         raise UsageError("--submit needs sbatch on PATH; without --submit the array script is "
@@ -185,10 +170,21 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
     script = folder / "array.sbatch"
+    limit = f"%{options.max_parallel}" if options.max_parallel else ""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
+             f"#SBATCH --array=0-{len(runs) - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
+    lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
+    lines += [
+        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
+        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
+        "resumes).",
+        f"cd {shlex.quote(str(Path.cwd()))}",
+        f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
+        f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
     with files.atomic_folder(folder) as tmp:
         files.write_text(tmp / "tasks.txt", "".join(command_line(c) + "\n" for c in runs))
         files.write_json(tmp / "submission.json", record)
-        files.write_text(tmp / script.name, array_script(folder, len(runs), sweep, options))
+        files.write_text(tmp / script.name, "\n".join(lines))
     print(f"sweep {sweep.name}: {counted(len(runs), 'run')} to submit as one array: "
           f"{counted(n_grid, 'grid run')} not finished (interrupted ones resume from their "
           f"checkpoint), {counted(len(runs) - n_grid, 'boundary-refinement run')} the results so "
