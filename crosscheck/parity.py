@@ -120,7 +120,8 @@ def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, 
     (*terms, logits), grads = nn.value_and_grad(model, objective)(model, mx.array(x), mx.array(y))
     rows = mlx_engine.collect(model, mx.array(px), mx.array(py), 0)
     before = dict(tree_flatten(model.parameters()))
-    mlx_engine.update(mlx_engine.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
+    mlx_engine.update(mlx_engine.make_optimizer(cfg, model.parameters()), model, grads,
+                      cfg.grad_clip)
     rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_engine.OPS)
     return np.array(logits), [t.item() for t in terms], {
         k: np.array(v) for k, v in tree_flatten(grads)}, rows
