@@ -1,2 +1,1 @@
-"""Checks across the two engines: parity (MLX vs PyTorch, numerically) and the spot check (an MLX
-run re-run with PyTorch). The one package that imports both mlx_gpt and torch_ref."""
+"""Checks across the two engines: parity and the spot check."""

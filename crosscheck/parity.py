@@ -1,10 +1,4 @@
-"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (`just parity`; docs/torch_ref.md).
-
-For every QK-norm arm and rival arm at depth 1 and 3, on both of mlx_gpt's kernel paths, in
-float32 with the same weights and batch: logits, loss, every gradient and the probes, then the
-loss of each step of 50 trained with each library's AdamW. Relative deviation everywhere:
-max|a - b| / max|b| over one tensor's elements, b the MLX value. Exits 1 on a broken tolerance.
-"""
+"""MLX vs PyTorch, numerically: `python -m crosscheck parity` (docs/torch_ref.md)."""
 
 from __future__ import annotations
 
@@ -24,8 +18,7 @@ import mlx.core as mx
 import torch
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_gpt import optim as mlx_optim
-from mlx_gpt import probes as mlx_probes
+from mlx_gpt import engine as mlx_engine
 from mlx_gpt.engine import Engine as MlxEngine, build_model
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
@@ -35,7 +28,6 @@ from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
 from qkstudy.probes import update_ratios
 from qkstudy.variants import VARIANTS
-from torch_ref import optim as torch_optim
 from torch_ref import engine as torch_engine
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
@@ -126,10 +118,11 @@ def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, 
         return (*m.loss(logits, b), logits)
 
     (*terms, logits), grads = nn.value_and_grad(model, objective)(model, mx.array(x), mx.array(y))
-    rows = mlx_probes.collect(model, mx.array(px), mx.array(py), 0)
+    rows = mlx_engine.collect(model, mx.array(px), mx.array(py), 0)
     before = dict(tree_flatten(model.parameters()))
-    mlx_optim.update(mlx_optim.make_optimizer(cfg, model.parameters()), model, grads, cfg.grad_clip)
-    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_probes.OPS)
+    mlx_engine.update(mlx_engine.make_optimizer(cfg, model.parameters()), model, grads,
+                      cfg.grad_clip)
+    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_engine.OPS)
     return np.array(logits), [t.item() for t in terms], {
         k: np.array(v) for k, v in tree_flatten(grads)}, rows
 
@@ -141,14 +134,13 @@ def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, 
     grads = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
     rows = torch_engine.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
     before = torch_engine.snapshot(model)
-    torch_optim.update(*torch_optim.make_optimizer(cfg, dict(model.named_parameters())),
+    torch_engine.update(*torch_engine.make_optimizer(cfg, dict(model.named_parameters())),
                        cfg.grad_clip)
     rows += update_ratios(0, before, torch_engine.snapshot(model), torch_engine.PROBE_OPS)
     return logits.detach().numpy(), [t.item() for t in terms], grads, rows
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """One forward/backward and one update of the perturbed model and its torch copy."""
     case = case_name(cfg)
     mlx_model = build_model(cfg, vocab_size)
     perturb(mlx_model, cfg.seed + 1)
@@ -198,7 +190,6 @@ _TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
 
 
 def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
-    """(steps, 4) array of (loss, pre-clip grad norm, lr, z-loss term) of an engine's steps."""
     batches = [train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
                for step in range(cfg.steps)]
     engine = engine_class(cfg, vocab_size, [], batches[0])
@@ -206,7 +197,6 @@ def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: i
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    """The MLX engine's steps against backend=torch's (fp32 on the CPU)."""
     torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
     key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
     if key not in _TORCH_TRAJECTORIES:

@@ -1,10 +1,4 @@
-"""`python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]`.
-
-Re-runs an MLX run with backend=torch (same config, initial weights and batches) into its torch
-twin's run folder beside it, plus comparison.json: the largest relative deviation from the MLX
-run of train loss, val loss, grad norm and each probe, and the judgement. A finished spot check
-is not re-run (its comparison is refreshed); an interrupted one resumes like any run.
-"""
+"""`python -m crosscheck spot-check RUN_DIR [device=...] [data=PATH]`: an MLX run in torch."""
 
 from __future__ import annotations
 
@@ -44,7 +38,6 @@ def torch_twin(run_dir: str | Path, device: str = "auto", data: str | None = Non
 
 def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = None,
                verbose: bool = True) -> tuple[Path, dict]:
-    """Re-run `run_dir` with torch on `device`. Returns (torch run folder, its summary)."""
     cfg = torch_twin(run_dir, device, data)
     summary = trainer.train(cfg, verbose=verbose)
     out = RunFolder.of(cfg).path
@@ -71,8 +64,7 @@ def _deviations(torch_rows: list[dict], mlx_rows: list[dict], key, columns) -> d
 
 
 def compare(mlx_dir: Path, torch_dir: Path) -> dict:
-    """Per-step relative deviation |torch - mlx| / |mlx| of train loss, val loss, grad norm and
-    each probe, and the judgement."""
+    """Per-step relative deviation |torch - mlx| / |mlx| of each number, and the judgement."""
     mlx, torch = RunFolder(mlx_dir), RunFolder(torch_dir)
     a, b = torch.read_metrics(), mlx.read_metrics()
     digests = [(f.read_manifest() or {}).get("data_meta_sha256") for f in (mlx, torch)]
@@ -114,7 +106,6 @@ TOLERANCES = {"train_loss": 1e-3, "val_loss": 1e-3, "grad_norm": 1e-2}
 
 
 def judge(comparison: dict) -> dict:
-    """{"pass": bool, "tolerances": ..., "failures": [why, ...]} for a comparison."""
     failures = []
     if not comparison.get("steps_compared"):
         failures.append("no common steps to compare")

@@ -1,5 +1,4 @@
-"""The MLX engine. Importing it prepares MLX's CPU backend before the first `import mlx` (Linux
-only): OpenBLAS for its matmuls and the tuned kernel build (cpu_jit.py)."""
+"""The MLX engine; importing it prepares MLX's CPU backend (cpu_jit.py) on Linux."""
 
 from .cpu_jit import ensure_fast_blas, ensure_native_jit
 

@@ -16,7 +16,6 @@ from .engine import Engine  # noqa: F401 - the seam's contract (qkstudy/backends
 
 
 def device(cfg: TrainConfig) -> str:
-    """MLX's default device, "cpu" or "gpu" (MLX picks it; a run has no device key)."""
     return str(mx.default_device().type).rsplit(".", 1)[-1]
 
 
@@ -29,7 +28,6 @@ def preflight(cfg: TrainConfig) -> None:
 
 
 def memory_limit(cfg: TrainConfig, runs: int | None = None) -> None:
-    """MLX trains in the machine's memory (unified on a Mac): the core's own check."""
     return None
 
 
@@ -39,7 +37,6 @@ def facts(cfg: TrainConfig) -> dict:
 
 
 def matmul_gflops(cfg: TrainConfig, n: int = 2048, repeats: int = 3) -> float:
-    """Best-of float32 n^3 matmul GFLOP/s on MLX's default device."""
     a = mx.random.normal((n, n), dtype=mx.float32)
     mx.eval(a @ a)
     best = float("inf")

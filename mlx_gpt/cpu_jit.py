@@ -1,7 +1,4 @@
-"""MLX's CPU backend prepared before `import mlx` (Linux only; docs/performance.md): a BLAS loaded
-with RTLD_GLOBAL, which MLX then binds its cblas calls to (its wheel's reference BLAS is ~50x
-slower), and with MLX_GPT_CPU_JIT=native a g++ wrapper adding -march=native first on PATH, with
-TMPDIR (where MLX caches its kernels by name only) a folder keyed by CPU, compiler and flags."""
+"""MLX's CPU backend prepared before `import mlx` (Linux only; docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -62,7 +59,6 @@ def ensure_fast_blas() -> str | None:
 
 
 def cpu_identity() -> str:
-    """The CPU's model name and feature flags, as /proc/cpuinfo gives them for the first core."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -91,7 +87,6 @@ def cache_key(identity: str, gxx: str) -> str:
 
 
 def supported() -> bool:
-    """Linux on x86-64, where MLX's CPU backend compiles its kernels with g++."""
     return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
 
 

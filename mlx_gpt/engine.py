@@ -1,9 +1,10 @@
-"""The MLX engine of a run (qkstudy/trainer.py drives it). Its checkpoint state: the weights
-("model.<name>") and the optimizer's whole state ("opt.<key>" of tree_flatten(opt.state))."""
+"""The MLX engine of a run; checkpoint state: "model.<name>" and "opt.<key>" arrays."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
+from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -13,12 +14,52 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from qkstudy import denormals, probes
 from qkstudy.config import TrainConfig, model_args
+from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 from qkstudy.parameters import count_params
 
 from . import cpu_jit
-from . import probes as probe_lib
 from .model import GPT, init_weights
-from .optim import make_optimizer, update
+
+
+OPS = SimpleNamespace(
+    where=mx.where, f32=lambda x: x.astype(mx.float32),
+    numbers=lambda values: np.array(mx.concatenate([v.reshape(-1) for v in values])
+                                    .astype(mx.float32), dtype=np.float64).tolist())
+
+
+def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
+    def objective(x: mx.array, y: mx.array):
+        captures: list[dict] = []
+        logits = model(x, captures)
+        total, ce, _ = model.loss(logits, y)
+        return total, ce, logits, captures
+
+    (_, ce, logits, captures), grads = nn.value_and_grad(model, objective)(x, y)
+    return probes.collected(step, model.args, captures, logits, ce,
+                            dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), OPS)
+
+
+def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
+    rates = mx.array(learning_rates(cfg))
+    last = rates.size - 1
+
+    def adamw(weight_decay: float) -> optim.AdamW:
+        # the schedule gets the update count before the optimizer increments it
+        return optim.AdamW(learning_rate=lambda step: rates[mx.minimum(step, last)],
+                           betas=[cfg.beta1, cfg.beta2], eps=cfg.eps,
+                           weight_decay=weight_decay, bias_correction=True)
+
+    opt = optim.MultiOptimizer([adamw(decay_coefficient(cfg)), adamw(0.0)],
+                               [lambda name, param: decays(name, param.shape)])
+    opt.init(params)
+    return opt
+
+
+def update(opt: optim.MultiOptimizer, model, grads: dict, grad_clip: float
+           ) -> tuple[mx.array, mx.array]:
+    clipped, norm = optim.clip_grad_norm(grads, grad_clip if grad_clip > 0 else math.inf)
+    opt.update(model, clipped if grad_clip > 0 else grads)
+    return norm, opt.learning_rate
 
 
 def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
@@ -28,8 +69,7 @@ def build_model(cfg: TrainConfig, vocab_size: int) -> GPT:
 
 
 def make_train_step(model: GPT, opt: optim.MultiOptimizer, grad_clip: float):
-    """The compiled update (x, y) -> (cross-entropy, pre-clip grad norm, lr, z-loss term), its
-    gradient GPT.loss's objective's; with the state list to evaluate after each call."""
+    """The compiled update (x, y) -> (loss, grad norm, lr, z), and its state list."""
     loss_and_grad = nn.value_and_grad(model, lambda m, x, y: m.loss(m(x), y))
     state = [model.state, opt.state]
 
@@ -94,13 +134,13 @@ class Engine:
         return mx.stack([self._eval(x, y) for x, y in self.val]).mean().item()
 
     def probes(self, step: int) -> list[dict]:
-        return probe_lib.collect(self.model, self.px, self.py, step)
+        return collect(self.model, self.px, self.py, step)
 
     def snapshot(self):
         return dict(tree_flatten(self.model.parameters()))
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return probes.update_ratios(step, before, self.snapshot(), probe_lib.OPS)
+        return probes.update_ratios(step, before, self.snapshot(), OPS)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in self.snapshot().items()}

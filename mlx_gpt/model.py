@@ -1,6 +1,4 @@
-"""A plain nanoGPT decoder in MLX with QK-norm as its switch, and two rival logit controls
-(attention-logit soft-capping, the z-loss term of GPT.loss); docs/model.md. Parameter names and
-shapes match torch_ref/model.py one to one."""
+"""A plain nanoGPT decoder in MLX with QK-norm, soft-capping and z-loss (docs/model.md)."""
 
 from __future__ import annotations
 
@@ -28,13 +26,11 @@ NORMS = {"rms": lambda x, w: mx.fast.rms_norm(x, w, NORM_EPS),
 
 
 def kernel_ops(kernels: str):
-    """The elementwise maths of a kernel path: mlx_gpt/kernels.py's (cpu) or MLX's own."""
     return cpu_kernels if kernels == "cpu" else LIBRARY
 
 
 def resolve_kernels(kernels: str) -> str:
-    """'auto' -> cpu on MLX's CPU device (where MLX's exp/erf run one element at a time), else
-    library (MLX's fused attention, GELU, softmax and log-sum-exp). Same function either way."""
+    """'auto' -> cpu on MLX's CPU device, else library (MLX's fused kernels)."""
     if kernels == "auto":
         return "cpu" if mx.default_device().type == mx.DeviceType.cpu else "library"
     return kernels
@@ -69,14 +65,12 @@ class CausalSelfAttention(nn.Module):
         return norm(q, None), norm(k, None)
 
     def capped(self, scores: mx.array) -> mx.array:
-        """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
         if not self.softcap:
             return scores
         return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap))
 
     def __call__(self, x: mx.array, capture: dict | None = None) -> mx.array:
-        """The fused kernel, or the attention written out: for a capture (what the probes
-        read), a soft-cap or the CPU kernels."""
+        """The fused kernel, or attention written out (a probe capture, a soft-cap, CPU kernels)."""
         B, T, C = x.shape
         q_raw, k_raw, v = self.heads(x)
         q, k = self.normed(q_raw, k_raw)
@@ -142,8 +136,7 @@ class GPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.T  # the tied head
 
     def loss(self, logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        """(objective, mean cross-entropy, z-loss term): the objective adds, when z_loss = W > 0,
-        W * mean over positions of logsumexp(logits)^2 (Chowdhery et al. 2022)."""
+        """(objective, mean cross-entropy, z-loss term W * mean logsumexp(logits)^2)."""
         lse = kernel_ops(self.args.kernels).logsumexp(logits)
         ce = mx.mean(lse - mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
         z = self.args.z_loss * mx.mean(mx.square(lse)) if self.args.z_loss else mx.array(0.0)

@@ -1,6 +1,4 @@
-"""`python -m qkstudy archive`: a sweep's finished runs as one byte-reproducible .tar.xz
-(no weights; metric rows thinned to every k-th step, the evaluations and the last step, k in
-each run's archived.json), and back; an archive is untrusted input (docs/outputs.md)."""
+"""`python -m qkstudy archive`: finished runs as a reproducible .tar.xz (docs/outputs.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The arms of a sweep: none (every control off), a qk_norm variant, softcap<C> (attn_softcap)
-or zloss<W> (z_loss), each one config change against none, named in one spelling."""
+"""The arms of a sweep: none, a qk_norm variant, softcap<C> or zloss<W>, each one change."""
 
 from __future__ import annotations
 

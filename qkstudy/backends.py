@@ -1,5 +1,4 @@
-"""The one seam between the core and an engine: `backend=mlx|torch` names a module (BACKENDS)
-whose contract, the `Backend` protocol, is checked when it is loaded."""
+"""The seam between core and engine: `backend=mlx|torch` names a module (Backend protocol)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,6 @@ class Engine(Protocol):
 
 
 class Backend(Protocol):
-    """What a backend's module provides."""
-
     Engine: type  # the train step: Engine(cfg, vocab_size, val, probe) -> an Engine
 
     def preflight(self, cfg: TrainConfig) -> None: ...  # UsageError when cfg cannot run here
@@ -59,8 +56,7 @@ CONTRACT = ("Engine", *(name for name in vars(Backend) if not name.startswith("_
 
 
 def load(backend: str) -> Backend:
-    """The backend's module, its contract checked (UsageError: what to install). Flush-to-zero is
-    set first, before the framework starts the threads that inherit it."""
+    """The backend's module, its contract checked; flush-to-zero set before its threads start."""
     name, hint = BACKENDS[backend]
     denormals.flush()
     try:

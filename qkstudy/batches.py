@@ -1,5 +1,4 @@
-"""Batches as a pure function of (data_seed, purpose, index): every arm and LR sees the same
-ones, and a resumed run needs no cursor beyond its step."""
+"""Batches as a pure function of (data_seed, purpose, index): the same for every arm and LR."""
 
 from __future__ import annotations
 

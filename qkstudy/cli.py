@@ -25,7 +25,6 @@ def keys_usage(usage: str, what: str, config: type) -> str:
 
 def entry(prog: str, commands: dict[str, tuple[str, str]],
           missing: dict[str, str] | None = None) -> Callable[..., int]:
-    """A package's main(argv=sys.argv[1:])."""
     return functools.partial(dispatch, prog, commands, missing=missing)
 
 

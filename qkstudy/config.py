@@ -217,7 +217,6 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ModelArgs:
-    """The model's shape and switches (both engines' GPT take it)."""
     vocab_size: int
     depth: int = 4
     d_model: int = 128
@@ -306,12 +305,10 @@ def split_key_values(words: list[str]) -> dict[str, str]:
 
 
 def take(pairs: dict[str, str], key: str, hint: Any, default: Any = None) -> Any:
-    """Pop `key` from parsed pairs coerced to `hint`, or `default` when it is not given."""
     return _coerce(key, hint, pairs.pop(key)) if key in pairs else default
 
 
 def apply_overrides(base: Any, overrides: dict[str, str]) -> Any:
-    """A copy of dataclass `base` with string overrides coerced to each field's type."""
     hints = typing.get_type_hints(type(base))
     names = {f.name for f in fields(base)}
     changes = {}

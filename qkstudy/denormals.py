@@ -1,6 +1,4 @@
-"""Flush-to-zero for the CPU's subnormal floats (each a ~100-cycle assist on x86-64; high-LR
-runs make many: docs/performance.md), set on the main thread through libm's fegetenv/fesetenv
-before a framework starts its threads, which inherit it. Linux x86-64 and aarch64 only."""
+"""Flush-to-zero for subnormal floats, set before a framework's threads (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ ENV = "QKSTUDY_DENORMALS"  # keep: the CPU's default handling of subnormal float
 # (system, machine) -> (sizeof(fenv_t), byte offset of the control register, its flush bits):
 # glibc's x86_64 fenv_t ends in the 32-bit MXCSR (FTZ bit 15, DAZ bit 6); aarch64's is
 # {fpcr, fpsr} (FZ bit 24)
-LAYOUTS = {("Linux", "x86_64"): (32, 28, 0x8040),
-           ("Linux", "aarch64"): (8, 0, 1 << 24)}
+LAYOUTS = {("Linux", "x86_64"): (32, 28, 0x8040), ("Linux", "aarch64"): (8, 0, 1 << 24)}
 
 
 def _state(libm, layout):

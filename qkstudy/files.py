@@ -1,5 +1,4 @@
-"""Files that are never half-written (os.replace of a synced temporary) and tensors that carry
-their checksum; every file is read back as untrusted."""
+"""Files never half-written, tensors that carry their checksum; every read untrusted."""
 
 from __future__ import annotations
 
@@ -44,7 +43,6 @@ def describe_io_failure(error: OSError, where: Path | str) -> str:
 
 
 def io_advice(error: OSError) -> str:
-    """What to do about an io_failure, as a verb phrase."""
     if error.errno in _FULL or "No space left on device" in str(error):
         return "free some space"
     if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

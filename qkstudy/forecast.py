@@ -1,5 +1,4 @@
-"""How long training takes, in one place: a sweep's plan and ETA, `just status`'s time left and
-the study's hours in `just bench` and `just gpu-check`."""
+"""How long training takes: a sweep's plan and ETA, status's time left, the bench's hours."""
 
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ def run_cost_tokens(cfg: TrainConfig) -> float:
 
 
 def run_seconds(cfgs: list[TrainConfig], speeds: Mapping[int, float]) -> float:
-    """Seconds of these runs at tokens/s per depth (a depth without a speed counts 0)."""
     return sum(run_cost_tokens(c) / speeds[c.depth] for c in cfgs if speeds.get(c.depth, 0) > 0)
 
 
@@ -73,8 +71,7 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = Path("repo
 
 def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
                 say: Callable[[str], None]) -> tuple[dict[int, float], str]:
-    """A plan's tokens/s without `--calibrate`: the bench's stored figure, a short timing of the
-    first depth, else the FLOP model; `say` prints why the bench's figure cannot serve."""
+    """A plan's tokens/s without --calibrate: the bench's figure, a short timing, or FLOPs."""
     found, why = from_bench(cfgs, vocab)
     if why:
         say(why)
@@ -142,8 +139,7 @@ def queue_eta(left: float, first: float, planned: float, seconds: float, process
 
 
 def time_left_line(runs: list, stored: object) -> str:
-    """The training time of the runs without a result, in one process, for `just status`: at a
-    depth's finished runs' median tok/s, else at the sweep's calibration (`stored`)."""
+    """The training time of the runs without a result, in one process, for `just status`."""
     left = [r for r in runs if not r.finished and r.state != "failed"]
     if not left:
         return "time left: none (every run has a result" + (
@@ -189,7 +185,6 @@ def study_plan() -> dict:
 
 
 def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
-    """Hours of a study preset's run, depth and whole study at `tokens_per_s`."""
     plan = plan or study_plan()
     run = plan["cost_tokens"] / tokens_per_s / 3600
     return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],

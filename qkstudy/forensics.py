@@ -1,5 +1,4 @@
-"""What a dead process leaves in a run folder (temporaries with its pid, a .fatal-<pid>
-traceback log), and what a failed run keeps."""
+"""What a dead process leaves in a run folder, and what a failed run keeps."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ FATAL_PREFIX = ".fatal-"
 
 
 def alive(pid: int) -> bool:
-    """Whether another live process has this id (our own counts as gone)."""
     if pid == os.getpid():
         return False
     try:
@@ -32,7 +30,6 @@ def alive(pid: int) -> bool:
 
 
 def leftovers(folders: list[Path]) -> bool:
-    """Whether a run's folders hold a temporary file or a fatal-signal log."""
     return any(_OWNED.fullmatch(p.name) or p.name.startswith(FATAL_PREFIX)
                for folder in folders if folder.is_dir() for p in folder.glob(".*"))
 

@@ -1,6 +1,4 @@
-"""Ctrl-C and SIGTERM stop a run at a safe point: inside `Deferred` they are noted and raised at
-`check()` (or on leaving the block); under `raising()` they raise at once and are remembered,
-so one that C code swallows is still honoured by the next `Deferred` block."""
+"""Ctrl-C and SIGTERM stop a run at a safe point (`Deferred`, `check()`, `raising()`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""One process per run: a flock'd lock file holding its pid, removed on release (so one left
-behind is a dead process's), and who holds one."""
+"""One process per run: a flock'd lock file holding its pid, removed on release."""
 
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ def _cannot(path: Path, e: OSError) -> UsageError:
 
 @contextlib.contextmanager
 def exclusive(path: Path) -> Iterator[bool]:
-    """Yield True with the lock on `path` held, or False at once if another process holds it."""
     for _ in range(100):  # its holder may remove the file between our open and our lock
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -105,7 +103,6 @@ def written_pid(path: Path) -> int | None:
 
 
 def holder(path: Path, held: dict | None) -> int | None:
-    """The pid holding the lock on `path` (by `held`, else the file's live pid), or None."""
     try:
         st = path.stat()
     except OSError:

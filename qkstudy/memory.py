@@ -1,5 +1,4 @@
-"""How much memory one training step needs, checked before anything trains (an allocation MLX
-cannot satisfy ends the process with SIGSEGV and no message). Framework-free."""
+"""How much memory one training step needs, checked before anything trains."""
 
 from __future__ import annotations
 
@@ -36,8 +35,6 @@ TERMS = {  # term -> (what it is; the knobs behind it; the knobs that shrink it)
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """Bytes of one training step at its peak, by term (TERMS)."""
-
     parameters: int
     terms: dict[str, float]
 
@@ -81,8 +78,7 @@ def _read(path: str) -> str:
 
 
 def available() -> tuple[int, str]:
-    """(bytes this process can use, the words for it): a Mac's unified memory (macOS pages
-    rather than failing), else MemAvailable capped by a cgroup limit, else physical RAM."""
+    """(bytes this process can use, the words for it): unified memory, MemAvailable or RAM."""
     if sys.platform == "darwin":
         try:
             size = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,

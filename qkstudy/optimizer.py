@@ -1,6 +1,4 @@
-"""The optimizer's numbers, stated once for both engines' AdamW (mlx_gpt/optim.py,
-torch_ref/optim.py): nanoGPT's LR schedule and decay rule, and Wortsman et al.'s independent
-decay (weight_decay / lr, so the decay per step does not shrink with the peak LR)."""
+"""The optimizer's numbers for both engines' AdamW: LR schedule and (independent) decay."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The model's parameters without a framework: names, shapes, counts and initial values, numpy
-arrays drawn from (seed, parameter name) that both engines start from (docs/model.md), so the
-QK-norm arms of one seed share every common weight (TrainConfig.init names the scheme)."""
+"""The model's parameters without a framework: names, shapes, counts, initial values."""
 
 from __future__ import annotations
 
@@ -13,7 +11,6 @@ from .config import ModelArgs
 from .variants import variant
 
 def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every parameter's name and shape (nn.Linear weights are (out, in))."""
     c, bias, head_dim = args.d_model, args.bias, args.d_model // args.n_heads
     shapes: dict[str, tuple[int, ...]] = {"wte.weight": (args.padded_vocab, c),
                                           "wpe.weight": (args.block_size, c)}
@@ -44,7 +41,6 @@ def parameter_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 
 def count_params(args: ModelArgs) -> dict[str, int]:
-    """{"total", "embedding" (token + position tables), "non_embedding"} parameter counts."""
     sizes = {name: math.prod(shape) for name, shape in parameter_shapes(args).items()}
     total = sum(sizes.values())
     embedding = sizes["wte.weight"] + sizes["wpe.weight"]
@@ -52,8 +48,7 @@ def count_params(args: ModelArgs) -> dict[str, int]:
 
 
 def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
-    """nanoGPT's scheme: N(0, 0.02) for every matrix, residual projections N(0, 0.02 /
-    sqrt(2 * depth)), biases 0, norm gains 1, a variant's own parameters their initial value."""
+    """nanoGPT's init: N(0, 0.02), residual projections / sqrt(2 depth), biases 0, gains 1."""
     residual_std = 0.02 / math.sqrt(2 * args.depth)
     own = variant(args.qk_norm).parameters(args.block_size, args.d_model // args.n_heads)
     weights = {}

@@ -1,5 +1,4 @@
-"""The probes' vocabulary: the names both engines write, the parameter groups and the outlier
-threshold (docs/probes.md)."""
+"""The probes' vocabulary: names, parameter groups, outlier threshold (docs/probes.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +10,7 @@ OUTLIER_SIGMAS = 6.0  # "massive" threshold for the outlier share (Sun et al. 20
 
 @dataclass(frozen=True)
 class Probe:
-    """One probe: how the analysis reduces it over layers (and heads), which direction is worse
-    (or None), whether its worst value is summarised per run, its words (docs/probes.md's
-    table), and whether it has one row per head."""
+    """One probe: its reduction, worse direction, per-run summary, words, per-head rows."""
 
     name: str
     over_layers: str
@@ -73,8 +70,7 @@ _GROUP_ALIASES = {"ln1": "ln", "ln2": "ln", "ln_f": "ln", "attn.q_norm": "qk_nor
 
 
 def parameter_group(name: str) -> tuple[str, int]:
-    """'blocks.3.attn.qkv.weight' -> ('attn.qkv', 3); 'ln_f.bias' -> ('ln', -1); the norms
-    merged: ln1, ln2, ln_f -> ln; attn.q_norm, attn.k_norm, attn.qk_scale -> qk_norm."""
+    """'blocks.3.attn.qkv.weight' -> ('attn.qkv', 3); the norms merged into ln, qk_norm."""
     layer = WHOLE_MODEL
     match = _BLOCK.match(name)
     if match:

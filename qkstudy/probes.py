@@ -1,9 +1,4 @@
-"""The probes' statistics, written once for both engines (docs/probes.md), from a probe
-forward's captures, the parameters and the gradients. They use only the methods MLX arrays and
-torch tensors share and an engine's `ops`: where(cond, a, b), f32(x) and numbers(arrays) (their
-entries as Python floats, in one device sync). A value is (layer, name, array): layer -1 for
-whole-model values and groups pooled over layers; a per-head probe has one entry per head.
-"""
+"""The probes' statistics, written once for both engines through their `ops` (docs/probes.md)."""
 
 from __future__ import annotations
 
@@ -94,16 +89,14 @@ def collected(step: int, args: ModelArgs, captures: list[dict], logits, loss, pa
 
 
 def update_ratios(step: int, before: dict, after: dict, ops) -> list[dict]:
-    """The rows of update_rms_ratio/<group>, RMS(after - before) / RMS(before) per group, of
-    update `step`."""
+    """The rows of update_rms_ratio/<group>: RMS(after - before) / RMS(before)."""
     update = group_rms({name: after[name] - before[name] for name in before}, ops)
     return rows(step, [(layer, f"update_rms_ratio/{group}", u / p)
                        for (layer, group, u), (*_, p) in zip(update, group_rms(before, ops))], ops)
 
 
 def rows(step: int, values: list[tuple], ops) -> list[dict]:
-    """The rows {"step", "layer", "head", "name", "value"}: one per scalar, one per head of a
-    per-head value (head None otherwise)."""
+    """The rows {step, layer, head, name, value}: one per scalar, one per head of a head value."""
     numbers = iter(ops.numbers([v for *_, v in values]))
     return [{"step": step, "layer": layer, "head": head, "name": name, "value": next(numbers)}
             for layer, name, v in values

@@ -32,7 +32,6 @@ class Display:
             self.last_print = time.monotonic()
 
     def begin(self, message: str, always: bool = False) -> None:
-        """A line before the first step: live on a terminal, elsewhere only when `always`."""
         if self.tty or always:
             self.close(message, end="" if self.tty else "\n")
 

@@ -50,7 +50,6 @@ def versions(*modules: str) -> dict[str, str | None]:
 
 
 def provenance() -> dict:
-    """The code's git commit, whether it had local changes, and the libraries' versions."""
     status = _git("status", "--porcelain", "--untracked-files=no")
     return {"git_commit": _git("rev-parse", "HEAD"),
             "git_dirty": bool(status) if status is not None else None,
@@ -58,7 +57,6 @@ def provenance() -> dict:
 
 
 def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
-    """manifest.json: provenance, the machine, the data and the backend's `extra` facts."""
     meta = Path(data_dir) / "meta.json"
     return {"framework": framework, "device": device, **provenance(),
             "platform": platform.platform(), "machine": platform.machine(), "chip": chip(),

@@ -15,9 +15,7 @@ from .run_folder import RunFolder
 
 def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
                init_loss: float | None, recent: Sequence[float]) -> str | None:
-    """Why this step counts as diverged, or None: a non-finite loss or gradient norm, or after
-    warmup a lower median of the last `divergence_window` losses above init_loss + margin (a
-    transient spike moves that median by one rank at most)."""
+    """Why this step counts as diverged (non-finite, or median loss over init + margin), or None."""
     if not math.isfinite(loss):
         return "non-finite loss"
     if not math.isfinite(grad_norm):
@@ -73,8 +71,6 @@ def finite(x: float | None) -> float | None:
 
 
 class Recorder:
-    """Buffers a run's rows and writes them as parts; judges divergence."""
-
     def __init__(self, cfg: TrainConfig, folder: RunFolder, *, init_loss: float | None = None,
                  elapsed: float = 0.0, train_seconds: float = 0.0, measure_seconds: float = 0.0,
                  health: dict | None = None):
@@ -171,12 +167,11 @@ class Recorder:
             "params": params, "peak_max_attention_logit": self.peak_logit(),
         }
         manifest["ended"] = files.now()
-        self.folder.write_manifest(manifest)
-        self.folder.write_summary(summary)
+        files.write_json(self.folder.manifest_file, manifest)
+        files.write_json(self.folder.summary_file, summary)
         return summary
 
     def peak_logit(self) -> float | None:
-        """The largest max_attention_logit probe value, or None."""
         table = self.folder.read_probes()
         if table is None:
             return None

@@ -1,7 +1,4 @@
-"""The run folder, <runs_dir>/<sweep>/<run_id>/: its file names, lock, states and checks.
-
-No other module spells its names (a test holds the code to it); docs/outputs.md shows the
-layout. States (`RunFolder.state`): new, resumable, failed, finished, damaged."""
+"""The run folder, <runs_dir>/<sweep>/<run_id>/: its file names, lock, states and checks."""
 
 from __future__ import annotations
 
@@ -19,8 +16,7 @@ import pyarrow.parquet as pq
 from . import forensics, locks
 from .config import TrainConfig
 from .errors import UsageError
-from .files import DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata, \
-    read_tensors, write_json
+from .files import DamagedFile, atomic, load_object, now, read_json, read_tensors, write_json
 
 
 CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.json", \
@@ -115,7 +111,6 @@ _PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
 
 
 def parts(folder: Path) -> list[tuple[int, Path]]:
-    """(first step, path) of each part in `folder`, in step order."""
     if not folder.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
@@ -159,7 +154,6 @@ def steps_cover(name: str, steps: list[int], expected: list[int], once: bool = T
 
 
 def summary_problem(summary: dict, run_dir: Path) -> str | None:
-    """What is wrong with a summary.json object, or None."""
     status = summary.get("status")
     if status not in (*FINISHED, "failed"):
         return f"has status {status!r}, not one of completed, diverged, failed"
@@ -264,14 +258,8 @@ class RunFolder:
     def read_config(self) -> dict | None:
         return read_json(self.config_file)
 
-    def write_config(self, config: dict) -> None:
-        write_json(self.config_file, config)
-
     def read_manifest(self) -> dict | None:
         return read_json(self.manifest_file)
-
-    def write_manifest(self, manifest: dict) -> None:
-        write_json(self.manifest_file, manifest)
 
     def summary_record(self) -> dict:
         """summary.json's object unchecked ({} when missing or unreadable), for display."""
@@ -287,9 +275,6 @@ class RunFolder:
             raise DamagedRun(f"{self.summary_file} {why}; remove it (rm {self.summary_file}) and "
                              "run again to resume or retrain the run")
         return summary if summary["status"] in FINISHED else None
-
-    def write_summary(self, summary: dict) -> None:
-        write_json(self.summary_file, summary)
 
     def intact_summary(self) -> dict | None:
         """The summary of a finished run with intact files, None if unfinished; DamagedRun."""
@@ -345,19 +330,12 @@ class RunFolder:
         return dest
 
     def lock(self) -> contextlib.AbstractContextManager[bool]:
-        """True with the run's lock held, False at once if another process holds it."""
         return locks.exclusive(self.lock_file)
-
-    def lock_pid(self) -> int | None:
-        return locks.written_pid(self.lock_file)
 
     def trained_by(self) -> int | None:
         """The pid of the process that trained the run last (its manifest's), or None."""
         pid = (self.read_manifest() or {}).get("pid")
         return pid if _is_int(pid) else None
-
-    def holder(self, held: dict | None) -> int | None:
-        return locks.holder(self.lock_file, held)
 
     def write_rows(self, metric_rows: list[dict], probe_rows: list[dict]) -> None:
         write_part(self.metrics_dir, metric_rows, METRICS_SCHEMA)
@@ -369,9 +347,6 @@ class RunFolder:
     def read_probes(self) -> pa.Table | None:
         return read_parts(self.probes_dir)
 
-    def metric_parts(self) -> list[tuple[int, Path]]:
-        return parts(self.metrics_dir)
-
     def drop_rows_from(self, step: int) -> None:
         """Remove the parts written after a checkpoint at `step` (they are redone)."""
         for first, part in parts(self.metrics_dir) + parts(self.probes_dir):
@@ -379,18 +354,10 @@ class RunFolder:
                 part.unlink()
 
     def resume_problem(self, step: int, probe_every: int) -> str | None:
-        """Why the rows on disk do not match a checkpoint at `step`, or None."""
         return (coverage(self.metrics_dir, list(range(step)))
                 or coverage(self.probes_dir, list(range(0, step, probe_every)), once=False))
 
-    def checkpoint_metadata(self) -> dict[str, str] | None:
-        return read_tensor_metadata(self.checkpoint_file)
-
-    def clean_leftovers(self) -> list[str]:
-        return forensics.clean_leftovers([self.path, self.metrics_dir, self.probes_dir])
-
     def tidy(self) -> None:
-        """Under the lock, remove what a finished run's cut-short last writes left."""
         folders = [self.path, self.metrics_dir, self.probes_dir]
         if not (self.lock_file.exists() or self.checkpoint_file.exists()
                 or self.traceback_file.exists() or forensics.leftovers(folders)):
@@ -406,7 +373,6 @@ class RunFolder:
                                  text, **extra)
 
     def drop_finished_leftovers(self) -> None:
-        """Remove the checkpoint and an old traceback once summary.json says finished."""
         for path in (self.checkpoint_file, self.traceback_file):
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)

@@ -1,5 +1,4 @@
-"""`python -m qkstudy status`: a sweep at a glance, one screen per sweep. It only reads files
-(and asks squeue/sacct): never a run lock, never a write."""
+"""`python -m qkstudy status`: a sweep at a glance; it only reads, never locks or writes."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files, run_folder
+from . import files, locks, run_folder
 from .arms import arm_of
 from .config import split_flags
 from .errors import UsageError
@@ -63,8 +62,9 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
         steps = max(1, budget // tps) if budget > 0 else config.get("max_steps", steps)
     run = Run(run_dir.name, config.get("depth", summary.get("depth")),
               config.get("lr", summary.get("lr")), arm_of(config),
-              config.get("seed", summary.get("seed")), steps, tps, holder=folder.holder(held))
-    found, table = folder.metric_parts(), None
+              config.get("seed", summary.get("seed")), steps, tps,
+              holder=locks.holder(folder.lock_file, held))
+    found, table = run_folder.parts(folder.metrics_dir), None
     try:  # the last metrics part: the step of its last row, its latest train loss
         table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
     except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
@@ -84,7 +84,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
         elif isinstance(summary.get("final_val_loss"), (int, float)):
             run.detail = f"val {summary['final_val_loss']:.4f}"
         return run
-    meta, ckpt = folder.checkpoint_metadata(), {}
+    meta, ckpt = files.read_tensor_metadata(folder.checkpoint_file), {}
     try:  # training seconds count evaluation and probes too, as a run's pace does
         ckpt = {"step": int(meta["step"]), "seconds": sum(float(ast.literal_eval(
             meta.get(k, "0"))) for k in ("train_seconds", "measure_seconds"))}

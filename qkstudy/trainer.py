@@ -1,5 +1,4 @@
-"""`python -m qkstudy train`: one run with either backend's Engine (backends.py); the folder,
-lock, checks, resume, step loop and failure records are framework-free and shared."""
+"""`python -m qkstudy train`: one run with either backend's Engine, the rest shared."""
 
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
 
 
 def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """The memory a run may use on its device (its share of the GPUs), or None."""
     try:
         return backends.load(cfg.backend).memory_limit(cfg, runs)
     except UsageError:
@@ -110,7 +108,8 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
     """_train_locked with signals deferred; a failure is recorded, a storage failure resumable."""
     with interrupts.Deferred() as guard:
         try:
-            crashes = folder.clean_leftovers()
+            crashes = forensics.clean_leftovers(
+                [folder.path, folder.metrics_dir, folder.probes_dir])
             if crashes:
                 error = RunCrashed("an earlier attempt died by a fatal signal: "
                                    + crashes[-1].splitlines()[0])
@@ -172,7 +171,6 @@ def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
 
 
 def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
-    """Write the engine's state and `extra` (the recorder's clocks); returns the step."""
     arrays = engine.state_arrays()
     step = checkpoint_step(arrays)
     files.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
@@ -216,25 +214,24 @@ def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> t
 def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
            prefix: str) -> tuple[Engine, dict, int, Recorder]:
     """Write config and manifest, build and resume the engine: (engine, manifest, start, rec)."""
-    folder.write_config({**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
+    files.write_json(folder.config_file,
+                     {**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
     probe = probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
     engine = backends.load(cfg.backend).Engine(cfg, meta["vocab_size"], val, probe)
-    manifest = provenance.manifest(cfg.data, engine.framework, engine.device,
-                                   engine.manifest_extra)
+    manifest = provenance.manifest(cfg.data, engine.framework, engine.device, engine.manifest_extra)
     manifest["data"] = data_identity(meta)  # checked when the run is resumed or skipped
     manifest["pid"] = os.getpid()
     start, clocks = resume_point(cfg, folder, engine,
                                  lambda line: print(prefix + line, file=sys.stderr, flush=True))
     if start:
         manifest["resumed_from_step"] = start
-    folder.write_manifest(manifest)
+    files.write_json(folder.manifest_file, manifest)
     return engine, manifest, start, Recorder(cfg, folder, **clocks)
 
 
 def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens, meta: dict,
                   verbose: bool, prefix: str, guard: interrupts.Deferred) -> dict:
-    """The step loop from the resume point to the summary."""
     engine, manifest, start, rec = _start(cfg, folder, val_tokens, meta, prefix)
     display = Display(cfg.run_id, cfg.steps, cfg.tokens_per_step, start, verbose, prefix)
     display.begin((f"resuming from step {start} of {cfg.steps}; " if start else "")

@@ -1,5 +1,4 @@
-"""The QK-norm variants, one row each: the config's choices, the arms, each attention's own
-parameters (`attn.<name>.weight`, never decayed) and the probes' logit bound come from here."""
+"""The QK-norm variants, one row each: choices, arms, parameters and logit bound."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ class Variant:
     scale_init: Callable[[int, int], float] | None = None
 
     def parameters(self, block_size: int, head_dim: int) -> dict[str, tuple]:
-        """{name: (shape, initial value)} of each attention's own parameters."""
         gains = {n: ((head_dim,), 1.0) for n in ("q_norm", "k_norm")} if self.gains else {}
         if not self.scale_init:
             return gains
@@ -38,5 +36,4 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 
 
 def variant(kind: str) -> Variant:
-    """The row of a qk_norm kind (NONE for "none"); the config has validated the kind."""
     return NONE if kind == "none" else VARIANTS[kind]

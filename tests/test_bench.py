@@ -229,7 +229,7 @@ TRAIN_A_FEW_STEPS = textwrap.dedent("""
     import mlx.core as mx
     from qkstudy.bench.shapes import preset_shape, random_batch, shape_config
     from mlx_gpt.model import GPT, init_weights
-    from mlx_gpt.optim import make_optimizer
+    from mlx_gpt.engine import make_optimizer
     from mlx_gpt.engine import make_train_step
 
     cfg, args = shape_config(dict(preset_shape("demo"), depth=2, block_size=32))

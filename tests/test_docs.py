@@ -214,8 +214,8 @@ DISTRIBUTION = {"tiktoken_ext": "tiktoken"}
 NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "marimo", "vl-convert-python", "statsmodels"}
 # the modules a backend=torch run, sweep, status and spot check import
 TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/__main__.py",
-             "torch_ref/engine.py", "torch_ref/model.py", "torch_ref/optim.py",
-             "torch_ref/probes.py", "crosscheck/__init__.py", "crosscheck/__main__.py",
+             "torch_ref/engine.py", "torch_ref/model.py", "torch_ref/probes.py",
+             "crosscheck/__init__.py", "crosscheck/__main__.py",
              "crosscheck/spot_check.py"]
 
 

@@ -108,7 +108,7 @@ def test_softcap_bounds_every_attention_logit_by_c(kernels):
     """C*tanh(logit/C): every logit the softmax sees lies within (-C, C), however large the raw
     logit; small logits pass nearly unchanged. The sharpened model's raw logits exceed C, so
     the bound is not met by chance."""
-    from mlx_gpt import probes
+    from mlx_gpt import engine as probes
 
     cap = 1.0
     args = ModelArgs(vocab_size=257, depth=2, d_model=64, n_heads=4, block_size=32,

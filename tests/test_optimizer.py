@@ -55,7 +55,7 @@ def test_the_mlx_engine_applies_the_core_rule():
     from mlx.utils import tree_flatten, tree_unflatten
 
     from mlx_gpt.engine import build_model
-    from mlx_gpt.optim import make_optimizer, update
+    from mlx_gpt.engine import make_optimizer, update
 
     for cfg in (SCHEDULE, TrainConfig(lr=1e-3, weight_decay=0.1, independent_wd=True)):
         model = build_model(_with_model(cfg), 64)
@@ -75,7 +75,7 @@ def test_the_mlx_engine_applies_the_core_rule():
 def test_the_torch_engine_applies_the_core_rule():
     torch = pytest.importorskip("torch")
 
-    from torch_ref import optim as torch_optim
+    from torch_ref import engine as torch_optim
     from torch_ref.model import GPT
 
     for cfg in (SCHEDULE, TrainConfig(lr=1e-3, weight_decay=0.1, independent_wd=True)):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mlx_gpt import probes
+from mlx_gpt import engine as probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
 from qkstudy import probe_names
 from qkstudy.probes import kurtosis, outlier_share, update_ratios

@@ -15,6 +15,7 @@ import pytest
 
 from qkstudy import locks, run_folder
 from qkstudy.errors import UsageError
+from qkstudy.files import write_json
 from qkstudy.run_folder import RunFolder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def test_the_lock_is_exclusive_and_leaves_no_file(tmp_path):
         assert held and folder.lock_file.read_text() == f"{os.getpid()}\n"
         with folder.lock() as again:  # a second open file: flock sees another holder
             assert not again
-        assert folder.holder(locks.flock_holders()) in (os.getpid(), None)
+        assert locks.holder(folder.lock_file, locks.flock_holders()) in (os.getpid(), None)
     assert not folder.lock_file.exists()
 
 
@@ -94,7 +95,7 @@ def test_a_lock_file_left_by_a_killed_process_is_taken_over(tmp_path):
         **os.environ, "PYTHONPATH": str(ROOT)})
     folder = RunFolder(tmp_path)
     assert done.returncode == -9 and folder.lock_file.exists()
-    assert folder.holder(locks.flock_holders()) is None
+    assert locks.holder(folder.lock_file, locks.flock_holders()) is None
     with folder.lock() as held:
         assert held
     assert not folder.lock_file.exists()
@@ -120,15 +121,15 @@ def test_the_states_of_a_run_folder(tmp_path):
     folder = RunFolder(tmp_path / "r")
     assert folder.state() == "new" and not folder.is_run()
     folder.path.mkdir()
-    folder.write_config({"run_id": "r"})
+    write_json(folder.config_file, {"run_id": "r"})
     assert folder.is_run() and folder.state() == "new"
     folder.write_rows([{"step": 0, "tokens": 0, "lr": 0.1, "train_loss": 1.0}], [])
     assert folder.state() == "resumable"
-    folder.write_summary({"status": "failed", "run_id": "r"})
+    write_json(folder.summary_file, {"status": "failed", "run_id": "r"})
     assert folder.state() == "failed"
-    folder.write_summary({"status": "completed", "run_id": "r", "steps": 0})
+    write_json(folder.summary_file, {"status": "completed", "run_id": "r", "steps": 0})
     assert folder.state() == "finished"
-    folder.write_summary({"status": "completed", "run_id": "r", "steps": 5})
+    write_json(folder.summary_file, {"status": "completed", "run_id": "r", "steps": 5})
     assert folder.state() == "damaged"  # its rows end at step 0
     with pytest.raises(run_folder.DamagedRun, match="metrics/ ends at step 0"):
         folder.intact_summary()

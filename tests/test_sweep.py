@@ -317,7 +317,8 @@ def test_a_failed_refinement_run_is_retried_by_the_next_sweep(monkeypatch, tiny_
             calls.append((cfg, ""))
             folder = RunFolder.of(cfg)
             folder.path.mkdir(parents=True, exist_ok=True)
-            folder.write_summary({"run_id": cfg.run_id, "status": "failed", "error": "boom"})
+            files.write_json(folder.summary_file,
+                             {"run_id": cfg.run_id, "status": "failed", "error": "boom"})
             raise RuntimeError("boom")
         return real(cfg, *args, **kwargs)
 

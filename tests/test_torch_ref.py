@@ -20,7 +20,7 @@ from qkstudy.config import TrainConfig, model_args
 from qkstudy.trainer import train
 from qkstudy.parameters import initial_weights
 from qkstudy.run_folder import RunFolder
-from torch_ref import optim as torch_optim
+from torch_ref import engine as torch_optim
 from torch_ref.model import GPT as TorchGPT
 
 from crosscheck import parity
@@ -89,7 +89,7 @@ def test_mlx_and_torch_adamw_agree_with_warmup_cosine_and_clipping(independent_w
     from mlx import nn
     from mlx.utils import tree_unflatten
 
-    from mlx_gpt import optim as mlx_optim
+    from mlx_gpt import engine as mlx_optim
     from qkstudy.config import TrainConfig
 
     cfg = TrainConfig(lr=1e-2, warmup_steps=3, max_steps=12, grad_clip=3.0,

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_gpt import probes
+from mlx_gpt import engine as probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
-from mlx_gpt.optim import make_optimizer, update
+from mlx_gpt.engine import make_optimizer, update
 from qkstudy import files, run_folder
 from qkstudy.__main__ import main
 from qkstudy.config import TrainConfig, parse_train_config

@@ -13,7 +13,6 @@ from .engine import Engine, preflight  # noqa: F401 - the seam's contract (qkstu
 
 
 def device(cfg: TrainConfig) -> str:
-    """The device `device=` resolves to here, described ("cpu", "cuda:0 (NVIDIA H200)")."""
     return describe(resolve_device(cfg.device))
 
 
@@ -23,9 +22,7 @@ def facts(cfg: TrainConfig) -> dict:
 
 
 def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> float:
-    """n^3 matmul GFLOP/s on the run's device in its precision (bfloat16 for bf16, else float32,
-    TF32 under tf32): n 8192 on a GPU, 2048 on the CPU; best of `repeats` timings of 10 products
-    on a GPU, 1 on the CPU, after one such timing as a warm-up."""
+    """n^3 matmul GFLOP/s on the run's device in its precision, best of `repeats`."""
     dev = resolve_device(cfg.device)
     set_precision(cfg.precision, dev)
     gpu = dev.type in ("cuda", "mps")
@@ -48,6 +45,5 @@ def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> f
 
 
 def peak_memory_bytes(cfg: TrainConfig) -> int | None:
-    """The peak CUDA allocation of this process; None on other devices."""
     dev = resolve_device(cfg.device)
     return int(torch.cuda.max_memory_allocated(dev)) if dev.type == "cuda" else None

@@ -1,7 +1,4 @@
-"""The device a torch run trains on, and its settings. A sweep with jobs=K starts K processes
-(QKSTUDY_RUNS_PER_DEVICE=K, QKSTUDY_DEVICE_SLOT=i): on CUDA process i trains on cuda:(i mod N),
-its memory capped at 1/M of that GPU when M of the K share it; on the CPU it takes 1/K of the
-threads. Determinism (on by default) is set before the run's first CUDA call (preflight)."""
+"""The device a torch run trains on, its share of it, and determinism."""
 
 from __future__ import annotations
 
@@ -51,8 +48,7 @@ def set_precision(precision: str, device: torch.device) -> None:
 
 
 def set_determinism(deterministic: bool) -> None:
-    """Deterministic algorithms on or off, with cuBLAS's workspace setting. Their NaN fill of new
-    tensors is off: no kernel here reads memory it did not write (tests/test_torch_ref.py)."""
+    """Deterministic algorithms on or off, with cuBLAS's workspace setting."""
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(deterministic)
@@ -60,7 +56,6 @@ def set_determinism(deterministic: bool) -> None:
 
 
 def runs_per_device() -> int:
-    """K of a sweep with jobs=K (RUNS_PER_DEVICE in the environment), else 1."""
     try:
         return max(1, int(os.environ.get(RUNS_PER_DEVICE, "") or 1))
     except ValueError:
@@ -68,8 +63,7 @@ def runs_per_device() -> int:
 
 
 def this_gpu(runs: int | None = None) -> tuple[int, int]:
-    """(this process's GPU, i mod N for DEVICE_SLOT i, how many of `runs` processes placed round
-    robin share it)."""
+    """(this process's GPU, how many of `runs` processes share it)."""
     count = torch.cuda.device_count()
     try:
         index = max(0, int(os.environ.get(DEVICE_SLOT, "") or 0)) % count
@@ -80,8 +74,6 @@ def this_gpu(runs: int | None = None) -> tuple[int, int]:
 
 
 def place(name: str) -> torch.device:
-    """The run's device; on CUDA this process's GPU made current, its memory capped at 1/M of it
-    when M processes share it."""
     device = resolve_device(name)
     if device.type != "cuda":
         return device
@@ -93,9 +85,7 @@ def place(name: str) -> torch.device:
 
 
 def memory_limit(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    """(bytes, the words for them) this run may use on its GPU (qkstudy.memory.check), None off
-    CUDA: its share of the GPU as `place` caps it, and no more than is free now plus what this
-    process's allocator already holds (an earlier run's cache is reused)."""
+    """(bytes, their words) this run may use on its GPU: its share, at most free + held."""
     if cfg.backend != "torch" or resolve_device(cfg.device).type != "cuda":
         return None
     index, shared = this_gpu(runs)

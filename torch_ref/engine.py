@@ -1,8 +1,4 @@
-"""The PyTorch engine of a run (docs/torch_ref.md). The step never waits for the device: batches
-go through pinned memory, the rate comes from a table on the device, a step's numbers stay there
-until `read`; with QKSTUDY_SYNC_CHECK=1 on CUDA every step after the first runs under torch's
-sync debug mode "error". torch.compile makes a graph per (depth, arm, batch) shape of a process:
-its limit is raised to GRAPHS, and a process that needs more says so in one line."""
+"""The PyTorch engine of a run (docs/torch_ref.md): its step never waits for the device."""
 
 from __future__ import annotations
 
@@ -17,16 +13,64 @@ import torch
 
 from qkstudy import denormals, probes
 from qkstudy.config import TrainConfig, model_args
+from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 from qkstudy.parameters import count_params, initial_weights
 
 from .device import describe, place, resolve_device, runs_per_device, set_determinism, set_precision
 from .model import GPT
-from .optim import clip_and_step, make_optimizer
 
 SYNC_CHECK = "QKSTUDY_SYNC_CHECK"
 GRAPHS = 64  # graphs per function: 32 (depth, arm) shapes, training and evaluation each
 FELL_BACK = ("torch.compile: a process of this sweep met more than {limit} shapes and runs the "
              "rest eagerly (same maths, slower); fewer depths or arms a process avoid it")
+
+
+class Schedule:
+    """The rate of every update, set on the optimizer's groups before each step. Each rate is
+    base x (rate / base), as LambdaLR computes it, so runs keep their numbers to the bit."""
+
+    def __init__(self, opt: torch.optim.AdamW, cfg: TrainConfig):
+        self.opt, self.base = opt, cfg.lr
+        self.rates = [self.base * (r / self.base) for r in learning_rates(cfg).tolist()]
+        self.resume(0)
+
+    def rate(self, update: int) -> float:  # past the last update, the last one's
+        return self.rates[min(update, len(self.rates) - 1)]
+
+    def resume(self, updates: int) -> None:
+        """Continue after `updates` updates (the next one uses rate(updates))."""
+        self.updates = updates
+        for group in self.opt.param_groups:
+            group["lr"] = self.rate(updates)
+
+
+def make_optimizer(cfg: TrainConfig, named_params: dict[str, torch.nn.Parameter]
+                   ) -> tuple[torch.optim.AdamW, Schedule]:
+    decay = [p for name, p in named_params.items() if decays(name, tuple(p.shape))]
+    other = [p for name, p in named_params.items() if not decays(name, tuple(p.shape))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": decay_coefficient(cfg)},
+                             {"params": other, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    return opt, Schedule(opt, cfg)
+
+
+def clip_and_step(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
+                  ) -> torch.Tensor:
+    """Clip to global norm and step; the pre-clip norm as a 0-d tensor, not read."""
+    params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if grad_clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, grad_clip, norm)
+    opt.step()
+    schedule.resume(schedule.updates + 1)
+    return norm
+
+
+def update(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    lr = opt.param_groups[0]["lr"]
+    norm = clip_and_step(opt, schedule, grad_clip)
+    return norm, torch.tensor(lr, dtype=torch.float32, device=norm.device)
 
 
 def objective(model, x: torch.Tensor, y: torch.Tensor, bf16: bool):
@@ -54,7 +98,6 @@ class FallbackNotice(logging.Filter):
 
 @functools.cache
 def configure() -> None:
-    """Raise torch's graph limits to GRAPHS (never lower them), watch for the fall back."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(getattr(config, name), GRAPHS))
@@ -82,8 +125,7 @@ PROBE_OPS = SimpleNamespace(  # MPS has no float64: the numbers leave the device
 
 
 def collect(model: GPT, x: torch.Tensor, y: torch.Tensor, step: int) -> list[dict]:
-    """Every forward and gradient probe (qkstudy/probes.py) on the batch (x, y), for params
-    after `step` updates; through torch.autograd.grad, so the parameters' .grad is left alone."""
+    """Every probe on the batch (x, y) after `step` updates; .grad is left alone."""
     named = dict(model.named_parameters())
     with torch.enable_grad():
         captures: list[dict] = []
@@ -100,14 +142,12 @@ def snapshot(model: GPT, copy: bool = True) -> dict[str, torch.Tensor]:
 
 
 def preflight(cfg: TrainConfig) -> None:
-    """Torch's checks before the run folder is made, determinism before CUDA starts."""
     set_determinism(cfg.deterministic)
     set_precision(cfg.precision, resolve_device(cfg.device))
 
 
 def stage(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Token ids on `device`; to a GPU asynchronously from pinned memory (from pageable memory
-    the host would wait)."""
+    """Token ids on `device`; to a GPU asynchronously from pinned memory."""
     host = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if device.type != "cuda":
         return host.to(device)
@@ -176,7 +216,6 @@ class Engine:
         self.schedule.resume(int(arrays[f"opt.{self.names[0]}.step"]))
 
     def step(self, x: np.ndarray, y: np.ndarray) -> torch.Tensor:
-        """(cross-entropy, pre-clip grad norm, lr, z-loss term) stacked, not yet read."""
         checked = self.sync_check and self.steps_run > 0
         self.steps_run += 1
         if checked:

@@ -1,7 +1,4 @@
-"""`python -m torch_ref gpu-check` (`just gpu-check`): backend=torch on one CUDA GPU, in one script
-time-boxed inside `budget` seconds (docs/performance.md#just-gpu-check), its stages in
-gpu_stages.py. One summary table, a row per planned check; exit status 0 only when every row
-passed. device=cpu quick=true: the same stages on the CPU at tiny sizes (the test suite's way)."""
+"""`python -m torch_ref gpu-check`: backend=torch on one CUDA GPU (docs/performance.md)."""
 
 from __future__ import annotations
 

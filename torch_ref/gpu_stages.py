@@ -1,6 +1,4 @@
-"""gpu-check's plan and its three stages (docs/performance.md#just-gpu-check): parity of short
-runs against the CPU's, throughput of the run's own engine, a short demo sweep; each ends by its
-share of the budget, and what does not fit is skipped and said."""
+"""gpu-check's plan and its three stages: parity, throughput, a demo sweep."""
 
 from __future__ import annotations
 
@@ -57,13 +55,11 @@ class Clock:
 
 
 def quick_env(check: GpuCheckConfig) -> dict[str, str]:
-    """quick=true: one thread a process (on a shared CPU torch's threads can make a tiny step
-    100x slower)."""
+    """quick=true: one thread a process (a shared CPU's threads slow a tiny step)."""
     return {"OMP_NUM_THREADS": "1"} if check.quick else {}
 
 
 def python_env(check: GpuCheckConfig) -> dict[str, str]:
-    """This checkout importable."""
     return {**os.environ, **quick_env(check), "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
@@ -73,7 +69,6 @@ def check_row(check: str, ok: bool | None, figure: str) -> dict:  # ok None: not
 
 
 def train_run(cfg: TrainConfig, check: GpuCheckConfig, out: Path, left: float) -> dict:
-    """Train `cfg` in a process of its own: its run's record."""
     words = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
              if getattr(cfg, f.name) != getattr(TrainConfig(), f.name)]
     done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *words],
@@ -149,8 +144,7 @@ def parity_text(p: dict) -> list[str]:
         for label in labels:
             loss = p["runs"][label]["losses"].get(str(s))
             dev = p["deviation"].get(label, {}).get("per_step", {}).get(str(s))
-            cells.append(f"{loss:.5f} ({dev:.1e})" if loss is not None and dev is not None
-                         else "-")
+            cells.append(f"{loss:.5f} ({dev:.1e})" if loss is not None and dev is not None else "-")
         lines.append(f"| {s} | {ref[str(s)]:.5f} | " + " | ".join(cells) + " |")
     worst = [f"{label}: {d['max']:.1e} at step {d['max_at_step']} (limit {d['limit']:g})"
              if d["max"] is not None else f"{label}: -" for label, d in p["deviation"].items()]
@@ -160,8 +154,7 @@ def parity_text(p: dict) -> list[str]:
 
 
 def parity_row(p: dict, label: str) -> dict:
-    """ok when the run finished and (against the reference) every step was compared and within
-    its limit; None when it was not run (time)."""
+    """ok when the run finished and every step was within its limit; None when not run."""
     r, d, check = p["runs"].get(label), p["deviation"].get(label), f"parity {label}"
     if r is None:
         return check_row(check, None, "not run (time)")
@@ -183,9 +176,7 @@ def parity_row(p: dict, label: str) -> dict:
 
 
 def throughput_plan(check: GpuCheckConfig) -> list[dict]:
-    """The study's shape (tiny with quick) eager in every precision, bf16 with
-    deterministic=false (what determinism costs), then compiled bf16 one run and K at once
-    (quick: eager, K at once)."""
+    """The study's shape in every precision, then compiled bf16 one run and K at once."""
     k = check.parallel
 
     def row(precision: str, compile_: bool = False, processes: int = 1,
@@ -209,8 +200,7 @@ def label(m: dict) -> str:
 
 def measure(check: GpuCheckConfig, m: dict, spec: Spec, left: float, args
             ) -> tuple[dict, float | None]:
-    """One measurement's row and matmul peak; a step that makes the host wait for the GPU fails
-    it (engine.py's SYNC_CHECK)."""
+    """One measurement's row and matmul peak; a step that makes the host wait fails it."""
     env = {RUNS_PER_DEVICE: str(m["processes"]), SYNC_CHECK: "1", **quick_env(check)}
     results = measure_together(spec, m["processes"], env=env,
                                timeout=min(left, 240 if m["compile"] else 90))
@@ -307,7 +297,6 @@ def throughput_text(t: dict, device: str) -> list[str]:
 
 
 def throughput_summary(t: dict) -> list[dict]:
-    """A row per planned measurement: ok, failed, or None (skipped for time)."""
     return [check_row(f"throughput {label(r)}", ok,
                       f"{r['tokens_per_s']:,.0f} tokens/s" if ok else r["status"])
             for r in t["rows"]
@@ -357,8 +346,7 @@ def sweep(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: l
 
 
 def sweep_text(s: dict) -> list[str]:
-    lines = [f"3. Sweep: {s['command']}", f"   {s['status']}; {len(s['runs'])} run(s) finished",
-             ""]
+    lines = [f"3. Sweep: {s['command']}", f"   {s['status']}; {len(s['runs'])} run(s) finished", ""]
     if s["runs"]:
         lines += ["| run | QK-norm | lr | seed | status | final val loss | final train loss | "
                   "steps | tokens/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -372,7 +360,6 @@ def sweep_text(s: dict) -> list[str]:
 
 
 def sweep_summary(s: dict) -> list[dict]:
-    """One row: ok when the sweep exited 0 and every planned run finished."""
     check = f"sweep jobs={s['jobs']}"
     if s["status"] == "skipped for time":
         return [check_row(check, None, "not run (time)")]

@@ -1,5 +1,4 @@
-"""The mlx_gpt decoder in PyTorch: same architecture, same parameter names and shapes
-(docs/model.md). The engine loads the numpy initial weights (qkstudy/parameters.py)."""
+"""The mlx_gpt decoder in PyTorch: same architecture, parameter names and shapes."""
 
 from __future__ import annotations
 
@@ -46,11 +45,9 @@ class CausalSelfAttention(nn.Module):
         return norm(q, None), norm(k, None)
 
     def capped(self, scores: torch.Tensor) -> torch.Tensor:
-        """Soft-capping (Gemma 2): C*tanh(scores/C); identity when off."""
         return self.softcap * torch.tanh(scores * (1.0 / self.softcap)) if self.softcap else scores
 
     def forward(self, x: torch.Tensor, capture: dict | None = None) -> torch.Tensor:
-        """The fused kernel, or the attention written out for a capture or a soft-cap."""
         B, T, C = x.shape
         q_raw, k_raw, v = self.heads(x)
         q, k = self.normed(q_raw, k_raw)
@@ -105,7 +102,6 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
 
     def forward(self, idx: torch.Tensor, captures: list[dict] | None = None) -> torch.Tensor:
-        """Logits (B, T, padded_vocab); with `captures`, one dict per block appended to it."""
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             capture = None if captures is None else {}
@@ -116,7 +112,6 @@ class GPT(nn.Module):
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(objective, cross-entropy, z-loss term), as mlx_gpt's GPT.loss."""
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
         if not self.args.z_loss:
             return ce, ce, torch.zeros((), dtype=ce.dtype, device=ce.device)

@@ -1,6 +1,4 @@
-"""`python -m qkstudy bench [key=value ...]`: the keys and checks, the rounds (every variant at
-every shape) gathered into one report (medians, ranges, paired ratios, numpy's matmul peak),
-and its Markdown tables, printed and written as bench.md beside bench.json."""
+"""`python -m qkstudy bench [key=value ...]`: the rounds, the report and its Markdown tables."""
 
 from __future__ import annotations
 
@@ -47,8 +45,6 @@ class BenchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One engine setting: backend, MLX CPU build, processes at once."""
-
     backend: str
     build: str | None  # mlx: plain | native; torch: None
     processes: int
@@ -71,7 +67,6 @@ def tuned_build_supported() -> bool:
 
 
 def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[str]:
-    """Comma-separated names; `none` is the empty list."""
     if text.strip() == "none":
         return []
     names = [s.strip() for s in text.split(",")]
@@ -101,7 +96,6 @@ class Plan:
 
 
 def validate(bench: BenchConfig) -> Plan:
-    """Every check that can fail, before anything is measured."""
     for ok, message in [
             (bench.rounds >= 1, f"rounds must be >= 1, got {bench.rounds}"),
             (bench.warmup >= 1, f"warmup must be >= 1 (it also sizes the timed steps), got "

@@ -1,5 +1,4 @@
-"""The models the benchmarks time (framework-free): a preset's shape is its run's model at its
-largest depth, as a dict of depth, d_model, n_heads, block_size, batch_size and vocab."""
+"""The models the benchmarks time: a preset's run model at its largest depth (framework-free)."""
 
 from __future__ import annotations
 
@@ -52,8 +51,7 @@ def random_batch(cfg: TrainConfig, vocab: int, seed: int = 0) -> tuple[np.ndarra
 
 
 def flops_per_token(args: ModelArgs) -> float:
-    """Training FLOPs per token, 6 N + 12 L H Q T (PaLM, Chowdhery et al. 2022, app. B); N: the
-    matmul parameters (all but the position table; the tied embedding once)."""
+    """Training FLOPs per token, 6 N + 12 L H Q T (PaLM app. B); N: the matmul parameters."""
     n = count_params(args)["total"] - args.block_size * args.d_model  # minus the position table
     attention = 12 * args.depth * args.n_heads * (args.d_model // args.n_heads) * args.block_size
     return 6.0 * n + attention

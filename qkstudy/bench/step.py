@@ -1,6 +1,4 @@
-"""One measurement in a fresh process (`python -m qkstudy.bench.step SPEC_JSON`): the run's own
-engine's steps, read back every `log_every` as the trainer does; the result is the last stdout
-line. With "sync" it says `ready` after its warm-up and waits for `go STOP_TIME`."""
+"""One measurement in a fresh process (`python -m qkstudy.bench.step SPEC_JSON`)."""
 
 from __future__ import annotations
 
@@ -24,8 +22,6 @@ READY = "ready"
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """What one process measures."""
-
     config: dict  # TrainConfig fields (backend, device, precision, compile included)
     vocab: int
     warmup: int = 2
@@ -97,8 +93,7 @@ class StepFailed(RuntimeError):
 
 def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None = None,
                      timeout: float | None = None) -> list[dict]:
-    """The results of `processes` fresh processes measuring `spec` in one window; StepFailed if
-    any fails or is not done within `timeout` seconds (all are then killed)."""
+    """Results of `processes` fresh processes measuring `spec` at once; StepFailed if any fails."""
     spec = dataclasses.replace(spec, sync=processes > 1)
     deadline = None if timeout is None else time.monotonic() + timeout
     environment = {**os.environ, **(env or {})}

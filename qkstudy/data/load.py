@@ -1,5 +1,4 @@
-"""A prepared data folder (train.bin, val.bin, meta.json) read back as untrusted input: each
-failure is one line naming the file and the command that prepares it again."""
+"""A prepared data folder read back as untrusted input: each failure one line."""
 
 from __future__ import annotations
 

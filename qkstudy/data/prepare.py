@@ -1,6 +1,4 @@
-"""`python -m qkstudy prepare SOURCE [key=value ...]`: tokenise a corpus into train.bin and
-val.bin (little-endian uint16, end-of-text before each document) and meta.json, written to a
-hidden folder renamed into place at the end (docs/data.md)."""
+"""`python -m qkstudy prepare SOURCE [key=value ...]`: train.bin, val.bin, meta.json."""
 
 from __future__ import annotations
 

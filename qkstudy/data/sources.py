@@ -1,5 +1,4 @@
-"""Where a corpus comes from: the embedded generator, local files, the Hugging Face Hub; its
-documents are read (and downloaded) lazily."""
+"""Where a corpus comes from: the embedded generator, local files, the Hugging Face Hub."""
 
 from __future__ import annotations
 
@@ -84,7 +83,6 @@ def _file_documents(paths: Iterable[Path], inputs: list[dict]) -> Iterator[str]:
 
 
 def _local_files(path: Path) -> list[Path]:
-    """The .txt / .parquet files a path names: itself, or those under a folder (sorted)."""
     if path.is_dir():
         files = sorted(p for p in path.rglob("*")
                        if p.suffix in (".txt", ".parquet") and p.is_file())
@@ -142,7 +140,6 @@ def _fineweb_shards() -> Iterator[Path]:
 
 
 def resolve_source(source: str, synthetic_mb: float, synthetic_seed: int) -> Corpus:
-    """A named source (NAMED_SOURCES) or a local file or folder."""
     inputs: list[dict] = []
     if source == "synthetic":
         return _synthetic(synthetic_mb, synthetic_seed)

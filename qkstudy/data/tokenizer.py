@@ -1,6 +1,4 @@
-"""Tokenizers: raw UTF-8 bytes, and GPT-2 BPE (tiktoken), whose rank file comes, as a last
-resort where tiktoken cannot download it, from the openai-whisper sdist on PyPI, checked
-against the sha256 tiktoken pins for r50k_base (docs/data.md)."""
+"""Tokenizers: raw UTF-8 bytes and GPT-2 BPE (tiktoken; r50k fallback: docs/data.md)."""
 
 from __future__ import annotations
 

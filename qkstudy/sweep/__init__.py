@@ -1,5 +1,4 @@
-"""`python -m qkstudy sweep [key=value ...]`: arms x learning rate x seed (x depth) grids of
-resumable runs, refined from the results on disk (docs/sweeps.md)."""
+"""`python -m qkstudy sweep [key=value ...]`: grids of resumable runs (docs/sweeps.md)."""
 
 from .cli import USAGE, cli
 from .config import PRESETS, grid, parse_sweep_config

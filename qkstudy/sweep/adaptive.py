@@ -20,8 +20,7 @@ DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05):
 
 def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[int]
          ) -> tuple[list[float], bool, list[TrainConfig]]:
-    """(gaps of the seeds finished in both arms, every pair failed to learn, runs not finished);
-    a gap is off minus on in clipped loss, a run failed to learn when diverged or degraded."""
+    """(seed gaps off minus on, every pair failed to learn, runs not finished)."""
     gaps, failed, pending = [], True, []
     for seed in seeds:
         pair = [run_config(sweep, depth, lr, a, seed) for a in (OFF, arm)]
@@ -60,7 +59,6 @@ def is_open(gaps: list[float], min_gap: float) -> bool:
 
 
 def compared_arms(sweep: SweepConfig) -> list[str]:
-    """The arms compared with the off arm (none when the sweep has no off arm)."""
     return [a for a in sweep.arms if a != OFF] if OFF in sweep.arms else []
 
 
@@ -114,7 +112,6 @@ def extra_seeds(sweep: SweepConfig) -> list[int]:
 
 
 def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
-    """The next runs the results call for; a later stage starts when the earlier one is done."""
     if sweep.refine:
         boundary = [cfg for g in groups if (cfg := group_state(sweep, g)[1]) is not None]
         if boundary:

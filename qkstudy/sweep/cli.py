@@ -144,8 +144,6 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
 
 
 class _Tee:
-    """stdout that also appends to the main sweep process's sweep.log."""
-
     def __init__(self, stream, path: Path):
         self.stream, self.file = stream, open(path, "a", buffering=1)  # noqa: SIM115
 
@@ -162,8 +160,7 @@ class _Tee:
 
 
 def stop_workers(workers: list, grace: float = 10.0) -> None:
-    """SIGINT to a worker still running `grace` seconds after this process was interrupted
-    (a Ctrl-C reached it too; `kill PID` of this process did not)."""
+    """SIGINT to a worker still running `grace` seconds after this process was interrupted."""
     deadline = time.monotonic() + grace
     for w in workers:
         try:
@@ -173,7 +170,6 @@ def stop_workers(workers: list, grace: float = 10.0) -> None:
 
 
 def notify(title: str, message: str) -> None:
-    """The terminal bell and a desktop notification (osascript, notify-send) where possible."""
     if sys.stdout.isatty():
         print("\a", end="", flush=True)
     if sys.platform == "darwin" and shutil.which("osascript"):

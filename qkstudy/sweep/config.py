@@ -74,7 +74,6 @@ class SweepConfig:
 
 
 def three_significant(x: float) -> float:
-    """Round to 3 significant digits (3e-4, 9.49e-4)."""
     return float(f"{x:.3g}")
 
 
@@ -158,7 +157,6 @@ def parse_list(key: str, text: str, kind: type) -> tuple:
 
 
 def parse_sweep_config(words: list[str]) -> SweepConfig:
-    """Preset (default study) crossed with key=value overrides, validated."""
     pairs = split_key_values(words)
     preset = pairs.pop("preset", "study")
     if preset not in PRESETS:

@@ -1,5 +1,4 @@
-"""A sweep's plan: the printed plan with its memory and time, the runs left, standalone commands
-and sweep.json."""
+"""A sweep's plan: the printed plan, the runs left, standalone commands and sweep.json."""
 
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float 
 
 
 def timed(label: str, cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
-    """step_speed, with `label ...` shown while it runs."""
     print(label + " ...", end="", flush=True)
     try:
         return step_speed(cfg, vocab, **limits)
@@ -51,7 +49,6 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def extras_text(sweep: SweepConfig) -> str:
-    """What the sweep may add once the grid is done, with upper bounds."""
     compared = len(compared_arms(sweep)) * len(sweep.depth)
     threshold = compared * sweep.threshold_steps * len(sweep.seeds) * 2 if sweep.refine else 0
     cells = compared * (len(sweep.grid_lrs()) + (sweep.threshold_steps if sweep.refine else 0))
@@ -78,7 +75,6 @@ def device_text(t: TrainConfig) -> str:
 
 def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
              ) -> dict[int, float]:
-    """Print the plan; returns the calibrated tokens/s per depth (empty if not calibrated)."""
     data, meta = sweep.train.data, files.read_json(Path(sweep.train.data) / "meta.json") or {}
     vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_SUFFIX.get(
         Path(data).name.rsplit("-", 1)[-1])  # else assumed from the folder's name
@@ -130,7 +126,6 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
 def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
                unfinished: list[TrainConfig], refine_max: int, calibrated: dict[int, float]
                ) -> None:
-    """The plan's time line (and its warning when it takes more than a day here)."""
     if calibrated:
         per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
                                          + forecast.busy_note())
@@ -155,8 +150,7 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
 
 
 def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
-    """Each depth's estimated peak bytes a run; UsageError when `jobs` runs of a depth at once
-    would not fit (on a GPU each run in its share of it, else all in the machine's memory)."""
+    """Each depth's estimated peak bytes a run; UsageError when `jobs` runs would not fit."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
     gpu = trainer.device_memory(sweep.train, runs=sweep.jobs) \

@@ -1,5 +1,4 @@
-"""Boundary refinement: bisect in log space between the largest stable and the smallest
-diverged LR of each (depth, arm, seed) curve, replayed from the results on disk."""
+"""Boundary refinement: bisect in log space between the largest stable and smallest diverged LR."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from .config import Group, SweepConfig, run_config, three_significant
 
 def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float], steps: int,
                   factor: float) -> float | None:
-    """The bracket's geometric mean, or None once `steps` points off the grid were tried or the
-    bracket is within `factor`. `results`: LR -> stable (True, False, or None: failed)."""
+    """The bracket's geometric mean, or None once `steps` were tried or it is within `factor`."""
     if sum(1 for lr in results if lr not in set(grid_lrs)) >= steps:
         return None
     lo, hi = boundary(results)
@@ -28,8 +26,6 @@ def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float
 
 
 class Outcome(Enum):
-    """What the runs tree holds for one run."""
-
     COMPLETED = "completed"
     DIVERGED = "diverged"
     FAILED = "failed"  # trained and raised: no outcome on stability; the next sweep retries it
@@ -45,7 +41,6 @@ class Outcome(Enum):
 
 
 def run_outcome(cfg: TrainConfig) -> Outcome:
-    """The run's outcome from its summary.json (PENDING when there is none or it is unreadable)."""
     summary = RunFolder.of(cfg).summary_record()
     try:
         return Outcome(summary.get("status") if isinstance(summary, dict) else None)

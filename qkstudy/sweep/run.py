@@ -1,5 +1,4 @@
-"""Running a sweep: train its runs one after another, pass over runs held elsewhere, start the
-workers of jobs=K, and report."""
+"""Running a sweep: its runs one after another, the workers of jobs=K, the report."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import files, forecast, run_folder, trainer
+from .. import files, forecast, locks, run_folder, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
@@ -27,8 +26,6 @@ PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own proc
 
 @dataclass
 class Tally:
-    """What this process did, for the progress line and the closing report."""
-
     total: int
     trained: int = 0
     skipped: int = 0
@@ -155,7 +152,6 @@ def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Calla
 
 
 def locked(folder: RunFolder) -> bool:
-    """Whether another live process holds the run's lock now."""
     if not folder.path.is_dir():
         return False
     with folder.lock() as acquired:
@@ -163,9 +159,8 @@ def locked(folder: RunFolder) -> bool:
 
 
 def holder(cfg: TrainConfig) -> int | None:
-    """The pid of the other live process that holds this run's lock now, or None."""
     folder = RunFolder.of(cfg)
-    return folder.lock_pid() if locked(folder) else None
+    return locks.written_pid(folder.lock_file) if locked(folder) else None
 
 
 def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
@@ -231,7 +226,6 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
 
 
 def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
-    """The runs in the sweep's folder beyond `known` that this sweep's run_config makes."""
     out = []
     for folder in run_folders(Path(sweep.runs_dir) / sweep.name):
         if folder.name in known:
@@ -248,7 +242,6 @@ def added_runs(sweep: SweepConfig, known: set[str]) -> list[TrainConfig]:
 
 
 def finished_after_grid(sweep: SweepConfig, grid_runs: list[TrainConfig]) -> list[TrainConfig]:
-    """The finished runs of the sweep's folder that it made after its grid."""
     return [c for c in added_runs(sweep, {c.run_id for c in grid_runs}) if run_outcome(c).finished]
 
 
@@ -294,7 +287,6 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
 
 
 def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
-    """Each arm's peak max attention logit per depth, seed and LR, from summary.json."""
     table: dict[tuple, dict[str, float]] = {}
     for cfg in runs:
         peak = RunFolder.of(cfg).summary_record().get("peak_max_attention_logit")

@@ -1,5 +1,4 @@
-"""`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array, one run
-a task, in <runs_dir>/<name>/slurm/<NNN>/ (docs/sweeps.md)."""
+"""`python -m qkstudy sweep ... --slurm [--submit]`: the runs left as a Slurm job array."""
 
 from __future__ import annotations
 
@@ -65,8 +64,7 @@ class SlurmOptions:
         return self
 
     def for_device(self, device: str, backend: str = "torch") -> tuple[SlurmOptions, str | None]:
-        """(these options with gpus=-1 made one GPU a task for device=cuda, else none; a warning
-        when a torch run's device and the GPU request disagree, or None)."""
+        """(options with gpus=-1 resolved for the device, a warning on a mismatch or None)."""
         gpus = self.gpus if self.gpus >= 0 else int(device == "cuda")
         warning = None  # MLX picks its own device: its GPU request is the user's alone
         if backend == "torch" and device == "cuda" and gpus == 0:
@@ -96,7 +94,6 @@ KEYS = {f"slurm_{f.name}": f.name for f in dataclasses.fields(SlurmOptions)}
 
 
 def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOptions]:
-    """(the words that are not slurm_* keys, the SlurmOptions those keys give)."""
     pairs = split_key_values(words)
     mine = {k: pairs.pop(k) for k in list(pairs) if k.startswith("slurm_")}
     unknown = sorted(set(mine) - set(KEYS))
@@ -109,7 +106,6 @@ def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOpti
 
 
 def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
-    """(folder, submission.json) of every earlier submission of this sweep, oldest first."""
     root = sweep_dir / "slurm"
     found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) if root.is_dir() else []
     return [(p, files.read_json(p / "submission.json") or {}) for p in found]
@@ -146,23 +142,7 @@ def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
     return {run for _, run in active}, sorted({job for job, _ in active})
 
 
-def array_script(folder: Path, n: int, sweep: SweepConfig, options: SlurmOptions) -> str:
-    limit = f"%{options.max_parallel}" if options.max_parallel else ""
-    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
-             f"#SBATCH --array=0-{n - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
-    lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
-    lines += [
-        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
-        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
-        "resumes).",
-        f"cd {shlex.quote(str(Path.cwd()))}",
-        f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
-        f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
-    return "\n".join(lines)
-
-
 def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
-    """Write the task list and array script of what is left (and sbatch it when `send`)."""
     if send and shutil.which("sbatch") is None:
         raise UsageError("--submit needs sbatch on PATH; without --submit the array script is "
                          "written for you to submit")
@@ -190,10 +170,21 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
     script = folder / "array.sbatch"
+    limit = f"%{options.max_parallel}" if options.max_parallel else ""
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
+             f"#SBATCH --array=0-{len(runs) - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
+    lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
+    lines += [
+        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
+        "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
+        "resumes).",
+        f"cd {shlex.quote(str(Path.cwd()))}",
+        f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
+        f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
     with files.atomic_folder(folder) as tmp:
         files.write_text(tmp / "tasks.txt", "".join(command_line(c) + "\n" for c in runs))
         files.write_json(tmp / "submission.json", record)
-        files.write_text(tmp / script.name, array_script(folder, len(runs), sweep, options))
+        files.write_text(tmp / script.name, "\n".join(lines))
     print(f"sweep {sweep.name}: {counted(len(runs), 'run')} to submit as one array: "
           f"{counted(n_grid, 'grid run')} not finished (interrupted ones resume from their "
           f"checkpoint), {counted(len(runs) - n_grid, 'boundary-refinement run')} the results so "
@@ -210,7 +201,6 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
 
 
 def sbatch(script: Path, record: dict) -> None:
-    """Submit the array and keep its job id in submission.json."""
     line = f"sbatch {shlex.quote(str(script))}"
     try:
         out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,

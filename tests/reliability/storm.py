@@ -15,8 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qkstudy import files, run_folder
-from qkstudy.run_folder import RunFolder
+from qkstudy import files, locks, run_folder
 
 from .compare import one_error_line
 from .fault_injection import faulted
@@ -97,7 +96,7 @@ class Storm:
 
         held = flock_holders()
         return held is not None and any(
-            f.holder(held) for f in run_folder.run_folders(self.sweep_dir))
+            locks.holder(f.lock_file, held) for f in run_folder.run_folders(self.sweep_dir))
 
     def inject(self, kind: str) -> None:
         self.injected[kind] += 1
@@ -153,7 +152,7 @@ class Storm:
 
     def truncate_part(self) -> bool:
         parts = sorted(p for f in run_folder.run_folders(self.sweep_dir)
-                       for _, p in f.metric_parts())
+                       for _, p in run_folder.parts(f.metrics_dir))
         if not parts:
             return False
         part = self.rng.choice(parts)
@@ -187,7 +186,7 @@ class Storm:
         why = one_error_line(out)
         lock = re.search(r"run lock (\S+):", out.stderr)
         if why is None and (lock is None or Path(lock.group(1)).exists()
-                            and not RunFolder(Path(lock.group(1)).parent).holder(None)):
+                            and not locks.holder(Path(lock.group(1)), None)):
             why = "its lock file is left behind"
         if why:
             self.problems.append(f"full_disk_lock: {why}")
