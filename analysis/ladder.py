@@ -119,11 +119,8 @@ def seed_effects(study: Study, depth: int, arm: str = ON) -> dict:
 def onset_columns(d: DepthDraws, k: float) -> dict:
     """The onset of one point: estimate, widened interval and its text."""
     lo, hi = threshold_interval(d, k)
-
-    def lr(v: float) -> float | None:
-        return 10 ** v if math.isfinite(v) else None
-
-    return {"onset_lr": lr(d.point), "onset_lo": lr(lo), "onset_hi": lr(hi),
+    lrs = [10 ** v if math.isfinite(v) else None for v in (d.point, lo, hi)]
+    return {**dict(zip(("onset_lr", "onset_lo", "onset_hi"), lrs)),
             "onset": estimate_text(d.point, lo, hi, d.lrs)}
 
 
@@ -324,8 +321,8 @@ USAGE = """usage: python -m analysis ladder [SOURCE ...] [out=reports/ladder]
 
 The ladder's analysis (docs/report.md). SOURCE: runs/ladder (one sweep folder per point), a
 point's sweep folder, results/ladder (point archives) or one <point>.tar.xz; default
-results/ladder when it exists, else runs/ladder. Writes tables (points, law, fit; Parquet and
-CSV) and summary.md, and prints the summary: with the study point run on a GPU, its measured
+results/ladder when it exists, else runs/ladder. Writes tables (points, law; Parquet and CSV),
+the warmup figure (when the probe sweeps are there) and summary.md, and prints the summary: with the study point run on a GPU, its measured
 onset against the law's prediction."""
 
 
@@ -333,21 +330,25 @@ def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
                    ) -> dict[str, object]:
     options = options or ReportOptions()
     with contextlib.ExitStack() as stack:
-        folders = [f for s in sources for f in point_dirs(s, stack)
-                   if not f.name.startswith("probes-")]
+        folders = [f for s in sources for f in point_dirs(s, stack)]
+        probed = [f for f in folders if f.name.startswith("probes-")]
+        folders = [f for f in folders if f not in probed]
         names = [f.name for f in folders]
         twice = {n for n in names if names.count(n) > 1}
         if twice:
             raise UsageError(f"ladder point {sorted(twice)[0]} is given twice; give each once")
         results = [load_point(f, options) for f in folders]
-    order = list(KNOWN)
-    results.sort(key=lambda r: order.index(r.name))
+        probes = warmup_probes(probed) if probed else None
+    results.sort(key=lambda r: list(KNOWN).index(r.name))
     law, fit = fit_law(results, options)
     return {"points": pl.DataFrame([point_row(r, options) for r in results]), "law": law,
-            "fit": fit}
+            "fit": fit, "probes": probes}
 
 
 def cli(argv: list[str]) -> int:
+    from .charts import save_chart
+    from .report import write_table
+
     given = [a for a in argv if "=" not in a]
     pairs = split_key_values([a for a in argv if "=" in a])
     if set(pairs) - {"out"}:
@@ -356,22 +357,13 @@ def cli(argv: list[str]) -> int:
         given = ["results/ladder" if Path("results/ladder").is_dir() else "runs/ladder"]
     out = analyse_ladder([Path(g) for g in given])
     folder = Path(pairs.get("out", "reports/ladder"))
-    with contextlib.ExitStack() as stack:
-        probed = [f for g in given for f in point_dirs(Path(g), stack)
-                  if f.name.startswith("probes-")]
-        if probed:
-            from .charts import save_chart
-            save_chart(warmup_chart(warmup_probes(probed)), folder / "charts", "warmup_probes")
-    from .report import write_table
-    tables = folder / "tables"
-    tables.mkdir(parents=True, exist_ok=True)
-    fit = {k: v for k, v in out["fit"].items() if not isinstance(v, bool)}  # type: ignore
-    for name, df in (("points", out["points"]), ("law", out["law"]),
-                     ("fit", pl.DataFrame([fit]))):
-        if df.width:  # type: ignore[union-attr]
-            write_table(df, tables, f"ladder_{name}")
+    (folder / "tables").mkdir(parents=True, exist_ok=True)
+    for name in ("points", "law"):
+        write_table(out[name], folder / "tables", f"ladder_{name}")  # type: ignore[arg-type]
+    if out["probes"] is not None:
+        save_chart(warmup_chart(out["probes"]), folder / "charts", "warmup_probes")
     text = summary_text(out)
     (folder / "summary.md").write_text(text)
     sys.stdout.write(text)
-    print(f"ladder: {folder}/summary.md and tables/", file=sys.stderr)
+    print(f"ladder: {folder}/summary.md, tables/ and charts/", file=sys.stderr)
     return 0

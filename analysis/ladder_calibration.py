@@ -25,11 +25,9 @@ from .study import ReportOptions
 from .threshold import depth_draws, gap_matrix, tested_rule
 
 A = math.log10(0.0068)  # the anchor's onset (w64-s300)
-LAWS = {  # (b, c) decades per doubling of warmup and of steps
-    "no warmup effect": (0.0, 0.0),
-    "steps": (0.19, 0.0),  # the measured warmup effect, following the warmup's steps
-    "share": (0.19, -0.19),  # the same, following the warmup's share of the run
-}
+# (b, c) decades per doubling of warmup and of steps: none; the measured warmup effect (+0.19),
+# following the warmup's steps; the same, following its share of the run
+LAWS = {"no warmup effect": (0.0, 0.0), "steps": (0.19, 0.0), "share": (0.19, -0.19)}
 UNDERTRAIN = 0.3  # nats at the smallest LRs of the points of 1,200 steps and more
 LATTICE = np.arange(-4.25, 0.75, 1 / 32)  # the ladder's grid starts at 1e-4
 
@@ -56,8 +54,7 @@ def simulate(law: tuple[float, float], noise: K.Noise, seeds: int, options: Opti
             mine = paired.filter((pl.col("depth") == k) & pl.col("lr").is_in(lrs))
             draws = S.seed_draws(seeds, options.bootstrap, f"ladder-calibration/{study}/{k}")
             d = depth_draws(gap_matrix(mine, list(range(seeds)), lrs), lrs, draws,
-                            options.min_gap,
-                            trained_up_to=tested_rule(cells)["trained_up_to"])
+                            options.min_gap, tested_rule(cells)["trained_up_to"])
             p = points[k]
             out[p.name] = PointResult(name=p.name, point=p, study=None, complete=True, left=0,
                                       onset=d, seeds=seeds)
@@ -141,7 +138,7 @@ class Args:
 
 
 def cli(argv: list[str]) -> int:
-    args = apply_overrides(Args(), split_key_values(argv))
+    args: Args = apply_overrides(Args(), split_key_values(argv))
     t0 = time.perf_counter()
     table = calibrate_ladder(args.studies, args.seeds)
     sys.stdout.write(markdown(table))
