@@ -221,3 +221,18 @@ def test_the_study_points_measurement_is_set_against_the_prediction():
     assert "outside the LRs tested, so the prediction is not tested" in prediction_check(below, fit)
     assert prediction_check(points, {"lr": None}) == ""
     assert prediction_check(points.with_columns(point=pl.lit("w64-s300")), fit) == ""
+
+
+def test_the_warmup_figure_reads_the_probe_sweeps_first_fifth(tiny_cfg, tmp_path):
+    """The probe sweeps' runs give the off arm's max attention logit and attention entropy up
+    to a fifth of the point's steps, keyed by the point's warmup, drawn as one figure."""
+    from analysis.ladder import warmup_chart, warmup_probes
+    from qkstudy.trainer import train
+
+    train(tiny_cfg(sweep="probes-s4800-wu30", probe_every=5, max_steps=20))
+    table = warmup_probes([tmp_path / "runs" / "probes-s4800-wu30"])
+    assert set(table["probe"]) == {"max attention logit (off)", "attention entropy, nats (off)"}
+    assert set(table["warmup"]) == {30} and table["step"].max() <= 4800 // 5
+    assert table.filter(pl.col("step") == 20).height == 2  # each probe at the last step
+    spec = warmup_chart(table).to_dict()
+    assert spec["facet"]["row"]["field"] == "probe" and spec["facet"]["column"]["field"] == "lr"
