@@ -36,7 +36,7 @@ def test_each_studys_block_in_results_md_is_rebuilt_from_its_archive(made, name)
     assert block(ROOT / "docs" / "results.md", name) == made[name]
 
 
-DESIGN = {"0.1", "2", "8", "30", "64", "120", "256", "300", "480", "1,000", "4,800", "24,414",
+DESIGN = {"0.1", "2", "8", "30", "64", "120", "256", "300", "480", "1,000", "1,920", "4,800", "24,414",
           "12M", "100M"}  # the conditions and the margin, set by the design
 
 
