@@ -1,5 +1,6 @@
 """The published answer, rebuilt from the archives in results/: the README's answer table,
-docs/results.md's generated blocks and the answer's figure (docs/results/answer.png).
+docs/results.md's generated blocks, the answer's figure (docs/results/answer.png) and the warmup
+probes' figure (docs/results/warmup_probes.png, once their sweeps are archived).
 
     python -m tests.results_tables           # rewrite the generated blocks and the figure
     python -m tests.results_tables --check   # exit 1 where a block differs from the archives
@@ -78,12 +79,37 @@ def analyse_all(root: Path = ROOT) -> tuple[dict[str, Study], dict]:
     return studies, analyse_ladder([root / "results" / "ladder"])
 
 
+def _seeds(values: pl.Series) -> str:
+    return " / ".join(f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" for v in values) or "-"
+
+
+def probe_table(probes: pl.DataFrame | None) -> str:
+    """Per warmup and LR, the off arm's max attention logit and attention entropy of each seed at
+    the warmup's end (the first probe at or after it) and at a fifth of training."""
+    if probes is None:
+        return "No probe sweep archived yet."
+    fifth = probes["step"].max()
+    probes = probes.with_columns(end=pl.col("step").filter(pl.col("step") >= pl.col("warmup"))
+                                 .min().over("warmup"))
+    rows = []
+    for (warmup, lr), t in probes.sort("warmup", "lr", "seed").group_by("warmup", "lr",
+                                                                       maintain_order=True):
+        end = t["end"][0]
+        cells = [_seeds(t.filter((pl.col("step") == step) & (pl.col("probe") == probe))["value"])
+                 for probe in ("max attention logit (off)", "attention entropy, nats (off)")
+                 for step in (end, fifth)]
+        rows.append([str(warmup), f"{lr:.3g}", str(end), *cells])
+    return _table(["warmup", "LR", "warmup's end (step)", "max logit at the end",
+                   f"max logit at step {fifth}", "entropy at the end", f"entropy at step {fifth}"],
+                  rows)
+
+
 def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     """Every generated block by name."""
     mini = study_rows(studies["mini"], "mini")
     points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
     out = {"answer": _table(HEADER, [row_cells(r) for r in mini + points]),
-           "ladder": summary_text(ladder).strip()}
+           "ladder": summary_text(ladder).strip(), "warmup-probes": probe_table(ladder["probes"])}
     for name, study in studies.items():
         out[name] = (verdict_line(study) + "\n\n"
                      + _table(HEADER, [row_cells(r) for r in study_rows(study, name)]))
@@ -143,7 +169,7 @@ def main(argv: list[str]) -> int:
         return 0 if asked else 2
     studies, ladder = analyse_all()
     made = blocks(studies, ladder)
-    pages = {ROOT / "README.md": ["answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder"]}
+    pages = {ROOT / "README.md": ["answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []
     for page, names in pages.items():
         text = page.read_text()
@@ -156,10 +182,16 @@ def main(argv: list[str]) -> int:
                 page.write_text(new)
     if not argv:
         from analysis.charts import save_chart
-        save_chart(figure(studies, ladder), ROOT / "docs" / "results", "answer")
-        for ext in ("svg", "html"):
-            (ROOT / "docs" / "results" / f"answer.{ext}").unlink()
-        print(f"rewrote {', '.join(stale) or 'nothing'}; docs/results/answer.png", file=sys.stderr)
+        from analysis.ladder import warmup_chart
+        charts = {"answer": figure(studies, ladder)}
+        if ladder["probes"] is not None:
+            charts["warmup_probes"] = warmup_chart(ladder["probes"])
+        for name, chart in charts.items():
+            save_chart(chart, ROOT / "docs" / "results", name)
+            for ext in ("svg", "html"):
+                (ROOT / "docs" / "results" / f"{name}.{ext}").unlink()
+        print(f"rewrote {', '.join(stale) or 'nothing'}; "
+              + ", ".join(f"docs/results/{n}.png" for n in charts), file=sys.stderr)
         return 0
     print(f"stale: {', '.join(stale)}" if stale else "every block matches", file=sys.stderr)
     return 1 if stale else 0

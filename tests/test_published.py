@@ -31,7 +31,7 @@ def test_the_readmes_answer_table_is_rebuilt_from_the_archives(made):
 
 
 @pytest.mark.parametrize("name", ["mini", "mini-seeds5-9", "mini-tinystories", "mini-l2norm",
-                                  "ladder"])
+                                  "ladder", "warmup-probes"])
 def test_each_studys_block_in_results_md_is_rebuilt_from_its_archive(made, name):
     assert block(ROOT / "docs" / "results.md", name) == made[name]
 
