@@ -267,7 +267,7 @@ def summary_text(out: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in t.iter_rows(named=True):
         runs = f"{r['runs']}" + ("" if r["complete"] else f" ({r['runs_left']} left)")
-        lines.append(f"| `{r['point']}` | {r['d_model']} | {r['steps']:,} | {r['warmup']} | "
+        lines.append(f"| `{r['point']}` | {r['d_model']} | {r['steps']:,} | {r['warmup']:,} | "
                      f"{runs} | {r['rule']} | {r['onset']} | "
                      f"{ci_text(r, 'sensitivity_gap', '+.3f')} | "
                      f"{ci_text(r, 'usable_ratio', '.2f', 'x')} | {r['off_peak_logit']:,.0f} |")

@@ -40,7 +40,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def row_cells(r: dict) -> list[str]:
-    return [f"`{r['study']}`", str(r["depth"]), str(r["d_model"]), f"{r['steps']:,}", str(r["warmup"]),
+    return [f"`{r['study']}`", str(r["depth"]), str(r["d_model"]), f"{r['steps']:,}", f"{r['warmup']:,}",
             _lr(r["no_difference_up_to"]), _lr(r["off_worse_from"]), r["onset"],
             ci_text(r, "usable_ratio", ".2f", "x"), ci_text(r, "sensitivity_gap", "+.2f")]
 
