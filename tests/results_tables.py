@@ -1,6 +1,6 @@
 """The published answer, rebuilt from the archives in results/: the README's answer table,
 docs/results.md's generated blocks, the answer's figure (docs/results/answer.png) and the warmup
-probes' figure (docs/results/warmup_probes.png, once their sweeps are archived).
+probes' figure (docs/results/warmup_probes.png).
 
     python -m tests.results_tables           # rewrite the generated blocks and the figure
     python -m tests.results_tables --check   # exit 1 where a block differs from the archives
