@@ -261,7 +261,7 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
 
 
 H3_SCHEMA = {"compared_arm": pl.String, "depths": pl.String, "slope": pl.Float64,
-             "ci_lo": pl.Float64, "ci_hi": pl.Float64, "undefined_share": pl.Float64,
+             "ci_lo": pl.Float64, "ci_hi": pl.Float64, "censored_share": pl.Float64,
              "p_fall": pl.Float64, "p_rise": pl.Float64, "p_equal": pl.Float64,
              "q_fall": pl.Float64, "q_rise": pl.Float64, "q_equal": pl.Float64,
              "family_size": pl.Int64, "decision": pl.String, "note": pl.String}
@@ -296,22 +296,25 @@ def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
         k = options.slope_widening or small_sample_widening(
             min(draws[(on, d)].seeds for d in depths))
         boot = point + k * (boot - point)
+        censored = np.zeros(len(boot), bool)
+        for d in depths:  # a draw with some depth's onset at a bound it lies beyond
+            censored |= np.isin(draws[(on, d)].draws, draws[(on, d)].bounds)
         undefined = np.isnan(boot)
         finite = boot[~undefined]
         lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)
         m = options.slope_margin
-        censored = [d for d in depths if not math.isfinite(draws[(on, d)].point)]
+        outside = [d for d in depths if not math.isfinite(draws[(on, d)].point)]
         rows.append({
             "compared_arm": on, "depths": ", ".join(map(str, depths)), "slope": point,
-            "ci_lo": lo, "ci_hi": hi, "undefined_share": float(undefined.mean()),
+            "ci_lo": lo, "ci_hi": hi, "censored_share": float(censored.mean()),
             "p_fall": S.p_bootstrap(undefined | (boot >= 0)),
             "p_rise": S.p_bootstrap(undefined | (boot <= 0)),
             "p_equal": max(S.p_bootstrap(undefined | (boot >= m)),
                            S.p_bootstrap(undefined | (boot <= -m))),
             "q_fall": None, "q_rise": None, "q_equal": None, "family_size": 0,
             "decision": None,
-            "note": (f"onset outside the LRs tested at depth {', '.join(map(str, censored))}:"
-                     " no slope" if censored else "")})
+            "note": (f"onset outside the LRs read at depth {', '.join(map(str, outside))}:"
+                     " no slope" if outside else "")})
     for r in rows:
         S.adjust_family([(r, k) for k in ("p_fall", "p_rise", "p_equal")], options.alpha,
                         method="holm")

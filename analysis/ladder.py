@@ -22,16 +22,15 @@ from qkstudy.sweep.ladder import KNOWN, STUDY_POINT, WARMUP_POINTS, Point, point
 from qkstudy.sweep.plan import remaining_runs
 
 from . import stats as S
-from .hypotheses import small_sample_widening
+from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .study import ReportOptions, Study, analyse
 from .threshold import DepthDraws, depth_draws, estimate_text, gap_matrix, tested_rule, \
-    threshold_interval
+    threshold_interval, widened
 
 ON = "rmsnorm"
-WARMUP0, STEPS0 = 30, 300  # the anchor: the law's coefficients are per doubling from here
-MARGIN = math.log10(2) / 4  # decades per doubling: under x2 across the 16x range of steps
+BODY_POINT, BODY_BASE = "w192-d6-s1200-wu480", "w64-s1200-wu480"
 
 
 @dataclass
@@ -41,8 +40,8 @@ class PointResult:
     study: Study | None
     complete: bool
     left: int  # runs the sweep still has to train
-    onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs tested) and its draws
-    seeds: int
+    onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs read) and its draws
+    seeds: int  # the whole seeds the point rests on
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -86,8 +85,7 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     onset = depth_draws(values, lrs, draws, options.study.min_gap,
                         trained_up_to=tested_rule(cells)["trained_up_to"])
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
-                       left=len(todo) + len(extra), onset=onset,
-                       seeds=int((~np.isnan(values)).sum(axis=0).min()))
+                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds))
 
 
 # --- per point ----------------------------------------------------------------------------------
@@ -119,8 +117,12 @@ def seed_effects(study: Study, depth: int, arm: str = ON) -> dict:
 def onset_columns(d: DepthDraws, k: float) -> dict:
     """The onset of one point: estimate, widened interval and its text."""
     lo, hi = threshold_interval(d, k)
-    lrs = [10 ** v if math.isfinite(v) else None for v in (d.point, lo, hi)]
-    return {**dict(zip(("onset_lr", "onset_lo", "onset_hi"), lrs)),
+    low, high = d.bounds
+    side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
+    return {"onset_lr": 10 ** d.point if not side else None,
+            "onset_lo": 10 ** lo if lo > low else None, "onset_hi": 10 ** hi if hi < high else None,
+            "onset_side": side, "onset_bound": None if not side else
+            10 ** (high if side == "above" else low),
             "onset": estimate_text(d.point, lo, hi, d.lrs)}
 
 
@@ -150,105 +152,30 @@ def peak_logits(study: Study) -> pl.DataFrame:
                                             & (pl.col("peak_logit") > 0))
 
 
-# --- the warmup law -----------------------------------------------------------------------------
-
-def design(points: list[Point]) -> np.ndarray:
-    return np.array([[1.0, math.log2(p.warmup / WARMUP0), math.log2(p.steps / STEPS0)]
-                     for p in points])
-
-
-STUDY_X = design([STUDY_POINT])[0]  # 1,000 warmup steps of 24,414
-CLAIMS = {"p_raises": "warmup raises it", "p_steps": "it follows the warmup's steps",
-          "p_share": "it follows the warmup's share of the run"}
-LAW_SCHEMA = {"term": pl.String, "estimate": pl.Float64, "ci_lo": pl.Float64,
-              "ci_hi": pl.Float64}
-
-
-def _equal(x: np.ndarray, undefined: np.ndarray) -> float:
-    """Bootstrap p-value of |x| < MARGIN (both one-sided tests)."""
-    return max(S.p_bootstrap(undefined | (x >= MARGIN)), S.p_bootstrap(undefined | (x <= -MARGIN)))
-
-
-def fit_law(results: list[PointResult], options: ReportOptions) -> tuple[pl.DataFrame, dict]:
-    """The warmup law's terms (a, b, c and b + c) with intervals, its three claims under Holm
-    and the prediction at the study preset's schedule. A censored point is left out and named;
-    the claims are then exploratory."""
-    ready = [r for r in results if r.name in WARMUP_POINTS and r.complete]
-    law = [r for r in ready if math.isfinite(r.onset.point)]
-    left_out = [f"{r.name} ({'below' if r.onset.point < 0 else 'above'} the LRs tested)"
-                for r in ready if r not in law]
-    fit = {"points": ", ".join(r.name for r in law), "left_out": ", ".join(left_out),
-           "log10_lr": None, "lr": None, "ci_lo": None, "ci_hi": None, "note": ""}
-    pts = [r.point for r in law]
-    if len({p.warmup for p in pts}) < 2 or len({p.steps for p in pts}) < 2 or len(law) < 4:
-        fit["note"] = ("not estimable yet: the law needs four complete points at two warmups "
-                       f"and two lengths (has {fit['points'] or 'none'})")
-        return pl.DataFrame(schema=LAW_SCHEMA), fit
-    pinv = np.linalg.pinv(design(pts))
-    est = pinv @ np.array([r.onset.point for r in law])
-    y = np.stack([r.onset.draws for r in law], axis=1)  # (B, points): each point's own draws
-    undefined = ~np.isfinite(y).all(axis=1)
-    boot = np.where(undefined[:, None], np.nan, np.where(np.isfinite(y), y, 0.0) @ pinv.T)
-    boot = est + small_sample_widening(min(r.seeds for r in law)) * (boot - est)
-    b, c = boot[:, 1], boot[:, 2]
-    terms = {"a": (est[0], boot[:, 0]), "b": (est[1], b), "c": (est[2], c),
-             "b + c": (est[1] + est[2], b + c)}
-    rows = []
-    for term, (e, draws) in terms.items():
-        lo, hi = S.percentile_interval(draws[~undefined]) if (~undefined).any() else (None, None)
-        rows.append({"term": term, "estimate": float(e), "ci_lo": lo, "ci_hi": hi})
-    tests = {"p_raises": S.p_bootstrap(undefined | (b <= 0)), "p_steps": _equal(c, undefined),
-             "p_share": _equal(b + c, undefined)}
-    S.adjust_family([(tests, k) for k in CLAIMS], options.study.alpha, method="holm")
-    decided = [CLAIMS[k] for k in CLAIMS if tests["q" + k[1:]] < options.study.alpha]
-    pdraws = boot[~undefined] @ STUDY_X
-    pred = float(STUDY_X @ est)
-    lo, hi = S.percentile_interval(pdraws) if pdraws.size else (math.nan, math.nan)
-    fit.update(tests, decided="; ".join(decided) or "none decided", log10_lr=pred, lr=10 ** pred,
-               ci_lo=10 ** lo, ci_hi=10 ** hi, exploratory=bool(left_out))
-    return pl.DataFrame(rows, schema=LAW_SCHEMA), fit
-
-
 # --- text ---------------------------------------------------------------------------------------
 
-def _interval(r: dict) -> str:
-    return f"{r['estimate']:+.2f} [{r['ci_lo']:+.2f}, {r['ci_hi']:+.2f}]"
-
-
-def law_text(law: pl.DataFrame, fit: dict) -> str:
-    """The law's fit, claims and prediction in three sentences, or why it was not fitted."""
-    if fit["lr"] is None:
-        return f"Warmup law: {fit['note']}."
-    t = {r["term"]: r for r in law.iter_rows(named=True)}
-    out = (f"Warmup law over {fit['points']}: log10(onset) = {t['a']['estimate']:+.2f} "
-           f"{t['b']['estimate']:+.2f} log2(warmup/30) {t['c']['estimate']:+.2f} "
-           f"log2(steps/300); b {_interval(t['b'])}, c {_interval(t['c'])}, b + c "
-           f"{_interval(t['b + c'])} decades per doubling. Decided (Holm, 0.05; margin "
-           f"{MARGIN:.3f}): {fit['decided']} (adjusted p: warmup raises it "
-           f"{fit['q_raises']:.2g}, steps {fit['q_steps']:.2g}, share {fit['q_share']:.2g}). "
-           f"Predicted onset at the study preset's schedule (1,000 warmup steps of 24,414): LR "
-           f"{fit['lr']:.3g} [{fit['ci_lo']:.3g}, {fit['ci_hi']:.3g}] (an extrapolation).")
-    if fit["left_out"]:
-        out += f" Left out: {fit['left_out']}; the claims are exploratory."
+def measured_onsets(points: pl.DataFrame) -> dict[str, dict]:
+    """The scored points' measured onsets: LR, text and the side of the LRs read it lies on."""
+    out = {}
+    for r in points.filter(pl.col("point").is_in([p.name for p in PREDICTED])).iter_rows(
+            named=True):
+        if r["onset_lr"] is None and r["onset_bound"] is None:
+            continue
+        out[r["point"]] = {"lr": r["onset_lr"] or r["onset_bound"], "text": r["onset"],
+                           "side": "" if r["onset_lr"] else r["onset_side"]}
     return out
 
 
-def prediction_check(points: pl.DataFrame, fit: dict) -> str:
-    """The study point's measured onset against the law's prediction, in one sentence, or ""
-    when the study point has not been run or the law was not fitted."""
-    if fit.get("lr") is None or "study-point" not in points["point"].to_list():
-        return ""
-    r = points.filter(pl.col("point") == "study-point").row(0, named=True)
-    head = (f"Study point ({r['runs']} runs{'' if r['complete'] else ', unfinished'}): measured "
-            f"onset {r['onset']} against the predicted {fit['lr']:.3g} "
-            f"[{fit['ci_lo']:.3g}, {fit['ci_hi']:.3g}]")
-    if r["onset_lr"] is None:
-        return f"{head}: outside the LRs tested, so the prediction is not tested."
-    inside = fit["ci_lo"] <= r["onset_lr"] <= fit["ci_hi"]
-    overlap = ((r["onset_lo"] or 0.0) <= fit["ci_hi"]
-               and (r["onset_hi"] or math.inf) >= fit["ci_lo"])
-    return (f"{head}: the measured estimate lies {'inside' if inside else 'outside'} the "
-            f"prediction interval, and the two intervals {'overlap' if overlap else 'do not overlap'}.")
+def body_shift(results: list[PointResult], k: float) -> dict | None:
+    """The study body's onset against w64-s1200-wu480's (the same schedule): the shift in
+    decades with its 95% interval from both points' widened whole-seed draws."""
+    by = {r.name: r.onset for r in results}
+    body, base = by.get(BODY_POINT), by.get(BODY_BASE)
+    if body is None or base is None or not (math.isfinite(body.point)
+                                             and math.isfinite(base.point)):
+        return None
+    lo, hi = S.percentile_interval(widened(body, k) - widened(base, k))
+    return {"shift": body.point - base.point, "ci_lo": lo, "ci_hi": hi}
 
 
 def ci_text(r: dict, key: str, fmt: str, prefix: str = "") -> str:
@@ -271,10 +198,31 @@ def summary_text(out: dict) -> str:
                      f"{runs} | {r['rule']} | {r['onset']} | "
                      f"{ci_text(r, 'sensitivity_gap', '+.3f')} | "
                      f"{ci_text(r, 'usable_ratio', '.2f', 'x')} | {r['off_peak_logit']:,.0f} |")
-    fit = out["fit"]
-    lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
-    check = prediction_check(t, fit)  # type: ignore[arg-type]
-    return "\n".join(lines + (["", check] if check else [])) + "\n"
+    for fit in out["fits"]:  # type: ignore[attr-defined]
+        lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
+    lines += ["", prediction_text(out["fits"], out["scores"])]  # type: ignore[arg-type]
+    shift = out["body_shift"]
+    if shift is not None:
+        lines += ["", f"The study's model body (d_model 192, depth 6, head_dim 64) against "
+                      f"{BODY_BASE} (the same schedule): its onset is shifted by "
+                      f"{shift['shift']:+.2f} decades [{shift['ci_lo']:+.2f}, "
+                      f"{shift['ci_hi']:+.2f}]."]
+    return "\n".join(lines) + "\n"
+
+
+def prediction_text(fits: list[dict], scores: pl.DataFrame) -> str:
+    """Each form's prediction at each scored point and the study preset, with the measured
+    onset and "inside"/"outside" where the point was run, as a Markdown table."""
+    lines = ["| point | law | predicted onset [95% interval of a measured onset] | measured "
+             "onset | error, decades | inside? |", "|---|---|---|---|---|---|"]
+    for fit in fits:
+        for p in fit["predictions"]:
+            s = scores.filter((pl.col("form") == p["form"]) & (pl.col("point") == p["point"]))
+            m = s.row(0, named=True) if s.height else {"measured": "not run", "error": "-",
+                                                        "inside": "-"}
+            lines.append(f"| `{p['point']}` | {p['form']} | {p['lr']:.3g} [{p['ci_lo']:.3g}, "
+                         f"{p['ci_hi']:.3g}] | {m['measured']} | {m['error']} | {m['inside']} |")
+    return "\n".join(lines)
 
 
 # --- the warmup figure -------------------------------------------------------------------------
@@ -340,9 +288,12 @@ def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
         results = [load_point(f, options) for f in folders]
         probes = warmup_probes(probed) if probed else None
     results.sort(key=lambda r: list(KNOWN).index(r.name))
-    law, fit = fit_law(results, options)
-    return {"points": pl.DataFrame([point_row(r, options) for r in results]), "law": law,
-            "fit": fit, "probes": probes}
+    fitted = [fit_law(results, options, form) for form in FORMS]
+    points = pl.DataFrame([point_row(r, options) for r in results])
+    fits = [fit for _, fit in fitted]
+    return {"points": points, "law": pl.concat([law for law, _ in fitted]), "fits": fits,
+            "fit": fits[0], "scores": score(fits, measured_onsets(points)), "probes": probes,
+            "body_shift": body_shift(results, options.study.threshold_widening)}
 
 
 def cli(argv: list[str]) -> int:
@@ -358,7 +309,7 @@ def cli(argv: list[str]) -> int:
     out = analyse_ladder([Path(g) for g in given])
     folder = Path(pairs.get("out", "reports/ladder"))
     (folder / "tables").mkdir(parents=True, exist_ok=True)
-    for name in ("points", "law"):
+    for name in ("points", "law", "scores"):
         write_table(out[name], folder / "tables", f"ladder_{name}")  # type: ignore[arg-type]
     if out["probes"] is not None:
         save_chart(warmup_chart(out["probes"]), folder / "charts", "warmup_probes")

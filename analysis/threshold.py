@@ -1,6 +1,6 @@
 """Where QK-norm becomes necessary: per depth and compared arm, the instability onset (the LR
-where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley), its
-widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
+where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley and
+only up to the largest LR at which every QK-norm run trained), its widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import polars as pl
 from . import stats as S
 from .metrics import Options, paired_gaps
 
-BELOW, ABOVE = "below the LRs tested", "above the LRs tested"
+BELOW, ABOVE = "below the LRs tested", "above the LRs where QK-norm trained"
 
 
 def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> np.ndarray:
@@ -38,7 +38,9 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> n
 
 @dataclass
 class DepthDraws:
-    """One (compared arm, depth): its LRs, onset (log10 LR), draws, fit and seeds."""
+    """One (compared arm, depth): the LRs the onset is read over, the onset (log10 LR; -inf or
+    +inf when the fit crosses at once or never there), its draws (a draw that does not cross is
+    kept, censored at the bound it lies beyond), the fit and the seeds."""
 
     lrs: list[float]
     point: float
@@ -46,43 +48,50 @@ class DepthDraws:
     fit: np.ndarray
     seeds: int
 
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """The range (log10 LR) an onset can be read in: the smallest LR measured to the largest
+        at which every QK-norm run trained."""
+        return math.log10(self.lrs[0]), math.log10(self.lrs[-1])
 
-def above_valley(means: np.ndarray, searched: int | None = None) -> np.ndarray:
-    """Each row of gaps (rows x LRs) with NaN below its minimum among the first `searched`."""
+
+def above_valley(means: np.ndarray) -> np.ndarray:
+    """Each row of gaps (rows x LRs) with NaN below its minimum."""
     means = np.atleast_2d(means)
-    window = np.where(np.isnan(means), np.inf, means)[:, :searched]
+    window = np.where(np.isnan(means), np.inf, means)
     has = np.isfinite(window).any(axis=1)
     valley = np.where(has, np.argmin(window, axis=1), 0)
     below = np.arange(means.shape[1])[None, :] < valley[:, None]
     return np.where(below, np.nan, means)
 
 
-def _fit(means: np.ndarray, counts: np.ndarray, searched: int | None) -> np.ndarray:
-    kept = above_valley(means, searched)
+def _fit(means: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    kept = above_valley(means)
     return np.where(np.isnan(kept), np.nan, S.isotonic(kept, counts))
 
 
 def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float,
                 trained_up_to: float | None = None) -> DepthDraws:
-    """The onset of one depth's (seeds, LRs) gaps and under each whole-seed draw."""
-    searched = None if trained_up_to is None else sum(lr <= trained_up_to for lr in lrs) or None
+    """The onset of one depth's (seeds, LRs) gaps and under each whole-seed draw, read only over
+    the LRs up to `trained_up_to` (the largest at which every QK-norm run trained)."""
+    read = len(lrs) if trained_up_to is None else max(sum(lr <= trained_up_to for lr in lrs), 1)
+    lrs, values = lrs[:read], values[:, :read]
     log_lrs = np.log10(lrs)
     n = (~np.isnan(values)).sum(axis=0)
     means = np.where(n > 0, np.nansum(values, axis=0) / np.maximum(n, 1), np.nan)
-    fit = _fit(means[None], n.astype(float), searched)
+    fit = _fit(means[None], n.astype(float))
     boot_means, counts = S.seed_bootstrap(values, draws)
-    boot_fit = _fit(boot_means, counts.astype(float), searched)
+    crossings = threshold_from_fit(log_lrs, _fit(boot_means, counts.astype(float)), margin)
     return DepthDraws(lrs=lrs, point=float(threshold_from_fit(log_lrs, fit, margin)[0]),
-                      draws=threshold_from_fit(log_lrs, boot_fit, margin), fit=fit[0],
+                      draws=np.clip(crossings, log_lrs[0], log_lrs[-1]), fit=fit[0],
                       seeds=int(n.max()))
 
 
 def widened(d: DepthDraws, k: float) -> np.ndarray:
-    """The draws moved away from a finite estimate by the factor k."""
+    """The draws moved away from a finite estimate by the factor k, kept inside the bounds."""
     if k == 1 or not math.isfinite(d.point):
         return d.draws
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(d.draws), d.point + k * (d.draws - d.point), d.draws)
+    return np.clip(d.point + k * (d.draws - d.point), *d.bounds)
 
 
 def threshold_interval(d: DepthDraws, k: float) -> tuple[float, float]:
@@ -173,30 +182,31 @@ ONSET_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,
                 "trained_up_to": pl.Float64, "tested_rule": pl.String, "note": pl.String}
 
 
-def bound_text(v: float, point: float, lrs: list[float]) -> str:
-    """An interval bound (log10 LR); past the LRs tested on an infinite estimate's side."""
-    if v == -np.inf or (point == -np.inf and v < np.log10(lrs[0])):
+def bound_text(v: float, lrs: list[float]) -> str:
+    """An interval bound (log10 LR); at a bound of the LRs read, beyond it."""
+    if v <= math.log10(lrs[0]):
         return f"< {lrs[0]:.3g}"
-    if v == np.inf or (point == np.inf and v > np.log10(lrs[-1])):
+    if v >= math.log10(lrs[-1]):
         return f"> {lrs[-1]:.3g}"
     return f"{10 ** v:.3g}"
 
 
 def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
-    """An estimate with its interval (log10 LRs): "0.0066 [0.0055, 0.022]", "> 3 [...]"."""
-    head = (f"<= {lrs[0]:.3g}" if point == -np.inf else f"> {lrs[-1]:.3g}" if point == np.inf
+    """An estimate with its interval (log10 LRs): "0.0066 [0.0055, 0.022]", "> 0.3 [...]"."""
+    head = (f"< {lrs[0]:.3g}" if point == -np.inf else f"> {lrs[-1]:.3g}" if point == np.inf
             else f"{10 ** point:.3g}")
-    return f"{head} [{bound_text(lo, point, lrs)}, {bound_text(hi, point, lrs)}]"
+    return f"{head} [{bound_text(lo, lrs)}, {bound_text(hi, lrs)}]"
 
 
 def _onset_row(d: DepthDraws, options: Options) -> dict:
     lo, hi = threshold_interval(d, options.threshold_widening)
-    row = {"ci_lo": 10 ** lo if np.isfinite(lo) else None,
-           "ci_hi": 10 ** hi if np.isfinite(hi) else None,
+    low, high = d.bounds
+    row = {"ci_lo": 10 ** lo if lo > low else None, "ci_hi": 10 ** hi if hi < high else None,
            "onset": estimate_text(d.point, lo, hi, d.lrs)}
     if d.point == np.inf:
         row.update(outside=ABOVE, note=f"the fitted gap stays under {options.min_gap:g} nats "
-                                       f"up to LR {d.lrs[-1]:.3g}")
+                                       f"up to LR {d.lrs[-1]:.3g}, the largest at which every "
+                                       "QK-norm run trained")
     elif d.point == -np.inf:
         row.update(outside=BELOW, note=f"the fitted gap is {options.min_gap:g} nats or more "
                                        "already at the LR where it is smallest")

@@ -233,7 +233,7 @@ def _h3(on: str, h3: pl.DataFrame, thresholds: pl.DataFrame) -> dict:
     text = (f"{per_depth}; slope of log10(onset) on log2(depth): {_shift(r['slope'])} "
             f"decades per doubling [{_shift(r['ci_lo'])}, {_shift(r['ci_hi'])}] "
             f"{r['decision']} (q fall {_q(r['q_fall'])}, rise {_q(r['q_rise'])}, equal "
-            f"{_q(r['q_equal'])}; {r['undefined_share']:.0%} of draws without a slope)"
+            f"{_q(r['q_equal'])}; {r['censored_share']:.0%} of draws with an onset at a bound)"
             + (f"; {r['note']}" if r["note"] else ""))
     return _row("H3", on, claim, [Part(way, n, text)], "slopes", int(r["family_size"]),
                 correction=S.HOLM)

@@ -79,7 +79,7 @@ def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
         return found
     depth, cfg = next(iter(cfgs.items()))
     try:
-        tok_s, timed = step_speed(cfg, vocab, steps=10, max_seconds=3.0)
+        tok_s, timed = step_speed(cfg, vocab)
     except (UsageError, ImportError) as e:  # no engine installed here
         if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
             raise
@@ -129,13 +129,12 @@ def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
 
 def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int) -> float:
     """Seconds until a sweep's queue (`left` calibrated seconds; `first` those of the next run)
-    is trained by `processes`. `planned`, `seconds`: calibrated and wall seconds this process
-    trained. Wall over calibrated time starts at max(1, K/1.35) (two processes on 2 cores measured
-    1.32-1.44x one), weighted as one run, and moves to the measured ratio."""
+    is trained by `processes`, each calibrated at its share of the machine. `planned`,
+    `seconds`: calibrated and wall seconds this process trained. Wall over calibrated time
+    starts at 1, weighted as one run, and moves to the measured ratio."""
     if left <= 0 or first <= 0:
         return math.inf if left > 0 else 0.0
-    prior = 1.0 / min(1.0, 1.35 / processes)
-    return left * (first * prior + seconds) / (first + planned) / processes
+    return left * (first + seconds) / (first + planned) / processes
 
 
 def time_left_line(runs: list, stored: object) -> str:

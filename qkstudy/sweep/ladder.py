@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pathlib import Path
+
 from ..config import split_flags, split_key_values, take
+from ..data.prepare import cli as prepare_cli
 from ..errors import UsageError
 from .cli import cli as sweep_cli
 
@@ -28,6 +31,7 @@ REFINE_STEPS = 1  # boundary-bisection steps per curve (the ladder's plan: H2 is
 # The warmup ladder's grid: without 1e-4 and 3e-4 (every onset measured lay in 0.003-0.1)
 WARMUP_LRS = LRS[2:]
 PROBE_SEEDS = (0, 1)
+SCORED_LRS = (0.01, 0.03, 0.1, 0.3)  # around both law forms' intervals at the scored points
 PROBE_LRS = (0.01, 0.03, 0.1)  # around the onsets at 4,800 steps (0.0079 and 0.046)
 
 
@@ -44,6 +48,7 @@ class Point:
     block_size: int = 64
     data: str = "data/synthetic-bytes"
     lrs: tuple[float, ...] = LRS
+    seeds: tuple[int, ...] = SEEDS  # fixed in advance; more up to five in cells still open
     # > 0: a probe point (the warmup figure's): the off arm only, no bisection
     probe_every: int = 0
 
@@ -55,7 +60,7 @@ class Point:
         return [
             "preset=mini", f"name={self.name}", f"depth={self.depth}",
             f"lrs={','.join(f'{lr:g}' for lr in self.lrs)}",
-            f"seeds={','.join(map(str, PROBE_SEEDS if self.probe_every else SEEDS))}",
+            f"seeds={','.join(map(str, PROBE_SEEDS if self.probe_every else self.seeds))}",
             "max_seeds=5", *design, "jobs=2",
             f"data={self.data}", f"d_model={self.d_model}",
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
@@ -79,6 +84,15 @@ POINTS = {p.name: p for p in (
     # the warmup figure's runs: the off arm's probes every 48 steps through 4,800 steps
     Point("probes-s4800-wu30", 64, 4800, 30, lrs=PROBE_LRS, probe_every=48),
     Point("probes-s4800-wu480", 64, 4800, 480, lrs=PROBE_LRS, probe_every=48))}
+# The law's two scored points (docs/report.md: fixed 2026-12-06, before any of their runs): the
+# study preset's schedule on the ladder's model (a corpus of 30M characters, so no run reads
+# more tokens than it holds), and the study preset's model body at a ladder schedule
+SCORED_POINTS = (
+    Point("w64-s24414-wu1000", 64, 24_414, 1000, data="data/synthetic-bytes-30m",
+          lrs=SCORED_LRS, seeds=(0, 1, 2)),
+    Point("w192-d6-s1200-wu480", 192, 1200, 480, depth=6, head_dim=64, lrs=SCORED_LRS,
+          seeds=(0, 1, 2)))
+POINTS.update((p.name, p) for p in SCORED_POINTS)
 # The warmup law's points: every width-64 ladder point
 WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
                  "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")
@@ -97,6 +111,17 @@ def point_words(point: Point, extra: list[str], runs_dir: str) -> list[str]:
         words.setdefault("batch_size", "16")
         words.setdefault("eval_batches", "20")
     return [f"{k}={v}" for k, v in words.items()]
+
+
+# The synthetic corpora the points read, as `prepare synthetic` words (made when missing)
+CORPORA = {"data/synthetic-bytes": [], "data/synthetic-bytes-30m": ["size_mb=30"]}
+
+
+def ensure_corpus(point: Point) -> int:
+    """Prepare the point's synthetic corpus if it is not there yet (0: ready)."""
+    if point.data not in CORPORA or (Path(point.data) / "meta.json").is_file():
+        return 0
+    return prepare_cli(["synthetic", "tokenizer=bytes", *CORPORA[point.data], f"out={point.data}"])
 
 
 def cli(argv: list[str]) -> int:
@@ -118,7 +143,7 @@ def cli(argv: list[str]) -> int:
         words = point_words(KNOWN[name], extra, runs_dir)
         print(f"=== ladder point {i} of {len(names)}: {name}\n    python -m qkstudy sweep "
               + " ".join(words), flush=True)
-        code = sweep_cli(words + passed)
+        code = ensure_corpus(KNOWN[name]) or sweep_cli(words + passed)
         if code:
             return code
     return 0

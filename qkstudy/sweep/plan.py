@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
@@ -22,17 +24,34 @@ from .refine import run_outcome
 VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
 
 
-def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
+def step_speed(cfg: TrainConfig, vocab: int, seconds: float = 3.0, min_steps: int = 10
                ) -> tuple[float, int]:
-    """(tokens/s, steps timed) of the run's own engine after a compiling warm-up step."""
+    """(tokens/s, steps timed) of the run's own engine, at the share of the machine a sweep's
+    run gets (QKSTUDY_RUNS_PER_DEVICE), after two warm-up steps (compilation, first
+    allocations): steps for `seconds` and at least `min_steps`."""
     x, y = random_batch(cfg, vocab, 0)
     engine = backends.load(cfg.backend).Engine(cfg, vocab, [], random_batch(cfg, vocab, 1))
-    engine.read([engine.step(x, y)])
+    for _ in range(2):
+        engine.read([engine.step(x, y)])
     start, timed = time.perf_counter(), 0
-    while timed < steps and (timed == 0 or time.perf_counter() - start < max_seconds):
+    while timed < min_steps or time.perf_counter() - start < seconds:
         engine.read([engine.step(x, y)])
         timed += 1
     return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
+
+
+@contextlib.contextmanager
+def runs_at_once(jobs: int) -> Iterator[None]:
+    """Time as one of a sweep's `jobs` runs on this machine (each engine takes its share)."""
+    before = os.environ.get(trainer.RUNS_PER_DEVICE)
+    os.environ[trainer.RUNS_PER_DEVICE] = str(jobs)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(trainer.RUNS_PER_DEVICE, None)
+        else:
+            os.environ[trainer.RUNS_PER_DEVICE] = before
 
 
 def timed(label: str, cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
@@ -111,8 +130,9 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
             line += (f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M "
                      f"non-embedding); memory ~{memory.format_bytes(needs[depth])} a run")
         if calibrate_speed and vocab:
-            speeds[depth], n = timed(line + "; calibrating (compile, then up to 10 s of steps)",
-                                     cfg, vocab)
+            with runs_at_once(sweep.jobs):
+                speeds[depth], n = timed(line + "; calibrating (compile, then 3 s of steps)",
+                                         cfg, vocab)
             line += (f"; {speeds[depth]:,.0f} tok/s ({counted(n, 'timed step')}); "
                      f"{format_seconds(forecast.run_cost_tokens(cfg) / speeds[depth])} a run")
         print(line, flush=True)
@@ -130,17 +150,17 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
         per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
                                          + forecast.busy_note())
     else:
-        per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab, **limits: timed(
-            f"  time        timing depth {cfg.depth} here (compile, then a step or two)", cfg,
-            vocab, **limits), lambda why: print(f"  note        {why}"))
-    total = forecast.run_seconds(unfinished, per_depth)
+        with runs_at_once(sweep.jobs):
+            per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab: timed(
+                f"  time        timing depth {cfg.depth} here (compile, then 3 s of steps)", cfg,
+                vocab), lambda why: print(f"  note        {why}"))
+    total = forecast.run_seconds(unfinished, per_depth) / sweep.jobs
     refine = [run_config(sweep, d, 1.0, "none", 0) for d in sweep.depth]
     per_refine = forecast.run_seconds(refine, per_depth) / len(refine)
     print(f"  time        ~{forecast.time_text(total)} for the "
-          f"{counted(len(unfinished), 'unfinished grid run')} in one process"
-          + (f" (jobs={sweep.jobs} shares them out; what that gains depends on the machine: "
-             "docs/performance.md)" if sweep.jobs > 1 else "")
-          + (f", + up to {forecast.time_text(refine_max * per_refine)} of refinement"
+          f"{counted(len(unfinished), 'unfinished grid run')} in "
+          f"{counted(sweep.jobs, 'process', 'processes')}"
+          + (f", + up to {forecast.time_text(refine_max * per_refine / sweep.jobs)} of refinement"
              if refine_max else "")
           + " (training and evaluation; diverged runs stop early; probes and checkpoints "
           f"not counted); {source}", flush=True)
