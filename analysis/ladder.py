@@ -8,7 +8,7 @@ import contextlib
 import math
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +71,7 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     if name not in KNOWN:
         raise UsageError(f"{folder}: {name!r} is not a ladder point; known: {', '.join(KNOWN)}")
     point = KNOWN[name]
+    options = replace(options, study=replace(options.study, min_gap=point.margin))
     todo, extra = remaining_runs(parse_sweep_config(point_words(point, [], str(folder.parent))))
     study = analyse(load_runs(folder), options)
     on = paired_gaps(study.points, options.study).filter(pl.col("compared_arm") == ON)
@@ -120,7 +121,8 @@ def onset_columns(d: DepthDraws, k: float) -> dict:
     low, high = d.bounds
     side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
     return {"onset_lr": 10 ** d.point if not side else None,
-            "onset_lo": 10 ** lo if lo > low else None, "onset_hi": 10 ** hi if hi < high else None,
+            "onset_lo": 10 ** lo if math.isfinite(lo) else None,
+            "onset_hi": 10 ** hi if math.isfinite(hi) else None,
             "onset_side": side, "onset_bound": None if not side else
             10 ** (high if side == "above" else low),
             "onset": estimate_text(d.point, lo, hi, d.lrs)}

@@ -14,16 +14,18 @@ import numpy as np
 import polars as pl
 
 from qkstudy.config import apply_overrides, split_key_values
-from qkstudy.sweep.ladder import KNOWN, REFINE_STEPS, WARMUP_POINTS
+from qkstudy.sweep.ladder import KNOWN, REFINE_STEPS, STUDY_POINT, WARMUP_POINTS
 
 from . import calibrate as K
 from . import stats as S
 from .hypotheses import h1_tests
-from .ladder import CLAIMS, MARGIN, STUDY_X, PointResult, design, fit_law
+from .ladder import PointResult
+from .law import CLAIMS, MARGIN, design, fit_law
 from .metrics import Options, paired_gaps
 from .study import ReportOptions
 from .threshold import depth_draws, gap_matrix, tested_rule
 
+STUDY_X = design([STUDY_POINT])[0]
 A = math.log10(0.0068)  # the anchor's onset (w64-s300)
 # (b, c) decades per doubling of warmup and of steps: none; the measured warmup effect (+0.19),
 # following the warmup's steps; the same, following its share of the run

@@ -97,7 +97,7 @@ def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFram
     if len({p.warmup for p in pts}) < len(FORMS[form]) - 1 or len({p.steps for p in pts}) < 2 \
             or len(law) < need:
         fit["note"] = (f"not estimable yet: the {form} law needs {need} complete points at "
-                       f"{len(FORMS[form]) - 1} warmups and two lengths (has "
+                       f"{len(FORMS[form]) - 1} warmups and 2 lengths (has "
                        f"{fit['points'] or 'none'})")
         return pl.DataFrame(schema=LAW_SCHEMA), fit
     y = np.array([r.onset.point for r in law])

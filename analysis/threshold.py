@@ -95,8 +95,11 @@ def widened(d: DepthDraws, k: float) -> np.ndarray:
 
 
 def threshold_interval(d: DepthDraws, k: float) -> tuple[float, float]:
-    """The onset's 95% interval (log10): widened draws, never inside the LRs beside it."""
+    """The onset's 95% interval (log10) from the widened draws, never inside the LRs beside it;
+    an end the draws put at a bound of the LRs read is open (-inf or +inf: beyond it)."""
     lo, hi = S.percentile_interval(widened(d, k))
+    low, high = d.bounds
+    ends = [-math.inf if v <= low else math.inf if v >= high else None for v in (lo, hi)]
     if math.isfinite(d.point):
         logs = np.log10(d.lrs)
         below, above = logs[logs <= d.point], logs[logs >= d.point]
@@ -104,7 +107,7 @@ def threshold_interval(d: DepthDraws, k: float) -> tuple[float, float]:
             lo = min(lo, float(below.max()))
         if above.size:
             hi = max(hi, float(above.min()))
-    return lo, hi
+    return ends[0] if ends[0] is not None else lo, ends[1] if ends[1] is not None else hi
 
 
 def gap_matrix(gaps: pl.DataFrame, seeds: list[int], lrs: list[float]) -> np.ndarray:
@@ -183,10 +186,10 @@ ONSET_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,
 
 
 def bound_text(v: float, lrs: list[float]) -> str:
-    """An interval bound (log10 LR); at a bound of the LRs read, beyond it."""
-    if v <= math.log10(lrs[0]):
+    """An interval bound (log10 LR); an open one beyond the LRs read."""
+    if v == -np.inf:
         return f"< {lrs[0]:.3g}"
-    if v >= math.log10(lrs[-1]):
+    if v == np.inf:
         return f"> {lrs[-1]:.3g}"
     return f"{10 ** v:.3g}"
 
@@ -200,8 +203,8 @@ def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
 
 def _onset_row(d: DepthDraws, options: Options) -> dict:
     lo, hi = threshold_interval(d, options.threshold_widening)
-    low, high = d.bounds
-    row = {"ci_lo": 10 ** lo if lo > low else None, "ci_hi": 10 ** hi if hi < high else None,
+    row = {"ci_lo": 10 ** lo if np.isfinite(lo) else None,
+           "ci_hi": 10 ** hi if np.isfinite(hi) else None,
            "onset": estimate_text(d.point, lo, hi, d.lrs)}
     if d.point == np.inf:
         row.update(outside=ABOVE, note=f"the fitted gap stays under {options.min_gap:g} nats "

@@ -345,7 +345,7 @@ def test_the_onset_is_read_upward_from_the_smallest_mean_gap():
     # a gap at the margin everywhere from the lowest point up: below the LRs tested
     low = thresholds(onset_sweep({4: 1e-3}, seeds=5)).row(0, named=True)
     assert low["outside"] == "below the LRs tested" and low["onset_lr"] is None
-    assert low["onset"].startswith("<= 0.001 [")
+    assert low["onset"].startswith("< 0.001 [")
 
 
 def test_the_onset_uses_every_cell_whatever_its_seed_count():
@@ -435,7 +435,7 @@ def test_an_onset_below_the_lrs_tested_gives_no_slope():
         None, "below the LRs tested"]
     h3 = tables["h3"].row(0, named=True)
     assert math.isnan(h3["slope"]) and h3["decision"] == "undetermined"
-    assert "outside the LRs tested at depth 4" in h3["note"]
+    assert "outside the LRs read at depth 4" in h3["note"]
     assert verdict_of(onset_sweep({2: 3e-2, 4: 1e-3}, seeds=5), "H3")["verdict"] == \
         "inconclusive"
 
@@ -1413,7 +1413,8 @@ def test_the_onset_interval_is_widened_and_never_narrower_than_the_lrs_either_si
     sharp = DepthDraws(lrs=lrs, point=point, draws=np.full(100, point), fit=np.zeros(4), seeds=5)
     lo, hi = threshold_interval(sharp, 1.0)
     assert (lo, hi) == (pytest.approx(math.log10(3e-3)), pytest.approx(-2.0))
-    spread = DepthDraws(lrs=lrs, point=point, draws=point + np.linspace(-0.5, 0.5, 101),
+    wide_lrs = [1e-4, *lrs, 0.1]  # bounds far enough that widening by 2 stays inside them
+    spread = DepthDraws(lrs=wide_lrs, point=point, draws=point + np.linspace(-0.35, 0.35, 101),
                         fit=np.zeros(4), seeds=5)
     plain, wide = threshold_interval(spread, 1.0), threshold_interval(spread, 2.0)
     assert wide[1] - point == pytest.approx(2 * (plain[1] - point))

@@ -11,13 +11,18 @@ import polars as pl
 import pytest
 
 from analysis import stats as S
-from analysis.ladder import MARGIN, STUDY_X, PointResult, fit_law
+from analysis.ladder import PointResult
+from analysis.law import MARGIN, design, fit_law
 from analysis.study import ReportOptions
 from analysis.threshold import DepthDraws, depth_draws
 from analysis.threshold import tested_rule as rule_of
 from qkstudy.__main__ import main
 from qkstudy.sweep.config import parse_sweep_config
-from qkstudy.sweep.ladder import KNOWN, LRS, POINTS, WARMUP_LRS, WARMUP_POINTS, point_words
+from qkstudy.sweep.ladder import KNOWN, LRS, POINTS, SCORED_LRS, SCORED_POINTS, STUDY_POINT, \
+    WARMUP_LRS, WARMUP_POINTS, point_words
+
+STUDY_X = design([STUDY_POINT])[0]
+TRAIN_TOKENS = {"data/synthetic-bytes": 19_830_369, "data/synthetic-bytes-30m": 29_747_428}
 
 
 @pytest.mark.parametrize("name", list(POINTS))
@@ -25,19 +30,27 @@ def test_each_point_is_the_plans_design(name):
     p = KNOWN[name]
     sweep = parse_sweep_config(point_words(p, [], "runs/ladder"))
     t = sweep.train
-    assert sweep.depth == (4,) and t.head_dim == 32 and t.steps == p.steps
-    assert t.backend == "torch" and t.data == "data/synthetic-bytes"
+    body = p.name == "w192-d6-s1200-wu480"  # the study preset's model body
+    assert sweep.depth == ((6,) if body else (4,)) and t.head_dim == (64 if body else 32)
+    assert t.d_model == p.d_model and t.steps == p.steps and t.block_size == 64
+    assert t.backend == "torch" and t.data == ("data/synthetic-bytes-30m" if p.steps > 20_000
+                                               else "data/synthetic-bytes")
     assert t.eval_every == t.divergence_window == p.steps // 6
     assert t.independent_wd and t.weight_decay == 1e-4 and t.warmup_steps == p.warmup
     assert sweep.runs_dir == "runs/ladder" and sweep.name == name and sweep.max_seeds == 5
-    # the corpus holds enough tokens that no point reads one twice (19.8M training tokens)
-    assert t.steps * t.tokens_per_step < 19_800_000
+    # the corpus holds more tokens than a run reads
+    assert t.steps * t.tokens_per_step < TRAIN_TOKENS[t.data]
     if name.startswith("probes-"):  # the warmup figure's runs: the off arm, probes every 48
         assert sweep.arms == ("none",) and not sweep.refine and t.probe_every == 48
         return
-    assert sweep.arms == ("none", "rmsnorm") and sweep.seeds == (0, 1, 2, 3, 4)
+    scored = p in SCORED_POINTS  # three seeds fixed, more only in cells still undecided
+    assert sweep.arms == ("none", "rmsnorm") and sweep.seeds == ((0, 1, 2) if scored else
+                                                                 (0, 1, 2, 3, 4))
     assert sweep.refine and sweep.refine_steps == 1 and sweep.threshold_steps == 2
     assert t.probe_every == p.steps // 6
+    if scored:
+        assert sweep.grid_lrs() == list(SCORED_LRS) == [0.01, 0.03, 0.1, 0.3]
+        return
     # the warmup ladder's new points drop 1e-4 and 3e-4 (docs/report.md: what was trimmed)
     assert sweep.grid_lrs() == list(WARMUP_LRS if p.lrs == WARMUP_LRS else LRS)
     assert WARMUP_LRS == LRS[2:] and LRS[0] == 1e-4 and LRS[-1] == 3.0
@@ -97,11 +110,11 @@ def test_a_censored_point_is_left_out_and_named_and_too_few_points_fit_nothing()
     points[-1] = result(points[-1].name, math.inf)
     law, fit = fit_law(points, ReportOptions())
     assert points[-1].name not in fit["points"].split(", ") and fit["exploratory"]
-    assert fit["left_out"] == f"{points[-1].name} (above the LRs tested)"
+    assert fit["left_out"] == f"{points[-1].name} (above the LRs read)"
     assert law.filter(pl.col("term") == "b")["estimate"][0] == pytest.approx(0.2)
     short = [r for r in planted(-2, 0, 0) if KNOWN[r.name].steps == 300]
     _, none = fit_law(short, ReportOptions())
-    assert none["lr"] is None and "two warmups and two lengths" in none["note"]
+    assert none["lr"] is None and "2 warmups and 2 lengths" in none["note"]
     unfinished = planted(-2, 0, 0)
     unfinished[2].complete = False
     _, fit = fit_law(unfinished, ReportOptions())
@@ -205,22 +218,72 @@ def test_the_onset_readings_valley_is_searched_only_where_qk_norm_trained():
     assert math.log10(0.03) < seen.point < math.log10(0.1)
 
 
-def test_the_study_points_measurement_is_set_against_the_prediction():
-    """Once a GPU runs the study point, the ladder's summary says whether its measured onset
-    falls inside the law's prediction interval."""
-    from analysis.ladder import prediction_check
+def test_the_onset_is_read_only_where_qk_norm_trained_and_draws_past_it_are_censored():
+    """Above the largest LR at which every QK-norm run trained no run measures the onset: a fit
+    that does not cross by then is "above" it, and each draw that does not cross is kept at that
+    bound (never dropped, never placed at an LR no run trained at)."""
+    from analysis.threshold import estimate_text, threshold_interval
 
-    row = {"point": "study-point", "runs": 110, "complete": True, "onset_lr": 0.05,
-           "onset_lo": 0.03, "onset_hi": 0.08, "onset": "0.05 [0.03, 0.08]"}
-    points = pl.DataFrame([row])
-    fit = {"lr": 0.1, "ci_lo": 0.06, "ci_hi": 0.3}
-    text = prediction_check(points, fit)
-    assert "measured onset 0.05 [0.03, 0.08] against the predicted 0.1 [0.06, 0.3]" in text
-    assert "outside the prediction interval" in text and "intervals overlap" in text
-    below = points.with_columns(onset_lr=None, onset_lo=None, onset_hi=None)
-    assert "outside the LRs tested, so the prediction is not tested" in prediction_check(below, fit)
-    assert prediction_check(points, {"lr": None}) == ""
-    assert prediction_check(points.with_columns(point=pl.lit("w64-s300")), fit) == ""
+    values = gaps_with([0.35, 0.31, 0.01, 0.02, 0.03, 0.09, 1.0], sd=0.02)
+    onset = onset_of(values, ONSET_LRS, S.seed_draws(5, 500, "onset-test"), trained_up_to=0.03)
+    assert onset.point == math.inf and onset.lrs == ONSET_LRS[:6]
+    assert (onset.draws == math.log10(0.03)).all() and onset.bounds[1] == math.log10(0.03)
+    lo, hi = threshold_interval(onset, 2.5)
+    assert estimate_text(onset.point, lo, hi, onset.lrs) == "> 0.03 [> 0.03, > 0.03]"
+    # a crossing near the top: the draws that miss it sit at the bound, widened ones too
+    near = onset_of(gaps_with([0.01, 0.02, 0.03, 0.05, 0.08, 0.13, 1.0], sd=0.02), ONSET_LRS,
+                    S.seed_draws(5, 500, "onset-test"), trained_up_to=0.03)
+    assert math.isfinite(near.point) and (near.draws <= math.log10(0.03)).all()
+    assert (near.draws == math.log10(0.03)).any()
+    lo, hi = threshold_interval(near, 2.5)
+    assert hi == math.inf and estimate_text(near.point, lo, hi, near.lrs).endswith("> 0.03]")
+    # never below the smallest LR measured
+    low = onset_of(gaps_with([0.05, 0.08, 0.2, 0.5, 0.9, 1.0, 1.0], sd=0.05), ONSET_LRS,
+                   S.seed_draws(5, 500, "onset-test"))
+    assert threshold_interval(low, 2.5)[0] >= math.log10(ONSET_LRS[0])
+
+
+def test_the_law_interval_carries_its_lack_of_fit_and_the_documented_widening():
+    """Points that scatter about the plane by 0.1 decades, each known to 0.02 from its seeds:
+    the interval of a new point's onset is as wide as that scatter demands, and each point's
+    draws are widened by t(0.975, 4) / z = 1.42 (five whole seeds)."""
+    from analysis.law import law_draws
+
+    pts = [KNOWN[n] for n in WARMUP_POINTS]
+    rng = np.random.default_rng(3)
+    y = design(pts) @ [-2.0, 0.2, 0.0] + 0.1 * rng.standard_normal(len(pts))
+    draws = y + 0.02 * rng.standard_normal((2000, len(pts)))
+    est, boot, lack, seed_var = law_draws(pts, y, draws, 5, "straight")
+    assert seed_var == pytest.approx((0.02 * 1.42) ** 2, rel=0.1)
+    resid = y - design(pts) @ est
+    assert lack == pytest.approx(resid @ resid / 5 - seed_var)
+    points = planted(-2.0, 0.2, 0.0, spread=0.02)
+    for r, v in zip(points, y):
+        r.onset.point, r.onset.draws = float(v), v + r.onset.draws - r.onset.draws.mean()
+    _, fit = fit_law(points, ReportOptions())
+    width = math.log10(fit["ci_hi"] / fit["ci_lo"])
+    assert width > 2 * 1.96 * math.sqrt(lack) and fit["lack_of_fit"] == pytest.approx(
+        math.sqrt(lack), rel=0.05)
+    _, bent = fit_law(points, ReportOptions(), "bent")
+    assert "decided" not in bent and len(bent["predictions"]) == 3
+
+
+def test_each_form_is_scored_on_the_measured_points():
+    """A measured onset inside or outside each form's interval, its error in decades, and a
+    measured bound judged by whether the interval reaches past it."""
+    from analysis.law import score
+
+    fits = [{"predictions": [{"form": "straight", "point": "w64-s24414-wu1000",
+                              "log10_lr": math.log10(0.05), "lr": 0.05, "ci_lo": 0.025,
+                              "ci_hi": 0.1}]}]
+    inside = score(fits, {"w64-s24414-wu1000": {"lr": 0.06, "text": "0.06 [0.05, 0.07]",
+                                                "side": ""}}).row(0, named=True)
+    assert inside["inside"] == "inside" and inside["error"] == f"{math.log10(0.06 / 0.05):+.2f}"
+    outside = score(fits, {"w64-s24414-wu1000": {"lr": 0.2, "text": "0.2", "side": ""}})
+    assert outside["inside"][0] == "outside"
+    bound = score(fits, {"w64-s24414-wu1000": {"lr": 0.3, "text": "> 0.3", "side": "above"}})
+    assert bound["inside"][0] == "outside" and bound["error"][0].startswith("> +")
+    assert score(fits, {}).is_empty()
 
 
 def test_the_warmup_figure_reads_the_probe_sweeps_first_fifth(tiny_cfg, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from analysis import calibrate as K
-from analysis.ladder import design
+from analysis.law import design
 from analysis.ladder_calibration import A, LAWS, calibrate_ladder, judge, simulate
 from analysis.metrics import Options
 from analysis.study import ReportOptions

@@ -27,6 +27,7 @@ backend=torch. A finished point is skipped, an unfinished one resumes.
 # Half-decades from below any threshold measured so far to past divergence
 LRS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 SEEDS = (0, 1, 2, 3, 4)
+MARGIN_PER_BYTE = 0.1  # nats: on the byte corpora, 0.1 nats per token
 REFINE_STEPS = 1  # boundary-bisection steps per curve (the ladder's plan: H2 is secondary here)
 # The warmup ladder's grid: without 1e-4 and 3e-4 (every onset measured lay in 0.003-0.1)
 WARMUP_LRS = LRS[2:]
@@ -49,8 +50,14 @@ class Point:
     data: str = "data/synthetic-bytes"
     lrs: tuple[float, ...] = LRS
     seeds: tuple[int, ...] = SEEDS  # fixed in advance; more up to five in cells still open
+    bytes_per_token: float = 1.0  # of the point's corpus: the margin is per byte of text
     # > 0: a probe point (the warmup figure's): the off arm only, no bisection
     probe_every: int = 0
+
+    @property
+    def margin(self) -> float:
+        """The plan's margin in nats per token: 0.1 nats per byte of text."""
+        return round(MARGIN_PER_BYTE * self.bytes_per_token, 4)
 
     def words(self) -> list[str]:
         """The point as `python -m qkstudy sweep` words (the analysis plan's design)."""
@@ -66,7 +73,8 @@ class Point:
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
             f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
             f"probe_every={self.probe_every or every}", f"divergence_window={every}",
-            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch"]
+            f"ckpt_every={max(10, self.steps // 30 * 10)}", "backend=torch",
+            *([f"min_gap={self.margin:g}"] if self.bytes_per_token != 1.0 else [])]
 
 
 POINTS = {p.name: p for p in (
@@ -97,8 +105,9 @@ POINTS.update((p.name, p) for p in SCORED_POINTS)
 WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
                  "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")
 # The study preset's point, where the law's prediction is tested (a GPU's: not by default)
+# (GPT-2 BPE on TinyStories: 4.10 bytes a token, measured on the first 2 MiB of its train split)
 STUDY_POINT = Point("study-point", 192, 24_414, 1000, depth=6, head_dim=64, block_size=256,
-                    data="data/tinystories-gpt2")
+                    data="data/tinystories-gpt2", bytes_per_token=4.10)
 KNOWN = {**POINTS, STUDY_POINT.name: STUDY_POINT}
 
 
