@@ -15,11 +15,12 @@ import numpy as np
 import polars as pl
 
 from qkstudy import archive
-from qkstudy.config import split_key_values
+from qkstudy.config import model_args, split_key_values
 from qkstudy.errors import UsageError
-from qkstudy.sweep.config import parse_sweep_config
+from qkstudy.parameters import count_params
+from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, STUDY_POINT, WARMUP_POINTS, Point, point_words
-from qkstudy.sweep.plan import remaining_runs
+from qkstudy.sweep.plan import VOCAB_BY_SUFFIX, remaining_runs
 
 from . import stats as S
 from .law import FORMS, PREDICTED, fit_law, law_text, score
@@ -202,7 +203,7 @@ def summary_text(out: dict) -> str:
                      f"{ci_text(r, 'usable_ratio', '.2f', 'x')} | {r['off_peak_logit']:,.0f} |")
     for fit in out["fits"]:  # type: ignore[attr-defined]
         lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
-    lines += ["", prediction_text(out["fits"], out["scores"])]  # type: ignore[arg-type]
+    lines += ["", prediction_text(out["fits"], out["scores"]), "", body_text()]  # type: ignore[arg-type]
     shift = out["body_shift"]
     if shift is not None:
         lines += ["", f"The study's model body (d_model 192, depth 6, head_dim 64) against "
@@ -210,6 +211,18 @@ def summary_text(out: dict) -> str:
                       f"{shift['shift']:+.2f} decades [{shift['ci_lo']:+.2f}, "
                       f"{shift['ci_hi']:+.2f}]."]
     return "\n".join(lines) + "\n"
+
+
+def body_text() -> str:
+    """The study preset's parameters outside the embeddings against the ladder's models'."""
+    def body(p: Point) -> float:
+        words = parse_sweep_config(point_words(p, [], "runs/ladder"))
+        cfg = run_config(words, p.depth, words.train.lr, ON, 0)
+        return count_params(model_args(cfg, VOCAB_BY_SUFFIX["bytes"]))["non_embedding"] / 1e6
+
+    ladder = [body(p) for n, p in KNOWN.items() if n in WARMUP_POINTS or n.endswith("-s300")]
+    return (f"The study preset's model has {body(STUDY_POINT):.2f}M parameters outside its "
+            f"embeddings; the ladder's models {min(ladder):.2f}M-{max(ladder):.2f}M.")
 
 
 def prediction_text(fits: list[dict], scores: pl.DataFrame) -> str:

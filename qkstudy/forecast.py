@@ -122,7 +122,7 @@ def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
     faster = ["backend=torch (faster than MLX on CPUs: docs/performance.md)"] * (t.backend == "mlx")
     faster += ["one CUDA GPU (`just gpu-check` there; docs/performance.md's where-to-run table)",
                "--slurm across a cluster's nodes"]
-    faster += ["preset=mini (the smallest study that decides the hypotheses)"] * (preset != "mini")
+    faster += ["preset=mini (the smallest study that tests the hypotheses)"] * (preset != "mini")
     return (f"more than a day on this machine ({seconds / DAY_SECONDS:,.0f} days); faster: "
             + "; ".join(faster))
 

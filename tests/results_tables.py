@@ -26,7 +26,7 @@ from qkstudy.sweep.config import MINI
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ("mini", "mini-seeds5-9", "mini-tinystories", "mini-l2norm")
-HEADER = ["study", "depth", "d_model", "steps", "warmup", "skip below (tested)", "needed from (tested)",
+HEADER = ["study", "depth", "d_model", "steps", "warmup", "skip below (tested)", "off worse decided from",
           "onset [95% CI]", "max usable LR on/off [95% CI]", "LR-sensitivity gap, nats [95% CI]"]
 
 
@@ -59,6 +59,40 @@ def study_rows(study: Study, name: str) -> list[dict]:
                      "onset_lr": t["onset_lr"], "onset_lo": t["ci_lo"], "onset_hi": t["ci_hi"],
                      **seed_effects(study, t["depth"], arm)})
     return rows
+
+
+PRACTITIONER = ["warmup steps", "training steps", "skip below: no difference decided up to LR",
+                "onset: off worse by 0.1 nats from LR [95% CI]", "off worse decided from LR"]
+
+
+def _range(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
+
+
+def practitioner(ladder: dict) -> str:
+    """The practitioner's table (each measured warmup and training length of the width-64,
+    depth-4 model, then the study preset's predicted onset) and the rule read off it."""
+    t = ladder["points"].filter((pl.col("d_model") == 64) & (pl.col("depth") == 4)).sort(
+        "warmup", "steps")
+    rows = [[f"{r['warmup']:,}", f"{r['steps']:,}", _lr(r["no_difference_up_to"]), r["onset"],
+             _lr(r["off_worse_from"])] for r in t.iter_rows(named=True)]
+    p = next(p for p in ladder["fits"][0]["predictions"] if p["point"] == "study-point")
+    rows.append(["1,000", "24,414 (the study preset)", "-", f"{p['lr']:.3g} [{p['ci_lo']:.3g}, "
+                 f"{p['ci_hi']:.3g}], predicted by the warmup law", "-"])
+    clauses = []
+    for (warmup,), g in t.group_by("warmup", maintain_order=True):
+        skip = [f"{r['no_difference_up_to']:.3g} ({r['steps']:,} steps)"
+                for r in g.iter_rows(named=True) if r["no_difference_up_to"] is not None]
+        onsets = g["onset_lr"].drop_nulls().to_list()
+        low = (f"it can be skipped up to LR {' or '.join(skip)}" if skip else
+               "no LR was decided safe to skip it")
+        high = (f"it is needed from {_range(onsets)}" if onsets else
+                "no onset lies within the LRs read")
+        clauses.append(f"with {warmup:,} warmup steps, {low}, and {high}")
+    return (_table(PRACTITIONER, rows) + "\n\n**The rule, read off the table: " + "; ".join(clauses)
+            + f"; at the study preset's 1,000 warmup steps of 24,414 the warmup law predicts the "
+            f"onset at {p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] (not yet measured).**")
 
 
 def verdict_line(study: Study) -> str:
@@ -109,6 +143,7 @@ def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     mini = study_rows(studies["mini"], "mini")
     points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
     out = {"answer": _table(HEADER, [row_cells(r) for r in mini + points]),
+           "practitioner": practitioner(ladder),
            "ladder": summary_text(ladder).strip(), "warmup-probes": probe_table(ladder["probes"])}
     for name, study in studies.items():
         out[name] = (verdict_line(study) + "\n\n"
@@ -169,7 +204,7 @@ def main(argv: list[str]) -> int:
         return 0 if asked else 2
     studies, ladder = analyse_all()
     made = blocks(studies, ladder)
-    pages = {ROOT / "README.md": ["answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
+    pages = {ROOT / "README.md": ["practitioner", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []
     for page, names in pages.items():
         text = page.read_text()

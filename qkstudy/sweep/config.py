@@ -102,7 +102,7 @@ STUDY = SweepConfig(
         budget_tokens=100_000_000, warmup_steps=1000, eval_every=500, eval_batches=20,
         probe_every=250, log_every=10, ckpt_every=1000, **INDEPENDENT_WD))
 
-# The smallest study that decides H1-H3 on a laptop CPU (`just mini`): seeds fixed in advance,
+# The smallest study that tests H1-H3 on a laptop CPU (`just mini`): seeds fixed in advance,
 # LRs from 1e-3 (stable) to 3 (all diverge), two bisection steps (x1.33, finer than H2's x1.41).
 MINI = SweepConfig(
     preset="mini", name="mini", depth=(2, 4, 8), lrs=(1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0),
