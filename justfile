@@ -19,6 +19,11 @@ demo *args:
     @{{py}} -m qkstudy sweep preset=demo "$@"
     @{{py}} -m analysis report runs/demo out=reports/demo
 
+# whether a run needs QK-norm, from the published results: just advise lr=3e-3 warmup=100 steps=2000 [d_model=N] [depth=N] [vocab=N]
+[group('1 get started')]
+advise *args:
+    @{{py}} -m analysis advise "$@"
+
 # every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR] [--watch]
 [group('1 get started')]
 status *args:

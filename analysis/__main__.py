@@ -1,4 +1,5 @@
-"""`python -m analysis <command> [args]`: report, ladder, calibrate (each module's USAGE)."""
+"""`python -m analysis <command> [args]`: advise, report, ladder, calibrate (each module's
+USAGE)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from qkstudy import interrupts
 from qkstudy.cli import entry
 
 COMMANDS = {
+    "advise": ("analysis.advise", "whether a run at an LR and schedule needs QK-norm, from the "
+                                  "published archives"),
     "report": ("analysis.report", "tables, charts, verdicts and report.html from a runs folder"),
     "ladder": ("analysis.ladder", "the ladder's transfer law, prediction and per-point tables"),
     "ladder-calibrate": ("analysis.ladder_calibration",

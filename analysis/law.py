@@ -1,6 +1,7 @@
 """The warmup law over the ladder's width-64 points in two forms (docs/report.md): each form's
 terms with intervals, the straight form's three claims, and each form's prediction, with the
-interval of a new point's measured onset, at the scored points and the study preset."""
+interval of a new point's measured onset, at the scored points and the study preset (and, by
+predict_at, at any warmup and length)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,17 @@ def predict(est: np.ndarray, boot: np.ndarray, lack: float, seed_var: float, poi
             "lr": 10 ** float(x0 @ est), "ci_lo": 10 ** lo, "ci_hi": 10 ** hi}
 
 
+def predict_at(fit: dict, warmup: int, steps: int) -> dict:
+    """A fitted form's prediction at any warmup and length, computed as fit_law computes its
+    own: at the schedule of a point fit_law predicts (the study preset first), that point's
+    prediction, interval included; elsewhere that of a width-64 point named by the schedule."""
+    if fit["lr"] is None:
+        raise ValueError(f"the {fit['form']} law is not fitted: {fit['note']}")
+    same = [p for p in (STUDY_POINT, *SCORED_POINTS) if (p.warmup, p.steps) == (warmup, steps)]
+    point = same[0] if same else Point(f"w64-s{steps}-wu{warmup}", 64, steps, warmup)
+    return predict(*fit["draws"], point, fit["form"], fit["df"])
+
+
 def _equal(x: np.ndarray) -> float:
     """Bootstrap p-value of |x| < MARGIN (both one-sided tests)."""
     return max(S.p_bootstrap(x >= MARGIN), S.p_bootstrap(x <= -MARGIN))
@@ -111,7 +123,7 @@ def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFram
             for t, (e, d) in terms.items()]
     df = len(law) - len(FORMS[form])
     fit.update(lack_of_fit=math.sqrt(lack), seed_sd=math.sqrt(seed_var), df=df,
-               exploratory=bool(left_out),
+               exploratory=bool(left_out), draws=(est, boot, lack, seed_var),
                predictions=[predict(est, boot, lack, seed_var, p, form, df) for p in PREDICTED])
     fit.update({k: v for k, v in fit["predictions"][-1].items() if k in ("lr", "ci_lo", "ci_hi",
                                                                          "log10_lr")})
