@@ -83,12 +83,16 @@ def measured(ladder: list[Path], mini: Path | None) -> tuple[list[dict], dict]:
     and the straight warmup law's fit, as `python -m analysis ladder` publishes them."""
     from .ladder import analyse_ladder
 
-    out = analyse_ladder(ladder)
-    points: pl.DataFrame = out["points"]  # type: ignore[assignment]
+    conditions, fit = conditions_of(analyse_ladder(ladder))
+    return conditions + (mini_conditions(mini) if mini else []), fit
+
+
+def conditions_of(out: dict) -> tuple[list[dict], dict]:
+    """The ladder's measured conditions and the straight law's fit from its analysis."""
+    points: pl.DataFrame = out["points"]
     conditions = [{**r, "name": r["point"], "study": "ladder", "lrs": KNOWN[r["point"]].lrs}
                   for r in points.iter_rows(named=True)]
-    fit = next(f for f in out["fits"] if f["form"] == "straight")  # type: ignore[attr-defined]
-    return conditions + (mini_conditions(mini) if mini else []), fit
+    return conditions, next(f for f in out["fits"] if f["form"] == "straight")
 
 
 def distance(c: dict, knobs: dict) -> float:
@@ -98,8 +102,10 @@ def distance(c: dict, knobs: dict) -> float:
 
 
 def verdict(lr: float, near: dict, onset: dict) -> str:
+    """Not needed only below both the nearest condition's tested no-difference LR and the
+    predicted onset's interval at these knobs; needed above that interval."""
     a, lo, hi = near["no_difference_up_to"], onset["ci_lo"], onset["ci_hi"]
-    if a is not None and lr <= a:
+    if a is not None and lr <= a and lr < lo:
         return f"not needed: below the tested no-difference LR ({a:.3g} at {near['name']})"
     if lr > hi:
         return f"needed: above the tested onset (the upper end of its interval, {hi:.3g})"
@@ -169,7 +175,7 @@ def advise(knobs: dict, conditions: list[dict], fit: dict) -> list[str]:
         f"{near['name']} (d_model {near['d_model']}, depth {near['depth']}, warmup "
         f"{near['warmup']:,} of {near['steps']:,} steps): no difference (within "
         f"{MARGIN_PER_BYTE:g} nats) up to {a or 'no LR'}; measured onset {near['onset']}; "
-        f"needed from {b or 'no LR (off worse decided at none)'}",
+        f"off worse decided from {b or 'no LR'}",
         *warnings(knobs, conditions, near)]
 
 

@@ -95,6 +95,18 @@ def practitioner(ladder: dict) -> str:
             f"onset at {p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] (not yet measured).**")
 
 
+ADVICE = {"lr": 3e-3, "warmup": 100, "steps": 2000}  # the README's example of `just advise`
+
+
+def advise_example(ladder: dict) -> str:
+    """The README's `just advise` call and what it prints, from the published archives."""
+    from analysis.advise import advise, conditions_of
+
+    call = " ".join(f"{k}={v:g}" for k, v in ADVICE.items())
+    return "\n".join([f"    $ just advise {call}", *("    " + line for line in
+                                                      advise(ADVICE, *conditions_of(ladder)))])
+
+
 def verdict_line(study: Study) -> str:
     """Per compared arm, the three verdicts."""
     lines = []
@@ -143,7 +155,7 @@ def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     mini = study_rows(studies["mini"], "mini")
     points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
     out = {"answer": _table(HEADER, [row_cells(r) for r in mini + points]),
-           "practitioner": practitioner(ladder),
+           "practitioner": practitioner(ladder), "advise": advise_example(ladder),
            "ladder": summary_text(ladder).strip(), "warmup-probes": probe_table(ladder["probes"])}
     for name, study in studies.items():
         out[name] = (verdict_line(study) + "\n\n"
@@ -204,7 +216,7 @@ def main(argv: list[str]) -> int:
         return 0 if asked else 2
     studies, ladder = analyse_all()
     made = blocks(studies, ladder)
-    pages = {ROOT / "README.md": ["practitioner", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
+    pages = {ROOT / "README.md": ["practitioner", "advise", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []
     for page, names in pages.items():
         text = page.read_text()

@@ -109,6 +109,9 @@ def test_the_verdict_follows_the_tested_rule_and_the_onsets_interval(planted_law
     assert "needed: above the tested onset" in lines[1.0]
     # no LR decided "no difference" at the nearest condition: never "not needed"
     assert "uncertain" in A.advise({"lr": 1e-4, "warmup": 480, "steps": 4800}, conditions, fit)[0]
+    # below a far condition's no-difference LR but inside the onset predicted here: uncertain
+    far = {**conditions[0], "no_difference_up_to": 1.0}
+    assert A.verdict(0.01, far, onset).startswith("uncertain: inside the onset's interval")
 
 
 def test_the_nearest_condition_and_the_warnings(planted_law):
