@@ -117,7 +117,8 @@ def seed_effects(study: Study, depth: int, arm: str = ON) -> dict:
 
 
 def onset_columns(d: DepthDraws, k: float) -> dict:
-    """The onset of one point: estimate, widened interval and its text."""
+    """The onset of one point: estimate, widened interval, its text and the LRs it is read over
+    (an open end or an onset outside them lies beyond read_lo or read_hi)."""
     lo, hi = threshold_interval(d, k)
     low, high = d.bounds
     side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
@@ -126,7 +127,8 @@ def onset_columns(d: DepthDraws, k: float) -> dict:
             "onset_hi": 10 ** hi if math.isfinite(hi) else None,
             "onset_side": side, "onset_bound": None if not side else
             10 ** (high if side == "above" else low),
-            "onset": estimate_text(d.point, lo, hi, d.lrs)}
+            "onset": estimate_text(d.point, lo, hi, d.lrs), "read_lo": 10 ** low,
+            "read_hi": 10 ** high}
 
 
 def point_row(r: PointResult, options: ReportOptions) -> dict:
@@ -263,19 +265,53 @@ def warmup_probes(folders: list[Path]) -> pl.DataFrame:
     return pl.concat(frames).select("warmup", "lr", "seed", "step", "probe", "value")
 
 
+def decades(values: pl.Series) -> list[float]:
+    """The powers of ten from below the smallest positive value to above the largest."""
+    v = values.filter(values > 0)
+    if v.is_empty():
+        return []
+    lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))  # type: ignore
+    return [10.0 ** k for k in range(lo, hi + 1)]
+
+
 def warmup_chart(table: pl.DataFrame):
-    """One figure: each probe (rows) at each LR (columns) against step, a line per seed,
-    coloured by the warmup's length."""
+    """One figure: each probe (rows; the max attention logit on a log axis) at each LR
+    (columns) against step, a line per seed coloured by the warmup's length (in numeric order),
+    with a dashed rule in the same colour where that warmup ends."""
     import altair as alt
 
-    data = table.with_columns(lr=pl.format("LR {}", pl.col("lr").round_sig_figs(3)),
-                              line=pl.format("{}-{}", "warmup", "seed"))
-    return alt.Chart(data).mark_line().encode(
-        x=alt.X("step:Q", title="step"), y=alt.Y("value:Q", title=None),
-        color=alt.Color("warmup:N", title="warmup steps"), detail="line:N",
-    ).properties(width=200, height=140).facet(
-        row=alt.Row("probe:N", title=None), column=alt.Column("lr:N", title=None)
-    ).resolve_scale(y="independent")
+    from .charts import values
+
+    warmups = sorted(set(table["warmup"].to_list()))
+    order = {v: f"LR {v:.3g}" for v in sorted(set(table["lr"].to_list()))}
+    data = table.with_columns(lr=pl.col("lr").replace_strict(order, return_dtype=pl.String),
+                              line=pl.format("{}-{}", "warmup", "seed"), kind=pl.lit("probe"))
+    ends = data.unique(["probe", "lr", "warmup"]).with_columns(
+        step=pl.col("warmup").cast(pl.Int64), value=None, kind=pl.lit("end"))
+    colour = alt.Color("warmup:N", title="warmup steps", scale=alt.Scale(domain=warmups),
+                       legend=alt.Legend(orient="right"))
+    rows = []
+    for i, (probe, log) in enumerate(((PROBED["max_attention_logit"], True),
+                                      (PROBED["attention_entropy_mean"], False))):
+        mine = pl.concat([data, ends], how="diagonal_relaxed").filter(pl.col("probe") == probe)
+        if log:
+            mine = mine.filter((pl.col("kind") == "end") | (pl.col("value") > 0))
+        y = (alt.Y("value:Q", title=probe + ", log scale", scale=alt.Scale(type="log"),
+                   axis=alt.Axis(values=decades(mine["value"]), format=",~r"))
+             if log else alt.Y("value:Q", title=probe))
+        x = alt.X("step:Q", title="step" if i else None)
+        lines = alt.Chart().mark_line().encode(x=x, y=y, color=colour, detail="line:N"
+                                               ).transform_filter(alt.datum.kind == "probe")
+        rules = alt.Chart().mark_rule(strokeDash=[5, 3], strokeWidth=1.5).encode(
+            x=x, color=colour).transform_filter(alt.datum.kind == "end")
+        rows.append(alt.layer(lines, rules, data=values(mine)).properties(width=200, height=150).facet(
+            column=alt.Column("lr:N", title=None, sort=list(order.values()),
+                              header=alt.Header(labels=i == 0))))  # the LRs over the top row
+    ends_at = " or ".join(f"{w:,}" for w in warmups)
+    return alt.vconcat(*rows, spacing=12).properties(title=alt.Title(
+        [f"The off arm (QK-norm off) through the first fifth of training, a line per seed; "
+         f"dashed rule: the warmup's end (step {ends_at})."], orient="bottom", anchor="start",
+        fontSize=12, fontWeight="normal", color="#222222", offset=10))
 
 
 # --- the command line ---------------------------------------------------------------------------

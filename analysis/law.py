@@ -89,6 +89,14 @@ def predict_at(fit: dict, warmup: int, steps: int) -> dict:
     return predict(*fit["draws"], point, fit["form"], fit["df"])
 
 
+def law_band(fit: dict, steps: int, warmups: list[float]) -> list[dict]:
+    """A fitted form's onset along warmups at one training length, with `predict`'s 95% interval
+    of a new point's measured onset from the fit's draws; one seed for the whole line (its key
+    names the length), so the band is smooth."""
+    return [predict(*fit["draws"], Point(f"law band/s{steps}", 64, steps, w), fit["form"],
+                    fit["df"]) | {"warmup": w, "steps": steps} for w in warmups]
+
+
 def _equal(x: np.ndarray) -> float:
     """Bootstrap p-value of |x| < MARGIN (both one-sided tests)."""
     return max(S.p_bootstrap(x >= MARGIN), S.p_bootstrap(x <= -MARGIN))
@@ -96,8 +104,9 @@ def _equal(x: np.ndarray) -> float:
 
 def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFrame, dict]:
     """One form's terms (the straight form's b + c too) with intervals, the straight form's
-    three claims under Holm, and the predictions. A point whose onset is outside the LRs read is
-    left out and named; the claims are then exploratory."""
+    three claims under Holm, and the predictions (with the draws they come from, for
+    law_band). A point whose onset is outside the LRs read is left out and named; the claims
+    are then exploratory."""
     ready = [r for r in results if r.name in WARMUP_POINTS and r.complete]
     law = [r for r in ready if math.isfinite(r.onset.point)]
     left_out = [f"{r.name} ({'below' if r.onset.point < 0 else 'above'} the LRs read)"

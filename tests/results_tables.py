@@ -21,6 +21,7 @@ import polars as pl
 from analysis.ladder import analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
 from analysis.study import Study, analyse
+from analysis.threshold import ABOVE, BELOW
 from qkstudy.archive import extract
 from qkstudy.sweep.config import MINI
 
@@ -45,9 +46,23 @@ def row_cells(r: dict) -> list[str]:
             ci_text(r, "usable_ratio", ".2f", "x"), ci_text(r, "sensitivity_gap", "+.2f")]
 
 
+def read_range(study: Study, t: dict) -> dict:
+    """The LRs a depth's onset is read over (as analysis/ladder.py's onset_columns gives them):
+    its informative LRs up to the largest at which every QK-norm run trained; the side and bound
+    of an onset beyond them."""
+    lrs = sorted(study.gaps.filter((pl.col("compared_arm") == t["compared_arm"])
+                                   & (pl.col("depth") == t["depth"]) & pl.col("informative"))
+                 ["lr"].to_list()) or [None]
+    top = t["trained_up_to"]
+    read = [lr for lr in lrs if top is None or lr is None or lr <= top] or lrs[:1]
+    side = {ABOVE: "above", BELOW: "below"}.get(t["outside"] or "", "")
+    return {"read_lo": read[0], "read_hi": read[-1], "onset_side": side,
+            "onset_bound": {"above": read[-1], "below": read[0]}.get(side)}
+
+
 def study_rows(study: Study, name: str) -> list[dict]:
     """Per depth of a study (the mini preset's model and run), its compared arm against off:
-    the row the answer table shows."""
+    the row the answer table shows, and where its onset is read."""
     rows = []
     for t in study.thresholds.sort("depth").iter_rows(named=True):
         arm = t["compared_arm"]
@@ -57,7 +72,7 @@ def study_rows(study: Study, name: str) -> list[dict]:
                      "no_difference_up_to": t["no_difference_up_to"],
                      "off_worse_from": t["off_worse_from"], "onset": t["onset"] or t["note"],
                      "onset_lr": t["onset_lr"], "onset_lo": t["ci_lo"], "onset_hi": t["ci_hi"],
-                     **seed_effects(study, t["depth"], arm)})
+                     **read_range(study, t), **seed_effects(study, t["depth"], arm)})
     return rows
 
 
@@ -163,41 +178,13 @@ def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     return out
 
 
-PANELS = {"warmup steps": (30, 120, 480, 1920), "training steps": (300, 1200, 4800),
-          "width (d_model)": (64, 128, 256), "depth (the mini)": (2, 4, 8)}
-
-
 def figure(studies: dict[str, Study], ladder: dict):
-    """The onset with its interval against warmup steps, training steps, width and depth, one
-    panel each; a point's interval beyond the axis is cut at its edge."""
-    import altair as alt
+    """The answer's figure (analysis/answer_figure.py): the onset against warmup steps, training
+    steps, width and depth, with the straight warmup law and its study-schedule prediction."""
+    from analysis.answer_figure import answer_chart
 
-    points = ladder["points"].filter(pl.col("onset_lr").is_not_null())  # type: ignore[union-attr]
-    rows = []
-    for r in points.iter_rows(named=True):
-        if r["d_model"] == 64:
-            rows.append(("warmup steps", r["warmup"], f"{r['steps']:,} steps", r))
-            for warmup, tag in ((30, "30 warmup steps"), (r["steps"] // 10, "warmup 10%")):
-                if r["warmup"] == warmup:
-                    rows.append(("training steps", r["steps"], tag, r))
-        if r["steps"] == 300 and r["warmup"] == 30:
-            rows.append(("width (d_model)", r["d_model"], "300 steps, 30 warmup", r))
-    rows += [("depth (the mini)", r["depth"], "300 steps, 30 warmup", r)
-             for r in study_rows(studies["mini"], "mini") if r["onset_lr"] is not None]
-    y = alt.Scale(type="log", domain=[1e-3, 1], clamp=True)
-    charts = []
-    for panel, ticks in PANELS.items():
-        data = [{"x": x, "series": tag, "onset": r["onset_lr"], "lo": r["onset_lo"] or 1e-3,
-                 "hi": r["onset_hi"] or 1.0} for p, x, tag, r in rows if p == panel]
-        x = alt.X("x:Q", title=panel, axis=alt.Axis(values=list(ticks)),
-                  scale=alt.Scale(type="log", domain=[ticks[0] / 1.3, ticks[-1] * 1.3]))
-        base = alt.Chart(alt.Data(values=data)).encode(
-            x=x, color=alt.Color("series:N", title=None, legend=alt.Legend(orient="bottom")))
-        line = base.mark_line(point=True).encode(
-            y=alt.Y("onset:Q", scale=y, title="onset LR (QK-norm needed from)"))
-        bars = base.mark_rule().encode(y=alt.Y("lo:Q", scale=y), y2="hi:Q")
-        charts.append(alt.layer(line, bars).properties(width=200, height=200))
-    return alt.hconcat(*charts).resolve_scale(color="independent")
+    points, fits = ladder["points"], ladder["fits"]
+    return answer_chart(points, study_rows(studies["mini"], "mini"), fits[0])  # type: ignore
 
 
 def replace_block(text: str, name: str, content: str) -> str:

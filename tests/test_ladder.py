@@ -298,4 +298,81 @@ def test_the_warmup_figure_reads_the_probe_sweeps_first_fifth(tiny_cfg, tmp_path
     assert set(table["warmup"]) == {30} and table["step"].max() <= 4800 // 5
     assert table.filter(pl.col("step") == 20).height == 2  # each probe at the last step
     spec = warmup_chart(table).to_dict()
-    assert spec["facet"]["row"]["field"] == "probe" and spec["facet"]["column"]["field"] == "lr"
+    assert [row["facet"]["column"]["field"] for row in spec["vconcat"]] == ["lr", "lr"]
+    assert {v["probe"] for v in spec["vconcat"][0]["data"]["values"]} == {
+        "max attention logit (off)"}
+
+
+def test_the_warmup_figure_has_a_log_logit_axis_numeric_legend_and_the_warmups_end():
+    """The logits on a log axis, the entropy on a linear one, the warmups in numeric order
+    (30 before 480 before 1,920, not as text) and a rule where each warmup ends."""
+    from analysis.ladder import PROBED, warmup_chart
+
+    rows = [{"warmup": w, "lr": lr, "seed": 0, "step": step, "probe": probe,
+             "value": 1.0 + step * lr * (1000 if "logit" in probe else 0.001)}
+            for w in (1920, 30, 480) for lr in (0.1, 0.03) for step in (0, 48, 96)
+            for probe in PROBED.values()]
+    spec = warmup_chart(pl.DataFrame(rows)).to_dict()
+    logit, entropy = spec["vconcat"]
+    lines, rules = logit["spec"]["layer"]
+    assert lines["encoding"]["y"]["scale"]["type"] == "log"
+    assert "type" not in entropy["spec"]["layer"][0]["encoding"]["y"].get("scale", {})
+    assert lines["encoding"]["color"]["scale"]["domain"] == [30, 480, 1920]
+    assert logit["facet"]["column"]["sort"] == ["LR 0.03", "LR 0.1"]
+    ends = [r for r in logit["data"]["values"] if r["kind"] == "end"]
+    assert rules["mark"]["type"] == "rule" and {(r["step"], r["warmup"]) for r in ends} == {
+        (30, 30), (480, 480), (1920, 1920)}
+
+
+def layer(panel: dict, name: str) -> dict:
+    """The layer of a panel of the answer figure's spec by its name (Altair adds "_<n>")."""
+    found = [lay for lay in panel["layer"] if lay["name"].rsplit("_", 1)[0] == name]
+    assert len(found) == 1, f"no single {name!r} layer"
+    return found[0]
+
+
+def test_the_answer_figure_draws_open_ends_as_arrows_the_law_and_its_prediction():
+    """An interval end beyond the LRs read is an arrow at that bound (its bar stops there), an
+    onset beyond them an arrow and no dot; the colour means training steps in every panel, in
+    numeric order; the warmup panel holds the law's band and the study-schedule prediction."""
+    from analysis.answer_figure import PREDICTION, answer_chart
+    from analysis.law import law_band
+
+    points = planted(-2.0, 0.2, 0.0, spread=0.02)
+    _, fit = fit_law(points, ReportOptions())
+    rows = []
+    for r in points:
+        lr = 10 ** r.onset.point
+        rows.append({"point": r.name, "d_model": 64, "depth": 4, "steps": r.point.steps,
+                     "warmup": r.point.warmup, "onset_lr": lr, "onset_lo": lr / 1.5,
+                     "onset_hi": lr * 1.5, "onset_side": "", "onset_bound": None,
+                     "read_lo": 1e-3, "read_hi": 0.3, "onset": f"{lr:.3g}", "seeds": 5})
+    rows[0]["onset_hi"] = None  # w64-s300: the interval reaches above the LRs read
+    rows[3].update(onset_lr=None, onset_hi=None, onset_side="above", onset_bound=0.3)
+    mini = [{**rows[0], "point": None, "depth": d, "onset_lo": None} for d in (2, 4)]
+    spec = answer_chart(pl.DataFrame(rows), mini, fit).to_dict()
+    warmup, steps, _, depth = spec["hconcat"]
+    colours = [lay["encoding"]["color"]["scale"]["domain"] for p in spec["hconcat"]
+               for lay in p["layer"] if "field" in lay["encoding"].get("color", {})]
+    assert colours and all(c == ["300", "1,200", "4,800"] for c in colours)
+    arrows = {(a["name"], a["dir"], a["y"]) for a in layer(warmup, "arrows")["data"]["values"]}
+    assert arrows == {(rows[0]["point"], "up", 0.3), (rows[3]["point"], "up", 0.3)}
+    bars = {b["name"]: b for b in layer(warmup, "intervals")["data"]["values"]}
+    assert bars[rows[0]["point"]]["hi"] == 0.3 and bars[rows[3]["point"]]["y"] is None
+    assert {(a["dir"], a["y"]) for a in layer(depth, "arrows")["data"]["values"]} == {
+        ("down", 1e-3), ("up", 0.3)}
+    assert layer(steps, "series")["encoding"]["strokeDash"]["scale"]["domain"][0] == "30 steps"
+    band = layer(warmup, "law-band")["data"]["values"]
+    assert {b["steps"] for b in band} == {"300", "1,200", "4,800"}
+    assert all(b["lo"] < b["y"] < b["hi"] for b in band)
+    guess, = layer(warmup, "prediction")["data"]["values"]
+    assert (guess["x"], guess["y"], guess["lo"], guess["hi"], guess["label"]) == (
+        1000, fit["lr"], fit["ci_lo"], fit["ci_hi"], PREDICTION)
+    assert layer(warmup, "prediction-interval") and layer(warmup, "prediction-label")
+    assert any("arrow" in line for line in spec["title"]["text"])
+    # the band is predict's interval of a new point: at the scored point's schedule the same
+    scored = next(p for p in fit["predictions"] if p["point"] == "w64-s24414-wu1000")
+    at, = law_band(fit, 24_414, [1000])
+    assert at["log10_lr"] == pytest.approx(scored["log10_lr"])
+    assert math.log10(at["ci_hi"] / at["ci_lo"]) == pytest.approx(
+        math.log10(scored["ci_hi"] / scored["ci_lo"]), rel=0.1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,10 +21,17 @@ def block(page: Path, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def made() -> dict[str, str]:
+def analysed() -> tuple:
     from tests import results_tables as rt
 
-    return rt.blocks(*rt.analyse_all(ROOT))
+    return rt.analyse_all(ROOT)
+
+
+@pytest.fixture(scope="module")
+def made(analysed) -> dict[str, str]:
+    from tests import results_tables as rt
+
+    return rt.blocks(*analysed)
 
 
 @pytest.mark.parametrize("name", ["practitioner", "advise", "answer"])
@@ -52,3 +60,26 @@ def test_every_number_in_the_readmes_answer_comes_from_a_generated_table(made):
     numbers = re.findall(r"(?<![\w./])[+-]?\d(?:[\d,]*\d)?(?:\.\d+)?M?", answer)
     stray = [n for n in numbers if n.lstrip("+-") not in DESIGN and n not in tables]
     assert not stray, f"numbers in the README's answer that no generated table holds: {stray}"
+
+
+def test_the_answer_figure_is_drawn_from_the_archives(analysed, made):
+    """docs/results/answer.png's spec: training steps coloured in numeric order, an arrow for
+    each width-64 point's interval end or onset beyond the LRs read, and the straight law's band
+    and study-schedule prediction as the ladder block states it."""
+    from tests import results_tables as rt
+
+    studies, ladder = analysed
+    spec = rt.figure(studies, ladder).to_dict()
+    warmup = {lay["name"].rsplit("_", 1)[0]: lay["data"]["values"]
+              for lay in spec["hconcat"][0]["layer"]}
+    domain = spec["hconcat"][0]["layer"][0]["encoding"]["color"]["scale"]["domain"]
+    assert domain == sorted(domain, key=lambda v: int(v.replace(",", ""))) and len(domain) >= 3
+    rows = ladder["points"].filter((pl.col("d_model") == 64) & (pl.col("depth") == 4))
+    beyond = {(r["point"], "up") for r in rows.iter_rows(named=True)
+              if r["onset_hi"] is None or r["onset_side"] == "above"}
+    beyond |= {(r["point"], "down") for r in rows.iter_rows(named=True)
+               if r["onset_lo"] is None or r["onset_side"] == "below"}
+    assert {(a["name"], a["dir"]) for a in warmup["arrows"]} == beyond
+    assert warmup["law-band"] and all(b["lo"] < b["y"] < b["hi"] for b in warmup["law-band"])
+    guess, = warmup["prediction"]
+    assert f"LR {guess['text']} (an extrapolation)" in made["ladder"]
