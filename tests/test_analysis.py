@@ -402,11 +402,11 @@ def test_h3_is_a_slope_with_a_known_value():
 
 
 def test_h3_interval_is_widened_by_the_calibrated_factor():
-    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening (2,
-    the calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at 5 seeds."""
+    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening
+    (2.75, the calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at 5 seeds."""
     import analysis.hypotheses as H
 
-    assert M.Options().slope_widening == 2.0
+    assert M.Options().slope_widening == 2.75
     assert H.small_sample_widening(5) == pytest.approx(2.7764 / 1.95996, rel=1e-4)
     assert H.small_sample_widening(2) == pytest.approx(12.7062 / 1.95996, rel=1e-4)
     assert 1 < H.small_sample_widening(200) < 1.01
