@@ -1,7 +1,8 @@
-"""`python -m analysis ladder-calibrate [studies=100] [seeds=5]`: the warmup law's calibration.
-Simulated ladders of the law's eight points under a known law, each point swept by the sweep's
-rules with noise fitted from real sweeps and read as a real one, then the law fitted and scored:
-coverage, each claim's false rate and power (docs/report.md)."""
+"""`python -m analysis ladder-calibrate [studies=100] [seeds=5] [onset_sd=] [tau=]`: the warmup
+law's calibration. Simulated ladders of the law's eight points and a new point under a known law
+(each point off it by its own deviation, each seed's onset off its point's), each point swept by
+the sweep's rules with noise fitted from real sweeps and read as a real one, then both forms
+fitted and scored: coverage, each claim's false rate and power (docs/report.md)."""
 
 from __future__ import annotations
 
