@@ -98,7 +98,7 @@ bench *args:
 gpu-check *args:
     @{{py}} -m torch_ref gpu-check "$@"
 
-# the analysis plan's false-claim rates (with 95% upper bounds), power and interval coverage on simulated sweeps (docs/report.md): just calibrate [studies=300 seeds=5 scenarios=null,... runs=DIR]
+# the analysis plan's false-claim rates (with 95% upper bounds), power and interval coverage on simulated sweeps (docs/report.md): just calibrate [studies=300 seeds=5 scenarios=null,... runs=DIR onset_sd=DECADES]
 [group('4 check the statistics and the tooling')]
 calibrate *args:
     @{{py}} -m analysis calibrate "$@"

@@ -43,6 +43,7 @@ class PointResult:
     left: int  # runs the sweep still has to train
     onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs read) and its draws
     seeds: int  # the whole seeds the point rests on
+    gaps: np.ndarray | None = None  # (seeds, LRs) the gaps the onset is read from
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -87,7 +88,7 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     onset = depth_draws(values, lrs, draws, options.study.min_gap,
                         trained_up_to=tested_rule(cells)["trained_up_to"])
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
-                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds))
+                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds), gaps=values)
 
 
 # --- per point ----------------------------------------------------------------------------------
@@ -325,20 +326,29 @@ the warmup figure (when the probe sweeps are there) and summary.md, and prints t
 onset against the law's prediction."""
 
 
-def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
-                   ) -> dict[str, object]:
-    options = options or ReportOptions()
+def read_points(sources: list[Path], options: ReportOptions, probes: bool = True
+                ) -> tuple[list[PointResult], pl.DataFrame | None]:
+    """The points the sources hold, in the ladder's order, and the probe sweeps' table (None
+    without probe sweeps or when `probes` is false)."""
     with contextlib.ExitStack() as stack:
         folders = [f for s in sources for f in point_dirs(s, stack)]
         probed = [f for f in folders if f.name.startswith("probes-")]
         folders = [f for f in folders if f not in probed]
+        probed = probed if probes else []
         names = [f.name for f in folders]
         twice = {n for n in names if names.count(n) > 1}
         if twice:
             raise UsageError(f"ladder point {sorted(twice)[0]} is given twice; give each once")
         results = [load_point(f, options) for f in folders]
-        probes = warmup_probes(probed) if probed else None
+        table = warmup_probes(probed) if probed else None
     results.sort(key=lambda r: list(KNOWN).index(r.name))
+    return results, table
+
+
+def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
+                   ) -> dict[str, object]:
+    options = options or ReportOptions()
+    results, probes = read_points(sources, options)
     fitted = [fit_law(results, options, form) for form in FORMS]
     points = pl.DataFrame([point_row(r, options) for r in results])
     fits = [fit for _, fit in fitted]

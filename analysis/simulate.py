@@ -6,11 +6,12 @@ NOISE: the earlier mini's), under scenarios whose truth is the noiseless study."
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
 from scipy import stats
+from scipy.optimize import brentq
 
 from qkstudy.sweep.adaptive import next_threshold_lr
 from qkstudy.sweep.config import MINI
@@ -46,6 +47,8 @@ class Noise:
     off_degrade: tuple[float, ...] = ()
     on_degrade: tuple[float, ...] = ()
     boundary_correlation: float = 0.0  # of one seed's two divergence boundaries
+    # decades: one seed's onset about its depth's (log10), the off arm's gap moved along log LR
+    onset_sd: float = 0.0
 
 
 # `fit_failures` of results/mini.tar.xz per (depth 2, 4, 8) x seeds 0-4 (Noise's fields)
@@ -180,6 +183,30 @@ def true_gap(scenario: Scenario, depth: int, lr: float, margin: float) -> float:
     return ramp + (scenario.low_gap.get(depth, 0.0) if math.log10(lr) < onset else 0.0)
 
 
+# probabilists' Gauss-Hermite nodes and weights: the mean over a normal seed onset shift
+NODES, WEIGHTS = np.polynomial.hermite_e.hermegauss(41)
+WEIGHTS = WEIGHTS / WEIGHTS.sum()
+
+
+def expected_gap(scenario: Scenario, depth: int, lr: float, margin: float, sd: float) -> float:
+    """The gap's mean over seeds whose onsets scatter by `sd` decades (true_gap at sd 0)."""
+    if not sd:
+        return true_gap(scenario, depth, lr, margin)
+    return float(sum(w * true_gap(scenario, depth, lr * 10 ** (-sd * z), margin)
+                     for z, w in zip(NODES, WEIGHTS)))
+
+
+def population_onset(scenario: Scenario, depth: int, margin: float, sd: float) -> float:
+    """log10 LR where the seeds' mean ramp (the gap without its low-LR part) reaches `margin`:
+    the planted onset at sd 0, lower where the ramp is convex there and the seeds scatter."""
+    onset = math.log10(scenario.onset[depth])
+    if not sd:
+        return onset
+    ramp = replace(scenario, low_gap={})
+    return brentq(lambda x: expected_gap(ramp, depth, 10 ** x, margin, sd) - margin,
+                  onset - 2, onset + 2, xtol=1e-6)
+
+
 LATTICE = np.arange(-3.25, 0.75, 1 / 32)  # log10 LRs where one seed's noise is drawn
 
 
@@ -197,6 +224,8 @@ class World:
     boundary: dict[tuple[int, str], np.ndarray]  # (depth, arm) -> (seeds,) log10 first diverged
     # (depth, arm) -> (seeds,) log10 of the first degraded LR (inf: only from collapse_lr)
     degrade: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    # depth -> (seeds,) decades each seed's onset lies from its depth's (empty: none)
+    onset_shift: dict[int, np.ndarray] = field(default_factory=dict)
     depths: tuple[int, ...] = DEPTHS  # the study's depths (or any keys of noise.gap_sd)
     lrs: tuple[float, ...] = LRS  # its grid
     refine_steps: int = REFINE_STEPS  # boundary-bisection steps per curve
@@ -219,8 +248,9 @@ class World:
         # each arm carries half the gap's variance, so the null is symmetric in the arms
         loss = 2.23 + 0.06 * (math.log10(lr) + 2.5) ** 2 + self.on_offset[depth][seed] + \
             self.sd(depth, lr) / math.sqrt(2) * self.gap_noise[(depth, arm)][seed, i]
-        if arm == "none":
-            loss += true_gap(self.scenario, depth, lr, self.margin) + \
+        if arm == "none":  # the seed's own gap: its depth's moved by the seed's onset shift
+            shift = self.onset_shift[depth][seed] if self.onset_shift else 0.0
+            loss += true_gap(self.scenario, depth, lr * 10 ** -shift, self.margin) + \
                 undertrain_gap(self.scenario, depth, lr)
         return "completed", loss
 
@@ -259,6 +289,10 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
                 world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
     if noise.off_degrade or noise.on_degrade:
         world.degrade = failure_draws(scenario, noise, seeds, rng, noiseless, depths)
+    if noise.onset_sd:  # noiseless: the normal quantiles, so the seeds still differ
+        even = stats.norm.ppf((np.arange(seeds) + 0.5) / seeds)
+        world.onset_shift = {dp: noise.onset_sd * (even if noiseless else
+                                                   rng.standard_normal(seeds)) for dp in depths}
     return world
 
 

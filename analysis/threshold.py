@@ -87,6 +87,13 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
                       seeds=int(n.max()))
 
 
+def seed_onsets(d: DepthDraws, values: np.ndarray, margin: float) -> np.ndarray:
+    """Each seed's own onset (log10 LR; -inf or +inf where its fit crosses at once or never):
+    the reading of `d` on one row of its (seeds, LRs) gaps `values` alone."""
+    v = values[:, :len(d.lrs)]
+    return threshold_from_fit(np.log10(d.lrs), _fit(v, (~np.isnan(v)).astype(float)), margin)
+
+
 def widened(d: DepthDraws, k: float) -> np.ndarray:
     """The draws moved away from a finite estimate by the factor k, kept inside the bounds."""
     if k == 1 or not math.isfinite(d.point):

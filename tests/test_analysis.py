@@ -402,11 +402,11 @@ def test_h3_is_a_slope_with_a_known_value():
 
 
 def test_h3_interval_is_widened_by_the_calibrated_factor():
-    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening (2,
-    the calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at 5 seeds."""
+    """The slope's whole-seed draws are spread about the estimate by Options.slope_widening
+    (2.75, the calibrated choice); 0 falls back to t(0.975, n - 1) / z(0.975), 1.416 at 5 seeds."""
     import analysis.hypotheses as H
 
-    assert M.Options().slope_widening == 2.0
+    assert M.Options().slope_widening == 2.75
     assert H.small_sample_widening(5) == pytest.approx(2.7764 / 1.95996, rel=1e-4)
     assert H.small_sample_widening(2) == pytest.approx(12.7062 / 1.95996, rel=1e-4)
     assert 1 < H.small_sample_widening(200) < 1.01
@@ -1217,6 +1217,7 @@ def test_the_analysis_commands_are_listed_and_an_unknown_one_is_one_line(capsys)
     (["--studies", "5"], "expected key=value, got '--studies'"),
     (["trials=5"], "unknown key 'trials'"),
     (["scenarios=nul"], "unknown scenario 'nul'; known: null, same onset"),
+    (["onset_sd=-0.1"], "onset_sd must be >= 0 decades, not -0.1"),
 ])
 def test_a_bad_calibrate_option_is_one_line(words, message, capsys):
     assert main(["calibrate", *words]) == 2
@@ -1226,8 +1227,9 @@ def test_a_bad_calibrate_option_is_one_line(words, message, capsys):
 
 def test_calibrate_command_prints_the_table_and_its_verdict(capsys):
     # one study per scenario bounds no rate below 5% (0 of 1: up to 97.5%): exit 1
-    assert main(["calibrate", "studies=1", "seeds=3", "scenarios=null"]) == 1
+    assert main(["calibrate", "studies=1", "seeds=3", "scenarios=null", "onset_sd=0.05"]) == 1
     out = capsys.readouterr().out
+    assert "onsets scatter by 0.050 decades" in out
     assert out.count("| null | H") >= 5 and "same onset" not in out
     assert "largest upper 95% bound" in out and "must be < 5%" in out
 
