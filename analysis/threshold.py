@@ -1,6 +1,6 @@
 """Where QK-norm becomes necessary: per depth and compared arm, the instability onset (the LR
 where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley and
-only up to the largest LR at which every QK-norm run trained), its widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
+only up to the largest LR up to which every QK-norm run trained), its widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def _fit(means: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin: float,
                 trained_up_to: float | None = None) -> DepthDraws:
     """The onset of one depth's (seeds, LRs) gaps and under each whole-seed draw, read only over
-    the LRs up to `trained_up_to` (the largest at which every QK-norm run trained)."""
+    the LRs up to `trained_up_to` (the largest up to which every QK-norm run trained)."""
     read = len(lrs) if trained_up_to is None else max(sum(lr <= trained_up_to for lr in lrs), 1)
     lrs, values = lrs[:read], values[:, :read]
     log_lrs = np.log10(lrs)
@@ -152,7 +152,7 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
 def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     """The rule made of tested claims, from one (depth, compared_arm)'s H1 cells:
     no_difference_up_to (every informative cell up to it "no difference"), trained_up_to (the
-    largest informative LR where every compared-arm run trained), off_worse_from (every cell
+    largest informative LR up to which every compared-arm run trained), off_worse_from (every cell
     from it up to trained_up_to "off worse"), None where no such LR, and the rule in words."""
     informative = cells.filter(pl.col("informative")).sort("lr")
     lrs, decisions = informative["lr"].to_list(), informative["decision"].to_list()
@@ -160,8 +160,11 @@ def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     for column in ("on_diverged", "on_degraded"):
         if column in informative.columns:
             failed = [f + (v or 0) for f, v in zip(failed, informative[column].to_list())]
-    trained = [lr for lr, f in zip(lrs, failed) if f == 0]
-    top = max(trained) if trained else None
+    top = None  # the LRs read end below the first at which some QK-norm run failed
+    for lr, f in zip(lrs, failed):
+        if f:
+            break
+        top = lr
     a = b = None
     for lr, decision in zip(lrs, decisions):
         if decision != "no difference":
@@ -176,9 +179,9 @@ def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     low = (f"no difference (within {margin:g} nats) decided up to LR {a:.3g}" if a is not None
            else "\"no difference\" decided at no LR from the smallest up")
     span = "" if b is None else f"at LR {b:.3g}" if b == top else f"from LR {b:.3g} to {top:.3g}"
-    high = (f"off worse decided {span}, the largest LR at which every QK-norm run trained"
+    high = (f"off worse decided {span}, the largest LR up to which every QK-norm run trained"
             if b is not None else "no LR at which every QK-norm run trained" if top is None
-            else f"no LR from which every LR up to {top:.3g} (the largest at which every "
+            else f"no LR from which every LR up to {top:.3g} (the largest up to which every "
             "QK-norm run trained) is decided \"off worse\"")
     return {"no_difference_up_to": a, "off_worse_from": b, "trained_up_to": top,
             "text": f"{low}; {high}"}
@@ -215,7 +218,7 @@ def _onset_row(d: DepthDraws, options: Options) -> dict:
            "onset": estimate_text(d.point, lo, hi, d.lrs)}
     if d.point == np.inf:
         row.update(outside=ABOVE, note=f"the fitted gap stays under {options.min_gap:g} nats "
-                                       f"up to LR {d.lrs[-1]:.3g}, the largest at which every "
+                                       f"up to LR {d.lrs[-1]:.3g}, the largest up to which every "
                                        "QK-norm run trained")
     elif d.point == -np.inf:
         row.update(outside=BELOW, note=f"the fitted gap is {options.min_gap:g} nats or more "

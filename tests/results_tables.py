@@ -48,7 +48,7 @@ def row_cells(r: dict) -> list[str]:
 
 def read_range(study: Study, t: dict) -> dict:
     """The LRs a depth's onset is read over (as analysis/ladder.py's onset_columns gives them):
-    its informative LRs up to the largest at which every QK-norm run trained; the side and bound
+    its informative LRs up to the largest up to which every QK-norm run trained; the side and bound
     of an onset beyond them."""
     lrs = sorted(study.gaps.filter((pl.col("compared_arm") == t["compared_arm"])
                                    & (pl.col("depth") == t["depth"]) & pl.col("informative"))

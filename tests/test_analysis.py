@@ -323,7 +323,7 @@ def test_the_onset_known_answer_tested_rule_and_verdicts():
     assert th["trained_up_to"][0] == 0.1
     assert th["tested_rule"][0] == (
         "depth 2: no difference (within 0.1 nats) decided up to LR 0.01; no LR from which every"
-        " LR up to 0.1 (the largest at which every QK-norm run trained) is decided \"off worse\"")
+        " LR up to 0.1 (the largest up to which every QK-norm run trained) is decided \"off worse\"")
     gaps = tables["gaps"].filter(pl.col("depth") == 2)
     assert gaps["decision"].to_list() == ["no difference"] * 3 + ["off worse", "undetermined"]
     assert gaps["ci_lo"][3] > 0.45 and gaps["ci_hi"][3] < 0.55

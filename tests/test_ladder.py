@@ -157,7 +157,7 @@ def test_the_rules_off_worse_range_ends_where_qk_norms_own_runs_fail():
     rule = rule_of(c)
     lrs = c["lr"].to_list()
     assert rule["off_worse_from"] == lrs[1] and rule["trained_up_to"] == lrs[2]
-    assert f"to {lrs[2]:.3g}, the largest LR at which every QK-norm run trained" in rule["text"]
+    assert f"to {lrs[2]:.3g}, the largest LR up to which every QK-norm run trained" in rule["text"]
     degraded = c.with_columns(on_degraded=pl.Series([0, 0, 1, 0]))
     assert rule_of(degraded)["off_worse_from"] == lrs[1]  # the trained range ends at lrs[1]
     inside = c.with_columns(decision=pl.Series(["no difference", "undetermined", "off worse",
