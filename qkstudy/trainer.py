@@ -267,15 +267,16 @@ def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens,
                 _checkpoint(folder, engine, rec)
             t_sync = time.perf_counter()
     except KeyboardInterrupt as stop:
-        # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
+        # keep the dispatched steps' rows and checkpoint where we are, unless they diverged: an
+        # uninterrupted run trains to the end of the interval before it reads the divergence
+        # and probes there, so the run is left at its last checkpoint, whose resume does that
         if pending:
             rec.record_steps(_read(cfg, engine, pending))
-        if rec.status == "diverged":
-            _finish(cfg, folder, rec, engine, manifest, meta, display)
-        else:
-            display.close(f"interrupted; checkpointed at step {_checkpoint(folder, engine, rec)} "
-                          f"of {cfg.steps}: the same command resumes it")
-            stop.said = True  # the line above is the run's last word: cli adds none
+        display.close("interrupted; " + ("the same command resumes it from its last checkpoint"
+                                         if rec.status == "diverged" else
+                                         f"checkpointed at step {_checkpoint(folder, engine, rec)}"
+                                         f" of {cfg.steps}: the same command resumes it"))
+        stop.said = True  # the line above is the run's last word: cli adds none
         raise
     if rec.status == "completed":
         _measure(cfg, rec, engine, cfg.steps)

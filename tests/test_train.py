@@ -468,3 +468,33 @@ def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, 
     monkeypatch.setattr(trainer.Display, "update", real_update)
     assert train(cfg, verbose=True)["status"] == "completed"
     assert f"{cfg.run_id} resuming from step 20 of 30; compiling" in capsys.readouterr().out
+
+
+def test_interrupt_in_the_interval_that_diverges_ends_as_an_uninterrupted_run(
+        tiny_cfg, tmp_path, monkeypatch):
+    """SIGINT between two steps of the log interval in which the run diverges (the storm's
+    d2-noqk-lr0.316-s0): the run, resumed, ends with the rows, probes, summary and weights of
+    an uninterrupted one."""
+    from reliability.compare import compare_run
+
+    from qkstudy import interrupts
+
+    reference = tiny_cfg(lr=30.0, max_steps=200, warmup_steps=2, grad_clip=0.0,
+                         weight_decay=0.0, log_every=20, ckpt_every=20)
+    diverged = train(reference, verbose=False)["diverged_step"]
+    assert diverged is not None and (diverged + 1) % 20, "no step between it and its sync"
+    interrupted = dataclasses.replace(reference, runs_dir=str(tmp_path / "interrupted"))
+    steps = iter(range(10**6))
+    real_check = interrupts.Deferred.check
+
+    def signal_after_the_divergence(self):
+        if next(steps) == diverged + 1:
+            self.signum = interrupts.signal.SIGINT
+        real_check(self)
+
+    monkeypatch.setattr(interrupts.Deferred, "check", signal_after_the_divergence)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, verbose=False)
+    monkeypatch.setattr(interrupts.Deferred, "check", real_check)
+    assert train(interrupted, verbose=False)["status"] == "diverged"
+    assert compare_run(RunFolder.of(reference).path, RunFolder.of(interrupted).path) == []
