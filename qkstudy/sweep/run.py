@@ -197,13 +197,16 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
     if tally.skipped:
         print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
               flush=True)
-    # runs after the grid are read by the replay from their summary alone: check their files too
+    # runs after the grid are read by the replay from their summary alone: check their files
+    # too, and tidy them as a finished grid run is
     for cfg in finished_after_grid(sweep, runs):
         try:
             RunFolder.of(cfg).intact_summary()
         except run_folder.DamagedRun:
             tally.total += 1
             train_all([cfg])
+        else:
+            RunFolder.of(cfg).tidy()
     train_all([c for c in runs if c.run_id not in attempted])
     for cfg in list(tally.busy):  # finished by now (skipped), still busy, or free (trained)
         tally.busy.remove(cfg)
