@@ -24,13 +24,6 @@ from .progress import Display
 from .recorder import Recorder
 from .run_folder import RunFolder
 
-# K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
-# threads, or caps its memory at 1/K of the GPU
-RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
-# i of the K processes (0..K-1): a torch engine on N GPUs trains on cuda:(i mod N)
-DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
-
-
 def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
     try:
         return backends.load(cfg.backend).memory_limit(cfg, runs)

@@ -15,7 +15,7 @@ from qkstudy import config as config_module
 from qkstudy.config import TrainConfig, model_args, short_number
 from qkstudy.sweep.adaptive import compared_arms, extra_seeds
 from qkstudy.sweep.config import PRESETS, SweepConfig, grid, groups
-from qkstudy.sweep.plan import VOCAB_BY_SUFFIX
+from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.parameters import count_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def _list(values) -> str:
 
 
 def _vocab(sweep: SweepConfig) -> int | None:
-    return VOCAB_BY_SUFFIX.get(Path(sweep.train.data).name.rsplit("-", 1)[-1])
+    return VOCAB_BY_TOKENIZER.get(Path(sweep.train.data).name.rsplit("-", 1)[-1])
 
 
 def _differs(sweep: SweepConfig) -> dict[str, object]:

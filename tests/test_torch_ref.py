@@ -296,7 +296,7 @@ def test_the_deterministic_engine_skips_nan_fills_and_trains_bit_identically_wit
     import torch
 
     from qkstudy import backends
-    from qkstudy.bench.shapes import random_batch
+    from qkstudy.batches import random_batch
     from qkstudy.config import TrainConfig
 
     def weights(fill: bool) -> str:

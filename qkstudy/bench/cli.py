@@ -12,16 +12,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from .. import files, provenance
 from ..cli import keys_usage
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
-from ..forecast import BENCH_KEY, NIGHT_HOURS, where_to_run
-from ..parameters import count_params
-from .shapes import flops_per_token, preset_base, preset_shape, shape_config
-from .step import Spec, StepFailed, measure_together, timed
+from ..forecast import BENCH_KEY, NIGHT_HOURS, sgemm_gflops
+from ..parameters import count_params, flops_per_token
+from .shapes import preset_base, preset_shape, shape_config, where_to_run
+from .step import Spec, StepFailed, measure_together
 
 BACKENDS = ("mlx", "torch")
 LABEL = {"mlx": "MLX", "torch": "PyTorch"}
@@ -134,13 +132,6 @@ def validate(bench: BenchConfig) -> Plan:
     builds = ["plain", "native"] if bench.builds and tuned_build_supported() else ["plain"]
     return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
                 [b for b in backends if b not in missing], builds)
-
-
-def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
-    """Best-of float32 n^3 matmul GFLOP/s in numpy (its BLAS): the machine's peak here."""
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    a @ a
-    return 2 * n**3 / min(timed(lambda: a @ a) for _ in range(repeats)) / 1e9
 
 
 def load_average() -> list[float] | None:

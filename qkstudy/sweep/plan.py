@@ -10,17 +10,15 @@ from dataclasses import fields
 from pathlib import Path
 
 from .. import backends, files, forecast, memory, provenance, trainer
-from ..bench.shapes import random_batch
+from ..batches import random_batch
 from ..config import TrainConfig, model_args
+from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
 from ..parameters import count_params
 from ..progress import format_seconds
 from .adaptive import compared_arms, extra_runs, extra_seeds
 from .config import SweepConfig, grid, groups, run_config
 from .refine import run_outcome
-
-VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
-
 
 def step_speed(cfg: TrainConfig, vocab: int, steps: int = 3, max_seconds: float = 10.0
                ) -> tuple[float, int]:
@@ -76,7 +74,7 @@ def device_text(t: TrainConfig) -> str:
 def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
              ) -> dict[int, float]:
     data, meta = sweep.train.data, files.read_json(Path(sweep.train.data) / "meta.json") or {}
-    vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_SUFFIX.get(
+    vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_TOKENIZER.get(
         Path(data).name.rsplit("-", 1)[-1])  # else assumed from the folder's name
     vocab_from = ("meta.json" if "vocab_size" in meta else f"assumed from the name; {data} is "
                   "not prepared yet" if vocab else f"{data} is not prepared yet")

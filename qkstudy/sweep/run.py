@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import files, forecast, locks, run_folder, trainer
+from .. import backends, files, forecast, locks, run_folder, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, load_config
 from ..errors import UsageError
@@ -307,4 +307,4 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
 
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
     """Sweep process `slot`'s environment: on N GPUs it trains on cuda:(slot mod N)."""
-    return {trainer.RUNS_PER_DEVICE: str(sweep.jobs), trainer.DEVICE_SLOT: str(slot)}
+    return {backends.RUNS_PER_DEVICE: str(sweep.jobs), backends.DEVICE_SLOT: str(slot)}
