@@ -16,13 +16,14 @@ from pathlib import Path
 from .. import files, interrupts, trainer
 from ..config import split_flags
 from ..errors import UsageError
+from ..variants import CHOICES
 from . import slurm
 from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
 from .run import PROCESSES_FILE, Tally, execute, gpu_share, report
 
-USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
+USAGE = f"""usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
                                 [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
@@ -31,7 +32,7 @@ still undecided. Presets: preset=study (default), mini, mini-coupled-wd or demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
             seeds=0,1,2  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
             threshold_steps=2  max_seeds=6  min_gap=0.1
-            (arms: none, rmsnorm, layernorm, l2norm, softcap<C>, zloss<W>)
+            (arms: {", ".join(CHOICES)}, softcap<C>, zloss<W>)
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan, its device and estimated time, and stop (--calibrate times
