@@ -181,7 +181,7 @@ def probes_table() -> str:
 
 
 def summary_keys_table() -> str:
-    from qkstudy.run_folder import SUMMARY_FIELDS
+    from qkstudy.summaries import SUMMARY_FIELDS
 
     return _table(["key", "kind", "runs", "what"],
                   [[f"`{k}`", f.kind, f.runs, f.words] for k, f in SUMMARY_FIELDS.items()])

@@ -71,6 +71,20 @@ def data_identity(meta: dict) -> dict:
             "source": meta.get("source")}
 
 
+class DataChanged(UsageError):
+    """The prepared data is not what the run was trained on."""
+
+
+def data_change(recorded: dict, now_: dict) -> str | None:
+    """What differs between a run's recorded data identity and the data's now, or None."""
+    if recorded.get("tokens_sha256") == now_.get("tokens_sha256"):
+        return None
+    changed = [f"{key} {recorded.get(key)!r} -> {now_.get(key)!r}" for key in sorted(now_)
+               if key != "tokens_sha256" and recorded.get(key) != now_.get(key)]
+    return ", ".join(changed) or (f"the tokens' sha256 {str(recorded.get('tokens_sha256'))[:12]}"
+                                  f"... -> {str(now_.get('tokens_sha256'))[:12]}...")
+
+
 _token_stats: dict[tuple, tuple[int, float, str]] = {}
 
 

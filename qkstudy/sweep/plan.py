@@ -1,4 +1,4 @@
-"""A sweep's plan: the printed plan, the runs left, standalone commands and sweep.json."""
+"""A sweep's plan: the printed plan, the runs left, standalone commands, the plan file."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
 from ..parameters import count_params
 from ..progress import format_seconds
+from ..run_folder import SweepFolder
 from .adaptive import compared_arms, extra_runs, extra_seeds
 from .config import SweepConfig, grid, groups, run_config
 from .refine import run_outcome
@@ -183,14 +184,14 @@ def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainCon
 
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
     """Write sweep.json: the grid and axes (united with earlier ones') and calibrated tokens/s."""
-    folder = Path(sweep.runs_dir) / sweep.name
-    trainer.make_folder(folder, "sweep folder")
-    earlier = files.read_json(folder / "sweep.json") or {}
+    folder = SweepFolder(Path(sweep.runs_dir) / sweep.name)
+    trainer.make_folder(folder.path, "sweep folder")
+    earlier = folder.read_plan()
 
     def union(key: str, values) -> list:
         return sorted(set(earlier.get(key, [])) | set(values))
 
-    files.write_json(folder / "sweep.json", {
+    files.write_json(folder.plan_file, {
         "grid_lrs": union("grid_lrs", sweep.grid_lrs()), "preset": sweep.preset,
         "depths": union("depths", sweep.depth), "seeds": union("seeds", sweep.seeds),
         "arms": union("arms", sweep.arms), "refine": sweep.refine,
