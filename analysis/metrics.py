@@ -14,7 +14,7 @@ import polars as pl
 
 from qkstudy.arms import OFF
 from qkstudy.variants import NONE, VARIANTS
-from qkstudy.probe_names import PROBES, WHOLE_MODEL
+from qkstudy.probe_registry import PROBES, WHOLE_MODEL
 
 
 ARM = "arm"

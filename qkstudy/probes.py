@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .config import ModelArgs
-from .probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
+from .probe_registry import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
 from .variants import PARAMETER_PROBES, variant
 
 NEG_INF = float("-inf")

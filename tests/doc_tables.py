@@ -173,7 +173,7 @@ def run_keys_table() -> str:
 
 
 def probes_table() -> str:
-    from qkstudy.probe_names import PROBES
+    from qkstudy.probe_registry import PROBES
 
     return _table(["probe", "over layers", "worse when", "what", "worst value per run"],
                   [[f"`{p.name}`", p.over_layers, p.worse or "-", p.words,

@@ -92,15 +92,15 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
 
 
 def fake_measurements(monkeypatch) -> list:
-    """measure_variant replaced by numbers that depend on (variant, round): 100 tok/s for MLX
+    """measure_case replaced by numbers that depend on (case, round): 100 tok/s for MLX
     plain, tuned 1.2x, PyTorch 1.5x, two processes 1.8x, each round 10 tok/s more."""
     calls = []
 
-    def fake(name, variant, config, first):
-        calls.append((name, variant.key, first))
-        rounds = sum(1 for c in calls if c[:2] == (name, variant.key))
-        factor = {"mlx-plain": 1.0, "mlx-native": 1.2, "torch": 1.5}[variant.key.rsplit("-", 1)[0]]
-        total = 100 * factor * (1.8 if variant.processes > 1 else 1) + 10 * rounds
+    def fake(name, case, config, first):
+        calls.append((name, case.key, first))
+        rounds = sum(1 for c in calls if c[:2] == (name, case.key))
+        factor = {"mlx-plain": 1.0, "mlx-native": 1.2, "torch": 1.5}[case.key.rsplit("-", 1)[0]]
+        total = 100 * factor * (1.8 if case.processes > 1 else 1) + 10 * rounds
         one = {"backend": {"mlx": "0", "device": "cpu", "blas": "x", "torch": "0", "threads": 2},
                "engine": {}}
         if first:
@@ -108,7 +108,7 @@ def fake_measurements(monkeypatch) -> list:
                     "matmul_gflops": 50.0}
         return {"tokens_per_s": total, "processes": [one]}
 
-    monkeypatch.setattr(bench, "measure_variant", fake)
+    monkeypatch.setattr(bench, "measure_case", fake)
     monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
     return calls
 
