@@ -88,6 +88,7 @@ class Engine:
                    "kernels: up to a minute)")
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
+        cpu_jit.warn_slow_blas()
         self.cfg = cfg
         self.model = build_model(cfg, vocab_size)
         self.opt = make_optimizer(cfg, self.model.parameters())
