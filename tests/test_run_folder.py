@@ -27,7 +27,7 @@ NOT_YET = ROOT / "analysis" / "ladder.py"  # spells sweep.json itself, not Sweep
 FILE_NAMES = ("config.json", "summary.json", "manifest.json", "checkpoint.safetensors",
               "final.safetensors", "traceback.txt", "metrics/", "probes/", "sweep.json",
               "sweep-processes.json", "sweep-worker-", "submission.json", "tasks.txt",
-              "array.sbatch")
+              "array.sbatch", "comparison.json")
 LOCK = re.compile(r"(?:^|[/\s\"'`])\.lock\b")  # the file, not a call of .lock()
 FOLDERS = {"metrics", "probes"}
 

@@ -23,7 +23,6 @@ from .plan import counted
 from .refine import Outcome, boundary, group_state, run_outcome
 
 
-
 @dataclass
 class Tally:
     total: int
