@@ -96,7 +96,7 @@ bench *args:
 # backend=torch on one CUDA GPU in under 8 minutes: CUDA-vs-CPU parity, tokens/s at the study shape (fp32/tf32/bf16 eager, compiled bf16 at 1 and K runs), a jobs=K demo sweep, one summary table; exits 1 unless every check passed; writes to $OUT or gpu-check/ (device=cpu quick=true: tiny, on the CPU)
 [group('3 check the engines and the machine')]
 gpu-check *args:
-    @{{py}} -m torch_ref gpu-check "$@"
+    @{{py}} -m crosscheck gpu-check "$@"
 
 # the analysis plan's false-claim rates (with 95% upper bounds), power and interval coverage on simulated sweeps (docs/report.md): just calibrate [studies=300 seeds=5 scenarios=null,... runs=DIR onset_sd=DECADES]
 [group('4 check the statistics and the tooling')]

@@ -12,7 +12,7 @@ import polars as pl
 
 from qkstudy.archive import SUFFIX, extract
 from qkstudy.config import split_key_values, take
-from qkstudy.data.load import KNOWN_VOCAB
+from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.errors import UsageError
 from qkstudy.sweep.config import MINI
 from qkstudy.sweep.ladder import KNOWN, MARGIN_PER_BYTE, STUDY_POINT, WARMUP_POINTS
@@ -148,8 +148,8 @@ def warnings(knobs: dict, conditions: list[dict], near: dict) -> list[str]:
         out += _outside("d_model", knobs["d_model"], [c["d_model"] for c in conditions
                                                       if c["study"] == "ladder"], "the ladder")
     out += depth_warning(knobs, conditions) if "depth" in knobs else []
-    if knobs.get("vocab", KNOWN_VOCAB["bytes"]) != KNOWN_VOCAB["bytes"]:
-        out.append(f"warning: vocabulary {knobs['vocab']:,} is not bytes ({KNOWN_VOCAB['bytes']}):"
+    if knobs.get("vocab", VOCAB_BY_TOKENIZER["bytes"]) != VOCAB_BY_TOKENIZER["bytes"]:
+        out.append(f"warning: vocabulary {knobs['vocab']:,} is not bytes ({VOCAB_BY_TOKENIZER['bytes']}):"
                    f" the margin is {MARGIN_PER_BYTE:g} nats per byte of text, so on a BPE "
                    f"vocabulary of about {STUDY_POINT.bytes_per_token:.1f} bytes a token the same "
                    f"effect is about {STUDY_POINT.margin:.2g} nats per token; no BPE run was "

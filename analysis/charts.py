@@ -10,7 +10,7 @@ import altair as alt
 import polars as pl
 import vl_convert as vlc
 
-from qkstudy.variants import VARIANTS
+from qkstudy.variants import NONE, VARIANTS
 
 from . import hypotheses as H
 from . import metrics as M
@@ -22,8 +22,7 @@ MAX_PANEL_W = 1000
 OFF_LABEL = M.arm_words(M.OFF)
 ATTENTION_PROBES = ("max_attention_logit", "attention_entropy_mean", "attention_entropy_min_head")
 # off is always the warm orange, QK-norm arms greens/purples, rival controls further colours
-ARM_COLORS = {M.OFF: "#d95f02", **dict(zip(VARIANTS, ("#1b9e77", "#7570b3", "#1f78b4",
-                                                       "#66a61e")))}
+ARM_COLORS = {v.name: v.colour for v in (NONE, *VARIANTS.values())}  # qkstudy/variants.py
 MORE_COLORS = ("#e7298a", "#e6ab02", "#a6761d", "#666666", "#b15928", "#6a3d9a")
 
 

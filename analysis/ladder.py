@@ -16,11 +16,12 @@ import polars as pl
 
 from qkstudy import archive
 from qkstudy.config import model_args, split_key_values
+from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.errors import UsageError
 from qkstudy.parameters import count_params
 from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, STUDY_POINT, WARMUP_POINTS, Point, point_words
-from qkstudy.sweep.plan import VOCAB_BY_SUFFIX, remaining_runs
+from qkstudy.sweep.plan import remaining_runs
 
 from . import stats as S
 from .law import FORMS, PREDICTED, fit_law, law_text, score
@@ -221,7 +222,7 @@ def body_text() -> str:
     def body(p: Point) -> float:
         words = parse_sweep_config(point_words(p, [], "runs/ladder"))
         cfg = run_config(words, p.depth, words.train.lr, ON, 0)
-        return count_params(model_args(cfg, VOCAB_BY_SUFFIX["bytes"]))["non_embedding"] / 1e6
+        return count_params(model_args(cfg, VOCAB_BY_TOKENIZER["bytes"]))["non_embedding"] / 1e6
 
     ladder = [body(p) for n, p in KNOWN.items() if n in WARMUP_POINTS or n.endswith("-s300")]
     return (f"The study preset's model has {body(STUDY_POINT):.2f}M parameters outside its "

@@ -17,7 +17,8 @@ from qkstudy.arms import arm_of
 from qkstudy.config import ENGINE_KEYS, FOLDER_KEYS, framework_label
 from qkstudy.errors import UsageError
 from qkstudy.files import load_object
-from qkstudy.run_folder import FINISHED, SUMMARY_FIELDS, RunFolder, find_runs, metrics_gap
+from qkstudy.run_folder import RunFolder, SweepFolder, find_runs, metrics_gap
+from qkstudy.summaries import FINISHED, SUMMARY_FIELDS
 
 # the columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA)
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
@@ -94,7 +95,7 @@ def _integer(value: Any) -> int | None:
 @functools.cache
 def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozenset[int] | None]:
     """The base LR grid and seeds a sweep folder's sweep.json declares (None: not)."""
-    obj = load_object(sweep_folder / "sweep.json")[0] or {}
+    obj = SweepFolder(sweep_folder).read_plan()
     lrs, seeds = obj.get("grid_lrs"), obj.get("seeds")
     grid = (frozenset(lr_key(float(x)) for x in lrs)
             if isinstance(lrs, list) and all(_number(x) for x in lrs) else None)
@@ -186,7 +187,7 @@ def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
     }
 
 
-# the summary's fields copied as they are (run_folder.SUMMARY_FIELDS), by kind
+# the summary's fields copied as they are (summaries.SUMMARY_FIELDS), by kind
 _INTEGER = (_integer, pl.Int64)
 _KINDS = {"number": (_number, pl.Float64), "text": (lambda v: v, pl.String), "step": _INTEGER,
           "count": _INTEGER, "step count": _INTEGER}

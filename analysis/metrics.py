@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from qkstudy.arms import OFF, QK_NORM_ARMS
-from qkstudy.probe_names import PROBES, WHOLE_MODEL
+from qkstudy.arms import OFF
+from qkstudy.variants import NONE, VARIANTS
+from qkstudy.probe_registry import PROBES, WHOLE_MODEL
 
 
 ARM = "arm"
@@ -23,16 +24,16 @@ ARM_KEYS = ("depth", ARM)
 def arm_words(arm: str) -> str:
     """An arm in words: "QK-norm off", "QK-norm on (rmsnorm)", "attention soft-cap 50"."""
     if arm == OFF:
-        return "QK-norm off"
+        return NONE.label
     prefixes = {"softcap": "attention soft-cap ", "zloss": "z-loss "}
-    return " + ".join(f"QK-norm on ({part})" if part in QK_NORM_ARMS else next(
+    return " + ".join(VARIANTS[part].label if part in VARIANTS else next(
         (w + part.removeprefix(k) for k, w in prefixes.items() if part.startswith(k)), part)
         for part in arm.split("+"))
 
 
 def control_words(arm: str) -> str:
     """The compared arm as the subject of a claim: "QK-norm", "attention soft-cap 50", ..."""
-    return "QK-norm" if arm in QK_NORM_ARMS else arm_words(arm)
+    return "QK-norm" if arm in VARIANTS else arm_words(arm)
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""Checks across the two engines: parity and the spot check."""
+"""Checks across the engines and machines: parity, the spot check, the GPU acceptance check."""

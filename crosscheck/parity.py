@@ -18,17 +18,14 @@ import mlx.core as mx
 import torch
 from mlx import nn
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_gpt import engine as mlx_engine
-from mlx_gpt.engine import Engine as MlxEngine, build_model
+from mlx_gpt.engine import Engine as MlxEngine
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
-from qkstudy.config import TrainConfig, model_args
+from qkstudy.config import TrainConfig
 from qkstudy.data import synthetic
 from qkstudy.data.tokenizer import ByteTokenizer
 from qkstudy.errors import UsageError
-from qkstudy.probes import update_ratios
-from qkstudy.variants import VARIANTS
-from torch_ref import engine as torch_engine
+from qkstudy.variants import CHOICES
 from torch_ref.engine import Engine as TorchEngine
 from torch_ref.model import GPT as TorchGPT
 
@@ -40,7 +37,6 @@ TRAJECTORY_RTOL = 1e-4
 # probes both must report for every layer; any other shared name is compared too
 REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
-QK_NORMS = ("none", *VARIANTS)
 # far from the study's cap 50 and weight 1e-4, so that both change these small models' numbers
 RIVALS = ({"attn_softcap": 5.0}, {"z_loss": 1e-2})
 DEPTHS = (1, 3)
@@ -111,52 +107,62 @@ def case_name(cfg: TrainConfig) -> str:
     return f"d{cfg.depth} {cfg.qk_norm} {cfg.kernels}{extras}"
 
 
-def mlx_step(model: MlxGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
-    """(logits, (objective, loss, z), gradients, probe rows with those of one AdamW update)."""
+def mlx_forward(model: MlxGPT, x: np.ndarray, y: np.ndarray) -> tuple:
+    """(logits, [objective, loss, z], gradients) of one batch."""
     def objective(m: MlxGPT, a: mx.array, b: mx.array):
         logits = m(a)
         return (*m.loss(logits, b), logits)
 
     (*terms, logits), grads = nn.value_and_grad(model, objective)(model, mx.array(x), mx.array(y))
-    rows = mlx_engine.collect(model, mx.array(px), mx.array(py), 0)
-    before = dict(tree_flatten(model.parameters()))
-    mlx_engine.update(mlx_engine.make_optimizer(cfg, model.parameters()), model, grads,
-                      cfg.grad_clip)
-    rows += update_ratios(0, before, dict(tree_flatten(model.parameters())), mlx_engine.OPS)
     return np.array(logits), [t.item() for t in terms], {
-        k: np.array(v) for k, v in tree_flatten(grads)}, rows
+        k: np.array(v) for k, v in tree_flatten(grads)}
 
 
-def torch_step(model: TorchGPT, cfg: TrainConfig, x: np.ndarray, y: np.ndarray, px, py):
+def torch_forward(model: TorchGPT, x: np.ndarray, y: np.ndarray) -> tuple:
+    named = dict(model.named_parameters())
     logits = model(torch.from_numpy(x.astype(np.int64)))
     terms = model.loss(logits, torch.from_numpy(y.astype(np.int64)))
-    terms[0].backward()
-    grads = {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
-    rows = torch_engine.collect(model, *(torch.from_numpy(a.astype(np.int64)) for a in (px, py)), 0)
-    before = torch_engine.snapshot(model)
-    torch_engine.update(*torch_engine.make_optimizer(cfg, dict(model.named_parameters())),
-                       cfg.grad_clip)
-    rows += update_ratios(0, before, torch_engine.snapshot(model), torch_engine.PROBE_OPS)
-    return logits.detach().numpy(), [t.item() for t in terms], grads, rows
+    grads = torch.autograd.grad(terms[0], list(named.values()))
+    return logits.detach().numpy(), [t.item() for t in terms], {
+        k: g.numpy() for k, g in zip(named, grads)}
+
+
+def engine_step(engine, forward, x: np.ndarray, y: np.ndarray) -> tuple:
+    """One training step as training takes it, through the engine's own probes, step and
+    update statistics: (logits, terms, gradients, probe rows, the step's (loss, grad norm,
+    lr, z), the weights after it)."""
+    logits, terms, grads = forward(engine.model, x, y)
+    rows = engine.probes(0)
+    before = engine.snapshot()
+    (read,) = engine.read([engine.step(x, y)])
+    rows += engine.update_stats(0, before)
+    return logits, terms, grads, rows, read, engine.weights()
+
+
+def torch_config(cfg: TrainConfig) -> TrainConfig:
+    return dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
     case = case_name(cfg)
-    mlx_model = build_model(cfg, vocab_size)
-    perturb(mlx_model, cfg.seed + 1)
-    torch_model = TorchGPT(model_args(cfg, vocab_size))
-    torch_model.load_state_dict({k: torch.from_numpy(np.array(v))
-                                 for k, v in tree_flatten(mlx_model.parameters())})
-    batches = (*train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size),
-               *probe_batch(tokens, cfg.data_seed, cfg.batch_size, cfg.block_size))
-    m_logits, (_, m_loss, m_z), m_grads, m_rows = mlx_step(mlx_model, cfg, *batches)
-    t_logits, (_, t_loss, t_z), t_grads, t_rows = torch_step(torch_model, cfg, *batches)
+    x, y = train_batch(tokens, cfg.data_seed, 0, cfg.batch_size, cfg.block_size)
+    probe = probe_batch(tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
+    mlx_side = MlxEngine(cfg, vocab_size, [], probe)
+    perturb(mlx_side.model, cfg.seed + 1)
+    torch_side = TorchEngine(torch_config(cfg), vocab_size, [], probe)
+    torch_side.model.load_state_dict({k: torch.from_numpy(v)
+                                      for k, v in mlx_side.weights().items()})
+    m_logits, (_, m_loss, m_z), m_grads, m_rows, m_step, m_after = engine_step(
+        mlx_side, mlx_forward, x, y)
+    t_logits, (_, t_loss, t_z), t_grads, t_rows, t_step, t_after = engine_step(
+        torch_side, torch_forward, x, y)
     if t_grads.keys() != m_grads.keys():
         raise AssertionError(f"gradient names differ: {sorted(t_grads.keys() ^ m_grads.keys())}")
     probes = probe_pairs(m_rows, t_rows, cfg.depth)
     unported = sorted({r["name"] for r in m_rows} - {r["name"] for r in t_rows})
     z_term = [Deviation(case, "z-loss term", f"{m_z:.6f}", relative(t_z, m_z), LOSS_RTOL)
               ] if cfg.z_loss else []
+    step = zip(("loss", "grad norm", "lr"), t_step, m_step)
     return [
         Deviation(case, "logits", f"{m_logits.shape}", relative(t_logits, m_logits), LOGITS_RTOL),
         Deviation(case, "loss", f"{m_loss:.6f}", relative(t_loss, m_loss), LOSS_RTOL), *z_term,
@@ -165,6 +171,9 @@ def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[
         worst(case, f"probes ({len(probes)} values)", probes, PROBE_RTOL),
         Deviation(case, "probe names missing in torch_ref", ", ".join(unported) or "-",
                   float(len(unported)), 0.0),
+        worst(case, "Engine.step", ((k, relative(t, m)) for k, t, m in step), GRAD_RTOL),
+        worst(case, "weights after the step", ((k, relative(t_after[k], m_after[k]))
+                                               for k in m_after), GRAD_RTOL),
     ]
 
 
@@ -197,7 +206,7 @@ def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: i
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    torch_cfg = dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
+    torch_cfg = torch_config(cfg)
     key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
     if key not in _TORCH_TRAJECTORIES:
         _TORCH_TRAJECTORIES[key] = trajectory(TorchEngine, torch_cfg, tokens, vocab_size)
@@ -210,7 +219,7 @@ def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) ->
 
 def step_cases() -> list[TrainConfig]:
     return [dataclasses.replace(BASE, depth=d, qk_norm=q, kernels=k)
-            for k in KERNELS for d in DEPTHS for q in QK_NORMS] + [
+            for k in KERNELS for d in DEPTHS for q in CHOICES] + [
         dataclasses.replace(BASE, depth=d, kernels=k, **rival)
         for k in KERNELS for d in DEPTHS for rival in RIVALS]
 
@@ -218,7 +227,7 @@ def step_cases() -> list[TrainConfig]:
 def trajectory_cases() -> list[TrainConfig]:
     """Each arm at depth 3 on each kernel path, plus independent decay and biases."""
     deep = dataclasses.replace(BASE, depth=3)
-    return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in QK_NORMS] + [
+    return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in CHOICES] + [
         dataclasses.replace(deep, kernels=k, **rival) for k in KERNELS for rival in RIVALS] + [
         dataclasses.replace(deep, qk_norm="rmsnorm", independent_wd=True, weight_decay=1e-3),
         dataclasses.replace(deep, qk_norm="layernorm", bias=True),
@@ -252,7 +261,8 @@ def format_table(rows: list[Deviation]) -> str:
 USAGE = """usage: python -m crosscheck parity
 
 Checks in float32 on the CPU that MLX (both kernel paths) and PyTorch agree on logits, loss,
-gradients, every probe and a 50-step AdamW trajectory for each arm; prints the largest
+gradients, every probe, one step of each engine's own Engine.step (its loss, gradient norm,
+rate and the weights after it) and a 50-step AdamW trajectory for each arm; prints the largest
 deviations and exits non-zero when a tolerance is broken. Takes no arguments."""
 
 

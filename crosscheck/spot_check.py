@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from qkstudy import files, trainer
-from qkstudy.run_folder import RunFolder
+from qkstudy.run_folder import COMPARISON, RunFolder
 from qkstudy.config import apply_overrides, load_config, split_key_values
 from qkstudy.errors import UsageError
 
@@ -42,7 +42,7 @@ def spot_check(run_dir: str | Path, device: str = "auto", data: str | None = Non
     summary = trainer.train(cfg, verbose=verbose)
     out = RunFolder.of(cfg).path
     comparison = compare(Path(run_dir), out)  # refreshed: the MLX run may have moved on
-    files.write_json(out / "comparison.json", comparison)
+    files.write_json(RunFolder.of(cfg).comparison_file, comparison)
     if verbose:
         print(format_comparison(comparison))
     return out, summary
@@ -144,10 +144,10 @@ def format_comparison(comparison: dict) -> str:
     return "\n".join(lines)
 
 
-USAGE = """usage: python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]
+USAGE = f"""usage: python -m crosscheck spot-check RUN_DIR [device=auto|cuda|mps|cpu] [data=PATH]
 
 Re-trains the MLX run in RUN_DIR with backend=torch from the same initial weights and batches
-into its torch twin's folder beside it (same run-log schema, plus comparison.json) and judges
+into its torch twin's folder beside it (same run-log schema, plus {COMPARISON}) and judges
 the agreement against stated tolerances. data= points at the corpus when it moved."""
 
 
@@ -160,5 +160,5 @@ def cli(argv: list[str]) -> int:
         raise UsageError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTIONS)}")
     out, summary = spot_check(argv[0], options.get("device", "auto"), options.get("data"))
     print(f"run folder: {out}  status: {summary['status']}")
-    judgement = (files.read_json(out / "comparison.json") or {}).get("judgement") or {}
+    judgement = (files.read_json(RunFolder(out).comparison_file) or {}).get("judgement") or {}
     return 0 if judgement.get("pass") else 1

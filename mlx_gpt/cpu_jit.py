@@ -28,17 +28,17 @@ exec {gxx} "$@" {flags}
 """
 
 blas: str | None = None  # the BLAS loaded, recorded in each run's manifest
+slow_blas: str | None = None  # why MLX may compute on its slow reference BLAS, said once it does
 active: str | None = None  # the tuned cache folder in use, or None (MLX's own build)
 
 
 def ensure_fast_blas() -> str | None:
     """Load an optimised BLAS globally before mlx is imported. Returns its path, or None."""
-    global blas
+    global blas, slow_blas
     if blas or not sys.platform.startswith("linux") or os.environ.get("MLX_GPT_BLAS") == "none":
         return blas
     if "mlx.core" in sys.modules:
-        print("warning: mlx was imported before mlx_gpt; it may be using the slow reference BLAS",
-              file=sys.stderr)
+        slow_blas = "mlx was imported before mlx_gpt; it may be using the slow reference BLAS"
     found = ctypes.util.find_library("openblas")
     # PyPI's `mkl` wheel ships libmkl_rt with the plain cblas names
     for path in [os.environ.get("MLX_GPT_BLAS"), found, *BLAS_PATHS,
@@ -52,10 +52,18 @@ def ensure_fast_blas() -> str | None:
             continue
         blas = path
         return blas
-    print("warning: no OpenBLAS found; MLX on Linux falls back to the reference BLAS (~50x slower "
-          "matmuls). Fix: apt-get install libopenblas0-pthread (or set MLX_GPT_BLAS=/path/lib.so)",
-          file=sys.stderr)
+    slow_blas = ("no OpenBLAS found; MLX on Linux falls back to the reference BLAS (~50x slower "
+                 "matmuls). Fix: apt-get install libopenblas0-pthread (or set "
+                 "MLX_GPT_BLAS=/path/lib.so)")
     return None
+
+
+def warn_slow_blas() -> None:
+    """Say once, as MLX is about to compute, why it may run on its slow reference BLAS."""
+    global slow_blas
+    if slow_blas:
+        print(f"warning: {slow_blas}", file=sys.stderr, flush=True)
+        slow_blas = None
 
 
 def cpu_identity() -> str:

@@ -21,7 +21,7 @@ from . import cpu_jit
 from .model import GPT, init_weights
 
 
-OPS = SimpleNamespace(
+PROBE_OPS = SimpleNamespace(
     where=mx.where, f32=lambda x: x.astype(mx.float32),
     numbers=lambda values: np.array(mx.concatenate([v.reshape(-1) for v in values])
                                     .astype(mx.float32), dtype=np.float64).tolist())
@@ -36,7 +36,7 @@ def collect(model: GPT, x: mx.array, y: mx.array, step: int) -> list[dict]:
 
     (_, ce, logits, captures), grads = nn.value_and_grad(model, objective)(x, y)
     return probes.collected(step, model.args, captures, logits, ce,
-                            dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), OPS)
+                            dict(tree_flatten(model.parameters())), dict(tree_flatten(grads)), PROBE_OPS)
 
 
 def make_optimizer(cfg: TrainConfig, params: dict) -> optim.MultiOptimizer:
@@ -88,6 +88,7 @@ class Engine:
                    "kernels: up to a minute)")
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
+        cpu_jit.warn_slow_blas()
         self.cfg = cfg
         self.model = build_model(cfg, vocab_size)
         self.opt = make_optimizer(cfg, self.model.parameters())
@@ -140,7 +141,7 @@ class Engine:
         return dict(tree_flatten(self.model.parameters()))
 
     def update_stats(self, step: int, before) -> list[dict]:
-        return probes.update_ratios(step, before, self.snapshot(), OPS)
+        return probes.update_ratios(step, before, self.snapshot(), PROBE_OPS)
 
     def weights(self) -> dict[str, np.ndarray]:
         return {k: np.array(v) for k, v in self.snapshot().items()}

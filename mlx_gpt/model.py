@@ -11,7 +11,7 @@ import mlx.nn as nn
 
 from qkstudy.config import NORM_EPS, ModelArgs
 from qkstudy.parameters import initial_weights
-from qkstudy.variants import variant
+from qkstudy.variants import built_by
 
 from . import kernels as cpu_kernels
 
@@ -42,7 +42,7 @@ class CausalSelfAttention(nn.Module):
         self.n_heads, self.head_dim = args.n_heads, args.d_model // args.n_heads
         self.qkv = nn.Linear(args.d_model, 3 * args.d_model, bias=args.bias)
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
-        self.variant = variant(args.qk_norm)  # its row builds its parameters and its norm
+        self.variant = built_by("mlx", args.qk_norm, NORMS)  # its parameters and its norm
         for name, (shape, value) in self.variant.parameters(args.block_size, self.head_dim).items():
             setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
             getattr(self, name).weight = mx.full(shape, value)

@@ -6,7 +6,6 @@ import io
 import json
 import lzma
 import math
-import re
 import sys
 import tarfile
 from pathlib import Path, PurePosixPath
@@ -14,13 +13,12 @@ from pathlib import Path, PurePosixPath
 from . import files
 from .config import split_key_values
 from .errors import UsageError
-from .run_folder import ARCHIVED, CONFIG, MANIFEST, METRICS, PROBES, SUMMARY, find_runs, \
-    part_steps
+from .run_folder import (ARCHIVED, CONFIG, MANIFEST, METRICS, PART, PLAN, PROBES, SUMMARY,
+                         find_runs, part_steps)
 
 ROWS = 60  # metric rows an archived run keeps besides its evaluations: every k-th step
-SWEEP_FILES = ("sweep.json",)
+SWEEP_FILES = (PLAN,)
 RUN_FILES = (CONFIG, SUMMARY, MANIFEST, ARCHIVED)
-PART = re.compile(r"part-\d{8}-\d{8}\.parquet")
 MAX_MEMBER_BYTES = 64 << 20  # no file the tool writes into these folders comes near this
 MAX_TOTAL_BYTES = 1 << 30
 SUFFIX = ".tar.xz"
@@ -84,8 +82,8 @@ def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
 
 
 def write_archive(sweep_dir: Path, out: Path) -> int:
-    if not (sweep_dir / "sweep.json").is_file() and not find_runs(sweep_dir):
-        raise UsageError(f"{sweep_dir} holds no sweep.json and no run folder: give a sweep folder "
+    if not (sweep_dir / PLAN).is_file() and not find_runs(sweep_dir):
+        raise UsageError(f"{sweep_dir} holds no {PLAN} and no run folder: give a sweep folder "
                          "(runs/<name>)")
     members = _members(sweep_dir)
     buffer = io.BytesIO()
@@ -156,7 +154,7 @@ def extract(path: Path, runs_dir: Path) -> tuple[Path, int, int]:
     for p, data in members.items():
         parts = PurePosixPath(p).parts
         if len(parts) == 2 and (sweep_dir / parts[1]).exists():
-            continue  # a sweep.json of the runs there is theirs
+            continue  # a plan of the runs there is theirs
         if len(parts) > 2 and parts[1] in present:
             continue
         target = runs_dir.joinpath(*parts)

@@ -10,12 +10,11 @@ from typing import Any
 
 from .config import TrainConfig, short_number
 from .errors import UsageError
-from .variants import VARIANTS
+from .variants import CHOICES, VARIANTS
 
 OFF = "none"
-QK_NORM_ARMS = tuple(VARIANTS)  # qkstudy/variants.py
 CONTROLS: dict[str, Any] = {"qk_norm": "none", "attn_softcap": 0.0, "z_loss": 0.0}
-VOCABULARY = "none, rmsnorm, layernorm, l2norm, softcap<C> (e.g. softcap50), zloss<W> (e.g. zloss1e-4)"
+VOCABULARY = ", ".join([*CHOICES, "softcap<C> (e.g. softcap50)", "zloss<W> (e.g. zloss1e-4)"])
 _NUMBERED = re.compile(r"(softcap|zloss)(.+)")
 _KEY_OF = {"softcap": "attn_softcap", "zloss": "z_loss"}
 
@@ -23,7 +22,7 @@ _KEY_OF = {"softcap": "attn_softcap", "zloss": "z_loss"}
 def arm_changes(name: str) -> dict[str, Any]:
     if name == OFF:
         return {}
-    if name in QK_NORM_ARMS:
+    if name in VARIANTS:  # qkstudy/variants.py
         return {"qk_norm": name}
     match = _NUMBERED.fullmatch(name)
     if match:

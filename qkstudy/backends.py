@@ -17,6 +17,12 @@ BACKENDS = {"mlx": ("mlx_gpt.backend", "MLX is not installed: pip install -e '.[
             "torch": ("torch_ref.backend", "PyTorch is not installed: pip install -e '.[torch]' "
                                            "(or ./setup.sh torch on a GPU machine)")}
 
+# K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
+# threads, or caps its memory at 1/K of the GPU
+RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
+# i of the K processes (0..K-1): a torch engine on N GPUs trains on cuda:(i mod N)
+DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
+
 
 class Engine(Protocol):
     """One run's model, optimizer and step: `Engine(cfg, vocab_size, val_batches, probe_batch)`."""

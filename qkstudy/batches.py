@@ -8,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .config import TrainConfig
+
 TRAIN, VAL, PROBE = 0, 1, 2  # the stream a batch belongs to, mixed into its seed
 
 
@@ -50,3 +52,10 @@ def train_stream(tokens: np.ndarray, data_seed: int, start: int, stop: int, batc
                 queue.append(pool.submit(make, upcoming))
                 upcoming += 1
             yield batch
+
+
+def random_batch(cfg: TrainConfig, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) of uniform random token ids, int32, of the config's batch shape."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, (cfg.batch_size, cfg.block_size + 1), dtype=np.int32)
+    return tokens[:, :-1], tokens[:, 1:]

@@ -1,4 +1,4 @@
-"""The command-line frame shared by `python -m qkstudy` and `python -m torch_ref`."""
+"""The command-line frame shared by `python -m qkstudy` and `python -m crosscheck`."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 import numpy as np
 
 from .errors import UsageError
+from .variants import CHOICES
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
@@ -70,7 +71,7 @@ def _need(ok: bool, message: str) -> None:
         raise UsageError(message)
 
 
-QKNorm = Literal["none", "rmsnorm", "layernorm", "l2norm"]  # none and qkstudy/variants.py's
+QKNorm = Literal[CHOICES]  # qkstudy/variants.py's rows
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ class ModelArgs:
     bias: bool = False
     qk_norm: str = "none"  # none or a qkstudy/variants.py entry
     attn_softcap: float = 0.0  # > 0: scaled attention logits become C*tanh(logit/C)
-    z_loss: float = 0.0  # > 0: GPT.objective adds z_loss * mean(logsumexp(logits)^2)
+    z_loss: float = 0.0  # > 0: GPT.loss adds z_loss * mean(logsumexp(logits)^2)
     kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)
 
     @property

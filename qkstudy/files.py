@@ -85,10 +85,21 @@ def swap_in(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def alive(pid: int) -> bool:
+    """Whether another process with this pid runs (our own pid counts as gone)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_stale(out: Path) -> None:
     """Remove the siblings .<name>.tmp-<pid> and .<name>.old-<pid> of `out` of dead processes."""
-    from .forensics import alive
-
     pattern = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-(\d+)")
     for path in out.parent.glob(f".{out.name}.*") if out.parent.is_dir() else []:
         m = pattern.fullmatch(path.name)

@@ -9,10 +9,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
+
 from . import files, interrupts, provenance
-from .bench.shapes import flops_per_token
 from .config import TrainConfig, model_args
 from .errors import UsageError
+from .parameters import flops_per_token
 from .progress import format_seconds
 
 NIGHT_HOURS = 10  # a night on a workstation
@@ -83,8 +85,6 @@ def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
     except (UsageError, ImportError) as e:  # no engine installed here
         if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
             raise
-        from .bench.cli import sgemm_gflops
-
         peak = sgemm_gflops(n=1024, repeats=2)
         tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
         return scaled(cfgs, vocab, tok_s, cfg), (
@@ -94,6 +94,19 @@ def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
     return scaled(cfgs, vocab, tok_s, cfg), (
         f"tok/s from a short timing here (depth {depth}, {timed} step{'s' if timed != 1 else ''})"
         f"{others}; --calibrate times every depth" + busy_note())
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
+    """Best-of float32 n^3 matmul GFLOP/s in numpy (its BLAS): the machine's peak here."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    a @ a
+    return 2 * n**3 / min(timed(lambda: a @ a) for _ in range(repeats)) / 1e9
 
 
 def busy_note() -> str:
@@ -167,50 +180,3 @@ def time_left_line(runs: list, stored: object) -> str:
     return (f"time left: ~{time_text(seconds)} for {len(known)} of the {len(left)} runs left in "
             f"one process (training only; tok/s {' and '.join(sources)})"
             + (f"; {unknown} runs of depths not yet timed not counted" if unknown else ""))
-
-
-def study_plan() -> dict:
-    """The study preset's run cost, grid, FLOPs per token and depths (3, each costed as its)."""
-    from .bench.shapes import preset_base, preset_shape, shape_config
-    from .sweep.config import PRESETS
-
-    study, shape = PRESETS["study"], preset_shape("study")
-    cfg, args = shape_config(shape, preset_base("study"))
-    runs = len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
-    return {"depth": shape["depth"], "cost_tokens": run_cost_tokens(cfg),
-            "budget_tokens": cfg.budget_tokens, "arms": len(study.arms),
-            "lrs": len(study.grid_lrs()), "seeds": len(study.seeds), "runs_per_depth": runs,
-            "depths": 3, "flops_per_token": flops_per_token(args)}
-
-
-def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
-    plan = plan or study_plan()
-    run = plan["cost_tokens"] / tokens_per_s / 3600
-    return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],
-            "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
-
-
-# Machines not measured here: tokens/s = the vendor's dense peak x a share / FLOPs per token
-ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
-    ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
-    ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),
-    ("one H100/H200-class CUDA GPU", "torch tf32", 495.0, 0.12, "GPU-hours"),
-    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"))
-
-
-def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
-    """`just bench`'s table: the study's hours measured here and estimated for ESTIMATES."""
-    plan, study, m = study_plan(), shapes.get("study"), machine or {}
-    here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
-    rows = []
-    for backend, key in BENCH_KEY.items():
-        s = study and study["tokens_per_s"].get(key)
-        if s:
-            rows.append({"platform": here, "backend": backend, "tokens_per_s": s["median"],
-                         "range": [s["min"], s["max"]], "unit": "nights",
-                         "source": f"measured here, median of {s['n']} round(s)"})
-    rows += [{"platform": f"{name}, {peak:g} TFLOP/s", "backend": backend, "unit": unit,
-              "tokens_per_s": peak * 1e12 * share / plan["flops_per_token"],
-              "source": f"estimate: {share:.0%} of peak assumed"}
-             for name, backend, peak, share, unit in ESTIMATES]
-    return {"plan": plan, "rows": [r | study_hours(r["tokens_per_s"], plan) for r in rows]}

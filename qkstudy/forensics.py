@@ -7,26 +7,15 @@ import faulthandler
 import os
 import re
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .files import write_json, write_text
+from .files import alive, write_json, write_text
 
 _OWNED = re.compile(r"\..+\.tmp-(\d+)")
 FATAL_PREFIX = ".fatal-"
-
-
-def alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def leftovers(folders: list[Path]) -> bool:
@@ -76,8 +65,6 @@ def fatal_signal_log(run_dir: Path) -> Iterator[None]:
 def record_failure(traceback_file: Path, summary_file: Path, summary_base: dict,
                    error: BaseException, text: str | None = None, **extra: Any) -> None:
     """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
-    import traceback
-
     write_text(traceback_file, text if text is not None else "".join(
         traceback.format_exception(type(error), error, error.__traceback__)))
     write_json(summary_file, {

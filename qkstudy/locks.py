@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import UsageError
+from .files import alive
 
 
 class RunBusy(RuntimeError):
@@ -110,6 +111,4 @@ def holder(path: Path, held: dict | None) -> int | None:
     written = written_pid(path)
     if held is not None:
         return held.get((os.major(st.st_dev), os.minor(st.st_dev), st.st_ino))
-    from .forensics import alive
-
     return written if written and alive(written) else None  # (never our own pid)

@@ -64,3 +64,10 @@ def initial_weights(args: ModelArgs, seed: int) -> dict[str, np.ndarray]:
         else:  # the LayerNorm gains
             weights[name] = np.ones(shape, np.float32)
     return weights
+
+
+def flops_per_token(args: ModelArgs) -> float:
+    """Training FLOPs per token, 6 N + 12 L H Q T (PaLM app. B); N: the matmul parameters."""
+    n = count_params(args)["total"] - args.block_size * args.d_model  # minus the position table
+    attention = 12 * args.depth * args.n_heads * (args.d_model // args.n_heads) * args.block_size
+    return 6.0 * n + attention

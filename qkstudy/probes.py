@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from .config import ModelArgs
-from .probe_names import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
-from .variants import variant
+from .probe_registry import OUTLIER_SIGMAS, WHOLE_MODEL, parameter_group
+from .variants import PARAMETER_PROBES, variant
 
 NEG_INF = float("-inf")
 
@@ -43,15 +43,12 @@ def layer_probes(layer: int, c: dict, args: ModelArgs, params: dict, ops) -> lis
     if row.norm:
         values += [("q_rms_normed", rms(c["q_normed"], ops)),
                    ("k_rms_normed", rms(c["k_normed"], ops))]
-    attn = f"blocks.{layer}.attn"
-    if row.gains:  # normalised vectors of norm <= sqrt(head_dim) times their gains
-        g_q, g_k = (params[f"{attn}.{n}.weight"].abs().max() for n in ("q_norm", "k_norm"))
-        values += [("q_norm_gain_max_abs", g_q), ("k_norm_gain_max_abs", g_k),
-                   ("max_attention_logit_bound",
-                    g_q * g_k * math.sqrt(args.d_model // args.n_heads))]
-    elif row.scale_init:  # unit vectors: |logit| <= |g|
-        g = params[f"{attn}.qk_scale.weight"].abs().max()
-        values += [("qk_scale", g), ("max_attention_logit_bound", g)]
+    attn, head_dim = f"blocks.{layer}.attn", args.d_model // args.n_heads
+    largest = {name: params[f"{attn}.{name}.weight"].abs().max()
+               for name in row.parameters(args.block_size, head_dim)}
+    values += [(PARAMETER_PROBES[name], value) for name, value in largest.items()]
+    if row.logit_bound:
+        values.append(("max_attention_logit_bound", row.logit_bound(largest, head_dim)))
     residual = c["residual"]
     residual_rms = rms(residual, ops)
     values += [("residual_rms", residual_rms), ("residual_kurtosis", kurtosis(residual, ops)),

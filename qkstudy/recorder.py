@@ -167,8 +167,8 @@ class Recorder:
             "params": params, "peak_max_attention_logit": self.peak_logit(),
         }
         manifest["ended"] = files.now()
-        files.write_json(self.folder.manifest_file, manifest)
-        files.write_json(self.folder.summary_file, summary)
+        self.folder.write_manifest(manifest)
+        self.folder.write_summary(summary)
         return summary
 
     def peak_logit(self) -> float | None:

@@ -1,30 +1,40 @@
-"""The run folder, <runs_dir>/<sweep>/<run_id>/: its file names, lock, states and checks."""
+"""Every file the tool writes and reads back: the run folder, <runs_dir>/<sweep>/<run_id>/ (its
+file names, lock, states, checkpoint, rows and checks) and the sweep folder around it."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import datetime as dt
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import forensics, locks
 from .config import TrainConfig
+from .data.load import data_change
 from .errors import UsageError
-from .files import DamagedFile, atomic, load_object, now, read_json, read_tensors, write_json
+from .files import (DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata,
+                    read_tensors, save_tensors, write_json)
+from .summaries import FINISHED, is_whole, summary_problem
 
 
 CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.json", \
     "archived.json"
 METRICS, PROBES, TRACEBACK, LOCK = "metrics", "probes", "traceback.txt", ".lock"
-CHECKPOINT, FINAL = "checkpoint.safetensors", "final.safetensors"
-DAMAGED = ".damaged"  # <runs_dir>/<sweep>/.damaged/: damaged run folders moved aside, kept whole
-FINISHED = ("completed", "diverged")
+CHECKPOINT, FINAL, COMPARISON = "checkpoint.safetensors", "final.safetensors", "comparison.json"
+# the sweep folder <runs_dir>/<sweep>/: its plan (grid and axes), the pids of a jobs=K sweep's
+# processes, its logs, damaged run folders moved aside whole, and slurm/<NNN>/: one submission
+# each (its record, task list, array script and one log a task)
+PLAN, PROCESSES, SWEEP_LOG, DAMAGED = "sweep.json", "sweep-processes.json", "sweep.log", ".damaged"
+SLURM, SUBMISSION, TASKS, ARRAY, TASK_LOG = ("slurm", "submission.json", "tasks.txt",
+                                             "array.sbatch", "task-{}.log")
 
 METRICS_SCHEMA = pa.schema([
     ("step", pa.int64()), ("tokens", pa.int64()), ("lr", pa.float64()),
@@ -42,58 +52,6 @@ class DamagedRun(UsageError):
     """A run file that fails its checks. The message names the file and how to repair it."""
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-class SummaryField(NamedTuple):
-    kind: str  # number | whole number | step | count | step count | text | object | flag
-    runs: str  # the summaries that hold it: every | finished (completed, diverged) | failed
-    words: str  # what it is (docs/outputs.md shows the table: tests/doc_tables.py)
-    column: bool = False  # copied as it is into the analysis's runs table (analysis/load.py)
-
-
-_F = SummaryField
-SUMMARY_FIELDS = {  # summary.json's keys: all the recorder writes (tests/test_train.py)
-    "run_id": _F("text", "every", "the run's id, its folder's name"),
-    "framework": _F("text", "every", "the engine that trained it: mlx or torch"),
-    "sweep": _F("text", "every", "the sweep it belongs to, its parent folder's name"),
-    "config": _F("object", "every", "its identity: the config keys that change what it computes"),
-    "lr": _F("number", "every", "the peak learning rate"),
-    "depth": _F("whole number", "every", "transformer blocks"),
-    "qk_norm": _F("text", "every", "the QK-norm variant (none: off)"),
-    "seed": _F("whole number", "every", "the seed of the initial weights"),
-    "data_seed": _F("whole number", "every", "the seed of the batch order and the eval batches"),
-    "d_model": _F("whole number", "every", "the model width"),
-    "status": _F("text", "every", "completed, diverged or failed"),
-    "error": _F("text", "failed", "the error it raised, in one line"),
-    "fatal_signal": _F("flag", "failed", "true: an earlier attempt died by a fatal signal"),
-    "init_loss": _F("number", "finished", "the validation loss before the first update", True),
-    "final_val_loss": _F("number", "finished", "the last validation loss; null if diverged", True),
-    "min_val_loss": _F("number", "finished", "the lowest finite validation loss", True),
-    "final_train_loss": _F("number", "finished", "the training loss of the last update", True),
-    "diverged_step": _F("step", "finished", "the update judged diverged; null if completed", True),
-    "diverged_reason": _F("text", "finished", "why it diverged, in words; null if completed", True),
-    "loss_spikes": _F("count", "finished", "excursions of the training loss more than "
-                      "spike_margin above its running minimum", True),
-    "max_spike": _F("number", "finished", "the largest such excursion (nats)", True),
-    "unigram_entropy": _F("number", "finished", "the training tokens' unigram entropy, nats", True),
-    "max_spike_step": _F("step", "finished", "the step where max_spike peaked", True),
-    "steps": _F("step count", "finished", "updates done", True),
-    "tokens_seen": _F("count", "finished", "steps x batch_size x block_size", True),
-    "wall_seconds": _F("number", "finished", "start to the last write", True),
-    "tokens_per_second": _F("number", "finished", "tokens_seen over train_seconds", True),
-    "train_seconds": _F("number", "finished", "the update steps, their batches and read-backs"),
-    "measure_seconds": _F("number", "finished", "evaluation and probes"),
-    "params": _F("object", "finished", "parameter counts: total, non_embedding, embedding"),
-    "peak_max_attention_logit": _F("number", "finished", "the largest max_attention_logit "
-                                   "probe value; null if none"),
-    "final_weights_sha256": _F("text", "finished", "the sha256 of final.safetensors"),
-}
-_CHECKS = {"number": lambda v: _is_int(v) or isinstance(v, float), "whole number": _is_int,
-           "step": _is_int, **dict.fromkeys(("count", "step count"), lambda v: _is_int(v) and v >= 0)}
-
-
 # the rows: immutable Parquet parts, part-<first step>-<last step>.parquet
 def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None:
     if not rows:
@@ -107,13 +65,13 @@ def write_part(folder: Path, rows: list[dict], schema: pa.Schema) -> Path | None
     return path
 
 
-_PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
+PART = re.compile(r"part-(\d+)-(\d+)\.parquet")
 
 
 def parts(folder: Path) -> list[tuple[int, Path]]:
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _PART.fullmatch(p.name))]
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := PART.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -153,27 +111,6 @@ def steps_cover(name: str, steps: list[int], expected: list[int], once: bool = T
     return f"{name}/ {' and '.join(said)} ({len(missing)} missing, {len(extra)} extra)"
 
 
-def summary_problem(summary: dict, run_dir: Path) -> str | None:
-    status = summary.get("status")
-    if status not in (*FINISHED, "failed"):
-        return f"has status {status!r}, not one of completed, diverged, failed"
-    if "run_id" in summary and summary["run_id"] != run_dir.name:
-        return f"belongs to run {summary['run_id']!r}, not to this folder"
-    # a finished run must say its steps; its other keys may be null or missing (older runs)
-    for key in ("steps", *SUMMARY_FIELDS) if status in FINISHED else ():
-        check, value = _CHECKS.get(SUMMARY_FIELDS[key].kind), summary.get(key)
-        if check and (value is not None or key == "steps") and not check(value):
-            return f"has {key}={value!r}, not a {SUMMARY_FIELDS[key].kind}"
-    return None
-
-
-def set_aside_records(sweep_dir: Path) -> list[dict]:
-    """The records of the damaged runs moved aside in this sweep folder, oldest first."""
-    records = [read_json(p) for p in sorted((sweep_dir / DAMAGED).glob("*.json"))]
-    return sorted((r for r in records if r and isinstance(r.get("moved"), str)),
-                  key=lambda r: r["moved"])
-
-
 def metrics_gap(run_dir: Path, steps: list[int] | None = None) -> str | None:
     """How the metric rows fail to cover steps 0..last (archived: every k-th), or None."""
     why = None
@@ -183,7 +120,7 @@ def metrics_gap(run_dir: Path, steps: list[int] | None = None) -> str | None:
     if not why and (run_dir / ARCHIVED).exists():
         obj, why = load_object(run_dir / ARCHIVED)
         every = (obj or {}).get("metrics_every", 1)
-        if why or not _is_int(every) or every < 1:
+        if why or not is_whole(every) or every < 1:
             why = (f"{ARCHIVED} {why or f'has metrics_every {every!r}, not a whole number >= 1'}"
                    "; restore the run from its archive again")
     if why or not steps:
@@ -214,18 +151,12 @@ def finished_problem(run_dir: Path, summary: dict) -> str | None:
     return why
 
 
-class DataChanged(UsageError):
-    """The prepared data is not what the run was trained on."""
-
-
-def data_change(recorded: dict, now_: dict) -> str | None:
-    """What differs between a run's recorded data identity and the data's now, or None."""
-    if recorded.get("tokens_sha256") == now_.get("tokens_sha256"):
+def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
+    """The updates applied; None unless every "opt.<...>.step" entry holds the same count."""
+    steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
+    if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
         return None
-    changed = [f"{key} {recorded.get(key)!r} -> {now_.get(key)!r}" for key in sorted(now_)
-               if key != "tokens_sha256" and recorded.get(key) != now_.get(key)]
-    return ", ".join(changed) or (f"the tokens' sha256 {str(recorded.get('tokens_sha256'))[:12]}"
-                                  f"... -> {str(now_.get('tokens_sha256'))[:12]}...")
+    return int(steps[0])
 
 
 @dataclass(frozen=True)
@@ -251,12 +182,22 @@ class RunFolder:
     checkpoint_file = property(lambda self: self.path / CHECKPOINT)
     final_file = property(lambda self: self.path / FINAL)
     lock_file = property(lambda self: self.path / LOCK)
+    comparison_file = property(lambda self: self.path / COMPARISON)  # a spot check's twin's
 
     def is_run(self) -> bool:
         return self.config_file.exists() or self.summary_file.exists()
 
     def read_config(self) -> dict | None:
         return read_json(self.config_file)
+
+    def write_config(self, config: dict) -> None:
+        write_json(self.config_file, config)
+
+    def write_manifest(self, manifest: dict) -> None:
+        write_json(self.manifest_file, manifest)
+
+    def write_summary(self, summary: dict) -> None:
+        write_json(self.summary_file, summary)
 
     def read_manifest(self) -> dict | None:
         return read_json(self.manifest_file)
@@ -329,13 +270,48 @@ class RunFolder:
             "moved": now(), "pid": os.getpid()})
         return dest
 
+    # the checkpoint: weights ("model.<name>") and optimizer state ("opt.<key>"); the update
+    # count in "opt.<...>.step" is the whole data cursor (batches.py); its header holds that
+    # count as "step" and the recorder's state, each value a Python literal
+    def save_checkpoint(self, arrays: dict[str, np.ndarray], state: dict) -> int:
+        step = checkpoint_step(arrays)
+        save_tensors(self.checkpoint_file, arrays,
+                     {"step": str(step), **{k: repr(v) for k, v in state.items()}})
+        return step
+
+    def read_checkpoint(self, spec: dict[str, tuple]) -> tuple[int, dict[str, np.ndarray], dict]:
+        """(step, arrays, state), checked against its checksum and the engine's state spec."""
+        path = self.checkpoint_file
+        arrays, metadata = read_tensors(path)
+        want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in spec.items()}
+        step = checkpoint_step(arrays)
+        if {k: (v.shape, v.dtype) for k, v in arrays.items()} != want or step is None \
+                or metadata.get("step") != str(step):
+            raise DamagedFile(f"{path.name} does not match this run's model and step")
+        try:
+            state = {k: ast.literal_eval(v) for k, v in metadata.items()
+                     if k not in ("step", "sha256")}
+        except (ValueError, SyntaxError):
+            raise DamagedFile(f"{path.name} has unreadable metadata") from None
+        return step, arrays, state
+
+    def checkpoint_progress(self) -> tuple[int, float] | None:
+        """(step, seconds of training with evaluation and probes) from the checkpoint's header,
+        unverified (for display), or None."""
+        meta = read_tensor_metadata(self.checkpoint_file)
+        try:
+            return int(meta["step"]), sum(float(ast.literal_eval(meta.get(k, "0")))
+                                          for k in ("train_seconds", "measure_seconds"))
+        except (TypeError, KeyError, ValueError, SyntaxError):
+            return None
+
     def lock(self) -> contextlib.AbstractContextManager[bool]:
         return locks.exclusive(self.lock_file)
 
     def trained_by(self) -> int | None:
         """The pid of the process that trained the run last (its manifest's), or None."""
         pid = (self.read_manifest() or {}).get("pid")
-        return pid if _is_int(pid) else None
+        return pid if is_whole(pid) else None
 
     def write_rows(self, metric_rows: list[dict], probe_rows: list[dict]) -> None:
         write_part(self.metrics_dir, metric_rows, METRICS_SCHEMA)
@@ -346,6 +322,17 @@ class RunFolder:
 
     def read_probes(self) -> pa.Table | None:
         return read_parts(self.probes_dir)
+
+    def latest_row(self) -> tuple[int | None, float | None]:
+        """(the last metric row's step, the latest train loss) of the last part, or None for
+        what cannot be read (a part being replaced or damaged): for display."""
+        found = parts(self.metrics_dir)
+        try:
+            rows = pq.read_table(found[-1][1], columns=["step", "train_loss"]).to_pydict()
+        except Exception:  # noqa: BLE001 - no number, no crash
+            return None, None
+        losses = [x for x in rows["train_loss"] if x is not None]
+        return (rows["step"][-1] if rows["step"] else None), (losses[-1] if losses else None)
 
     def drop_rows_from(self, step: int) -> None:
         """Remove the parts written after a checkpoint at `step` (they are redone)."""
@@ -382,6 +369,45 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
     """The run folders with a config.json in a sweep folder (not dot-folders), by name."""
     return [RunFolder(p.parent) for p in sorted(Path(sweep_dir).glob(f"*/{CONFIG}"))
             if not p.parent.name.startswith(".")]
+
+
+@dataclass(frozen=True)
+class SweepFolder:
+    """A sweep's folder: its plan, processes, logs, Slurm submissions and damaged runs."""
+
+    path: Path
+
+    plan_file = property(lambda self: self.path / PLAN)
+    processes_file = property(lambda self: self.path / PROCESSES)
+    log_file = property(lambda self: self.path / SWEEP_LOG)
+
+    def worker_log(self, i: int | str) -> Path:
+        return self.path / f"sweep-worker-{i}.log"
+
+    def read_plan(self) -> dict:
+        """sweep.json's object ({} when missing or unreadable)."""
+        return load_object(self.plan_file)[0] or {}
+
+    def is_sweep(self) -> bool:
+        return self.plan_file.exists() or (self.path / SLURM).is_dir() or any(
+            c.is_dir() and RunFolder(c).is_run() for c in self.path.iterdir())
+
+    def submissions(self) -> list[tuple[Path, dict]]:
+        """(folder, record) of each Slurm submission, oldest first."""
+        root = self.path / SLURM
+        found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) \
+            if root.is_dir() else []
+        return [(p, read_json(p / SUBMISSION) or {}) for p in found]
+
+    def next_submission(self) -> Path:
+        number = max((int(p.name) for p, _ in self.submissions()), default=0) + 1
+        return self.path / SLURM / f"{number:03d}"
+
+    def set_aside_records(self) -> list[dict]:
+        """The records of the damaged runs moved aside, oldest first."""
+        records = [read_json(p) for p in sorted((self.path / DAMAGED).glob("*.json"))]
+        return sorted((r for r in records if r and isinstance(r.get("moved"), str)),
+                      key=lambda r: r["moved"])
 
 
 def find_runs(root: Path) -> list[RunFolder]:

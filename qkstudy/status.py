@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import ast
 import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import files, locks, run_folder
+from . import locks, run_folder
 from .arms import arm_of
 from .config import split_flags
 from .errors import UsageError
 from .forecast import time_left_line
 from .locks import flock_holders
 from .progress import format_seconds
-from .run_folder import RunFolder, run_folders
+from .run_folder import RunFolder, SweepFolder, run_folders
+from .sweep import slurm
 
 USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
 
@@ -51,8 +51,6 @@ class Run:
 
 
 def read_run(run_dir: Path, held: dict | None) -> Run:
-    import pyarrow.parquet as pq
-
     folder = RunFolder(run_dir)
     config, summary = folder.read_config() or {}, folder.summary_record()
     steps, tps = summary.get("steps"), None
@@ -64,16 +62,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
               config.get("lr", summary.get("lr")), arm_of(config),
               config.get("seed", summary.get("seed")), steps, tps,
               holder=locks.holder(folder.lock_file, held))
-    found, table = run_folder.parts(folder.metrics_dir), None
-    try:  # the last metrics part: the step of its last row, its latest train loss
-        table = pq.read_table(found[-1][1], columns=["step", "train_loss"]) if found else None
-    except Exception:  # noqa: BLE001 - a part being replaced or damaged: no number, no crash
-        pass
-    row_step = None
-    if table is not None and table.num_rows:
-        row_step = int(table.column("step")[-1].as_py())
-        run.loss = next((x for x in reversed(table.column("train_loss").to_pylist())
-                         if x is not None), None)
+    row_step, run.loss = folder.latest_row()
     status = summary.get("status")
     if status in ("completed", "diverged") and run.holder is None:
         run.state, run.tok_s = status, summary.get("tokens_per_second")
@@ -84,15 +73,10 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
         elif isinstance(summary.get("final_val_loss"), (int, float)):
             run.detail = f"val {summary['final_val_loss']:.4f}"
         return run
-    meta, ckpt = files.read_tensor_metadata(folder.checkpoint_file), {}
-    try:  # training seconds count evaluation and probes too, as a run's pace does
-        ckpt = {"step": int(meta["step"]), "seconds": sum(float(ast.literal_eval(
-            meta.get(k, "0"))) for k in ("train_seconds", "measure_seconds"))}
-    except (TypeError, KeyError, ValueError, SyntaxError):
-        pass
-    run.step = ckpt.get("step", row_step + 1 if row_step is not None else 0)
-    if ckpt.get("seconds") and run.tokens_per_step:
-        run.tok_s = run.step * run.tokens_per_step / ckpt["seconds"]
+    ckpt = folder.checkpoint_progress()  # its seconds count evaluation and probes, as a pace does
+    run.step = ckpt[0] if ckpt else row_step + 1 if row_step is not None else 0
+    if ckpt and ckpt[1] and run.tokens_per_step:
+        run.tok_s = run.step * run.tokens_per_step / ckpt[1]
     if run.holder is not None:
         run.state, run.detail = "running", f"pid {run.holder}"
     elif status == "failed":
@@ -104,17 +88,15 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
 
 def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     """The sweep's run folders, and, waiting, its Slurm runs and grid points without a folder."""
-    from .sweep.slurm import submissions
-
     runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
             if p.is_dir() and RunFolder(p).is_run()}
-    for _, record in submissions(sweep_dir):
+    for _, record in SweepFolder(sweep_dir).submissions():
         for r in record.get("runs", []):
             if isinstance(r, dict) and r.get("run_id") and r["run_id"] not in runs:
                 runs[r["run_id"]] = Run(r["run_id"], r.get("depth"), r.get("lr"),
                                         r.get("arm", "?"), r.get("seed"), r.get("steps"),
                                         r.get("tokens_per_step"))
-    plan = files.read_json(sweep_dir / "sweep.json") or {}
+    plan = SweepFolder(sweep_dir).read_plan()
     covered = {(r.depth, r.lr, r.arm, r.seed) for r in runs.values()}
     shapes = Counter((r.steps, r.tokens_per_step) for r in runs.values() if r.steps)
     steps, tps = shapes.most_common(1)[0][0] if shapes else (None, None)
@@ -129,10 +111,8 @@ def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
 
 def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
     """Fill each submitted run's `slurm` column; where the states came from, or None."""
-    from .sweep import slurm
-
     tasks = {r["run_id"]: (record.get("job_id"), i, folder)
-             for folder, record in slurm.submissions(sweep_dir)
+             for folder, record in SweepFolder(sweep_dir).submissions()
              for i, r in enumerate(record.get("runs", []))
              if isinstance(r, dict) and r.get("run_id")}
     if not tasks:
@@ -148,7 +128,7 @@ def add_slurm_states(sweep_dir: Path, runs: list[Run]) -> str | None:
             continue
         state = (queued or {}).get((job, i)) or (ended or {}).get((job, i))
         if state is None:  # not in the queue (or no squeue): the task's log says if it ran
-            log = (folder / f"task-{i}.log").exists()
+            log = (folder / run_folder.TASK_LOG.format(i)).exists()
             state = ("ended" if log else "not in queue") if queued is not None else (
                 "log written" if log else "submitted")
         run.slurm = f"{job}_{i} {state}"
@@ -204,7 +184,7 @@ def render(sweep_dir: Path) -> str:
         line = f"progress {share} | no run is being trained now" + (
             "; resume with the sweep's command" if not counts["running"] and counts["waiting"]
             + counts["interrupted"] + counts["failed"] else "")
-    sweep_json = files.read_json(sweep_dir / "sweep.json") or {}
+    sweep_json = SweepFolder(sweep_dir).read_plan()
     page = Path("reports") / sweep_dir.name / "report.html"
     lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {time.strftime('%H:%M:%S')}",
              f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES), line,
@@ -223,7 +203,7 @@ def render(sweep_dir: Path) -> str:
     lines += extras_lines(runs, sweep_json)
     if source:
         lines.append(f"Slurm task states from {source}")
-    for r in run_folder.set_aside_records(sweep_dir):  # damaged runs moved aside, trained again
+    for r in SweepFolder(sweep_dir).set_aside_records():  # damaged runs moved aside, trained again
         lines.append(f"repaired {r['moved']}: {r.get('run_id')} ({r.get('damage')}); the damaged "
                      f"files are kept in {r.get('moved_to')}")
     width = max([len(r.run_id) for r in runs] + [3])
@@ -238,11 +218,6 @@ def render(sweep_dir: Path) -> str:
         lines.append(f"{r.run_id:<{width}}  {state:<34} {step:>13} {loss:>8} {tok_s:>9}"
                      + (f"  {r.slurm}" if source else ""))
     return "\n".join(lines)
-
-
-def is_sweep(p: Path) -> bool:
-    return (p / "sweep.json").exists() or (p / "slurm").is_dir() or any(
-        c.is_dir() and RunFolder(c).is_run() for c in p.iterdir())
 
 
 def cli(argv: list[str]) -> int:
@@ -263,10 +238,10 @@ def cli(argv: list[str]) -> int:
         raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
     if RunFolder(path).is_run():
         raise UsageError(f"{path} is a run folder; give its sweep folder {path.parent}")
-    folders = [path] if is_sweep(path) else sorted(
-        p for p in path.iterdir() if p.is_dir() and is_sweep(p))
+    folders = [path] if SweepFolder(path).is_sweep() else sorted(
+        p for p in path.iterdir() if p.is_dir() and SweepFolder(p).is_sweep())
     if not folders:
-        raise UsageError(f"{path} holds no sweep (no run folders, no sweep.json)")
+        raise UsageError(f"{path} holds no sweep (no run folders, no {run_folder.PLAN})")
     if watch is None:
         print("\n\n".join(render(f) for f in folders))
         return 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import os
 import sys
 import time
@@ -10,26 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from . import backends, files, forensics, interrupts, memory, provenance, run_folder
 from .backends import Engine
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
 from .config import TrainConfig, parse_train_config
-from .data.load import data_identity, load_tokens
+from .data.load import DataChanged, data_identity, load_tokens
 from .errors import UsageError
 from .locks import RunBusy
 from .progress import Display
 from .recorder import Recorder
 from .run_folder import RunFolder
-
-# K when K runs share one device (a sweep's jobs=K): a torch engine then takes 1/K of the CPU's
-# threads, or caps its memory at 1/K of the GPU
-RUNS_PER_DEVICE = "QKSTUDY_RUNS_PER_DEVICE"
-# i of the K processes (0..K-1): a torch engine on N GPUs trains on cuda:(i mod N)
-DEVICE_SLOT = "QKSTUDY_DEVICE_SLOT"
-
 
 def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
     try:
@@ -72,7 +62,7 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
     folder = RunFolder.of(cfg)
     changed = data_check(cfg, meta)[1]
     if changed:
-        raise run_folder.DataChanged(changed)
+        raise DataChanged(changed)
     try:
         done = folder.intact_summary()
     except run_folder.DamagedRun:
@@ -160,44 +150,12 @@ def summary_base(cfg: TrainConfig) -> dict:
             "d_model": cfg.d_model, "sweep": cfg.sweep, "config": cfg.identity()}
 
 
-# the checkpoint: weights ("model.<name>") and optimizer state ("opt.<key>"); the update
-# count in "opt.<...>.step" is the whole data cursor (batches.py)
-def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
-    """The updates applied; None unless every "opt.<...>.step" entry holds the same count."""
-    steps = [v for k, v in arrays.items() if k.startswith("opt.") and k.endswith(".step")]
-    if not steps or any(s.shape != () for s in steps) or len({int(s) for s in steps}) != 1:
-        return None
-    return int(steps[0])
-
-
-def save_checkpoint(path: Path, engine: Engine, extra: dict) -> int:
-    arrays = engine.state_arrays()
-    step = checkpoint_step(arrays)
-    files.save_tensors(path, arrays, {"step": str(step), **{k: repr(v) for k, v in extra.items()}})
-    return step
-
-
-def read_checkpoint(path: Path, engine: Engine) -> tuple[int, dict[str, np.ndarray], dict]:
-    """(step, arrays, extra), verified against its checksum and this engine's state spec."""
-    arrays, metadata = files.read_tensors(path)
-    want = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in engine.state_spec().items()}
-    got = {k: (v.shape, v.dtype) for k, v in arrays.items()}
-    step = checkpoint_step(arrays)
-    if got != want or step is None or metadata.get("step") != str(step):
-        raise files.DamagedFile(f"{path.name} does not match this run's model and step")
-    try:
-        extra = {k: ast.literal_eval(v) for k, v in metadata.items() if k not in ("step", "sha256")}
-    except (ValueError, SyntaxError):
-        raise files.DamagedFile(f"{path.name} has unreadable metadata") from None
-    return step, arrays, extra
-
-
 def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> tuple[int, dict]:
     """(step, recorder clocks) of a checkpoint that verifies and agrees with the rows."""
     path = folder.checkpoint_file
     if path.exists():
         try:
-            step, arrays, extra = read_checkpoint(path, engine)
+            step, arrays, extra = folder.read_checkpoint(engine.state_spec())
             folder.drop_rows_from(step)
             why = folder.resume_problem(step, cfg.probe_every)
         except files.DamagedFile as e:
@@ -214,8 +172,7 @@ def resume_point(cfg: TrainConfig, folder: RunFolder, engine: Engine, warn) -> t
 def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
            prefix: str) -> tuple[Engine, dict, int, Recorder]:
     """Write config and manifest, build and resume the engine: (engine, manifest, start, rec)."""
-    files.write_json(folder.config_file,
-                     {**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
+    folder.write_config({**cfg.identity(), "run_id": cfg.run_id, "framework": cfg.backend})
     val = val_batches(val_tokens, cfg.data_seed, cfg.eval_batches, cfg.batch_size, cfg.block_size)
     probe = probe_batch(val_tokens, cfg.data_seed, cfg.batch_size, cfg.block_size)
     engine = backends.load(cfg.backend).Engine(cfg, meta["vocab_size"], val, probe)
@@ -226,7 +183,7 @@ def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
                                  lambda line: print(prefix + line, file=sys.stderr, flush=True))
     if start:
         manifest["resumed_from_step"] = start
-    files.write_json(folder.manifest_file, manifest)
+    folder.write_manifest(manifest)
     return engine, manifest, start, Recorder(cfg, folder, **clocks)
 
 
@@ -267,15 +224,16 @@ def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens,
                 _checkpoint(folder, engine, rec)
             t_sync = time.perf_counter()
     except KeyboardInterrupt as stop:
-        # keep the dispatched steps' rows; checkpoint where we are (or finish, if they diverged)
+        # keep the dispatched steps' rows and checkpoint where we are, unless they diverged: an
+        # uninterrupted run trains to the end of the interval before it reads the divergence
+        # and probes there, so the run is left at its last checkpoint, whose resume does that
         if pending:
             rec.record_steps(_read(cfg, engine, pending))
-        if rec.status == "diverged":
-            _finish(cfg, folder, rec, engine, manifest, meta, display)
-        else:
-            display.close(f"interrupted; checkpointed at step {_checkpoint(folder, engine, rec)} "
-                          f"of {cfg.steps}: the same command resumes it")
-            stop.said = True  # the line above is the run's last word: cli adds none
+        display.close("interrupted; " + ("the same command resumes it from its last checkpoint"
+                                         if rec.status == "diverged" else
+                                         f"checkpointed at step {_checkpoint(folder, engine, rec)}"
+                                         f" of {cfg.steps}: the same command resumes it"))
+        stop.said = True  # the line above is the run's last word: cli adds none
         raise
     if rec.status == "completed":
         _measure(cfg, rec, engine, cfg.steps)
@@ -298,7 +256,7 @@ def _read(cfg: TrainConfig, engine: Engine, pending: list[tuple[int, Any]]) -> l
 
 def _checkpoint(folder: RunFolder, engine: Engine, rec: Recorder) -> int:
     rec.flush()
-    return save_checkpoint(folder.checkpoint_file, engine, rec.state())
+    return folder.save_checkpoint(engine.state_arrays(), rec.state())
 
 
 def _finish(cfg: TrainConfig, folder: RunFolder, rec: Recorder, engine: Engine, manifest: dict,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 
 # One thread per process (torch's intra-op pool, OpenBLAS under MLX), here and in every process a
@@ -18,8 +19,26 @@ os.environ.setdefault("QKSTUDY_BACKEND", "mlx")
 
 import pytest  # noqa: E402
 
-import mlx_gpt  # noqa: E402, F401  (loads the fast BLAS before anything imports mlx)
-from qkstudy.config import TrainConfig
+import mlx_gpt  # noqa: E402  (loads the fast BLAS before anything imports mlx)
+from qkstudy.config import TrainConfig  # noqa: E402
+
+# MLX on Linux without OpenBLAS (before `just setup`'s system packages) computes on its
+# reference BLAS and says so on stderr: a test marked needs_openblas("why") is skipped there
+WITHOUT_OPENBLAS = (sys.platform.startswith("linux") and mlx_gpt.cpu_jit.blas is None
+                    and os.environ.get("MLX_GPT_BLAS") != "none")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_openblas(why): skipped on Linux without OpenBLAS")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("needs_openblas")
+        if marker and WITHOUT_OPENBLAS:
+            item.add_marker(pytest.mark.skip(reason="needs OpenBLAS (apt-get install "
+                                             f"libopenblas0-pthread): {marker.args[0]}"))
+
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 

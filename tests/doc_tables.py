@@ -15,7 +15,7 @@ from qkstudy import config as config_module
 from qkstudy.config import TrainConfig, model_args, short_number
 from qkstudy.sweep.adaptive import compared_arms, extra_seeds
 from qkstudy.sweep.config import PRESETS, SweepConfig, grid, groups
-from qkstudy.sweep.plan import VOCAB_BY_SUFFIX
+from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.parameters import count_params
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def _list(values) -> str:
 
 
 def _vocab(sweep: SweepConfig) -> int | None:
-    return VOCAB_BY_SUFFIX.get(Path(sweep.train.data).name.rsplit("-", 1)[-1])
+    return VOCAB_BY_TOKENIZER.get(Path(sweep.train.data).name.rsplit("-", 1)[-1])
 
 
 def _differs(sweep: SweepConfig) -> dict[str, object]:
@@ -173,7 +173,7 @@ def run_keys_table() -> str:
 
 
 def probes_table() -> str:
-    from qkstudy.probe_names import PROBES
+    from qkstudy.probe_registry import PROBES
 
     return _table(["probe", "over layers", "worse when", "what", "worst value per run"],
                   [[f"`{p.name}`", p.over_layers, p.worse or "-", p.words,
@@ -181,7 +181,7 @@ def probes_table() -> str:
 
 
 def summary_keys_table() -> str:
-    from qkstudy.run_folder import SUMMARY_FIELDS
+    from qkstudy.summaries import SUMMARY_FIELDS
 
     return _table(["key", "kind", "runs", "what"],
                   [[f"`{k}`", f.kind, f.runs, f.words] for k, f in SUMMARY_FIELDS.items()])

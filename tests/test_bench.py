@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from mlx_gpt import cpu_jit
-from qkstudy import forecast
 from qkstudy.bench import cli as bench
 from qkstudy.__main__ import main
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.errors import UsageError
-from qkstudy.bench.shapes import flops_per_token, preset_shape, shape_config
+from qkstudy.bench.shapes import preset_shape, shape_config, study_plan, where_to_run, ESTIMATES
+from qkstudy.parameters import flops_per_token
 from qkstudy.sweep.config import PRESETS
 from qkstudy.parameters import count_params
 
@@ -92,15 +92,15 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
 
 
 def fake_measurements(monkeypatch) -> list:
-    """measure_variant replaced by numbers that depend on (variant, round): 100 tok/s for MLX
+    """measure_case replaced by numbers that depend on (case, round): 100 tok/s for MLX
     plain, tuned 1.2x, PyTorch 1.5x, two processes 1.8x, each round 10 tok/s more."""
     calls = []
 
-    def fake(name, variant, config, first):
-        calls.append((name, variant.key, first))
-        rounds = sum(1 for c in calls if c[:2] == (name, variant.key))
-        factor = {"mlx-plain": 1.0, "mlx-native": 1.2, "torch": 1.5}[variant.key.rsplit("-", 1)[0]]
-        total = 100 * factor * (1.8 if variant.processes > 1 else 1) + 10 * rounds
+    def fake(name, case, config, first):
+        calls.append((name, case.key, first))
+        rounds = sum(1 for c in calls if c[:2] == (name, case.key))
+        factor = {"mlx-plain": 1.0, "mlx-native": 1.2, "torch": 1.5}[case.key.rsplit("-", 1)[0]]
+        total = 100 * factor * (1.8 if case.processes > 1 else 1) + 10 * rounds
         one = {"backend": {"mlx": "0", "device": "cpu", "blas": "x", "torch": "0", "threads": 2},
                "engine": {}}
         if first:
@@ -108,7 +108,7 @@ def fake_measurements(monkeypatch) -> list:
                     "matmul_gflops": 50.0}
         return {"tokens_per_s": total, "processes": [one]}
 
-    monkeypatch.setattr(bench, "measure_variant", fake)
+    monkeypatch.setattr(bench, "measure_case", fake)
     monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
     return calls
 
@@ -134,19 +134,19 @@ def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_pat
 
 
 def test_where_to_run_reads_the_study_preset():
-    the_plan = forecast.study_plan()
+    the_plan = study_plan()
     study = PRESETS["study"]
     assert the_plan["runs_per_depth"] == len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
     assert the_plan["runs_per_depth"] == 42 and the_plan["budget_tokens"] == study.train.budget_tokens
     measured = {"study": {"tokens_per_s": {"mlx-plain-1": {"median": 300.0, "min": 290.0,
                                                            "max": 310.0, "n": 3}}}}
-    rows = forecast.where_to_run(measured)["rows"]
+    rows = where_to_run(measured)["rows"]
     here = rows[0]
     assert here["backend"] == "mlx" and here["source"].startswith("measured here")
     assert here["hours_per_run"] == pytest.approx(the_plan["cost_tokens"] / 300 / 3600)
     assert here["hours_whole_study"] == pytest.approx(here["hours_per_run"] * 42 * 3)
     estimates = [r for r in rows if r["source"].startswith("estimate")]
-    assert len(estimates) == len(forecast.ESTIMATES) == len(rows) - 1
+    assert len(estimates) == len(ESTIMATES) == len(rows) - 1
     bf16 = next(r for r in estimates if r["backend"] == "torch bf16")
     assert bf16["tokens_per_s"] == pytest.approx(989e12 * 0.07 / the_plan["flops_per_token"])
 
@@ -227,7 +227,8 @@ TRAIN_A_FEW_STEPS = textwrap.dedent("""
     import mlx_gpt
     from mlx_gpt import cpu_jit
     import mlx.core as mx
-    from qkstudy.bench.shapes import preset_shape, random_batch, shape_config
+    from qkstudy.batches import random_batch
+    from qkstudy.bench.shapes import preset_shape, shape_config
     from mlx_gpt.model import GPT, init_weights
     from mlx_gpt.engine import make_optimizer
     from mlx_gpt.engine import make_train_step

@@ -19,7 +19,9 @@ WORDS = [w for w in chaos.SWEEP if not w.startswith(("seeds=", "max_steps="))] +
 
 
 def test_a_storm_of_faults_ends_bit_identical(tiny_data, tmp_path):
-    result = chaos.storm(faults=8, seed=23, work=tmp_path, sweep_words=WORDS, data=tiny_data)
+    # seed 2: a storm of it interrupted a run in the log interval where the run diverged (the
+    # failure tests/test_train.py reproduces)
+    result = chaos.storm(faults=8, seed=2, work=tmp_path, sweep_words=WORDS, data=tiny_data)
     print(result.table())
     assert result.ok, result.differences
     ran = [k for k in chaos.KINDS if k not in result.skipped]

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from qkstudy import trainer  # noqa: E402
+from qkstudy import backends, trainer  # noqa: E402
 from qkstudy.config import TrainConfig  # noqa: E402
 from qkstudy.errors import UsageError  # noqa: E402
 from qkstudy.run_folder import RunFolder  # noqa: E402
@@ -26,11 +26,11 @@ def jobs(monkeypatch):
     """jobs(K, i): this process is sweep process i of K (the environment a sweep gives it)."""
 
     def set_(k: int, slot: int = 0) -> None:
-        monkeypatch.setenv(trainer.RUNS_PER_DEVICE, str(k))
-        monkeypatch.setenv(trainer.DEVICE_SLOT, str(slot))
+        monkeypatch.setenv(backends.RUNS_PER_DEVICE, str(k))
+        monkeypatch.setenv(backends.DEVICE_SLOT, str(slot))
 
-    monkeypatch.delenv(trainer.RUNS_PER_DEVICE, raising=False)
-    monkeypatch.delenv(trainer.DEVICE_SLOT, raising=False)
+    monkeypatch.delenv(backends.RUNS_PER_DEVICE, raising=False)
+    monkeypatch.delenv(backends.DEVICE_SLOT, raising=False)
     return set_
 
 
@@ -72,7 +72,7 @@ def test_a_sweep_gives_each_of_its_processes_its_slot():
 
     sweep = dataclasses.replace(SweepConfig(), jobs=3)
     envs = [gpu_share(sweep, i) for i in range(1, 3)]
-    assert [(e[trainer.RUNS_PER_DEVICE], e[trainer.DEVICE_SLOT]) for e in envs] == [
+    assert [(e[backends.RUNS_PER_DEVICE], e[backends.DEVICE_SLOT]) for e in envs] == [
         ("3", "1"), ("3", "2")]
 
 

@@ -213,10 +213,10 @@ DISTRIBUTION = {"tiktoken_ext": "tiktoken"}
 # what a torch run on a GPU node must not pull in: MLX and the analysis stack
 NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "marimo", "vl-convert-python", "statsmodels"}
 # the modules a backend=torch run, sweep, status and spot check import
-TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/__main__.py",
-             "torch_ref/engine.py", "torch_ref/model.py", "torch_ref/probes.py",
-             "crosscheck/__init__.py", "crosscheck/__main__.py",
-             "crosscheck/spot_check.py"]
+TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/engine.py",
+             "torch_ref/model.py", "torch_ref/device.py", "crosscheck/__init__.py",
+             "crosscheck/__main__.py", "crosscheck/spot_check.py", "crosscheck/gpu_check.py",
+             "crosscheck/gpu_stages.py"]
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:

@@ -76,20 +76,58 @@ def test_status_writes_nothing_and_a_slurm_submission_is_whole_or_absent(work, d
     check(world, first(world, "open", ".array.sbatch.tmp"), "ENOSPC")
 
 
+# a machine without OpenBLAS (nor MKL), as mlx_gpt/cpu_jit.py looks for them: a sitecustomize
+NO_OPENBLAS = """
+import ctypes, ctypes.util
+find, load = ctypes.util.find_library, ctypes.CDLL.__init__
+ctypes.util.find_library = lambda name: None if "blas" in name or "mkl" in name else find(name)
+def refuse(self, name, *args, **kwargs):
+    if name and ("blas" in str(name) or "mkl" in str(name)):
+        raise OSError(f"{name}: cannot open shared object file")
+    load(self, name, *args, **kwargs)
+ctypes.CDLL.__init__ = refuse
+"""
+
+
+def environment(tmp_path: Path, openblas: bool) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text("" if openblas else NO_OPENBLAS)
+    return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+
+
+@pytest.mark.parametrize("openblas", [True, False], ids=["openblas", "no-openblas"])
 @pytest.mark.parametrize("argv", [
     ["qkstudy", "train", "depth=x"],
     ["qkstudy", "sweep", "bogus=1"],
     ["crosscheck", "parity", "depth=3"],
     ["analysis", "report", "/nonexistent/runs"],
 ])
-def test_a_bad_command_line_prints_one_error_line_and_nothing_else(argv, tmp_path):
+def test_a_bad_command_line_prints_one_error_line_and_nothing_else(argv, openblas, tmp_path):
     out = subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, capture_output=True,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+                         text=True, env=environment(tmp_path, openblas), timeout=120)
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
 
 
+def test_without_openblas_mlx_says_so_once_as_it_starts_to_compute(tmp_path):
+    code = ("import sys, numpy as np, mlx_gpt; print('imported', file=sys.stderr); "
+            "from mlx_gpt.engine import Engine; from qkstudy.config import TrainConfig; "
+            "cfg = TrainConfig(depth=1, d_model=8, n_heads=2, block_size=4); "
+            "batch = (np.zeros((1, 4), np.int64),) * 2; "
+            "engines = [Engine(cfg, 64, [], batch) for _ in range(2)]; "
+            "[e.read([e.step(*batch)]) for e in engines]")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, env=environment(tmp_path, openblas=False), timeout=120)
+    assert out.returncode == 0, out.stderr
+    imported, *said = out.stderr.splitlines()
+    assert imported == "imported" and len(said) == 1, out.stderr
+    assert said[0].startswith("warning: no OpenBLAS found; MLX on Linux falls back")
+
+
+@pytest.mark.needs_openblas("MLX's warning that it computes on the reference BLAS is a second "
+                            "line on stderr")
 def test_data_prepared_again_under_a_sweep_stops_it_and_its_runs_are_left(tmp_path, monkeypatch,
                                                                            capsys):
     from qkstudy import trainer

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def gpu_check(*words: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch_ref", "gpu-check", *words],
+    return subprocess.run([sys.executable, "-m", "crosscheck", "gpu-check", *words],
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
@@ -113,7 +113,7 @@ def test_a_failing_stage_makes_the_check_fail(tmp_path, monkeypatch, capsys):
     """One measurement fails (its process exits 1): the summary says which and the exit status
     is 1, the other stages passing (stand-ins here, to keep this test fast)."""
     from qkstudy.bench.step import StepFailed
-    from torch_ref import gpu_check, gpu_stages
+    from crosscheck import gpu_check, gpu_stages
 
     def fail(*args, **kwargs):
         raise StepFailed("exit status 1: RuntimeError: injected")
@@ -145,7 +145,7 @@ def test_a_failing_stage_makes_the_check_fail(tmp_path, monkeypatch, capsys):
     (lambda r: r.update(sweep={"error": "OSError: disk full"}), "sweep"),
 ])
 def test_every_kind_of_failure_is_a_failed_row(change, failed):
-    from torch_ref.gpu_check import summary
+    from crosscheck.gpu_check import summary
 
     report = json.loads(json.dumps({"parity": PARITY_OK, "sweep": SWEEP_OK,
                                     "throughput": {"rows": []}}))
@@ -161,7 +161,7 @@ def test_every_kind_of_failure_is_a_failed_row(change, failed):
     (["colour=red"], "unknown key 'colour'"),
 ])
 def test_bad_keys_are_one_line(words, message, tmp_path, capsys):
-    from torch_ref.__main__ import main
+    from crosscheck.__main__ import main
 
     assert main(["gpu-check", *words, f"out={tmp_path / 'out'}"]) == 2
     err = capsys.readouterr().err
@@ -172,7 +172,7 @@ def test_bad_keys_are_one_line(words, message, tmp_path, capsys):
 def test_an_absent_gpu_is_one_line(tmp_path, capsys):
     import torch
 
-    from torch_ref.__main__ import main
+    from crosscheck.__main__ import main
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")

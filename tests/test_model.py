@@ -232,6 +232,49 @@ def test_every_qk_norm_variant_is_implemented_by_each_engine_and_an_unknown_one_
 
 
 @pytest.mark.parametrize("engine", ["mlx", "torch"])
+def test_a_variant_the_engine_lacks_is_refused_when_the_model_is_built(engine, monkeypatch):
+    """A row whose norm the engine does not have, or that does not name the engine, is refused
+    by GPT(...) in one line naming the variants the engine implements."""
+    from qkstudy import variants
+
+    model = pytest.importorskip({"mlx": "mlx_gpt.model", "torch": "torch_ref.model"}[engine])
+    other = "torch" if engine == "mlx" else "mlx"
+    monkeypatch.setitem(variants.VARIANTS, "cosine", variants.Variant(
+        "cosine", "QK-norm on (cosine)", "#000000", variants.ENGINES, "cos"))
+    monkeypatch.setitem(variants.VARIANTS, "elsewhere", variants.Variant(
+        "elsewhere", "QK-norm on (elsewhere)", "#000000", (other,), "rms", gains=True))
+    for kind in ("cosine", "elsewhere"):
+        with pytest.raises(UsageError) as refused:
+            model.GPT(ModelArgs(vocab_size=257, depth=1, d_model=32, n_heads=2, block_size=16,
+                                qk_norm=kind))
+        assert str(refused.value) == (f"qk_norm={kind} is not implemented by the {engine} "
+                                      "engine; it implements: none, rmsnorm, layernorm, l2norm")
+
+
+def test_rms_without_gains_trains_the_same_in_both_engines(monkeypatch):
+    """A row with the rms norm and no gains: both engines build it and agree on its logits."""
+    import torch
+
+    from qkstudy import variants
+    from torch_ref.model import GPT as TorchGPT
+
+    monkeypatch.setitem(variants.VARIANTS, "rms-bare", variants.Variant(
+        "rms-bare", "QK-norm on (rms, no gains)", "#000000", variants.ENGINES, "rms"))
+    args = ModelArgs(vocab_size=257, depth=2, d_model=32, n_heads=2, block_size=16,
+                     qk_norm="rms-bare")
+    mlx_model = GPT(args)
+    init_weights(mlx_model, 0)
+    torch_model = TorchGPT(args)
+    weights = dict(tree_flatten(mlx_model.parameters()))
+    assert not any("norm" in name for name in weights)
+    torch_model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()})
+    idx = np.random.default_rng(0).integers(0, 257, (2, 16))
+    ours = np.array(mlx_model(mx.array(idx, dtype=mx.int32)))
+    theirs = torch_model(torch.from_numpy(idx)).detach().numpy()
+    np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["mlx", "torch"])
 def test_l2norm_logits_match_a_float64_reference_and_stay_within_the_probe_bound(engine):
     """Henry et al. (2020): q and k L2-normalised per head, logits g * cos(q, k) with g
     initialised to log2(L^2 - L); |logit| <= |g|, the bound the probes report."""

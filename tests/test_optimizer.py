@@ -73,25 +73,23 @@ def test_the_mlx_engine_applies_the_core_rule():
 
 
 def test_the_torch_engine_applies_the_core_rule():
-    torch = pytest.importorskip("torch")
+    """The rates its Engine.step reports (from its device table) and applies (its groups')."""
+    pytest.importorskip("torch")
 
-    from torch_ref import engine as torch_optim
-    from torch_ref.model import GPT
+    from torch_ref.engine import Engine
 
+    batch = (np.zeros((1, 4), np.int64), np.ones((1, 4), np.int64))
     for cfg in (SCHEDULE, TrainConfig(lr=1e-3, weight_decay=0.1, independent_wd=True)):
-        model = GPT(model_args(_with_model(cfg), 64))
-        named = dict(model.named_parameters())
-        opt, schedule = torch_optim.make_optimizer(cfg, named)
-        used = []
+        engine = Engine(dataclasses.replace(_with_model(cfg), device="cpu"), 64, [], batch)
+        applied, reported = [], []
         for _ in range(cfg.steps + 2):
-            for p in named.values():
-                p.grad = torch.zeros_like(p)
-            used.append(torch_optim.update(opt, schedule, 0.0)[1].item())
+            applied.append(engine.opt.param_groups[0]["lr"])
+            reported += [row[2] for row in engine.read([engine.step(*batch)])]
         rates = learning_rates(cfg).tolist()
-        assert used == pytest.approx(rates + [rates[-1]], rel=1e-7)
-        names = {id(p): name for name, p in named.items()}
-        decay_group, other_group = opt.param_groups
+        assert reported == rates + [rates[-1]]
+        assert applied == pytest.approx(rates + [rates[-1]], rel=1e-7)
+        names = {id(p): name for name, p in engine.model.named_parameters()}
+        decay_group, other_group = engine.opt.param_groups
         assert {names[id(p)] for p in decay_group["params"]} == DECAYED
         assert decay_group["weight_decay"] == pytest.approx(decay_coefficient(cfg))
         assert other_group["weight_decay"] == 0.0
-

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_gpt import engine as probes
 from mlx_gpt.model import GPT, ModelArgs, init_weights
-from qkstudy import probe_names
+from qkstudy import probe_registry
 from qkstudy.probes import kurtosis, outlier_share, update_ratios
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "probes.md"
@@ -57,7 +57,7 @@ def by_key(rows: list[dict]) -> dict[tuple, float]:
     keyed = {(r["layer"], r["name"], *([] if r["head"] is None else [r["head"]])): r["value"]
              for r in rows}
     assert len(keyed) == len(rows), "duplicate (layer, name, head) in one probe call"
-    assert all((r["head"] is not None) == probe_names.PROBES[r["name"].split("/")[0]].per_head
+    assert all((r["head"] is not None) == probe_registry.PROBES[r["name"].split("/")[0]].per_head
                for r in rows)
     return keyed
 
@@ -194,7 +194,7 @@ def np_group_rms(arrays: dict[str, np.ndarray]) -> dict[tuple[int, str], float]:
     """sqrt(sum of squares / count) per (layer, group) and pooled over layers (layer -1)."""
     totals: dict[tuple[int, str], list[float]] = {}
     for name, a in arrays.items():
-        group, layer = probe_names.parameter_group(name)
+        group, layer = probe_registry.parameter_group(name)
         for key in {(layer, group), (-1, group)}:
             entry = totals.setdefault(key, [0.0, 0])
             entry[0] += float(np.sum(a.astype(np.float64) ** 2))
@@ -240,7 +240,7 @@ def test_update_stats_matches_numpy():
     rng = np.random.default_rng(3)
     after = {name: p + mx.array((rng.uniform(1e-4, 1e-1) * rng.standard_normal(p.shape))
                                 .astype(np.float32)) for name, p in before.items()}
-    rows = update_ratios(12, before, after, probes.OPS)
+    rows = update_ratios(12, before, after, probes.PROBE_OPS)
     assert {r["step"] for r in rows} == {12}
     B = {k: np.array(v, dtype=np.float64) for k, v in before.items()}
     A = {k: np.array(v, dtype=np.float64) for k, v in after.items()}
@@ -254,17 +254,17 @@ def test_update_stats_matches_numpy():
 
 
 def test_parameter_groups():
-    assert probe_names.parameter_group("wte.weight") == ("wte", -1)
-    assert probe_names.parameter_group("wpe.weight") == ("wpe", -1)
-    assert probe_names.parameter_group("ln_f.bias") == ("ln", -1)
-    assert probe_names.parameter_group("blocks.11.ln2.weight") == ("ln", 11)
-    assert probe_names.parameter_group("blocks.3.attn.qkv.weight") == ("attn.qkv", 3)
-    assert probe_names.parameter_group("blocks.3.attn.proj.bias") == ("attn.proj", 3)
-    assert probe_names.parameter_group("blocks.0.attn.k_norm.weight") == ("qk_norm", 0)
-    assert probe_names.parameter_group("blocks.0.mlp.fc.weight") == ("mlp.fc", 0)
-    assert probe_names.parameter_group("blocks.0.mlp.proj.weight") == ("mlp.proj", 0)
+    assert probe_registry.parameter_group("wte.weight") == ("wte", -1)
+    assert probe_registry.parameter_group("wpe.weight") == ("wpe", -1)
+    assert probe_registry.parameter_group("ln_f.bias") == ("ln", -1)
+    assert probe_registry.parameter_group("blocks.11.ln2.weight") == ("ln", 11)
+    assert probe_registry.parameter_group("blocks.3.attn.qkv.weight") == ("attn.qkv", 3)
+    assert probe_registry.parameter_group("blocks.3.attn.proj.bias") == ("attn.proj", 3)
+    assert probe_registry.parameter_group("blocks.0.attn.k_norm.weight") == ("qk_norm", 0)
+    assert probe_registry.parameter_group("blocks.0.mlp.fc.weight") == ("mlp.fc", 0)
+    assert probe_registry.parameter_group("blocks.0.mlp.proj.weight") == ("mlp.proj", 0)
     names = [n for n, _ in tree_flatten(make_model("rmsnorm", bias=True).parameters())]
-    assert {probe_names.parameter_group(n)[0] for n in names} == GROUPS
+    assert {probe_registry.parameter_group(n)[0] for n in names} == GROUPS
 
 
 # --- properties with known answers ---------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_uniform_causal_attention_entropy(qk_norm):
 
 
 def test_kurtosis_and_outliers_of_known_distributions():
-    ops = probes.OPS
+    ops = probes.PROBE_OPS
     gaussian = mx.random.normal((1_000_000,), key=mx.random.key(0))
     assert kurtosis(gaussian, ops).item() == pytest.approx(3.0, abs=0.03)  # sd ~ sqrt(24/n)
     assert kurtosis(3.0 * gaussian + 5.0, ops).item() == pytest.approx(3.0, abs=0.03)
@@ -347,7 +347,7 @@ def test_documented_names_are_exactly_the_written_ones():
         model = make_model(qk_norm, attn_softcap=cap)
         x, y = make_batch()
         params = dict(tree_flatten(model.parameters()))
-        rows = probes.collect(model, x, y, 0) + update_ratios(0, params, params, probes.OPS)
+        rows = probes.collect(model, x, y, 0) + update_ratios(0, params, params, probes.PROBE_OPS)
         written |= {row_name_pattern(r["name"]) for r in rows}
         groups = {r["name"].split("/")[1] for r in rows if "/" in r["name"]}
         assert groups == GROUPS - ({"qk_norm"} if qk_norm == "none" else set())
@@ -358,7 +358,7 @@ def test_documented_names_are_exactly_the_written_ones():
 @pytest.mark.parametrize("qk_norm, softcap", [("none", 0.0), ("rmsnorm", 0.0), ("l2norm", 0.0),
                                                ("none", 5.0)])
 def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
-    """The probe registry (qkstudy/probe_names.py) is the one list the analysis reduces and the
+    """The probe registry (qkstudy/probe_registry.py) is the one list the analysis reduces and the
     docs describe: a probe an engine writes outside it would be reduced by a default."""
     import torch
 
@@ -372,4 +372,4 @@ def test_every_probe_either_engine_writes_is_in_the_registry(qk_norm, softcap):
     names = {r["name"] for r in probes.collect(model, x, y, 0)}
     assert names == {r["name"] for r in torch_collect(
         twin, *(torch.from_numpy(np.array(a)).long() for a in (x, y)), 0)}
-    assert [n for n in names if probe_names.PROBES.get(n.split("/", 1)[0]) is None] == []
+    assert [n for n in names if probe_registry.PROBES.get(n.split("/", 1)[0]) is None] == []

@@ -611,3 +611,21 @@ def test_an_interrupted_sweep_stops_the_workers_a_signal_to_it_alone_did_not_rea
     stop_workers([quick, stubborn], grace=1.0)
     assert stubborn.wait(timeout=20) != 0 and quick.returncode == 0
     assert time.monotonic() - start < 20
+
+
+def test_a_finished_refinement_run_is_tidied_like_a_grid_run(tiny_data, tmp_path,
+                                                             no_calibration):
+    """A process killed in a refinement run's last writes (its summary written) leaves its
+    fatal-signal log and checkpoint; the next sweep removes them, as it does for a grid run
+    (the storm's d2-noqk-lr0.316-s0: a .fatal-<pid> no later sweep removed)."""
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,10", "refine=true",
+                       "refine_steps=1")
+    assert main(["sweep", *words]) == 0
+    grid = {c.run_id for c in sweep.grid(sweep.parse_sweep_config(words))}
+    (refined,) = [f for f in run_folder.run_folders(tmp_path / "runs" / "t") if f.name not in grid]
+    listing = sorted(p.name for p in refined.path.iterdir())
+    dead = 2**22 + 17  # above the default pid_max: no such process
+    (refined.path / f".fatal-{dead}").touch()
+    refined.checkpoint_file.write_bytes(refined.final_file.read_bytes())
+    assert main(["sweep", *words]) == 0
+    assert sorted(p.name for p in refined.path.iterdir()) == listing

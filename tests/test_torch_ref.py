@@ -47,6 +47,8 @@ def assert_within(rows: list[parity.Deviation]) -> None:
     assert not broken, "\n" + parity.format_table(broken)
 
 
+@pytest.mark.needs_openblas("parity's tolerances hold on OpenBLAS; MLX's reference BLAS rounds "
+                            "l2norm's grad_rms/qk_norm probe to 1.3e-4 of torch's")
 @pytest.mark.parametrize("cfg", parity.step_cases(), ids=parity.case_name)
 def test_logits_loss_gradients_probes_match(cfg, tokens):
     rows = parity.compare_step(cfg, tokens, 257)
@@ -71,6 +73,22 @@ def test_parity_detects_a_wrong_model(tokens, monkeypatch):
     cfg = dataclasses.replace(parity.BASE, depth=1)
     rows = parity.compare_step(cfg, tokens, 257)
     assert not next(r for r in rows if r.quantity == "logits").ok
+
+
+def test_parity_steps_each_engine_as_training_does(tokens, monkeypatch):
+    """A rate that only the torch engine's own step reads (its device table, one update
+    ahead) must break the Engine.step row."""
+    from torch_ref.engine import Engine
+
+    real_init = Engine.__init__
+
+    def one_ahead(self, *args):
+        real_init(self, *args)
+        self.lr_table = self.lr_table.roll(-1)
+
+    monkeypatch.setattr(Engine, "__init__", one_ahead)
+    rows = parity.compare_step(dataclasses.replace(parity.BASE, depth=1), tokens, 257)
+    assert [r.quantity for r in rows if not r.ok] == ["Engine.step"]
 
 
 def test_parity_cli_exits_nonzero_on_a_broken_tolerance(monkeypatch, capsys):
@@ -110,12 +128,13 @@ def test_mlx_and_torch_adamw_agree_with_warmup_cosine_and_clipping(independent_w
         grads = {k: (scale * rng.normal(size=s)).astype(np.float32) for k, s in shapes.items()}
         for k in shapes:
             ours[k].grad = torch.from_numpy(grads[k].copy())
-        norm, lr = torch_optim.update(opt, schedule, cfg.grad_clip)
+        lr = schedule.rate(schedule.updates)
+        norm = torch_optim.clip_and_step(opt, schedule, cfg.grad_clip)
         mlx_norm, mlx_lr = mlx_optim.update(mlx_opt, mlx_params, tree_unflatten(
             [(k, mx.array(v)) for k, v in grads.items()]), cfg.grad_clip)
         clipped += norm.item() > cfg.grad_clip
-        assert lr.item() == pytest.approx(float(learning_rates(cfg)[step]), rel=1e-7)
-        assert lr.item() == pytest.approx(mlx_lr.item(), rel=1e-6)  # MLX: float32 cosine
+        assert lr == pytest.approx(float(learning_rates(cfg)[step]), rel=1e-7)
+        assert lr == pytest.approx(mlx_lr.item(), rel=1e-6)  # MLX: float32 cosine
         assert norm.item() == pytest.approx(mlx_norm.item(), rel=1e-6)
         for k in shapes:
             np.testing.assert_allclose(ours[k].detach().numpy(), np.array(mlx_params[k]),
@@ -135,7 +154,7 @@ def test_clipping_scales_to_the_clip_norm(grad_clip, expected):
     params = {"w": torch.nn.Parameter(torch.zeros(2, 2))}
     params["w"].grad = torch.full((2, 2), 3.0)  # norm 6
     opt, schedule = torch_optim.make_optimizer(cfg, params)
-    norm, _ = torch_optim.update(opt, schedule, cfg.grad_clip)
+    norm = torch_optim.clip_and_step(opt, schedule, cfg.grad_clip)
     assert norm.item() == pytest.approx(6.0)
     assert params["w"].grad.norm().item() == pytest.approx(expected, rel=1e-6)
 
@@ -296,7 +315,7 @@ def test_the_deterministic_engine_skips_nan_fills_and_trains_bit_identically_wit
     import torch
 
     from qkstudy import backends
-    from qkstudy.bench.shapes import random_batch
+    from qkstudy.batches import random_batch
     from qkstudy.config import TrainConfig
 
     def weights(fill: bool) -> str:

@@ -24,6 +24,7 @@ from qkstudy.recorder import divergence
 from qkstudy.trainer import train
 from qkstudy.parameters import count_params
 from qkstudy.run_folder import RunFolder
+from qkstudy.summaries import SUMMARY_FIELDS
 
 LOSS_COLUMNS = ["step", "tokens", "lr", "train_loss", "grad_norm", "val_loss"]
 
@@ -41,8 +42,8 @@ def test_run_writes_contract_files(tiny_cfg):
         assert (folder / name).exists(), name
     assert not (folder / "checkpoint.safetensors").exists()
     on_disk = json.loads((folder / "summary.json").read_text())
-    # the keys a finished run writes are exactly those run_folder.SUMMARY_FIELDS declares
-    assert set(on_disk) == {k for k, f in run_folder.SUMMARY_FIELDS.items() if f.runs != "failed"}
+    # the keys a finished run writes are exactly those summaries.SUMMARY_FIELDS declares
+    assert set(on_disk) == {k for k, f in SUMMARY_FIELDS.items() if f.runs != "failed"}
     assert on_disk["tokens_seen"] == cfg.steps * cfg.tokens_per_step
     assert on_disk["final_val_loss"] < on_disk["init_loss"]  # it learns
     # ~uniform over the padded vocabulary (320 logits) at init
@@ -93,7 +94,7 @@ def test_resume_after_crash_is_exact(tiny_cfg, tmp_path, monkeypatch, failure):
     assert (folder / "checkpoint.safetensors").exists()
     failed = files.read_json(folder / "summary.json") or {}
     assert failed.get("status") == ("failed" if failure is RuntimeError else None)
-    assert set(failed) <= {k for k, f in run_folder.SUMMARY_FIELDS.items() if f.runs != "finished"}
+    assert set(failed) <= {k for k, f in SUMMARY_FIELDS.items() if f.runs != "finished"}
     monkeypatch.setattr(probes, "collect", real_collect)
 
     summary = train(crashed, verbose=False)
@@ -266,7 +267,7 @@ def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
     from mlx.utils import tree_unflatten
 
     from mlx_gpt.engine import Engine
-    from qkstudy.trainer import read_checkpoint, resume_point, save_checkpoint
+    from qkstudy.trainer import resume_point
 
     cfg = TrainConfig(lr=0.01, warmup_steps=2, max_steps=10, weight_decay=0.1, depth=1,
                       d_model=8, n_heads=2, block_size=4, bias=True)
@@ -278,12 +279,13 @@ def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
         grads = [(k, mx.array(rng.normal(size=v.shape).astype(np.float32)))
                  for k, v in tree_flatten(model.parameters())]
         update(opt, model, tree_unflatten(grads), cfg.grad_clip)
-    path = tmp_path / "checkpoint.safetensors"
-    assert save_checkpoint(path, engine, {"init_loss": 4.0}) == 3
+    folder = RunFolder(tmp_path)
+    path = folder.checkpoint_file
+    assert folder.save_checkpoint(engine.state_arrays(), {"init_loss": 4.0}) == 3
 
     fresh_engine = Engine(dataclasses.replace(cfg, seed=1), 64, [], probe)
     fresh, fresh_opt = fresh_engine.model, fresh_engine.opt
-    step, arrays, extra = read_checkpoint(path, fresh_engine)
+    step, arrays, extra = folder.read_checkpoint(fresh_engine.state_spec())
     assert (step, extra) == (3, {"init_loss": 4.0})
     fresh_engine.load_state(arrays)
     saved, loaded = dict(tree_flatten(opt.state)), dict(tree_flatten(fresh_opt.state))
@@ -304,10 +306,9 @@ def test_checkpoint_holds_the_library_optimizer_state_bit_for_bit(tmp_path):
     arrays["opt.states.1.step"] = np.array(2, np.uint64)
     files.save_tensors(path, arrays, {"step": "3"})
     with pytest.raises(files.DamagedFile, match="does not match"):
-        read_checkpoint(path, fresh_engine)
-    run_dir = tmp_path
+        folder.read_checkpoint(fresh_engine.state_spec())
     warnings = []
-    assert resume_point(cfg, RunFolder(run_dir), fresh_engine, warnings.append) == (0, {})
+    assert resume_point(cfg, folder, fresh_engine, warnings.append) == (0, {})
     assert "restarting the run from step 0" in warnings[0] and not path.exists()
 
 
@@ -468,3 +469,33 @@ def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, 
     monkeypatch.setattr(trainer.Display, "update", real_update)
     assert train(cfg, verbose=True)["status"] == "completed"
     assert f"{cfg.run_id} resuming from step 20 of 30; compiling" in capsys.readouterr().out
+
+
+def test_interrupt_in_the_interval_that_diverges_ends_as_an_uninterrupted_run(
+        tiny_cfg, tmp_path, monkeypatch):
+    """SIGINT between two steps of the log interval in which the run diverges (the storm's
+    d2-noqk-lr0.316-s0): the run, resumed, ends with the rows, probes, summary and weights of
+    an uninterrupted one."""
+    from reliability.compare import compare_run
+
+    from qkstudy import interrupts
+
+    reference = tiny_cfg(lr=30.0, max_steps=200, warmup_steps=2, grad_clip=0.0,
+                         weight_decay=0.0, log_every=20, ckpt_every=20)
+    diverged = train(reference, verbose=False)["diverged_step"]
+    assert diverged is not None and (diverged + 1) % 20, "no step between it and its sync"
+    interrupted = dataclasses.replace(reference, runs_dir=str(tmp_path / "interrupted"))
+    steps = iter(range(10**6))
+    real_check = interrupts.Deferred.check
+
+    def signal_after_the_divergence(self):
+        if next(steps) == diverged + 1:
+            self.signum = interrupts.signal.SIGINT
+        real_check(self)
+
+    monkeypatch.setattr(interrupts.Deferred, "check", signal_after_the_divergence)
+    with pytest.raises(KeyboardInterrupt):
+        train(interrupted, verbose=False)
+    monkeypatch.setattr(interrupts.Deferred, "check", real_check)
+    assert train(interrupted, verbose=False)["status"] == "diverged"
+    assert compare_run(RunFolder.of(reference).path, RunFolder.of(interrupted).path) == []

@@ -5,5 +5,5 @@
 # torch's OpenMP threads (measured: train steps 2x slower on a 2-core CPU).
 try:
     import torch  # noqa: F401
-except ModuleNotFoundError:  # `python -m torch_ref` says how to install it
+except ModuleNotFoundError:  # `python -m crosscheck` says how to install it
     pass

@@ -10,7 +10,7 @@ import torch.utils.deterministic
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 from qkstudy.memory import format_bytes
-from qkstudy.trainer import DEVICE_SLOT, RUNS_PER_DEVICE
+from qkstudy.backends import DEVICE_SLOT, RUNS_PER_DEVICE
 
 CUBLAS_WORKSPACE = ":4096:8"  # one of the two settings cuBLAS documents as deterministic
 

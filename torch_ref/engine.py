@@ -66,13 +66,6 @@ def clip_and_step(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
     return norm
 
 
-def update(opt: torch.optim.AdamW, schedule: Schedule, grad_clip: float
-           ) -> tuple[torch.Tensor, torch.Tensor]:
-    lr = opt.param_groups[0]["lr"]
-    norm = clip_and_step(opt, schedule, grad_clip)
-    return norm, torch.tensor(lr, dtype=torch.float32, device=norm.device)
-
-
 def objective(model, x: torch.Tensor, y: torch.Tensor, bf16: bool):
     """GPT.loss of one batch, the forward in bfloat16 under bf16, the loss in float32."""
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):

@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkstudy.config import NORM_EPS, ModelArgs
-from qkstudy.variants import variant
+from qkstudy.variants import built_by
 
 # each qkstudy/variants.py norm over head_dim, with its gain w (None: no gain), as mlx_gpt's
-NORMS = {"rms": lambda x, w: x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS) * w,
+NORMS = {"rms": lambda x, w: x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + NORM_EPS) * (
+             1.0 if w is None else w),
          "layer": lambda x, w: F.layer_norm(x, (x.shape[-1],), w, None, NORM_EPS),
          "l2": lambda x, w: x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + NORM_EPS)}
 
@@ -23,7 +24,7 @@ class CausalSelfAttention(nn.Module):
         self.n_heads, self.head_dim = args.n_heads, args.d_model // args.n_heads
         self.qkv = nn.Linear(args.d_model, 3 * args.d_model, bias=args.bias)
         self.proj = nn.Linear(args.d_model, args.d_model, bias=args.bias)
-        self.variant = variant(args.qk_norm)  # its row builds its parameters and its norm
+        self.variant = built_by("torch", args.qk_norm, NORMS)  # its parameters and its norm
         for name, (shape, value) in self.variant.parameters(args.block_size, self.head_dim).items():
             setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
             getattr(self, name).weight = nn.Parameter(torch.full(shape, value))

@@ -12,16 +12,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from .. import files, provenance
 from ..cli import keys_usage
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
-from ..forecast import BENCH_KEY, NIGHT_HOURS, where_to_run
-from ..parameters import count_params
-from .shapes import flops_per_token, preset_base, preset_shape, shape_config
-from .step import Spec, StepFailed, measure_together, timed
+from ..forecast import BENCH_KEY, NIGHT_HOURS, sgemm_gflops
+from ..parameters import count_params, flops_per_token
+from .shapes import preset_base, preset_shape, shape_config, where_to_run
+from .step import Spec, StepFailed, measure_together
 
 BACKENDS = ("mlx", "torch")
 LABEL = {"mlx": "MLX", "torch": "PyTorch"}
@@ -44,7 +42,9 @@ class BenchConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Variant:
+class BenchCase:
+    """One timed case: a backend, its build and how many processes run it at once."""
+
     backend: str
     build: str | None  # mlx: plain | native; torch: None
     processes: int
@@ -87,12 +87,12 @@ class Plan:
     backends: list[str]
     builds: list[str]
 
-    def variants(self, name: str, parallel: int) -> list[Variant]:
+    def cases(self, name: str, parallel: int) -> list[BenchCase]:
         """The engines measured at shape `name`, by process count, backend and build."""
         extra = name in self.cpu_shapes
         counts = (1, parallel) if extra and parallel > 1 else (1,)
         builds = {"mlx": self.builds if extra else ["plain"], "torch": [None]}
-        return [Variant(b, build, n) for n in counts for b in self.backends for build in builds[b]]
+        return [BenchCase(b, build, n) for n in counts for b in self.backends for build in builds[b]]
 
 
 def validate(bench: BenchConfig) -> Plan:
@@ -136,13 +136,6 @@ def validate(bench: BenchConfig) -> Plan:
                 [b for b in backends if b not in missing], builds)
 
 
-def sgemm_gflops(n: int = 2048, repeats: int = 3) -> float:
-    """Best-of float32 n^3 matmul GFLOP/s in numpy (its BLAS): the machine's peak here."""
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    a @ a
-    return 2 * n**3 / min(timed(lambda: a @ a) for _ in range(repeats)) / 1e9
-
-
 def load_average() -> list[float] | None:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -158,21 +151,21 @@ def spread(values: list[float | None]) -> dict | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def measure_variant(name: str, variant: Variant, bench: BenchConfig, first: bool) -> dict:
-    """One measurement of the variant's processes at once, or {"error": why}."""
+def measure_case(name: str, case: BenchCase, bench: BenchConfig, first: bool) -> dict:
+    """One measurement of the case's processes at once, or {"error": why}."""
     shape = preset_shape(name)
-    cfg, _ = shape_config(shape, preset_base(name), backend=variant.backend)
+    cfg, _ = shape_config(shape, preset_base(name), backend=case.backend)
     spec = Spec(config=dataclasses.asdict(cfg), vocab=shape["vocab"], warmup=bench.warmup,
                 seconds=bench.seconds, min_steps=bench.min_steps,
                 overheads=first and bench.probes, matmul=first)
     try:
-        results = measure_together(spec, variant.processes, env=variant.env())
+        results = measure_together(spec, case.processes, env=case.env())
     except StepFailed as e:
         return {"error": str(e)}
     return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
 
 
-def record(report: dict, entry: dict, v: Variant, m: dict, first: bool) -> None:
+def record(report: dict, entry: dict, v: BenchCase, m: dict, first: bool) -> None:
     """One measurement into the report (in round 1 also facts, overheads and matmul peak)."""
     entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": v.engine}
     entry["samples"].setdefault(v.key, []).append(m.get("tokens_per_s"))
@@ -212,12 +205,12 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
                         "variants": {}, "overheads": {}}
     for r in range(bench.rounds):
         for name in plan.shapes:
-            for v in plan.variants(name, bench.parallel):
+            for v in plan.cases(name, bench.parallel):
                 first = r == 0 and v.processes == 1 and v.build in (None, "plain")
                 print(f"measuring {name}: {v.engine}, {v.processes} process(es), round "
                       f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
                 report["machine"]["load_before_each"] += (load_average() or [])[:1]
-                record(report, shapes[name], v, measure_variant(name, v, bench, first), first)
+                record(report, shapes[name], v, measure_case(name, v, bench, first), first)
     for entry in shapes.values():  # medians, ranges, FLOP/s and per-round paired ratios
         samples = entry["samples"]
         entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}

@@ -1,21 +1,19 @@
-"""The models the benchmarks time: a preset's run model at its largest depth (framework-free)."""
+"""The models the benchmarks time (each preset's at its largest depth) and the study's hours."""
 
 from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from ..config import ModelArgs, TrainConfig, model_args
+from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
-from ..parameters import count_params
+from ..forecast import BENCH_KEY, run_cost_tokens
+from ..parameters import flops_per_token
+from ..sweep.config import PRESETS
 
 
 def preset_shape(name: str) -> dict[str, int]:
     """The model of preset `name` (its largest depth) as a shape dict."""
-    from ..sweep.config import PRESETS
-    from ..sweep.plan import VOCAB_BY_SUFFIX
-
     if name not in PRESETS:
         raise UsageError(f"unknown shape {name!r}; the shapes are the presets: "
                          f"{', '.join(PRESETS)}")
@@ -23,13 +21,11 @@ def preset_shape(name: str) -> dict[str, int]:
     t = sweep.train
     return {"depth": max(sweep.depth), "d_model": t.d_model, "n_heads": t.n_heads,
             "block_size": t.block_size, "batch_size": t.batch_size,
-            "vocab": VOCAB_BY_SUFFIX[t.data.rsplit("-", 1)[-1]]}
+            "vocab": VOCAB_BY_TOKENIZER[t.data.rsplit("-", 1)[-1]]}
 
 
 def preset_base(name: str) -> TrainConfig | None:
     """The preset's own run config, or None for a shape that is not a preset."""
-    from ..sweep.config import PRESETS
-
     return PRESETS[name].train if name in PRESETS else None
 
 
@@ -43,15 +39,45 @@ def shape_config(shape: dict, base: TrainConfig | None = None, **changes
     return cfg, model_args(cfg, shape["vocab"])
 
 
-def random_batch(cfg: TrainConfig, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) of uniform random token ids, int32, of the config's batch shape."""
-    rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, vocab, (cfg.batch_size, cfg.block_size + 1), dtype=np.int32)
-    return tokens[:, :-1], tokens[:, 1:]
+def study_plan() -> dict:
+    """The study preset's run cost, grid, FLOPs per token and depths (3, each costed as its)."""
+    study, shape = PRESETS["study"], preset_shape("study")
+    cfg, args = shape_config(shape, preset_base("study"))
+    runs = len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
+    return {"depth": shape["depth"], "cost_tokens": run_cost_tokens(cfg),
+            "budget_tokens": cfg.budget_tokens, "arms": len(study.arms),
+            "lrs": len(study.grid_lrs()), "seeds": len(study.seeds), "runs_per_depth": runs,
+            "depths": 3, "flops_per_token": flops_per_token(args)}
 
 
-def flops_per_token(args: ModelArgs) -> float:
-    """Training FLOPs per token, 6 N + 12 L H Q T (PaLM app. B); N: the matmul parameters."""
-    n = count_params(args)["total"] - args.block_size * args.d_model  # minus the position table
-    attention = 12 * args.depth * args.n_heads * (args.d_model // args.n_heads) * args.block_size
-    return 6.0 * n + attention
+def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, float]:
+    plan = plan or study_plan()
+    run = plan["cost_tokens"] / tokens_per_s / 3600
+    return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],
+            "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
+
+
+# Machines not measured here: tokens/s = the vendor's dense peak x a share / FLOPs per token
+ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
+    ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
+    ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),
+    ("one H100/H200-class CUDA GPU", "torch tf32", 495.0, 0.12, "GPU-hours"),
+    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"))
+
+
+def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
+    """`just bench`'s table: the study's hours measured here and estimated for ESTIMATES."""
+    plan, study, m = study_plan(), shapes.get("study"), machine or {}
+    here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
+    rows = []
+    for backend, key in BENCH_KEY.items():
+        s = study and study["tokens_per_s"].get(key)
+        if s:
+            rows.append({"platform": here, "backend": backend, "tokens_per_s": s["median"],
+                         "range": [s["min"], s["max"]], "unit": "nights",
+                         "source": f"measured here, median of {s['n']} round(s)"})
+    rows += [{"platform": f"{name}, {peak:g} TFLOP/s", "backend": backend, "unit": unit,
+              "tokens_per_s": peak * 1e12 * share / plan["flops_per_token"],
+              "source": f"estimate: {share:.0%} of peak assumed"}
+             for name, backend, peak, share, unit in ESTIMATES]
+    return {"plan": plan, "rows": [r | study_hours(r["tokens_per_s"], plan) for r in rows]}

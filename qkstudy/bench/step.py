@@ -13,9 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import backends, trainer
+from .. import backends
+from ..batches import random_batch
 from ..config import TrainConfig
-from .shapes import random_batch
+from ..forecast import timed
 
 READY = "ready"
 
@@ -30,12 +31,6 @@ class Spec:
     overheads: bool = False  # evaluation and probe cost at the config's intervals
     matmul: bool = False  # the backend's matmul peak on the run's device and precision
     sync: bool = False
-
-
-def timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def measure(spec: Spec, ready=None) -> dict:
@@ -101,7 +96,7 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
     environment["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
     if processes > 1:
-        environment.setdefault(trainer.RUNS_PER_DEVICE, str(processes))
+        environment.setdefault(backends.RUNS_PER_DEVICE, str(processes))
     procs, errs = [], []
     try:
         for i in range(processes):
@@ -109,7 +104,7 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "qkstudy.bench.step", json.dumps(dataclasses.asdict(spec))],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[-1], text=True,
-                env={**environment, trainer.DEVICE_SLOT: str(i)}))
+                env={**environment, backends.DEVICE_SLOT: str(i)}))
         if spec.sync:
             for p, err in zip(procs, errs):
                 _wait_for_ready(p, err, deadline)

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from .tokenizer import VOCAB_BY_TOKENIZER
 
-KNOWN_VOCAB = {"gpt2": 50257, "bytes": 257}
 
 
 def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict]:
@@ -44,9 +44,9 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
     if not isinstance(vocab, int) or isinstance(vocab, bool) or not 0 < vocab <= 1 << 16:
         raise UsageError(f"{folder / 'meta.json'} has no valid vocab_size (a JSON object with "
                          f"vocab_size <= 65536 is expected); prepare the folder again: `{hint}`")
-    if meta.get("tokenizer") in KNOWN_VOCAB and vocab != KNOWN_VOCAB[meta["tokenizer"]]:
+    if meta.get("tokenizer") in VOCAB_BY_TOKENIZER and vocab != VOCAB_BY_TOKENIZER[meta["tokenizer"]]:
         raise UsageError(f"{folder / 'meta.json'} says vocab_size {vocab} for tokenizer "
-                         f"{meta['tokenizer']}, which has {KNOWN_VOCAB[meta['tokenizer']]}; "
+                         f"{meta['tokenizer']}, which has {VOCAB_BY_TOKENIZER[meta['tokenizer']]}; "
                          f"prepare the folder again: `{hint}`")
     digests = []
     for split in ("train", "val"):
@@ -69,6 +69,20 @@ def data_identity(meta: dict) -> dict:
     return {"tokens_sha256": meta["tokens_sha256"], "tokenizer": meta.get("tokenizer"),
             "train_tokens": meta.get("train_tokens"), "val_tokens": meta.get("val_tokens"),
             "source": meta.get("source")}
+
+
+class DataChanged(UsageError):
+    """The prepared data is not what the run was trained on."""
+
+
+def data_change(recorded: dict, now_: dict) -> str | None:
+    """What differs between a run's recorded data identity and the data's now, or None."""
+    if recorded.get("tokens_sha256") == now_.get("tokens_sha256"):
+        return None
+    changed = [f"{key} {recorded.get(key)!r} -> {now_.get(key)!r}" for key in sorted(now_)
+               if key != "tokens_sha256" and recorded.get(key) != now_.get(key)]
+    return ", ".join(changed) or (f"the tokens' sha256 {str(recorded.get('tokens_sha256'))[:12]}"
+                                  f"... -> {str(now_.get('tokens_sha256'))[:12]}...")
 
 
 _token_stats: dict[tuple, tuple[int, float, str]] = {}

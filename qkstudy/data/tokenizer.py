@@ -54,6 +54,8 @@ class GPT2Tokenizer:
 
 
 Tokenizer = ByteTokenizer | GPT2Tokenizer
+# a prepared corpus's folder ends in -<tokenizer name>: its vocabulary before it is prepared
+VOCAB_BY_TOKENIZER = {t.name: t.vocab_size for t in (ByteTokenizer, GPT2Tokenizer)}
 
 
 def get_tokenizer(name: str) -> Tokenizer:

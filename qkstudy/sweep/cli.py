@@ -16,13 +16,15 @@ from pathlib import Path
 from .. import files, interrupts, trainer
 from ..config import split_flags
 from ..errors import UsageError
+from ..run_folder import SweepFolder
+from ..variants import CHOICES
 from . import slurm
 from .config import SweepConfig, grid, parse_sweep_config
 from .plan import command_line, counted, declare_grid, describe, remaining_runs
 from .refine import Outcome, run_outcome
-from .run import PROCESSES_FILE, Tally, execute, gpu_share, report
+from .run import Tally, execute, gpu_share, report
 
-USAGE = """usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
+USAGE = f"""usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibrate]]
                                 [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
@@ -31,7 +33,7 @@ still undecided. Presets: preset=study (default), mini, mini-coupled-wd or demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
             seeds=0,1,2  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
             threshold_steps=2  max_seeds=6  min_gap=0.1
-            (arms: none, rmsnorm, layernorm, l2norm, softcap<C>, zloss<W>)
+            (arms: {", ".join(CHOICES)}, softcap<C>, zloss<W>)
             name= (folder under runs_dir)  runs_dir=runs  jobs=1
 any other TrainConfig key (d_model=, budget_tokens=, warmup_steps=, ...) goes into every run.
   --dry-run        print the plan, its device and estimated time, and stop (--calibrate times
@@ -85,9 +87,9 @@ def _cli(argv: list[str]) -> int:
         trainer.load_data(sweep.train)  # the data must exist before anything is written
         if "--slurm" in flags:
             return slurm.submit(sweep, slurm_options, send="--submit" in flags)
-        folder = Path(sweep.runs_dir) / sweep.name
-        trainer.make_folder(folder, "sweep folder")
-        sys.stdout = _Tee(sys.stdout, folder / "sweep.log")  # everything printed, appended
+        folder = SweepFolder(Path(sweep.runs_dir) / sweep.name)
+        trainer.make_folder(folder.path, "sweep folder")
+        sys.stdout = _Tee(sys.stdout, folder.log_file)  # everything printed, appended
         print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
     speeds = {} if worker else describe(sweep, runs, not dry or "--calibrate" in flags)
     if dry:
@@ -107,11 +109,11 @@ def _cli(argv: list[str]) -> int:
 
 def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, float]) -> Tally | int:
     """Train beside jobs - 1 workers: the tally, or an interrupt's exit code."""
-    workers, folder = [], Path(sweep.runs_dir) / sweep.name
+    workers, folder = [], SweepFolder(Path(sweep.runs_dir) / sweep.name)
     os.environ.update(gpu_share(sweep, 0) if sweep.jobs > 1 else {})  # the first of K processes
     for i in range(1, sweep.jobs):  # K-1 more on the same tree (run locks share the work)
         # appended, never truncated: a worker of an earlier, interrupted sweep may still write
-        log = open(folder / f"sweep-worker-{i}.log", "a")  # noqa: SIM115 - the child writes it
+        log = open(folder.worker_log(i), "a")  # noqa: SIM115 - the child writes it
         print(f"--- sweep worker {i} started {files.now()} by process {os.getpid()}", file=log,
               flush=True)
         workers.append(subprocess.Popen(
@@ -121,9 +123,9 @@ def run_with_workers(sweep: SweepConfig, words: list[str], speeds: dict[int, flo
         log.close()
     if workers:
         pids = [os.getpid(), *(w.pid for w in workers)]  # the main process first
-        files.write_json(folder / PROCESSES_FILE, {"pids": pids})
+        files.write_json(folder.processes_file, {"pids": pids})
         print(f"started {counted(len(workers), 'more sweep process', 'more sweep processes')} "
-              f"(logs in {folder}/sweep-worker-*.log)", flush=True)
+              f"(logs in {folder.worker_log('*')})", flush=True)
     try:
         tally = execute(sweep, speeds)
     except KeyboardInterrupt as e:

@@ -1,4 +1,4 @@
-"""A sweep's plan: the printed plan, the runs left, standalone commands and sweep.json."""
+"""A sweep's plan: the printed plan, the runs left, standalone commands, the plan file."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ from dataclasses import fields
 from pathlib import Path
 
 from .. import backends, files, forecast, memory, provenance, trainer
-from ..bench.shapes import random_batch
+from ..batches import random_batch
 from ..config import TrainConfig, model_args
+from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
 from ..parameters import count_params
 from ..progress import format_seconds
+from ..run_folder import SweepFolder
 from .adaptive import compared_arms, extra_runs, extra_seeds
 from .config import SweepConfig, grid, groups, run_config
 from .refine import run_outcome
-
-VOCAB_BY_SUFFIX = {"gpt2": 50257, "bytes": 257}
-
 
 def step_speed(cfg: TrainConfig, vocab: int, seconds: float = 3.0, min_steps: int = 10
                ) -> tuple[float, int]:
@@ -43,15 +42,15 @@ def step_speed(cfg: TrainConfig, vocab: int, seconds: float = 3.0, min_steps: in
 @contextlib.contextmanager
 def runs_at_once(jobs: int) -> Iterator[None]:
     """Time as one of a sweep's `jobs` runs on this machine (each engine takes its share)."""
-    before = os.environ.get(trainer.RUNS_PER_DEVICE)
-    os.environ[trainer.RUNS_PER_DEVICE] = str(jobs)
+    before = os.environ.get(backends.RUNS_PER_DEVICE)
+    os.environ[backends.RUNS_PER_DEVICE] = str(jobs)
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(trainer.RUNS_PER_DEVICE, None)
+            os.environ.pop(backends.RUNS_PER_DEVICE, None)
         else:
-            os.environ[trainer.RUNS_PER_DEVICE] = before
+            os.environ[backends.RUNS_PER_DEVICE] = before
 
 
 def timed(label: str, cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
@@ -95,7 +94,7 @@ def device_text(t: TrainConfig) -> str:
 def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
              ) -> dict[int, float]:
     data, meta = sweep.train.data, files.read_json(Path(sweep.train.data) / "meta.json") or {}
-    vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_SUFFIX.get(
+    vocab = int(meta["vocab_size"]) if "vocab_size" in meta else VOCAB_BY_TOKENIZER.get(
         Path(data).name.rsplit("-", 1)[-1])  # else assumed from the folder's name
     vocab_from = ("meta.json" if "vocab_size" in meta else f"assumed from the name; {data} is "
                   "not prepared yet" if vocab else f"{data} is not prepared yet")
@@ -205,14 +204,14 @@ def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainCon
 
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
     """Write sweep.json: the grid and axes (united with earlier ones') and calibrated tokens/s."""
-    folder = Path(sweep.runs_dir) / sweep.name
-    trainer.make_folder(folder, "sweep folder")
-    earlier = files.read_json(folder / "sweep.json") or {}
+    folder = SweepFolder(Path(sweep.runs_dir) / sweep.name)
+    trainer.make_folder(folder.path, "sweep folder")
+    earlier = folder.read_plan()
 
     def union(key: str, values) -> list:
         return sorted(set(earlier.get(key, [])) | set(values))
 
-    files.write_json(folder / "sweep.json", {
+    files.write_json(folder.plan_file, {
         "grid_lrs": union("grid_lrs", sweep.grid_lrs()), "preset": sweep.preset,
         "depths": union("depths", sweep.depth), "seeds": union("seeds", sweep.seeds),
         "arms": union("arms", sweep.arms), "refine": sweep.refine,

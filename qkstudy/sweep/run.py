@@ -9,19 +9,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import files, forecast, locks, run_folder, trainer
+from .. import backends, files, forecast, locks, run_folder, trainer
 from ..arms import arm_name
 from ..config import TrainConfig, load_config
+from ..data.load import DataChanged, data_change
 from ..errors import UsageError
 from ..locks import RunBusy
 from ..progress import format_seconds
-from ..run_folder import RunFolder, run_folders
+from ..run_folder import RunFolder, SweepFolder, run_folders
 from .adaptive import extra_runs
 from .config import SweepConfig, grid, groups, run_config
 from .plan import counted
 from .refine import Outcome, boundary, group_state, run_outcome
-
-PROCESSES_FILE = "sweep-processes.json"  # the pids of a jobs=K sweep's own processes
 
 
 @dataclass
@@ -86,7 +85,7 @@ def run_one(cfg: TrainConfig, tally: Tally, attempted: set[str], speed: float, q
 def passed_by(cfg: TrainConfig, tally: Tally) -> bool:
     """Whether the run is not to be trained (other data, finished intact, killed its process)."""
     now, changed = trainer.data_check(cfg)
-    change = tally.data and now and run_folder.data_change(tally.data, now)
+    change = tally.data and now and data_change(tally.data, now)
     if change:  # one sweep, one data: its runs are compared with each other
         raise UsageError(f"{cfg.data} was prepared again while this sweep ran ({change}); the "
                          "runs it trained so far used the earlier data. Prepare that data again "
@@ -138,7 +137,7 @@ def train_guarded(cfg: TrainConfig, tally: Tally, position: str, announce: Calla
     except run_folder.DamagedRun as e:
         tally.damaged.append(str(e))
         print(f"[{position}] damaged: {e}", flush=True)
-    except run_folder.DataChanged as e:  # the data was prepared again while the sweep ran
+    except DataChanged as e:  # the data was prepared again while the sweep ran
         tally.data_changed.append(str(e))
         print(f"[{position}] data changed: {e}", flush=True)
     except (KeyboardInterrupt, UsageError):
@@ -167,13 +166,13 @@ def sibling_name(cfg: TrainConfig, pid: int | None) -> str | None:
     """'sweep process 2 (its log: ...)' when `pid` is one of this sweep's own, else None."""
     if pid is None or pid == os.getpid():
         return None
-    folder = RunFolder.of(cfg).path.parent
-    pids = (files.read_json(folder / PROCESSES_FILE) or {}).get("pids")
+    folder = SweepFolder(RunFolder.of(cfg).path.parent)
+    pids = (files.read_json(folder.processes_file) or {}).get("pids")
     if not isinstance(pids, list) or pid not in pids:
         return None
     i = pids.index(pid)
     return ("the sweep's first process (its console)" if i == 0
-            else f"sweep process {i + 1} (its log: {folder / f'sweep-worker-{i}.log'})")
+            else f"sweep process {i + 1} (its log: {folder.worker_log(i)})")
 
 
 def _held_elsewhere(cfg: TrainConfig) -> bool:
@@ -197,13 +196,16 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
     if tally.skipped:
         print(f"{tally.skipped} of {len(runs)} grid runs already finished; skipping them",
               flush=True)
-    # runs after the grid are read by the replay from their summary alone: check their files too
+    # runs after the grid are read by the replay from their summary alone: check their files
+    # too, and tidy them as a finished grid run is
     for cfg in finished_after_grid(sweep, runs):
         try:
             RunFolder.of(cfg).intact_summary()
         except run_folder.DamagedRun:
             tally.total += 1
             train_all([cfg])
+        else:
+            RunFolder.of(cfg).tidy()
     train_all([c for c in runs if c.run_id not in attempted])
     for cfg in list(tally.busy):  # finished by now (skipped), still busy, or free (trained)
         tally.busy.remove(cfg)
@@ -304,4 +306,4 @@ def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
 
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
     """Sweep process `slot`'s environment: on N GPUs it trains on cuda:(slot mod N)."""
-    return {trainer.RUNS_PER_DEVICE: str(sweep.jobs), trainer.DEVICE_SLOT: str(slot)}
+    return {backends.RUNS_PER_DEVICE: str(sweep.jobs), backends.DEVICE_SLOT: str(slot)}

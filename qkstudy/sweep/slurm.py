@@ -17,7 +17,7 @@ from ..arms import arm_name
 from ..config import apply_overrides, parse_train_config, split_key_values
 from ..errors import UsageError
 from ..locks import RunBusy
-from ..run_folder import RunFolder
+from ..run_folder import ARRAY, SUBMISSION, TASK_LOG, TASKS, RunFolder, SweepFolder
 from .config import SweepConfig
 from .plan import command_line, counted, declare_grid, remaining_runs
 from .refine import run_outcome
@@ -105,12 +105,6 @@ def split_options(words: list[str], enabled: bool) -> tuple[list[str], SlurmOpti
     return [f"{k}={v}" for k, v in pairs.items()], options.validate()
 
 
-def submissions(sweep_dir: Path) -> list[tuple[Path, dict]]:
-    root = sweep_dir / "slurm"
-    found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) if root.is_dir() else []
-    return [(p, files.read_json(p / "submission.json") or {}) for p in found]
-
-
 def task_states(job_ids: list[str], ended: bool = False) -> dict[tuple[str, int], str] | None:
     """{(array job id, task index): state} from squeue (sacct with `ended`), or None."""
     command = (["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(job_ids)] if ended
@@ -134,7 +128,7 @@ def task_states(job_ids: list[str], ended: bool = False) -> dict[tuple[str, int]
 
 def active_runs(sweep_dir: Path) -> tuple[set[str], list[str]]:
     """(run ids of earlier submissions' tasks still queued or running, their job ids)."""
-    earlier = {str(s["job_id"]): s.get("runs", []) for _, s in submissions(sweep_dir)
+    earlier = {str(s["job_id"]): s.get("runs", []) for _, s in SweepFolder(sweep_dir).submissions()
                if s.get("job_id")}
     active = {(job, earlier[job][task]["run_id"])
               for (job, task), state in (task_states(list(earlier)) or {}).items()
@@ -163,33 +157,32 @@ def submit(sweep: SweepConfig, options: SlurmOptions, send: bool) -> int:
               f"{held}", flush=True)
         return 0
     declare_grid(sweep)
-    number = max((int(p.name) for p, _ in submissions(sweep_dir)), default=0) + 1
-    folder = sweep_dir / "slurm" / f"{number:03d}"
+    folder = SweepFolder(sweep_dir).next_submission()
     record = {"created": files.now(), "job_id": None, "sweep": sweep.name,
               "runs": [{"run_id": c.run_id, "depth": c.depth, "lr": c.lr, "arm": arm_name(c),
                         "seed": c.seed, "steps": c.steps, "tokens_per_step": c.tokens_per_step}
                        for c in runs]}
-    script = folder / "array.sbatch"
+    script, tasks = folder / ARRAY, folder / TASKS
     limit = f"%{options.max_parallel}" if options.max_parallel else ""
     lines = ["#!/bin/bash", f"#SBATCH --job-name=qknorm-{sweep.name}",
-             f"#SBATCH --array=0-{len(runs) - 1}{limit}", f"#SBATCH --output={folder}/task-%a.log"]
+             f"#SBATCH --array=0-{len(runs) - 1}{limit}", f"#SBATCH --output={folder / TASK_LOG.format('%a')}"]
     lines += [f"#SBATCH {option}" for option in options.sbatch_lines()]
     lines += [
-        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of tasks.txt. A run found",
+        f"# Sweep {sweep.name}: array task i trains the run on line i+1 of {TASKS}. A run found",
         "# finished or held elsewhere exits 0; SIGTERM checkpoints it (the next submission "
         "resumes).",
         f"cd {shlex.quote(str(Path.cwd()))}",
         f"exec {shlex.quote(sys.executable)} -m qkstudy sweep --slurm-task "
-        f"{shlex.quote(str(folder / 'tasks.txt'))} \"$SLURM_ARRAY_TASK_ID\"", ""]
+        f"{shlex.quote(str(tasks))} \"$SLURM_ARRAY_TASK_ID\"", ""]
     with files.atomic_folder(folder) as tmp:
-        files.write_text(tmp / "tasks.txt", "".join(command_line(c) + "\n" for c in runs))
-        files.write_json(tmp / "submission.json", record)
+        files.write_text(tmp / TASKS, "".join(command_line(c) + "\n" for c in runs))
+        files.write_json(tmp / SUBMISSION, record)
         files.write_text(tmp / script.name, "\n".join(lines))
     print(f"sweep {sweep.name}: {counted(len(runs), 'run')} to submit as one array: "
           f"{counted(n_grid, 'grid run')} not finished (interrupted ones resume from their "
           f"checkpoint), {counted(len(runs) - n_grid, 'boundary-refinement run')} the results so "
           f"far call for{held}.", flush=True)
-    print(f"  task list {folder / 'tasks.txt'}\n  logs      {folder}/task-<i>.log")
+    print(f"  task list {tasks}\n  logs      {folder / TASK_LOG.format('<i>')}")
     if send:
         sbatch(script, record)
     else:
@@ -210,7 +203,7 @@ def sbatch(script: Path, record: dict) -> None:
     if out.returncode != 0:
         raise UsageError(f"{line} failed: {(out.stderr or out.stdout).strip()}")
     job_id = out.stdout.strip().split(";")[0]
-    files.write_json(script.parent / "submission.json", {**record, "job_id": job_id})
+    files.write_json(script.parent / SUBMISSION, {**record, "job_id": job_id})
     print(f"{line}\nsubmitted job array {job_id} ({counted(len(record['runs']), 'task')})")
 
 

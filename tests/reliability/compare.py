@@ -4,6 +4,7 @@ clock aside), the report's tables, and a failed command's one error line. The st
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -22,13 +23,19 @@ TABLES = ("arms", "sensitivity_per_seed", "usable_per_seed", "gaps", "thresholds
           "verdicts", "best_gaps", "h2_tests", "h3_tests", "loss_thresholds", "per_run")
 
 
+def comparable(rows: list[dict]) -> list[dict]:
+    """Rows with each NaN spelled "nan", so that two NaNs compare equal."""
+    return [{k: "nan" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+            for row in rows]
+
+
 def metric_rows(folder: Path) -> list[dict]:
     """A run's metric rows without the wall clock (elapsed_s)."""
-    return RunFolder(folder).read_metrics().drop(["elapsed_s"]).to_pylist()
+    return comparable(RunFolder(folder).read_metrics().drop(["elapsed_s"]).to_pylist())
 
 
 def probe_rows(folder: Path) -> list[dict]:
-    return RunFolder(folder).read_probes().to_pylist()
+    return comparable(RunFolder(folder).read_probes().to_pylist())
 
 
 def run_folders(sweep_dir: Path) -> list[str]:

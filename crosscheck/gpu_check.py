@@ -1,4 +1,4 @@
-"""`python -m torch_ref gpu-check`: backend=torch on one CUDA GPU (docs/performance.md)."""
+"""`python -m crosscheck gpu-check`: backend=torch on one CUDA GPU (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.data.prepare import PrepareConfig, prepare
 from qkstudy.errors import UsageError
 
-from .device import describe, resolve_device
+from torch_ref.device import describe, resolve_device
+
 from .gpu_stages import (PRECISIONS, Clock, GpuCheckConfig, check_row, parity, parity_row,
                          parity_text, sweep, sweep_summary, sweep_text, throughput,
                          throughput_summary, throughput_text)
@@ -131,7 +132,7 @@ def _run(check: GpuCheckConfig, clock: Clock, device: torch.device, out: Path, w
 
 
 USAGE = keys_usage(
-    "python -m torch_ref gpu-check [key=value ...]",
+    "python -m crosscheck gpu-check [key=value ...]",
     "backend=torch on one GPU in one time-boxed script: CUDA-vs-CPU loss parity, tokens/s at\n"
     "the study's shape (fp32/tf32/bf16 eager, bf16 without determinism, compiled bf16 one run\n"
     "and K at once) and a 4-run demo sweep with jobs=K; one summary table, exit status 0 only\n"

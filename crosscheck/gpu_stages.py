@@ -11,14 +11,13 @@ import time
 from pathlib import Path
 
 from qkstudy import run_folder
-from qkstudy.bench.shapes import flops_per_token, preset_base, preset_shape, shape_config
+from qkstudy.backends import RUNS_PER_DEVICE
+from qkstudy.bench.shapes import preset_base, preset_shape, shape_config, study_hours, study_plan
 from qkstudy.bench.step import Spec, StepFailed, measure_together
 from qkstudy.config import TrainConfig
-from qkstudy.forecast import study_hours, study_plan
+from qkstudy.parameters import flops_per_token
 from qkstudy.run_folder import RunFolder
-from qkstudy.trainer import RUNS_PER_DEVICE
-
-from .engine import SYNC_CHECK
+from torch_ref.engine import SYNC_CHECK
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = {"cuda": ("fp32", "tf32", "bf16"), "cpu": ("fp32", "bf16"), "mps": ("fp32",)}

@@ -1,4 +1,4 @@
-"""The probes' vocabulary: names, parameter groups, outlier threshold (docs/probes.md)."""
+"""The probe registry, one row a probe (name, reduction, words), parameter groups, outliers."""
 
 from __future__ import annotations
 
