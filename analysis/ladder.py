@@ -19,6 +19,7 @@ from qkstudy.config import model_args, split_key_values
 from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.errors import UsageError
 from qkstudy.parameters import count_params
+from qkstudy.run_folder import SweepFolder
 from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, STUDY_POINT, WARMUP_POINTS, Point, point_words
 from qkstudy.sweep.plan import remaining_runs
@@ -57,14 +58,14 @@ def point_dirs(source: Path, stack: contextlib.ExitStack) -> list[Path]:
     if not source.is_dir():
         raise UsageError(f"ladder source {source} does not exist (give runs/ladder, a point's "
                          "folder, results/ladder or a point's .tar.xz)")
-    if (source / "sweep.json").is_file():
+    if SweepFolder(source).plan_file.is_file():
         return [source]
     found = []
     for child in sorted(source.iterdir()):
-        if child.name.endswith(archive.SUFFIX) or (child / "sweep.json").is_file():
+        if child.name.endswith(archive.SUFFIX) or SweepFolder(child).plan_file.is_file():
             found += point_dirs(child, stack)
     if not found:
-        raise UsageError(f"{source} holds no ladder point (a sweep folder with sweep.json, or "
+        raise UsageError(f"{source} holds no ladder point (a sweep folder with its plan file, or "
                          f"a <point>{archive.SUFFIX})")
     return found
 
