@@ -126,5 +126,5 @@ test-slurm *args:
 # rewrite the docs' generated tables from the code (presets, run keys) and from results/ (the published answer: README, docs/results.md); --check only compares
 [group('4 check the statistics and the tooling')]
 docs *args:
-    @{{py}} -m tests.doc_tables "$@"
-    @{{py}} -m tests.results_tables "$@"
+    @{{py}} -m analysis.doc_tables "$@"
+    @{{py}} -m analysis.published "$@"

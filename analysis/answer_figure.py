@@ -1,5 +1,5 @@
 """The published answer's figure (docs/results/answer.png, written by `python -m
-tests.results_tables`): the onset with its 95% interval against warmup steps, training steps,
+analysis.published`): the onset with its 95% interval against warmup steps, training steps,
 width and depth, coloured by the run's training steps in every panel; in the warmup panel the
 fitted straight warmup law with the 95% interval of a new point's onset, and its prediction at
 the study preset's schedule. An interval end, or an onset, beyond the LRs read is an arrow at
@@ -198,7 +198,7 @@ def law_layers(fit: dict, lengths: list[int], a: Axes) -> list[alt.Chart]:
 
 def answer_chart(points: pl.DataFrame, mini: list[dict], fit: dict) -> alt.TopLevelMixin:
     """The four panels side by side with the caption under them. `points`: the ladder's points
-    table; `mini`: the mini's rows (tests/results_tables.py's study_rows); `fit`: the straight
+    table; `mini`: the mini's rows (analysis/published.py's study_rows); `fit`: the straight
     law's fit (analysis/law.py's fit_law)."""
     rows = measured(points, mini)
     fitted = law_lengths(fit)

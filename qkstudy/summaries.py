@@ -15,7 +15,7 @@ def is_whole(v: Any) -> bool:
 class SummaryField(NamedTuple):
     kind: str  # number | whole number | step | count | step count | text | object | flag
     runs: str  # the summaries that hold it: every | finished (completed, diverged) | failed
-    words: str  # what it is (docs/outputs.md shows the table: tests/doc_tables.py)
+    words: str  # what it is (docs/outputs.md shows the table: analysis/doc_tables.py)
     column: bool = False  # copied as it is into the analysis's runs table (analysis/load.py)
 
 

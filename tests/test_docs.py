@@ -84,7 +84,7 @@ def test_the_analysis_commands_shown_use_the_words_they_accept():
 def test_the_generated_tables_match_the_code():
     """The presets' and run keys' tables in the docs are rendered from the code: `just docs`
     rewrites them, and this fails while one differs."""
-    from tests.doc_tables import BLOCK, stale
+    from analysis.doc_tables import BLOCK, stale
 
     assert not stale(), f"out of date (run `just docs`): {stale()}"
     blocks = {(path, m.group(2)) for path in ("docs/sweeps.md", "docs/model.md")
@@ -94,7 +94,7 @@ def test_the_generated_tables_match_the_code():
 
 
 def test_the_generator_rewrites_a_block_and_names_an_unknown_one(tmp_path):
-    from tests import doc_tables
+    from analysis import doc_tables
 
     (tmp_path / "docs").mkdir()
     stale_doc = "a\n<!-- generated: run-keys -->\nold\n<!-- end generated -->\nb\n"

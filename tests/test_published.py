@@ -22,14 +22,14 @@ def block(page: Path, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def analysed() -> tuple:
-    from tests import results_tables as rt
+    from analysis import published as rt
 
     return rt.analyse_all(ROOT)
 
 
 @pytest.fixture(scope="module")
 def made(analysed) -> dict[str, str]:
-    from tests import results_tables as rt
+    from analysis import published as rt
 
     return rt.blocks(*analysed)
 
@@ -66,7 +66,7 @@ def test_the_answer_figure_is_drawn_from_the_archives(analysed, made):
     """docs/results/answer.png's spec: training steps coloured in numeric order, an arrow for
     each width-64 point's interval end or onset beyond the LRs read, and the straight law's band
     and study-schedule prediction as the ladder block states it."""
-    from tests import results_tables as rt
+    from analysis import published as rt
 
     studies, ladder = analysed
     spec = rt.figure(studies, ladder).to_dict()

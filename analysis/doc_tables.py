@@ -1,4 +1,4 @@
-"""`python -m tests.doc_tables [--check]` (`just docs`): rewrite every block between
+"""`python -m analysis.doc_tables [--check]` (`just docs`): rewrite every block between
 `<!-- generated: NAME -->` and `<!-- end generated -->` in README.md and docs/*.md from the
 code, or (--check) exit 1 naming each block that differs."""
 
@@ -215,7 +215,7 @@ def stale(root: Path = ROOT) -> list[str]:
 def main(argv: list[str]) -> int:
     if argv not in ([], ["--check"]):
         asked = argv in (["--help"], ["-h"])
-        print("usage: python -m tests.doc_tables [--check]", file=sys.stdout if asked else sys.stderr)
+        print("usage: python -m analysis.doc_tables [--check]", file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     differ = stale()
     for line in differ:

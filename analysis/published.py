@@ -2,8 +2,8 @@
 docs/results.md's generated blocks, the answer's figure (docs/results/answer.png) and the warmup
 probes' figure (docs/results/warmup_probes.png).
 
-    python -m tests.results_tables           # rewrite the generated blocks and the figure
-    python -m tests.results_tables --check   # exit 1 where a block differs from the archives
+    python -m analysis.published           # rewrite the generated blocks and the figure
+    python -m analysis.published --check   # exit 1 where a block differs from the archives
 
 A generated block sits between `<!-- NAME: ... -->` and `<!-- end NAME -->`; the prose around
 it is written by hand and cites it. tests/test_published.py holds every block to the archives.
@@ -198,7 +198,7 @@ def replace_block(text: str, name: str, content: str) -> str:
 def main(argv: list[str]) -> int:
     if argv not in ([], ["--check"]):
         asked = argv in (["--help"], ["-h"])
-        print("usage: python -m tests.results_tables [--check]",
+        print("usage: python -m analysis.published [--check]",
               file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     studies, ladder = analyse_all()
