@@ -142,7 +142,7 @@ def warning(seconds: float, t: TrainConfig, preset: str) -> str | None:
 
 def queue_eta(left: float, first: float, planned: float, seconds: float, processes: int) -> float:
     """Seconds until a sweep's queue (`left` calibrated seconds; `first` those of the next run)
-    is trained by `processes`, each calibrated at its share of the machine. `planned`,
+    is trained by `processes`, calibrated as that many runs trained at once. `planned`,
     `seconds`: calibrated and wall seconds this process trained. Wall over calibrated time
     starts at 1, weighted as one run, and moves to the measured ratio."""
     if left <= 0 or first <= 0:

@@ -116,7 +116,7 @@ def test_the_sweep_repairs_a_damaged_run_and_says_where_the_old_files_are(
         how, tiny_data, tmp_path, monkeypatch, capsys):
     from analysis.load import load_runs
 
-    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab: (1000.0, 3))
+    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab, **k: (1000.0, 3))
     words = sweep_words(tiny_data, tmp_path / "runs")
     assert main(words) == 0
     first, second = sweep.grid(sweep.parse_sweep_config(words[1:-1]))
@@ -161,7 +161,7 @@ def test_the_sweep_repairs_a_damaged_refinement_run(tiny_data, tmp_path, monkeyp
     """Runs after the grid are read by the replay from summary.json alone; their files are
     checked by the sweep too (found by the storm test: a truncated part of a refinement run
     stayed damaged)."""
-    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab: (1000.0, 3))
+    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab, **k: (1000.0, 3))
     words = sweep_words(tiny_data, tmp_path / "runs")
     words = [w for w in words[:-1] if not w.startswith("lrs=")] + [
         "lrs=1e-3,30", "refine=true", "refine_steps=1", words[-1]]

@@ -47,7 +47,7 @@ def status_of(cfg) -> str | None:
 
 @pytest.fixture
 def no_calibration(monkeypatch):
-    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab: (1000.0, 3))
+    monkeypatch.setattr(sweep.plan, "step_speed", lambda cfg, vocab, **k: (1000.0, 3))
 
 
 def fake_trainer(monkeypatch, threshold: dict[str, float], calls: list):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
 import shlex
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
 from .. import backends, files, forecast, memory, provenance, trainer
-from ..batches import random_batch
+from ..bench.step import Spec, StepFailed, measure_together
 from ..config import TrainConfig, model_args
 from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
@@ -23,34 +21,18 @@ from .adaptive import compared_arms, extra_runs, extra_seeds
 from .config import SweepConfig, grid, groups, run_config
 from .refine import run_outcome
 
-def step_speed(cfg: TrainConfig, vocab: int, seconds: float = 3.0, min_steps: int = 10
-               ) -> tuple[float, int]:
-    """(tokens/s, steps timed) of the run's own engine, at the share of the machine a sweep's
-    run gets (QKSTUDY_RUNS_PER_DEVICE), after two warm-up steps (compilation, first
-    allocations): steps for `seconds` and at least `min_steps`."""
-    x, y = random_batch(cfg, vocab, 0)
-    engine = backends.load(cfg.backend).Engine(cfg, vocab, [], random_batch(cfg, vocab, 1))
-    for _ in range(2):
-        engine.read([engine.step(x, y)])
-    start, timed = time.perf_counter(), 0
-    while timed < min_steps or time.perf_counter() - start < seconds:
-        engine.read([engine.step(x, y)])
-        timed += 1
-    return timed * cfg.tokens_per_step / (time.perf_counter() - start), timed
-
-
-@contextlib.contextmanager
-def runs_at_once(jobs: int) -> Iterator[None]:
-    """Time as one of a sweep's `jobs` runs on this machine (each engine takes its share)."""
-    before = os.environ.get(backends.RUNS_PER_DEVICE)
-    os.environ[backends.RUNS_PER_DEVICE] = str(jobs)
+def step_speed(cfg: TrainConfig, vocab: int, jobs: int = 1) -> tuple[float, int]:
+    """(tokens/s of each, steps timed) of `jobs` runs of the engine trained at once, as a
+    sweep's processes train them: each in a fresh process at its share of the machine, two
+    warm-up steps (compilation, first allocations), then 3 s of steps (at least 10)."""
+    backends.load(cfg.backend)  # here first: a missing engine is named before any process
+    spec = Spec(config=dataclasses.asdict(cfg), vocab=vocab, seconds=3.0, min_steps=10)
     try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(backends.RUNS_PER_DEVICE, None)
-        else:
-            os.environ[backends.RUNS_PER_DEVICE] = before
+        results = measure_together(spec, processes=jobs, timeout=600)
+    except StepFailed as e:
+        raise UsageError(f"timing a run here failed: {e}") from None
+    return (sum(r["tokens_per_s"] for r in results) / len(results),
+            min(r["steps"] for r in results))
 
 
 def timed(label: str, cfg: TrainConfig, vocab: int, **limits) -> tuple[float, int]:
@@ -129,9 +111,8 @@ def describe(sweep: SweepConfig, runs: list[TrainConfig], calibrate_speed: bool
             line += (f"{p['total'] / 1e6:.2f}M parameters ({p['non_embedding'] / 1e6:.2f}M "
                      f"non-embedding); memory ~{memory.format_bytes(needs[depth])} a run")
         if calibrate_speed and vocab:
-            with runs_at_once(sweep.jobs):
-                speeds[depth], n = timed(line + "; calibrating (compile, then 3 s of steps)",
-                                         cfg, vocab)
+            speeds[depth], n = timed(line + "; calibrating (compile, then 3 s of steps)", cfg,
+                                     vocab, jobs=sweep.jobs)
             line += (f"; {speeds[depth]:,.0f} tok/s ({counted(n, 'timed step')}); "
                      f"{format_seconds(forecast.run_cost_tokens(cfg) / speeds[depth])} a run")
         print(line, flush=True)
@@ -149,10 +130,9 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
         per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
                                          + forecast.busy_note())
     else:
-        with runs_at_once(sweep.jobs):
-            per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab: timed(
-                f"  time        timing depth {cfg.depth} here (compile, then 3 s of steps)", cfg,
-                vocab), lambda why: print(f"  note        {why}"))
+        per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab: timed(
+            f"  time        timing depth {cfg.depth} here (compile, then 3 s of steps)", cfg,
+            vocab, jobs=sweep.jobs), lambda why: print(f"  note        {why}"))
     total = forecast.run_seconds(unfinished, per_depth) / sweep.jobs
     refine = [run_config(sweep, d, 1.0, "none", 0) for d in sweep.depth]
     per_refine = forecast.run_seconds(refine, per_depth) / len(refine)
