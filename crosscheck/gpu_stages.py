@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from qkstudy.bench.step import ROOT, Spec, StepFailed, checkout_env, measure_tog
 from qkstudy.config import TrainConfig
 from qkstudy.parameters import flops_per_token
 from qkstudy.run_folder import RunFolder
+from qkstudy.sweep.plan import command_line
 from torch_ref.engine import SYNC_CHECK
 
 PRECISIONS = {"cuda": ("fp32", "tf32", "bf16"), "cpu": ("fp32", "bf16"), "mps": ("fp32",)}
@@ -63,21 +65,17 @@ def check_row(check: str, ok: bool | None, figure: str) -> dict:  # ok None: not
 
 
 def train_run(cfg: TrainConfig, check: GpuCheckConfig, out: Path, left: float) -> dict:
-    words = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-             if getattr(cfg, f.name) != getattr(TrainConfig(), f.name)]
-    done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *words],
-                          capture_output=True, text=True, env=checkout_env(quick_env(check)), cwd=ROOT,
-                          timeout=left)
+    done = subprocess.run(shlex.split(command_line(cfg)), capture_output=True, text=True,
+                          env=checkout_env(quick_env(check)), cwd=ROOT, timeout=left)
     folder = RunFolder.of(cfg)
-    summary, table = folder.summary_record(), folder.read_metrics()
-    rows = table.select(["step", "train_loss"]).to_pydict() if table is not None else {}
-    losses = {s: v for s, v in zip(rows.get("step", []), rows.get("train_loss", []))
-              if v is not None}
+    summary, metrics = folder.summary_record(), folder.read_metrics()
+    rows = sorted(metrics.to_pylist() if metrics is not None else [], key=lambda r: r["step"])
     run = {"run_dir": str(folder.path.relative_to(out)), "returncode": done.returncode,
            "status": summary.get("status", "failed"),
            "final_val_loss": summary.get("final_val_loss"),
            "final_weights_sha256": summary.get("final_weights_sha256"),
-           "losses": {str(k): v for k, v in sorted(losses.items())}}
+           "losses": {str(r["step"]): r["train_loss"] for r in rows
+                      if r["train_loss"] is not None}}
     if done.returncode:
         run["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
     return run

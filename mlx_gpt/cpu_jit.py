@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import glob
 import hashlib
 import os
 import platform
@@ -39,10 +38,8 @@ def ensure_fast_blas() -> str | None:
         return blas
     if "mlx.core" in sys.modules:
         slow_blas = "mlx was imported before mlx_gpt; it may be using the slow reference BLAS"
-    found = ctypes.util.find_library("openblas")
-    # PyPI's `mkl` wheel ships libmkl_rt with the plain cblas names
-    for path in [os.environ.get("MLX_GPT_BLAS"), found, *BLAS_PATHS,
-                 *sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))]:
+    for path in [os.environ.get("MLX_GPT_BLAS"), ctypes.util.find_library("openblas"),
+                 *BLAS_PATHS]:
         if not path:
             continue
         try:
