@@ -64,19 +64,17 @@ def warn_slow_blas() -> None:
 
 
 def cpu_identity() -> str:
-    fields = {}
+    """The first processor's vendor_id, model name and flags in /proc/cpuinfo ("" without it)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("vendor_id", "model name", "flags") and key not in fields:
-                    fields[key] = " ".join(value.split())
-                if not line.strip() and fields:
-                    break
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
         return ""
-    return "\n".join(f"{k}: {fields[k]}" for k in sorted(fields))
+    fields: dict[str, str] = {}
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), " ".join(value.split()))
+    return "\n".join(f"{k}: {fields[k]}" for k in sorted(fields)
+                     if k in ("vendor_id", "model name", "flags"))
 
 
 def cache_root() -> Path:
