@@ -57,9 +57,6 @@ class BenchCase:
     def engine(self) -> str:
         return LABEL[self.backend] + {"plain": " plain", "native": " tuned", None: ""}[self.build]
 
-    def env(self) -> dict[str, str]:
-        return {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
-
 
 def tuned_build_supported() -> bool:
     """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py's supported())."""
@@ -159,7 +156,8 @@ def measure_case(name: str, case: BenchCase, bench: BenchConfig, first: bool) ->
                 seconds=bench.seconds, min_steps=bench.min_steps,
                 overheads=first and bench.probes, matmul=first)
     try:
-        results = measure_together(spec, case.processes, env=case.env())
+        results = measure_together(spec, case.processes, env={"MLX_GPT_CPU_JIT": case.build}
+                                   if case.build else {})
     except StepFailed as e:
         return {"error": str(e)}
     return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
