@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from qkstudy import files, run_folder
+from qkstudy import run_folder
+from qkstudy.bench.cli import table, write_report
 from qkstudy.cli import keys_usage
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.data.prepare import PrepareConfig, prepare
@@ -60,8 +61,8 @@ def summary_text(rows: list[dict]) -> list[str]:
     verdict = ("PASS: every check passed" if not failed else
                f"FAIL: {len(failed)} of {len(rows)} checks did not pass "
                f"({', '.join(r['check'] for r in failed)})")
-    return (["Summary", "", "| check | result | figure |", "| --- | --- | --- |"]
-            + [f"| {r['check']} | {word[r['ok']]} | {r['figure']} |" for r in rows]
+    return (["Summary", ""] + table(["check", "result", "figure"],
+                                    [[r["check"], word[r["ok"]], r["figure"]] for r in rows])
             + ["", verdict])
 
 
@@ -152,10 +153,5 @@ def cli(argv: list[str]) -> int:
     if check.device not in PRECISIONS:
         raise UsageError(f"device must be one of {', '.join(PRECISIONS)}; got {check.device!r}")
     report, text = run(check)
-    out = Path(report["out"])
-    files.write_json(out / "gpu-check.json", report)
-    files.write_text(out / "gpu-check.txt", text + "\n")
-    print(text)
-    print(f"written: {out / 'gpu-check.json'}, {out / 'gpu-check.txt'}, {out / ARCHIVE}",
-          file=sys.stderr)
+    write_report(Path(report["out"]), "gpu-check.txt", text, report, ARCHIVE)
     return 0 if report["passed"] else 1

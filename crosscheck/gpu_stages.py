@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,13 +14,14 @@ from pathlib import Path
 from qkstudy import run_folder
 from qkstudy.backends import RUNS_PER_DEVICE
 from qkstudy.bench.shapes import preset_base, preset_shape, shape_config, study_hours, study_plan
-from qkstudy.bench.step import Spec, StepFailed, measure_together
+from qkstudy.bench.cli import table
+from qkstudy.bench.step import ROOT, Spec, StepFailed, checkout_env, measure_together
 from qkstudy.config import TrainConfig
 from qkstudy.parameters import flops_per_token
 from qkstudy.run_folder import RunFolder
+from qkstudy.sweep.plan import command_line
 from torch_ref.engine import SYNC_CHECK
 
-ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = {"cuda": ("fp32", "tf32", "bf16"), "cpu": ("fp32", "bf16"), "mps": ("fp32",)}
 TINY = {"depth": 2, "d_model": 32, "n_heads": 2, "block_size": 32, "batch_size": 4, "vocab": 257}
 STAGES = {"parity": 0.25, "throughput": 0.75, "sweep": 0.97}  # ends, as budget shares
@@ -58,31 +60,22 @@ def quick_env(check: GpuCheckConfig) -> dict[str, str]:
     return {"OMP_NUM_THREADS": "1"} if check.quick else {}
 
 
-def python_env(check: GpuCheckConfig) -> dict[str, str]:
-    return {**os.environ, **quick_env(check), "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-
-
 def check_row(check: str, ok: bool | None, figure: str) -> dict:  # ok None: not run
     return {"check": check, "ok": ok, "figure": figure}
 
 
 def train_run(cfg: TrainConfig, check: GpuCheckConfig, out: Path, left: float) -> dict:
-    words = [f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg)
-             if getattr(cfg, f.name) != getattr(TrainConfig(), f.name)]
-    done = subprocess.run([sys.executable, "-m", "qkstudy", "train", *words],
-                          capture_output=True, text=True, env=python_env(check), cwd=ROOT,
-                          timeout=left)
+    done = subprocess.run(shlex.split(command_line(cfg)), capture_output=True, text=True,
+                          env=checkout_env(quick_env(check)), cwd=ROOT, timeout=left)
     folder = RunFolder.of(cfg)
-    summary, table = folder.summary_record(), folder.read_metrics()
-    rows = table.select(["step", "train_loss"]).to_pydict() if table is not None else {}
-    losses = {s: v for s, v in zip(rows.get("step", []), rows.get("train_loss", []))
-              if v is not None}
+    summary, metrics = folder.summary_record(), folder.read_metrics()
+    rows = sorted(metrics.to_pylist() if metrics is not None else [], key=lambda r: r["step"])
     run = {"run_dir": str(folder.path.relative_to(out)), "returncode": done.returncode,
            "status": summary.get("status", "failed"),
            "final_val_loss": summary.get("final_val_loss"),
            "final_weights_sha256": summary.get("final_weights_sha256"),
-           "losses": {str(k): v for k, v in sorted(losses.items())}}
+           "losses": {str(r["step"]): r["train_loss"] for r in rows
+                      if r["train_loss"] is not None}}
     if done.returncode:
         run["error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
     return run
@@ -136,15 +129,14 @@ def parity_text(p: dict) -> list[str]:
         return lines + ["   the reference run did not finish"]
     steps = sorted(int(s) for s in ref)
     shown = sorted({steps[0], *steps[1:3], *steps[::max(1, len(steps) // 6)], steps[-1]})
-    lines.append("| step | cpu fp32 | " + " | ".join(labels) + " |")
-    lines.append("|" + " --- |" * (2 + len(labels)))
-    for s in shown:
-        cells = []
-        for label in labels:
-            loss = p["runs"][label]["losses"].get(str(s))
-            dev = p["deviation"].get(label, {}).get("per_step", {}).get(str(s))
-            cells.append(f"{loss:.5f} ({dev:.1e})" if loss is not None and dev is not None else "-")
-        lines.append(f"| {s} | {ref[str(s)]:.5f} | " + " | ".join(cells) + " |")
+
+    def cell(label: str, step: str) -> str:
+        loss = p["runs"][label]["losses"].get(step)
+        dev = p["deviation"].get(label, {}).get("per_step", {}).get(step)
+        return f"{loss:.5f} ({dev:.1e})" if loss is not None and dev is not None else "-"
+
+    lines += table(["step", "cpu fp32", *labels], [
+        [str(s), f"{ref[str(s)]:.5f}", *(cell(label, str(s)) for label in labels)] for s in shown])
     worst = [f"{label}: {d['max']:.1e} at step {d['max_at_step']} (limit {d['limit']:g})"
              if d["max"] is not None else f"{label}: -" for label, d in p["deviation"].items()]
     lines += ["", "   largest relative deviation over all steps: " + "; ".join(worst)]
@@ -253,16 +245,10 @@ def throughput(check: GpuCheckConfig, clock: Clock, skipped: list) -> dict:
 
 def where_to_run(rows: list[dict]) -> list[dict]:
     """Hours of the study preset at the study-shape speeds measured here (one run at a time)."""
-    out = []
-    for r in rows:
-        if r["shape"] == "study" and r["status"] == "ok" and r["processes"] == 1 \
-                and r["deterministic"]:
-            hours = study_hours(r["tokens_per_s"])
-            out.append({"precision": r["precision"], "compile": r["compile"],
-                        "tokens_per_s": r["tokens_per_s"], "hours_per_run": hours["hours_per_run"],
-                        "gpu_hours_per_depth": hours["hours_per_depth"],
-                        "gpu_hours_whole_study": hours["hours_whole_study"]})
-    return out
+    return [{"precision": r["precision"], "compile": r["compile"],
+             "tokens_per_s": r["tokens_per_s"], **study_hours(r["tokens_per_s"])}
+            for r in rows if r["shape"] == "study" and r["status"] == "ok"
+            and r["processes"] == 1 and r["deterministic"]]
 
 
 def throughput_text(t: dict, device: str) -> list[str]:
@@ -272,26 +258,25 @@ def throughput_text(t: dict, device: str) -> list[str]:
     lines = [f"2. Throughput on {device} (the run's engine in fresh processes; 2 warm-up steps, "
              f"then ~{t['seconds']:g} s of steps; x{k}: {k} runs at once over one window, their "
              f"total, each with {RUNS_PER_DEVICE}={k})",
-             f"   matmul peak measured here: {peaks or '-'}", "",
-             "| measurement | tokens/s | TFLOP/s | share of matmul peak | windows shared | "
-             "status |", "| --- | --- | --- | --- | --- | --- |"]
+             f"   matmul peak measured here: {peaks or '-'}", ""]
+    rows = []
     for r in t["rows"]:
         ok = r["status"] == "ok"
-        speed = f"{r['tokens_per_s']:,.0f}" if ok else "-"
-        tflops = f"{r['tflops']:.2f}" if ok else "-"
-        share = f"{r['share_of_matmul_peak']:.1%}" if "share_of_matmul_peak" in r else "-"
-        shared = f"{r['overlap']:.0%}" if ok and r["processes"] > 1 else "-"
-        lines.append(f"| {label(r)} | {speed} | {tflops} | {share} | {shared} | {r['status']} |")
+        rows.append([label(r), f"{r['tokens_per_s']:,.0f}" if ok else "-",
+                     f"{r['tflops']:.2f}" if ok else "-",
+                     f"{r['share_of_matmul_peak']:.1%}" if "share_of_matmul_peak" in r else "-",
+                     f"{r['overlap']:.0%}" if ok and r["processes"] > 1 else "-", r["status"]])
+    lines += table(["measurement", "tokens/s", "TFLOP/s", "share of matmul peak",
+                    "windows shared", "status"], rows)
     if t["where_to_run"]:
         plan = study_plan()
         lines += ["", f"   the study preset here, one run at a time ({plan['runs_per_depth']} runs "
-                      f"a depth, {plan['depths']} depths):", "",
-                  f"| precision | compiled | tokens/s | hours a run | {hours} a depth | "
-                  f"{hours} the whole study |", "| --- | --- | --- | --- | --- | --- |"]
-        lines += [f"| {w['precision']} | {'yes' if w['compile'] else 'no'} | "
-                  f"{w['tokens_per_s']:,.0f} | {w['hours_per_run']:.2f} | "
-                  f"{w['gpu_hours_per_depth']:.1f} | {w['gpu_hours_whole_study']:.1f} |"
-                  for w in t["where_to_run"]]
+                      f"a depth, {plan['depths']} depths):", ""] + table(
+            ["precision", "compiled", "tokens/s", "hours a run", f"{hours} a depth",
+             f"{hours} the whole study"],
+            [[w["precision"], "yes" if w["compile"] else "no", f"{w['tokens_per_s']:,.0f}",
+              f"{w['hours_per_run']:.2f}", f"{w['hours_per_depth']:.1f}",
+              f"{w['hours_whole_study']:.1f}"] for w in t["where_to_run"]])
     return lines
 
 
@@ -320,7 +305,7 @@ def sweep(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: l
     status = "completed"
     with open(out / "sweep.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "qkstudy", *words], stdout=log,
-                                stderr=subprocess.STDOUT, env=python_env(check), cwd=ROOT,
+                                stderr=subprocess.STDOUT, env=checkout_env(quick_env(check)), cwd=ROOT,
                                 start_new_session=True)
         try:
             proc.wait(timeout=left)
@@ -347,14 +332,14 @@ def sweep(check: GpuCheckConfig, clock: Clock, data: Path, out: Path, skipped: l
 def sweep_text(s: dict) -> list[str]:
     lines = [f"3. Sweep: {s['command']}", f"   {s['status']}; {len(s['runs'])} run(s) finished", ""]
     if s["runs"]:
-        lines += ["| run | QK-norm | lr | seed | status | final val loss | final train loss | "
-                  "steps | tokens/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in sorted(s["runs"], key=lambda r: (r["seed"], r["lr"], r["qk_norm"])):
-            val, train = (f"{v:.4f}" if v is not None else "-"
-                          for v in (r["final_val_loss"], r["final_train_loss"]))
-            lines.append(f"| {r['run_id']} | {r['qk_norm']} | {r['lr']:g} | {r['seed']} | "
-                         f"{r['status']} | {val} | {train} | {r['steps']} | "
-                         f"{r['tokens_per_second'] or 0:,.0f} |")
+        lines += table(
+            ["run", "QK-norm", "lr", "seed", "status", "final val loss", "final train loss",
+             "steps", "tokens/s"],
+            [[r["run_id"], r["qk_norm"], f"{r['lr']:g}", str(r["seed"]), r["status"],
+              *(f"{v:.4f}" if v is not None else "-"
+                for v in (r["final_val_loss"], r["final_train_loss"])),
+              str(r["steps"]), f"{r['tokens_per_second'] or 0:,.0f}"]
+             for r in sorted(s["runs"], key=lambda r: (r["seed"], r["lr"], r["qk_norm"]))])
     return lines
 
 

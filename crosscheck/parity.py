@@ -37,6 +37,7 @@ TRAJECTORY_RTOL = 1e-4
 # probes both must report for every layer; any other shared name is compared too
 REQUIRED_PROBES = ("max_attention_logit", "attention_entropy_mean")
 
+ARMS = tuple({"qk_norm": q} for q in CHOICES)
 # far from the study's cap 50 and weight 1e-4, so that both change these small models' numbers
 RIVALS = ({"attn_softcap": 5.0}, {"z_loss": 1e-2})
 DEPTHS = (1, 3)
@@ -218,17 +219,15 @@ def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) ->
 
 
 def step_cases() -> list[TrainConfig]:
-    return [dataclasses.replace(BASE, depth=d, qk_norm=q, kernels=k)
-            for k in KERNELS for d in DEPTHS for q in CHOICES] + [
-        dataclasses.replace(BASE, depth=d, kernels=k, **rival)
-        for k in KERNELS for d in DEPTHS for rival in RIVALS]
+    return [dataclasses.replace(BASE, depth=d, kernels=k, **change)
+            for group in (ARMS, RIVALS) for k in KERNELS for d in DEPTHS for change in group]
 
 
 def trajectory_cases() -> list[TrainConfig]:
-    """Each arm at depth 3 on each kernel path, plus independent decay and biases."""
+    """Each arm and rival at depth 3 on each kernel path, plus independent decay and biases."""
     deep = dataclasses.replace(BASE, depth=3)
-    return [dataclasses.replace(deep, qk_norm=q, kernels=k) for k in KERNELS for q in CHOICES] + [
-        dataclasses.replace(deep, kernels=k, **rival) for k in KERNELS for rival in RIVALS] + [
+    return [dataclasses.replace(deep, kernels=k, **change)
+            for group in (ARMS, RIVALS) for k in KERNELS for change in group] + [
         dataclasses.replace(deep, qk_norm="rmsnorm", independent_wd=True, weight_decay=1e-3),
         dataclasses.replace(deep, qk_norm="layernorm", bias=True),
     ]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 
 import mlx.core as mx
 
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
+from qkstudy.forecast import timed
 
 from . import cpu_jit
 from .engine import Engine  # noqa: F401 - the seam's contract (qkstudy/backends.py)
@@ -39,12 +39,7 @@ def facts(cfg: TrainConfig) -> dict:
 def matmul_gflops(cfg: TrainConfig, n: int = 2048, repeats: int = 3) -> float:
     a = mx.random.normal((n, n), dtype=mx.float32)
     mx.eval(a @ a)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        mx.eval(a @ a)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best / 1e9
+    return 2 * n**3 / min(timed(lambda: mx.eval(a @ a)) for _ in range(repeats)) / 1e9
 
 
 def peak_memory_bytes(cfg: TrainConfig) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import glob
 import hashlib
 import os
 import platform
@@ -39,10 +38,8 @@ def ensure_fast_blas() -> str | None:
         return blas
     if "mlx.core" in sys.modules:
         slow_blas = "mlx was imported before mlx_gpt; it may be using the slow reference BLAS"
-    found = ctypes.util.find_library("openblas")
-    # PyPI's `mkl` wheel ships libmkl_rt with the plain cblas names
-    for path in [os.environ.get("MLX_GPT_BLAS"), found, *BLAS_PATHS,
-                 *sorted(glob.glob(os.path.join(sys.prefix, "lib", "libmkl_rt.so*")))]:
+    for path in [os.environ.get("MLX_GPT_BLAS"), ctypes.util.find_library("openblas"),
+                 *BLAS_PATHS]:
         if not path:
             continue
         try:
@@ -67,19 +64,17 @@ def warn_slow_blas() -> None:
 
 
 def cpu_identity() -> str:
-    fields = {}
+    """The first processor's vendor_id, model name and flags in /proc/cpuinfo ("" without it)."""
     try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("vendor_id", "model name", "flags") and key not in fields:
-                    fields[key] = " ".join(value.split())
-                if not line.strip() and fields:
-                    break
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
         return ""
-    return "\n".join(f"{k}: {fields[k]}" for k in sorted(fields))
+    fields: dict[str, str] = {}
+    for line in first.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), " ".join(value.split()))
+    return "\n".join(f"{k}: {fields[k]}" for k in sorted(fields)
+                     if k in ("vendor_id", "model name", "flags"))
 
 
 def cache_root() -> Path:

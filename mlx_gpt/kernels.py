@@ -43,10 +43,15 @@ def _exp_vjp(primals, cotangent, output):
     return cotangent * output
 
 
-def erf(x: mx.array) -> mx.array:
-    x = mx.clip(x, -4.0, 4.0)
+def _odd_rational(x: mx.array, bound: float, p, q) -> mx.array:
+    """x * P(x^2) / Q(x^2), x clipped to [-bound, bound]."""
+    x = mx.clip(x, -bound, bound)
     x2 = x * x
-    return x * _horner(_ERF_P, x2) / _horner(_ERF_Q, x2)
+    return x * _horner(p, x2) / _horner(q, x2)
+
+
+def erf(x: mx.array) -> mx.array:
+    return _odd_rational(x, 4.0, _ERF_P, _ERF_Q)
 
 
 @mx.custom_function
@@ -73,9 +78,7 @@ _TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.8
 
 @mx.custom_function
 def tanh(x: mx.array) -> mx.array:
-    x = mx.clip(x, -7.90531110763549805, 7.90531110763549805)
-    x2 = x * x
-    return x * _horner(_TANH_P, x2) / _horner(_TANH_Q, x2)
+    return _odd_rational(x, 7.90531110763549805, _TANH_P, _TANH_Q)
 
 
 @tanh.vjp
@@ -83,11 +86,11 @@ def _tanh_vjp(primals, cotangent, output):
     return cotangent * (1.0 - output * output)
 
 
-def softmax(x: mx.array, axis: int = -1) -> mx.array:
-    e = exp(x - mx.stop_gradient(mx.max(x, axis=axis, keepdims=True)))
-    return e / mx.sum(e, axis=axis, keepdims=True)
+def softmax(x: mx.array) -> mx.array:  # over the last axis, as LIBRARY's (model.py)
+    e = exp(x - mx.stop_gradient(mx.max(x, axis=-1, keepdims=True)))
+    return e / mx.sum(e, axis=-1, keepdims=True)
 
 
-def logsumexp(x: mx.array, axis: int = -1) -> mx.array:
-    m = mx.stop_gradient(mx.max(x, axis=axis, keepdims=True))
-    return mx.squeeze(m, axis) + mx.log(mx.sum(exp(x - m), axis=axis))
+def logsumexp(x: mx.array) -> mx.array:
+    m = mx.stop_gradient(mx.max(x, axis=-1, keepdims=True))
+    return mx.squeeze(m, -1) + mx.log(mx.sum(exp(x - m), axis=-1))

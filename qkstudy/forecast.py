@@ -6,14 +6,13 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from . import files, interrupts, provenance
+from . import files, provenance
 from .config import TrainConfig, model_args
-from .errors import UsageError
 from .parameters import flops_per_token
 from .progress import format_seconds
 
@@ -69,31 +68,6 @@ def from_bench(cfgs: dict[int, TrainConfig], vocab: int, path: Path = Path("repo
     stamp = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
     return (speeds, f"tok/s from the bench's stored figure ({path}, {', '.join(sorted(used))} "
                     f"shape, measured {stamp}) scaled by FLOPs per token"), None
-
-
-def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, step_speed: Callable,
-                say: Callable[[str], None]) -> tuple[dict[int, float], str]:
-    """A plan's tokens/s without --calibrate: the bench's figure, a short timing, or FLOPs."""
-    found, why = from_bench(cfgs, vocab)
-    if why:
-        say(why)
-    if found:
-        return found
-    depth, cfg = next(iter(cfgs.items()))
-    try:
-        tok_s, timed = step_speed(cfg, vocab)
-    except (UsageError, ImportError) as e:  # no engine installed here
-        if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
-            raise
-        peak = sgemm_gflops(n=1024, repeats=2)
-        tok_s = peak * 1e9 * CPU_SHARE / flops_per_token(model_args(cfg, vocab))
-        return scaled(cfgs, vocab, tok_s, cfg), (
-            f"tok/s from the FLOP model: {CPU_SHARE:.0%} of numpy's float32 matmul peak here "
-            f"({peak:,.0f} GFLOP/s), not timed ({e})")
-    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
-    return scaled(cfgs, vocab, tok_s, cfg), (
-        f"tok/s from a short timing here (depth {depth}, {timed} step{'s' if timed != 1 else ''})"
-        f"{others}; --calibrate times every depth" + busy_note())
 
 
 def timed(fn) -> float:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from qkstudy.config import TrainConfig
+from qkstudy.forecast import timed
 
 from .device import describe, memory_limit, resolve_device, set_precision  # noqa: F401
 from .engine import Engine, preflight  # noqa: F401 - the seam's contract (qkstudy/backends.py)
@@ -30,18 +29,16 @@ def matmul_gflops(cfg: TrainConfig, n: int | None = None, repeats: int = 3) -> f
     a = torch.randn(n, n, device=dev,
                     dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float32)
 
-    def timed() -> float:
-        t = time.perf_counter()
+    def multiply() -> None:
         for _ in range(products):
             a @ a
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         elif dev.type == "mps":
             torch.mps.synchronize()
-        return (time.perf_counter() - t) / products
 
-    timed()
-    return 2 * n**3 / min(timed() for _ in range(repeats)) / 1e9
+    multiply()
+    return 2 * n**3 * products / min(timed(multiply) for _ in range(repeats)) / 1e9
 
 
 def peak_memory_bytes(cfg: TrainConfig) -> int | None:

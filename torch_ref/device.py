@@ -55,20 +55,21 @@ def set_determinism(deterministic: bool) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 
-def runs_per_device() -> int:
+def env_int(name: str, default: int) -> int:
     try:
-        return max(1, int(os.environ.get(RUNS_PER_DEVICE, "") or 1))
+        return int(os.environ.get(name, "") or default)
     except ValueError:
-        return 1
+        return default
+
+
+def runs_per_device() -> int:
+    return max(1, env_int(RUNS_PER_DEVICE, 1))
 
 
 def this_gpu(runs: int | None = None) -> tuple[int, int]:
     """(this process's GPU, how many of `runs` processes share it)."""
     count = torch.cuda.device_count()
-    try:
-        index = max(0, int(os.environ.get(DEVICE_SLOT, "") or 0)) % count
-    except ValueError:
-        index = 0
+    index = max(0, env_int(DEVICE_SLOT, 0)) % count
     shared = len([s for s in range(runs or runs_per_device()) if s % count == index]) or 1
     return index, shared
 

@@ -152,9 +152,8 @@ class Engine:
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
         self.cfg = cfg
-        set_determinism(cfg.deterministic)  # before this engine's first CUDA call
+        preflight(cfg)  # determinism before this engine's first CUDA call
         self.dev = place(cfg.device)
-        set_precision(cfg.precision, self.dev)
         share = runs_per_device()
         if self.dev.type == "cpu" and share > 1:  # K runs on one CPU: K x threads would thrash
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // share))

@@ -57,9 +57,6 @@ class BenchCase:
     def engine(self) -> str:
         return LABEL[self.backend] + {"plain": " plain", "native": " tuned", None: ""}[self.build]
 
-    def env(self) -> dict[str, str]:
-        return {"MLX_GPT_CPU_JIT": self.build} if self.build else {}
-
 
 def tuned_build_supported() -> bool:
     """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py's supported())."""
@@ -159,7 +156,8 @@ def measure_case(name: str, case: BenchCase, bench: BenchConfig, first: bool) ->
                 seconds=bench.seconds, min_steps=bench.min_steps,
                 overheads=first and bench.probes, matmul=first)
     try:
-        results = measure_together(spec, case.processes, env=case.env())
+        results = measure_together(spec, case.processes, env={"MLX_GPT_CPU_JIT": case.build}
+                                   if case.build else {})
     except StepFailed as e:
         return {"error": str(e)}
     return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
@@ -280,6 +278,11 @@ def markdown(report: dict) -> str:
     ] + speed_table(report) + processes_table(report) + where_to_run_table(report["where_to_run"]))
 
 
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows]]
+
+
 def speed_table(report: dict) -> list[str]:
     shapes, backends = report["shapes"], report["backends"]
     both = sorted(backends) == ["mlx", "torch"]
@@ -287,20 +290,16 @@ def speed_table(report: dict) -> list[str]:
             + ["PyTorch / MLX"] * both
             + [f"{LABEL[b]} GFLOP/s (share of sgemm peak)" for b in backends]
             + [f"{LABEL[b]} probe / eval overhead" for b in backends])
-    lines = ["", "The shapes (each preset's model at its largest depth):", "",
-              "| shape | depth | d_model | heads | block | batch | vocabulary |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for name, e in shapes.items():
-        s = e["shape"]
-        lines.append(f"| {name} | {s['depth']} | {s['d_model']} | {s['n_heads']} | "
-                     f"{s['block_size']} | {s['batch_size']} | {s['vocab']:,} |")
-    lines += ["", "Train step, one process:", "", "| " + " | ".join(head) + " |",
-              "|" + " --- |" * len(head)]
+    lines = ["", "The shapes (each preset's model at its largest depth):", ""] + table(
+        ["shape", "depth", "d_model", "heads", "block", "batch", "vocabulary"],
+        [[name] + [str(e["shape"][k]) for k in ("depth", "d_model", "n_heads", "block_size",
+                                                "batch_size")] + [f"{e['shape']['vocab']:,}"]
+         for name, e in shapes.items()])
+    rows = []
     for name, e in shapes.items():
         row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
         row += [median_range(e["tokens_per_s"].get(BENCH_KEY[b])) for b in backends]
-        if both:
-            row += [ratio_text(e["ratios"].get("torch-1/mlx-plain-1"))]
+        row += [ratio_text(e["ratios"].get("torch-1/mlx-plain-1"))] * both
         for b in backends:
             k = BENCH_KEY[b]
             row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
@@ -308,7 +307,8 @@ def speed_table(report: dict) -> list[str]:
         for b in backends:
             o = e["overheads"].get(b)
             row += [f"{o['probe_overhead']:.1%} / {o['eval_overhead']:.1%}" if o else "-"]
-        lines.append("| " + " | ".join(row) + " |")
+        rows.append(row)
+    lines += ["", "Train step, one process:", ""] + table(head, rows)
     if any(e["overheads"] for e in shapes.values()):
         lines += ["", "Overhead: one probe call (measure, snapshot, update_stats) per probe_every "
                       "steps and one evaluation (eval_batches batches) per eval_every steps, at "
@@ -333,17 +333,16 @@ def processes_table(report: dict) -> list[str]:
             if v["processes"] != 1:
                 continue
             many = key.rsplit("-", 1)[0] + f"-{k}"
-            rows.append(
-                f"| {name} | {v['engine']} | {median_range(e['tokens_per_s'].get(key))} | "
-                f"{median_range(e['tokens_per_s'].get(many))} | "
-                f"{ratio_text(e['ratios'].get(f'{many}/{key}'))} | "
-                f"{ratio_text(e['ratios'].get(f'{key}/mlx-plain-1'))} |")
+            rows.append([name, v["engine"], median_range(e["tokens_per_s"].get(key)),
+                         median_range(e["tokens_per_s"].get(many)),
+                         ratio_text(e["ratios"].get(f"{many}/{key}")),
+                         ratio_text(e["ratios"].get(f"{key}/mlx-plain-1"))])
     if not rows:
         return []
     return ["", f"Processes at once and MLX's CPU builds (tokens/s, in total for {k} processes; "
                 "tuned = MLX's CPU kernels built with -march=native, MLX_GPT_CPU_JIT=native):", "",
-            f"| shape | engine | 1 process | {k} at once | {k} / 1 process | 1 process vs MLX "
-            f"plain |", "| --- | --- | --- | --- | --- | --- |", *rows,
+            *table(["shape", "engine", "1 process", f"{k} at once", f"{k} / 1 process",
+                    "1 process vs MLX plain"], rows),
             "", "Fastest: " + "; ".join(fastest) + "."]
 
 
@@ -355,19 +354,18 @@ def where_to_run_table(w: dict) -> list[str]:
                  f"at depth {p['depth']} ({p['flops_per_token'] / 1e6:.1f} MFLOPs per token); one "
                  f"depth is {p['runs_per_depth']} runs ({p['arms']} arms x {p['lrs']} LRs x "
                  f"{p['seeds']} seeds), the whole study {p['depths']} depths, each counted at "
-                 f"depth {p['depth']}'s cost, one run at a time (a night: {NIGHT_HOURS} h):", "",
-             "| platform | backend | tokens/s at the study shape | source | one run | one depth "
-             f"({p['runs_per_depth']} runs) | whole study ({p['runs_per_depth'] * p['depths']} "
-             "runs) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                 f"depth {p['depth']}'s cost, one run at a time (a night: {NIGHT_HOURS} h):", ""]
+    rows = []
     for r in w["rows"]:
         speed = f"{r['tokens_per_s']:,.0f}"
         if "range" in r:
             speed += f" ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
-        lines.append(f"| {r['platform']} | {r['backend']} | {speed} | {r['source']} | "
-                     f"{hours_text(r['hours_per_run'], r['unit'])} | "
-                     f"{hours_text(r['hours_per_depth'], r['unit'])} | "
-                     f"{hours_text(r['hours_whole_study'], r['unit'])} |")
-    return lines
+        rows.append([r["platform"], r["backend"], speed, r["source"]] + [
+            hours_text(r[k], r["unit"]) for k in ("hours_per_run", "hours_per_depth",
+                                                  "hours_whole_study")])
+    return lines + table(["platform", "backend", "tokens/s at the study shape", "source",
+                          "one run", f"one depth ({p['runs_per_depth']} runs)",
+                          f"whole study ({p['runs_per_depth'] * p['depths']} runs)"], rows)
 
 
 USAGE = keys_usage(
@@ -380,13 +378,18 @@ USAGE = keys_usage(
     BenchConfig)
 
 
+def write_report(out: Path, text_file: str, text: str, report: dict, *more: str) -> None:
+    """Prints `text`, writes it to <out>/<text_file> and `report` beside it as JSON; says where."""
+    print(text)
+    json_file = Path(text_file).with_suffix(".json").name
+    files.write_json(out / json_file, report)
+    files.write_text(out / text_file, text + "\n")
+    print("written: " + ", ".join(str(out / f) for f in (text_file, json_file, *more)),
+          file=sys.stderr)
+
+
 def cli(argv: list[str]) -> int:
     bench = apply_overrides(BenchConfig(), split_key_values(argv))
     report = run(bench, argv)
-    text = markdown(report)
-    print(text)
-    out = Path(bench.out)
-    files.write_json(out / "bench.json", report)
-    files.write_text(out / "bench.md", text + "\n")
-    print(f"written: {out / 'bench.md'}, {out / 'bench.json'}", file=sys.stderr)
+    write_report(Path(bench.out), "bench.md", markdown(report), report)
     return 0

@@ -10,6 +10,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..config import TrainConfig
 from ..forecast import timed
 
 READY = "ready"
+ROOT = Path(__file__).resolve().parents[2]  # this checkout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,10 +93,7 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
     """Results of `processes` fresh processes measuring `spec` at once; StepFailed if any fails."""
     spec = dataclasses.replace(spec, sync=processes > 1)
     deadline = None if timeout is None else time.monotonic() + timeout
-    environment = {**os.environ, **(env or {})}
-    # this checkout first, wherever the caller runs from
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])
+    environment = checkout_env(env)
     if processes > 1:
         environment.setdefault(backends.RUNS_PER_DEVICE, str(processes))
     procs, errs = [], []
@@ -131,14 +130,18 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
             err.close()
 
 
+def checkout_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """os.environ with `extra`, this checkout first on PYTHONPATH wherever the caller runs from."""
+    return {**os.environ, **(extra or {}), "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.1, deadline - time.monotonic())
 
 
 def _wait_for_ready(p: subprocess.Popen, err, deadline: float | None) -> None:
     """Read the process's stdout up to its `ready` line (in a thread, for the deadline)."""
-    import threading
-
     seen: list[str] = []
 
     def read() -> None:

@@ -9,12 +9,12 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .. import backends, files, forecast, memory, provenance, trainer
+from .. import backends, files, forecast, interrupts, memory, provenance, trainer
 from ..bench.step import Spec, StepFailed, measure_together
 from ..config import TrainConfig, model_args
 from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
-from ..parameters import count_params
+from ..parameters import count_params, flops_per_token
 from ..progress import format_seconds
 from ..run_folder import SweepFolder
 from .adaptive import compared_arms, extra_runs, extra_seeds
@@ -130,9 +130,7 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
         per_depth, source = calibrated, ("tok/s timed here for every depth (--calibrate)"
                                          + forecast.busy_note())
     else:
-        per_depth, source = forecast.plan_speeds(cfgs, vocab, lambda cfg, vocab: timed(
-            f"  time        timing depth {cfg.depth} here (compile, then 3 s of steps)", cfg,
-            vocab, jobs=sweep.jobs), lambda why: print(f"  note        {why}"))
+        per_depth, source = plan_speeds(cfgs, vocab, sweep.jobs)
     total = forecast.run_seconds(unfinished, per_depth) / sweep.jobs
     refine = [run_config(sweep, d, 1.0, "none", 0) for d in sweep.depth]
     per_refine = forecast.run_seconds(refine, per_depth) / len(refine)
@@ -146,6 +144,32 @@ def print_time(sweep: SweepConfig, cfgs: dict[int, TrainConfig], vocab: int,
     alarm = forecast.warning(total, sweep.train, sweep.preset)
     if alarm:
         print(f"  warning     {alarm}", flush=True)
+
+
+def plan_speeds(cfgs: dict[int, TrainConfig], vocab: int, jobs: int
+                ) -> tuple[dict[int, float], str]:
+    """A plan's tokens/s without --calibrate: the bench's figure, a short timing, or FLOPs."""
+    found, why = forecast.from_bench(cfgs, vocab)
+    if why:
+        print(f"  note        {why}")
+    if found:
+        return found
+    depth, cfg = next(iter(cfgs.items()))
+    try:
+        tok_s, steps = timed(f"  time        timing depth {depth} here (compile, then 3 s of "
+                             "steps)", cfg, vocab, jobs=jobs)
+    except (UsageError, ImportError) as e:  # no engine installed here
+        if isinstance(e, ImportError) and interrupts.caused_by_interrupt(e):
+            raise
+        peak = forecast.sgemm_gflops(n=1024, repeats=2)
+        tok_s = peak * 1e9 * forecast.CPU_SHARE / flops_per_token(model_args(cfg, vocab))
+        return forecast.scaled(cfgs, vocab, tok_s, cfg), (
+            f"tok/s from the FLOP model: {forecast.CPU_SHARE:.0%} of numpy's float32 matmul peak "
+            f"here ({peak:,.0f} GFLOP/s), not timed ({e})")
+    others = " scaled by FLOPs per token to the other depths" if len(cfgs) > 1 else ""
+    return forecast.scaled(cfgs, vocab, tok_s, cfg), (
+        f"tok/s from a short timing here (depth {depth}, {counted(steps, 'step')}){others}; "
+        "--calibrate times every depth" + forecast.busy_note())
 
 
 def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
