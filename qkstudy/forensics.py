@@ -1,4 +1,4 @@
-"""What a dead process leaves in a run folder, and what a failed run keeps."""
+"""What a dead process leaves in a run folder."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import faulthandler
 import os
 import re
 import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from .files import alive, write_json, write_text
+from .files import alive
 
 _OWNED = re.compile(r"\..+\.tmp-(\d+)")
 FATAL_PREFIX = ".fatal-"
@@ -60,12 +58,3 @@ def fatal_signal_log(run_dir: Path) -> Iterator[None]:
             if was_enabled and sys.__stderr__ is not None:
                 with contextlib.suppress(ValueError, OSError, AttributeError):
                     faulthandler.enable(file=sys.__stderr__)
-
-
-def record_failure(traceback_file: Path, summary_file: Path, summary_base: dict,
-                   error: BaseException, text: str | None = None, **extra: Any) -> None:
-    """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
-    write_text(traceback_file, text if text is not None else "".join(
-        traceback.format_exception(type(error), error, error.__traceback__)))
-    write_json(summary_file, {
-        **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}", **extra})
