@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -58,12 +59,7 @@ class _Split:
     def write(self, docs: list[list[int]], eot: int) -> None:
         if not docs:
             return
-        ids = np.empty(sum(len(d) for d in docs) + len(docs), dtype="<u2")
-        pos = 0
-        for doc in docs:
-            ids[pos] = eot
-            ids[pos + 1:pos + 1 + len(doc)] = doc
-            pos += 1 + len(doc)
+        ids = np.fromiter(itertools.chain.from_iterable([eot, *doc] for doc in docs), "<u2")
         self.file.write(ids.tobytes())
         self.max_id = max(self.max_id, int(ids.max()))
         self.tokens += len(ids)
