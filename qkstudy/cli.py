@@ -63,8 +63,7 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | 
     except OSError as e:
         if not files.io_failure(e):
             raise
-        print(f"error: {files.describe_io_failure(e, 'a file')}; {files.io_advice(e)} and run the "
-              "same command again", file=sys.stderr)
+        print(f"error: {files.cannot_write(e, e.filename or 'a file')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         print("interrupted", file=sys.stderr)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UsageError
+
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -37,9 +39,11 @@ def io_failure(error: BaseException) -> bool:
                                            or "No space left on device" in str(error))
 
 
-def describe_io_failure(error: OSError, where: Path | str) -> str:
-    """'cannot write PATH: No space left on device' (`where` when the error names no file)."""
-    return f"cannot write {error.filename or where}: {error.strerror or error}"
+def cannot_write(error: OSError, where: Path | str, then: str = "") -> UsageError:
+    """'cannot write WHERE: No space left on device; free some space and run the same command
+    again' + `then`."""
+    return UsageError(f"cannot write {where}: {error.strerror or error}; {io_advice(error)} and "
+                      f"run the same command again{then}")
 
 
 def io_advice(error: OSError) -> str:

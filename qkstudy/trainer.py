@@ -113,9 +113,8 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
             if guard.signum is not None:  # e.g. Ctrl-C also killed a kernel compiler:
                 raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
             if files.io_failure(e):  # the last checkpoint stays: the run can resume
-                raise UsageError(f"{files.describe_io_failure(e, folder.path)}; "
-                                 f"{files.io_advice(e)} and run the same command again to "
-                                 "resume the run") from None
+                where = e.filename or folder.path
+                raise files.cannot_write(e, where, " to resume the run") from None
             folder.record_failure(summary_base(cfg), e)
             raise
 
@@ -124,8 +123,7 @@ def make_folder(path: Path, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot create {what} {path}: {e.strerror or e}; {files.io_advice(e)} "
-                         "and run the same command again") from None
+        raise files.cannot_write(e, f"{what} {path}") from None
 
 
 def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
-from ..files import describe_io_failure, io_advice, io_failure, remove_stale, swap_in
+from ..files import cannot_write, io_failure, remove_stale, swap_in
 from .sources import FINEWEB_DEFAULT_CAP, resolve_source
 from .tokenizer import Tokenizer, get_tokenizer
 from .load import token_stats
@@ -124,8 +124,7 @@ def _staging(out: Path) -> Iterator[Path]:
         os.mkdir(tmp)
     except OSError as e:
         _remove_empty(missing)
-        raise UsageError(f"cannot write output folder {out}: {e.strerror or e}; "
-                         f"{io_advice(e)} and run the same command again") from None
+        raise cannot_write(e, f"output folder {out}") from None
     try:
         yield tmp
         swap_in(tmp, out)  # the earlier folder stays if this fails
@@ -209,9 +208,8 @@ def cli(argv: list[str]) -> int:
     except OSError as e:
         if not io_failure(e):
             raise
-        raise UsageError(f"{describe_io_failure(e, 'the data folder')} while preparing {source}; "
-                         f"nothing was kept. {io_advice(e).capitalize()} and run the same "
-                         "command again") from None
+        raise cannot_write(e, e.filename or "the data folder",
+                           f" (nothing of {source} was kept)") from None
     m = meta
     print(f"prepared {out}: train {m['train_tokens']:,} tokens ({m['train_documents']:,} docs), "
           f"val {m['val_tokens']:,} tokens ({m['val_documents']:,} docs), {m['tokenizer']}")
