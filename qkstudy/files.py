@@ -107,7 +107,7 @@ def remove_stale(out: Path) -> None:
     pattern = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-(\d+)")
     for path in out.parent.glob(f".{out.name}.*") if out.parent.is_dir() else []:
         m = pattern.fullmatch(path.name)
-        if m and (int(m.group(2)) == os.getpid() or not alive(int(m.group(2)))):
+        if m and not alive(int(m.group(2))):  # our own pid counts as gone
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
