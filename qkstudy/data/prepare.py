@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 import numpy as np
 
@@ -33,15 +33,13 @@ MAX_SYNTHETIC_MB = 10_000.0  # the generator writes ~10-20 MB/s: this is already
 @dataclass(frozen=True)
 class PrepareConfig:
     out: str = ""  # "" -> data/<source-name>-<tokenizer>
-    tokenizer: str = "gpt2"
+    tokenizer: Literal["gpt2", "bytes"] = "gpt2"
     val_fraction: float = 0.01  # of documents; ignored where the source has its own val split
     max_tokens: int | None = None  # cap on tokens read; 0 = none; None = source default
     size_mb: float = 20.0  # synthetic: millions of characters of generated text
     seed: int = 0  # synthetic: generator seed
 
     def validate(self) -> PrepareConfig:
-        if self.tokenizer not in ("gpt2", "bytes"):
-            raise UsageError(f"tokenizer must be gpt2 or bytes; got {self.tokenizer!r}")
         if not 0 < self.val_fraction <= 0.5:
             raise UsageError(f"val_fraction must be in (0, 0.5]; got {self.val_fraction}")
         if self.max_tokens is not None and self.max_tokens < 0:
