@@ -105,7 +105,7 @@ def alive(pid: int) -> bool:
 def remove_stale(out: Path) -> None:
     """Remove the siblings .<name>.tmp-<pid> and .<name>.old-<pid> of `out` of dead processes."""
     pattern = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-(\d+)")
-    for path in out.parent.glob(f".{out.name}.*") if out.parent.is_dir() else []:
+    for path in out.parent.glob(f".{out.name}.*"):
         m = pattern.fullmatch(path.name)
         if m and not alive(int(m.group(2))):  # our own pid counts as gone
             if path.is_dir():

@@ -18,27 +18,24 @@ FATAL_PREFIX = ".fatal-"
 
 def leftovers(folders: list[Path]) -> bool:
     return any(_OWNED.fullmatch(p.name) or p.name.startswith(FATAL_PREFIX)
-               for folder in folders if folder.is_dir() for p in folder.glob(".*"))
+               for folder in folders for p in folder.glob(".*"))
 
 
 def clean_leftovers(folders: list[Path]) -> list[str]:
     """Remove dead writers' temporaries (lock held); the text of their fatal-signal logs."""
     fatal = []
-    for folder in folders:
-        if not folder.is_dir():
-            continue
-        for path in folder.glob(".*"):
-            owned = _OWNED.fullmatch(path.name)
-            if path.name.startswith(FATAL_PREFIX):
-                pid = path.name[len(FATAL_PREFIX):]
-                if pid.isdigit() and alive(int(pid)):
-                    continue
-                text = path.read_text(errors="replace").strip()
-                fatal += [text] if text else []
-            elif not ((owned and not alive(int(owned.group(1))))
-                      or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
+    for path in [p for folder in folders for p in folder.glob(".*")]:
+        owned = _OWNED.fullmatch(path.name)
+        if path.name.startswith(FATAL_PREFIX):
+            pid = path.name[len(FATAL_PREFIX):]
+            if pid.isdigit() and alive(int(pid)):
                 continue
-            path.unlink(missing_ok=True)
+            text = path.read_text(errors="replace").strip()
+            fatal += [text] if text else []
+        elif not ((owned and not alive(int(owned.group(1))))
+                  or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
+            continue
+        path.unlink(missing_ok=True)
     return fatal
 
 

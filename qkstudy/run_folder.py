@@ -385,9 +385,7 @@ class SweepFolder:
 
     def submissions(self) -> list[tuple[Path, dict]]:
         """(folder, record) of each Slurm submission, oldest first."""
-        root = self.path / SLURM
-        found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) \
-            if root.is_dir() else []
+        found = sorted(p for p in (self.path / SLURM).glob("[0-9][0-9][0-9]*") if p.is_dir())
         return [(p, read_json(p / SUBMISSION) or {}) for p in found]
 
     def next_submission(self) -> Path:
