@@ -6,9 +6,11 @@ import io
 import json
 import lzma
 import math
-import sys
 import tarfile
 from pathlib import Path, PurePosixPath
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import files
 from .config import split_key_values
@@ -67,9 +69,6 @@ def _members(sweep_dir: Path) -> list[tuple[str, bytes]]:
 
 def _plain_parquet(path: Path, thin: tuple[int, int] | None = None) -> bytes:
     """A part uncompressed (xz over the archive does better), `thin` = (k, last step)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pq.read_table(path)
     if thin is not None:
         every, last = thin
@@ -190,6 +189,5 @@ def cli(argv: list[str]) -> int:
     if not out.name.endswith(SUFFIX):
         raise UsageError(f"out= must name a {SUFFIX} file, not {out}")
     n = write_archive(sweep_dir, out)
-    print(f"archived {n} finished runs of {sweep_dir} in {out} ({out.stat().st_size / 1e6:.2f} MB)",
-          file=sys.stdout)
+    print(f"archived {n} finished runs of {sweep_dir} in {out} ({out.stat().st_size / 1e6:.2f} MB)")
     return 0

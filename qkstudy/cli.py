@@ -63,13 +63,9 @@ def dispatch(prog: str, commands: dict[str, tuple[str, str]], argv: list[str] | 
     except OSError as e:
         if not files.io_failure(e):
             raise
-        print(f"error: {files.describe_io_failure(e, 'a file')}; {files.io_advice(e)} and run the "
-              "same command again", file=sys.stderr)
+        print(f"error: {files.cannot_write(e, e.filename or 'a file')}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as e:
-        print("interrupted", file=sys.stderr)
-        return interrupts.exit_code(e)
-    except ImportError as e:
+    except (KeyboardInterrupt, ImportError) as e:
         # Ctrl-C while a C extension initialises surfaces as an ImportError caused by it
         signal_error = interrupts.caused_by_interrupt(e)
         if signal_error is None:

@@ -14,11 +14,13 @@ import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import numpy as np
 
 from .errors import UsageError
+from .files import load_object
 from .variants import CHOICES
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -340,13 +342,9 @@ def _value_ok(hint: Any, value: Any) -> bool:
 
 
 def load_config(path: str) -> TrainConfig:
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path} is not readable JSON ({type(e).__name__})") from None
-    if not isinstance(raw, dict):
-        raise UsageError(f"{path} holds a JSON {type(raw).__name__}, not an object")
+    raw, why = load_object(Path(path))
+    if why:
+        raise UsageError(f"{path} {why}")
     hints = typing.get_type_hints(TrainConfig)
     if "backend" not in raw:  # written before the backends: an MLX run
         raw = {k: v for k, v in raw.items() if k != "device"}

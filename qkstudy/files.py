@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import UsageError
+
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -37,9 +39,11 @@ def io_failure(error: BaseException) -> bool:
                                            or "No space left on device" in str(error))
 
 
-def describe_io_failure(error: OSError, where: Path | str) -> str:
-    """'cannot write PATH: No space left on device' (`where` when the error names no file)."""
-    return f"cannot write {error.filename or where}: {error.strerror or error}"
+def cannot_write(error: OSError, where: Path | str, then: str = "") -> UsageError:
+    """'cannot write WHERE: No space left on device; free some space and run the same command
+    again' + `then`."""
+    return UsageError(f"cannot write {where}: {error.strerror or error}; {io_advice(error)} and "
+                      f"run the same command again{then}")
 
 
 def io_advice(error: OSError) -> str:
@@ -101,9 +105,9 @@ def alive(pid: int) -> bool:
 def remove_stale(out: Path) -> None:
     """Remove the siblings .<name>.tmp-<pid> and .<name>.old-<pid> of `out` of dead processes."""
     pattern = re.compile(re.escape(f".{out.name}.") + r"(tmp|old)-(\d+)")
-    for path in out.parent.glob(f".{out.name}.*") if out.parent.is_dir() else []:
+    for path in out.parent.glob(f".{out.name}.*"):
         m = pattern.fullmatch(path.name)
-        if m and (int(m.group(2)) == os.getpid() or not alive(int(m.group(2)))):
+        if m and not alive(int(m.group(2))):  # our own pid counts as gone
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
@@ -234,8 +238,5 @@ def read_tensor_metadata(path: Path) -> dict[str, str] | None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()

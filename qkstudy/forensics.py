@@ -1,4 +1,4 @@
-"""What a dead process leaves in a run folder, and what a failed run keeps."""
+"""What a dead process leaves in a run folder."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import faulthandler
 import os
 import re
 import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from .files import alive, write_json, write_text
+from .files import alive
 
 _OWNED = re.compile(r"\..+\.tmp-(\d+)")
 FATAL_PREFIX = ".fatal-"
@@ -20,27 +18,24 @@ FATAL_PREFIX = ".fatal-"
 
 def leftovers(folders: list[Path]) -> bool:
     return any(_OWNED.fullmatch(p.name) or p.name.startswith(FATAL_PREFIX)
-               for folder in folders if folder.is_dir() for p in folder.glob(".*"))
+               for folder in folders for p in folder.glob(".*"))
 
 
 def clean_leftovers(folders: list[Path]) -> list[str]:
     """Remove dead writers' temporaries (lock held); the text of their fatal-signal logs."""
     fatal = []
-    for folder in folders:
-        if not folder.is_dir():
-            continue
-        for path in folder.glob(".*"):
-            owned = _OWNED.fullmatch(path.name)
-            if path.name.startswith(FATAL_PREFIX):
-                pid = path.name[len(FATAL_PREFIX):]
-                if pid.isdigit() and alive(int(pid)):
-                    continue
-                text = path.read_text(errors="replace").strip()
-                fatal += [text] if text else []
-            elif not ((owned and not alive(int(owned.group(1))))
-                      or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
+    for path in [p for folder in folders for p in folder.glob(".*")]:
+        owned = _OWNED.fullmatch(path.name)
+        if path.name.startswith(FATAL_PREFIX):
+            pid = path.name[len(FATAL_PREFIX):]
+            if pid.isdigit() and alive(int(pid)):
                 continue
-            path.unlink(missing_ok=True)
+            text = path.read_text(errors="replace").strip()
+            fatal += [text] if text else []
+        elif not ((owned and not alive(int(owned.group(1))))
+                  or path.name == ".checkpoint.tmp.safetensors"):  # written by older versions
+            continue
+        path.unlink(missing_ok=True)
     return fatal
 
 
@@ -60,12 +55,3 @@ def fatal_signal_log(run_dir: Path) -> Iterator[None]:
             if was_enabled and sys.__stderr__ is not None:
                 with contextlib.suppress(ValueError, OSError, AttributeError):
                     faulthandler.enable(file=sys.__stderr__)
-
-
-def record_failure(traceback_file: Path, summary_file: Path, summary_base: dict,
-                   error: BaseException, text: str | None = None, **extra: Any) -> None:
-    """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
-    write_text(traceback_file, text if text is not None else "".join(
-        traceback.format_exception(type(error), error, error.__traceback__)))
-    write_json(summary_file, {
-        **summary_base, "status": "failed", "error": f"{type(error).__name__}: {error}", **extra})

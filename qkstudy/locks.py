@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import UsageError
-from .files import alive
+from .files import alive, cannot_write
 
 
 class RunBusy(RuntimeError):
@@ -25,11 +25,6 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _cannot(path: Path, e: OSError) -> UsageError:
-    return UsageError(f"cannot write the run lock {path}: {e.strerror or e}; free some space (or "
-                      "check the disk) and run the same command again")
-
-
 @contextlib.contextmanager
 def exclusive(path: Path) -> Iterator[bool]:
     for _ in range(100):  # its holder may remove the file between our open and our lock
@@ -38,7 +33,7 @@ def exclusive(path: Path) -> Iterator[bool]:
         except FileNotFoundError:
             raise  # its folder is gone (moved aside by a repair): the caller decides
         except OSError as e:
-            raise _cannot(path, e) from None
+            raise cannot_write(e, f"the run lock {path}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -58,7 +53,7 @@ def exclusive(path: Path) -> Iterator[bool]:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             if isinstance(e, OSError):
-                raise _cannot(path, e) from None
+                raise cannot_write(e, f"the run lock {path}") from None
             raise
         try:
             yield True

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 
 from .config import TrainConfig, model_args
@@ -79,20 +78,14 @@ def _read(path: str) -> str:
 
 def available() -> tuple[int, str]:
     """(bytes this process can use, the words for it): unified memory, MemAvailable or RAM."""
-    if sys.platform == "darwin":
-        try:
-            size = int(subprocess.run(["sysctl", "-n", "hw.memsize"], capture_output=True,
-                                      text=True, timeout=5, check=True).stdout.strip())
-            return size, f"this Mac has {format_bytes(size)} of unified memory"
-        except (OSError, ValueError, subprocess.SubprocessError):
-            pass
     meminfo = [line.split() for line in _read("/proc/meminfo").splitlines()]
     size = next((int(w[1]) * 1024 for w in meminfo if w[:1] == ["MemAvailable:"]), None)
     words = "this machine has {} available"  # what can be allocated without swapping
     if size is None:
         try:
-            size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            words = "this machine has {}"
+            size = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # macOS: hw.memsize
+            words = ("this Mac has {} of unified memory" if sys.platform == "darwin"
+                     else "this machine has {}")
         except (ValueError, OSError, AttributeError):
             return 1 << 62, "this machine's memory is unknown"
     limit, used = (_read(f"/sys/fs/cgroup/memory.{k}") for k in ("max", "current"))  # v2

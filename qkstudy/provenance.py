@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 from .files import now, sha256_file
@@ -38,8 +39,6 @@ def chip() -> str:
 
 
 def versions(*modules: str) -> dict[str, str | None]:
-    from importlib import metadata
-
     out: dict[str, str | None] = {"python": platform.python_version()}
     for name in modules:
         try:
@@ -56,10 +55,10 @@ def provenance() -> dict:
             "versions": versions("mlx", "numpy", "tiktoken", "pyarrow", "torch")}
 
 
-def manifest(data_dir: str, framework: str, device: str, extra: dict | None = None) -> dict:
+def manifest(data_dir: str, framework: str, device: str, extra: dict) -> dict:
     meta = Path(data_dir) / "meta.json"
     return {"framework": framework, "device": device, **provenance(),
             "platform": platform.platform(), "machine": platform.machine(), "chip": chip(),
             "cpu_count": os.cpu_count(), "data_dir": str(data_dir),
             "data_meta_sha256": sha256_file(meta) if meta.exists() else None, "started": now(),
-            **(extra or {})}
+            **extra}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 
 from . import files
 from .config import TrainConfig
@@ -23,47 +23,36 @@ def divergence(cfg: TrainConfig, step: int, loss: float, grad_norm: float,
     window = cfg.divergence_window
     if init_loss is None or step < cfg.warmup_steps or len(recent) < window:
         return None
-    smoothed = statistics.median_low(list(recent)[-window:])
+    smoothed = statistics.median_low(recent[-window:])
     if smoothed > init_loss + cfg.divergence_margin:
         return (f"median loss {smoothed:.3f} of the last {window} steps above initial loss "
                 f"{init_loss:.3f} + {cfg.divergence_margin:g}")
     return None
 
 
+@dataclass
 class Health:
     """The loss history for divergence and spikes (above the running minimum); checkpointed."""
 
-    def __init__(self, cfg: TrainConfig, state: dict | None = None):
-        self.margin = cfg.spike_margin
-        state = state or {}
-        self.recent: deque[float] = deque(state.get("recent", ()), maxlen=cfg.divergence_window)
-        self.running_min: float | None = state.get("running_min")
-        self.loss_spikes: int = state.get("loss_spikes", 0)
-        self.in_spike: bool = state.get("in_spike", False)
-        self.max_spike: float = state.get("max_spike", 0.0)
-        self.max_spike_step: int | None = state.get("max_spike_step")
+    recent: list[float] = field(default_factory=list)  # the last divergence_window losses
+    running_min: float | None = None
+    loss_spikes: int = 0
+    in_spike: bool = False
+    max_spike: float = 0.0
+    max_spike_step: int | None = None
 
-    def observe(self, step: int, loss: float) -> None:
+    def observe(self, cfg: TrainConfig, step: int, loss: float) -> None:
         if not math.isfinite(loss):
             return
-        self.recent.append(loss)
+        self.recent = [*self.recent, loss][-cfg.divergence_window:]
         if self.running_min is not None:
             excess = loss - self.running_min
             if excess > self.max_spike:
                 self.max_spike, self.max_spike_step = excess, step
-            spiking = excess > self.margin
+            spiking = excess > cfg.spike_margin
             self.loss_spikes += spiking and not self.in_spike
             self.in_spike = spiking
         self.running_min = loss if self.running_min is None else min(self.running_min, loss)
-
-    def state(self) -> dict:
-        return {"recent": list(self.recent), "running_min": self.running_min,
-                "loss_spikes": self.loss_spikes, "in_spike": self.in_spike,
-                "max_spike": self.max_spike, "max_spike_step": self.max_spike_step}
-
-    def summary(self) -> dict:
-        return {"loss_spikes": self.loss_spikes, "max_spike": self.max_spike,
-                "max_spike_step": self.max_spike_step}
 
 
 def finite(x: float | None) -> float | None:
@@ -83,7 +72,7 @@ class Recorder:
         self.wall0 = time.perf_counter() - elapsed
         self.train_seconds = train_seconds  # the update steps (batches and read-backs included)
         self.measure_seconds = measure_seconds  # evaluation and probes
-        self.health = Health(cfg, health)
+        self.health = Health(**(health or {}))
         self.status, self.diverged_step, self.reason = "completed", None, None
 
     def record_val(self, step: int, loss: float) -> None:
@@ -110,7 +99,7 @@ class Recorder:
             if step in logged:
                 continue
             self.metric_rows.append(self._row(step, loss, grad_norm, lr, *z_loss))
-            self.health.observe(step, loss)
+            self.health.observe(self.cfg, step, loss)
             self.reason = divergence(self.cfg, step, loss, grad_norm, self.init_loss,
                                      self.health.recent)
             if self.reason:
@@ -131,7 +120,7 @@ class Recorder:
     def state(self) -> dict:
         return {"init_loss": self.init_loss, "elapsed": self.elapsed(),
                 "train_seconds": self.train_seconds, "measure_seconds": self.measure_seconds,
-                "health": self.health.state()}
+                "health": asdict(self.health)}
 
     def flush(self) -> None:
         self.folder.write_rows(self.metric_rows, self.probe_rows)
@@ -155,7 +144,8 @@ class Recorder:
         vals = [v for v in metrics["val_loss"] if v is not None]
         finite_vals = [v for v in vals if math.isfinite(v)]
         summary = {
-            **summary_base, **self.health.summary(), "status": self.status,
+            **summary_base, "status": self.status, "loss_spikes": self.health.loss_spikes,
+            "max_spike": self.health.max_spike, "max_spike_step": self.health.max_spike_step,
             "init_loss": self.init_loss, "min_val_loss": min(finite_vals, default=None),
             "final_val_loss": finite(vals[-1]) if self.status == "completed" and vals else None,
             "final_train_loss": finite(metrics["train_loss"][-2 if last_row else -1]),

@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import os
 import re
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from .config import TrainConfig
 from .data.load import data_change
 from .errors import UsageError
 from .files import (DamagedFile, atomic, load_object, now, read_json, read_tensor_metadata,
-                    read_tensors, save_tensors, write_json)
+                    read_tensors, save_tensors, write_json, write_text)
 from .summaries import FINISHED, is_whole, summary_problem
 
 
@@ -227,19 +228,6 @@ class RunFolder:
                              "with repair=true (a sweep repairs it by itself)")
         return done
 
-    def state(self) -> str:
-        """new | resumable | failed | finished | damaged."""
-        try:
-            if self.intact_summary():
-                return "finished"
-        except DamagedRun:
-            return "damaged"
-        if self.summary_record().get("status") == "failed":
-            return "failed"
-        if self.checkpoint_file.exists() or parts(self.metrics_dir):
-            return "resumable"
-        return "new"
-
     def data_problem(self, identity: dict, data_dir: str) -> str | None:
         """Why the run was trained on other data than `identity` (data.load), or None."""
         recorded = (self.read_manifest() or {}).get("data")
@@ -356,8 +344,11 @@ class RunFolder:
 
     def record_failure(self, summary_base: dict, error: BaseException, text: str | None = None,
                        **extra: Any) -> None:
-        forensics.record_failure(self.traceback_file, self.summary_file, summary_base, error,
-                                 text, **extra)
+        """A run that raised: keep its traceback and mark it failed (a sweep retries it)."""
+        write_text(self.traceback_file, text if text is not None else "".join(
+            traceback.format_exception(type(error), error, error.__traceback__)))
+        self.write_summary({**summary_base, "status": "failed",
+                            "error": f"{type(error).__name__}: {error}", **extra})
 
     def drop_finished_leftovers(self) -> None:
         for path in (self.checkpoint_file, self.traceback_file):
@@ -394,9 +385,7 @@ class SweepFolder:
 
     def submissions(self) -> list[tuple[Path, dict]]:
         """(folder, record) of each Slurm submission, oldest first."""
-        root = self.path / SLURM
-        found = sorted(p for p in root.glob("[0-9][0-9][0-9]*") if p.is_dir()) \
-            if root.is_dir() else []
+        found = sorted(p for p in (self.path / SLURM).glob("[0-9][0-9][0-9]*") if p.is_dir())
         return [(p, read_json(p / SUBMISSION) or {}) for p in found]
 
     def next_submission(self) -> Path:

@@ -13,7 +13,7 @@ from . import backends, files, forensics, interrupts, memory, provenance, run_fo
 from .backends import Engine
 from .batches import probe_batch, train_stream, val_batches
 from .cli import keys_usage
-from .config import TrainConfig, parse_train_config
+from .config import TrainConfig, apply_overrides, split_key_values, take
 from .data.load import DataChanged, data_identity, load_tokens
 from .errors import UsageError
 from .locks import RunBusy
@@ -113,9 +113,8 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
             if guard.signum is not None:  # e.g. Ctrl-C also killed a kernel compiler:
                 raise interrupts.Interrupted(guard.signum) from e  # the last checkpoint stays
             if files.io_failure(e):  # the last checkpoint stays: the run can resume
-                raise UsageError(f"{files.describe_io_failure(e, folder.path)}; "
-                                 f"{files.io_advice(e)} and run the same command again to "
-                                 "resume the run") from None
+                where = e.filename or folder.path
+                raise files.cannot_write(e, where, " to resume the run") from None
             folder.record_failure(summary_base(cfg), e)
             raise
 
@@ -124,8 +123,7 @@ def make_folder(path: Path, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot create {what} {path}: {e.strerror or e}; {files.io_advice(e)} "
-                         "and run the same command again") from None
+        raise files.cannot_write(e, f"{what} {path}") from None
 
 
 def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:
@@ -279,20 +277,15 @@ USAGE = keys_usage(
     TrainConfig)
 
 
-def pop_repair(argv: list[str]) -> tuple[list[str], bool]:
-    """(the other words, repair=true|false): not a TrainConfig field, so not in the run id."""
-    words = [w for w in argv if w.partition("=")[0].strip().replace("-", "_") != "repair"]
-    values = [w.partition("=")[2].strip().lower() for w in argv if w not in words]
-    if len(values) > 1:
-        raise UsageError("repair is given twice")
-    if values and values[0] not in ("true", "false"):
-        raise UsageError(f"repair must be true or false, got {values[0]!r}")
-    return words, values == ["true"]
+def parse_args(argv: list[str]) -> tuple[TrainConfig, bool]:
+    """(the run's config, repair=true|false): repair is no TrainConfig field, so not in the run id."""
+    pairs = split_key_values(argv)
+    repair = take(pairs, "repair", bool, False)
+    return apply_overrides(TrainConfig(), pairs).validate(), repair
 
 
 def cli(argv: list[str]) -> int:
-    argv, repair = pop_repair(argv)
-    cfg = parse_train_config(argv)
+    cfg, repair = parse_args(argv)
     try:
         summary = train(cfg, repair=(lambda moved_to, why: print(
             f"repair: {why}; its files are kept in {moved_to}; training it again", flush=True))

@@ -445,7 +445,7 @@ def test_unwritable_output_folders_are_one_line(tiny_data, tmp_path, capsys):
     for runs_dir in ("/proc/x", str(a_file)):
         assert main(["train", f"data={tiny_data}", f"runs_dir={runs_dir}", "max_steps=1"]) == 2
         err = capsys.readouterr().err
-        assert "cannot create run folder" in err and err.count("\n") == 1, err
+        assert "cannot write run folder" in err and err.count("\n") == 1, err
     assert analysis_main(["report", str(tmp_path), "out=/proc/x"]) == 2
     assert "cannot write the report to /proc/x" in capsys.readouterr().err
 

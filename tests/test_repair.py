@@ -11,6 +11,7 @@ import pytest
 from qkstudy import files as qfiles
 from qkstudy import run_folder, status, sweep, trainer
 from qkstudy.__main__ import main
+from qkstudy.errors import UsageError
 from qkstudy.sweep.plan import command_line
 from qkstudy.sweep.run import finished_after_grid
 from qkstudy.run_folder import RunFolder
@@ -93,14 +94,17 @@ def test_bad_repair_word_is_one_line(word, tiny_cfg, capsys):
     words = command_line(tiny_cfg()).split()[4:]
     assert main(["train", *words, *word.split()]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: repair") and err.count("\n") == 1
+    assert err.startswith("error: ") and "repair" in err and err.count("\n") == 1
 
 
 def test_repair_does_not_change_the_run_id(tiny_cfg):
     words = command_line(tiny_cfg()).split()[4:]
-    plain = trainer.parse_train_config(words)
-    rest, repair = trainer.pop_repair([*words, "repair=true"])
-    assert repair and trainer.parse_train_config(rest).run_id == plain.run_id
+    plain, repair = trainer.parse_args(words)
+    assert not repair
+    cfg, repair = trainer.parse_args([*words, "repair=true"])
+    assert repair and cfg.run_id == plain.run_id
+    with pytest.raises(UsageError, match="repair must be true or false"):
+        trainer.parse_args([*words, "repair=maybe"])
 
 
 def sweep_words(data: str, runs_dir: Path) -> list[str]:

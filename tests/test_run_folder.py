@@ -120,20 +120,18 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(tmp_path, monkey
     assert not folder.lock_file.exists()
 
 
-def test_the_states_of_a_run_folder(tmp_path):
+def test_a_finished_run_is_checked_against_its_rows(tmp_path):
     folder = RunFolder(tmp_path / "r")
-    assert folder.state() == "new" and not folder.is_run()
+    assert not folder.is_run() and folder.intact_summary() is None
     folder.path.mkdir()
     write_json(folder.config_file, {"run_id": "r"})
-    assert folder.is_run() and folder.state() == "new"
+    assert folder.is_run() and folder.intact_summary() is None
     folder.write_rows([{"step": 0, "tokens": 0, "lr": 0.1, "train_loss": 1.0}], [])
-    assert folder.state() == "resumable"
     write_json(folder.summary_file, {"status": "failed", "run_id": "r"})
-    assert folder.state() == "failed"
+    assert folder.intact_summary() is None
     write_json(folder.summary_file, {"status": "completed", "run_id": "r", "steps": 0})
-    assert folder.state() == "finished"
+    assert folder.intact_summary()["steps"] == 0
     write_json(folder.summary_file, {"status": "completed", "run_id": "r", "steps": 5})
-    assert folder.state() == "damaged"  # its rows end at step 0
     with pytest.raises(run_folder.DamagedRun, match="metrics/ ends at step 0"):
         folder.intact_summary()
 

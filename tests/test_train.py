@@ -141,9 +141,9 @@ def test_a_transient_spike_is_counted_not_fatal(tmp_path):
     losses = [5.7 - 0.02 * i for i in range(20)] + [11.35] + [5.2 - 0.01 * i for i in range(79)]
     assert rec.record_steps((i, v, 1.0, 0.1) for i, v in enumerate(losses)) is False
     assert rec.status == "completed"
-    h = rec.health.summary()
-    assert h["loss_spikes"] == 1 and h["max_spike_step"] == 20
-    assert h["max_spike"] == pytest.approx(11.35 - min(losses[:20]))
+    h = rec.health
+    assert h.loss_spikes == 1 and h.max_spike_step == 20
+    assert h.max_spike == pytest.approx(11.35 - min(losses[:20]))
     # a sustained excursion past init + margin diverges once the window's median is above
     rec = Recorder(cfg, RunFolder(tmp_path))
     rec.record_val(0, 5.78)
@@ -151,7 +151,7 @@ def test_a_transient_spike_is_counted_not_fatal(tmp_path):
     assert rec.diverged_step == 55  # 26 of the last 50 losses above 6.78: the median crosses
     # the state round-trips, so a resumed run keeps judging the same window
     again = Recorder(cfg, RunFolder(tmp_path), **rec.state())
-    assert again.health.state() == rec.health.state()
+    assert again.health == rec.health
 
 
 def test_qk_norm_arms_share_every_other_weight():

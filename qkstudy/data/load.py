@@ -14,7 +14,6 @@ from ..errors import UsageError
 from .tokenizer import VOCAB_BY_TOKENIZER
 
 
-
 def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict]:
     """(train, val, meta) of a prepared folder; the token arrays are read-only uint16 memmaps."""
     folder = Path(data_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -12,13 +13,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 import numpy as np
 
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
-from ..files import describe_io_failure, io_advice, io_failure, remove_stale, swap_in
+from ..files import cannot_write, io_failure, remove_stale, swap_in
 from .sources import FINEWEB_DEFAULT_CAP, resolve_source
 from .tokenizer import Tokenizer, get_tokenizer
 from .load import token_stats
@@ -32,15 +33,13 @@ MAX_SYNTHETIC_MB = 10_000.0  # the generator writes ~10-20 MB/s: this is already
 @dataclass(frozen=True)
 class PrepareConfig:
     out: str = ""  # "" -> data/<source-name>-<tokenizer>
-    tokenizer: str = "gpt2"
+    tokenizer: Literal["gpt2", "bytes"] = "gpt2"
     val_fraction: float = 0.01  # of documents; ignored where the source has its own val split
     max_tokens: int | None = None  # cap on tokens read; 0 = none; None = source default
     size_mb: float = 20.0  # synthetic: millions of characters of generated text
     seed: int = 0  # synthetic: generator seed
 
     def validate(self) -> PrepareConfig:
-        if self.tokenizer not in ("gpt2", "bytes"):
-            raise UsageError(f"tokenizer must be gpt2 or bytes; got {self.tokenizer!r}")
         if not 0 < self.val_fraction <= 0.5:
             raise UsageError(f"val_fraction must be in (0, 0.5]; got {self.val_fraction}")
         if self.max_tokens is not None and self.max_tokens < 0:
@@ -58,12 +57,7 @@ class _Split:
     def write(self, docs: list[list[int]], eot: int) -> None:
         if not docs:
             return
-        ids = np.empty(sum(len(d) for d in docs) + len(docs), dtype="<u2")
-        pos = 0
-        for doc in docs:
-            ids[pos] = eot
-            ids[pos + 1:pos + 1 + len(doc)] = doc
-            pos += 1 + len(doc)
+        ids = np.fromiter(itertools.chain.from_iterable([eot, *doc] for doc in docs), "<u2")
         self.file.write(ids.tobytes())
         self.max_id = max(self.max_id, int(ids.max()))
         self.tokens += len(ids)
@@ -128,8 +122,7 @@ def _staging(out: Path) -> Iterator[Path]:
         os.mkdir(tmp)
     except OSError as e:
         _remove_empty(missing)
-        raise UsageError(f"cannot write output folder {out}: {e.strerror or e}; "
-                         f"{io_advice(e)} and run the same command again") from None
+        raise cannot_write(e, f"output folder {out}") from None
     try:
         yield tmp
         swap_in(tmp, out)  # the earlier folder stays if this fails
@@ -213,9 +206,8 @@ def cli(argv: list[str]) -> int:
     except OSError as e:
         if not io_failure(e):
             raise
-        raise UsageError(f"{describe_io_failure(e, 'the data folder')} while preparing {source}; "
-                         f"nothing was kept. {io_advice(e).capitalize()} and run the same "
-                         "command again") from None
+        raise cannot_write(e, e.filename or "the data folder",
+                           f" (nothing of {source} was kept)") from None
     m = meta
     print(f"prepared {out}: train {m['train_tokens']:,} tokens ({m['train_documents']:,} docs), "
           f"val {m['val_tokens']:,} tokens ({m['val_documents']:,} docs), {m['tokenizer']}")

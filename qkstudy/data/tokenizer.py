@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from unittest import mock
 
 from ..errors import UsageError
+from ..files import atomic
 
 if TYPE_CHECKING:
     import tiktoken
@@ -131,8 +132,7 @@ def store_verified(data: bytes, sha256: str, target: Path, what: str) -> None:
                          f"refusing to use it")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + f".{os.getpid()}.tmp")
-        partial.write_bytes(data)
-        os.replace(partial, target)
+        with atomic(target, "wb") as f:
+            f.write(data)
     except OSError as e:
         raise UsageError(f"cannot write tokenizer cache {target.parent}: {e.strerror}") from None
