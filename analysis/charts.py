@@ -66,11 +66,7 @@ def lr_ticks(lrs: list[float], width: float) -> list[float]:
                if lrs[0] / 1.0001 <= 10.0 ** k <= lrs[-1] * 1.0001]
     if len(decades) >= 2 and fits(decades):
         return decades
-    for k in range(2, len(lrs) + 1):
-        thinned = lrs[::k]
-        if fits(thinned):
-            return thinned
-    return lrs[:1]
+    return next(thinned for k in range(2, len(lrs) + 1) if fits(thinned := lrs[::k]))
 
 
 def lr_x(lrs: list[float], width: float) -> tuple[alt.X, alt.Scale]:

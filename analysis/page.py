@@ -61,11 +61,8 @@ SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_ste
 def _binned(frame: pl.LazyFrame, value: str) -> dict[str, list[list[float]]]:
     """{run: [[step, value], ...]}: at most MAX_POINTS bin means per run."""
     frame = frame.filter(pl.col(value).is_not_null()).select("run", "step", value).collect()
-    if frame.is_empty():
-        return {}
-    last = frame.group_by("run").agg(last=pl.col("step").max())
-    binned = (frame.join(last, on="run")
-              .with_columns(bin=pl.col("step") // (pl.col("last") // MAX_POINTS + 1))
+    binned = (frame.with_columns(
+                  bin=pl.col("step") // (pl.col("step").max().over("run") // MAX_POINTS + 1))
               .group_by("run", "bin").agg(step=pl.col("step").max(), v=pl.col(value).mean())
               .filter(pl.col("v").is_finite()).sort("run", "step"))
     out: dict[str, list[list[float]]] = {}
@@ -184,8 +181,7 @@ def run_provenance(runs: Runs) -> pl.DataFrame:
             "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12]})
     if not rows:
         return pl.DataFrame()
-    keys = list(rows[0])
-    return pl.DataFrame(rows).group_by(keys).agg(runs=pl.len()).sort("runs", descending=True)
+    return pl.DataFrame(rows).group_by(pl.all()).len("runs").sort("runs", descending=True)
 
 
 def analysis_environment() -> dict[str, str]:
