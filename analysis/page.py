@@ -98,25 +98,20 @@ def run_details(study: Study) -> dict:
     return {"runs": runs, "common": common}
 
 
-def _cell(value) -> str:
+def _cell(column: str, value) -> str:
+    """One <td>; a run id without its hash (the full id in the tooltip)."""
     if value is None:
         return '<td class="na">-</td>'
     if isinstance(value, bool):
         return f"<td>{'yes' if value else 'no'}</td>"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return '<td class="na">nan</td>'
-        text = f"{value:.4g}" if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-        return f'<td class="num">{text}</td>'
+    if isinstance(value, float):  # nan, inf and -inf as Python writes them
+        return f'<td class="{"na" if math.isnan(value) else "num"}">{value:.4g}</td>'
     if isinstance(value, int):
         return f'<td class="num">{value}</td>'
+    if column == "run" and isinstance(value, str):
+        short = value.rsplit("-", 1)[0] if value.count("-") >= 2 else value
+        return f'<td class="id" title="{html.escape(value)}">{html.escape(short)}</td>'
     return f"<td>{html.escape(str(value))}</td>"
-
-
-def _run_cell(run: str) -> str:
-    """A run id without its hash (the full id in the tooltip)."""
-    short = run.rsplit("-", 1)[0] if run.count("-") >= 2 else run
-    return f'<td class="id" title="{html.escape(run)}">{html.escape(short)}</td>'
 
 
 def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
@@ -135,8 +130,7 @@ def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int
                       f'type="checkbox" data-table="{name}"> show all {len(columns)} columns '
                       f'(the first {len(lead)} are shown)</label> ')
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "\n".join("<tr>" + "".join(_run_cell(r[c]) if c == "run" and isinstance(r[c], str)
-                                       else _cell(r[c]) for c in columns) + "</tr>"
+    body = "\n".join("<tr>" + "".join(_cell(c, r[c]) for c in columns) + "</tr>"
                      for r in df.head(max_rows).iter_rows(named=True))
     more = (f'<p class="na">{df.height - max_rows} more rows in the CSV/Parquet table</p>'
             if df.height > max_rows else "")
