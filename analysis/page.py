@@ -98,47 +98,35 @@ def run_details(study: Study) -> dict:
     return {"runs": runs, "common": common}
 
 
-def _cell(column: str, value) -> str:
-    """One <td>; a run id without its hash (the full id in the tooltip)."""
+def _cell(column: str, value) -> tuple[str, str, str]:
+    """A table cell's css class, tooltip and text; a run id without its hash (whole in the tooltip)."""
     if value is None:
-        return '<td class="na">-</td>'
+        return "na", "", "-"
     if isinstance(value, bool):
-        return f"<td>{'yes' if value else 'no'}</td>"
+        return "", "", "yes" if value else "no"
     if isinstance(value, float):  # nan, inf and -inf as Python writes them
-        return f'<td class="{"na" if math.isnan(value) else "num"}">{value:.4g}</td>'
+        return "na" if math.isnan(value) else "num", "", f"{value:.4g}"
     if isinstance(value, int):
-        return f'<td class="num">{value}</td>'
+        return "num", "", str(value)
     if column == "run" and isinstance(value, str):
-        short = value.rsplit("-", 1)[0] if value.count("-") >= 2 else value
-        return f'<td class="id" title="{html.escape(value)}">{html.escape(short)}</td>'
-    return f"<td>{html.escape(str(value))}</td>"
+        return "id", value, value.rsplit("-", 1)[0] if value.count("-") >= 2 else value
+    return "", "", str(value)
 
 
-def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
-               filterable: bool = False, first: tuple[str, ...] = (), name: str = "") -> str:
-    """A sortable table, optionally with a search box and the `first` columns leading."""
-    if df.is_empty():
-        return '<p class="na">(none)</p>'
+MAX_ROWS = 2000  # a table's rows on the page; the CSV and Parquet tables have every row
+
+
+def data_table(df: pl.DataFrame, columns: list[str] | None = None, filterable: bool = False,
+               first: tuple[str, ...] = (), name: str = "") -> dict:
+    """What the template's sortable data_table draws: the columns (with `name`, the `first` lead
+    and the others hide behind a toggle), the cells of the first MAX_ROWS rows."""
     columns = [c for c in (columns or df.columns) if c in df.columns]
-    toggle = ""
-    if first and name:
-        lead = [c for c in first if c in columns]
-        columns = lead + [c for c in columns if c not in lead]
-        if len(columns) > len(lead):
-            toggle = (f'<style>#{name}.compact tr > :nth-child(n+{len(lead) + 1}) '
-                      '{ display: none; }</style><label class="table-columns"><input '
-                      f'type="checkbox" data-table="{name}"> show all {len(columns)} columns '
-                      f'(the first {len(lead)} are shown)</label> ')
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "\n".join("<tr>" + "".join(_cell(c, r[c]) for c in columns) + "</tr>"
-                     for r in df.head(max_rows).iter_rows(named=True))
-    more = (f'<p class="na">{df.height - max_rows} more rows in the CSV/Parquet table</p>'
-            if df.height > max_rows else "")
-    search = ('<input type="search" class="table-filter" placeholder="filter rows: words that '
-              'must all appear (e.g. diverged d4 rmsnorm)" size="60">' if filterable else "")
-    table = (f'<table class="data compact" id="{name}">' if toggle else '<table class="data">')
-    return f'{search}{toggle}<div class="scroll">{table}<thead><tr>{head}</tr></thead>' \
-           f'<tbody>\n{body}\n</tbody></table></div>{more}'
+    lead = [c for c in first if c in columns] if name else []
+    columns = lead + [c for c in columns if c not in lead]
+    return {"columns": columns, "name": name, "filterable": filterable,
+            "lead": len(lead) if len(columns) > len(lead) else 0, "more": df.height - MAX_ROWS,
+            "rows": [[_cell(c, r[c]) for c in columns]
+                     for r in df.head(MAX_ROWS).iter_rows(named=True)]}
 
 
 def _script_json(obj) -> str:
@@ -222,8 +210,8 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         verdicts=[{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
                    "arm": M.arm_words(r["compared_arm"])}
                   for r in study.verdicts.iter_rows(named=True)],
-        arms_table=safe(html_table(study.arms, list(ARM_COLUMNS))),
-        **{f"{k}_table": safe(html_table(v)) for k, v in (
+        arms_table=data_table(study.arms, list(ARM_COLUMNS)),
+        **{f"{k}_table": data_table(v) for k, v in (
             ("per_seed", per_seed), ("onset", study.thresholds), ("best", study.best_gaps),
             ("h2", study.h2_tests), ("h3", study.h3_tests), ("gaps", study.gaps),
             ("twins", study.twins), ("spikes", study.spikes),
@@ -231,11 +219,11 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
         comparison=comparison and {
             "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],
-            "gaps": safe(html_table(comparison["gaps"], filterable=True)),
-            "verdicts": safe(html_table(comparison["verdicts"]))},
+            "gaps": data_table(comparison["gaps"], filterable=True),
+            "verdicts": data_table(comparison["verdicts"])},
         headline_caption=CHARTS["headline"], sentences=headline(study),
-        runs_table=safe(html_table(study.per_run, run_cols, filterable=True,
-                                   first=RUN_COLUMNS_FIRST, name="runs-table")),
+        runs_table=data_table(study.per_run, run_cols, filterable=True,
+                              first=RUN_COLUMNS_FIRST, name="runs-table"),
         specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),
         links_json=safe(_script_json({
