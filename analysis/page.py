@@ -4,7 +4,6 @@ the provenance of the runs and of the analysis, the drill-down data and the link
 from __future__ import annotations
 
 import datetime as dt
-import html
 import json
 import math
 import platform
@@ -24,6 +23,10 @@ from .load import Runs
 from .prose import CHARTS, headline
 from .study import ReportOptions, Study
 
+
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                               autoescape=True, undefined=jinja2.StrictUndefined,
+                               keep_trailing_newline=True)
 
 # Every chart reads three signals the page's script sets: arms_shown (arm labels, null: all),
 # depths_shown (null: all) and lr_range ([low, high] from the LR brush, null: every LR). In a
@@ -195,10 +198,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
                 and (not c.startswith("final_") or c in shown_probes
                      or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
     safe = markupsafe.Markup
-    templates = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
-                                   autoescape=True, undefined=jinja2.StrictUndefined,
-                                   keep_trailing_newline=True)
-    return templates.get_template("report.html.j2").render(
+    return TEMPLATES.get_template("report.html.j2").render(
         env=env, root=str(runs.root), n_runs=t.height,
         status=", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows()),
         n_points=study.points.height, framework=study.framework,
@@ -236,9 +236,5 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
 
 def failed_page(runs: Runs) -> str:
     """The page of a folder where no run finished: every failed run with its error line."""
-    items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>QK-norm study: no finished "
-            f"runs</title></head><body><h1>No finished runs</h1><p>All {runs.table.height} runs "
-            f"under <code>{html.escape(str(runs.root))}</code> failed, so there are no study "
-            "metrics, charts or verdicts. Each failed run keeps its traceback; the next "
-            f"sweep retries it.</p><ul>{items}</ul></body></html>\n")
+    return TEMPLATES.get_template("failed.html.j2").render(
+        n_runs=runs.table.height, root=str(runs.root), warnings=runs.warnings)
