@@ -1,9 +1,6 @@
-"""The published answer's figure (docs/results/answer.png, written by `python -m
-analysis.published`): the onset with its 95% interval against warmup steps, training steps,
-width and depth, coloured by the run's training steps in every panel; in the warmup panel the
-fitted straight warmup law with the 95% interval of a new point's onset, and its prediction at
-the study preset's schedule. An interval end, or an onset, beyond the LRs read is an arrow at
-the bound it lies beyond."""
+"""The published answer's figure (docs/results/answer.png, by `python -m analysis.published`):
+the onset with its 95% interval against warmup, training steps, width and depth, and the warmup
+law with its prediction at the study preset's schedule."""
 
 from __future__ import annotations
 
@@ -18,6 +15,7 @@ from qkstudy.sweep.ladder import KNOWN, MARGIN_PER_BYTE, STUDY_POINT
 
 from .charts import finish
 from .law import law_band
+from .prose import span
 
 # training steps -> colour, the same in every panel (dark to light as the run lengthens)
 STEP_COLOURS = {300: "#0d0887", 1200: "#9c179e", 4800: "#e8704c", 24_414: "#e0a800"}
@@ -37,9 +35,8 @@ def steps_label(steps: int) -> str:
 
 
 def marks(panel: str, x: float, series: str, r: dict) -> list[dict]:
-    """One point's marks: its onset and interval bar ("point"; no circle where the onset lies
-    beyond the LRs read) and an arrow ("arrow", up or down) at each bound an open end or the
-    onset lies beyond; none where no onset was read."""
+    """One point's onset and interval ("point") and an arrow ("arrow", up or down) at each LR
+    bound that an open interval end or the onset lies beyond; none where no onset was read."""
     side = r.get("onset_side") or ""
     if r["onset_lr"] is None and not side:
         return []
@@ -57,9 +54,8 @@ def marks(panel: str, x: float, series: str, r: dict) -> list[dict]:
 
 
 def measured(points: pl.DataFrame, mini: list[dict]) -> list[dict]:
-    """Every panel's marks: the width-64 ladder points against warmup (the length's points
-    dodged apart) and training steps (30 warmup steps, or a tenth of the run), the 300-step ones
-    with 30 warmup steps against width, and the mini against depth."""
+    """Every panel's marks: the width-64 points against warmup and steps, the 300-step ones
+    against width, and the mini against depth."""
     rank = {s: i - 1 for i, s in enumerate(sorted(STEP_COLOURS))}
     out = []
     for r in points.iter_rows(named=True):
@@ -84,10 +80,8 @@ def law_lengths(fit: dict) -> list[int]:
 
 
 def law_rows(fit: dict, lengths: list[int]) -> list[dict]:
-    """The fitted law at each length over the warmups of the ladder's schedules (30 up to 40%
-    of the run, at most 1,920), with the 95% interval of a new point's onset."""
-    if fit.get("draws") is None:
-        return []
+    """The fitted law and a new point's 95% interval at each length, over warmups from 30 up to
+    40% of the run (at most 1,920)."""
     rows = []
     for steps in lengths:
         top = min(1920, 0.4 * steps)
@@ -197,9 +191,8 @@ def law_layers(fit: dict, lengths: list[int], a: Axes) -> list[alt.Chart]:
 
 
 def answer_chart(points: pl.DataFrame, mini: list[dict], fit: dict) -> alt.TopLevelMixin:
-    """The four panels side by side with the caption under them. `points`: the ladder's points
-    table; `mini`: the mini's rows (analysis/published.py's study_rows); `fit`: the straight
-    law's fit (analysis/law.py's fit_law)."""
+    """The four panels side by side with the caption under them, from the ladder's points, the
+    mini's rows (published.study_rows) and the straight law's fit."""
     rows = measured(points, mini)
     fitted = law_lengths(fit)
     shown = sorted({int(r["steps"].replace(",", "")) for r in rows} | set(fitted))
@@ -218,8 +211,7 @@ def answer_chart(points: pl.DataFrame, mini: list[dict], fit: dict) -> alt.TopLe
                  else [series_line(mine, a, panel == "steps")])
         panels.append(alt.layer(*drawn, *layers(mine, a)).properties(width=width, height=HEIGHT))
     seeds = sorted(set(points["seeds"].to_list())) if "seeds" in points.columns else []
-    n = (f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]}-{seeds[-1]} seeds" if seeds
-         else "the seeds")
+    n = f"{span(seeds, '')} seeds" if seeds else "the seeds"
     return finish(alt.hconcat(*panels, spacing=24).properties(title=alt.Title(
         caption(fit, n), orient="bottom", anchor="start", fontSize=12, fontWeight="normal",
         color="#222222", offset=10)))

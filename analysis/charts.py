@@ -8,6 +8,7 @@ from pathlib import Path
 
 import altair as alt
 import polars as pl
+import polars.selectors as cs
 import vl_convert as vlc
 
 from qkstudy.variants import NONE, VARIANTS
@@ -66,11 +67,7 @@ def lr_ticks(lrs: list[float], width: float) -> list[float]:
                if lrs[0] / 1.0001 <= 10.0 ** k <= lrs[-1] * 1.0001]
     if len(decades) >= 2 and fits(decades):
         return decades
-    for k in range(2, len(lrs) + 1):
-        thinned = lrs[::k]
-        if fits(thinned):
-            return thinned
-    return lrs[:1]
+    return next(thinned for k in range(2, len(lrs) + 1) if fits(thinned := lrs[::k]))
 
 
 def lr_x(lrs: list[float], width: float) -> tuple[alt.X, alt.Scale]:
@@ -108,10 +105,8 @@ def probe_words(name: str) -> str:
 
 def values(df: pl.DataFrame) -> alt.Data:
     """Inline data with NaN and +-inf as null (JSON has neither)."""
-    floats = [c for c, t in df.schema.items() if t.is_float()]
-    clean = df.with_columns([pl.when(pl.col(c).is_finite()).then(pl.col(c)).alias(c)
-                             for c in floats])
-    return alt.Data(values=clean.to_dicts())
+    finite = pl.when(cs.float().is_finite()).then(cs.float())
+    return alt.Data(values=df.with_columns(finite).to_dicts())
 
 
 def lr_brush() -> alt.Parameter:

@@ -203,8 +203,7 @@ def render(text: str) -> str:
 def stale(root: Path = ROOT) -> list[str]:
     out = []
     for path in doc_files(root):
-        text = path.read_text()
-        for m in BLOCK.finditer(text):
+        for m in BLOCK.finditer(path.read_text()):
             if m.group(2) not in BLOCKS:
                 out.append(f"{path.relative_to(root)}: {m.group(2)} (no such table)")
             elif m.group(3) != BLOCKS[m.group(2)]():

@@ -4,7 +4,6 @@ the provenance of the runs and of the analysis, the drill-down data and the link
 from __future__ import annotations
 
 import datetime as dt
-import html
 import json
 import math
 import platform
@@ -24,6 +23,10 @@ from .load import Runs
 from .prose import CHARTS, headline
 from .study import ReportOptions, Study
 
+
+TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
+                               autoescape=True, undefined=jinja2.StrictUndefined,
+                               keep_trailing_newline=True)
 
 # Every chart reads three signals the page's script sets: arms_shown (arm labels, null: all),
 # depths_shown (null: all) and lr_range ([low, high] from the LR brush, null: every LR). In a
@@ -61,11 +64,8 @@ SHOWN = ("run", "depth", "lr", "seed", "status", "final_val_loss", "diverged_ste
 def _binned(frame: pl.LazyFrame, value: str) -> dict[str, list[list[float]]]:
     """{run: [[step, value], ...]}: at most MAX_POINTS bin means per run."""
     frame = frame.filter(pl.col(value).is_not_null()).select("run", "step", value).collect()
-    if frame.is_empty():
-        return {}
-    last = frame.group_by("run").agg(last=pl.col("step").max())
-    binned = (frame.join(last, on="run")
-              .with_columns(bin=pl.col("step") // (pl.col("last") // MAX_POINTS + 1))
+    binned = (frame.with_columns(
+                  bin=pl.col("step") // (pl.col("step").max().over("run") // MAX_POINTS + 1))
               .group_by("run", "bin").agg(step=pl.col("step").max(), v=pl.col(value).mean())
               .filter(pl.col("v").is_finite()).sort("run", "step"))
     out: dict[str, list[list[float]]] = {}
@@ -101,53 +101,35 @@ def run_details(study: Study) -> dict:
     return {"runs": runs, "common": common}
 
 
-def _cell(value) -> str:
+def _cell(column: str, value) -> tuple[str, str, str]:
+    """A table cell's css class, tooltip and text; a run id without its hash (whole in the tooltip)."""
     if value is None:
-        return '<td class="na">-</td>'
+        return "na", "", "-"
     if isinstance(value, bool):
-        return f"<td>{'yes' if value else 'no'}</td>"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return '<td class="na">nan</td>'
-        text = f"{value:.4g}" if math.isfinite(value) else ("inf" if value > 0 else "-inf")
-        return f'<td class="num">{text}</td>'
+        return "", "", "yes" if value else "no"
+    if isinstance(value, float):  # nan, inf and -inf as Python writes them
+        return "na" if math.isnan(value) else "num", "", f"{value:.4g}"
     if isinstance(value, int):
-        return f'<td class="num">{value}</td>'
-    return f"<td>{html.escape(str(value))}</td>"
+        return "num", "", str(value)
+    if column == "run" and isinstance(value, str):
+        return "id", value, value.rsplit("-", 1)[0] if value.count("-") >= 2 else value
+    return "", "", str(value)
 
 
-def _run_cell(run: str) -> str:
-    """A run id without its hash (the full id in the tooltip)."""
-    short = run.rsplit("-", 1)[0] if run.count("-") >= 2 else run
-    return f'<td class="id" title="{html.escape(run)}">{html.escape(short)}</td>'
+MAX_ROWS = 2000  # a table's rows on the page; the CSV and Parquet tables have every row
 
 
-def html_table(df: pl.DataFrame, columns: list[str] | None = None, max_rows: int = 2000,
-               filterable: bool = False, first: tuple[str, ...] = (), name: str = "") -> str:
-    """A sortable table, optionally with a search box and the `first` columns leading."""
-    if df.is_empty():
-        return '<p class="na">(none)</p>'
+def data_table(df: pl.DataFrame, columns: list[str] | None = None, filterable: bool = False,
+               first: tuple[str, ...] = (), name: str = "") -> dict:
+    """What the template's sortable data_table draws: the columns (with `name`, the `first` lead
+    and the others hide behind a toggle), the cells of the first MAX_ROWS rows."""
     columns = [c for c in (columns or df.columns) if c in df.columns]
-    toggle = ""
-    if first and name:
-        lead = [c for c in first if c in columns]
-        columns = lead + [c for c in columns if c not in lead]
-        if len(columns) > len(lead):
-            toggle = (f'<style>#{name}.compact tr > :nth-child(n+{len(lead) + 1}) '
-                      '{ display: none; }</style><label class="table-columns"><input '
-                      f'type="checkbox" data-table="{name}"> show all {len(columns)} columns '
-                      f'(the first {len(lead)} are shown)</label> ')
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "\n".join("<tr>" + "".join(_run_cell(r[c]) if c == "run" and isinstance(r[c], str)
-                                       else _cell(r[c]) for c in columns) + "</tr>"
-                     for r in df.head(max_rows).iter_rows(named=True))
-    more = (f'<p class="na">{df.height - max_rows} more rows in the CSV/Parquet table</p>'
-            if df.height > max_rows else "")
-    search = ('<input type="search" class="table-filter" placeholder="filter rows: words that '
-              'must all appear (e.g. diverged d4 rmsnorm)" size="60">' if filterable else "")
-    table = (f'<table class="data compact" id="{name}">' if toggle else '<table class="data">')
-    return f'{search}{toggle}<div class="scroll">{table}<thead><tr>{head}</tr></thead>' \
-           f'<tbody>\n{body}\n</tbody></table></div>{more}'
+    lead = [c for c in first if c in columns] if name else []
+    columns = lead + [c for c in columns if c not in lead]
+    return {"columns": columns, "name": name, "filterable": filterable,
+            "lead": len(lead) if len(columns) > len(lead) else 0, "more": df.height - MAX_ROWS,
+            "rows": [[_cell(c, r[c]) for c in columns]
+                     for r in df.head(MAX_ROWS).iter_rows(named=True)]}
 
 
 def _script_json(obj) -> str:
@@ -184,8 +166,7 @@ def run_provenance(runs: Runs) -> pl.DataFrame:
             "data_meta_sha256": str(m.get("data_meta_sha256") or "?")[:12]})
     if not rows:
         return pl.DataFrame()
-    keys = list(rows[0])
-    return pl.DataFrame(rows).group_by(keys).agg(runs=pl.len()).sort("runs", descending=True)
+    return pl.DataFrame(rows).group_by(pl.all()).len("runs").sort("runs", descending=True)
 
 
 def analysis_environment() -> dict[str, str]:
@@ -217,10 +198,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
                 and (not c.startswith("final_") or c in shown_probes
                      or c in ("final_val_loss", "final_val_ppl", "final_train_loss"))]
     safe = markupsafe.Markup
-    templates = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "templates"),
-                                   autoescape=True, undefined=jinja2.StrictUndefined,
-                                   keep_trailing_newline=True)
-    return templates.get_template("report.html.j2").render(
+    return TEMPLATES.get_template("report.html.j2").render(
         env=env, root=str(runs.root), n_runs=t.height,
         status=", ".join(f"{n} {s}" for s, n in t["status"].value_counts(sort=True).iter_rows()),
         n_points=study.points.height, framework=study.framework,
@@ -232,8 +210,8 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         verdicts=[{**r, "css": "verdict-" + r["verdict"].split(" (")[0].replace(" ", "-"),
                    "arm": M.arm_words(r["compared_arm"])}
                   for r in study.verdicts.iter_rows(named=True)],
-        arms_table=safe(html_table(study.arms, list(ARM_COLUMNS))),
-        **{f"{k}_table": safe(html_table(v)) for k, v in (
+        arms_table=data_table(study.arms, list(ARM_COLUMNS)),
+        **{f"{k}_table": data_table(v) for k, v in (
             ("per_seed", per_seed), ("onset", study.thresholds), ("best", study.best_gaps),
             ("h2", study.h2_tests), ("h3", study.h3_tests), ("gaps", study.gaps),
             ("twins", study.twins), ("spikes", study.spikes),
@@ -241,11 +219,11 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
         comparison=comparison and {
             "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],
-            "gaps": safe(html_table(comparison["gaps"], filterable=True)),
-            "verdicts": safe(html_table(comparison["verdicts"]))},
+            "gaps": data_table(comparison["gaps"], filterable=True),
+            "verdicts": data_table(comparison["verdicts"])},
         headline_caption=CHARTS["headline"], sentences=headline(study),
-        runs_table=safe(html_table(study.per_run, run_cols, filterable=True,
-                                   first=RUN_COLUMNS_FIRST, name="runs-table")),
+        runs_table=data_table(study.per_run, run_cols, filterable=True,
+                              first=RUN_COLUMNS_FIRST, name="runs-table"),
         specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),
         links_json=safe(_script_json({
@@ -258,9 +236,5 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
 
 def failed_page(runs: Runs) -> str:
     """The page of a folder where no run finished: every failed run with its error line."""
-    items = "".join(f"<li>{html.escape(w)}</li>" for w in runs.warnings)
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>QK-norm study: no finished "
-            f"runs</title></head><body><h1>No finished runs</h1><p>All {runs.table.height} runs "
-            f"under <code>{html.escape(str(runs.root))}</code> failed, so there are no study "
-            "metrics, charts or verdicts. Each failed run keeps its traceback; the next "
-            f"sweep retries it.</p><ul>{items}</ul></body></html>\n")
+    return TEMPLATES.get_template("failed.html.j2").render(
+        n_runs=runs.table.height, root=str(runs.root), warnings=runs.warnings)

@@ -60,9 +60,8 @@ def training_curves_chart(runs: pl.DataFrame, metrics: pl.LazyFrame, picks: pl.D
     chosen = runs.join(picks, on=["depth", "lr"]).with_columns(arm_expr()).select(
         "run", "depth", "lr", "seed", "framework", "arm", "init_loss", "status", "diverged_step")
     m = metrics.join(chosen.lazy().select("run"), on="run")
-    steps = m.group_by("run").agg(last=pl.col("step").max())
-    train = (m.filter(pl.col("train_loss").is_not_null()).join(steps, on="run")
-             .with_columns(bin=pl.col("step") // ((pl.col("last") // 60) + 1))  # <= 60 points
+    train = (m.with_columns(bin=pl.col("step") // (pl.col("step").max().over("run") // 60 + 1))
+             .filter(pl.col("train_loss").is_not_null())  # <= 60 points a run
              .group_by("run", "bin").agg(step=pl.col("step").max(),
                                          loss=pl.col("train_loss").mean())
              .drop("bin").with_columns(series=pl.lit("train")))

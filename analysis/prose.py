@@ -51,9 +51,10 @@ CHARTS = {
 }
 
 
-def _scale(values: pl.Series) -> str:
-    lo, hi = values.min() / 1e6, values.max() / 1e6
-    return f"{lo:.2f}M" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}M"
+def span(values, fmt: str = ".3g") -> str:
+    """The smallest and largest value as `fmt` writes them: "lo", or "lo-hi" where they differ."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 def _onset_words(r: dict) -> str:
@@ -87,7 +88,7 @@ def headline(study: Study) -> list[str]:
     tokens = p["tokens_seen"].drop_nulls().max() if "tokens_seen" in p.columns else None
     data = json.loads(study.setting).get("data", "?") if study.setting else "?"
     if params.len() and tokens:
-        out.append(f"Scale: {_scale(params)} parameters, at most {tokens / 1e6:.2g}M tokens a "
+        out.append(f"Scale: {span(params / 1e6, '.2f')}M parameters, at most {tokens / 1e6:.2g}M tokens a "
                    f"run, on {data}: this says nothing directly about larger models, longer "
                    f"training or other corpora.")
     return out

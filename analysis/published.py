@@ -1,13 +1,6 @@
-"""The published answer, rebuilt from the archives in results/: the README's answer table,
-docs/results.md's generated blocks, the answer's figure (docs/results/answer.png) and the warmup
-probes' figure (docs/results/warmup_probes.png).
-
-    python -m analysis.published           # rewrite the generated blocks and the figure
-    python -m analysis.published --check   # exit 1 where a block differs from the archives
-
-A generated block sits between `<!-- NAME: ... -->` and `<!-- end NAME -->`; the prose around
-it is written by hand and cites it. tests/test_published.py holds every block to the archives.
-"""
+"""`python -m analysis.published [--check]`: rewrite (or, with --check, compare) the blocks
+between `<!-- NAME: ... -->` and `<!-- end NAME -->` in README.md and docs/results.md, and the
+figures in docs/results/, from the archives in results/."""
 
 from __future__ import annotations
 
@@ -20,6 +13,7 @@ import polars as pl
 
 from analysis.ladder import analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
+from analysis.prose import span
 from analysis.study import Study, analyse
 from analysis.threshold import ABOVE, BELOW
 from qkstudy.archive import extract
@@ -47,9 +41,8 @@ def row_cells(r: dict) -> list[str]:
 
 
 def read_range(study: Study, t: dict) -> dict:
-    """The LRs a depth's onset is read over (as analysis/ladder.py's onset_columns gives them):
-    its informative LRs up to the largest up to which every QK-norm run trained; the side and bound
-    of an onset beyond them."""
+    """The informative LRs a depth's onset is read over (as ladder.onset_columns reads them), and
+    the side and bound of an onset beyond them."""
     lrs = sorted(study.gaps.filter((pl.col("compared_arm") == t["compared_arm"])
                                    & (pl.col("depth") == t["depth"]) & pl.col("informative"))
                  ["lr"].to_list()) or [None]
@@ -61,8 +54,7 @@ def read_range(study: Study, t: dict) -> dict:
 
 
 def study_rows(study: Study, name: str) -> list[dict]:
-    """Per depth of a study (the mini preset's model and run), its compared arm against off:
-    the row the answer table shows, and where its onset is read."""
+    """Per depth and compared arm of a study at the mini preset's model: the answer table's row."""
     rows = []
     for t in study.thresholds.sort("depth").iter_rows(named=True):
         arm = t["compared_arm"]
@@ -80,14 +72,9 @@ PRACTITIONER = ["warmup steps", "training steps", "skip below: no difference dec
                 "onset: off worse by 0.1 nats from LR [95% CI]", "off worse decided from LR"]
 
 
-def _range(values: list[float]) -> str:
-    lo, hi = min(values), max(values)
-    return f"{lo:.3g}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}-{hi:.3g}"
-
-
 def practitioner(ladder: dict) -> str:
-    """The practitioner's table (each measured warmup and training length of the width-64,
-    depth-4 model, then the study preset's predicted onset) and the rule read off it."""
+    """The width-64, depth-4 points by warmup and length, the study preset's predicted onset, and
+    the rule read off them."""
     t = ladder["points"].filter((pl.col("d_model") == 64) & (pl.col("depth") == 4)).sort(
         "warmup", "steps")
     rows = [[f"{r['warmup']:,}", f"{r['steps']:,}", _lr(r["no_difference_up_to"]), r["onset"],
@@ -102,7 +89,7 @@ def practitioner(ladder: dict) -> str:
         onsets = g["onset_lr"].drop_nulls().to_list()
         low = (f"it can be skipped up to LR {' or '.join(skip)}" if skip else
                "no LR was decided safe to skip it")
-        high = (f"it is needed from {_range(onsets)}" if onsets else
+        high = (f"it is needed from {span(onsets)}" if onsets else
                 "no onset lies within the LRs read")
         clauses.append(f"with {warmup:,} warmup steps, {low}, and {high}")
     return (_table(PRACTITIONER, rows) + "\n\n**The rule, read off the table: " + "; ".join(clauses)
@@ -145,8 +132,8 @@ def _seeds(values: pl.Series) -> str:
 
 
 def probe_table(probes: pl.DataFrame | None) -> str:
-    """Per warmup and LR, the off arm's max attention logit and attention entropy of each seed at
-    the warmup's end (the first probe at or after it) and at a fifth of training."""
+    """Per warmup and LR, the off arm's max logit and entropy of each seed at the warmup's end and
+    at a fifth of training."""
     if probes is None:
         return "No probe sweep archived yet."
     fifth = probes["step"].max()
@@ -179,8 +166,7 @@ def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
 
 
 def figure(studies: dict[str, Study], ladder: dict):
-    """The answer's figure (analysis/answer_figure.py): the onset against warmup steps, training
-    steps, width and depth, with the straight warmup law and its study-schedule prediction."""
+    """The answer's figure (analysis/answer_figure.py)."""
     from analysis.answer_figure import answer_chart
 
     points, fits = ladder["points"], ladder["fits"]
@@ -206,8 +192,7 @@ def main(argv: list[str]) -> int:
     pages = {ROOT / "README.md": ["practitioner", "advise", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []
     for page, names in pages.items():
-        text = page.read_text()
-        new = text
+        new = text = page.read_text()
         for name in names:
             new = replace_block(new, name, made[name])
         if new != text:
@@ -215,15 +200,15 @@ def main(argv: list[str]) -> int:
             if not argv:
                 page.write_text(new)
     if not argv:
-        from analysis.charts import save_chart
+        import vl_convert as vlc
+
         from analysis.ladder import warmup_chart
         charts = {"answer": figure(studies, ladder)}
         if ladder["probes"] is not None:
             charts["warmup_probes"] = warmup_chart(ladder["probes"])
         for name, chart in charts.items():
-            save_chart(chart, ROOT / "docs" / "results", name)
-            for ext in ("svg", "html"):
-                (ROOT / "docs" / "results" / f"{name}.{ext}").unlink()
+            (ROOT / "docs" / "results" / f"{name}.png").write_bytes(
+                vlc.vegalite_to_png(chart.to_dict(), scale=2.0))
         print(f"rewrote {', '.join(stale) or 'nothing'}; "
               + ", ".join(f"docs/results/{n}.png" for n in charts), file=sys.stderr)
         return 0

@@ -755,8 +755,8 @@ def test_landmarks_draw_an_open_onset_interval_to_the_edge():
 def test_the_evidence_names_only_the_outcomes_some_lr_had():
     from analysis import prose
 
-    assert prose._scale(pl.Series([840_000, 840_100])) == "0.84M"
-    assert prose._scale(pl.Series([420_000, 12_360_000])) == "0.42-12.36M"
+    assert prose.span(pl.Series([840_000, 840_100]) / 1e6, ".2f") == "0.84"
+    assert prose.span(pl.Series([420_000, 12_360_000]) / 1e6, ".2f") == "0.42-12.36"
     evidence = " ".join(verdicts(onset_sweep({2: 3e-2}))["evidence"].to_list())
     assert "on worse at" not in evidence and "at none" not in evidence
     assert "off worse at lr 0.03" in evidence
