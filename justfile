@@ -34,11 +34,6 @@ status *args:
 report *args:
     @{{py}} -m analysis report "$@"
 
-# the marimo notebook over a runs folder, in the browser (docs/analysis.md): just explore [RUNS_DIR] (default runs/demo)
-[group('1 get started')]
-explore *args:
-    @MARIMO_SKIP_UPDATE_CHECK=1 {{py}} -m marimo run analysis/explore.py -- "$@"
-
 # tokenise a corpus: just prepare synthetic|tinystories|fineweb-edu|PATH [tokenizer=gpt2|bytes] ...
 [group('2 run the study')]
 prepare *args:

@@ -21,7 +21,7 @@ PACKAGES = ("qkstudy", "mlx_gpt", "torch_ref", "analysis", "crosscheck")
 # package -> the top-level modules it must never import (anywhere, lazily included)
 FORBIDDEN = {
     "qkstudy": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck", "analysis",
-                "polars", "altair", "marimo"},
+                "polars", "altair"},
     "analysis": {"mlx", "torch", "mlx_gpt", "torch_ref", "crosscheck"},
     "mlx_gpt": {"torch", "torch_ref", "analysis", "crosscheck"},
     "torch_ref": {"mlx", "mlx_gpt", "analysis", "crosscheck"},

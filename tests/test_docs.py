@@ -206,7 +206,7 @@ def test_the_spot_check_tolerances_are_stated_as_in_the_code():
 # import name -> the distribution that provides it
 DISTRIBUTION = {"tiktoken_ext": "tiktoken"}
 # what a torch run on a GPU node must not pull in: MLX and the analysis stack
-NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "marimo", "vl-convert-python", "statsmodels"}
+NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "vl-convert-python", "statsmodels"}
 # the modules a backend=torch run, sweep, status and spot check import
 TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/engine.py",
              "torch_ref/model.py", "torch_ref/device.py", "crosscheck/__init__.py",

@@ -52,7 +52,7 @@ def test_each_recipe_calls_what_exists(name):
         assert (ROOT / path).exists(), f"just {name} names {path}, which does not exist"
     for module, command in calls:
         assert importlib.util.find_spec(module), f"just {name} runs {module}, which does not exist"
-        if module in ("pytest", "marimo"):
+        if module == "pytest":
             continue
         package = importlib.util.find_spec(module).submodule_search_locations is not None
         main = importlib.import_module(f"{module}.__main__" if package else module).main

@@ -1,13 +1,8 @@
-"""analysis.load_study and the marimo notebook analysis/explore.py, run headless on a tiny sweep."""
+"""analysis.load_study, the entry point for notebooks and scripts, on a tiny sweep."""
 
 from __future__ import annotations
 
 import dataclasses
-import html
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import polars as pl
@@ -21,8 +16,6 @@ from analysis.study import probe_curves, training_curves
 from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "analysis" / "explore.py"
 LRS = (3e-3, 1.0)  # one LR that trains, one that diverges
 
 
@@ -99,48 +92,3 @@ def test_load_study_bad_input_is_one_line_usage_error(tmp_path, tiny_runs):
         assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
     with pytest.raises(UsageError, match="options must be"):
         load_study(tiny_runs, {"alpha": 0.1})
-
-
-def _marimo_env() -> dict[str, str]:
-    # no network: marimo would otherwise look for a newer version on PyPI
-    return {**os.environ, "MARIMO_SKIP_UPDATE_CHECK": "1"}
-
-
-def _decoded(page: str) -> str:
-    """The exported page's outputs are escaped JSON inside HTML attributes: undo the
-    \\uXXXX escapes, the HTML entities and the backslashes, a few times over."""
-    for _ in range(3):
-        page = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), page)
-        page = html.unescape(page).replace("\\\\", "\\").replace('\\"', '"')
-    return page
-
-
-def test_notebook_exports_to_html_with_verdicts_and_charts(tiny_runs, tmp_path):
-    out = tmp_path / "explore.html"
-    done = subprocess.run([sys.executable, "-m", "marimo", "export", "html", str(NOTEBOOK),
-                           "-o", str(out), "--no-include-code", "--no-sandbox", "-f", "--",
-                           str(tiny_runs)],
-                          capture_output=True, text=True, timeout=300, env=_marimo_env(),
-                          cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    page = _decoded(out.read_text())
-    assert "def _(" not in page  # without the code, only outputs can match below
-    assert f"QK-norm study: <code>{tiny_runs}</code>" in page
-    for verdict in load_study(tiny_runs).verdicts["verdict"]:
-        assert verdict in page, verdict
-    assert page.count("application/vnd.vegalite") >= 3  # gap headline, training, probe
-    for title in ("Training curves (lines: train loss", "max attention logit against step"):
-        assert title in page, title
-    # the defaults show the answer: every LR in the curves, the probe on a log axis
-    for lr in LRS:
-        assert f'"lr_label": "{lr:.2e}"' in page or f'"lr_label":"{lr:.2e}"' in page, lr
-    assert re.search(r'"field": "value",(\\n|\s)*"scale": \{(\\n|\s)*"type": "log"', page)
-
-
-def test_notebook_as_a_script_fails_in_one_line_on_a_missing_folder(tmp_path):
-    done = subprocess.run([sys.executable, str(NOTEBOOK), "--", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=300, env=_marimo_env(),
-                          cwd=tmp_path)
-    assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[-1] == (
-        f"error: runs folder {tmp_path / 'nope'} does not exist")
