@@ -58,7 +58,7 @@ mini *args:
     runs=runs
     for word in "$@"; do case "$word" in name=*) name=${word#name=};; runs_dir=*) runs=${word#runs_dir=};; esac; done
     test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
-    MLX_GPT_CPU_JIT=${MLX_GPT_CPU_JIT:-native} {{py}} -m qkstudy sweep preset=mini "$@"
+    {{py}} -m qkstudy sweep preset=mini "$@"
     {{py}} -m analysis report "$runs/$name" out="reports/$name"
 
 # the ladder (docs/report.md): each point a sweep into runs/ladder/<point>, resumable: just ladder [points=NAME,NAME] [--dry-run]

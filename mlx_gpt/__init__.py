@@ -1,7 +1,6 @@
-"""The MLX engine; importing it prepares MLX's CPU backend (cpu_jit.py) on Linux, silently:
-its Engine says why MLX may compute slowly when it starts to."""
+"""The MLX engine; importing it loads OpenBLAS for MLX's CPU backend (blas.py) on Linux,
+silently: its Engine says why MLX may compute slowly when it starts to."""
 
-from .cpu_jit import ensure_fast_blas, ensure_native_jit
+from .blas import ensure_fast_blas
 
 ensure_fast_blas()
-ensure_native_jit()

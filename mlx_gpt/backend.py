@@ -11,7 +11,7 @@ from qkstudy.config import TrainConfig
 from qkstudy.errors import UsageError
 from qkstudy.forecast import timed
 
-from . import cpu_jit
+from . import blas
 from .engine import Engine  # noqa: F401 - the seam's contract (qkstudy/backends.py)
 
 
@@ -32,8 +32,7 @@ def memory_limit(cfg: TrainConfig, runs: int | None = None) -> None:
 
 
 def facts(cfg: TrainConfig) -> dict:
-    return {"mlx": mx.__version__, "device": str(mx.default_device()), "blas": cpu_jit.blas,
-            "cpu_jit": "native" if cpu_jit.active else "plain"}
+    return {"mlx": mx.__version__, "device": str(mx.default_device()), "blas": blas.loaded}
 
 
 def matmul_gflops(cfg: TrainConfig, n: int = 2048, repeats: int = 3) -> float:

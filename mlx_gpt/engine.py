@@ -17,7 +17,7 @@ from qkstudy.config import TrainConfig, model_args
 from qkstudy.optimizer import decay_coefficient, decays, learning_rates
 from qkstudy.parameters import count_params
 
-from . import cpu_jit
+from . import blas
 from .model import GPT, init_weights
 
 
@@ -88,12 +88,12 @@ class Engine:
                    "kernels: up to a minute)")
 
     def __init__(self, cfg: TrainConfig, vocab_size: int, val, probe):
-        cpu_jit.warn_slow_blas()
+        blas.warn_slow_blas()
         self.cfg = cfg
         self.model = build_model(cfg, vocab_size)
         self.opt = make_optimizer(cfg, self.model.parameters())
         self.device = f"{mx.default_device()}"
-        self.manifest_extra = {"blas": cpu_jit.blas, "flush_denormals": denormals.flushing()}
+        self.manifest_extra = {"blas": blas.loaded, "flush_denormals": denormals.flushing()}
         self.params = count_params(self.model.args)
         self.val = [(mx.array(x), mx.array(y)) for x, y in val]
         self.px, self.py = (mx.array(a) for a in probe)

@@ -18,7 +18,7 @@ from .progress import format_seconds
 
 NIGHT_HOURS = 10  # a night on a workstation
 DAY_SECONDS = 24 * 3600
-BENCH_KEY = {"mlx": "mlx-plain-1", "torch": "torch-1"}  # one process, the run's default build
+BENCH_KEY = {"mlx": "mlx-1", "torch": "torch-1"}  # one process of each backend
 # The share of numpy's sgemm peak a CPU train step reaches (15-52% measured: performance.md)
 CPU_SHARE = 0.3
 

@@ -24,7 +24,7 @@ from qkstudy.config import TrainConfig  # noqa: E402
 
 # MLX on Linux without OpenBLAS (before `just setup`'s system packages) computes on its
 # reference BLAS and says so on stderr: a test marked needs_openblas("why") is skipped there
-WITHOUT_OPENBLAS = (sys.platform.startswith("linux") and mlx_gpt.cpu_jit.blas is None
+WITHOUT_OPENBLAS = (sys.platform.startswith("linux") and mlx_gpt.blas.loaded is None
                     and os.environ.get("MLX_GPT_BLAS") != "none")
 
 

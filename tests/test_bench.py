@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
-import tempfile
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from mlx_gpt import cpu_jit
 from qkstudy.bench import cli as bench
 from qkstudy.__main__ import main
 from qkstudy.bench.step import Spec, StepFailed, measure_together
@@ -60,15 +54,15 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
                  "seconds=0.05", "min_steps=2", f"out={out}"]) == 0
     report = json.loads((out / "bench.json").read_text())
     demo = report["shapes"]["demo"]
-    mlx, torch = demo["samples"]["mlx-plain-1"], demo["samples"]["torch-1"]
+    mlx, torch = demo["samples"]["mlx-1"], demo["samples"]["torch-1"]
     assert len(mlx) == len(torch) == 2 and all(v > 0 for v in mlx + torch)
     # every value from the measured samples: medians, ranges, ratios, FLOP/s
     assert demo["tokens_per_s"]["torch-1"] == {"median": statistics.median(torch),
                                                "min": min(torch), "max": max(torch), "n": 2}
     ratios = [t / m for m, t in zip(mlx, torch)]
-    assert demo["ratios"]["torch-1/mlx-plain-1"]["median"] == pytest.approx(
+    assert demo["ratios"]["torch-1/mlx-1"]["median"] == pytest.approx(
         statistics.median(ratios))
-    assert demo["gflops"]["mlx-plain-1"] == pytest.approx(
+    assert demo["gflops"]["mlx-1"] == pytest.approx(
         statistics.median(mlx) * demo["flops_per_token"] / 1e9)
     assert demo["share_of_sgemm_peak"]["torch-1"] == pytest.approx(
         demo["gflops"]["torch-1"] / report["sgemm_gflops"])
@@ -92,14 +86,14 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
 
 
 def fake_measurements(monkeypatch) -> list:
-    """measure_case replaced by numbers that depend on (case, round): 100 tok/s for MLX
-    plain, tuned 1.2x, PyTorch 1.5x, two processes 1.8x, each round 10 tok/s more."""
+    """measure_case replaced by numbers that depend on (case, round): 100 tok/s for MLX,
+    PyTorch 1.5x, two processes 1.8x, each round 10 tok/s more."""
     calls = []
 
     def fake(name, case, config, first):
         calls.append((name, case.key, first))
         rounds = sum(1 for c in calls if c[:2] == (name, case.key))
-        factor = {"mlx-plain": 1.0, "mlx-native": 1.2, "torch": 1.5}[case.key.rsplit("-", 1)[0]]
+        factor = {"mlx": 1.0, "torch": 1.5}[case.backend]
         total = 100 * factor * (1.8 if case.processes > 1 else 1) + 10 * rounds
         one = {"backend": {"mlx": "0", "device": "cpu", "blas": "x", "torch": "0", "threads": 2},
                "engine": {}}
@@ -109,7 +103,6 @@ def fake_measurements(monkeypatch) -> list:
         return {"tokens_per_s": total, "processes": [one]}
 
     monkeypatch.setattr(bench, "measure_case", fake)
-    monkeypatch.setattr(bench, "tuned_build_supported", lambda: True)
     return calls
 
 
@@ -117,19 +110,19 @@ def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_pat
     calls = fake_measurements(monkeypatch)
     report = bench.run(bench.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
                                          parallel=2, out=str(tmp_path)))
-    one_round = [("mini", "mlx-plain-1"), ("mini", "mlx-native-1"), ("mini", "torch-1"),
-                 ("mini", "mlx-plain-2"), ("mini", "mlx-native-2"), ("mini", "torch-2")]
+    one_round = [("mini", "mlx-1"), ("mini", "torch-1"), ("mini", "mlx-2"), ("mini", "torch-2")]
     assert [c[:2] for c in calls] == one_round * 3  # the engines alternate within every round
     firsts = [c[1] for c in calls if c[2]]
-    assert firsts == ["mlx-plain-1", "torch-1"]  # overheads once per backend, in round 1
+    assert firsts == ["mlx-1", "torch-1"]  # overheads once per backend, in round 1
     mini = report["shapes"]["mini"]
-    assert mini["tokens_per_s"]["mlx-native-1"] == {"median": 140, "min": 130, "max": 150, "n": 3}
-    tuned = mini["ratios"]["mlx-native-1/mlx-plain-1"]
-    assert tuned["median"] == pytest.approx(140 / 120) and tuned["min"] == pytest.approx(150 / 130)
+    assert mini["tokens_per_s"]["torch-1"] == {"median": 170, "min": 160, "max": 180, "n": 3}
+    torch_vs_mlx = mini["ratios"]["torch-1/mlx-1"]
+    assert torch_vs_mlx["median"] == pytest.approx(170 / 120)
+    assert torch_vs_mlx["min"] == pytest.approx(180 / 130)
     assert mini["ratios"]["torch-2/torch-1"]["median"] == pytest.approx(290 / 170)
     text = bench.markdown(report)
-    assert "| mini | MLX tuned | 140 (130-150) | 236 (226-246) | 1.69x (1.64-1.74) | " \
-           "1.17x (1.15-1.18) |" in text
+    assert "| mini | MLX | 120 (110-130) | 200 (190-210) | 1.67x (1.62-1.73) |" in text
+    assert "| mini | 0.42M | 2.9 | 120 (110-130) | 170 (160-180) | 1.42x (1.38-1.45) |" in text
     assert "Fastest: mini: PyTorch, 2 process(es) (290 tok/s)." in text
 
 
@@ -138,8 +131,8 @@ def test_where_to_run_reads_the_study_preset():
     study = PRESETS["study"]
     assert the_plan["runs_per_depth"] == len(study.arms) * len(study.grid_lrs()) * len(study.seeds)
     assert the_plan["runs_per_depth"] == 42 and the_plan["budget_tokens"] == study.train.budget_tokens
-    measured = {"study": {"tokens_per_s": {"mlx-plain-1": {"median": 300.0, "min": 290.0,
-                                                           "max": 310.0, "n": 3}}}}
+    measured = {"study": {"tokens_per_s": {"mlx-1": {"median": 300.0, "min": 290.0,
+                                                     "max": 310.0, "n": 3}}}}
     rows = where_to_run(measured)["rows"]
     here = rows[0]
     assert here["backend"] == "mlx" and here["source"].startswith("measured here")
@@ -195,11 +188,11 @@ def test_processes_time_the_same_window():
     end of its log interval), so the windows overlap and each ends at or after the other's
     start plus most of the window."""
     spec = dataclasses.replace(tiny_spec(), seconds=0.5)
-    results = measure_together(spec, 2, env={"MLX_GPT_CPU_JIT": "plain"})
+    results = measure_together(spec, 2)
     assert len(results) == 2
     for r in results:
         assert r["framework"] == "mlx" and r["steps"] >= 2 and r["tokens_per_s"] > 0
-        assert r["backend"]["cpu_jit"] == "plain" and r["peak_memory_bytes"] > 0
+        assert r["peak_memory_bytes"] > 0
     (start_a, end_a), (start_b, end_b) = (r["window"] for r in results)
     assert min(end_a, end_b) - max(start_a, start_b) > 0.25  # one window, not two
 
@@ -218,68 +211,3 @@ def test_the_benchmark_core_imports_no_framework():
     imports = re.compile(r"^\s*(from|import)\s+(mlx|torch|mlx_gpt|torch_ref)\b", re.M)
     for path in sorted((ROOT / "qkstudy" / "bench").glob("*.py")):
         assert not imports.search(path.read_text()), path.name
-
-
-# --- the tuned CPU build (mlx_gpt/cpu_jit.py) -----------------------------------------------
-
-TRAIN_A_FEW_STEPS = textwrap.dedent("""
-    import json, os, tempfile
-    import mlx_gpt
-    from mlx_gpt import cpu_jit
-    import mlx.core as mx
-    from qkstudy.batches import random_batch
-    from qkstudy.bench.shapes import preset_shape, shape_config
-    from mlx_gpt.model import GPT, init_weights
-    from mlx_gpt.engine import make_optimizer
-    from mlx_gpt.engine import make_train_step
-
-    cfg, args = shape_config(dict(preset_shape("demo"), depth=2, block_size=32))
-    model = GPT(args)
-    init_weights(model, 0)
-    step, state = make_train_step(model, make_optimizer(cfg, model.parameters()), cfg.grad_clip)
-    losses = []
-    for seed in range(8):
-        x, y = (mx.array(a) for a in random_batch(cfg, args.vocab_size, seed))
-        loss = step(x, y)[0]
-        mx.eval(loss, state)
-        losses.append(loss.item())
-    print(json.dumps({"losses": losses, "active": cpu_jit.active,
-                      "tempdir": tempfile.gettempdir(), "TMPDIR": os.environ.get("TMPDIR")}))
-""")
-
-
-def train_in_a_process(build: str, cache: Path) -> dict:
-    env = {**os.environ, "MLX_GPT_CPU_JIT": build, "XDG_CACHE_HOME": str(cache)}
-    done = subprocess.run([sys.executable, "-c", TRAIN_A_FEW_STEPS], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.skipif(not cpu_jit.supported() or not cpu_jit.cpu_identity(),
-                    reason="the tuned build exists on Linux x86-64 only")
-def test_tuned_build_trains_like_the_plain_one_in_a_cache_of_its_own():
-    # kept between test sessions, as MLX's own cache is: a cold build takes ~20 s
-    cache = Path(tempfile.gettempdir()) / "mlx_gpt-test-cpu-jit"
-    plain, tuned = train_in_a_process("plain", cache), train_in_a_process("native", cache)
-    assert plain["active"] is None and tuned["active"]
-    folder = Path(tuned["active"])
-    assert folder.parent == cache / "mlx_gpt" / "cpu-jit" and tuned["TMPDIR"] == str(folder)
-    assert tuned["tempdir"] == plain["tempdir"] != str(folder)  # Python's temp files stay put
-    assert "-march=native" in (folder / "bin" / "g++").read_text()
-    assert "model name" in (folder / "cpu.txt").read_text()
-    assert list(folder.glob("mlx/*/cpu/lib*.so"))  # MLX compiled its kernels there
-    assert plain["losses"][-1] < plain["losses"][0]
-    for a, b in zip(tuned["losses"], plain["losses"]):
-        assert abs(a - b) <= 1e-5 * abs(b), (tuned["losses"], plain["losses"])
-
-
-def test_the_cache_key_separates_cpus_and_compilers(tmp_path):
-    gxx = tmp_path / "g++"
-    gxx.write_text("#!/bin/sh\n")
-    one = cpu_jit.cache_key("model name: A\nflags: avx2", str(gxx))
-    assert one == cpu_jit.cache_key("model name: A\nflags: avx2", str(gxx))
-    assert one != cpu_jit.cache_key("model name: A\nflags: avx2 avx512f", str(gxx))
-    assert one != cpu_jit.cache_key("model name: B\nflags: avx2", str(gxx))
-    gxx.write_text("#!/bin/sh\n# another compiler\n")
-    assert one != cpu_jit.cache_key("model name: A\nflags: avx2", str(gxx))

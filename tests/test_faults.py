@@ -76,7 +76,7 @@ def test_status_writes_nothing_and_a_slurm_submission_is_whole_or_absent(work, d
     check(world, first(world, "open", ".array.sbatch.tmp"), "ENOSPC")
 
 
-# a machine without OpenBLAS (nor MKL), as mlx_gpt/cpu_jit.py looks for them: a sitecustomize
+# a machine without OpenBLAS (nor MKL), as mlx_gpt/blas.py looks for them: a sitecustomize
 NO_OPENBLAS = """
 import ctypes, ctypes.util
 find, load = ctypes.util.find_library, ctypes.CDLL.__init__

@@ -206,7 +206,7 @@ def test_dry_run_of_the_study_says_how_long_and_warns(tmp_path, monkeypatch, cap
     (tmp_path / "reports").mkdir()
     bench = {"machine": {"cpu": provenance.chip(), "cpus": os.cpu_count()},
              "shapes": {"study": {"flops_per_token": 77.4e6,
-                                  "tokens_per_s": {"mlx-plain-1": {"median": 457.0}}}}}
+                                  "tokens_per_s": {"mlx-1": {"median": 457.0}}}}}
     files.write_json(tmp_path / "reports" / "bench.json", bench)
     assert main(["sweep", "preset=study", "depth=6", "--dry-run"]) == 0
     out = capsys.readouterr().out

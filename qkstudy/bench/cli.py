@@ -33,9 +33,8 @@ class BenchConfig:
     warmup: int = 2  # untimed steps per measurement (compilation, first allocations)
     seconds: float = 3.0  # timed steps per measurement: enough for about this long ...
     min_steps: int = 3  # ... and at least this many
-    cpu_shapes: str = "demo,mini"  # also K processes at once and MLX's two CPU builds; none
+    cpu_shapes: str = "demo,mini"  # also K processes at once; none
     parallel: int = 2  # K; 1 leaves that comparison out
-    builds: bool = True  # MLX's plain against its tuned CPU build (Linux x86-64 only)
     probes: bool = True  # evaluation and probe cost (round 1)
     quick: bool = False  # the demo shape, one round, one second a measurement: a smoke test
     out: str = "reports"
@@ -43,24 +42,14 @@ class BenchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class BenchCase:
-    """One timed case: a backend, its build and how many processes run it at once."""
+    """One timed case: a backend and how many processes run it at once."""
 
     backend: str
-    build: str | None  # mlx: plain | native; torch: None
     processes: int
 
     @property
     def key(self) -> str:
-        return "-".join(filter(None, [self.backend, self.build, str(self.processes)]))
-
-    @property
-    def engine(self) -> str:
-        return LABEL[self.backend] + {"plain": " plain", "native": " tuned", None: ""}[self.build]
-
-
-def tuned_build_supported() -> bool:
-    """Where MLX builds its CPU kernels with g++ (mlx_gpt/cpu_jit.py's supported())."""
-    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+        return f"{self.backend}-{self.processes}"
 
 
 def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[str]:
@@ -82,14 +71,11 @@ class Plan:
     shapes: list[str]  # every shape measured, in order
     cpu_shapes: list[str]
     backends: list[str]
-    builds: list[str]
 
     def cases(self, name: str, parallel: int) -> list[BenchCase]:
-        """The engines measured at shape `name`, by process count, backend and build."""
-        extra = name in self.cpu_shapes
-        counts = (1, parallel) if extra and parallel > 1 else (1,)
-        builds = {"mlx": self.builds if extra else ["plain"], "torch": [None]}
-        return [BenchCase(b, build, n) for n in counts for b in self.backends for build in builds[b]]
+        """The engines measured at shape `name`, by process count and backend."""
+        counts = (1, parallel) if name in self.cpu_shapes and parallel > 1 else (1,)
+        return [BenchCase(b, n) for n in counts for b in self.backends]
 
 
 def validate(bench: BenchConfig) -> Plan:
@@ -128,9 +114,8 @@ def validate(bench: BenchConfig) -> Plan:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    builds = ["plain", "native"] if bench.builds and tuned_build_supported() else ["plain"]
     return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
-                [b for b in backends if b not in missing], builds)
+                [b for b in backends if b not in missing])
 
 
 def load_average() -> list[float] | None:
@@ -156,8 +141,7 @@ def measure_case(name: str, case: BenchCase, bench: BenchConfig, first: bool) ->
                 seconds=bench.seconds, min_steps=bench.min_steps,
                 overheads=first and bench.probes, matmul=first)
     try:
-        results = measure_together(spec, case.processes, env={"MLX_GPT_CPU_JIT": case.build}
-                                   if case.build else {})
+        results = measure_together(spec, case.processes)
     except StepFailed as e:
         return {"error": str(e)}
     return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
@@ -165,7 +149,7 @@ def measure_case(name: str, case: BenchCase, bench: BenchConfig, first: bool) ->
 
 def record(report: dict, entry: dict, v: BenchCase, m: dict, first: bool) -> None:
     """One measurement into the report (in round 1 also facts, overheads and matmul peak)."""
-    entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": v.engine}
+    entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": LABEL[v.backend]}
     entry["samples"].setdefault(v.key, []).append(m.get("tokens_per_s"))
     entry.setdefault("details", {}).setdefault(v.key, []).append(m)
     if "error" in m:
@@ -191,8 +175,7 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "cpu": provenance.chip(), "load_average": load_average(),
                     "load_before_each": []},
-        "config": dataclasses.asdict(bench), "backends": plan.backends, "builds": plan.builds,
-        "facts": {}}
+        "config": dataclasses.asdict(bench), "backends": plan.backends, "facts": {}}
     print("measuring the sgemm peak (numpy) ...", flush=True)
     report["sgemm_gflops"] = sgemm_gflops()
     shapes: dict[str, dict] = {}
@@ -204,8 +187,8 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
     for r in range(bench.rounds):
         for name in plan.shapes:
             for v in plan.cases(name, bench.parallel):
-                first = r == 0 and v.processes == 1 and v.build in (None, "plain")
-                print(f"measuring {name}: {v.engine}, {v.processes} process(es), round "
+                first = r == 0 and v.processes == 1
+                print(f"measuring {name}: {LABEL[v.backend]}, {v.processes} process(es), round "
                       f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
                 report["machine"]["load_before_each"] += (load_average() or [])[:1]
                 record(report, shapes[name], v, measure_case(name, v, bench, first), first)
@@ -216,15 +199,11 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
                            for k, s in entry["tokens_per_s"].items() if s}
         entry["share_of_sgemm_peak"] = {k: g / report["sgemm_gflops"]
                                         for k, g in entry["gflops"].items()}
-        pairs, base = [], "mlx-plain-1"
-        for key, v in entry["variants"].items():
-            if v["processes"] == 1 and key != base:
-                pairs.append((base, key))
-            if v["processes"] > 1:
-                pairs.append((key.rsplit("-", 1)[0] + "-1", key))
+        pairs = [(BENCH_KEY["mlx"], BENCH_KEY["torch"])] + [
+            (f"{v['backend']}-1", key) for key, v in entry["variants"].items() if v["processes"] > 1]
         entry["ratios"] = {f"{b}/{a}": spread([y / x for x, y in zip(samples[a], samples[b])
                                                if x and y is not None])
-                           for a, b in pairs if a in samples}
+                           for a, b in pairs if a in samples and b in samples}
     report["shapes"] = shapes
     report["where_to_run"] = where_to_run(shapes, report["machine"])
     report["machine"]["load_average_after"] = load_average()
@@ -299,7 +278,7 @@ def speed_table(report: dict) -> list[str]:
     for name, e in shapes.items():
         row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
         row += [median_range(e["tokens_per_s"].get(BENCH_KEY[b])) for b in backends]
-        row += [ratio_text(e["ratios"].get("torch-1/mlx-plain-1"))] * both
+        row += [ratio_text(e["ratios"].get("torch-1/mlx-1"))] * both
         for b in backends:
             k = BENCH_KEY[b]
             row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
@@ -332,17 +311,14 @@ def processes_table(report: dict) -> list[str]:
         for key, v in variants.items():
             if v["processes"] != 1:
                 continue
-            many = key.rsplit("-", 1)[0] + f"-{k}"
+            many = f"{v['backend']}-{k}"
             rows.append([name, v["engine"], median_range(e["tokens_per_s"].get(key)),
                          median_range(e["tokens_per_s"].get(many)),
-                         ratio_text(e["ratios"].get(f"{many}/{key}")),
-                         ratio_text(e["ratios"].get(f"{key}/mlx-plain-1"))])
+                         ratio_text(e["ratios"].get(f"{many}/{key}"))])
     if not rows:
         return []
-    return ["", f"Processes at once and MLX's CPU builds (tokens/s, in total for {k} processes; "
-                "tuned = MLX's CPU kernels built with -march=native, MLX_GPT_CPU_JIT=native):", "",
-            *table(["shape", "engine", "1 process", f"{k} at once", f"{k} / 1 process",
-                    "1 process vs MLX plain"], rows),
+    return ["", f"Processes at once (tokens/s, in total for {k} processes):", "",
+            *table(["shape", "engine", "1 process", f"{k} at once", f"{k} / 1 process"], rows),
             "", "Fastest: " + "; ".join(fastest) + "."]
 
 
@@ -373,8 +349,7 @@ USAGE = keys_usage(
     "Measures every backend's training step the same way (each measurement a fresh process\n"
     "running the run's own engine at a preset's shape; median and range of `rounds` rounds):\n"
     "tokens/s, PyTorch / MLX, FLOP/s and share of the sgemm peak, probe and eval overhead; at\n"
-    "cpu_shapes also K processes at once and MLX's plain against its tuned CPU build; then the\n"
-    "hours the study takes where. Writes <out>/bench.md and <out>/bench.json.",
+    "cpu_shapes also K processes at once; then the hours the study takes where. Writes <out>/bench.md and <out>/bench.json.",
     BenchConfig)
 
 
