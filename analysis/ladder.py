@@ -29,8 +29,8 @@ from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .study import ReportOptions, Study, analyse
-from .threshold import DepthDraws, depth_draws, estimate_text, gap_matrix, tested_rule, \
-    threshold_interval, widened
+from .threshold import DepthDraws, estimate_text, read_onset, tested_rule, threshold_interval, \
+    widened
 
 ON = "rmsnorm"
 BODY_POINT, BODY_BASE = "w192-d6-s1200-wu480", "w64-s1200-wu480"
@@ -45,7 +45,6 @@ class PointResult:
     left: int  # runs the sweep still has to train
     onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs read) and its draws
     seeds: int  # the whole seeds the point rests on
-    gaps: np.ndarray | None = None  # (seeds, LRs) the gaps the onset is read from
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -80,17 +79,14 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     study = analyse(load_runs(folder), options)
     on = paired_gaps(study.points, options.study).filter(pl.col("compared_arm") == ON)
     cells = study.gaps.filter((pl.col("compared_arm") == ON) & pl.col("informative"))
-    lrs = sorted(cells["lr"].to_list())
     seeds = sorted(set(on["seed"].to_list()))
-    if not lrs or len(seeds) < 2:
+    if cells.is_empty() or len(seeds) < 2:
         raise UsageError(f"{folder}: no informative cell with 2 or more paired seeds yet")
-    values = gap_matrix(on.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
     # each point's own seed draws: the points share no run
     draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
-    onset = depth_draws(values, lrs, draws, options.study.min_gap,
-                        trained_up_to=tested_rule(cells)["trained_up_to"])
+    onset = read_onset(cells, on, seeds, draws, options.study.min_gap)
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
-                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds), gaps=values)
+                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds))
 
 
 # --- per point ----------------------------------------------------------------------------------

@@ -35,9 +35,9 @@ def onset_scatter(results: list) -> tuple[float, list[str]]:
     squares, dof, lines = 0.0, 0, []
     for r in results:
         d = r.onset
-        if r.gaps is None or not math.isfinite(d.point):
+        if d.gaps is None or not math.isfinite(d.point):
             continue
-        own = seed_onsets(d, r.gaps, r.point.margin)
+        own = seed_onsets(d, r.point.margin)
         censored = int((~np.isfinite(own)).sum())
         dev = np.clip(own, *d.bounds) - d.point
         squares += float(dev @ dev)

@@ -40,13 +40,13 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> n
 class DepthDraws:
     """One (compared arm, depth): the LRs the onset is read over, the onset (log10 LR; -inf or
     +inf when the fit crosses at once or never there), its draws (a draw that does not cross is
-    kept, censored at the bound it lies beyond), the fit and the seeds."""
+    kept, censored at the bound it lies beyond), the seeds and their (seeds, LRs) gaps."""
 
     lrs: list[float]
     point: float
     draws: np.ndarray
-    fit: np.ndarray
     seeds: int
+    gaps: np.ndarray | None = None
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -83,14 +83,23 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
     boot_means, counts = S.seed_bootstrap(values, draws)
     crossings = threshold_from_fit(log_lrs, _fit(boot_means, counts.astype(float)), margin)
     return DepthDraws(lrs=lrs, point=float(threshold_from_fit(log_lrs, fit, margin)[0]),
-                      draws=np.clip(crossings, log_lrs[0], log_lrs[-1]), fit=fit[0],
-                      seeds=int(n.max()))
+                      draws=np.clip(crossings, log_lrs[0], log_lrs[-1]), seeds=int(n.max()),
+                      gaps=values)
 
 
-def seed_onsets(d: DepthDraws, values: np.ndarray, margin: float) -> np.ndarray:
+def read_onset(cells: pl.DataFrame, gaps: pl.DataFrame, seeds: list[int], draws: np.ndarray,
+               margin: float) -> DepthDraws:
+    """The onset of one (compared arm, depth) from its H1 cells and paired gaps: read over its
+    informative LRs up to the largest up to which every QK-norm run trained."""
+    lrs = sorted(cells.filter("informative")["lr"].to_list())
+    values = gap_matrix(gaps.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
+    return depth_draws(values, lrs, draws, margin, tested_rule(cells)["trained_up_to"])
+
+
+def seed_onsets(d: DepthDraws, margin: float) -> np.ndarray:
     """Each seed's own onset (log10 LR; -inf or +inf where its fit crosses at once or never):
-    the reading of `d` on one row of its (seeds, LRs) gaps `values` alone."""
-    v = values[:, :len(d.lrs)]
+    the reading of `d` on one row of its gaps alone."""
+    v = d.gaps
     return threshold_from_fit(np.log10(d.lrs), _fit(v, (~np.isnan(v)).astype(float)), margin)
 
 
@@ -139,13 +148,9 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
         draws = S.seed_draws(len(seeds), options.bootstrap, f"whole-seed/{on}{options.draw_key}")
         for depth in sorted(set(informative.filter(pl.col("compared_arm") == on)["depth"])):
             c = cells.filter((pl.col("compared_arm") == on) & (pl.col("depth") == depth))
-            lrs = sorted(c.filter("informative")["lr"].to_list())
-            if int(c.filter("informative")["pairs"].max()) < 2:
-                continue
-            values = gap_matrix(mine.filter((pl.col("depth") == depth)
-                                            & pl.col("lr").is_in(lrs)), seeds, lrs)
-            out[(on, depth)] = depth_draws(values, lrs, draws, options.min_gap,
-                                           tested_rule(c)["trained_up_to"])
+            if int(c.filter("informative")["pairs"].max()) >= 2:
+                out[(on, depth)] = read_onset(c, mine.filter(pl.col("depth") == depth), seeds,
+                                              draws, options.min_gap)
     return out
 
 
