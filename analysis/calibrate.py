@@ -143,15 +143,14 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
-              scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
-              base_seed: int = 0) -> pl.DataFrame:
+              scenarios: tuple[str, ...] = tuple(SCENARIOS)) -> pl.DataFrame:
     """Per scenario and claim: count, rate and Clopper-Pearson bound, or mean coverage."""
-    options = options or Options()
+    options = Options()
     rows = []
     for name in scenarios:
         scenario = SCENARIOS[name]
         truth = truth_of(scenario, noise, seeds, options)
-        rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
+        rng = np.random.default_rng([0, seeds, list(SCENARIOS).index(name)])
         scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
                         replace(options, draw_key=f"#{name}/{i}")) for i in range(studies)]
         for key in scores[0]:

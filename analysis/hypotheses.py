@@ -73,16 +73,13 @@ def _cell(g: dict[str, list], options: Options) -> dict:
         "both_diverged": sum(g["diverged_on"]) == n}
 
 
-def _decide(cell: dict, alpha: float) -> str:
-    if cell["pairs"] < 2:
-        return TOO_FEW
-    if not cell["informative"]:
-        return UNINFORMATIVE
-    for claim, decision in (("q_off_worse", OFF_WORSE), ("q_on_worse", ON_WORSE),
-                            ("q_equivalent", NO_DIFFERENCE)):
-        if cell[claim] is not None and cell[claim] < alpha:
-            return decision
-    return UNDETERMINED
+def decided(row: dict, claims: dict[str, str], alpha: float) -> str:
+    """The decision of the first claim (q column: decision) whose adjusted p is below alpha."""
+    return next((d for q, d in claims.items() if row[q] is not None and row[q] < alpha),
+                UNDETERMINED)
+
+
+H1_CLAIMS = {"q_off_worse": OFF_WORSE, "q_on_worse": ON_WORSE, "q_equivalent": NO_DIFFERENCE}
 
 
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
@@ -121,13 +118,14 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
         keys += [(b, "p_off_worse") for b in best_rows if b["compared_arm"] == on]
         S.adjust_family(keys, options.alpha)
     for c in cells:
-        c["decision"] = _decide(c, options.alpha)
+        c["decision"] = (TOO_FEW if c["pairs"] < 2 else UNINFORMATIVE if not c["informative"]
+                         else decided(c, H1_CLAIMS, options.alpha))
         c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,
                  worse=c["decision"] == OFF_WORSE, no_difference=c["decision"] == NO_DIFFERENCE,
                  needed=None)
     for b in best_rows:
-        b["decision"] = (TOO_FEW if b["pairs"] < 2 else OFF_WORSE if (
-            b["q_off_worse"] is not None and b["q_off_worse"] < options.alpha) else UNDETERMINED)
+        b["decision"] = (TOO_FEW if b["pairs"] < 2
+                         else decided(b, {"q_off_worse": OFF_WORSE}, options.alpha))
     return (pl.DataFrame(cells, schema=GAP_SCHEMA).sort("compared_arm", "depth", "lr"),
             pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("compared_arm", "depth"))
 
@@ -253,9 +251,8 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
                         a, method="holm")
     for r in (r for r in rows if r["decision"] is None):
         r["decision"] = ((UNDETERMINED if r["note"] else TOO_FEW) if r["p_for"] is None
-                         else next((d for d in ("for", "against", "equivalent")
-                                    if r[f"q_{d}"] is not None and r[f"q_{d}"] < a),
-                                   UNDETERMINED))
+                         else decided(r, {f"q_{d}": d for d in ("for", "against", "equivalent")},
+                                      a))
     return pl.DataFrame(rows, schema=H2_SCHEMA).sort(
         "compared_arm", "measure", pl.col("depth").fill_null(0))
 
@@ -318,7 +315,6 @@ def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
     for r in rows:
         S.adjust_family([(r, k) for k in ("p_fall", "p_rise", "p_equal")], options.alpha,
                         method="holm")
-        a = options.alpha
-        r["decision"] = ("falls" if r["q_fall"] < a else "rises" if r["q_rise"] < a
-                         else "equal" if r["q_equal"] < a else UNDETERMINED)
+        r["decision"] = decided(r, {"q_fall": "falls", "q_rise": "rises", "q_equal": "equal"},
+                                options.alpha)
     return pl.DataFrame(rows, schema=H3_SCHEMA).sort("compared_arm")

@@ -110,15 +110,14 @@ def judge(results: list[PointResult], law: tuple[float, float], options: ReportO
 
 
 def calibrate_ladder(studies: int, seeds: int = 5, laws: tuple[str, ...] = tuple(LAWS),
-                     noise: K.Noise = K.NOISE, base_seed: int = 0, tau: float = 0.0
-                     ) -> pl.DataFrame:
+                     noise: K.Noise = K.NOISE, tau: float = 0.0) -> pl.DataFrame:
     """Per law and measure: count, rate and Clopper-Pearson bound, or mean coverage or error;
     the simulated points scatter about the law by `tau` decades and their seeds' onsets by
     noise.onset_sd."""
     options = ReportOptions()
     rows = []
     for name in laws:
-        rng = np.random.default_rng([base_seed, seeds, list(LAWS).index(name)])
+        rng = np.random.default_rng([0, seeds, list(LAWS).index(name)])
         scores = []
         for i in range(studies):
             results, truth = simulate(LAWS[name], noise, seeds, options.study, rng, i, tau)

@@ -61,25 +61,24 @@ def _read_json(path: Path) -> tuple[dict | None, str | None]:
     return obj, (f"{path.name} {why}" if why else None)
 
 
-def _check_parts(folder: Path, columns: dict[str, pl.DataType]
-                 ) -> tuple[list[tuple[Path, tuple]], str | None]:
-    """The folder's Parquet parts with their schemas, or why they cannot be used."""
+def _check_parts(folder: Path, columns: dict[str, pl.DataType]) -> tuple[list[Path], str | None]:
+    """The folder's Parquet parts, or why they cannot be used: each must hold `columns`, of
+    their type or one the scan widens to it (_scan)."""
     parts = sorted(folder.glob("part-*.parquet"))
     if not parts:
         return [], f"{folder.name}/ has no part-*.parquet files"
-    checked = []
     for part in parts:
         try:
             schema = pl.read_parquet_schema(part)
         except (pl.exceptions.PolarsError, OSError) as e:  # truncated or not Parquet at all
             return [], f"{folder.name}/{part.name} is unreadable ({type(e).__name__})"
         wrong = [f"{c}: {schema[c]}" if c in schema else f"no column {c}"
-                 for c, t in columns.items() if c not in schema
-                 or not (schema[c] == t or (t.is_numeric() and schema[c].is_numeric()))]
+                 for c, t in columns.items() if c not in schema or not (
+                     schema[c] == t or (t.is_float() and schema[c].is_numeric())
+                     or (t.is_integer() and schema[c].is_signed_integer()))]
         if wrong:
             return [], f"{folder.name}/{part.name} has a foreign schema ({', '.join(wrong)})"
-        checked.append((part, tuple((k, str(v)) for k, v in schema.items())))
-    return checked, None
+    return parts, None
 
 
 def _number(value: Any) -> float | None:
@@ -194,29 +193,22 @@ RUN_SCHEMA = {
     "identity": pl.String, "setting": pl.String, "run_dir": pl.String}
 
 
-def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, pl.DataType],
+def _scan(parts_by_run: dict[str, list[Path]], columns: dict[str, pl.DataType],
           optional: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
-    """One lazy frame over every run's parts (one scan per file schema), with `run`."""
-    by_schema: dict[tuple, list[str]] = {}
-    run_of: dict[str, str] = {}
-    for run, parts in parts_by_run.items():
-        for path, schema in parts:
-            by_schema.setdefault(schema, []).append(str(path))
-            run_of[str(path)] = run
+    """One lazy frame over every run's parts, with `run`: each column read as its type (widened
+    where a part stores a narrower one), an optional one null where a part lacks it."""
     columns = {**columns, **(optional or {})}
-    if not by_schema:
+    paths = [str(p) for parts in parts_by_run.values() for p in parts]
+    if not paths:
         return pl.LazyFrame(schema={**columns, "run": pl.String})
-    runs = pl.LazyFrame({"_part": list(run_of), "run": list(run_of.values())})
-
-    def cast(c: str, t: pl.DataType, schema: tuple) -> pl.Expr:
-        present = any(name == c for name, _ in schema)
-        return pl.col(c).cast(t) if present else pl.lit(None, t).alias(c)
-
-    frames = [pl.scan_parquet(paths, glob=False, hive_partitioning=False,
-                              include_file_paths="_part")
-              .select("_part", *[cast(c, t, schema) for c, t in columns.items()])
-              for schema, paths in by_schema.items()]
-    return (pl.concat(frames, how="vertical").join(runs, on="_part").select(*columns, "run"))
+    runs = pl.LazyFrame({"_part": paths, "run": [run for run, parts in parts_by_run.items()
+                                                 for _ in parts]})
+    widen = pl.ScanCastOptions(integer_cast=["upcast", "allow-float"],
+                               float_cast=["upcast", "downcast"])
+    return (pl.scan_parquet(paths, glob=False, hive_partitioning=False, schema=columns,
+                            missing_columns="insert", extra_columns="ignore", cast_options=widen,
+                            include_file_paths="_part")
+            .join(runs, on="_part").select(*columns, "run"))
 
 
 def load_runs(root: str | Path) -> Runs:
@@ -232,8 +224,8 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/"
                          f"{RunFolder(root).summary_file.name})")
     rows, warnings, manifests = [], [], {}
-    metric_parts: dict[str, list[tuple[Path, tuple]]] = {}
-    probe_parts: dict[str, list[tuple[Path, tuple]]] = {}
+    metric_parts: dict[str, list[Path]] = {}
+    probe_parts: dict[str, list[Path]] = {}
     for folder in folders:
         name = folder.relative_to(root).as_posix() if folder != root else folder.name
         try:

@@ -23,6 +23,7 @@ from .threshold import threshold_draws
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 DEPTHS = (2, 4, 8)
+ARMS = ("none", "rmsnorm")
 UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
 INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
@@ -77,11 +78,11 @@ NOISE = Noise(
     off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE, boundary_correlation=0.65)
 
 
-def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
+def fit_noise(points: pl.DataFrame) -> Noise:
     """The noise of a real sweep: per depth and grid LR the gap's seed SD (shrunk towards the
     LR's SD pooled over depths with 4 degrees of freedom), the correlation of seeds' gap
     deviations at adjacent LRs, the divergence boundary and where every on-arm run failed."""
-    options = options or Options()
+    options = Options()
     cells = h1_tests(points, options)[0]
     gaps = paired_gaps(points, options)
     informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
@@ -267,25 +268,24 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
         return np.zeros((seeds, len(lattice))) if noiseless else \
             rng.standard_normal((seeds, len(lattice))) @ chol.T
 
+    def normal(sd: float) -> np.ndarray:
+        return np.zeros(seeds) if noiseless else rng.normal(0, sd, seeds)
+
     mean, spread = noise.boundary
+    ratio = {"none": 0.0, "rmsnorm": math.log10(scenario.boundary_ratio)}
     world = World(
         scenario=scenario, noise=noise, margin=margin, seeds=seeds,
-        gap_noise={(dp, arm): process() for dp in depths for arm in ("none", "rmsnorm")},
-        on_offset={dp: np.zeros(seeds) if noiseless else rng.normal(0, noise.on_sd, seeds)
-                   for dp in depths},
+        gap_noise={(dp, arm): process() for dp in depths for arm in ARMS},
+        on_offset={dp: normal(noise.on_sd) for dp in depths},
         on_noise={dp: process() for dp in depths},
-        boundary={(dp, arm): mean + (math.log10(scenario.boundary_ratio) if arm != "none"
-                                     else 0.0)
-                  + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
-                  for dp in depths for arm in ("none", "rmsnorm")},
+        boundary={(dp, arm): mean + ratio[arm] + normal(spread) for dp in depths for arm in ARMS},
         depths=depths, lrs=lrs, refine_steps=refine_steps, lattice=lattice)
     rho = noise.boundary_correlation
     if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
         for dp in depths:
             shared = rng.normal(0, spread, seeds)
-            for arm in ("none", "rmsnorm"):
-                own = world.boundary[(dp, arm)] - mean - (
-                    math.log10(scenario.boundary_ratio) if arm != "none" else 0.0)
+            for arm in ARMS:
+                own = world.boundary[(dp, arm)] - mean - ratio[arm]
                 world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
     if noise.off_degrade or noise.on_degrade:
         world.degrade = failure_draws(scenario, noise, seeds, rng, noiseless, depths)
@@ -325,7 +325,7 @@ def sweep(world: World) -> pl.DataFrame:
 
     for depth in world.depths:
         for seed in range(world.seeds):
-            for arm in ("none", "rmsnorm"):
+            for arm in ARMS:
                 results = {lr: train(depth, arm, lr, seed)[0] == "completed" for lr in world.lrs}
                 while (lr := next_midpoint(results, world.lrs, world.refine_steps,
                                            REFINE_FACTOR)) is not None:
