@@ -29,8 +29,7 @@ from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .study import ReportOptions, Study, analyse
-from .threshold import DepthDraws, estimate_text, read_onset, tested_rule, threshold_interval, \
-    widened
+from .threshold import DepthDraws, onset_columns, read_onset, tested_rule, widened
 
 ON = "rmsnorm"
 BODY_POINT, BODY_BASE = "w192-d6-s1200-wu480", "w64-s1200-wu480"
@@ -113,21 +112,6 @@ def seed_effects(study: Study, depth: int, arm: str = ON) -> dict:
             "usable_ratio": float(np.exp(np.mean(ratio))) if ratio else None,
             "usable_ratio_lo": math.exp(rlo) if rlo is not None else None,
             "usable_ratio_hi": math.exp(rhi) if rhi is not None else None}
-
-
-def onset_columns(d: DepthDraws, k: float) -> dict:
-    """The onset of one point: estimate, widened interval, its text and the LRs it is read over
-    (an open end or an onset outside them lies beyond read_lo or read_hi)."""
-    lo, hi = threshold_interval(d, k)
-    low, high = d.bounds
-    side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
-    return {"onset_lr": 10 ** d.point if not side else None,
-            "onset_lo": 10 ** lo if math.isfinite(lo) else None,
-            "onset_hi": 10 ** hi if math.isfinite(hi) else None,
-            "onset_side": side, "onset_bound": None if not side else
-            10 ** (high if side == "above" else low),
-            "onset": estimate_text(d.point, lo, hi, d.lrs), "read_lo": 10 ** low,
-            "read_hi": 10 ** high}
 
 
 def point_row(r: PointResult, options: ReportOptions) -> dict:

@@ -128,6 +128,12 @@ def _geo_mean(col: str) -> pl.Expr:
     return pl.col(col).log().mean().exp()
 
 
+def _spread(col: str, centre: pl.Expr) -> list[pl.Expr]:
+    """`col` over seeds: its centre, and its smallest and largest as col_lo and col_hi."""
+    return [centre.alias(col), pl.col(col).min().alias(f"{col}_lo"),
+            pl.col(col).max().alias(f"{col}_hi")]
+
+
 def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
     """Per (depth, arm, seed) curve: best_lr (lowest final loss); max_usable_lr, the largest LR
     up to which no run from best_lr on diverged or degraded (null when the best degraded);
@@ -157,17 +163,13 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
                                       nonfinite_final=pl.col("nonfinite_final").sum(),
                                       seeds=pl.col("seed").n_unique(), lrs=pl.col("lr").n_unique())
     sensitivity = (lr_sensitivity_per_seed(points).group_by(ARM_KEYS)
-                   .agg(lr_sensitivity=pl.col("lr_sensitivity").mean(),
-                        lr_sensitivity_lo=pl.col("lr_sensitivity").min(),
-                        lr_sensitivity_hi=pl.col("lr_sensitivity").max(),
+                   .agg(*_spread("lr_sensitivity", pl.col("lr_sensitivity").mean()),
                         sensitivity_seeds=pl.col("lr_sensitivity").count(),
                         grid_points=pl.col("grid_points").max(),
                         grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max(),
                         grid_rule=pl.col("grid_rule").first()))
     usable = (max_usable_lr_per_seed(points).group_by(ARM_KEYS)
-              .agg(max_usable_lr=_geo_mean("max_usable_lr"),
-                   max_usable_lr_lo=pl.col("max_usable_lr").min(),
-                   max_usable_lr_hi=pl.col("max_usable_lr").max(),
+              .agg(*_spread("max_usable_lr", _geo_mean("max_usable_lr")),
                    first_divergent_lr=_geo_mean("first_divergent_lr"),
                    usable_seeds=pl.col("max_usable_lr").count(),
                    lower_bound_seeds=pl.col("lower_bound").sum()))
@@ -176,10 +178,8 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
                .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
                     best_loss=pl.col("loss").min())
                .group_by(ARM_KEYS)
-               .agg(optimal_lr=_geo_mean("optimal_lr"), optimal_lr_lo=pl.col("optimal_lr").min(),
-                    optimal_lr_hi=pl.col("optimal_lr").max(),
-                    best_loss=pl.col("best_loss").mean(), best_loss_lo=pl.col("best_loss").min(),
-                    best_loss_hi=pl.col("best_loss").max(), best_seeds=pl.len()))
+               .agg(*_spread("optimal_lr", _geo_mean("optimal_lr")),
+                    *_spread("best_loss", pl.col("best_loss").mean()), best_seeds=pl.len()))
     for part in (sensitivity, usable, optimum):
         counts = counts.join(part, on=ARM_KEYS, how="left")
     return counts.sort(ARM_KEYS)

@@ -100,10 +100,7 @@ def fit_noise(points: pl.DataFrame) -> Noise:
         wide = g.pivot(on="lr", index="seed", values="gap").drop("seed")
         for a, b in zip(LRS, LRS[1:]):
             if a in ok and b in ok and str(a) in wide.columns and str(b) in wide.columns:
-                x, y = wide[str(a)].to_numpy(), wide[str(b)].to_numpy()
-                keep = np.isfinite(x) & np.isfinite(y)
-                if keep.sum() >= 3 and x[keep].std() > 0 and y[keep].std() > 0:
-                    r.append(float(np.corrcoef(x[keep], y[keep])[0, 1]))
+                r += _correlation(wide[str(a)].to_numpy(), wide[str(b)].to_numpy())
     stable = max_usable_lr_per_seed(points, options).drop_nulls("first_divergent_lr")
     first = np.log10(stable["first_divergent_lr"].to_numpy())
     on_failed = cells.filter(~pl.col("informative"))["lr"].to_list()
@@ -133,12 +130,17 @@ def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
             on.append(math.inf if degraded is None else round(math.log10(degraded), 3))
     wide = (first.filter(pl.col("diverged").is_not_null())
             .pivot(on="arm", index=["depth", "seed"], values="diverged").drop_nulls())
-    rho = 0.5
-    if {"none", "rmsnorm"} <= set(wide.columns) and wide.height >= 3:
-        a, b = (np.log10(wide[c].to_numpy()) for c in ("none", "rmsnorm"))
-        if a.std() > 0 and b.std() > 0:
-            rho = float(np.clip(np.corrcoef(a, b)[0, 1], 0, 0.95))
-    return tuple(off), tuple(on), rho
+    r = _correlation(*(np.log10(wide[c].to_numpy()) for c in ARMS)) \
+        if set(ARMS) <= set(wide.columns) else []
+    return tuple(off), tuple(on), float(np.clip(r[0], 0, 0.95)) if r else 0.5
+
+
+def _correlation(x: np.ndarray, y: np.ndarray) -> list[float]:
+    """[Pearson's r] over the pairs where both are finite; [] below 3 pairs or without spread."""
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3 or x[keep].std() == 0 or y[keep].std() == 0:
+        return []
+    return [float(np.corrcoef(x[keep], y[keep])[0, 1])]
 
 
 @dataclass(frozen=True)

@@ -161,26 +161,15 @@ def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     from it up to trained_up_to "off worse"), None where no such LR, and the rule in words."""
     informative = cells.filter(pl.col("informative")).sort("lr")
     lrs, decisions = informative["lr"].to_list(), informative["decision"].to_list()
-    failed = [0] * len(lrs)
-    for column in ("on_diverged", "on_degraded"):
-        if column in informative.columns:
-            failed = [f + (v or 0) for f, v in zip(failed, informative[column].to_list())]
-    top = None  # the LRs read end below the first at which some QK-norm run failed
-    for lr, f in zip(lrs, failed):
-        if f:
-            break
-        top = lr
-    a = b = None
-    for lr, decision in zip(lrs, decisions):
-        if decision != "no difference":
-            break
-        a = lr
-    for lr, decision in zip(reversed(lrs), reversed(decisions)):
-        if top is None or lr > top:
-            continue
-        if decision != "off worse":
-            break
-        b = lr
+    failed = zip(*(informative[c].fill_null(0).to_list() for c in ("on_diverged", "on_degraded")
+                   if c in informative.columns))
+    # the LRs read, lrs[:k], end below the first at which some QK-norm run failed
+    k = next((i for i, f in enumerate(failed) if any(f)), len(lrs))
+    calm = next((i for i, d in enumerate(decisions) if d != "no difference"), len(lrs))
+    worse = next((i for i in range(k - 1, -1, -1) if decisions[i] != "off worse"), -1) + 1
+    top = lrs[k - 1] if k else None
+    a = lrs[calm - 1] if calm else None  # every cell up to it "no difference"
+    b = lrs[worse] if worse < k else None  # every cell from it up to top "off worse"
     low = (f"no difference (within {margin:g} nats) decided up to LR {a:.3g}" if a is not None
            else "\"no difference\" decided at no LR from the smallest up")
     span = "" if b is None else f"at LR {b:.3g}" if b == top else f"from LR {b:.3g} to {top:.3g}"
@@ -216,11 +205,25 @@ def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
     return f"{head} [{bound_text(lo, lrs)}, {bound_text(hi, lrs)}]"
 
 
+def onset_columns(d: DepthDraws, k: float) -> dict:
+    """The onset: estimate, interval widened by k, its text and the LRs it is read over (an
+    open end or an onset outside them lies beyond read_lo or read_hi)."""
+    lo, hi = threshold_interval(d, k)
+    low, high = d.bounds
+    side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
+    return {"onset_lr": 10 ** d.point if not side else None,
+            "onset_lo": 10 ** lo if math.isfinite(lo) else None,
+            "onset_hi": 10 ** hi if math.isfinite(hi) else None,
+            "onset_side": side, "onset_bound": None if not side else
+            10 ** (high if side == "above" else low),
+            "onset": estimate_text(d.point, lo, hi, d.lrs), "read_lo": 10 ** low,
+            "read_hi": 10 ** high}
+
+
 def _onset_row(d: DepthDraws, options: Options) -> dict:
-    lo, hi = threshold_interval(d, options.threshold_widening)
-    row = {"ci_lo": 10 ** lo if np.isfinite(lo) else None,
-           "ci_hi": 10 ** hi if np.isfinite(hi) else None,
-           "onset": estimate_text(d.point, lo, hi, d.lrs)}
+    c = onset_columns(d, options.threshold_widening)
+    row = {"ci_lo": c["onset_lo"], "ci_hi": c["onset_hi"], "onset": c["onset"],
+           "onset_lr": c["onset_lr"]}
     if d.point == np.inf:
         row.update(outside=ABOVE, note=f"the fitted gap stays under {options.min_gap:g} nats "
                                        f"up to LR {d.lrs[-1]:.3g}, the largest up to which every "
@@ -228,8 +231,6 @@ def _onset_row(d: DepthDraws, options: Options) -> dict:
     elif d.point == -np.inf:
         row.update(outside=BELOW, note=f"the fitted gap is {options.min_gap:g} nats or more "
                                        "already at the LR where it is smallest")
-    else:
-        row["onset_lr"] = 10 ** d.point
     return row
 
 
