@@ -19,6 +19,7 @@ from .metrics import (
     lr_sensitivity_per_seed,
     max_usable_lr_per_seed,
     compared_arms,
+    pair_arms,
     paired_gaps,
     with_losses,
 )
@@ -86,12 +87,7 @@ def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
     """Per (depth, compared_arm, seed): each arm's best finite final loss."""
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
-    off = best.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = [off.join(best.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM),
-                       on=["depth", "seed"], suffix="_on")
-              .with_columns(compared_arm=pl.lit(on, pl.String))
-              for on in compared_arms(points) or [None]]  # None: an empty frame
-    return pl.concat(frames).sort("compared_arm", "depth", "seed")
+    return pair_arms(best, ["depth", "seed"]).sort("compared_arm", "depth", "seed")
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -287,27 +283,24 @@ def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
         depths = sorted(d for (k, d) in draws if k == on)
         if len(depths) < 2:
             continue
-        point = float(slope(depths, np.array([[draws[(on, d)].point for d in depths]]))[0])
-        boot = slope(depths, np.stack([draws[(on, d)].draws for d in depths], axis=1))
+        mine = [draws[(on, d)] for d in depths]
+        point = float(slope(depths, np.array([[x.point for x in mine]]))[0])
+        boot = slope(depths, np.stack([x.draws for x in mine], axis=1))
         # a few seeds' bootstrap is too narrow (77-87% coverage at 5 seeds): widened
-        k = options.slope_widening or small_sample_widening(
-            min(draws[(on, d)].seeds for d in depths))
+        k = options.slope_widening or small_sample_widening(min(x.seeds for x in mine))
         boot = point + k * (boot - point)
-        censored = np.zeros(len(boot), bool)
-        for d in depths:  # a draw with some depth's onset at a bound it lies beyond
-            censored |= np.isin(draws[(on, d)].draws, draws[(on, d)].bounds)
+        # a draw with some depth's onset at a bound it lies beyond
+        censored = np.any([np.isin(x.draws, x.bounds) for x in mine], axis=0)
         undefined = np.isnan(boot)
         finite = boot[~undefined]
         lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)
-        m = options.slope_margin
-        outside = [d for d in depths if not math.isfinite(draws[(on, d)].point)]
+        outside = [d for d, x in zip(depths, mine) if not math.isfinite(x.point)]
         rows.append({
             "compared_arm": on, "depths": ", ".join(map(str, depths)), "slope": point,
             "ci_lo": lo, "ci_hi": hi, "censored_share": float(censored.mean()),
             "p_fall": S.p_bootstrap(undefined | (boot >= 0)),
             "p_rise": S.p_bootstrap(undefined | (boot <= 0)),
-            "p_equal": max(S.p_bootstrap(undefined | (boot >= m)),
-                           S.p_bootstrap(undefined | (boot <= -m))),
+            "p_equal": S.p_within(boot, options.slope_margin),
             "q_fall": None, "q_rise": None, "q_equal": None, "family_size": 0,
             "decision": None,
             "note": (f"onset outside the LRs read at depth {', '.join(map(str, outside))}:"

@@ -1,8 +1,5 @@
-"""`python -m analysis ladder-calibrate [studies=100] [seeds=5] [onset_sd=] [tau=]`: the warmup
-law's calibration. Simulated ladders of the law's eight points and a new point under a known law
-(each point off it by its own deviation, each seed's onset off its point's), each point swept by
-the sweep's rules with noise fitted from real sweeps and read as a real one, then both forms
-fitted and scored: coverage, each claim's false rate and power (docs/report.md)."""
+"""`python -m analysis ladder-calibrate`: the warmup law's calibration on simulated ladders of
+known law, each point swept and read as a real one, both forms fitted and scored (USAGE)."""
 
 from __future__ import annotations
 

@@ -104,14 +104,6 @@ def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozense
     return grid, base
 
 
-def _identity(summary: dict, config: dict | None) -> dict:
-    ident = summary.get("config")
-    if not isinstance(ident, dict):
-        ident = config if config is not None else {k: summary.get(k)
-                                                   for k in (*DESIGN_KEYS, "d_model")}
-    return {k: v for k, v in ident.items() if k not in NON_IDENTITY}
-
-
 class _Skipped(Exception):
     """Why a run folder is left out of the analysis (one line)."""
 
@@ -154,7 +146,11 @@ def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
     lr, depth, seed = _number(summary["lr"]), int(summary["depth"]), int(summary["seed"])
     framework = framework_label(str(summary.get("framework") or (config or {}).get("framework")
                                     or "mlx"), (config or {}).get("precision"))
-    identity = _identity(summary, config)
+    identity = summary.get("config")  # the run's identity, else its config or summary
+    if not isinstance(identity, dict):
+        identity = config if config is not None else {k: summary.get(k)
+                                                      for k in (*DESIGN_KEYS, "d_model")}
+    identity = {k: v for k, v in identity.items() if k not in NON_IDENTITY}
     setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
     refine = summary.get("refine", (config or {}).get("refine"))
     grid, base = _sweep_design(folder.parent)

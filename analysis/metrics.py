@@ -1,9 +1,6 @@
-"""Study metrics in Polars: clipped losses, LR sensitivity, max usable and optimal LR, spikes,
-probe summaries and the seed-by-seed pairing of the arms (docs/report.md writes every rule out).
-
-A "points" frame has one row per finished run: depth, arm, lr, seed, status, init_loss,
-final_val_loss. The off arm (`OFF`) is compared with every other arm by the same rules.
-"""
+"""Study metrics in Polars (docs/report.md writes every rule out) over a "points" frame, a row
+per finished run (depth, arm, lr, seed, status, init_loss, final_val_loss); the off arm (`OFF`)
+is compared with every other arm by the same rules."""
 
 from __future__ import annotations
 
@@ -200,20 +197,25 @@ def compared_arms(points: pl.DataFrame) -> list[str]:
     return sorted(k for k in points[ARM].unique().to_list() if k != OFF)
 
 
+def pair_arms(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The off arm's rows joined on `keys` to each compared arm's (their columns suffixed _on),
+    with compared_arm; an empty frame without a compared arm."""
+    off = frame.filter(pl.col(ARM) == OFF).drop(ARM)
+    return pl.concat([off.join(frame.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM),
+                               on=keys, suffix="_on")
+                      .with_columns(compared_arm=pl.lit(on, pl.String))
+                      for on in compared_arms(frame) or [None]])
+
+
 def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
     """One row per (depth, compared_arm, lr, seed) in both arms: gap = off - on."""
     p = with_losses(points, options.degraded_margin).select(
         "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
-    off = p.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = []
-    for on in compared_arms(p) or [None]:  # None: no arm to compare, an empty frame
-        on_runs = p.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM)
-        frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
-                      .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
-                               "diverged": "diverged_off", "degraded": "degraded_off"})
-                      .with_columns(compared_arm=pl.lit(on, pl.String),
-                                    gap=pl.col("loss_off") - pl.col("loss_on")))
-    return pl.concat(frames).sort("compared_arm", "depth", "lr", "seed")
+    return (pair_arms(p, ["depth", "lr", "seed"])
+            .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
+                     "diverged": "diverged_off", "degraded": "degraded_off"})
+            .with_columns(gap=pl.col("loss_off") - pl.col("loss_on"))
+            .sort("compared_arm", "depth", "lr", "seed"))
 
 
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:

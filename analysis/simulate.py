@@ -1,7 +1,5 @@
-"""Simulated studies of known truth for the calibration (analysis/calibrate.py): the mini's
-design (depths 2, 4, 8, both arms, 8 grid LRs, its boundary and threshold bisection) run by the
-sweep's own rules, its runs drawn from a noise model fitted from real sweeps (`fit_noise`;
-NOISE: the earlier mini's), under scenarios whose truth is the noiseless study."""
+"""Simulated studies of known truth for the calibrations: the mini's design swept by the sweep's
+own rules, its runs drawn from a noise model of real sweeps, under scenarios of planted onsets."""
 
 from __future__ import annotations
 
@@ -319,10 +317,9 @@ def sweep(world: World) -> pl.DataFrame:
     """The runs the mini's sweep would train in this world, bisection steps included."""
     runs: dict[tuple[int, str, float, int], tuple[str, float | None]] = {}
 
-    def train(depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:
-        key = (depth, arm, lr, seed)
+    def train(*key) -> tuple[str, float | None]:  # (depth, arm, lr, seed), each run once
         if key not in runs:
-            runs[key] = world.run(depth, arm, lr, seed)
+            runs[key] = world.run(*key)
         return runs[key]
 
     for depth in world.depths:
@@ -343,10 +340,8 @@ def sweep(world: World) -> pl.DataFrame:
                 failed = all(_failed(a) and _failed(b) for a, b in pairs)
                 if not failed:
                     means[lr] = float(np.mean([a - b for a, b in losses]))
-            if step == THRESHOLD_STEPS:
-                break
             mid = next_threshold_lr(means, world.margin, REFINE_FACTOR)
-            if mid is None:
+            if step == THRESHOLD_STEPS or mid is None:
                 break
             lrs = [mid]
     return pl.DataFrame(

@@ -1,6 +1,7 @@
 """Where QK-norm becomes necessary: per depth and compared arm, the instability onset (the LR
-where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley and
-only up to the largest LR up to which every QK-norm run trained), its widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
+where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley up to
+the largest LR at which every QK-norm run trained), its widened whole-seed interval, and the
+tested rule beside it (docs/report.md)."""
 
 from __future__ import annotations
 
