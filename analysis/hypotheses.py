@@ -13,7 +13,6 @@ import polars as pl
 from . import stats as S
 from .metrics import (
     ARM,
-    OFF,
     Options,
     full_curves,
     lr_sensitivity_per_seed,
@@ -155,23 +154,20 @@ def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measur
               ) -> pl.DataFrame:
     """Per (depth, seed) in both arms: diff (on vs off), off_censored and resolution."""
     if measure == SENSITIVITY:
-        s = sensitivity.drop_nulls("lr_sensitivity")
-        off = s.filter(pl.col(ARM) == OFF).select("depth", "seed", off="lr_sensitivity")
-        on_ = s.filter(pl.col(ARM) == on).select("depth", "seed", on="lr_sensitivity")
-        return (off.join(on_, on=["depth", "seed"])
-                .with_columns(diff=pl.col("off") - pl.col("on"), off_censored=pl.lit(False),
-                              resolution=pl.lit(None, pl.Float64)).sort("depth", "seed"))
-    res = pl.col("first_failed_lr") / pl.col("max_usable_lr")
-    cols = per_seed.drop_nulls("max_usable_lr").select(
-        "depth", ARM, "seed", v="max_usable_lr", res=res, cens="lower_bound")
-    off = cols.filter(pl.col(ARM) == OFF).drop(ARM)
-    on_ = cols.filter(pl.col(ARM) == on).drop(ARM)
-    return (off.join(on_, on=["depth", "seed"], suffix="_on")
-            .with_columns(diff=(pl.col("v_on") / pl.col("v")).log(), off_censored="cens",
-                          resolution=pl.when(pl.col("res").is_not_null()
-                                             & pl.col("res_on").is_not_null())
-                          .then(pl.max_horizontal("res", "res_on")))
-            .sort("depth", "seed"))
+        s = sensitivity.drop_nulls("lr_sensitivity").select("depth", ARM, "seed",
+                                                            v="lr_sensitivity")
+        units = pair_arms(s, ["depth", "seed"]).with_columns(
+            diff=pl.col("v") - pl.col("v_on"), off_censored=pl.lit(False),
+            resolution=pl.lit(None, pl.Float64))
+    else:
+        res = pl.col("first_failed_lr") / pl.col("max_usable_lr")
+        cols = per_seed.drop_nulls("max_usable_lr").select(
+            "depth", ARM, "seed", v="max_usable_lr", res=res, cens="lower_bound")
+        units = pair_arms(cols, ["depth", "seed"]).with_columns(
+            diff=(pl.col("v_on") / pl.col("v")).log(), off_censored="cens",
+            resolution=pl.when(pl.col("res").is_not_null() & pl.col("res_on").is_not_null())
+            .then(pl.max_horizontal("res", "res_on")))
+    return units.filter(pl.col("compared_arm") == on).sort("depth", "seed")
 
 
 def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataFrame,

@@ -327,15 +327,14 @@ def read_points(sources: list[Path], options: ReportOptions, probes: bool = True
     return results, table
 
 
-def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
-                   ) -> dict[str, object]:
-    options = options or ReportOptions()
+def analyse_ladder(sources: list[Path]) -> dict[str, object]:
+    options = ReportOptions()
     results, probes = read_points(sources, options)
     fitted = [fit_law(results, options, form) for form in FORMS]
     points = pl.DataFrame([point_row(r, options) for r in results])
     fits = [fit for _, fit in fitted]
     return {"points": points, "law": pl.concat([law for law, _ in fitted]), "fits": fits,
-            "fit": fits[0], "scores": score(fits, measured_onsets(points)), "probes": probes,
+            "scores": score(fits, measured_onsets(points)), "probes": probes,
             "body_shift": body_shift(results, options.study.threshold_widening)}
 
 
