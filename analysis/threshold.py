@@ -191,7 +191,7 @@ ONSET_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,
 
 
 def bound_text(v: float, lrs: list[float]) -> str:
-    """An interval bound (log10 LR); an open one beyond the LRs read."""
+    """An LR given as log10; one at -inf or +inf as beyond the LRs read."""
     if v == -np.inf:
         return f"< {lrs[0]:.3g}"
     if v == np.inf:
@@ -201,9 +201,7 @@ def bound_text(v: float, lrs: list[float]) -> str:
 
 def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
     """An estimate with its interval (log10 LRs): "0.0066 [0.0055, 0.022]", "> 0.3 [...]"."""
-    head = (f"< {lrs[0]:.3g}" if point == -np.inf else f"> {lrs[-1]:.3g}" if point == np.inf
-            else f"{10 ** point:.3g}")
-    return f"{head} [{bound_text(lo, lrs)}, {bound_text(hi, lrs)}]"
+    return f"{bound_text(point, lrs)} [{bound_text(lo, lrs)}, {bound_text(hi, lrs)}]"
 
 
 def onset_columns(d: DepthDraws, k: float) -> dict:
