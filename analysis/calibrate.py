@@ -143,35 +143,39 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def calibrate(studies: int, seeds: int = 5, noise: Noise = NOISE,
-              scenarios: tuple[str, ...] = tuple(SCENARIOS), options: Options | None = None,
-              base_seed: int = 0) -> pl.DataFrame:
+              scenarios: tuple[str, ...] = tuple(SCENARIOS)) -> pl.DataFrame:
     """Per scenario and claim: count, rate and Clopper-Pearson bound, or mean coverage."""
-    options = options or Options()
+    options = Options()
     rows = []
     for name in scenarios:
         scenario = SCENARIOS[name]
         truth = truth_of(scenario, noise, seeds, options)
-        rng = np.random.default_rng([base_seed, seeds, list(SCENARIOS).index(name)])
+        rng = np.random.default_rng([0, seeds, list(SCENARIOS).index(name)])
         scores = [judge(make_world(scenario, noise, seeds, options.min_gap, rng), truth,
                         replace(options, draw_key=f"#{name}/{i}")) for i in range(studies)]
         for key in scores[0]:
             what, kind = _split(key)
-            values = np.array([s[key] for s in scores], float)
-            values = values[np.isfinite(values)]
-            if kind == "power" and not values.size:
-                continue  # no power where the hypothesis is false (NaN)
-            false = kind.startswith("false")
-            n = len(values)
-            hits = int(values.sum()) if kind != "coverage" else None
-            rows.append({"scenario": name, "seeds": seeds, "hypothesis": what, "claim": kind,
-                         "count": hits, "studies": n,
-                         "rate": float(values.mean()) if n else math.nan,
-                         "upper_95": S.clopper_pearson_upper(hits, n) if false and n
-                         else math.nan})
+            row = tally(scores, key, counted=kind != "coverage", false=kind.startswith("false"))
+            if kind != "power" or row["studies"]:  # no power where the hypothesis is false
+                rows.append({"scenario": name, "seeds": seeds, "hypothesis": what, "claim": kind,
+                             **row})
     return pl.DataFrame(rows, schema={"scenario": pl.String, "seeds": pl.Int64,
-                                      "hypothesis": pl.String, "claim": pl.String,
-                                      "count": pl.Int64, "studies": pl.Int64,
-                                      "rate": pl.Float64, "upper_95": pl.Float64})
+                                      "hypothesis": pl.String, "claim": pl.String, **TALLY})
+
+
+TALLY = {"studies": pl.Int64, "count": pl.Int64, "rate": pl.Float64, "upper_95": pl.Float64}
+
+
+def tally(scores: list[dict[str, float]], key: str, counted: bool, false: bool) -> dict:
+    """One measure over the simulated studies that scored it (NaN: not scored): their number,
+    the count of hits when `counted`, the rate and a false claim's Clopper-Pearson bound."""
+    values = np.array([s.get(key, math.nan) for s in scores], float)
+    values = values[np.isfinite(values)]
+    hits = int(values.sum()) if counted else None
+    return {"studies": values.size, "count": hits,
+            "rate": float(values.mean()) if values.size else math.nan,
+            "upper_95": S.clopper_pearson_upper(hits, values.size) if false and values.size
+            else math.nan}
 
 
 def markdown(table: pl.DataFrame) -> str:

@@ -13,12 +13,12 @@ import polars as pl
 from . import stats as S
 from .metrics import (
     ARM,
-    OFF,
     Options,
     full_curves,
     lr_sensitivity_per_seed,
     max_usable_lr_per_seed,
     compared_arms,
+    pair_arms,
     paired_gaps,
     with_losses,
 )
@@ -73,28 +73,20 @@ def _cell(g: dict[str, list], options: Options) -> dict:
         "both_diverged": sum(g["diverged_on"]) == n}
 
 
-def _decide(cell: dict, alpha: float) -> str:
-    if cell["pairs"] < 2:
-        return TOO_FEW
-    if not cell["informative"]:
-        return UNINFORMATIVE
-    for claim, decision in (("q_off_worse", OFF_WORSE), ("q_on_worse", ON_WORSE),
-                            ("q_equivalent", NO_DIFFERENCE)):
-        if cell[claim] is not None and cell[claim] < alpha:
-            return decision
-    return UNDETERMINED
+def decided(row: dict, claims: dict[str, str], alpha: float) -> str:
+    """The decision of the first claim (q column: decision) whose adjusted p is below alpha."""
+    return next((d for q, d in claims.items() if row[q] is not None and row[q] < alpha),
+                UNDETERMINED)
+
+
+H1_CLAIMS = {"q_off_worse": OFF_WORSE, "q_on_worse": ON_WORSE, "q_equivalent": NO_DIFFERENCE}
 
 
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
     """Per (depth, compared_arm, seed): each arm's best finite final loss."""
     p = with_losses(full_curves(points)).filter(pl.col("loss").is_finite())
     best = p.group_by("depth", ARM, "seed").agg(best=pl.col("loss").min())
-    off = best.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = [off.join(best.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM),
-                       on=["depth", "seed"], suffix="_on")
-              .with_columns(compared_arm=pl.lit(on, pl.String))
-              for on in compared_arms(points) or [None]]  # None: an empty frame
-    return pl.concat(frames).sort("compared_arm", "depth", "seed")
+    return pair_arms(best, ["depth", "seed"]).sort("compared_arm", "depth", "seed")
 
 
 def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -121,13 +113,14 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
         keys += [(b, "p_off_worse") for b in best_rows if b["compared_arm"] == on]
         S.adjust_family(keys, options.alpha)
     for c in cells:
-        c["decision"] = _decide(c, options.alpha)
+        c["decision"] = (TOO_FEW if c["pairs"] < 2 else UNINFORMATIVE if not c["informative"]
+                         else decided(c, H1_CLAIMS, options.alpha))
         c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,
                  worse=c["decision"] == OFF_WORSE, no_difference=c["decision"] == NO_DIFFERENCE,
                  needed=None)
     for b in best_rows:
-        b["decision"] = (TOO_FEW if b["pairs"] < 2 else OFF_WORSE if (
-            b["q_off_worse"] is not None and b["q_off_worse"] < options.alpha) else UNDETERMINED)
+        b["decision"] = (TOO_FEW if b["pairs"] < 2
+                         else decided(b, {"q_off_worse": OFF_WORSE}, options.alpha))
     return (pl.DataFrame(cells, schema=GAP_SCHEMA).sort("compared_arm", "depth", "lr"),
             pl.DataFrame(best_rows, schema=BEST_SCHEMA).sort("compared_arm", "depth"))
 
@@ -161,23 +154,20 @@ def _h2_units(per_seed: pl.DataFrame, sensitivity: pl.DataFrame, on: str, measur
               ) -> pl.DataFrame:
     """Per (depth, seed) in both arms: diff (on vs off), off_censored and resolution."""
     if measure == SENSITIVITY:
-        s = sensitivity.drop_nulls("lr_sensitivity")
-        off = s.filter(pl.col(ARM) == OFF).select("depth", "seed", off="lr_sensitivity")
-        on_ = s.filter(pl.col(ARM) == on).select("depth", "seed", on="lr_sensitivity")
-        return (off.join(on_, on=["depth", "seed"])
-                .with_columns(diff=pl.col("off") - pl.col("on"), off_censored=pl.lit(False),
-                              resolution=pl.lit(None, pl.Float64)).sort("depth", "seed"))
-    res = pl.col("first_failed_lr") / pl.col("max_usable_lr")
-    cols = per_seed.drop_nulls("max_usable_lr").select(
-        "depth", ARM, "seed", v="max_usable_lr", res=res, cens="lower_bound")
-    off = cols.filter(pl.col(ARM) == OFF).drop(ARM)
-    on_ = cols.filter(pl.col(ARM) == on).drop(ARM)
-    return (off.join(on_, on=["depth", "seed"], suffix="_on")
-            .with_columns(diff=(pl.col("v_on") / pl.col("v")).log(), off_censored="cens",
-                          resolution=pl.when(pl.col("res").is_not_null()
-                                             & pl.col("res_on").is_not_null())
-                          .then(pl.max_horizontal("res", "res_on")))
-            .sort("depth", "seed"))
+        s = sensitivity.drop_nulls("lr_sensitivity").select("depth", ARM, "seed",
+                                                            v="lr_sensitivity")
+        units = pair_arms(s, ["depth", "seed"]).with_columns(
+            diff=pl.col("v") - pl.col("v_on"), off_censored=pl.lit(False),
+            resolution=pl.lit(None, pl.Float64))
+    else:
+        res = pl.col("first_failed_lr") / pl.col("max_usable_lr")
+        cols = per_seed.drop_nulls("max_usable_lr").select(
+            "depth", ARM, "seed", v="max_usable_lr", res=res, cens="lower_bound")
+        units = pair_arms(cols, ["depth", "seed"]).with_columns(
+            diff=(pl.col("v_on") / pl.col("v")).log(), off_censored="cens",
+            resolution=pl.when(pl.col("res").is_not_null() & pl.col("res_on").is_not_null())
+            .then(pl.max_horizontal("res", "res_on")))
+    return units.filter(pl.col("compared_arm") == on).sort("depth", "seed")
 
 
 def _h2_row(on: str, depth: int | None, measure: str, role: str, units: pl.DataFrame,
@@ -253,9 +243,8 @@ def h2_tests(points: pl.DataFrame, options: Options) -> pl.DataFrame:
                         a, method="holm")
     for r in (r for r in rows if r["decision"] is None):
         r["decision"] = ((UNDETERMINED if r["note"] else TOO_FEW) if r["p_for"] is None
-                         else next((d for d in ("for", "against", "equivalent")
-                                    if r[f"q_{d}"] is not None and r[f"q_{d}"] < a),
-                                   UNDETERMINED))
+                         else decided(r, {f"q_{d}": d for d in ("for", "against", "equivalent")},
+                                      a))
     return pl.DataFrame(rows, schema=H2_SCHEMA).sort(
         "compared_arm", "measure", pl.col("depth").fill_null(0))
 
@@ -290,27 +279,24 @@ def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
         depths = sorted(d for (k, d) in draws if k == on)
         if len(depths) < 2:
             continue
-        point = float(slope(depths, np.array([[draws[(on, d)].point for d in depths]]))[0])
-        boot = slope(depths, np.stack([draws[(on, d)].draws for d in depths], axis=1))
+        mine = [draws[(on, d)] for d in depths]
+        point = float(slope(depths, np.array([[x.point for x in mine]]))[0])
+        boot = slope(depths, np.stack([x.draws for x in mine], axis=1))
         # a few seeds' bootstrap is too narrow (77-87% coverage at 5 seeds): widened
-        k = options.slope_widening or small_sample_widening(
-            min(draws[(on, d)].seeds for d in depths))
+        k = options.slope_widening or small_sample_widening(min(x.seeds for x in mine))
         boot = point + k * (boot - point)
-        censored = np.zeros(len(boot), bool)
-        for d in depths:  # a draw with some depth's onset at a bound it lies beyond
-            censored |= np.isin(draws[(on, d)].draws, draws[(on, d)].bounds)
+        # a draw with some depth's onset at a bound it lies beyond
+        censored = np.any([np.isin(x.draws, x.bounds) for x in mine], axis=0)
         undefined = np.isnan(boot)
         finite = boot[~undefined]
         lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)
-        m = options.slope_margin
-        outside = [d for d in depths if not math.isfinite(draws[(on, d)].point)]
+        outside = [d for d, x in zip(depths, mine) if not math.isfinite(x.point)]
         rows.append({
             "compared_arm": on, "depths": ", ".join(map(str, depths)), "slope": point,
             "ci_lo": lo, "ci_hi": hi, "censored_share": float(censored.mean()),
             "p_fall": S.p_bootstrap(undefined | (boot >= 0)),
             "p_rise": S.p_bootstrap(undefined | (boot <= 0)),
-            "p_equal": max(S.p_bootstrap(undefined | (boot >= m)),
-                           S.p_bootstrap(undefined | (boot <= -m))),
+            "p_equal": S.p_within(boot, options.slope_margin),
             "q_fall": None, "q_rise": None, "q_equal": None, "family_size": 0,
             "decision": None,
             "note": (f"onset outside the LRs read at depth {', '.join(map(str, outside))}:"
@@ -318,7 +304,6 @@ def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
     for r in rows:
         S.adjust_family([(r, k) for k in ("p_fall", "p_rise", "p_equal")], options.alpha,
                         method="holm")
-        a = options.alpha
-        r["decision"] = ("falls" if r["q_fall"] < a else "rises" if r["q_rise"] < a
-                         else "equal" if r["q_equal"] < a else UNDETERMINED)
+        r["decision"] = decided(r, {"q_fall": "falls", "q_rise": "rises", "q_equal": "equal"},
+                                options.alpha)
     return pl.DataFrame(rows, schema=H3_SCHEMA).sort("compared_arm")

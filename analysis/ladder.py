@@ -29,8 +29,7 @@ from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .study import ReportOptions, Study, analyse
-from .threshold import DepthDraws, depth_draws, estimate_text, gap_matrix, tested_rule, \
-    threshold_interval, widened
+from .threshold import DepthDraws, onset_columns, read_onset, tested_rule, widened
 
 ON = "rmsnorm"
 BODY_POINT, BODY_BASE = "w192-d6-s1200-wu480", "w64-s1200-wu480"
@@ -45,7 +44,6 @@ class PointResult:
     left: int  # runs the sweep still has to train
     onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs read) and its draws
     seeds: int  # the whole seeds the point rests on
-    gaps: np.ndarray | None = None  # (seeds, LRs) the gaps the onset is read from
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -80,17 +78,14 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     study = analyse(load_runs(folder), options)
     on = paired_gaps(study.points, options.study).filter(pl.col("compared_arm") == ON)
     cells = study.gaps.filter((pl.col("compared_arm") == ON) & pl.col("informative"))
-    lrs = sorted(cells["lr"].to_list())
     seeds = sorted(set(on["seed"].to_list()))
-    if not lrs or len(seeds) < 2:
+    if cells.is_empty() or len(seeds) < 2:
         raise UsageError(f"{folder}: no informative cell with 2 or more paired seeds yet")
-    values = gap_matrix(on.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
     # each point's own seed draws: the points share no run
     draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
-    onset = depth_draws(values, lrs, draws, options.study.min_gap,
-                        trained_up_to=tested_rule(cells)["trained_up_to"])
+    onset = read_onset(cells, on, seeds, draws, options.study.min_gap)
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
-                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds), gaps=values)
+                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds))
 
 
 # --- per point ----------------------------------------------------------------------------------
@@ -117,21 +112,6 @@ def seed_effects(study: Study, depth: int, arm: str = ON) -> dict:
             "usable_ratio": float(np.exp(np.mean(ratio))) if ratio else None,
             "usable_ratio_lo": math.exp(rlo) if rlo is not None else None,
             "usable_ratio_hi": math.exp(rhi) if rhi is not None else None}
-
-
-def onset_columns(d: DepthDraws, k: float) -> dict:
-    """The onset of one point: estimate, widened interval, its text and the LRs it is read over
-    (an open end or an onset outside them lies beyond read_lo or read_hi)."""
-    lo, hi = threshold_interval(d, k)
-    low, high = d.bounds
-    side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
-    return {"onset_lr": 10 ** d.point if not side else None,
-            "onset_lo": 10 ** lo if math.isfinite(lo) else None,
-            "onset_hi": 10 ** hi if math.isfinite(hi) else None,
-            "onset_side": side, "onset_bound": None if not side else
-            10 ** (high if side == "above" else low),
-            "onset": estimate_text(d.point, lo, hi, d.lrs), "read_lo": 10 ** low,
-            "read_hi": 10 ** high}
 
 
 def point_row(r: PointResult, options: ReportOptions) -> dict:
@@ -347,15 +327,14 @@ def read_points(sources: list[Path], options: ReportOptions, probes: bool = True
     return results, table
 
 
-def analyse_ladder(sources: list[Path], options: ReportOptions | None = None
-                   ) -> dict[str, object]:
-    options = options or ReportOptions()
+def analyse_ladder(sources: list[Path]) -> dict[str, object]:
+    options = ReportOptions()
     results, probes = read_points(sources, options)
     fitted = [fit_law(results, options, form) for form in FORMS]
     points = pl.DataFrame([point_row(r, options) for r in results])
     fits = [fit for _, fit in fitted]
     return {"points": points, "law": pl.concat([law for law, _ in fitted]), "fits": fits,
-            "fit": fits[0], "scores": score(fits, measured_onsets(points)), "probes": probes,
+            "scores": score(fits, measured_onsets(points)), "probes": probes,
             "body_shift": body_shift(results, options.study.threshold_widening)}
 
 

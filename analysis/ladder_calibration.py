@@ -1,8 +1,5 @@
-"""`python -m analysis ladder-calibrate [studies=100] [seeds=5] [onset_sd=] [tau=]`: the warmup
-law's calibration. Simulated ladders of the law's eight points and a new point under a known law
-(each point off it by its own deviation, each seed's onset off its point's), each point swept by
-the sweep's rules with noise fitted from real sweeps and read as a real one, then both forms
-fitted and scored: coverage, each claim's false rate and power (docs/report.md)."""
+"""`python -m analysis ladder-calibrate`: the warmup law's calibration on simulated ladders of
+known law, each point swept and read as a real one, both forms fitted and scored (USAGE)."""
 
 from __future__ import annotations
 
@@ -25,7 +22,7 @@ from .law import CLAIMS, FORMS, MARGIN, design, fit_law, score
 from .metrics import Options, paired_gaps
 from .scatter import fitted
 from .study import ReportOptions
-from .threshold import depth_draws, gap_matrix, tested_rule
+from .threshold import read_onset
 
 STUDY_X = design([STUDY_POINT])[0]
 A = math.log10(0.0068)  # the anchor's onset (w64-s300)
@@ -59,16 +56,12 @@ def simulate(law: tuple[float, float], noise: K.Noise, seeds: int, options: Opti
         gaps, _ = h1_tests(runs, options)
         paired = paired_gaps(runs, options)
         for k in keys:
-            cells = gaps.filter((pl.col("depth") == k) & pl.col("informative"))
-            lrs = sorted(cells["lr"].to_list())
-            mine = paired.filter((pl.col("depth") == k) & pl.col("lr").is_in(lrs))
             draws = S.seed_draws(seeds, options.bootstrap, f"ladder-calibration/{study}/{k}")
-            values = gap_matrix(mine, list(range(seeds)), lrs)
-            d = depth_draws(values, lrs, draws, options.min_gap,
-                            tested_rule(cells)["trained_up_to"])
+            d = read_onset(gaps.filter(pl.col("depth") == k), paired.filter(pl.col("depth") == k),
+                           list(range(seeds)), draws, options.min_gap)
             p = points[k]
             out[p.name] = PointResult(name=p.name, point=p, study=None, complete=True, left=0,
-                                      onset=d, seeds=seeds, gaps=values)
+                                      onset=d, seeds=seeds)
     return [out[p.name] for p in points], float(onsets[-1])
 
 
@@ -114,33 +107,24 @@ def judge(results: list[PointResult], law: tuple[float, float], options: ReportO
 
 
 def calibrate_ladder(studies: int, seeds: int = 5, laws: tuple[str, ...] = tuple(LAWS),
-                     noise: K.Noise = K.NOISE, base_seed: int = 0, tau: float = 0.0
-                     ) -> pl.DataFrame:
+                     noise: K.Noise = K.NOISE, tau: float = 0.0) -> pl.DataFrame:
     """Per law and measure: count, rate and Clopper-Pearson bound, or mean coverage or error;
     the simulated points scatter about the law by `tau` decades and their seeds' onsets by
     noise.onset_sd."""
     options = ReportOptions()
     rows = []
     for name in laws:
-        rng = np.random.default_rng([base_seed, seeds, list(LAWS).index(name)])
+        rng = np.random.default_rng([0, seeds, list(LAWS).index(name)])
         scores = []
         for i in range(studies):
             results, truth = simulate(LAWS[name], noise, seeds, options.study, rng, i, tau)
             scores.append(judge(results, LAWS[name], options, truth, noise.onset_sd))
         for key in sorted({k for s in scores for k in s}):
-            values = np.array([s.get(key, math.nan) for s in scores], float)
-            values = values[np.isfinite(values)]
-            if not values.size:
-                continue
-            counted = not key.endswith(("error", "coverage"))
-            hits = int(values.sum()) if counted else None
-            rows.append({"law": name, "measure": key, "studies": values.size, "count": hits,
-                         "rate": float(values.mean()),
-                         "upper_95": S.clopper_pearson_upper(hits, values.size)
-                         if key.startswith("false") else math.nan})
-    return pl.DataFrame(rows, schema={"law": pl.String, "measure": pl.String,
-                                      "studies": pl.Int64, "count": pl.Int64,
-                                      "rate": pl.Float64, "upper_95": pl.Float64})
+            row = K.tally(scores, key, counted=not key.endswith(("error", "coverage")),
+                          false=key.startswith("false"))
+            if row["studies"]:
+                rows.append({"law": name, "measure": key, **row})
+    return pl.DataFrame(rows, schema={"law": pl.String, "measure": pl.String, **K.TALLY})
 
 
 def markdown(table: pl.DataFrame) -> str:

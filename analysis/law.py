@@ -1,7 +1,5 @@
-"""The warmup law over the ladder's width-64 points in two forms (docs/report.md): each form's
-terms with intervals, the straight form's three claims, and each form's prediction, with the
-interval of a new point's measured onset, at the scored points and the study preset (and, by
-predict_at, at any warmup and length)."""
+"""The warmup law over the ladder's width-64 points in two forms (docs/report.md): terms with
+intervals, the straight form's three claims, and predictions with a new point's interval."""
 
 from __future__ import annotations
 
@@ -97,11 +95,6 @@ def law_band(fit: dict, steps: int, warmups: list[float]) -> list[dict]:
                     fit["df"]) | {"warmup": w, "steps": steps} for w in warmups]
 
 
-def _equal(x: np.ndarray) -> float:
-    """Bootstrap p-value of |x| < MARGIN (both one-sided tests)."""
-    return max(S.p_bootstrap(x >= MARGIN), S.p_bootstrap(x <= -MARGIN))
-
-
 def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFrame, dict]:
     """One form's terms (the straight form's b + c too) with intervals, the straight form's
     three claims under Holm, and the predictions (with the draws they come from, for
@@ -138,8 +131,8 @@ def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFram
                                                                          "log10_lr")})
     if form == "straight":
         b, c = boot[:, 1], boot[:, 2]
-        tests = {"p_raises": S.p_bootstrap(b <= 0), "p_steps": _equal(c),
-                 "p_share": _equal(b + c)}
+        tests = {"p_raises": S.p_bootstrap(b <= 0), "p_steps": S.p_within(c, MARGIN),
+                 "p_share": S.p_within(b + c, MARGIN)}
         S.adjust_family([(tests, k) for k in CLAIMS], options.study.alpha, method="holm")
         fit.update(tests, decided="; ".join(CLAIMS[k] for k in CLAIMS
                                             if tests["q" + k[1:]] < options.study.alpha)

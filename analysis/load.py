@@ -27,8 +27,13 @@ METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
 PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value": pl.Float64}
 # probe columns added after parts were written: null where a part lacks them
 PROBES_OPTIONAL = {"head": pl.Int64}
-SUMMARY_KEYS = ("status", "lr", "depth", "qk_norm", "seed", "init_loss")
-STATUSES = (*FINISHED, "failed")
+# the summary's keys the analysis needs, each with whether its value is usable (init_loss may
+# be missing from a failed run's)
+SUMMARY_SCHEMA = {"status": lambda v: v in (*FINISHED, "failed"),
+                  "lr": lambda v: (_number(v) or 0) > 0,
+                  "depth": lambda v: _number(v) is not None,
+                  "seed": lambda v: _number(v) is not None,
+                  "qk_norm": lambda v: isinstance(v, str), "init_loss": lambda v: True}
 # identity fields that place a run in the study design rather than its setting
 DESIGN_KEYS = ("lr", "qk_norm", "attn_softcap", "z_loss", "seed", "data_seed", "depth")
 NON_IDENTITY = (*FOLDER_KEYS, *ENGINE_KEYS)
@@ -56,29 +61,24 @@ def _read_json(path: Path) -> tuple[dict | None, str | None]:
     return obj, (f"{path.name} {why}" if why else None)
 
 
-def _check_parts(folder: Path, columns: dict[str, pl.DataType]
-                 ) -> tuple[list[tuple[Path, tuple]], str | None]:
-    """The folder's Parquet parts with their schemas, or why they cannot be used."""
+def _check_parts(folder: Path, columns: dict[str, pl.DataType]) -> tuple[list[Path], str | None]:
+    """The folder's Parquet parts, or why they cannot be used: each must hold `columns`, of
+    their type or one the scan widens to it (_scan)."""
     parts = sorted(folder.glob("part-*.parquet"))
     if not parts:
         return [], f"{folder.name}/ has no part-*.parquet files"
-    checked = []
     for part in parts:
         try:
             schema = pl.read_parquet_schema(part)
         except (pl.exceptions.PolarsError, OSError) as e:  # truncated or not Parquet at all
             return [], f"{folder.name}/{part.name} is unreadable ({type(e).__name__})"
-        missing = [c for c in columns if c not in schema]
-        if missing:
-            return [], (f"{folder.name}/{part.name} has a foreign schema "
-                        f"(no column {', '.join(missing)})")
-        wrong = [c for c, t in columns.items()
-                 if not (schema[c] == t or (t.is_numeric() and schema[c].is_numeric()))]
+        wrong = [f"{c}: {schema[c]}" if c in schema else f"no column {c}"
+                 for c, t in columns.items() if c not in schema or not (
+                     schema[c] == t or (t.is_float() and schema[c].is_numeric())
+                     or (t.is_integer() and schema[c].is_signed_integer()))]
         if wrong:
-            return [], (f"{folder.name}/{part.name} has a foreign schema "
-                        f"({', '.join(f'{c}: {schema[c]}' for c in wrong)})")
-        checked.append((part, tuple((k, str(v)) for k, v in schema.items())))
-    return checked, None
+            return [], f"{folder.name}/{part.name} has a foreign schema ({', '.join(wrong)})"
+    return parts, None
 
 
 def _number(value: Any) -> float | None:
@@ -104,65 +104,53 @@ def _sweep_design(sweep_folder: Path) -> tuple[frozenset[float] | None, frozense
     return grid, base
 
 
-def _identity(summary: dict, config: dict | None) -> dict:
-    ident = summary.get("config")
-    if not isinstance(ident, dict):
-        ident = config if config is not None else {k: summary.get(k)
-                                                   for k in (*DESIGN_KEYS, "d_model")}
-    return {k: v for k, v in ident.items() if k not in NON_IDENTITY}
+class _Skipped(Exception):
+    """Why a run folder is left out of the analysis (one line)."""
 
 
-def _load_one(folder: Path, root: Path) -> tuple[dict | None, list, list, dict, list[str]]:
-    """(row, metric parts, probe parts, manifest, warnings); row None: the run is skipped."""
-    name = folder.relative_to(root).as_posix() if folder != root else folder.name
+def _load_one(folder: Path, name: str) -> tuple[dict, list, list, dict, list[str]]:
+    """(row, metric parts, probe parts, manifest, warnings about it); raises _Skipped."""
     warnings: list[str] = []
     run = RunFolder(folder)
     summary, why = _read_json(run.summary_file)
     if summary is None:
-        hint = " (unfinished or still running)" if why and why.endswith("missing") else ""
-        return None, [], [], {}, [f"run {name}: {why}{hint}; skipped"]
-    missing = [k for k in SUMMARY_KEYS if k not in summary
-               and not (k == "init_loss" and summary.get("status") == "failed")]
-    if missing:
-        return None, [], [], {}, [(f"run {name}: {run.summary_file.name} has a foreign schema "
-                                   f"(no key {', '.join(missing)}); skipped")]
-    status = summary["status"]
-    if status not in STATUSES:
-        return None, [], [], {}, [f"run {name}: unknown status {status!r}; skipped"]
-    lr, depth, seed = _number(summary["lr"]), _number(summary["depth"]), _number(summary["seed"])
-    if lr is None or lr <= 0 or depth is None or seed is None or not isinstance(
-            summary["qk_norm"], str):
-        return None, [], [], {}, [f"run {name}: {run.summary_file.name} has non-numeric "
-                                  "lr/depth/seed or qk_norm; skipped"]
+        raise _Skipped(f"{why} (unfinished or still running)" if why.endswith("missing") else why)
+    status = summary.get("status")
+    wrong = [f"{k}: {summary[k]!r}" if k in summary else f"no {k}"
+             for k, ok in SUMMARY_SCHEMA.items()
+             if not (ok(summary[k]) if k in summary else k == "init_loss" and status == "failed")]
+    if wrong:
+        raise _Skipped(f"{run.summary_file.name} has a foreign schema ({', '.join(wrong)})")
     if status == "failed":
-        warnings.append(f"run {name}: failed ({summary.get('error', 'no error recorded')}); "
-                        f"listed, left out of the study metrics")
+        warnings.append(f"failed ({summary.get('error', 'no error recorded')}); listed, left "
+                        "out of the study metrics")
     metric_parts, why = _check_parts(run.metrics_dir, METRICS_COLUMNS)
     if why and status != "failed":
-        return None, [], [], {}, [f"run {name}: {why}; skipped"]
+        raise _Skipped(why)
     gap = metrics_gap(folder) if status != "failed" else None
     if gap:
-        warnings.append(f"run {name}: {gap}; retrain it (rm -r {folder} and run the same command "
-                        "again)")
+        warnings.append(f"{gap}; retrain it (rm -r {folder} and run the same command again)")
     probe_parts, why = _check_parts(run.probes_dir, PROBES_COLUMNS)
     if why and status != "failed":
-        warnings.append(f"run {name}: {why}; its probe columns are empty")
+        warnings.append(f"{why}; its probe columns are empty")
     config, why = _read_json(run.config_file)
     if config is None and status != "failed":
-        warnings.append(f"run {name}: {why}; identity taken from {run.summary_file.name}")
+        warnings.append(f"{why}; identity taken from {run.summary_file.name}")
     manifest, why = _read_json(run.manifest_file)
-    if manifest is None:
-        manifest = {}
-        if status != "failed":
-            warnings.append(f"run {name}: {why}; provenance unknown")
-    return _row(name, folder, summary, config), metric_parts, probe_parts, manifest, warnings
+    if manifest is None and status != "failed":
+        warnings.append(f"{why}; provenance unknown")
+    return _row(name, folder, summary, config), metric_parts, probe_parts, manifest or {}, warnings
 
 
 def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
     lr, depth, seed = _number(summary["lr"]), int(summary["depth"]), int(summary["seed"])
     framework = framework_label(str(summary.get("framework") or (config or {}).get("framework")
                                     or "mlx"), (config or {}).get("precision"))
-    identity = _identity(summary, config)
+    identity = summary.get("config")  # the run's identity, else its config or summary
+    if not isinstance(identity, dict):
+        identity = config if config is not None else {k: summary.get(k)
+                                                      for k in (*DESIGN_KEYS, "d_model")}
+    identity = {k: v for k, v in identity.items() if k not in NON_IDENTITY}
     setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
     refine = summary.get("refine", (config or {}).get("refine"))
     grid, base = _sweep_design(folder.parent)
@@ -201,29 +189,22 @@ RUN_SCHEMA = {
     "identity": pl.String, "setting": pl.String, "run_dir": pl.String}
 
 
-def _scan(parts_by_run: dict[str, list[tuple[Path, tuple]]], columns: dict[str, pl.DataType],
+def _scan(parts_by_run: dict[str, list[Path]], columns: dict[str, pl.DataType],
           optional: dict[str, pl.DataType] | None = None) -> pl.LazyFrame:
-    """One lazy frame over every run's parts (one scan per file schema), with `run`."""
-    by_schema: dict[tuple, list[str]] = {}
-    run_of: dict[str, str] = {}
-    for run, parts in parts_by_run.items():
-        for path, schema in parts:
-            by_schema.setdefault(schema, []).append(str(path))
-            run_of[str(path)] = run
+    """One lazy frame over every run's parts, with `run`: each column read as its type (widened
+    where a part stores a narrower one), an optional one null where a part lacks it."""
     columns = {**columns, **(optional or {})}
-    if not by_schema:
+    paths = [str(p) for parts in parts_by_run.values() for p in parts]
+    if not paths:
         return pl.LazyFrame(schema={**columns, "run": pl.String})
-    runs = pl.LazyFrame({"_part": list(run_of), "run": list(run_of.values())})
-
-    def cast(c: str, t: pl.DataType, schema: tuple) -> pl.Expr:
-        present = any(name == c for name, _ in schema)
-        return pl.col(c).cast(t) if present else pl.lit(None, t).alias(c)
-
-    frames = [pl.scan_parquet(paths, glob=False, hive_partitioning=False,
-                              include_file_paths="_part")
-              .select("_part", *[cast(c, t, schema) for c, t in columns.items()])
-              for schema, paths in by_schema.items()]
-    return (pl.concat(frames, how="vertical").join(runs, on="_part").select(*columns, "run"))
+    runs = pl.LazyFrame({"_part": paths, "run": [run for run, parts in parts_by_run.items()
+                                                 for _ in parts]})
+    widen = pl.ScanCastOptions(integer_cast=["upcast", "allow-float"],
+                               float_cast=["upcast", "downcast"])
+    return (pl.scan_parquet(paths, glob=False, hive_partitioning=False, schema=columns,
+                            missing_columns="insert", extra_columns="ignore", cast_options=widen,
+                            include_file_paths="_part")
+            .join(runs, on="_part").select(*columns, "run"))
 
 
 def load_runs(root: str | Path) -> Runs:
@@ -239,13 +220,16 @@ def load_runs(root: str | Path) -> Runs:
         raise UsageError(f"no runs under {root} (expected <sweep>/<run_id>/"
                          f"{RunFolder(root).summary_file.name})")
     rows, warnings, manifests = [], [], {}
-    metric_parts: dict[str, list[tuple[Path, tuple]]] = {}
-    probe_parts: dict[str, list[tuple[Path, tuple]]] = {}
+    metric_parts: dict[str, list[Path]] = {}
+    probe_parts: dict[str, list[Path]] = {}
     for folder in folders:
-        row, metrics, probes, manifest, notes = _load_one(folder, root)
-        warnings += notes
-        if row is None:
+        name = folder.relative_to(root).as_posix() if folder != root else folder.name
+        try:
+            row, metrics, probes, manifest, notes = _load_one(folder, name)
+        except _Skipped as e:
+            warnings.append(f"run {name}: {e}; skipped")
             continue
+        warnings += [f"run {name}: {note}" for note in notes]
         rows.append(row)
         metric_parts[row["run"]], probe_parts[row["run"]] = metrics, probes
         manifests[row["run"]] = manifest

@@ -1,9 +1,6 @@
-"""Study metrics in Polars: clipped losses, LR sensitivity, max usable and optimal LR, spikes,
-probe summaries and the seed-by-seed pairing of the arms (docs/report.md writes every rule out).
-
-A "points" frame has one row per finished run: depth, arm, lr, seed, status, init_loss,
-final_val_loss. The off arm (`OFF`) is compared with every other arm by the same rules.
-"""
+"""Study metrics in Polars (docs/report.md writes every rule out) over a "points" frame, a row
+per finished run (depth, arm, lr, seed, status, init_loss, final_val_loss); the off arm (`OFF`)
+is compared with every other arm by the same rules."""
 
 from __future__ import annotations
 
@@ -128,6 +125,12 @@ def _geo_mean(col: str) -> pl.Expr:
     return pl.col(col).log().mean().exp()
 
 
+def _spread(col: str, centre: pl.Expr) -> list[pl.Expr]:
+    """`col` over seeds: its centre, and its smallest and largest as col_lo and col_hi."""
+    return [centre.alias(col), pl.col(col).min().alias(f"{col}_lo"),
+            pl.col(col).max().alias(f"{col}_hi")]
+
+
 def max_usable_lr_per_seed(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
     """Per (depth, arm, seed) curve: best_lr (lowest final loss); max_usable_lr, the largest LR
     up to which no run from best_lr on diverged or degraded (null when the best degraded);
@@ -157,17 +160,13 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
                                       nonfinite_final=pl.col("nonfinite_final").sum(),
                                       seeds=pl.col("seed").n_unique(), lrs=pl.col("lr").n_unique())
     sensitivity = (lr_sensitivity_per_seed(points).group_by(ARM_KEYS)
-                   .agg(lr_sensitivity=pl.col("lr_sensitivity").mean(),
-                        lr_sensitivity_lo=pl.col("lr_sensitivity").min(),
-                        lr_sensitivity_hi=pl.col("lr_sensitivity").max(),
+                   .agg(*_spread("lr_sensitivity", pl.col("lr_sensitivity").mean()),
                         sensitivity_seeds=pl.col("lr_sensitivity").count(),
                         grid_points=pl.col("grid_points").max(),
                         grid_lr_min=pl.col("lr_min").min(), grid_lr_max=pl.col("lr_max").max(),
                         grid_rule=pl.col("grid_rule").first()))
     usable = (max_usable_lr_per_seed(points).group_by(ARM_KEYS)
-              .agg(max_usable_lr=_geo_mean("max_usable_lr"),
-                   max_usable_lr_lo=pl.col("max_usable_lr").min(),
-                   max_usable_lr_hi=pl.col("max_usable_lr").max(),
+              .agg(*_spread("max_usable_lr", _geo_mean("max_usable_lr")),
                    first_divergent_lr=_geo_mean("first_divergent_lr"),
                    usable_seeds=pl.col("max_usable_lr").count(),
                    lower_bound_seeds=pl.col("lower_bound").sum()))
@@ -176,10 +175,8 @@ def arm_table(points: pl.DataFrame) -> pl.DataFrame:
                .agg(optimal_lr=pl.col("lr").sort_by("loss").first(),
                     best_loss=pl.col("loss").min())
                .group_by(ARM_KEYS)
-               .agg(optimal_lr=_geo_mean("optimal_lr"), optimal_lr_lo=pl.col("optimal_lr").min(),
-                    optimal_lr_hi=pl.col("optimal_lr").max(),
-                    best_loss=pl.col("best_loss").mean(), best_loss_lo=pl.col("best_loss").min(),
-                    best_loss_hi=pl.col("best_loss").max(), best_seeds=pl.len()))
+               .agg(*_spread("optimal_lr", _geo_mean("optimal_lr")),
+                    *_spread("best_loss", pl.col("best_loss").mean()), best_seeds=pl.len()))
     for part in (sensitivity, usable, optimum):
         counts = counts.join(part, on=ARM_KEYS, how="left")
     return counts.sort(ARM_KEYS)
@@ -200,20 +197,25 @@ def compared_arms(points: pl.DataFrame) -> list[str]:
     return sorted(k for k in points[ARM].unique().to_list() if k != OFF)
 
 
+def pair_arms(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The off arm's rows joined on `keys` to each compared arm's (their columns suffixed _on),
+    with compared_arm; an empty frame without a compared arm."""
+    off = frame.filter(pl.col(ARM) == OFF).drop(ARM)
+    return pl.concat([off.join(frame.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM),
+                               on=keys, suffix="_on")
+                      .with_columns(compared_arm=pl.lit(on, pl.String))
+                      for on in compared_arms(frame) or [None]])
+
+
 def paired_gaps(points: pl.DataFrame, options: Options = Options()) -> pl.DataFrame:
     """One row per (depth, compared_arm, lr, seed) in both arms: gap = off - on."""
     p = with_losses(points, options.degraded_margin).select(
         "depth", ARM, "lr", "seed", "loss_clipped", "diverged", "degraded")
-    off = p.filter(pl.col(ARM) == OFF).drop(ARM)
-    frames = []
-    for on in compared_arms(p) or [None]:  # None: no arm to compare, an empty frame
-        on_runs = p.filter(pl.col(ARM) == pl.lit(on, pl.String)).drop(ARM)
-        frames.append(off.join(on_runs, on=["depth", "lr", "seed"], suffix="_on")
-                      .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
-                               "diverged": "diverged_off", "degraded": "degraded_off"})
-                      .with_columns(compared_arm=pl.lit(on, pl.String),
-                                    gap=pl.col("loss_off") - pl.col("loss_on")))
-    return pl.concat(frames).sort("compared_arm", "depth", "lr", "seed")
+    return (pair_arms(p, ["depth", "lr", "seed"])
+            .rename({"loss_clipped": "loss_off", "loss_clipped_on": "loss_on",
+                     "diverged": "diverged_off", "degraded": "degraded_off"})
+            .with_columns(gap=pl.col("loss_off") - pl.col("loss_on"))
+            .sort("compared_arm", "depth", "lr", "seed"))
 
 
 def probe_over_layers(probes: pl.LazyFrame) -> pl.LazyFrame:

@@ -1,7 +1,5 @@
-"""Simulated studies of known truth for the calibration (analysis/calibrate.py): the mini's
-design (depths 2, 4, 8, both arms, 8 grid LRs, its boundary and threshold bisection) run by the
-sweep's own rules, its runs drawn from a noise model fitted from real sweeps (`fit_noise`;
-NOISE: the earlier mini's), under scenarios whose truth is the noiseless study."""
+"""Simulated studies of known truth for the calibrations: the mini's design swept by the sweep's
+own rules, its runs drawn from a noise model of real sweeps, under scenarios of planted onsets."""
 
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from .threshold import threshold_draws
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0)
 DEPTHS = (2, 4, 8)
+ARMS = ("none", "rmsnorm")
 UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
 INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
@@ -77,11 +76,11 @@ NOISE = Noise(
     off_degrade=MINI_OFF_DEGRADE, on_degrade=MINI_ON_DEGRADE, boundary_correlation=0.65)
 
 
-def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
+def fit_noise(points: pl.DataFrame) -> Noise:
     """The noise of a real sweep: per depth and grid LR the gap's seed SD (shrunk towards the
     LR's SD pooled over depths with 4 degrees of freedom), the correlation of seeds' gap
     deviations at adjacent LRs, the divergence boundary and where every on-arm run failed."""
-    options = options or Options()
+    options = Options()
     cells = h1_tests(points, options)[0]
     gaps = paired_gaps(points, options)
     informative = cells.filter(pl.col("informative") & (pl.col("pairs") >= 2))
@@ -99,10 +98,7 @@ def fit_noise(points: pl.DataFrame, options: Options | None = None) -> Noise:
         wide = g.pivot(on="lr", index="seed", values="gap").drop("seed")
         for a, b in zip(LRS, LRS[1:]):
             if a in ok and b in ok and str(a) in wide.columns and str(b) in wide.columns:
-                x, y = wide[str(a)].to_numpy(), wide[str(b)].to_numpy()
-                keep = np.isfinite(x) & np.isfinite(y)
-                if keep.sum() >= 3 and x[keep].std() > 0 and y[keep].std() > 0:
-                    r.append(float(np.corrcoef(x[keep], y[keep])[0, 1]))
+                r += _correlation(wide[str(a)].to_numpy(), wide[str(b)].to_numpy())
     stable = max_usable_lr_per_seed(points, options).drop_nulls("first_divergent_lr")
     first = np.log10(stable["first_divergent_lr"].to_numpy())
     on_failed = cells.filter(~pl.col("informative"))["lr"].to_list()
@@ -132,12 +128,17 @@ def fit_failures(points: pl.DataFrame, cells: pl.DataFrame, options: Options
             on.append(math.inf if degraded is None else round(math.log10(degraded), 3))
     wide = (first.filter(pl.col("diverged").is_not_null())
             .pivot(on="arm", index=["depth", "seed"], values="diverged").drop_nulls())
-    rho = 0.5
-    if {"none", "rmsnorm"} <= set(wide.columns) and wide.height >= 3:
-        a, b = (np.log10(wide[c].to_numpy()) for c in ("none", "rmsnorm"))
-        if a.std() > 0 and b.std() > 0:
-            rho = float(np.clip(np.corrcoef(a, b)[0, 1], 0, 0.95))
-    return tuple(off), tuple(on), rho
+    r = _correlation(*(np.log10(wide[c].to_numpy()) for c in ARMS)) \
+        if set(ARMS) <= set(wide.columns) else []
+    return tuple(off), tuple(on), float(np.clip(r[0], 0, 0.95)) if r else 0.5
+
+
+def _correlation(x: np.ndarray, y: np.ndarray) -> list[float]:
+    """[Pearson's r] over the pairs where both are finite; [] below 3 pairs or without spread."""
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3 or x[keep].std() == 0 or y[keep].std() == 0:
+        return []
+    return [float(np.corrcoef(x[keep], y[keep])[0, 1])]
 
 
 @dataclass(frozen=True)
@@ -267,25 +268,24 @@ def make_world(scenario: Scenario, noise: Noise, seeds: int, margin: float,
         return np.zeros((seeds, len(lattice))) if noiseless else \
             rng.standard_normal((seeds, len(lattice))) @ chol.T
 
+    def normal(sd: float) -> np.ndarray:
+        return np.zeros(seeds) if noiseless else rng.normal(0, sd, seeds)
+
     mean, spread = noise.boundary
+    ratio = {"none": 0.0, "rmsnorm": math.log10(scenario.boundary_ratio)}
     world = World(
         scenario=scenario, noise=noise, margin=margin, seeds=seeds,
-        gap_noise={(dp, arm): process() for dp in depths for arm in ("none", "rmsnorm")},
-        on_offset={dp: np.zeros(seeds) if noiseless else rng.normal(0, noise.on_sd, seeds)
-                   for dp in depths},
+        gap_noise={(dp, arm): process() for dp in depths for arm in ARMS},
+        on_offset={dp: normal(noise.on_sd) for dp in depths},
         on_noise={dp: process() for dp in depths},
-        boundary={(dp, arm): mean + (math.log10(scenario.boundary_ratio) if arm != "none"
-                                     else 0.0)
-                  + (np.zeros(seeds) if noiseless else rng.normal(0, spread, seeds))
-                  for dp in depths for arm in ("none", "rmsnorm")},
+        boundary={(dp, arm): mean + ratio[arm] + normal(spread) for dp in depths for arm in ARMS},
         depths=depths, lrs=lrs, refine_steps=refine_steps, lattice=lattice)
     rho = noise.boundary_correlation
     if rho > 0 and not noiseless:  # a shared part: b = mean + spread (sqrt(1-rho) z + sqrt(rho) s)
         for dp in depths:
             shared = rng.normal(0, spread, seeds)
-            for arm in ("none", "rmsnorm"):
-                own = world.boundary[(dp, arm)] - mean - (
-                    math.log10(scenario.boundary_ratio) if arm != "none" else 0.0)
+            for arm in ARMS:
+                own = world.boundary[(dp, arm)] - mean - ratio[arm]
                 world.boundary[(dp, arm)] += (math.sqrt(1 - rho) - 1) * own + math.sqrt(rho) * shared
     if noise.off_degrade or noise.on_degrade:
         world.degrade = failure_draws(scenario, noise, seeds, rng, noiseless, depths)
@@ -317,15 +317,14 @@ def sweep(world: World) -> pl.DataFrame:
     """The runs the mini's sweep would train in this world, bisection steps included."""
     runs: dict[tuple[int, str, float, int], tuple[str, float | None]] = {}
 
-    def train(depth: int, arm: str, lr: float, seed: int) -> tuple[str, float | None]:
-        key = (depth, arm, lr, seed)
+    def train(*key) -> tuple[str, float | None]:  # (depth, arm, lr, seed), each run once
         if key not in runs:
-            runs[key] = world.run(depth, arm, lr, seed)
+            runs[key] = world.run(*key)
         return runs[key]
 
     for depth in world.depths:
         for seed in range(world.seeds):
-            for arm in ("none", "rmsnorm"):
+            for arm in ARMS:
                 results = {lr: train(depth, arm, lr, seed)[0] == "completed" for lr in world.lrs}
                 while (lr := next_midpoint(results, world.lrs, world.refine_steps,
                                            REFINE_FACTOR)) is not None:
@@ -341,10 +340,8 @@ def sweep(world: World) -> pl.DataFrame:
                 failed = all(_failed(a) and _failed(b) for a, b in pairs)
                 if not failed:
                     means[lr] = float(np.mean([a - b for a, b in losses]))
-            if step == THRESHOLD_STEPS:
-                break
             mid = next_threshold_lr(means, world.margin, REFINE_FACTOR)
-            if mid is None:
+            if step == THRESHOLD_STEPS or mid is None:
                 break
             lrs = [mid]
     return pl.DataFrame(

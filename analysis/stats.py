@@ -162,6 +162,13 @@ def p_bootstrap(null_side: np.ndarray) -> float:
     return float((1 + null_side.sum()) / (len(null_side) + 1))
 
 
+def p_within(draws: np.ndarray, margin: float) -> float:
+    """Bootstrap p of -margin < x < margin (both one-sided tests; a NaN draw counts against)."""
+    undefined = np.isnan(draws)
+    return max(p_bootstrap(undefined | (draws >= margin)),
+               p_bootstrap(undefined | (draws <= -margin)))
+
+
 def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Weighted non-decreasing least-squares fit of each row of `means` (rows x points): fit_i =
     max over j <= i of min over k >= i of the weighted mean of points j..k (NaN: weight 0)."""

@@ -1,6 +1,7 @@
 """Where QK-norm becomes necessary: per depth and compared arm, the instability onset (the LR
-where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley and
-only up to the largest LR up to which every QK-norm run trained), its widened whole-seed interval, and the tested rule beside it (docs/report.md)."""
+where the isotonic fit of the seed-mean gap reaches min_gap, read upward from its valley up to
+the largest LR at which every QK-norm run trained), its widened whole-seed interval, and the
+tested rule beside it (docs/report.md)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,13 @@ def threshold_from_fit(log_lrs: np.ndarray, fit: np.ndarray, margin: float) -> n
 class DepthDraws:
     """One (compared arm, depth): the LRs the onset is read over, the onset (log10 LR; -inf or
     +inf when the fit crosses at once or never there), its draws (a draw that does not cross is
-    kept, censored at the bound it lies beyond), the fit and the seeds."""
+    kept, censored at the bound it lies beyond), the seeds and their (seeds, LRs) gaps."""
 
     lrs: list[float]
     point: float
     draws: np.ndarray
-    fit: np.ndarray
     seeds: int
+    gaps: np.ndarray | None = None
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -83,14 +84,23 @@ def depth_draws(values: np.ndarray, lrs: list[float], draws: np.ndarray, margin:
     boot_means, counts = S.seed_bootstrap(values, draws)
     crossings = threshold_from_fit(log_lrs, _fit(boot_means, counts.astype(float)), margin)
     return DepthDraws(lrs=lrs, point=float(threshold_from_fit(log_lrs, fit, margin)[0]),
-                      draws=np.clip(crossings, log_lrs[0], log_lrs[-1]), fit=fit[0],
-                      seeds=int(n.max()))
+                      draws=np.clip(crossings, log_lrs[0], log_lrs[-1]), seeds=int(n.max()),
+                      gaps=values)
 
 
-def seed_onsets(d: DepthDraws, values: np.ndarray, margin: float) -> np.ndarray:
+def read_onset(cells: pl.DataFrame, gaps: pl.DataFrame, seeds: list[int], draws: np.ndarray,
+               margin: float) -> DepthDraws:
+    """The onset of one (compared arm, depth) from its H1 cells and paired gaps: read over its
+    informative LRs up to the largest up to which every QK-norm run trained."""
+    lrs = sorted(cells.filter("informative")["lr"].to_list())
+    values = gap_matrix(gaps.filter(pl.col("lr").is_in(lrs)), seeds, lrs)
+    return depth_draws(values, lrs, draws, margin, tested_rule(cells)["trained_up_to"])
+
+
+def seed_onsets(d: DepthDraws, margin: float) -> np.ndarray:
     """Each seed's own onset (log10 LR; -inf or +inf where its fit crosses at once or never):
-    the reading of `d` on one row of its (seeds, LRs) gaps `values` alone."""
-    v = values[:, :len(d.lrs)]
+    the reading of `d` on one row of its gaps alone."""
+    v = d.gaps
     return threshold_from_fit(np.log10(d.lrs), _fit(v, (~np.isnan(v)).astype(float)), margin)
 
 
@@ -139,13 +149,9 @@ def threshold_draws(points: pl.DataFrame, cells: pl.DataFrame, options: Options
         draws = S.seed_draws(len(seeds), options.bootstrap, f"whole-seed/{on}{options.draw_key}")
         for depth in sorted(set(informative.filter(pl.col("compared_arm") == on)["depth"])):
             c = cells.filter((pl.col("compared_arm") == on) & (pl.col("depth") == depth))
-            lrs = sorted(c.filter("informative")["lr"].to_list())
-            if int(c.filter("informative")["pairs"].max()) < 2:
-                continue
-            values = gap_matrix(mine.filter((pl.col("depth") == depth)
-                                            & pl.col("lr").is_in(lrs)), seeds, lrs)
-            out[(on, depth)] = depth_draws(values, lrs, draws, options.min_gap,
-                                           tested_rule(c)["trained_up_to"])
+            if int(c.filter("informative")["pairs"].max()) >= 2:
+                out[(on, depth)] = read_onset(c, mine.filter(pl.col("depth") == depth), seeds,
+                                              draws, options.min_gap)
     return out
 
 
@@ -156,26 +162,15 @@ def tested_rule(cells: pl.DataFrame, margin: float = 0.1) -> dict:
     from it up to trained_up_to "off worse"), None where no such LR, and the rule in words."""
     informative = cells.filter(pl.col("informative")).sort("lr")
     lrs, decisions = informative["lr"].to_list(), informative["decision"].to_list()
-    failed = [0] * len(lrs)
-    for column in ("on_diverged", "on_degraded"):
-        if column in informative.columns:
-            failed = [f + (v or 0) for f, v in zip(failed, informative[column].to_list())]
-    top = None  # the LRs read end below the first at which some QK-norm run failed
-    for lr, f in zip(lrs, failed):
-        if f:
-            break
-        top = lr
-    a = b = None
-    for lr, decision in zip(lrs, decisions):
-        if decision != "no difference":
-            break
-        a = lr
-    for lr, decision in zip(reversed(lrs), reversed(decisions)):
-        if top is None or lr > top:
-            continue
-        if decision != "off worse":
-            break
-        b = lr
+    failed = zip(*(informative[c].fill_null(0).to_list() for c in ("on_diverged", "on_degraded")
+                   if c in informative.columns))
+    # the LRs read, lrs[:k], end below the first at which some QK-norm run failed
+    k = next((i for i, f in enumerate(failed) if any(f)), len(lrs))
+    calm = next((i for i, d in enumerate(decisions) if d != "no difference"), len(lrs))
+    worse = next((i for i in range(k - 1, -1, -1) if decisions[i] != "off worse"), -1) + 1
+    top = lrs[k - 1] if k else None
+    a = lrs[calm - 1] if calm else None  # every cell up to it "no difference"
+    b = lrs[worse] if worse < k else None  # every cell from it up to top "off worse"
     low = (f"no difference (within {margin:g} nats) decided up to LR {a:.3g}" if a is not None
            else "\"no difference\" decided at no LR from the smallest up")
     span = "" if b is None else f"at LR {b:.3g}" if b == top else f"from LR {b:.3g} to {top:.3g}"
@@ -196,7 +191,7 @@ ONSET_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "seeds": pl.Int64,
 
 
 def bound_text(v: float, lrs: list[float]) -> str:
-    """An interval bound (log10 LR); an open one beyond the LRs read."""
+    """An LR given as log10; one at -inf or +inf as beyond the LRs read."""
     if v == -np.inf:
         return f"< {lrs[0]:.3g}"
     if v == np.inf:
@@ -206,16 +201,28 @@ def bound_text(v: float, lrs: list[float]) -> str:
 
 def estimate_text(point: float, lo: float, hi: float, lrs: list[float]) -> str:
     """An estimate with its interval (log10 LRs): "0.0066 [0.0055, 0.022]", "> 0.3 [...]"."""
-    head = (f"< {lrs[0]:.3g}" if point == -np.inf else f"> {lrs[-1]:.3g}" if point == np.inf
-            else f"{10 ** point:.3g}")
-    return f"{head} [{bound_text(lo, lrs)}, {bound_text(hi, lrs)}]"
+    return f"{bound_text(point, lrs)} [{bound_text(lo, lrs)}, {bound_text(hi, lrs)}]"
+
+
+def onset_columns(d: DepthDraws, k: float) -> dict:
+    """The onset: estimate, interval widened by k, its text and the LRs it is read over (an
+    open end or an onset outside them lies beyond read_lo or read_hi)."""
+    lo, hi = threshold_interval(d, k)
+    low, high = d.bounds
+    side = "" if math.isfinite(d.point) else "above" if d.point > 0 else "below"
+    return {"onset_lr": 10 ** d.point if not side else None,
+            "onset_lo": 10 ** lo if math.isfinite(lo) else None,
+            "onset_hi": 10 ** hi if math.isfinite(hi) else None,
+            "onset_side": side, "onset_bound": None if not side else
+            10 ** (high if side == "above" else low),
+            "onset": estimate_text(d.point, lo, hi, d.lrs), "read_lo": 10 ** low,
+            "read_hi": 10 ** high}
 
 
 def _onset_row(d: DepthDraws, options: Options) -> dict:
-    lo, hi = threshold_interval(d, options.threshold_widening)
-    row = {"ci_lo": 10 ** lo if np.isfinite(lo) else None,
-           "ci_hi": 10 ** hi if np.isfinite(hi) else None,
-           "onset": estimate_text(d.point, lo, hi, d.lrs)}
+    c = onset_columns(d, options.threshold_widening)
+    row = {"ci_lo": c["onset_lo"], "ci_hi": c["onset_hi"], "onset": c["onset"],
+           "onset_lr": c["onset_lr"]}
     if d.point == np.inf:
         row.update(outside=ABOVE, note=f"the fitted gap stays under {options.min_gap:g} nats "
                                        f"up to LR {d.lrs[-1]:.3g}, the largest up to which every "
@@ -223,8 +230,6 @@ def _onset_row(d: DepthDraws, options: Options) -> dict:
     elif d.point == -np.inf:
         row.update(outside=BELOW, note=f"the fitted gap is {options.min_gap:g} nats or more "
                                        "already at the LR where it is smallest")
-    else:
-        row["onset_lr"] = 10 ** d.point
     return row
 
 

@@ -26,7 +26,7 @@ from .hypotheses import (
     mark_needed,
 )
 from .metrics import Options, control_words, compared_arms
-from .threshold import DepthDraws, onset_table, threshold_draws
+from .threshold import onset_table, threshold_draws
 
 SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, MIXED, NO_DATA = (
     "supported", "not supported", "inconclusive", "mixed", "not enough data")
@@ -97,7 +97,6 @@ class StudyVerdicts(NamedTuple):
     thresholds: pl.DataFrame
     h2: pl.DataFrame
     h3: pl.DataFrame
-    draws: dict[tuple[str, int], DepthDraws]  # the onsets' whole-seed draws, per (arm, depth)
 
 
 def study_verdicts(points: pl.DataFrame, options: Options) -> StudyVerdicts:
@@ -112,7 +111,7 @@ def study_verdicts(points: pl.DataFrame, options: Options) -> StudyVerdicts:
     for on in compared_arms(points):
         rows += [_h1(on, gaps, best, thresholds), _h2(on, h2), _h3(on, h3, thresholds)]
     return StudyVerdicts(pl.DataFrame(rows, schema=VERDICT_SCHEMA), gaps, best, thresholds, h2,
-                         h3, draws)
+                         h3)
 
 
 def _row(hypothesis: str, on: str, claim: str, parts: list[Part], unit: str, family: int,

@@ -1412,12 +1412,12 @@ def test_the_onset_interval_is_widened_and_never_narrower_than_the_lrs_either_si
 
     lrs = [1e-3, 3e-3, 1e-2, 3e-2]
     point = math.log10(5e-3)
-    sharp = DepthDraws(lrs=lrs, point=point, draws=np.full(100, point), fit=np.zeros(4), seeds=5)
+    sharp = DepthDraws(lrs=lrs, point=point, draws=np.full(100, point), seeds=5)
     lo, hi = threshold_interval(sharp, 1.0)
     assert (lo, hi) == (pytest.approx(math.log10(3e-3)), pytest.approx(-2.0))
     wide_lrs = [1e-4, *lrs, 0.1]  # bounds far enough that widening by 2 stays inside them
     spread = DepthDraws(lrs=wide_lrs, point=point, draws=point + np.linspace(-0.35, 0.35, 101),
-                        fit=np.zeros(4), seeds=5)
+                        seeds=5)
     plain, wide = threshold_interval(spread, 1.0), threshold_interval(spread, 2.0)
     assert wide[1] - point == pytest.approx(2 * (plain[1] - point))
     assert wide[0] - point == pytest.approx(2 * (plain[0] - point))

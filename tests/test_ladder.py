@@ -69,8 +69,7 @@ def result(name: str, log_onset: float, spread: float = 0.05, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     draws = (log_onset + spread * rng.standard_normal(2000) if math.isfinite(log_onset)
              else np.full(2000, log_onset))
-    onset = DepthDraws(lrs=list(LRS), point=log_onset, draws=draws, fit=np.zeros(len(LRS)),
-                       seeds=5)
+    onset = DepthDraws(lrs=list(LRS), point=log_onset, draws=draws, seeds=5)
     return PointResult(name=name, point=KNOWN[name], study=None, complete=True, left=0,
                        onset=onset, seeds=5)
 
