@@ -41,7 +41,7 @@ def row_cells(r: dict) -> list[str]:
 
 
 def read_range(study: Study, t: dict) -> dict:
-    """The informative LRs a depth's onset is read over (as ladder.onset_columns reads them), and
+    """The informative LRs a depth's onset is read over (as threshold.onset_columns reads them), and
     the side and bound of an onset beyond them."""
     lrs = sorted(study.gaps.filter((pl.col("compared_arm") == t["compared_arm"])
                                    & (pl.col("depth") == t["depth"]) & pl.col("informative"))
