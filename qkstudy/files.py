@@ -10,12 +10,12 @@ import json
 import os
 import re
 import shutil
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors.numpy
 
 from .errors import UsageError
 
@@ -155,86 +155,53 @@ def read_json(path: Path) -> dict | None:
     return load_object(path)[0]
 
 
-_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32", "int64": "I64",
-           "uint32": "U32", "uint64": "U64", "uint8": "U8", "int8": "I8", "bool": "BOOL"}
-_NUMPY = {v: k for k, v in _DTYPES.items()}
-
-
-def _digest(chunks, metadata: dict[str, str]) -> str:
+def _digest(arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
+    """sha256 of the tensors' bytes in name order, then of the metadata (its sha256 aside) as
+    sorted JSON: the file's layout does not enter it."""
     h = hashlib.sha256()
-    for chunk in chunks:
-        h.update(chunk)
-    h.update(json.dumps(metadata, sort_keys=True).encode())
+    for name in sorted(arrays):
+        h.update(np.ascontiguousarray(arrays[name]).reshape(-1).view(np.uint8))
+    h.update(json.dumps({k: v for k, v in metadata.items() if k != "sha256"},
+                        sort_keys=True).encode())
     return h.hexdigest()
 
 
 def save_tensors(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
     """Write a verified safetensors file whose metadata holds its sha256; returns the hash."""
-    names = sorted(arrays)
-    flat = [np.ascontiguousarray(arrays[n]).reshape(-1).view(np.uint8) for n in names]
-    header: dict[str, Any] = {}
-    offset = 0
-    for name, raw in zip(names, flat):
-        header[name] = {"dtype": _DTYPES[arrays[name].dtype.name],
-                        "shape": list(np.shape(arrays[name])),
-                        "data_offsets": [offset, offset + raw.nbytes]}
-        offset += raw.nbytes
-    meta = {k: v for k, v in metadata.items() if k != "sha256"}
-    header["__metadata__"] = {**meta, "sha256": _digest(flat, meta)}
-    blob = json.dumps(header).encode()
-    blob += b" " * (-len(blob) % 8)
-    tmp = _tmp(path)
+    arrays = {name: np.asarray(a, order="C") for name, a in arrays.items()}
+    digest = _digest(arrays, metadata)
+    meta = {**{k: v for k, v in metadata.items() if k != "sha256"}, "sha256": digest}
     with atomic(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        for raw in flat:
-            f.write(raw)
+        f.write(safetensors.numpy.save(arrays, meta))
         f.flush()
-        read_tensors(tmp)  # verify before it replaces the previous file
-    return header["__metadata__"]["sha256"]
+        read_tensors(_tmp(path))  # verify before it replaces the previous file
+    return digest
 
 
 def read_tensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(arrays, metadata) of a file written by save_tensors, checked; else DamagedFile."""
     try:
-        data = path.read_bytes()
+        with safetensors.safe_open(path, framework="np") as f:
+            meta = f.metadata()
+            arrays = {name: f.get_tensor(name) for name in f.keys()}
     except OSError as e:
         raise DamagedFile(f"{path.name} is unreadable ({e.strerror or e})") from None
-    n = struct.unpack("<Q", data[:8])[0] if len(data) >= 8 else -1
-    if n < 0 or 8 + n > len(data):
-        raise DamagedFile(f"{path.name} is truncated ({len(data)} bytes)")
-    try:
-        header = json.loads(data[8:8 + n])
-        meta = header.pop("__metadata__")
-        body = memoryview(data)[8 + n:]
-        specs = [(name, _NUMPY[h["dtype"]], tuple(h["shape"]), *h["data_offsets"])
-                 for name, h in header.items()]
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise DamagedFile(f"{path.name} has an unparsable header") from None
-    if not isinstance(meta, dict) or "sha256" not in meta:
+    except safetensors.SafetensorError as e:
+        raise DamagedFile(f"{path.name} is not a whole safetensors file ({e})") from None
+    if not meta or "sha256" not in meta:
         raise DamagedFile(f"{path.name} carries no checksum")
-    if max((end for *_, end in specs), default=0) != len(body):
-        raise DamagedFile(f"{path.name} is truncated or has trailing bytes")
-    expected = meta["sha256"]
-    if _digest([body], {k: v for k, v in meta.items() if k != "sha256"}) != expected:
+    if _digest(arrays, meta) != meta["sha256"]:
         raise DamagedFile(f"{path.name} fails its sha256 checksum (damaged bytes)")
-    try:
-        arrays = {name: np.frombuffer(body[b:e], dtype=dtype).reshape(shape)
-                  for name, dtype, shape, b, e in specs}
-    except ValueError:
-        raise DamagedFile(f"{path.name} has tensors that do not match their shapes") from None
     return arrays, meta
 
 
 def read_tensor_metadata(path: Path) -> dict[str, str] | None:
     """A tensor file's header metadata, unverified (for display), or None."""
     try:
-        with open(path, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            meta = json.loads(f.read(n))["__metadata__"] if n < 1 << 24 else None
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        with safetensors.safe_open(path, framework="np") as f:
+            return f.metadata()
+    except (OSError, safetensors.SafetensorError):
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 def sha256_file(path: Path) -> str:

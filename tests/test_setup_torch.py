@@ -40,7 +40,8 @@ def machine_python(tmp_path: Path) -> Path:
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "torch").mkdir()
     (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
-    for name in ("numpy", "pyarrow", "scipy", "tiktoken", "huggingface_hub", "torch"):
+    for name in ("numpy", "pyarrow", "scipy", "tiktoken", "huggingface_hub", "safetensors",
+                 "torch"):
         dist = site / f"{name}-99.0.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 99.0\n")
