@@ -77,11 +77,6 @@ archive *args:
 parity *args:
     @{{py}} -m crosscheck parity "$@"
 
-# re-run one MLX run with the PyTorch reference: just spot-check RUN_DIR [device=cuda|mps|cpu]
-[group('3 check the engines and the machine')]
-spot-check *args:
-    @{{py}} -m crosscheck spot-check "$@"
-
 # every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead, K runs at once, where to run the study
 [group('3 check the engines and the machine')]
 bench *args:

@@ -1,12 +1,10 @@
-"""`python -m crosscheck <command>`: parity, spot-check, gpu-check."""
+"""`python -m crosscheck <command>`: parity, gpu-check."""
 
 from qkstudy import interrupts
 from qkstudy.cli import entry
 
 COMMANDS = {
     "parity": ("crosscheck.parity", "MLX vs PyTorch: logits, loss, gradients, probes, 50 steps"),
-    "spot-check": ("crosscheck.spot_check",
-                   "re-run an MLX run folder with PyTorch: RUN_DIR [device=auto|cuda|mps|cpu]"),
     "gpu-check": ("crosscheck.gpu_check",
                   "backend=torch on one GPU: CUDA-vs-CPU parity, tokens/s, a demo sweep (<8 min)"),
 }

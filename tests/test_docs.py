@@ -191,27 +191,16 @@ def test_the_commands_shown_are_the_current_ones():
         assert "python -m mlx_gpt" not in text and "mlx_gpt bench" not in text, path.name
 
 
-def test_the_spot_check_tolerances_are_stated_as_in_the_code():
-    from crosscheck.spot_check import TOLERANCES
-
-    text = (ROOT / "docs" / "torch_ref.md").read_text()
-    loss, grad = _one(r"train and val loss\s+within\s+(\S+),\s+grad norm\s+within\s+(\S+)\s",
-                      text, "docs/torch_ref.md")
-    assert (float(loss), float(loss), float(grad)) == (
-        TOLERANCES["train_loss"], TOLERANCES["val_loss"], TOLERANCES["grad_norm"])
-
-
 # --- what each install brings ------------------------------------------------------------------
 
 # import name -> the distribution that provides it
 DISTRIBUTION = {"tiktoken_ext": "tiktoken"}
 # what a torch run on a GPU node must not pull in: MLX and the analysis stack
 NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "vl-convert-python", "statsmodels"}
-# the modules a backend=torch run, sweep, status and spot check import
+# the modules a backend=torch run, sweep, status and the GPU check import
 TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/engine.py",
              "torch_ref/model.py", "torch_ref/device.py", "crosscheck/__init__.py",
-             "crosscheck/__main__.py", "crosscheck/spot_check.py", "crosscheck/gpu_check.py",
-             "crosscheck/gpu_stages.py"]
+             "crosscheck/__main__.py", "crosscheck/gpu_check.py", "crosscheck/gpu_stages.py"]
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:

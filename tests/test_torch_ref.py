@@ -1,13 +1,11 @@
-"""torch_ref against mlx_gpt: the parity matrix, the optimizer, and a spot check of a tiny run on CPU that must read like the MLX run and follow its loss curve."""
+"""torch_ref against mlx_gpt: parity, the optimizer, the initial weights, the rival controls."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import mlx.core as mx
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,17 +13,13 @@ from mlx.utils import tree_flatten
 
 from mlx_gpt.engine import build_model
 from qkstudy.optimizer import learning_rates
-from qkstudy import run_folder
 from qkstudy.config import TrainConfig, model_args
-from qkstudy.trainer import train
 from qkstudy.parameters import initial_weights
-from qkstudy.run_folder import RunFolder
 from torch_ref import engine as torch_optim
 from torch_ref.model import GPT as TorchGPT
 
 from crosscheck import parity
 from crosscheck.__main__ import main
-from crosscheck.spot_check import spot_check
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -157,107 +151,6 @@ def test_clipping_scales_to_the_clip_norm(grad_clip, expected):
     norm = torch_optim.clip_and_step(opt, schedule, cfg.grad_clip)
     assert norm.item() == pytest.approx(6.0)
     assert params["w"].grad.norm().item() == pytest.approx(expected, rel=1e-6)
-
-
-def read_parts_schema(folder):
-    return pq.read_schema(min(folder.glob("part-*.parquet")))
-
-
-def test_spot_check_reads_like_the_mlx_run_and_follows_its_curve(tiny_cfg, capsys):
-    cfg = tiny_cfg(max_steps=50, probe_every=25, qk_norm="rmsnorm")
-    mlx_summary = train(cfg, verbose=False)
-    mlx_dir = RunFolder.of(cfg).path
-    out, summary = spot_check(mlx_dir, "cpu", verbose=False)
-
-    assert out == RunFolder.of(dataclasses.replace(cfg, backend="torch", device="cpu")).path
-    assert out.parent == mlx_dir.parent and out.name.startswith("d2-qkrmsnorm-torch-")
-    for name in ("config.json", "manifest.json", "summary.json", "final.safetensors",
-                 "comparison.json"):
-        assert (out / name).exists(), name
-    for folder, schema in (("metrics", run_folder.METRICS_SCHEMA), ("probes", run_folder.PROBES_SCHEMA)):
-        assert read_parts_schema(out / folder) == read_parts_schema(mlx_dir / folder)
-        assert read_parts_schema(out / folder).equals(schema)
-    on_disk = json.loads((out / "summary.json").read_text())
-    assert on_disk == summary
-    assert mlx_summary.keys() <= on_disk.keys()
-    assert on_disk["framework"] == "torch" and on_disk["sweep"] == cfg.sweep
-    assert on_disk["status"] == "completed" and on_disk["steps"] == cfg.steps
-    for key in ("lr", "depth", "qk_norm", "seed", "tokens_seen", "params"):
-        assert on_disk[key] == mlx_summary[key], key
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["framework"] == "torch" and manifest["device"] == "cpu"
-    config = json.loads((out / "config.json").read_text())
-    assert config["framework"] == "torch" and config["lr"] == cfg.lr
-
-    # the same rows, step for step, and the same curve within 1e-3 relative
-    mlx_rows = run_folder.read_parts(mlx_dir / "metrics").to_pydict()
-    torch_rows = run_folder.read_parts(out / "metrics").to_pydict()
-    assert torch_rows["step"] == mlx_rows["step"] == list(range(cfg.steps + 1))
-    # float32 cos of the two libraries may differ in the last bit
-    assert torch_rows["lr"][:-1] == pytest.approx(mlx_rows["lr"][:-1], rel=1e-6)
-    for column in ("train_loss", "val_loss"):
-        for a, b in zip(torch_rows[column], mlx_rows[column]):
-            assert (a is None) == (b is None)
-            if b is not None:
-                assert abs(a - b) <= 1e-3 * abs(b), (column, a, b)
-    assert on_disk["init_loss"] == pytest.approx(mlx_summary["init_loss"], rel=1e-5)
-    assert mlx_rows["train_loss"][-2] < mlx_rows["train_loss"][0] - 1.0  # the curve moves
-
-    # the same probe rows (step, layer, name)
-    mlx_probes = run_folder.read_parts(mlx_dir / "probes").to_pylist()
-    torch_probes = run_folder.read_parts(out / "probes").to_pylist()
-    keys = [sorted((r["step"], r["layer"], r["name"]) for r in rows)
-            for rows in (torch_probes, mlx_probes)]
-    assert keys[0] == keys[1]
-
-    comparison = json.loads((out / "comparison.json").read_text())
-    assert comparison["same_data"] and comparison["steps_compared"] == cfg.steps + 1
-    assert comparison["train_loss"]["max_relative_deviation"] <= 1e-3
-
-    # finished: a second call skips, the CLI reports it
-    stamp = (out / "summary.json").stat().st_mtime_ns
-    capsys.readouterr()
-    assert main(["spot-check", str(mlx_dir), "device=cpu"]) == 0
-    assert "skipping" in capsys.readouterr().out
-    assert (out / "summary.json").stat().st_mtime_ns == stamp
-
-
-def test_spot_check_usage_errors(tiny_cfg, tmp_path, capsys):
-    assert main(["spot-check", str(tmp_path)]) == 2
-    assert "not a run folder" in capsys.readouterr().err
-    assert main(["spot-check"]) == 2
-    assert "usage" in capsys.readouterr().err
-    run = tmp_path / "runs" / "s" / "r"
-    run.mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({**tiny_cfg().identity(), "framework": "mlx"}))
-    assert main(["spot-check", str(run), "device=cpu"]) == 2  # folder "r" is not its run_id
-    assert "rebuilds run_id" in capsys.readouterr().err
-    (run / "config.json").write_text(json.dumps({**tiny_cfg().identity(), "framework": "mlx",
-                                                 "run_id": tiny_cfg().run_id}))
-    assert main(["spot-check", str(run), "device=tpu"]) == 2
-    assert "device must be one of" in capsys.readouterr().err
-    assert main(["spot-check", str(run), "colour=red"]) == 2
-    assert "unknown option" in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert main(["spot-check", str(run), "device=cuda"]) == 2
-        assert "not available" in capsys.readouterr().err
-    assert main(["spot-check", str(run), "data=/nonexistent"]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert [p.name for p in run.parent.iterdir()] == ["r"]  # nothing half-written
-
-
-def test_spot_check_of_a_diverged_run_diverges_at_the_same_step(tiny_cfg):
-    cfg = tiny_cfg(lr=1.0, grad_clip=0.0, warmup_steps=2, divergence_window=5)
-    mlx_summary = train(cfg, verbose=False)
-    assert mlx_summary["status"] == "diverged"
-    _, summary = spot_check(RunFolder.of(cfg).path, "cpu", verbose=False)
-    assert mlx_summary.keys() <= summary.keys()
-    assert summary["status"] == "diverged" and summary["final_val_loss"] is None
-    assert summary["diverged_step"] == mlx_summary["diverged_step"]
-    assert summary["steps"] == summary["diverged_step"] + 1
-    twin = RunFolder.of(dataclasses.replace(cfg, backend="torch", device="cpu")).path
-    rows = run_folder.read_parts(twin / "metrics")
-    assert rows.column("step").to_pylist() == list(range(summary["diverged_step"] + 1))
 
 
 def test_both_frameworks_start_from_the_numpy_initial_weights_bit_for_bit():

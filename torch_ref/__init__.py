@@ -1,4 +1,4 @@
-"""PyTorch reference of the mlx_gpt model: same names, same numbers, CUDA/MPS spot checks."""
+"""PyTorch reference of the mlx_gpt model: same names, same numbers; the engine of backend=torch."""
 
 # torch goes first, before mlx_gpt loads OpenBLAS into the global symbol scope: otherwise
 # libtorch_cpu's calls to its own (MKL) sgemm_ bind to OpenBLAS's, whose thread pool then fights
