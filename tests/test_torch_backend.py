@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 
 from qkstudy import files, run_folder, sweep, trainer
@@ -134,3 +135,13 @@ def test_an_mlx_run_and_its_torch_twin_read_as_one_point(tiny_cfg):
     assert table["arm"].to_list() == ["none", "none"]
     a, b = table["final_val_loss"].to_list()
     assert abs(a - b) <= 1e-3 * abs(a)  # fp32 on the CPU: the same curve within 1e-3
+    # the same run-log schema: each log's Parquet columns and types, the probe rows, the summary
+    folders = [RunFolder.of(c) for c in (mlx_cfg, torch_cfg)]
+    for logs in ("metrics_dir", "probes_dir"):
+        mlx_log, torch_log = (pl.read_parquet(getattr(f, logs) / "*.parquet") for f in folders)
+        assert mlx_log.height and mlx_log.schema == torch_log.schema
+    rows = [pl.read_parquet(f.probes_dir / "*.parquet").select("step", "name", "layer")
+            .sort(pl.all()) for f in folders]
+    assert rows[0].equals(rows[1])
+    summaries = [f.summary_record() for f in folders]
+    assert summaries[0].keys() <= summaries[1].keys()
