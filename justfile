@@ -24,7 +24,7 @@ demo *args:
 advise *args:
     @{{py}} -m analysis advise "$@"
 
-# every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR] [--watch]
+# every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR]
 [group('1 get started')]
 status *args:
     @{{py}} -m qkstudy status "$@"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import sys
 from collections.abc import Iterable
@@ -41,12 +40,11 @@ ARMS = tuple({"qk_norm": q} for q in CHOICES)
 # far from the study's cap 50 and weight 1e-4, so that both change these small models' numbers
 RIVALS = ({"attn_softcap": 5.0}, {"z_loss": 1e-2})
 DEPTHS = (1, 3)
-KERNELS = ("cpu", "library")
 # lr below the loss-spike regime (from 2e-3 a spike amplifies float32 rounding to 1e-2 and more);
 # clip 2.0 clips 12 of the 50 steps
 BASE = TrainConfig(depth=1, d_model=64, n_heads=4, block_size=64, batch_size=4, lr=1e-3,
                    warmup_steps=10, max_steps=50, weight_decay=0.1, grad_clip=2.0,
-                   seed=0, data_seed=0, kernels="cpu")
+                   seed=0, data_seed=0)
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ def case_name(cfg: TrainConfig) -> str:
                      else f" {k}={getattr(cfg, k)}"
                      for k in ("bias", "independent_wd", "attn_softcap", "z_loss")
                      if getattr(cfg, k) != getattr(BASE, k))
-    return f"d{cfg.depth} {cfg.qk_norm} {cfg.kernels}{extras}"
+    return f"d{cfg.depth} {cfg.qk_norm}{extras}"
 
 
 def mlx_forward(model: MlxGPT, x: np.ndarray, y: np.ndarray) -> tuple:
@@ -141,7 +139,7 @@ def engine_step(engine, forward, x: np.ndarray, y: np.ndarray) -> tuple:
 
 
 def torch_config(cfg: TrainConfig) -> TrainConfig:
-    return dataclasses.replace(cfg, backend="torch", device="cpu", kernels="auto")
+    return dataclasses.replace(cfg, backend="torch", device="cpu")
 
 
 def compare_step(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
@@ -195,10 +193,6 @@ def probe_pairs(mlx_rows: list[dict], torch_rows: list[dict], depth: int) -> lis
             for layer, head, name in sorted(mlx_values.keys() & torch_values.keys())]
 
 
-# torch trajectories computed: mlx_gpt's two kernel paths of a config share one
-_TORCH_TRAJECTORIES: dict[tuple, np.ndarray] = {}
-
-
 def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> np.ndarray:
     batches = [train_batch(tokens, cfg.data_seed, step, cfg.batch_size, cfg.block_size)
                for step in range(cfg.steps)]
@@ -207,11 +201,8 @@ def trajectory(engine_class, cfg: TrainConfig, tokens: np.ndarray, vocab_size: i
 
 
 def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) -> list[Deviation]:
-    torch_cfg = torch_config(cfg)
-    key = (torch_cfg, vocab_size, hashlib.sha256(np.ascontiguousarray(tokens)).hexdigest())
-    if key not in _TORCH_TRAJECTORIES:
-        _TORCH_TRAJECTORIES[key] = trajectory(TorchEngine, torch_cfg, tokens, vocab_size)
-    a, b = _TORCH_TRAJECTORIES[key], trajectory(MlxEngine, cfg, tokens, vocab_size)
+    a = trajectory(TorchEngine, torch_config(cfg), tokens, vocab_size)
+    b = trajectory(MlxEngine, cfg, tokens, vocab_size)
     loss = [(f"step {s}", relative(a[s, 0], b[s, 0])) for s in range(cfg.steps)]
     clipped = int(np.sum(b[:, 1] > cfg.grad_clip)) if cfg.grad_clip > 0 else 0
     return [worst(case_name(cfg), f"{cfg.steps}-step train loss ({clipped} clipped)", loss,
@@ -219,15 +210,14 @@ def compare_trajectory(cfg: TrainConfig, tokens: np.ndarray, vocab_size: int) ->
 
 
 def step_cases() -> list[TrainConfig]:
-    return [dataclasses.replace(BASE, depth=d, kernels=k, **change)
-            for group in (ARMS, RIVALS) for k in KERNELS for d in DEPTHS for change in group]
+    return [dataclasses.replace(BASE, depth=d, **change)
+            for group in (ARMS, RIVALS) for d in DEPTHS for change in group]
 
 
 def trajectory_cases() -> list[TrainConfig]:
-    """Each arm and rival at depth 3 on each kernel path, plus independent decay and biases."""
+    """Each arm and rival at depth 3, plus independent decay and biases."""
     deep = dataclasses.replace(BASE, depth=3)
-    return [dataclasses.replace(deep, kernels=k, **change)
-            for group in (ARMS, RIVALS) for k in KERNELS for change in group] + [
+    return [dataclasses.replace(deep, **change) for group in (ARMS, RIVALS) for change in group] + [
         dataclasses.replace(deep, qk_norm="rmsnorm", independent_wd=True, weight_decay=1e-3),
         dataclasses.replace(deep, qk_norm="layernorm", bias=True),
     ]
@@ -237,9 +227,8 @@ def run_all() -> list[Deviation]:
     torch.manual_seed(0)
     tokens, vocab = byte_tokens(), ByteTokenizer.vocab_size
     rows: list[Deviation] = []
-    biased = [dataclasses.replace(BASE, depth=2, qk_norm="layernorm", bias=True, kernels=k)
-              for k in KERNELS]
-    for cfg in step_cases() + biased:
+    biased = dataclasses.replace(BASE, depth=2, qk_norm="layernorm", bias=True)
+    for cfg in [*step_cases(), biased]:
         rows += compare_step(cfg.validate(), tokens, vocab)
     for cfg in trajectory_cases():
         rows += compare_trajectory(cfg.validate(), tokens, vocab)
@@ -259,7 +248,7 @@ def format_table(rows: list[Deviation]) -> str:
 
 USAGE = """usage: python -m crosscheck parity
 
-Checks in float32 on the CPU that MLX (both kernel paths) and PyTorch agree on logits, loss,
+Checks in float32 on the CPU that MLX and PyTorch agree on logits, loss,
 gradients, every probe, one step of each engine's own Engine.step (its loss, gradient norm,
 rate and the weights after it) and a 50-step AdamW trajectory for each arm; prints the largest
 deviations and exits non-zero when a tolerance is broken. Takes no arguments."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from types import SimpleNamespace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,28 +10,10 @@ import mlx.nn as nn
 from qkstudy.config import NORM_EPS, ModelArgs
 from qkstudy.parameters import initial_weights
 from qkstudy.variants import built_by
-
-from . import kernels as cpu_kernels
-
-# MLX's own elementwise maths, as mlx_gpt/kernels.py names it
-LIBRARY = SimpleNamespace(gelu=nn.gelu, tanh=mx.tanh,
-                          softmax=lambda x: mx.softmax(x, axis=-1, precise=True),
-                          logsumexp=lambda x: mx.logsumexp(x, axis=-1))
 # each qkstudy/variants.py norm over head_dim, with its gain w (None: no gain)
 NORMS = {"rms": lambda x, w: mx.fast.rms_norm(x, w, NORM_EPS),
          "layer": lambda x, w: mx.fast.layer_norm(x, w, None, NORM_EPS),
          "l2": lambda x, w: x * mx.rsqrt(mx.sum(mx.square(x), axis=-1, keepdims=True) + NORM_EPS)}
-
-
-def kernel_ops(kernels: str):
-    return cpu_kernels if kernels == "cpu" else LIBRARY
-
-
-def resolve_kernels(kernels: str) -> str:
-    """'auto' -> cpu on MLX's CPU device, else library (MLX's fused kernels)."""
-    if kernels == "auto":
-        return "cpu" if mx.default_device().type == mx.DeviceType.cpu else "library"
-    return kernels
 
 
 class CausalSelfAttention(nn.Module):
@@ -47,7 +27,6 @@ class CausalSelfAttention(nn.Module):
             setattr(self, name, nn.Module())  # its parameter is attn.<name>.weight
             getattr(self, name).weight = mx.full(shape, value)
         self.softcap = args.attn_softcap
-        self.ops = kernel_ops(args.kernels)
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def heads(self, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
@@ -67,22 +46,22 @@ class CausalSelfAttention(nn.Module):
     def capped(self, scores: mx.array) -> mx.array:
         if not self.softcap:
             return scores
-        return self.softcap * self.ops.tanh(scores * (1.0 / self.softcap))
+        return self.softcap * mx.tanh(scores * (1.0 / self.softcap))
 
     def __call__(self, x: mx.array, capture: dict | None = None) -> mx.array:
-        """The fused kernel, or attention written out (a probe capture, a soft-cap, CPU kernels)."""
+        """The fused kernel, or attention written out (a probe capture, a soft-cap)."""
         B, T, C = x.shape
         q_raw, k_raw, v = self.heads(x)
         q, k = self.normed(q_raw, k_raw)
         # a learnable softmax scale (variants.py's scale_init): q carries it into the kernel
         qs, scale = (q * self.qk_scale.weight, 1.0) if self.variant.scale_init else (q, self.scale)
-        if capture is None and not self.softcap and self.ops is LIBRARY:
+        if capture is None and not self.softcap:
             y = mx.fast.scaled_dot_product_attention(qs, k, v, scale=scale, mask="causal")
         else:
             causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
             logits = (qs * scale) @ k.transpose(0, 1, 3, 2)  # (B, nh, T, T)
             capped = self.capped(logits)
-            y = self.ops.softmax(mx.where(causal, capped, -mx.inf)) @ v
+            y = mx.softmax(mx.where(causal, capped, -mx.inf), axis=-1, precise=True) @ v
             if capture is not None:
                 capture.update(q=q_raw, k=k_raw, q_normed=q, k_normed=k, logits=logits,
                                capped=capped, causal=causal)
@@ -94,10 +73,9 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(args.d_model, 4 * args.d_model, bias=args.bias)
         self.proj = nn.Linear(4 * args.d_model, args.d_model, bias=args.bias)
-        self.gelu = kernel_ops(args.kernels).gelu
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.proj(self.gelu(self.fc(x)))
+        return self.proj(nn.gelu(self.fc(x)))  # exact GELU, as torch's
 
 
 class Block(nn.Module):
@@ -119,10 +97,10 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.args = dataclasses.replace(args, kernels=resolve_kernels(args.kernels))
+        self.args = args
         self.wte = nn.Embedding(args.padded_vocab, args.d_model)
         self.wpe = nn.Embedding(args.block_size, args.d_model)
-        self.blocks = [Block(self.args) for _ in range(args.depth)]
+        self.blocks = [Block(args) for _ in range(args.depth)]
         self.ln_f = nn.LayerNorm(args.d_model, eps=NORM_EPS, bias=args.bias)
 
     def __call__(self, idx: mx.array, captures: list[dict] | None = None) -> mx.array:
@@ -137,7 +115,7 @@ class GPT(nn.Module):
 
     def loss(self, logits: mx.array, targets: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         """(objective, mean cross-entropy, z-loss term W * mean logsumexp(logits)^2)."""
-        lse = kernel_ops(self.args.kernels).logsumexp(logits)
+        lse = mx.logsumexp(logits, axis=-1)
         ce = mx.mean(lse - mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0])
         z = self.args.z_loss * mx.mean(mx.square(lse)) if self.args.z_loss else mx.array(0.0)
         return ce + z, ce, z

@@ -26,7 +26,8 @@ from .variants import CHOICES
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
 INDEPENDENT_WD_DEFAULT = 1e-4
-CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id")
+# keys a config.json may hold besides TrainConfig's fields; reading it ignores them
+CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id", "kernels")
 BACKENDS = ("mlx", "torch")
 # config.json keys that do not place a run in the study: runs differing only in them are twins
 FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine", "reference_run_id")
@@ -92,8 +93,6 @@ class TrainConfig:
     attn_softcap: float = 0.0
     # the objective adds W * mean(logsumexp(output logits)^2) (PaLM); logged losses stay the CE
     z_loss: float = 0.0
-    # cpu: mlx_gpt/kernels.py; library: MLX's own; auto: cpu on the CPU device. Same maths.
-    kernels: Literal["auto", "library", "cpu"] = "auto"
     # the engine: auto (MLX on Apple Silicon, else PyTorch; a run records the one it got), mlx
     # (mlx_gpt/) or torch (torch_ref/). device, precision and compile are torch's:
     # auto picks cuda, else mps, else cpu; tf32 and bf16 (autocast, float32 master weights) are
@@ -198,7 +197,7 @@ class TrainConfig:
                                  f"{FLOAT32_MAX:.3g} in size, got {value}")
         return self
 
-    NON_IDENTITY = ("runs_dir", "sweep", "kernels", "compile", "deterministic")
+    NON_IDENTITY = ("runs_dir", "sweep", "compile", "deterministic")
     # keys added later, left out of the identity at the value earlier runs had
     LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32"}
 
@@ -229,7 +228,6 @@ class ModelArgs:
     qk_norm: str = "none"  # none or a qkstudy/variants.py entry
     attn_softcap: float = 0.0  # > 0: scaled attention logits become C*tanh(logit/C)
     z_loss: float = 0.0  # > 0: GPT.loss adds z_loss * mean(logsumexp(logits)^2)
-    kernels: str = "auto"  # auto | library | cpu: GPT resolves it once (resolve_kernels)
 
     @property
     def padded_vocab(self) -> int:

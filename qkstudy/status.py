@@ -18,12 +18,12 @@ from .progress import format_seconds
 from .run_folder import RunFolder, SweepFolder, run_folders
 from .sweep import slurm
 
-USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
+USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR]
 
 Every run of a sweep (or of every sweep under RUNS_DIR, default runs/): completed, diverged at
 step N, failed (its error), running (step, loss, tok/s, the process holding it), interrupted at
 a checkpoint, or waiting; the sweep's progress and ETA; Slurm task states for a sweep submitted
-with --slurm. Reads files only. --watch redraws it every 5 s (or SECONDS) until Ctrl-C."""
+with --slurm. Reads files only (`watch just status` redraws it)."""
 
 STATES = ("completed", "diverged", "failed", "running", "interrupted", "waiting")
 
@@ -221,16 +221,7 @@ def render(sweep_dir: Path) -> str:
 
 
 def cli(argv: list[str]) -> int:
-    paths, flags = split_flags(argv, ("--watch",), "--watch[=SECONDS]")
-    watch = None
-    if "--watch" in flags:
-        text = flags["--watch"] or "5"
-        try:
-            watch = float(text)
-        except ValueError:
-            raise UsageError(f"--watch={text}: not a number of seconds") from None
-        if not watch > 0:
-            raise UsageError(f"--watch={text}: must be > 0 seconds")
+    paths, _ = split_flags(argv, (), "none")
     if len(paths) > 1:
         raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
     path = Path(paths[0] if paths else "runs")  # a sweep folder, or a folder of sweeps
@@ -242,14 +233,5 @@ def cli(argv: list[str]) -> int:
         p for p in path.iterdir() if p.is_dir() and SweepFolder(p).is_sweep())
     if not folders:
         raise UsageError(f"{path} holds no sweep (no run folders, no {run_folder.PLAN})")
-    if watch is None:
-        print("\n\n".join(render(f) for f in folders))
-        return 0
-    try:
-        while True:
-            screen = "\n\n".join(render(f) for f in folders)
-            print(f"\033[H\033[2J{screen}\n\n(refreshing every {watch:g} s; Ctrl-C stops)",
-                  flush=True)
-            time.sleep(watch)
-    except KeyboardInterrupt:
-        return 0
+    print("\n\n".join(render(f) for f in folders))
+    return 0

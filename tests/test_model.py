@@ -1,7 +1,5 @@
-"""The two kernel paths of mlx_gpt.model (kernels=cpu and kernels=library) compute one function.
-
-The library path (mx.fast.scaled_dot_product_attention, nn.gelu, nn.losses.cross_entropy) is
-the one MLX runs on Apple GPUs; here it runs on the CPU device, against the CPU kernels."""
+"""mlx_gpt.model: its fused attention against the written-out one, the rival logit controls, the
+QK-norm variants of both engines."""
 
 from __future__ import annotations
 
@@ -15,10 +13,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_map
 
-from mlx_gpt.model import GPT, ModelArgs, init_weights, resolve_kernels
-from qkstudy.config import TrainConfig, load_config, model_args, parse_train_config
+from mlx_gpt.model import GPT, ModelArgs, init_weights
+from qkstudy.config import TrainConfig, load_config, parse_train_config
 from qkstudy.errors import UsageError
-from qkstudy.run_folder import RunFolder
 
 LOSS_RTOL = 1e-6
 GRAD_RTOL = 1e-5
@@ -41,70 +38,36 @@ def relative(a: mx.array, b: mx.array) -> float:
 
 
 @pytest.mark.parametrize("qk_norm, bias", [("none", False), ("rmsnorm", True), ("layernorm", False)])
-def test_cpu_and_library_kernels_agree(qk_norm, bias):
+def test_fused_and_written_out_attention_agree(qk_norm, bias):
+    """mx.fast.scaled_dot_product_attention (no capture) and attention written out (a probe
+    capture) give one loss, one set of logits and one gradient."""
     args = ModelArgs(vocab_size=257, depth=2, d_model=64, n_heads=4, block_size=32, bias=bias,
                      qk_norm=qk_norm)
-    cpu = GPT(dataclasses.replace(args, kernels="cpu"))
-    library = GPT(dataclasses.replace(args, kernels="library"))
-    assert (cpu.args.kernels, library.args.kernels) == ("cpu", "library")
-    sharpened(cpu, 1)
-    library.update(cpu.parameters())
+    model = sharpened(GPT(args), 1)
     rng = np.random.default_rng(0)
     x, y = (mx.array(rng.integers(0, 257, (4, 32)), dtype=mx.int32) for _ in range(2))
 
     results = {}
-    for name, model in (("cpu", cpu), ("library", library)):
-        loss_and_grad = nn.value_and_grad(model, lambda m, a, b: m.loss(m(a), b)[1])
-        loss, grads = loss_and_grad(model, x, y)
-        logits = model(x)
+    for name in ("fused", "written"):
+        def forward(m: GPT, a: mx.array, written: bool = name == "written") -> mx.array:
+            return m(a, [] if written else None)  # a capture list writes attention out
+
+        loss, grads = nn.value_and_grad(model, lambda m, a, b: m.loss(forward(m, a), b)[1])(
+            model, x, y)
+        logits = forward(model, x)
         mx.eval(loss, grads, logits)
         results[name] = loss, dict(tree_flatten(grads)), logits
-    (loss_c, grads_c, logits_c), (loss_l, grads_l, logits_l) = results["cpu"], results["library"]
-    assert 3.0 < loss_l.item() < 30.0  # a real, far-from-trivial loss
-    assert abs(loss_c.item() - loss_l.item()) <= LOSS_RTOL * abs(loss_l.item())
-    assert relative(logits_c, logits_l) <= 1e-5
-    assert grads_c.keys() == grads_l.keys()
-    worst = max(grads_l, key=lambda k: relative(grads_c[k], grads_l[k]))
-    assert relative(grads_c[worst], grads_l[worst]) <= GRAD_RTOL, worst
-    # and the two really are different computations (not one path twice)
-    assert not mx.array_equal(logits_c, logits_l).item()
-
-
-def test_kernels_resolve_once_and_never_change_the_run_id():
-    assert resolve_kernels("auto") == "cpu"  # the test suite runs on MLX's CPU device
-    assert GPT(ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2)).args.kernels == "cpu"
-    base = TrainConfig(depth=3, lr=1e-2)
-    for kernels in ("library", "cpu"):
-        cfg = parse_train_config([f"kernels={kernels}"], base)
-        assert cfg.run_id == base.run_id and "kernels" not in cfg.identity()
-        assert GPT(model_args(cfg, 64)).args.kernels == kernels
-    with pytest.raises(UsageError, match="kernels must be one of"):
-        parse_train_config(["kernels=metal"])
-
-
-def test_training_on_either_kernel_path_gives_the_same_curve(tiny_cfg):
-    """The whole trainer (compiled step, eval, probes) on each path: one run id, one curve."""
-    from qkstudy.run_folder import read_parts
-    from qkstudy.trainer import train
-
-    curves = {}
-    for kernels in ("cpu", "library"):
-        cfg = tiny_cfg(kernels=kernels, sweep=kernels, max_steps=20, qk_norm="layernorm")
-        assert train(cfg, verbose=False)["status"] == "completed"
-        curves[kernels] = read_parts(RunFolder.of(cfg).path / "metrics").to_pydict()
-    assert RunFolder.of(tiny_cfg(kernels="cpu")).path.name == RunFolder.of(tiny_cfg(kernels="library")).path.name
-    cpu, library = curves["cpu"], curves["library"]
-    assert cpu["step"] == library["step"]
-    for column in ("train_loss", "val_loss"):
-        pairs = [(a, b) for a, b in zip(cpu[column], library[column]) if b is not None]
-        assert pairs and all(abs(a - b) <= 1e-5 * abs(b) for a, b in pairs), column
-    assert library["train_loss"][-2] < library["train_loss"][0] - 0.5  # it trained
+    (loss_w, grads_w, logits_w), (loss_f, grads_f, logits_f) = results["written"], results["fused"]
+    assert 3.0 < loss_f.item() < 30.0  # a real, far-from-trivial loss
+    assert abs(loss_w.item() - loss_f.item()) <= LOSS_RTOL * abs(loss_f.item())
+    assert relative(logits_w, logits_f) <= 1e-5
+    worst = max(grads_f, key=lambda k: relative(grads_w[k], grads_f[k]))
+    assert relative(grads_w[worst], grads_f[worst]) <= GRAD_RTOL, worst
 
 
 # --- rival logit controls: attention soft-cap and z-loss -------------------------------------
 
-@pytest.mark.parametrize("kernels", ["cpu", "library"])
-def test_softcap_bounds_every_attention_logit_by_c(kernels):
+def test_softcap_bounds_every_attention_logit_by_c():
     """C*tanh(logit/C): every logit the softmax sees lies within (-C, C), however large the raw
     logit; small logits pass nearly unchanged. The sharpened model's raw logits exceed C, so
     the bound is not met by chance."""
@@ -112,7 +75,7 @@ def test_softcap_bounds_every_attention_logit_by_c(kernels):
 
     cap = 1.0
     args = ModelArgs(vocab_size=257, depth=2, d_model=64, n_heads=4, block_size=32,
-                     attn_softcap=cap, kernels=kernels)
+                     attn_softcap=cap)
     model = sharpened(GPT(args), 2)
     raw = mx.concatenate([mx.linspace(-1e6, 1e6, 10001), mx.linspace(-30, 30, 10001)])
     capped = model.blocks[0].attn.capped(raw)
@@ -135,12 +98,11 @@ def test_softcap_bounds_every_attention_logit_by_c(kernels):
     assert relative(model(x), uncapped(x)) > 1e-2  # the cap changes the model's output
 
 
-@pytest.mark.parametrize("kernels", ["cpu", "library"])
-def test_z_loss_adds_the_hand_derived_gradient_to_the_output_logits(kernels):
+def test_z_loss_adds_the_hand_derived_gradient_to_the_output_logits():
     """d/dz_i of W * mean_n lse_n^2 is W * 2 lse_n softmax(z_n)_i / N for position n's logits:
     the objective's gradient is the cross-entropy's plus exactly that; the loss is unchanged."""
     weight = 1e-2
-    args = ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2, kernels=kernels)
+    args = ModelArgs(vocab_size=64, depth=1, d_model=8, n_heads=2)
     with_z, without = GPT(dataclasses.replace(args, z_loss=weight)), GPT(args)
     rng = np.random.default_rng(3)
     logits = mx.array(rng.normal(0, 4, (2, 5, 64)).astype(np.float32))
@@ -161,29 +123,6 @@ def test_z_loss_adds_the_hand_derived_gradient_to_the_output_logits(kernels):
     np.testing.assert_allclose(np.asarray(g_total - g_ce), by_hand, rtol=1e-4, atol=1e-8)
 
 
-def test_rival_controls_agree_across_kernel_paths():
-    """Soft-cap and z-loss: the cpu and library paths give one objective and one gradient."""
-    args = ModelArgs(vocab_size=257, depth=2, d_model=64, n_heads=4, block_size=32,
-                     attn_softcap=4.0, z_loss=1e-2)
-    cpu = sharpened(GPT(dataclasses.replace(args, kernels="cpu")), 4)
-    library = GPT(dataclasses.replace(args, kernels="library"))
-    library.update(cpu.parameters())
-    rng = np.random.default_rng(1)
-    x, y = (mx.array(rng.integers(0, 257, (4, 32)), dtype=mx.int32) for _ in range(2))
-    out = {}
-    for name, model in (("cpu", cpu), ("library", library)):
-        (total, ce, z), grads = nn.value_and_grad(model, lambda m, a, b: m.loss(m(a), b))(
-            model, x, y)
-        mx.eval(total, grads)
-        out[name] = total.item(), ce.item(), z.item(), dict(tree_flatten(grads))
-    (t_c, ce_c, z_c, g_c), (t_l, ce_l, z_l, g_l) = out["cpu"], out["library"]
-    assert z_l > 1e-3 * ce_l  # the z-loss term is in play
-    for a, b in ((t_c, t_l), (ce_c, ce_l), (z_c, z_l)):
-        assert abs(a - b) <= LOSS_RTOL * 10 * abs(b)
-    worst = max(g_l, key=lambda k: relative(g_c[k], g_l[k]))
-    assert relative(g_c[worst], g_l[worst]) <= GRAD_RTOL, worst
-
-
 def test_rival_keys_validate_and_leave_old_run_ids_alone(tmp_path):
     # attn_softcap, z_loss, backend and precision are left out of the identity at their
     # values of the runs made before they existed, so those run ids stay
@@ -192,6 +131,11 @@ def test_rival_keys_validate_and_leave_old_run_ids_alone(tmp_path):
     old.write_text(json.dumps({k: v for k, v in TrainConfig(backend="mlx").identity().items()
                                if k not in ("attn_softcap", "z_loss")}))
     assert load_config(str(old)).run_id == "d4-noqk-lr0.003-s0-25c494c633"
+    # a config.json may hold "kernels" (MLX's CPU kernels, a setting this version lacks)
+    old.write_text(json.dumps({**TrainConfig(backend="mlx").identity(), "kernels": "cpu"}))
+    assert load_config(str(old)).run_id == "d4-noqk-lr0.003-s0-25c494c633"
+    with pytest.raises(UsageError, match="unknown key 'kernels'"):
+        parse_train_config(["kernels=cpu"])
     torch_run = TrainConfig(backend="torch", device="cuda", precision="bf16")
     assert torch_run.run_id.startswith("d4-noqk-torch-bf16-lr0.003-s0-")
     assert {"backend", "device", "precision"} <= torch_run.identity().keys()

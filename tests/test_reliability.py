@@ -400,7 +400,7 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_data, tmp_path, capsy
     assert main(["train", f"data={folder}", f"runs_dir={tmp_path / 'runs'}"]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "runs").exists()
     (folder / "meta.json").write_text("[1, 2]")
-    with pytest.raises(UsageError, match="not a JSON object"):
+    with pytest.raises(UsageError, match="holds a JSON list, not an object"):
         load_tokens(folder)
 
 

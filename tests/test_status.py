@@ -195,8 +195,8 @@ def test_command_line(sweep_dir, capsys, tmp_path):
     assert main(["status", str(sweep_dir / "d1-noqk-lr1-s0-ccc")]) == 2
     assert "is a run folder; give its sweep folder" in capsys.readouterr().err
     assert main(["status", str(tmp_path / "nowhere")]) == 2
-    assert main(["status", str(sweep_dir), "--watch=0"]) == 2
+    assert main(["status", str(sweep_dir), "--watch"]) == 2
     assert main(["status", str(sweep_dir), "--fast"]) == 2
     errors = capsys.readouterr().err.splitlines()
     assert [e.split(":")[0] for e in errors] == ["error"] * 3
-    assert main(["status", "--help"]) == 0 and "--watch" in capsys.readouterr().out
+    assert main(["status", "--help"]) == 0 and "RUNS_DIR | SWEEP_DIR" in capsys.readouterr().out

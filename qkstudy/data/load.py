@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UsageError
+from ..files import load_object
 from .tokenizer import VOCAB_BY_TOKENIZER
 
 
@@ -24,13 +24,9 @@ def load_tokens(data_dir: str | os.PathLike) -> tuple[np.memmap, np.memmap, dict
         raise UsageError(f"data folder {folder} does not exist; run `{hint}` first")
     if not (folder / "meta.json").is_file():
         raise UsageError(f"data folder {folder} has no meta.json; run `{hint}` first")
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"{folder / 'meta.json'} is not valid JSON; prepare it again") from None
-    if not isinstance(meta, dict):
-        raise UsageError(f"{folder / 'meta.json'} is not a JSON object; prepare the folder "
-                         f"again: `{hint}`")
+    meta, why = load_object(folder / "meta.json")
+    if why:
+        raise UsageError(f"{folder / 'meta.json'} {why}; prepare the folder again: `{hint}`")
     arrays = []
     for split in ("train", "val"):
         path, expected = folder / f"{split}.bin", meta.get(f"{split}_tokens")
