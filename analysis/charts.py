@@ -109,11 +109,6 @@ def values(df: pl.DataFrame) -> alt.Data:
     return alt.Data(values=df.with_columns(finite).to_dicts())
 
 
-def lr_brush() -> alt.Parameter:
-    """The LR brush (drag along the LR axis): the page filters the other charts by it."""
-    return alt.selection_interval(name="lr_brush", encodings=["x"], clear="dblclick")
-
-
 MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
                                        "another framework's run")
 LR_TIP = alt.Tooltip("lr:Q", format=".3g")
@@ -152,11 +147,9 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
     mean = alt.datum.marker == MEAN_MARK
     layers = [base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=title), y2="hi:Q")
               .transform_filter(mean), base.mark_line().encode(y=y).transform_filter(mean)]
-    for marker in frames:
-        layer = (base.mark_point(**MARKS[marker][1])
-                 .encode(y=y, shape=shape, tooltip=MARKS[marker][2])
-                 .transform_filter(alt.datum.marker == marker))
-        layers.append(layer.add_params(lr_brush()) if marker == MEAN_MARK else layer)
+    layers += [base.mark_point(**MARKS[marker][1])
+               .encode(y=y, shape=shape, tooltip=MARKS[marker][2])
+               .transform_filter(alt.datum.marker == marker) for marker in frames]
     return finish(alt.layer(*layers, data=values(data))
                   .properties(width=width, height=PANEL_H + 60)
                   .facet(column=alt.Column("depth:O", title="depth"))
@@ -252,7 +245,7 @@ def _headline_layers(x: alt.X, x_scale: alt.Scale, y_scale: alt.Scale, color: al
         c.mark_point(filled=True, size=60).encode(
             x=x, y=alt.Y("y:Q", scale=y_scale, title=y_title), color=color, tooltip=tooltip,
             shape=alt.condition("datum.tested", alt.value("circle"), alt.value("cross")))
-        .transform_filter(alt.datum.kind == "cell").add_params(lr_brush())]
+        .transform_filter(alt.datum.kind == "cell")]
 
 
 def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame

@@ -1078,23 +1078,6 @@ def test_first_screen_holds_the_answer_and_legends_filter_every_chart(report, br
     pressed = page.evaluate("[...document.querySelectorAll('#filters button[aria-pressed=true]')]"
                             ".map((b) => b.textContent)")
     assert pressed == [on]
-    # an LR range brushed on the loss chart keeps only those LRs in the probe charts
-    page.evaluate("document.getElementById('filter-clear').click()")
-    gap_cells = page.evaluate(DRAWN_MARKS.replace("NAME", "max_attention_logit"))
-    frame = page.evaluate("""(() => {
-      const el = document.querySelector("#chart-loss_vs_lr g.cell > g > path.background");
-      el.scrollIntoView({block: "center"});
-      const r = el.getBoundingClientRect();
-      return {left: r.left, right: r.right, top: r.top, bottom: r.bottom};
-    })()""")
-    y = (frame["top"] + frame["bottom"]) / 2
-    page.drag((frame["left"] + 2, y), (frame["left"] + 0.5 * (frame["right"] - frame["left"]), y))
-    page.wait_for("views.max_attention_logit.signal('lr_range') !== null")
-    low, high = page.evaluate("views.max_attention_logit.signal('lr_range')")
-    assert low < high < max(study.points["lr"])
-    page.evaluate("Promise.all(Object.values(views).map((v) => v.runAsync())).then(() => true)")
-    assert 0 < page.evaluate(DRAWN_MARKS.replace("NAME", "max_attention_logit")) < gap_cells
-    assert "LRs" in page.evaluate("document.getElementById('filter-lr').textContent")
     # the runs table: compact ids on one line, sorted by a header click, filtered by words
     table = page.evaluate("""(() => {
       const table = document.querySelector("#runs table.data");
