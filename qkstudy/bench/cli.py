@@ -179,10 +179,6 @@ def median_range(s: dict | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
     return text if s["n"] == 1 else f"{text} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
 
 
-def ratio_text(s: dict | None) -> str:
-    return median_range(s, "{:.2f}", "x")
-
-
 def hours_text(hours: float, unit: str) -> str:
     """Two significant digits below 100 hours, whole numbers above."""
     def number(x: float) -> str:
@@ -240,7 +236,7 @@ def speed_table(report: dict) -> list[str]:
     for name, e in shapes.items():
         row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
         row += [median_range(e["tokens_per_s"].get(BENCH_KEY[b])) for b in backends]
-        row += [ratio_text(e["ratios"].get("torch-1/mlx-1"))] * both
+        row += [median_range(e["ratios"].get("torch-1/mlx-1"), "{:.2f}", "x")] * both
         for b in backends:
             k = BENCH_KEY[b]
             row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
