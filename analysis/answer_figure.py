@@ -30,10 +30,6 @@ AXIS = {"warmup": ("warmup steps", (30, 120, 480, 1920), 300),
 HEIGHT = 230
 
 
-def steps_label(steps: int) -> str:
-    return f"{steps:,}"
-
-
 def marks(panel: str, x: float, series: str, r: dict) -> list[dict]:
     """One point's onset and interval ("point") and an arrow ("arrow", up or down) at each LR
     bound that an open interval end or the onset lies beyond; none where no onset was read."""
@@ -41,7 +37,7 @@ def marks(panel: str, x: float, series: str, r: dict) -> list[dict]:
     if r["onset_lr"] is None and not side:
         return []
     lo, hi = r["onset_lo"], r["onset_hi"]
-    common = {"panel": panel, "x": x, "series": series, "steps": steps_label(r["steps"]),
+    common = {"panel": panel, "x": x, "series": series, "steps": f"{r['steps']:,}",
               "name": str(r.get("point") or f"mini depth {r['depth']}"), "onset": r["onset"]}
     out = [{**common, "kind": "point", "y": r["onset_lr"],
             "lo": lo if lo is not None else r["read_lo"],
@@ -87,7 +83,7 @@ def law_rows(fit: dict, lengths: list[int]) -> list[dict]:
         top = min(1920, 0.4 * steps)
         warmups = list(np.geomspace(30, top, max(int(12 * math.log10(top / 30)), 2)))
         rows += [{"x": p["warmup"], "y": p["lr"], "lo": p["ci_lo"], "hi": p["ci_hi"],
-                  "steps": steps_label(steps)} for p in law_band(fit, steps, warmups)]
+                  "steps": f"{steps:,}"} for p in law_band(fit, steps, warmups)]
     return rows
 
 
@@ -197,7 +193,7 @@ def answer_chart(points: pl.DataFrame, mini: list[dict], fit: dict) -> alt.TopLe
     fitted = law_lengths(fit)
     shown = sorted({int(r["steps"].replace(",", "")) for r in rows} | set(fitted))
     colour = alt.Color("steps:N", title="training steps", scale=alt.Scale(
-        domain=[steps_label(s) for s in shown],
+        domain=[f"{s:,}" for s in shown],
         range=[STEP_COLOURS.get(s, OTHER_COLOUR) for s in shown]),
         legend=alt.Legend(orient="bottom", symbolOpacity=1, symbolType="circle"))
     scale, axis = y_axis(rows + law_rows(fit, fitted) + prediction_row(fit))

@@ -3,7 +3,6 @@ Data go inline (non-finite numbers as null); charts are saved as PNG, SVG and HT
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import altair as alt
@@ -46,37 +45,13 @@ def panel_width(columns: int) -> int:
     return int(max(PANEL_W, min(MAX_PANEL_W, spare / max(columns, 1))))
 
 
-LR_LABEL_PX = 46  # room for one LR tick label ("0.0003", "1.73e-5")
-
-
-def lr_ticks(lrs: list[float], width: float) -> list[float]:
-    """Log LR ticks: the LRs run when they fit, else powers of ten, else every k-th."""
-    lrs = sorted({float(v) for v in lrs if v and v > 0})
-    if not lrs:
-        return []
-    span = math.log10(lrs[-1] / lrs[0]) or 1.0
-
-    def fits(ticks: list[float]) -> bool:
-        gaps = [width * math.log10(b / a) / span for a, b in zip(ticks, ticks[1:])]
-        return all(g >= LR_LABEL_PX for g in gaps)
-
-    if fits(lrs):
-        return lrs
-    decades = [10.0 ** k for k in range(math.floor(math.log10(lrs[0])),
-                                        math.ceil(math.log10(lrs[-1])) + 1)
-               if lrs[0] / 1.0001 <= 10.0 ** k <= lrs[-1] * 1.0001]
-    if len(decades) >= 2 and fits(decades):
-        return decades
-    return next(thinned for k in range(2, len(lrs) + 1) if fits(thinned := lrs[::k]))
-
-
-def lr_x(lrs: list[float], width: float) -> tuple[alt.X, alt.Scale]:
-    """A log LR axis a little wider than the LRs, whose labels never collide (and its scale)."""
+def lr_x(lrs: list[float]) -> tuple[alt.X, alt.Scale]:
+    """A log LR axis a little wider than the LRs (and its scale); Vega-Lite picks the ticks."""
     lrs = [v for v in lrs if v and v > 0]
     scale = alt.Scale(type="log", nice=False, domain=[min(lrs) / 1.3, max(lrs) * 1.3])
     return alt.X("lr:Q", scale=scale, axis=alt.Axis(
-        values=lr_ticks(lrs, width), format=".3~g", labelOverlap="greedy",
-        title="learning rate (log)", labelFlush=False)), scale
+        format=".3~g", tickCount=3, labelOverlap="greedy", title="learning rate (log)",
+        labelFlush=False)), scale
 
 
 def finish(chart: alt.TopLevelMixin) -> alt.TopLevelMixin:
@@ -107,11 +82,6 @@ def values(df: pl.DataFrame) -> alt.Data:
     """Inline data with NaN and +-inf as null (JSON has neither)."""
     finite = pl.when(cs.float().is_finite()).then(cs.float())
     return alt.Data(values=df.with_columns(finite).to_dicts())
-
-
-def lr_brush() -> alt.Parameter:
-    """The LR brush (drag along the LR axis): the page filters the other charts by it."""
-    return alt.selection_interval(name="lr_brush", encodings=["x"], clear="dblclick")
 
 
 MEAN_MARK, DIVERGED_MARK, OTHER_MARK = ("seed mean", "diverged run (at its initial loss)",
@@ -148,15 +118,13 @@ def loss_vs_lr_chart(points: pl.DataFrame, twins: pl.DataFrame | None = None) ->
         domain=list(frames), range=[MARKS[k][0] for k in frames]))
     title = "final val loss (clipped)"
     y = alt.Y("loss:Q", scale=alt.Scale(zero=False), title=title)
-    base = alt.Chart().encode(x=lr_x(data["lr"].to_list(), width)[0], color=color)
+    base = alt.Chart().encode(x=lr_x(data["lr"].to_list())[0], color=color)
     mean = alt.datum.marker == MEAN_MARK
     layers = [base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=title), y2="hi:Q")
               .transform_filter(mean), base.mark_line().encode(y=y).transform_filter(mean)]
-    for marker in frames:
-        layer = (base.mark_point(**MARKS[marker][1])
-                 .encode(y=y, shape=shape, tooltip=MARKS[marker][2])
-                 .transform_filter(alt.datum.marker == marker))
-        layers.append(layer.add_params(lr_brush()) if marker == MEAN_MARK else layer)
+    layers += [base.mark_point(**MARKS[marker][1])
+               .encode(y=y, shape=shape, tooltip=MARKS[marker][2])
+               .transform_filter(alt.datum.marker == marker) for marker in frames]
     return finish(alt.layer(*layers, data=values(data))
                   .properties(width=width, height=PANEL_H + 60)
                   .facet(column=alt.Column("depth:O", title="depth"))
@@ -252,7 +220,7 @@ def _headline_layers(x: alt.X, x_scale: alt.Scale, y_scale: alt.Scale, color: al
         c.mark_point(filled=True, size=60).encode(
             x=x, y=alt.Y("y:Q", scale=y_scale, title=y_title), color=color, tooltip=tooltip,
             shape=alt.condition("datum.tested", alt.value("circle"), alt.value("cross")))
-        .transform_filter(alt.datum.kind == "cell").add_params(lr_brush())]
+        .transform_filter(alt.datum.kind == "cell")]
 
 
 def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFrame
@@ -263,7 +231,7 @@ def headline_chart(gaps: pl.DataFrame, thresholds: pl.DataFrame, arms: pl.DataFr
     cells, y_lo, y_hi = _headline_cells(gaps)
     lrs = cells["lr"].to_list()
     width = panel_width(cells["depth"].n_unique())
-    x, x_scale = lr_x(lrs, width)
+    x, x_scale = lr_x(lrs)
     lo, hi = x_scale.domain
     rules = _headline_rules(cells, thresholds, arms, lo, hi, y_hi)
     cut = pl.concat([  # an interval beyond the y axis: a triangle where it leaves it

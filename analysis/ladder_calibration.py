@@ -24,7 +24,6 @@ from .scatter import fitted
 from .study import ReportOptions
 from .threshold import read_onset
 
-STUDY_X = design([STUDY_POINT])[0]
 A = math.log10(0.0068)  # the anchor's onset (w64-s300)
 # (b, c) decades per doubling of warmup and of steps: none; the measured warmup effect (+0.19),
 # following the warmup's steps; the same, following its share of the run

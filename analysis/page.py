@@ -28,13 +28,10 @@ TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("analysis", "template
                                autoescape=True, undefined=jinja2.StrictUndefined,
                                keep_trailing_newline=True)
 
-# Every chart reads three signals the page's script sets: arms_shown (arm labels, null: all),
-# depths_shown (null: all) and lr_range ([low, high] from the LR brush, null: every LR). In a
-# chart's own HTML file they stay null.
+# Every chart reads two signals the page's script sets: arms_shown (arm labels, null: all) and
+# depths_shown (null: all). In a chart's own HTML file they stay null.
 
-ARMS, DEPTHS, LR_RANGE = "arms_shown", "depths_shown", "lr_range"
-BRUSH = "lr_brush"  # the interval selection on the LR axis of the loss and headline charts
-BRUSHED = ("training_curves", "max_attention_logit", "attention_entropy", "other_probes")
+ARMS, DEPTHS = "arms_shown", "depths_shown"
 
 
 def link(name: str, spec: dict) -> dict:
@@ -47,14 +44,10 @@ def link(name: str, spec: dict) -> dict:
     else:  # a landmark's onset row is no arm's: it stays
         arm = (f"!{ARMS} || !datum.arm || indexof({ARMS}, datum.arm) >= 0"
                f" || indexof(datum.arm, 'onset') == 0")
-    parts = [f"({arm})", f"(!{DEPTHS} || datum.depth == null"
-                         f" || indexof({DEPTHS}, datum.depth) >= 0)"]
-    if name in BRUSHED:
-        parts.append(f"(!{LR_RANGE} || datum.lr == null"
-                     f" || (datum.lr >= {LR_RANGE}[0] && datum.lr <= {LR_RANGE}[1]))")
+    depth = f"!{DEPTHS} || datum.depth == null || indexof({DEPTHS}, datum.depth) >= 0"
     return {**spec, "params": [*spec.get("params", []),
-                               *({"name": n, "value": None} for n in (ARMS, DEPTHS, LR_RANGE))],
-            "transform": [{"filter": " && ".join(parts)}, *spec.get("transform", [])]}
+                               *({"name": n, "value": None} for n in (ARMS, DEPTHS))],
+            "transform": [{"filter": f"({arm}) && ({depth})"}, *spec.get("transform", [])]}
 
 
 MAX_POINTS = 40  # per run and curve: a curve's shape, small enough for a 300-run page
@@ -230,7 +223,7 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
             "arms": [M.arm_words(a) for a in sorted(study.points[M.ARM].unique().to_list(),
                                                     key=lambda k: (k != M.OFF, k))],
             "depths": sorted(study.points["depth"].unique().to_list()),
-            "signals": {"arms": ARMS, "depths": DEPTHS, "lr": LR_RANGE, "brush": BRUSH}})),
+            "signals": {"arms": ARMS, "depths": DEPTHS}})),
         javascript_bundle=safe(vlc.javascript_bundle()))
 
 

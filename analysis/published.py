@@ -17,6 +17,7 @@ from analysis.prose import span
 from analysis.study import Study, analyse
 from analysis.threshold import ABOVE, BELOW
 from qkstudy.archive import extract
+from qkstudy.bench.cli import table
 from qkstudy.sweep.config import MINI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,11 +28,6 @@ HEADER = ["study", "depth", "d_model", "steps", "warmup", "skip below (tested)",
 
 def _lr(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def row_cells(r: dict) -> list[str]:
@@ -92,7 +88,7 @@ def practitioner(ladder: dict) -> str:
         high = (f"it is needed from {span(onsets)}" if onsets else
                 "no onset lies within the LRs read")
         clauses.append(f"with {warmup:,} warmup steps, {low}, and {high}")
-    return (_table(PRACTITIONER, rows) + "\n\n**The rule, read off the table: " + "; ".join(clauses)
+    return ("\n".join(table(PRACTITIONER, rows)) + "\n\n**The rule, read off the table: " + "; ".join(clauses)
             + f"; at the study preset's 1,000 warmup steps of 24,414 the warmup law predicts the "
             f"onset at {p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] (not yet measured).**")
 
@@ -147,21 +143,21 @@ def probe_table(probes: pl.DataFrame | None) -> str:
                  for probe in ("max attention logit (off)", "attention entropy, nats (off)")
                  for step in (end, fifth)]
         rows.append([str(warmup), f"{lr:.3g}", str(end), *cells])
-    return _table(["warmup", "LR", "warmup's end (step)", "max logit at the end",
-                   f"max logit at step {fifth}", "entropy at the end", f"entropy at step {fifth}"],
-                  rows)
+    return "\n".join(table(["warmup", "LR", "warmup's end (step)", "max logit at the end",
+                            f"max logit at step {fifth}", "entropy at the end",
+                            f"entropy at step {fifth}"], rows))
 
 
 def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     """Every generated block by name."""
     mini = study_rows(studies["mini"], "mini")
     points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
-    out = {"answer": _table(HEADER, [row_cells(r) for r in mini + points]),
+    out = {"answer": "\n".join(table(HEADER, [row_cells(r) for r in mini + points])),
            "practitioner": practitioner(ladder), "advise": advise_example(ladder),
            "ladder": summary_text(ladder).strip(), "warmup-probes": probe_table(ladder["probes"])}
     for name, study in studies.items():
         out[name] = (verdict_line(study) + "\n\n"
-                     + _table(HEADER, [row_cells(r) for r in study_rows(study, name)]))
+                     + "\n".join(table(HEADER, [row_cells(r) for r in study_rows(study, name)])))
     return out
 
 

@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt.engine import Engine as MlxEngine
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
+from qkstudy.bench.cli import table
 from qkstudy.config import TrainConfig
 from qkstudy.data import synthetic
 from qkstudy.data.tokenizer import ByteTokenizer
@@ -236,14 +237,10 @@ def run_all() -> list[Deviation]:
 
 
 def format_table(rows: list[Deviation]) -> str:
-    header = ("case", "quantity", "largest at", "rel. deviation", "tolerance", "")
-    lines = [(r.case, r.quantity, r.where, f"{r.value:.2e}", f"{r.tolerance:.0e}",
-              "ok" if r.ok else "FAIL") for r in rows]
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *lines)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
-    out += [fmt.format(*line) for line in lines]
-    return "\n".join(out)
+    return "\n".join(table(["case", "quantity", "largest at", "rel. deviation", "tolerance",
+                             "result"],
+                            [[r.case, r.quantity, r.where, f"{r.value:.2e}", f"{r.tolerance:.0e}",
+                              "ok" if r.ok else "FAIL"] for r in rows]))
 
 
 USAGE = """usage: python -m crosscheck parity

@@ -117,18 +117,6 @@ class Page:
 
         return base64.b64decode(self.send("Page.captureScreenshot", {"format": "png"})["data"])
 
-    def drag(self, start: tuple[float, float], end: tuple[float, float], steps: int = 8) -> None:
-        """Press at `start`, move to `end` in steps, release (a brush)."""
-        (x0, y0), (x1, y1) = start, end
-        self.send("Input.dispatchMouseEvent", {"type": "mousePressed", "x": x0, "y": y0,
-                                               "button": "left", "clickCount": 1})
-        for i in range(1, steps + 1):
-            self.send("Input.dispatchMouseEvent", {
-                "type": "mouseMoved", "x": x0 + (x1 - x0) * i / steps,
-                "y": y0 + (y1 - y0) * i / steps, "button": "left", "buttons": 1})
-        self.send("Input.dispatchMouseEvent", {"type": "mouseReleased", "x": x1, "y": y1,
-                                               "button": "left", "clickCount": 1})
-
     def click(self, x: float, y: float) -> None:
         """A real mouse click at page coordinates (CSS pixels of the viewport)."""
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):

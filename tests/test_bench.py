@@ -50,7 +50,7 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench, "preset_shape",
                         lambda name: dict(TINY) if name == "demo" else preset(name))
     out = tmp_path / "reports"
-    assert main(["bench", "shapes=demo", "cpu_shapes=none", "rounds=2", "warmup=1",
+    assert main(["bench", "shapes=demo", "rounds=2", "warmup=1",
                  "seconds=0.05", "min_steps=2", f"out={out}"]) == 0
     report = json.loads((out / "bench.json").read_text())
     demo = report["shapes"]["demo"]
@@ -71,7 +71,7 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
         assert o["probe_every"] == PRESETS["demo"].train.probe_every
         assert 0 < o["probe_overhead"] and 0 < o["eval_overhead"]
         assert report["matmul_gflops"][backend] > 0
-    details = demo["details"]["torch-1"][0]["processes"][0]
+    details = demo["details"]["torch-1"][0]
     assert details["framework"] == "torch" and details["steps"] >= 2
     table = (out / "bench.md").read_text()
     assert "| shape | params | MFLOPs/token | MLX tok/s | PyTorch tok/s | PyTorch / MLX |" in table
@@ -79,28 +79,27 @@ def test_bench_writes_its_tables(tmp_path, capsys, monkeypatch):
     assert shape_row == "| demo | 1 | 32 | 2 | 16 | 2 | 64 |"
     assert len(row.split("|")) == 12  # 10 columns
     assert f"{statistics.median(ratios):.2f}x (" in row
-    assert "Processes at once" not in table  # one setting per backend: nothing to compare
     assert "| this machine" not in table  # no study shape measured here, so no row of it
     assert "| one H100/H200-class CUDA GPU, 989 TFLOP/s | torch bf16 |" in table
     assert table.strip() in capsys.readouterr().out
 
 
 def fake_measurements(monkeypatch) -> list:
-    """measure_case replaced by numbers that depend on (case, round): 100 tok/s for MLX,
-    PyTorch 1.5x, two processes 1.8x, each round 10 tok/s more."""
+    """measure_case replaced by numbers that depend on (backend, round): 100 tok/s for MLX,
+    PyTorch 1.5x, each round 10 tok/s more."""
     calls = []
 
-    def fake(name, case, config, first):
-        calls.append((name, case.key, first))
-        rounds = sum(1 for c in calls if c[:2] == (name, case.key))
-        factor = {"mlx": 1.0, "torch": 1.5}[case.backend]
-        total = 100 * factor * (1.8 if case.processes > 1 else 1) + 10 * rounds
-        one = {"backend": {"mlx": "0", "device": "cpu", "blas": "x", "torch": "0", "threads": 2},
-               "engine": {}}
+    def fake(name, backend, config, first):
+        calls.append((name, backend, first))
+        rounds = sum(1 for c in calls if c[:2] == (name, backend))
+        factor = {"mlx": 1.0, "torch": 1.5}[backend]
+        result = {"tokens_per_s": 100 * factor + 10 * rounds, "engine": {},
+                  "backend": {"mlx": "0", "device": "cpu", "blas": "x", "torch": "0",
+                              "threads": 2}}
         if first:
-            one |= {"overheads": {"probe_overhead": 0.01, "eval_overhead": 0.02},
-                    "matmul_gflops": 50.0}
-        return {"tokens_per_s": total, "processes": [one]}
+            result |= {"overheads": {"probe_overhead": 0.01, "eval_overhead": 0.02},
+                       "matmul_gflops": 50.0}
+        return result
 
     monkeypatch.setattr(bench, "measure_case", fake)
     return calls
@@ -108,22 +107,18 @@ def fake_measurements(monkeypatch) -> list:
 
 def test_rounds_interleave_the_engines_and_ratios_pair_them(monkeypatch, tmp_path):
     calls = fake_measurements(monkeypatch)
-    report = bench.run(bench.BenchConfig(shapes="mini", cpu_shapes="mini", rounds=3,
-                                         parallel=2, out=str(tmp_path)))
-    one_round = [("mini", "mlx-1"), ("mini", "torch-1"), ("mini", "mlx-2"), ("mini", "torch-2")]
+    report = bench.run(bench.BenchConfig(shapes="mini", rounds=3, out=str(tmp_path)))
+    one_round = [("mini", "mlx"), ("mini", "torch")]
     assert [c[:2] for c in calls] == one_round * 3  # the engines alternate within every round
     firsts = [c[1] for c in calls if c[2]]
-    assert firsts == ["mlx-1", "torch-1"]  # overheads once per backend, in round 1
+    assert firsts == ["mlx", "torch"]  # overheads once per backend, in round 1
     mini = report["shapes"]["mini"]
     assert mini["tokens_per_s"]["torch-1"] == {"median": 170, "min": 160, "max": 180, "n": 3}
     torch_vs_mlx = mini["ratios"]["torch-1/mlx-1"]
     assert torch_vs_mlx["median"] == pytest.approx(170 / 120)
     assert torch_vs_mlx["min"] == pytest.approx(180 / 130)
-    assert mini["ratios"]["torch-2/torch-1"]["median"] == pytest.approx(290 / 170)
     text = bench.markdown(report)
-    assert "| mini | MLX | 120 (110-130) | 200 (190-210) | 1.67x (1.62-1.73) |" in text
     assert "| mini | 0.42M | 2.9 | 120 (110-130) | 170 (160-180) | 1.42x (1.38-1.45) |" in text
-    assert "Fastest: mini: PyTorch, 2 process(es) (290 tok/s)." in text
 
 
 def test_where_to_run_reads_the_study_preset():
@@ -146,14 +141,10 @@ def test_where_to_run_reads_the_study_preset():
 
 @pytest.mark.parametrize("words, message", [
     (["shapes=huge"], "unknown shape 'huge'"),
-    (["cpu_shapes=demo,tiny"], "unknown shape 'tiny'"),
     (["shapes="], "shapes has an empty name"),
-    (["cpu_shapes=demo,"], "cpu_shapes has an empty name"),
     (["shapes=demo,demo"], "shapes names one twice"),
-    (["shapes=none", "cpu_shapes=none"], "nothing to measure"),
+    (["shapes=demo,"], "shapes has an empty name"),
     (["backends=jax"], "unknown backend 'jax' in backends"),
-    (["backends=none"], "backends needs at least one"),
-    (["parallel=0"], "parallel must be >= 1"),
     (["rounds=0"], "rounds must be >= 1"),
     (["warmup=0"], "warmup must be >= 1"),
     (["seconds=0"], "seconds must be a number > 0"),

@@ -27,34 +27,18 @@ LABEL = {"mlx": "MLX", "torch": "PyTorch"}
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    shapes: str = "demo,mini,study"  # preset shapes measured with every backend; none
+    shapes: str = "demo,mini,study"  # preset shapes measured with every backend
     backends: str = "mlx,torch"
     rounds: int = 3  # every measurement once per round; medians and ranges over rounds
     warmup: int = 2  # untimed steps per measurement (compilation, first allocations)
     seconds: float = 3.0  # timed steps per measurement: enough for about this long ...
     min_steps: int = 3  # ... and at least this many
-    cpu_shapes: str = "demo,mini"  # also K processes at once; none
-    parallel: int = 2  # K; 1 leaves that comparison out
     probes: bool = True  # evaluation and probe cost (round 1)
     quick: bool = False  # the demo shape, one round, one second a measurement: a smoke test
     out: str = "reports"
 
 
-@dataclasses.dataclass(frozen=True)
-class BenchCase:
-    """One timed case: a backend and how many processes run it at once."""
-
-    backend: str
-    processes: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.backend}-{self.processes}"
-
-
 def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[str]:
-    if text.strip() == "none":
-        return []
     names = [s.strip() for s in text.split(",")]
     if not all(names):
         raise UsageError(f"{key} has an empty name ({text!r})")
@@ -66,39 +50,21 @@ def names_of(text: str, key: str, known: tuple[str, ...] | None = None) -> list[
     return names
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    shapes: list[str]  # every shape measured, in order
-    cpu_shapes: list[str]
-    backends: list[str]
-
-    def cases(self, name: str, parallel: int) -> list[BenchCase]:
-        """The engines measured at shape `name`, by process count and backend."""
-        counts = (1, parallel) if name in self.cpu_shapes and parallel > 1 else (1,)
-        return [BenchCase(b, n) for n in counts for b in self.backends]
-
-
-def validate(bench: BenchConfig) -> Plan:
+def validate(bench: BenchConfig) -> tuple[list[str], list[str]]:
+    """(the shapes, the installed backends) to measure; UsageError for bad keys or values."""
     for ok, message in [
             (bench.rounds >= 1, f"rounds must be >= 1, got {bench.rounds}"),
             (bench.warmup >= 1, f"warmup must be >= 1 (it also sizes the timed steps), got "
                                 f"{bench.warmup}"),
             (math.isfinite(bench.seconds) and bench.seconds > 0,
              f"seconds must be a number > 0, got {bench.seconds}"),
-            (bench.min_steps >= 1, f"min_steps must be >= 1, got {bench.min_steps}"),
-            (bench.parallel >= 1, f"parallel must be >= 1 (1 leaves the comparison out), got "
-                                  f"{bench.parallel}")]:
+            (bench.min_steps >= 1, f"min_steps must be >= 1, got {bench.min_steps}")]:
         if not ok:
             raise UsageError(message)
     shapes = names_of(bench.shapes, "shapes")
-    cpu_shapes = names_of(bench.cpu_shapes, "cpu_shapes")
-    for name in shapes + cpu_shapes:
+    for name in shapes:
         preset_shape(name)  # the shapes are the presets: UsageError naming them
-    if not shapes and not cpu_shapes:
-        raise UsageError("nothing to measure: shapes and cpu_shapes are both none")
     backends = names_of(bench.backends, "backends", BACKENDS)
-    if not backends:
-        raise UsageError("backends needs at least one of mlx, torch")
     missing = [b for b in backends if importlib.util.find_spec(b) is None]
     if missing == backends:
         raise UsageError(f"{' and '.join(missing)} not installed: nothing to measure with; "
@@ -114,8 +80,7 @@ def validate(bench: BenchConfig) -> Plan:
         probe.unlink()
     except OSError as e:
         raise UsageError(f"cannot write the report to {out}: {e.strerror or e}") from None
-    return Plan(shapes + [s for s in cpu_shapes if s not in shapes], cpu_shapes,
-                [b for b in backends if b not in missing])
+    return shapes, [b for b in backends if b not in missing]
 
 
 def load_average() -> list[float] | None:
@@ -133,77 +98,74 @@ def spread(values: list[float | None]) -> dict | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def measure_case(name: str, case: BenchCase, bench: BenchConfig, first: bool) -> dict:
-    """One measurement of the case's processes at once, or {"error": why}."""
+def measure_case(name: str, backend: str, bench: BenchConfig, first: bool) -> dict:
+    """One measurement of the backend at shape `name` in a fresh process, or {"error": why}."""
     shape = preset_shape(name)
-    cfg, _ = shape_config(shape, preset_base(name), backend=case.backend)
+    cfg, _ = shape_config(shape, preset_base(name), backend=backend)
     spec = Spec(config=dataclasses.asdict(cfg), vocab=shape["vocab"], warmup=bench.warmup,
                 seconds=bench.seconds, min_steps=bench.min_steps,
                 overheads=first and bench.probes, matmul=first)
     try:
-        results = measure_together(spec, case.processes)
+        return measure_together(spec)[0]
     except StepFailed as e:
         return {"error": str(e)}
-    return {"tokens_per_s": sum(r["tokens_per_s"] for r in results), "processes": results}
 
 
-def record(report: dict, entry: dict, v: BenchCase, m: dict, first: bool) -> None:
+def record(report: dict, entry: dict, backend: str, m: dict, first: bool) -> None:
     """One measurement into the report (in round 1 also facts, overheads and matmul peak)."""
-    entry["variants"][v.key] = dataclasses.asdict(v) | {"engine": LABEL[v.backend]}
-    entry["samples"].setdefault(v.key, []).append(m.get("tokens_per_s"))
-    entry.setdefault("details", {}).setdefault(v.key, []).append(m)
+    key = BENCH_KEY[backend]
+    entry["samples"].setdefault(key, []).append(m.get("tokens_per_s"))
+    entry.setdefault("details", {}).setdefault(key, []).append(m)
     if "error" in m:
         print(f"failed ({m['error']})", flush=True)
         return
     print(f"{m['tokens_per_s']:,.0f} tok/s", flush=True)
-    one = m["processes"][0]
     if first:
-        report["facts"].setdefault(v.backend, one["backend"] | {"engine": one["engine"]})
-        if "overheads" in one:
-            entry["overheads"][v.backend] = one["overheads"]
-        if "matmul_gflops" in one:
-            report.setdefault("matmul_gflops", {}).setdefault(v.backend, one["matmul_gflops"])
+        report["facts"].setdefault(backend, m["backend"] | {"engine": m["engine"]})
+        if "overheads" in m:
+            entry["overheads"][backend] = m["overheads"]
+        if "matmul_gflops" in m:
+            report.setdefault("matmul_gflops", {}).setdefault(backend, m["matmul_gflops"])
 
 
 def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
     if bench.quick:
-        bench = dataclasses.replace(bench, shapes="demo", cpu_shapes="demo", rounds=1,
+        bench = dataclasses.replace(bench, shapes="demo", rounds=1,
                                     seconds=min(bench.seconds, 1.0))
-    plan = validate(bench)
+    names, backends = validate(bench)
     report: dict = {
         "command": shlex.join(["python", "-m", "qkstudy", "bench", *(argv or [])]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "cpu": provenance.chip(), "load_average": load_average(),
                     "load_before_each": []},
-        "config": dataclasses.asdict(bench), "backends": plan.backends, "facts": {}}
+        "config": dataclasses.asdict(bench), "backends": backends, "facts": {}}
     print("measuring the sgemm peak (numpy) ...", flush=True)
     report["sgemm_gflops"] = sgemm_gflops()
     shapes: dict[str, dict] = {}
-    for name in plan.shapes:
+    for name in names:
         _, args = shape_config(preset_shape(name), preset_base(name))
         shapes[name] = {"shape": preset_shape(name), "params": count_params(args),
                         "flops_per_token": flops_per_token(args), "samples": {},
-                        "variants": {}, "overheads": {}}
+                        "overheads": {}}
     for r in range(bench.rounds):
-        for name in plan.shapes:
-            for v in plan.cases(name, bench.parallel):
-                first = r == 0 and v.processes == 1
-                print(f"measuring {name}: {LABEL[v.backend]}, {v.processes} process(es), round "
-                      f"{r + 1} of {bench.rounds} ...", end=" ", flush=True)
+        for name in names:
+            for backend in backends:
+                print(f"measuring {name}: {LABEL[backend]}, round {r + 1} of {bench.rounds} ...",
+                      end=" ", flush=True)
                 report["machine"]["load_before_each"] += (load_average() or [])[:1]
-                record(report, shapes[name], v, measure_case(name, v, bench, first), first)
-    for entry in shapes.values():  # medians, ranges, FLOP/s and per-round paired ratios
+                record(report, shapes[name], backend, measure_case(name, backend, bench, r == 0),
+                       r == 0)
+    mlx, torch = BENCH_KEY["mlx"], BENCH_KEY["torch"]
+    for entry in shapes.values():  # medians, ranges, FLOP/s and the per-round paired ratio
         samples = entry["samples"]
         entry["tokens_per_s"] = {k: spread(v) for k, v in samples.items()}
         entry["gflops"] = {k: s["median"] * entry["flops_per_token"] / 1e9
                            for k, s in entry["tokens_per_s"].items() if s}
         entry["share_of_sgemm_peak"] = {k: g / report["sgemm_gflops"]
                                         for k, g in entry["gflops"].items()}
-        pairs = [(BENCH_KEY["mlx"], BENCH_KEY["torch"])] + [
-            (f"{v['backend']}-1", key) for key, v in entry["variants"].items() if v["processes"] > 1]
-        entry["ratios"] = {f"{b}/{a}": spread([y / x for x, y in zip(samples[a], samples[b])
-                                               if x and y is not None])
-                           for a, b in pairs if a in samples and b in samples}
+        entry["ratios"] = {f"{torch}/{mlx}": spread(
+            [y / x for x, y in zip(samples[mlx], samples[torch]) if x and y is not None])
+        } if mlx in samples and torch in samples else {}
     report["shapes"] = shapes
     report["where_to_run"] = where_to_run(shapes, report["machine"])
     report["machine"]["load_average_after"] = load_average()
@@ -215,10 +177,6 @@ def median_range(s: dict | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
         return "-"
     text = fmt.format(s["median"]) + unit
     return text if s["n"] == 1 else f"{text} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
-
-
-def ratio_text(s: dict | None) -> str:
-    return median_range(s, "{:.2f}", "x")
 
 
 def hours_text(hours: float, unit: str) -> str:
@@ -254,7 +212,7 @@ def markdown(report: dict) -> str:
         f"{cfg['warmup']} warm-up steps, then timed steps for about {cfg['seconds']:g} s (at "
         f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
         "the median (range) of the per-round ratios.",
-    ] + speed_table(report) + processes_table(report) + where_to_run_table(report["where_to_run"]))
+    ] + speed_table(report) + where_to_run_table(report["where_to_run"]))
 
 
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -278,7 +236,7 @@ def speed_table(report: dict) -> list[str]:
     for name, e in shapes.items():
         row = [name, f"{e['params']['total'] / 1e6:.2f}M", f"{e['flops_per_token'] / 1e6:.1f}"]
         row += [median_range(e["tokens_per_s"].get(BENCH_KEY[b])) for b in backends]
-        row += [ratio_text(e["ratios"].get("torch-1/mlx-1"))] * both
+        row += [median_range(e["ratios"].get("torch-1/mlx-1"), "{:.2f}", "x")] * both
         for b in backends:
             k = BENCH_KEY[b]
             row += [f"{e['gflops'][k]:.1f} ({e['share_of_sgemm_peak'][k]:.0%})"
@@ -293,33 +251,6 @@ def speed_table(report: dict) -> list[str]:
                       "steps and one evaluation (eval_batches batches) per eval_every steps, at "
                       "each preset's own intervals, as a share of its training time."]
     return lines
-
-
-def processes_table(report: dict) -> list[str]:
-    k = report["config"]["parallel"]
-    rows, fastest = [], []
-    for name, e in report["shapes"].items():
-        variants = e["variants"]
-        if len(variants) <= len(report["backends"]):
-            continue  # one setting per backend: the first table has it all
-        best = max((key for key, s in e["tokens_per_s"].items() if s),
-                   key=lambda key: e["tokens_per_s"][key]["median"], default=None)
-        if best:
-            v = variants[best]
-            fastest.append(f"{name}: {v['engine']}, {v['processes']} process(es) "
-                           f"({e['tokens_per_s'][best]['median']:,.0f} tok/s)")
-        for key, v in variants.items():
-            if v["processes"] != 1:
-                continue
-            many = f"{v['backend']}-{k}"
-            rows.append([name, v["engine"], median_range(e["tokens_per_s"].get(key)),
-                         median_range(e["tokens_per_s"].get(many)),
-                         ratio_text(e["ratios"].get(f"{many}/{key}"))])
-    if not rows:
-        return []
-    return ["", f"Processes at once (tokens/s, in total for {k} processes):", "",
-            *table(["shape", "engine", "1 process", f"{k} at once", f"{k} / 1 process"], rows),
-            "", "Fastest: " + "; ".join(fastest) + "."]
 
 
 def where_to_run_table(w: dict) -> list[str]:
@@ -348,8 +279,8 @@ USAGE = keys_usage(
     "python -m qkstudy bench [key=value ...]",
     "Measures every backend's training step the same way (each measurement a fresh process\n"
     "running the run's own engine at a preset's shape; median and range of `rounds` rounds):\n"
-    "tokens/s, PyTorch / MLX, FLOP/s and share of the sgemm peak, probe and eval overhead; at\n"
-    "cpu_shapes also K processes at once; then the hours the study takes where. Writes <out>/bench.md and <out>/bench.json.",
+    "tokens/s, PyTorch / MLX, FLOP/s and share of the sgemm peak, probe and eval overhead;\n"
+    "then the hours the study takes where. Writes <out>/bench.md and <out>/bench.json.",
     BenchConfig)
 
 
