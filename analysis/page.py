@@ -174,8 +174,7 @@ def analysis_environment() -> dict[str, str]:
             "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
 
 
-def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
-                comparison: dict | None = None) -> str:
+def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
     runs, t = study.runs, study.runs.table
     env = analysis_environment()
     o = options.study
@@ -210,10 +209,6 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
             ("twins", study.twins), ("spikes", study.spikes),
             ("provenance", run_provenance(runs)))},
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
-        comparison=comparison and {
-            "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],
-            "gaps": data_table(comparison["gaps"], filterable=True),
-            "verdicts": data_table(comparison["verdicts"])},
         headline_caption=CHARTS["headline"], sentences=headline(study),
         runs_table=data_table(study.per_run, run_cols, filterable=True,
                               first=RUN_COLUMNS_FIRST, name="runs-table"),
