@@ -1,7 +1,6 @@
 """The tests of H1-H3, fixed by the analysis plan (docs/report.md) before any data: H1 per
 (depth, compared arm, LR) cell on the paired gaps (Benjamini-Hochberg per arm), H2 pooled over
-depths by exact sign-flip tests (Holm), H3 the onset's slope against depth (bootstrap, Holm).
-The verdicts they bear are analysis.verdicts."""
+depths by exact sign-flip tests (Holm), H3 the onset's slope against depth (bootstrap, Holm)."""
 
 from __future__ import annotations
 

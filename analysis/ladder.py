@@ -15,6 +15,7 @@ import numpy as np
 import polars as pl
 
 from qkstudy import archive
+from qkstudy.bench.cli import table
 from qkstudy.config import model_args, split_key_values
 from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.errors import UsageError
@@ -177,15 +178,14 @@ def ci_text(r: dict, key: str, fmt: str, prefix: str = "") -> str:
 def summary_text(out: dict) -> str:
     """The ladder's tables as Markdown (what docs/results.md publishes)."""
     t: pl.DataFrame = out["points"]  # type: ignore[assignment]
-    lines = ["| point | d_model | steps | warmup | runs | tested rule | onset [95% CI] "
-             "| LR-sensitivity gap [95% CI] | max usable LR on/off [95% CI] | off peak logit |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in t.iter_rows(named=True):
-        runs = f"{r['runs']}" + ("" if r["complete"] else f" ({r['runs_left']} left)")
-        lines.append(f"| `{r['point']}` | {r['d_model']} | {r['steps']:,} | {r['warmup']:,} | "
-                     f"{runs} | {r['rule']} | {r['onset']} | "
-                     f"{ci_text(r, 'sensitivity_gap', '+.3f')} | "
-                     f"{ci_text(r, 'usable_ratio', '.2f', 'x')} | {r['off_peak_logit']:,.0f} |")
+    rows = [[f"`{r['point']}`", str(r["d_model"]), f"{r['steps']:,}", f"{r['warmup']:,}",
+             f"{r['runs']}" + ("" if r["complete"] else f" ({r['runs_left']} left)"), r["rule"],
+             r["onset"], ci_text(r, "sensitivity_gap", "+.3f"),
+             ci_text(r, "usable_ratio", ".2f", "x"), f"{r['off_peak_logit']:,.0f}"]
+            for r in t.iter_rows(named=True)]
+    lines = table(["point", "d_model", "steps", "warmup", "runs", "tested rule", "onset [95% CI]",
+                   "LR-sensitivity gap [95% CI]", "max usable LR on/off [95% CI]",
+                   "off peak logit"], rows)
     for fit in out["fits"]:  # type: ignore[attr-defined]
         lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
     lines += ["", prediction_text(out["fits"], out["scores"]), "", body_text()]  # type: ignore[arg-type]
@@ -213,16 +213,17 @@ def body_text() -> str:
 def prediction_text(fits: list[dict], scores: pl.DataFrame) -> str:
     """Each form's prediction at each scored point and the study preset, with the measured
     onset and "inside"/"outside" where the point was run, as a Markdown table."""
-    lines = ["| point | law | predicted onset [95% interval of a measured onset] | measured "
-             "onset | error, decades | inside? |", "|---|---|---|---|---|---|"]
+    rows = []
     for fit in fits:
         for p in fit["predictions"]:
             s = scores.filter((pl.col("form") == p["form"]) & (pl.col("point") == p["point"]))
             m = s.row(0, named=True) if s.height else {"measured": "not run", "error": "-",
                                                         "inside": "-"}
-            lines.append(f"| `{p['point']}` | {p['form']} | {p['lr']:.3g} [{p['ci_lo']:.3g}, "
-                         f"{p['ci_hi']:.3g}] | {m['measured']} | {m['error']} | {m['inside']} |")
-    return "\n".join(lines)
+            rows.append([f"`{p['point']}`", p["form"],
+                         f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]",
+                         *(str(m[k]) for k in ("measured", "error", "inside"))])
+    return "\n".join(table(["point", "law", "predicted onset [95% interval of a measured onset]",
+                            "measured onset", "error, decades", "inside?"], rows))
 
 
 # --- the warmup figure -------------------------------------------------------------------------

@@ -112,14 +112,14 @@ def _cell(column: str, value) -> tuple[str, str, str]:
 MAX_ROWS = 2000  # a table's rows on the page; the CSV and Parquet tables have every row
 
 
-def data_table(df: pl.DataFrame, columns: list[str] | None = None, filterable: bool = False,
-               first: tuple[str, ...] = (), name: str = "") -> dict:
-    """What the template's sortable data_table draws: the columns (with `name`, the `first` lead
-    and the others hide behind a toggle), the cells of the first MAX_ROWS rows."""
+def data_table(df: pl.DataFrame, columns: list[str] | None = None, first: tuple[str, ...] = (),
+               name: str = "") -> dict:
+    """What the template's sortable data_table draws: the columns (with `name`, a filter box, the
+    `first` lead and the others behind a toggle), the cells of the first MAX_ROWS rows."""
     columns = [c for c in (columns or df.columns) if c in df.columns]
     lead = [c for c in first if c in columns] if name else []
     columns = lead + [c for c in columns if c not in lead]
-    return {"columns": columns, "name": name, "filterable": filterable,
+    return {"columns": columns, "name": name,
             "lead": len(lead) if len(columns) > len(lead) else 0, "more": df.height - MAX_ROWS,
             "rows": [[_cell(c, r[c]) for c in columns]
                      for r in df.head(MAX_ROWS).iter_rows(named=True)]}
@@ -174,8 +174,7 @@ def analysis_environment() -> dict[str, str]:
             "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
 
 
-def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
-                comparison: dict | None = None) -> str:
+def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
     runs, t = study.runs, study.runs.table
     env = analysis_environment()
     o = options.study
@@ -210,13 +209,8 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
             ("twins", study.twins), ("spikes", study.spikes),
             ("provenance", run_provenance(runs)))},
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
-        comparison=comparison and {
-            "a": comparison["a"], "b": comparison["b"], "sentences": comparison["sentences"],
-            "gaps": data_table(comparison["gaps"], filterable=True),
-            "verdicts": data_table(comparison["verdicts"])},
         headline_caption=CHARTS["headline"], sentences=headline(study),
-        runs_table=data_table(study.per_run, run_cols, filterable=True,
-                              first=RUN_COLUMNS_FIRST, name="runs-table"),
+        runs_table=data_table(study.per_run, run_cols, RUN_COLUMNS_FIRST, "runs-table"),
         specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),
         links_json=safe(_script_json({

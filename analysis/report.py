@@ -5,7 +5,6 @@ temporary sibling and swapped in, so a failed build leaves the earlier report as
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import io
 import math
@@ -29,7 +28,6 @@ from qkstudy.run_folder import FINISHED
 
 from . import charts as C
 from . import plots as P
-from . import compare as K
 from . import metrics as M
 from .page import failed_page, link, render_html
 from .load import load_runs
@@ -122,13 +120,11 @@ def build_report(runs_dir: str | Path, out: str | Path,
     if shown_as:
         runs.table = runs.table.with_columns(
             pl.col("run_dir").str.replace(shown_as[0], shown_as[1], literal=True))
-    study = other = None
+    study = None
     if not runs.table.filter(pl.col("status").is_in(FINISHED)).is_empty():
         print(f"building the report of {runs.table.height} runs in {out} (tables, charts, "
               "page) ...", file=sys.stderr, flush=True)
         study = analyse(runs, options)
-        if options.compare_with:
-            other = analyse(load_runs(options.compare_with), options)
     with replacing(out) as tmp:
         tables = tmp / "tables"
         tables.mkdir()
@@ -143,25 +139,17 @@ def build_report(runs_dir: str | Path, out: str | Path,
                 write_table(frame, tables, name)
         specs = {name: link(name, chart.to_dict())
                  for name, chart in build_charts(study, options).items()}
-        comparison = None
-        if other is not None:
-            comparison = K.comparison(study, other, runs_dir, options.compare_with)
-            write_table(comparison["gaps"], tables, "comparison_gaps")
-            write_table(comparison["verdicts"], tables, "comparison_verdicts")
-            specs["comparison"] = comparison["chart"].to_dict()
         for name, spec in specs.items():
             C.save_chart(spec, tmp / "charts", name, scale=options.png_scale)
-        (tmp / "report.html").write_text(render_html(study, specs, options, comparison))
+        (tmp / "report.html").write_text(render_html(study, specs, options))
     return out / "report.html", study
 
 
-USAGE = """usage: python -m analysis report [RUNS_DIR [OTHER_RUNS_DIR]] [key=value ...]
+USAGE = """usage: python -m analysis report [RUNS_DIR] [key=value ...]
 
 Tables, charts, verdicts and one offline report.html (docs/report.md). RUNS_DIR (default runs)
 is a runs tree, one sweep folder, one run folder or a study archive (FILE.tar.xz, written by
-python -m qkstudy archive). With OTHER_RUNS_DIR (a replication, say
-runs/mini runs/mini-seeds5-9) the page also compares the two: where their gaps, cell decisions
-and verdicts agree.
+python -m qkstudy archive).
 
 keys (defaults shown):
   out=reports/<name of RUNS_DIR>  the report folder (runs/demo gives reports/demo); an earlier
@@ -208,12 +196,9 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
     """[RUNS_DIR] [key=value ...] -> (runs folder, report folder, options)."""
     words = list(argv)
     runs_dir = Path("runs")
-    compare_with = ""
     if words and ("=" not in words[0] or Path(words[0]).exists()) \
             and not words[0].startswith("-"):
         runs_dir = Path(words.pop(0))
-        if words and "=" not in words[0] and not words[0].startswith("-"):
-            compare_with = words.pop(0)  # a second sweep, compared with the first
     for word in words:
         if word.startswith("-"):
             raise UsageError(f"unknown flag {word}: options are key=value words, e.g. out=DIR "
@@ -235,8 +220,7 @@ def parse_args(argv: list[str]) -> tuple[Path, Path, ReportOptions]:
     out = Path(args.out) if args.out else Path("reports") / name.removesuffix(archive.SUFFIX)
     options = ReportOptions(loss_threshold=args.threshold, curve_lrs=_lrs(args.curve_lrs),
                             probe_names=_names(args.probes),
-                            study=M.Options(alpha=args.alpha, min_gap=args.min_gap),
-                            compare_with=compare_with)
+                            study=M.Options(alpha=args.alpha, min_gap=args.min_gap))
     return runs_dir, out, options
 
 
@@ -254,12 +238,6 @@ def cli(argv: list[str]) -> int:
     runs_dir, out, options = parse_args(argv)
     with contextlib.ExitStack() as stack:  # an archive stays unpacked until the report is built
         runs_dir, shown_as = unpacked(runs_dir, stack)
-        if options.compare_with:
-            options = dataclasses.replace(options, compare_with=str(unpacked(
-                Path(options.compare_with), stack)[0]))
-        if options.compare_with and not Path(options.compare_with).is_dir():
-            raise UsageError(f"runs folder to compare with {options.compare_with} does not "
-                             "exist (or is not a folder)")
         t0 = time.perf_counter()
         check_writable(out)
         try:

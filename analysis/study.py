@@ -30,7 +30,6 @@ class ReportOptions:
     probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart
     study: M.Options = field(default_factory=M.Options)
     png_scale: float = 2.0
-    compare_with: str = ""  # a second runs folder: the page compares its gaps and verdicts
 
 
 @dataclass

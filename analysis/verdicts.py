@@ -1,7 +1,5 @@
-"""The verdicts on H1-H3: the labels the tests of analysis.hypotheses can bear. Per depth (H1)
-or measure (H2) the data point for, against or neither way; H3 is one part, the onset's slope.
-"supported" needs 3 paired seeds, "partly" when some parts are undecided, "mixed" when decided
-parts disagree (docs/report.md)."""
+"""The verdicts on H1-H3 (docs/report.md): per depth (H1), measure (H2) or the onset's slope
+(H3) the tests of analysis.hypotheses point for, against or neither way."""
 
 from __future__ import annotations
 

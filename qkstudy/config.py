@@ -27,10 +27,10 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Wortsman et al. 2023 (sec. 3.2.2): independent weight decay of 1e-4
 INDEPENDENT_WD_DEFAULT = 1e-4
 # keys a config.json may hold besides TrainConfig's fields; reading it ignores them
-CONFIG_FILE_EXTRAS = ("run_id", "framework", "reference_run_id", "kernels")
+CONFIG_FILE_EXTRAS = ("run_id", "framework", "kernels")
 BACKENDS = ("mlx", "torch")
 # config.json keys that do not place a run in the study: runs differing only in them are twins
-FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine", "reference_run_id")
+FOLDER_KEYS = ("run_id", "framework", "runs_dir", "sweep", "refine")
 ENGINE_KEYS = ("backend", "device", "precision", "compile", "deterministic")
 
 

@@ -756,40 +756,6 @@ def test_the_evidence_names_only_the_outcomes_some_lr_had():
     assert "off worse at lr 0.03" in evidence
 
 
-def test_two_sweeps_compared_cell_by_cell_and_verdict_by_verdict(tmp_path, monkeypatch,
-                                                                 capsys):
-    from types import SimpleNamespace
-
-    from analysis import compare as K
-    from analysis.report import parse_args
-
-    def study(first_needed):
-        table = onset_sweep(first_needed)
-        return SimpleNamespace(gaps=gap_table(table), verdicts=verdicts(table))
-
-    a, b = study({2: 3e-2}), study({2: 1e-2})  # b needs it from one LR lower
-    gaps = K.gap_agreement(a, b)
-    assert gaps.height == len(GRID)
-    differ = gaps.filter(~pl.col("decisions_agree"))
-    assert differ["lr"].to_list() == [1e-2]
-    assert differ.row(0, named=True)["decision"] == H.NO_DIFFERENCE
-    assert differ.row(0, named=True)["decision_b"] == H.OFF_WORSE
-    agreement = K.verdict_agreement(a, b)
-    assert agreement["hypothesis"].to_list() == ["H1", "H2", "H3"]
-    text = K.sentences(gaps, agreement, "mini", "mini-torch")
-    assert text[0].startswith(f"The cell decisions agree at {len(GRID) - 1} of the {len(GRID)}")
-    assert "depth 2 LR 0.01 (no difference in mini, off worse in mini-torch)" in text[1]
-    assert len(K.gap_scatter(gaps, "mini", "mini-torch").to_dict()["layer"]) == 2
-    # the command line: a second folder right after the first is the one compared with
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    runs_dir, _, options = parse_args([str(tmp_path / "a"), str(tmp_path / "b"), "alpha=0.1"])
-    assert runs_dir == tmp_path / "a" and options.compare_with == str(tmp_path / "b")
-    assert main(["report", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
-    assert not (tmp_path / "reports").exists()
-
-
 def test_legends_name_every_marker_and_probes_read_as_words():
     table = onset_sweep({2: 3e-2})
     spec = C.loss_vs_lr_chart(table).to_dict()
@@ -1137,6 +1103,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     (["curve_lrs=0.01,-1"], "learning rates must be finite and > 0"),
     (["--out", "x"], "unknown flag --out: options are key=value words"),
     (["alpha=0.1", "other"], "RUNS_DIR comes first and once"),
+    (["runs"], "RUNS_DIR comes first and once"),  # a second runs folder
     (["alpha=0.1", "alpha=0.2"], "alpha is given twice"),
 ])
 def test_a_bad_report_option_is_one_line_and_writes_nothing(words, message, tmp_path, capsys,

@@ -440,10 +440,6 @@ def test_interrupt_stops_cleanly_and_the_next_sweep_skips_and_resumes(monkeypatc
     assert trained == [second.lr, third.lr]
     out = capsys.readouterr().out
     assert "1 of 3 grid runs already finished; skipping them" in out
-    # the closing table: each run's peak max attention logit, as the analysis reads it back
-    table = out[out.index("peak max attention logit before any cap"):].splitlines()[2:]
-    assert [float(line.split()[2]) for line in table] == [1e-3, 3e-3, 1e-2]
-    assert all(float(line.split()[3].replace(",", "")) > 0 for line in table)
     assert (RunFolder.of(first).path / "summary.json").read_text() == first_summary
     manifest = json.loads((RunFolder.of(second).path / "manifest.json").read_text())
     assert manifest["resumed_from_step"] == 12

@@ -285,23 +285,6 @@ def report(sweep: SweepConfig, tally: Tally, seconds: float) -> None:
               f"{'-' if lo is None else f'{lo:.3g}'} < "
               f"{'none diverged' if hi is None else f'{hi:.3g}'}"
               + ("" if len(results) >= len(on_grid) else "  (grid incomplete)"))
-    print_peak_logits(sweep, runs)
-
-
-def print_peak_logits(sweep: SweepConfig, runs: list[TrainConfig]) -> None:
-    table: dict[tuple, dict[str, float]] = {}
-    for cfg in runs:
-        peak = RunFolder.of(cfg).summary_record().get("peak_max_attention_logit")
-        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
-            table.setdefault((cfg.depth, cfg.seed, cfg.lr), {})[arm_name(cfg)] = peak
-    if not table:
-        return
-    print("  peak max attention logit before any cap (max over layers and probe steps):")
-    print("    depth seed       lr  " + "".join(f"{arm:>12}" for arm in sweep.arms))
-    for (depth, seed, lr), arms in sorted(table.items()):
-        cells = "".join(f"{arms[arm]:>12,.1f}" if arm in arms else f"{'-':>12}"
-                        for arm in sweep.arms)
-        print(f"    {depth:>5} {seed:>4} {lr:>8.3g}  {cells}")
 
 
 def gpu_share(sweep: SweepConfig, slot: int) -> dict[str, str]:
