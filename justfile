@@ -77,7 +77,7 @@ archive *args:
 parity *args:
     @{{py}} -m crosscheck parity "$@"
 
-# every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead, where to run the study
+# every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead
 [group('3 check the engines and the machine')]
 bench *args:
     @{{py}} -m qkstudy bench "$@"

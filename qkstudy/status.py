@@ -149,27 +149,6 @@ def progress(runs: list[Run]) -> tuple[float, float, float, int]:
     return done, total, sum(r.tok_s or typical for r in running), len(running)
 
 
-def extras_lines(runs: list[Run], sweep_json: dict) -> list[str]:
-    """The refinement LRs off the grid and the adaptive seeds' (depth, LR) cells."""
-    grid, seeds = sweep_json.get("grid_lrs"), sweep_json.get("seeds")
-    out = []
-    if isinstance(grid, list):
-        grid = [g for g in grid if type(g) in (int, float) and g > 0]
-        off_grid = sorted({r.lr for r in runs if r.lr is not None
-                           and all(abs(r.lr - g) > 1e-12 * g for g in grid)})
-        if off_grid:
-            out.append("refinement LRs off the grid: " + ", ".join(f"{x:.3g}" for x in off_grid))
-    added = [r for r in runs if r.seed is not None and r.seed not in seeds] \
-        if isinstance(seeds, list) else []
-    if added:
-        cells = sorted({(r.depth, r.lr) for r in added}, key=lambda c: (c[0] or 0, c[1] or 0))
-        out.append(f"adaptive seeds: {len(added)} runs of seeds "
-                   f"{', '.join(map(str, sorted({r.seed for r in added})))} in "
-                   f"{len(cells)} open cells (depth, LR): "
-                   + ", ".join(f"({d}, {lr:.3g})" for d, lr in cells))
-    return out
-
-
 def render(sweep_dir: Path) -> str:
     runs = sweep_runs(sweep_dir, flock_holders())
     source = add_slurm_states(sweep_dir, runs)
@@ -200,7 +179,6 @@ def render(sweep_dir: Path) -> str:
     if sweep_json.get("refine"):
         lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
                      "as the grid's results come in)")
-    lines += extras_lines(runs, sweep_json)
     if source:
         lines.append(f"Slurm task states from {source}")
     for r in SweepFolder(sweep_dir).set_aside_records():  # damaged runs moved aside, trained again

@@ -83,17 +83,6 @@ def test_cells_where_neither_arm_learned_get_no_seeds(sweep):
     assert adaptive.extra_runs(dataclasses.replace(sweep, threshold_steps=0), []) == []
 
 
-def test_status_names_the_refinement_lrs_and_the_added_seeds():
-    from qkstudy.status import Run, extras_lines
-
-    runs = [Run("a", depth=2, lr=0.01, seed=0), Run("b", depth=2, lr=0.0316, seed=1),
-            Run("c", depth=4, lr=0.1, seed=3), Run("d", depth=4, lr=0.1, seed=4)]
-    lines = extras_lines(runs, {"grid_lrs": [0.01, 0.1], "seeds": [0, 1, 2]})
-    assert lines == ["refinement LRs off the grid: 0.0316",
-                     "adaptive seeds: 2 runs of seeds 3, 4 in 1 open cells (depth, LR): (4, 0.1)"]
-    assert extras_lines(runs, {}) == []  # a sweep.json from before: nothing claimed
-
-
 def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
     from qkstudy.sweep.run import added_runs
 

@@ -16,9 +16,9 @@ from .. import files, provenance
 from ..cli import keys_usage
 from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
-from ..forecast import BENCH_KEY, NIGHT_HOURS, sgemm_gflops
+from ..forecast import BENCH_KEY, sgemm_gflops
 from ..parameters import count_params, flops_per_token
-from .shapes import preset_base, preset_shape, shape_config, where_to_run
+from .shapes import preset_base, preset_shape, shape_config
 from .step import Spec, StepFailed, measure_together
 
 BACKENDS = ("mlx", "torch")
@@ -167,7 +167,6 @@ def run(bench: BenchConfig, argv: list[str] | None = None) -> dict:
             [y / x for x, y in zip(samples[mlx], samples[torch]) if x and y is not None])
         } if mlx in samples and torch in samples else {}
     report["shapes"] = shapes
-    report["where_to_run"] = where_to_run(shapes, report["machine"])
     report["machine"]["load_average_after"] = load_average()
     return report
 
@@ -177,16 +176,6 @@ def median_range(s: dict | None, fmt: str = "{:,.0f}", unit: str = "") -> str:
         return "-"
     text = fmt.format(s["median"]) + unit
     return text if s["n"] == 1 else f"{text} ({fmt.format(s['min'])}-{fmt.format(s['max'])})"
-
-
-def hours_text(hours: float, unit: str) -> str:
-    """Two significant digits below 100 hours, whole numbers above."""
-    def number(x: float) -> str:
-        return f"{x:.2g}" if x < 100 else f"{x:,.0f}"
-
-    if unit == "nights":
-        return f"{number(hours)} h ({number(hours / NIGHT_HOURS)} nights)"
-    return f"{number(hours)} GPU-h"
 
 
 def markdown(report: dict) -> str:
@@ -212,7 +201,7 @@ def markdown(report: dict) -> str:
         f"{cfg['warmup']} warm-up steps, then timed steps for about {cfg['seconds']:g} s (at "
         f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
         "the median (range) of the per-round ratios.",
-    ] + speed_table(report) + where_to_run_table(report["where_to_run"]))
+    ] + speed_table(report))
 
 
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -253,34 +242,12 @@ def speed_table(report: dict) -> list[str]:
     return lines
 
 
-def where_to_run_table(w: dict) -> list[str]:
-    p = w["plan"]
-    lines = ["", f"Where to run the study: the study preset's run is {p['budget_tokens']:,} "
-                 f"training tokens plus its evaluations ({p['cost_tokens']:,.0f} "
-                 "token-equivalents) "
-                 f"at depth {p['depth']} ({p['flops_per_token'] / 1e6:.1f} MFLOPs per token); one "
-                 f"depth is {p['runs_per_depth']} runs ({p['arms']} arms x {p['lrs']} LRs x "
-                 f"{p['seeds']} seeds), the whole study {p['depths']} depths, each counted at "
-                 f"depth {p['depth']}'s cost, one run at a time (a night: {NIGHT_HOURS} h):", ""]
-    rows = []
-    for r in w["rows"]:
-        speed = f"{r['tokens_per_s']:,.0f}"
-        if "range" in r:
-            speed += f" ({r['range'][0]:,.0f}-{r['range'][1]:,.0f})"
-        rows.append([r["platform"], r["backend"], speed, r["source"]] + [
-            hours_text(r[k], r["unit"]) for k in ("hours_per_run", "hours_per_depth",
-                                                  "hours_whole_study")])
-    return lines + table(["platform", "backend", "tokens/s at the study shape", "source",
-                          "one run", f"one depth ({p['runs_per_depth']} runs)",
-                          f"whole study ({p['runs_per_depth'] * p['depths']} runs)"], rows)
-
-
 USAGE = keys_usage(
     "python -m qkstudy bench [key=value ...]",
     "Measures every backend's training step the same way (each measurement a fresh process\n"
     "running the run's own engine at a preset's shape; median and range of `rounds` rounds):\n"
-    "tokens/s, PyTorch / MLX, FLOP/s and share of the sgemm peak, probe and eval overhead;\n"
-    "then the hours the study takes where. Writes <out>/bench.md and <out>/bench.json.",
+    "tokens/s, PyTorch / MLX, FLOP/s and share of the sgemm peak, probe and eval overhead.\n"
+    "Writes <out>/bench.md and <out>/bench.json.",
     BenchConfig)
 
 

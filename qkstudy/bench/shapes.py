@@ -7,7 +7,7 @@ import dataclasses
 from ..config import ModelArgs, TrainConfig, model_args
 from ..data.tokenizer import VOCAB_BY_TOKENIZER
 from ..errors import UsageError
-from ..forecast import BENCH_KEY, run_cost_tokens
+from ..forecast import run_cost_tokens
 from ..parameters import flops_per_token
 from ..sweep.config import PRESETS
 
@@ -55,29 +55,3 @@ def study_hours(tokens_per_s: float, plan: dict | None = None) -> dict[str, floa
     run = plan["cost_tokens"] / tokens_per_s / 3600
     return {"hours_per_run": run, "hours_per_depth": run * plan["runs_per_depth"],
             "hours_whole_study": run * plan["runs_per_depth"] * plan["depths"]}
-
-
-# Machines not measured here: tokens/s = the vendor's dense peak x a share / FLOPs per token
-ESTIMATES = (  # (platform, backend, peak TFLOP/s, share of it assumed, unit)
-    ("Apple M2 Max GPU (38-core)", "mlx", 13.6, 0.30, "nights"),
-    ("one H100/H200-class CUDA GPU", "torch fp32", 67.0, 0.35, "GPU-hours"),
-    ("one H100/H200-class CUDA GPU", "torch tf32", 495.0, 0.12, "GPU-hours"),
-    ("one H100/H200-class CUDA GPU", "torch bf16", 989.0, 0.07, "GPU-hours"))
-
-
-def where_to_run(shapes: dict, machine: dict | None = None) -> dict:
-    """`just bench`'s table: the study's hours measured here and estimated for ESTIMATES."""
-    plan, study, m = study_plan(), shapes.get("study"), machine or {}
-    here = "this machine" + (f": {m['cpus']}-core {m.get('cpu') or 'CPU'}" if m.get("cpus") else "")
-    rows = []
-    for backend, key in BENCH_KEY.items():
-        s = study and study["tokens_per_s"].get(key)
-        if s:
-            rows.append({"platform": here, "backend": backend, "tokens_per_s": s["median"],
-                         "range": [s["min"], s["max"]], "unit": "nights",
-                         "source": f"measured here, median of {s['n']} round(s)"})
-    rows += [{"platform": f"{name}, {peak:g} TFLOP/s", "backend": backend, "unit": unit,
-              "tokens_per_s": peak * 1e12 * share / plan["flops_per_token"],
-              "source": f"estimate: {share:.0%} of peak assumed"}
-             for name, backend, peak, share, unit in ESTIMATES]
-    return {"plan": plan, "rows": [r | study_hours(r["tokens_per_s"], plan) for r in rows]}
