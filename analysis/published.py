@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analysis.ladder import analyse_ladder, ci_text, seed_effects, summary_text
+from analysis.ladder import BODY_POINT, analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
 from analysis.prose import span
 from analysis.study import Study, analyse
@@ -19,6 +19,7 @@ from analysis.threshold import ABOVE, BELOW
 from qkstudy.archive import extract
 from qkstudy.bench.cli import table
 from qkstudy.sweep.config import MINI
+from qkstudy.sweep.ladder import SCORED_POINTS
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ("mini", "mini-seeds5-9", "mini-tinystories", "mini-l2norm")
@@ -64,6 +65,7 @@ def study_rows(study: Study, name: str) -> list[dict]:
     return rows
 
 
+SCHEDULE_POINT = SCORED_POINTS[0].name  # the study schedule on the ladder's model
 PRACTITIONER = ["warmup steps", "training steps", "skip below: no difference decided up to LR",
                 "onset: off worse by 0.1 nats from LR [95% CI]", "off worse decided from LR"]
 
@@ -76,8 +78,8 @@ def practitioner(ladder: dict) -> str:
     rows = [[f"{r['warmup']:,}", f"{r['steps']:,}", _lr(r["no_difference_up_to"]), r["onset"],
              _lr(r["off_worse_from"])] for r in t.iter_rows(named=True)]
     p = next(p for p in ladder["fits"][0]["predictions"] if p["point"] == "study-point")
-    rows.append(["1,000", "24,414 (the study preset)", "-", f"{p['lr']:.3g} [{p['ci_lo']:.3g}, "
-                 f"{p['ci_hi']:.3g}], predicted by the warmup law", "-"])
+    rows.append(["1,000", "24,414 (the study preset's model)", "-", f"{p['lr']:.3g} "
+                 f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}], predicted by the warmup law", "-"])
     clauses = []
     for (warmup,), g in t.group_by("warmup", maintain_order=True):
         skip = [f"{r['no_difference_up_to']:.3g} ({r['steps']:,} steps)"
@@ -90,7 +92,22 @@ def practitioner(ladder: dict) -> str:
         clauses.append(f"with {warmup:,} warmup steps, {low}, and {high}")
     return ("\n".join(table(PRACTITIONER, rows)) + "\n\n**The rule, read off the table: " + "; ".join(clauses)
             + f"; at the study preset's 1,000 warmup steps of 24,414 the warmup law predicts the "
-            f"onset at {p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] (not yet measured).**")
+            f"onset at {p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] for the ladder's model "
+            + scored(ladder["scores"]) + ".**")
+
+
+def scored(scores: pl.DataFrame) -> str:
+    """What the scored points measured against the straight law's predictions, in words."""
+    s = {r["point"]: r for r in scores.filter(pl.col("form") == "straight").iter_rows(named=True)}
+    schedule, body = s.get(SCHEDULE_POINT), s.get(BODY_POINT)
+    out = (f"(measured there: {schedule['measured']}, {schedule['inside']} the law's interval "
+           f"for a measured onset, [{schedule['ci_lo']:.3g}, {schedule['ci_hi']:.3g}])"
+           if schedule else "(not yet measured)")
+    if body:
+        out += (f"; the study preset's own model body (d_model 192, depth 6) at 480 warmup "
+                f"steps of 1,200 measured {body['measured'].split(' [')[0]}, {body['inside']} "
+                f"the law's interval [{body['ci_lo']:.3g}, {body['ci_hi']:.3g}]")
+    return out
 
 
 ADVICE = {"lr": 3e-3, "warmup": 100, "steps": 2000}  # the README's example of `just advise`
