@@ -15,7 +15,7 @@ import numpy as np
 import polars as pl
 
 from qkstudy import archive
-from qkstudy.bench.cli import table
+from qkstudy.progress import table
 from qkstudy.config import model_args, split_key_values
 from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.errors import UsageError

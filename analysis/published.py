@@ -17,7 +17,7 @@ from analysis.prose import span
 from analysis.study import Study, analyse
 from analysis.threshold import ABOVE, BELOW
 from qkstudy.archive import extract
-from qkstudy.bench.cli import table
+from qkstudy.progress import table
 from qkstudy.sweep.config import MINI
 from qkstudy.sweep.ladder import SCORED_POINTS
 

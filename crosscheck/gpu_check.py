@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from qkstudy import run_folder
-from qkstudy.bench.cli import table, write_report
+from qkstudy.bench.cli import write_report
+from qkstudy.progress import table
 from qkstudy.cli import keys_usage
 from qkstudy.config import apply_overrides, split_key_values
 from qkstudy.data.prepare import PrepareConfig, prepare

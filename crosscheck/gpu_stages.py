@@ -14,7 +14,7 @@ from pathlib import Path
 from qkstudy import run_folder
 from qkstudy.backends import RUNS_PER_DEVICE
 from qkstudy.bench.shapes import preset_base, preset_shape, shape_config, study_hours, study_plan
-from qkstudy.bench.cli import table
+from qkstudy.progress import table
 from qkstudy.bench.step import ROOT, Spec, StepFailed, checkout_env, measure_together
 from qkstudy.config import TrainConfig
 from qkstudy.parameters import flops_per_token

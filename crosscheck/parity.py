@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_gpt.engine import Engine as MlxEngine
 from mlx_gpt.model import GPT as MlxGPT
 from qkstudy.batches import probe_batch, train_batch
-from qkstudy.bench.cli import table
+from qkstudy.progress import table
 from qkstudy.config import TrainConfig
 from qkstudy.data import synthetic
 from qkstudy.data.tokenizer import ByteTokenizer

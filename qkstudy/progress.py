@@ -1,4 +1,4 @@
-"""The progress line of a training run."""
+"""Text for people: a training run's progress line, durations, Markdown tables."""
 
 from __future__ import annotations
 
@@ -47,3 +47,8 @@ def format_seconds(s: float | None) -> str:
         return "?"
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows]]

@@ -18,6 +18,7 @@ from ..config import apply_overrides, split_key_values
 from ..errors import UsageError
 from ..forecast import BENCH_KEY, sgemm_gflops
 from ..parameters import count_params, flops_per_token
+from ..progress import table
 from .shapes import preset_base, preset_shape, shape_config
 from .step import Spec, StepFailed, measure_together
 
@@ -202,11 +203,6 @@ def markdown(report: dict) -> str:
         f"least {cfg['min_steps']}), read back every log_every steps as a run does. Ratios: "
         "the median (range) of the per-round ratios.",
     ] + speed_table(report))
-
-
-def table(head: list[str], rows: list[list[str]]) -> list[str]:
-    """A Markdown table's lines."""
-    return ["| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows]]
 
 
 def speed_table(report: dict) -> list[str]:
