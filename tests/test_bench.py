@@ -165,9 +165,9 @@ def tiny_spec(**config) -> Spec:
 
 
 def test_processes_time_the_same_window():
-    """A start barrier and one stop time: each process times from `go` until the stop (to the
-    end of its log interval), so the windows overlap and each ends at or after the other's
-    start plus most of the window."""
+    """A start barrier, then one start and one stop time: each process times from the shared
+    start (a little after `go`, so a process scheduled late still starts with the others) until
+    the stop (to the end of its log interval), so the windows overlap."""
     spec = dataclasses.replace(tiny_spec(), seconds=0.5)
     results = measure_together(spec, 2)
     assert len(results) == 2

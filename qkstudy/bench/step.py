@@ -20,6 +20,7 @@ from ..config import TrainConfig
 from ..forecast import timed
 
 READY = "ready"
+GO_LEAD_S = 0.5  # seconds from the "go" line to the start all processes time from
 ROOT = Path(__file__).resolve().parents[2]  # this checkout
 
 
@@ -107,9 +108,11 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
         if spec.sync:
             for p, err in zip(procs, errs):
                 _wait_for_ready(p, err, deadline)
-            stop = time.time() + spec.seconds  # all warmed up: go, all until the same time
+            # all warmed up: each times from one start to one stop (the lead lets a process
+            # that the machine schedules late still read the line before the start)
+            start = time.time() + GO_LEAD_S
             for p in procs:
-                p.stdin.write(f"go {stop!r}\n")
+                p.stdin.write(f"go {start!r} {start + spec.seconds!r}\n")
                 p.stdin.flush()
         results = []
         for p, err in zip(procs, errs):
@@ -171,8 +174,11 @@ def main(argv: list[str]) -> int:
 
     def ready() -> float | None:
         print(READY, flush=True)
-        words = sys.stdin.readline().split()  # "go STOP_TIME"
-        return float(words[1]) if len(words) > 1 else None
+        words = sys.stdin.readline().split()  # "go START_TIME STOP_TIME"
+        if len(words) < 3:
+            return None
+        time.sleep(max(0.0, float(words[1]) - time.time()))
+        return float(words[2])
 
     result = measure(spec, ready if spec.sync else None)
     print(json.dumps(result), flush=True)
