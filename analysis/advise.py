@@ -136,7 +136,23 @@ def depth_warning(knobs: dict, conditions: list[dict]) -> list[str]:
             f" mini); the ladder's points are depth {', '.join(map(str, ladder))}"]
 
 
-def warnings(knobs: dict, conditions: list[dict], near: dict) -> list[str]:
+def body_warning(knobs: dict, conditions: list[dict], law: list[dict], fit: dict) -> list[str]:
+    """For a model body other than the law's: what the scored body point measured there."""
+    from .ladder import BODY_POINT
+    from .law import predict_at
+
+    b = next((c for c in conditions if c["name"] == BODY_POINT), None)
+    d, L = law[0]["d_model"], law[0]["depth"]
+    if b is None or (knobs.get("d_model", d), knobs.get("depth", L)) == (d, L):
+        return []
+    p = predict_at(fit, b["warmup"], b["steps"])
+    return [f"warning: the warmup law is fitted at d_model {d}, depth {L}; at d_model {b['d_model']}"
+            f", depth {b['depth']} ({b['warmup']:,} warmup steps of {b['steps']:,}) the measured "
+            f"onset is {b['onset'].split(' [')[0]}, where the law predicts {p['lr']:.3g} "
+            f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]"]
+
+
+def warnings(knobs: dict, conditions: list[dict], near: dict, fit: dict) -> list[str]:
     """A line per knob outside the measured conditions."""
     out = [] if knobs["warmup"] else ["warning: warmup 0 is read as 1 step (the law and the "
                                       "distance are in log2 of the warmup)"]
@@ -148,6 +164,7 @@ def warnings(knobs: dict, conditions: list[dict], near: dict) -> list[str]:
         out += _outside("d_model", knobs["d_model"], [c["d_model"] for c in conditions
                                                       if c["study"] == "ladder"], "the ladder")
     out += depth_warning(knobs, conditions) if "depth" in knobs else []
+    out += body_warning(knobs, conditions, law, fit)
     if knobs.get("vocab", VOCAB_BY_TOKENIZER["bytes"]) != VOCAB_BY_TOKENIZER["bytes"]:
         out.append(f"warning: vocabulary {knobs['vocab']:,} is not bytes ({VOCAB_BY_TOKENIZER['bytes']}):"
                    f" the margin is {MARGIN_PER_BYTE:g} nats per byte of text, so on a BPE "
@@ -176,7 +193,7 @@ def advise(knobs: dict, conditions: list[dict], fit: dict) -> list[str]:
         f"{near['warmup']:,} of {near['steps']:,} steps): no difference (within "
         f"{MARGIN_PER_BYTE:g} nats) up to {a or 'no LR'}; measured onset {near['onset']}; "
         f"off worse decided from {b or 'no LR'}",
-        *warnings(knobs, conditions, near)]
+        *warnings(knobs, conditions, near, fit)]
 
 
 def cli(argv: list[str]) -> int:

@@ -10,17 +10,8 @@ import numpy as np
 import polars as pl
 
 from . import stats as S
-from .metrics import (
-    ARM,
-    Options,
-    full_curves,
-    lr_sensitivity_per_seed,
-    max_usable_lr_per_seed,
-    compared_arms,
-    pair_arms,
-    paired_gaps,
-    with_losses,
-)
+from .metrics import (ARM, Options, compared_arms, full_curves, lr_sensitivity_per_seed,
+                      max_usable_lr_per_seed, pair_arms, paired_gaps, with_losses)
 from .threshold import BELOW, DepthDraws, gap_matrix
 
 OFF_WORSE, ON_WORSE, NO_DIFFERENCE, UNDETERMINED, UNINFORMATIVE, TOO_FEW = (

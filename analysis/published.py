@@ -71,15 +71,18 @@ PRACTITIONER = ["warmup steps", "training steps", "skip below: no difference dec
 
 
 def practitioner(ladder: dict) -> str:
-    """The width-64, depth-4 points by warmup and length, the study preset's predicted onset, and
-    the rule read off them."""
-    t = ladder["points"].filter((pl.col("d_model") == 64) & (pl.col("depth") == 4)).sort(
-        "warmup", "steps")
-    rows = [[f"{r['warmup']:,}", f"{r['steps']:,}", _lr(r["no_difference_up_to"]), r["onset"],
-             _lr(r["off_worse_from"])] for r in t.iter_rows(named=True)]
+    """The width-64, depth-4 points by warmup and length, the study preset's predicted onset, its
+    model body's point, and the rule read off them."""
+    points = ladder["points"]
+    t = points.filter((pl.col("d_model") == 64) & (pl.col("depth") == 4)).sort("warmup", "steps")
+    body = points.filter(pl.col("point") == BODY_POINT)
+    rows = [[f"{r['warmup']:,}", f"{r['steps']:,}" + ("" if r["d_model"] == 64 else
+             f" (the study preset's model body: d_model {r['d_model']}, depth {r['depth']})"),
+             _lr(r["no_difference_up_to"]), r["onset"], _lr(r["off_worse_from"])]
+            for r in pl.concat([t, body]).iter_rows(named=True)]
     p = next(p for p in ladder["fits"][0]["predictions"] if p["point"] == "study-point")
-    rows.append(["1,000", "24,414 (the study preset's model)", "-", f"{p['lr']:.3g} "
-                 f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}], predicted by the warmup law", "-"])
+    rows.insert(len(t), ["1,000", "24,414 (the study preset's model)", "-", f"{p['lr']:.3g} "
+                f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}], predicted by the warmup law", "-"])
     clauses = []
     for (warmup,), g in t.group_by("warmup", maintain_order=True):
         skip = [f"{r['no_difference_up_to']:.3g} ({r['steps']:,} steps)"

@@ -10,19 +10,8 @@ from typing import NamedTuple
 import polars as pl
 
 from . import stats as S
-from .hypotheses import (
-    H2_MEASURES,
-    MAX_USABLE,
-    NO_DIFFERENCE,
-    OFF_WORSE,
-    ON_WORSE,
-    TOO_FEW,
-    UNDETERMINED,
-    h1_tests,
-    h2_tests,
-    h3_tests,
-    mark_needed,
-)
+from .hypotheses import (H2_MEASURES, MAX_USABLE, NO_DIFFERENCE, OFF_WORSE, ON_WORSE, TOO_FEW,
+                         UNDETERMINED, h1_tests, h2_tests, h3_tests, mark_needed)
 from .metrics import Options, control_words, compared_arms
 from .threshold import onset_table, threshold_draws
 

@@ -5,6 +5,7 @@ the published archives it gives the known answers and the published study-preset
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -156,6 +157,14 @@ def test_the_published_archives_answer(published, capsys, monkeypatch):
             in (ROOT / "docs" / "results.md").read_text())  # the published sentence
     assert [w.split()[1] for w in study[3:]] == ["steps", "vocabulary"]
     assert len(run(0.01, 30, 300)) == 3  # a measured condition: no warning
+    # another model body: what the scored body point measured, as results.md scores it
+    *_, body = run(0.005, 1000, 24_414, d_model=192)
+    measured_there, predicted = re.search(
+        r"depth 4; at d_model 192, depth 6 .* onset is (.+), where the law predicts (.+)$",
+        body).groups()
+    assert (f"| `w192-d6-s1200-wu480` | straight | {predicted} | {measured_there} ["
+            in (ROOT / "docs" / "results.md").read_text())
+    assert len(run(0.005, 1000, 24_414, d_model=64)) == 4  # the law's body: steps only
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(A, "measured", lambda *_: published)
     assert main(["advise", "lr=0.1", "warmup=30", "steps=300"]) == 0

@@ -20,7 +20,6 @@ from ..config import TrainConfig
 from ..forecast import timed
 
 READY = "ready"
-GO_LEAD_S = 0.5  # seconds from the "go" line to the start all processes time from
 ROOT = Path(__file__).resolve().parents[2]  # this checkout
 
 
@@ -108,9 +107,8 @@ def measure_together(spec: Spec, processes: int = 1, env: dict[str, str] | None 
         if spec.sync:
             for p, err in zip(procs, errs):
                 _wait_for_ready(p, err, deadline)
-            # all warmed up: each times from one start to one stop (the lead lets a process
-            # that the machine schedules late still read the line before the start)
-            start = time.time() + GO_LEAD_S
+            # all warmed up: each times from one start (0.5 s on, for a process scheduled late)
+            start = time.time() + 0.5
             for p in procs:
                 p.stdin.write(f"go {start!r} {start + spec.seconds!r}\n")
                 p.stdin.flush()
@@ -174,11 +172,9 @@ def main(argv: list[str]) -> int:
 
     def ready() -> float | None:
         print(READY, flush=True)
-        words = sys.stdin.readline().split()  # "go START_TIME STOP_TIME"
-        if len(words) < 3:
-            return None
-        time.sleep(max(0.0, float(words[1]) - time.time()))
-        return float(words[2])
+        _, start, stop = sys.stdin.readline().split()  # "go START_TIME STOP_TIME"
+        time.sleep(max(0.0, float(start) - time.time()))
+        return float(stop)
 
     result = measure(spec, ready if spec.sync else None)
     print(json.dumps(result), flush=True)
