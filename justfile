@@ -12,7 +12,7 @@ default:
 setup:
     @./setup.sh
 
-# a first result on the embedded synthetic corpus (32 runs: depth 2, 4 LRs, 4 seeds), then its report (1m50s on 2 idle cores: docs/sweeps.md)
+# a first result on the embedded synthetic corpus (32 runs: depth 2, 4 LRs, 4 seeds), then its report (1m32s on 2 idle cores: docs/sweeps.md)
 [group('1 get started')]
 demo *args:
     @test -f data/synthetic-bytes/meta.json || {{py}} -m qkstudy prepare synthetic tokenizer=bytes
