@@ -276,6 +276,45 @@ def test_bisection_uses_the_first_divergence_and_survives_failures():
     assert 1e-2 < mid < 1.01e-2
 
 
+def test_a_run_held_elsewhere_counts_once_while_the_sweep_waits_for_it(
+        monkeypatch, tiny_data, tmp_path, capsys, no_calibration):
+    """Another process trains a refinement run: this one polls until it is done, then goes on
+    to the next round, and its progress total counts that run once, not once a poll."""
+    import contextlib
+
+    fake_trainer(monkeypatch, {"none": 0.0123, "rmsnorm": 0.05}, calls := [])
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,3.16e-3,1e-2,3.16e-2,1e-1",
+                       "arms=none,rmsnorm", "seeds=0", "refine=true", "refine_steps=2",
+                       "refine_factor=1.01")
+    sc = sweep.parse_sweep_config(words)
+    held = run_config(sc, sc.depth[0], 1.78e-2, "none", 0)  # the none curve's first midpoint
+    RunFolder.of(held).path.mkdir(parents=True)
+    other = contextlib.ExitStack()  # the other process's lock: what the sweep polls
+    assert other.enter_context(RunFolder(RunFolder.of(held).path).lock())
+    polls = []
+
+    def poll(seconds: float) -> None:  # the other process finishes it on the third poll
+        polls.append(seconds)
+        if len(polls) == 3:
+            other.close()
+            files.write_json(RunFolder.of(held).path / "summary.json",
+                             {"run_id": held.run_id, "status": "diverged", "steps": 1})
+
+    stub = trainer.train
+
+    def train(cfg, **kw):  # the lock, as the real trainer takes it
+        if cfg.run_id == held.run_id and len(polls) < 3:
+            raise RunBusy("held")
+        return stub(cfg, **kw)
+
+    monkeypatch.setattr(trainer, "train", train)
+    monkeypatch.setattr("qkstudy.sweep.run.time.sleep", poll)
+    assert main(["sweep", *words]) == 0
+    assert len(polls) >= 3 and held.run_id not in {c.run_id for c, _ in calls}
+    totals = {int(t) for t in re.findall(r"\[sweep \d+/(\d+)", capsys.readouterr().out)}
+    assert max(totals) == 10 + 2 * 2  # the grid, and two midpoints per curve
+
+
 def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_path, capsys,
                                                   no_calibration):
     calls = []

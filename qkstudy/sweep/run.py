@@ -184,6 +184,7 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
     runs = grid(sweep)
     tally = Tally(total=len(runs), processes=sweep.jobs, data=trainer.data_check(sweep.train)[0])
     attempted: set[str] = set()
+    counted = {c.run_id for c in runs}  # the runs in tally.total
 
     def train_all(cfgs: list[TrainConfig]) -> None:
         for i, cfg in enumerate(cfgs):
@@ -213,8 +214,9 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
     while True:  # one round = at most one new point per curve, cell or threshold, together
         wanted = extra_runs(sweep, groups(sweep))
         new = [cfg for cfg in wanted if cfg.run_id not in attempted]
-        if new:
-            tally.total += len(new)
+        if new:  # a run retried after waiting on another process is counted once
+            tally.total += len({c.run_id for c in new} - counted)
+            counted.update(c.run_id for c in new)
             train_all(new)
             continue
         # the next round waits on runs another process holds: wait with it for them
