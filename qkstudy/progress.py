@@ -10,21 +10,26 @@ import time
 class Display:
     """One live line on a terminal, else a plain line every ~30 s."""
 
-    def __init__(self, run_id: str, steps: int, tokens_per_step: int, start: int = 0,
-                 enabled: bool = True, prefix: str = ""):
+    def __init__(self, run_id: str, steps: int, tokens_per_step: int, enabled: bool = True,
+                 prefix: str = ""):
         self.run_id, self.steps, self.enabled, self.prefix = run_id, steps, enabled, prefix
-        self.tokens_per_step, self.start = tokens_per_step, start
+        self.tokens_per_step, self.origin = tokens_per_step, None
         self.tty = sys.stdout.isatty()
         self.last_print = 0.0
 
     def update(self, step: int, loss: float, train_seconds: float, val: float | None) -> None:
+        """The rate counts from the first update on: the first interval holds compilation, and
+        a resumed run's clock holds the seconds before its checkpoint."""
         if not self.enabled:
             return
-        tok_s = (step - self.start) * self.tokens_per_step / max(train_seconds, 1e-9)
-        eta_s = (self.steps - step) * self.tokens_per_step / max(tok_s, 1e-9)
+        self.origin = self.origin or (step, train_seconds)
+        done, seconds = step - self.origin[0], train_seconds - self.origin[1]
+        tok_s = done * self.tokens_per_step / seconds if done and seconds > 0 else math.nan
+        eta_s = (self.steps - step) * self.tokens_per_step / tok_s
+        rate = "?" if math.isnan(tok_s) else f"{tok_s:,.0f}"
         val_text = f" val {val:.3f}" if val is not None else ""
         line = (f"{self.prefix}{self.run_id} step {step}/{self.steps} loss {loss:.4f}{val_text} "
-                f"{tok_s:,.0f} tok/s ETA {format_seconds(eta_s)}")
+                f"{rate} tok/s ETA {format_seconds(eta_s)}")
         if self.tty:
             print("\r\033[K" + line, end="", flush=True)
         elif time.monotonic() - self.last_print > 30:

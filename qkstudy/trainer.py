@@ -188,7 +188,7 @@ def _start(cfg: TrainConfig, folder: RunFolder, val_tokens, meta: dict,
 def _train_locked(cfg: TrainConfig, folder: RunFolder, train_tokens, val_tokens, meta: dict,
                   verbose: bool, prefix: str, guard: interrupts.Deferred) -> dict:
     engine, manifest, start, rec = _start(cfg, folder, val_tokens, meta, prefix)
-    display = Display(cfg.run_id, cfg.steps, cfg.tokens_per_step, start, verbose, prefix)
+    display = Display(cfg.run_id, cfg.steps, cfg.tokens_per_step, verbose, prefix)
     display.begin((f"resuming from step {start} of {cfg.steps}; " if start else "")
                   + engine.warmup_note, always=bool(start))
     batches = train_stream(train_tokens, cfg.data_seed, start, cfg.steps, cfg.batch_size,

@@ -471,6 +471,21 @@ def test_interrupt_and_resume_each_say_where_in_one_line(tiny_cfg, monkeypatch, 
     assert f"{cfg.run_id} resuming from step 20 of 30; compiling" in capsys.readouterr().out
 
 
+def test_a_resumed_runs_progress_line_counts_its_rate_from_its_own_first_steps(capsys):
+    """A run resumed at step 8,130 whose clock held 300 s from before its checkpoint, and whose
+    first interval spent 30 s compiling: its line says 25,600 tok/s once it trains at that
+    rate, not the 2,795 of 1,010 steps over 370 s (an ETA of over an hour for ten minutes)."""
+    from qkstudy.progress import Display
+
+    display = Display("r", 24414, 1024)
+    display.update(8140, 0.5, 330.0, None)
+    display.last_print = 0.0
+    display.update(9140, 0.5, 330.0 + 1000 * 1024 / 25600, None)
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.endswith("step 8140/24414 loss 0.5000 ? tok/s ETA ?")
+    assert second.endswith("step 9140/24414 loss 0.5000 25,600 tok/s ETA 10m11s")
+
+
 def test_interrupt_in_the_interval_that_diverges_ends_as_an_uninterrupted_run(
         tiny_cfg, tmp_path, monkeypatch):
     """SIGINT between two steps of the log interval in which the run diverges (the storm's
