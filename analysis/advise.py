@@ -101,12 +101,17 @@ def distance(c: dict, knobs: dict) -> float:
                         for k in ("warmup", "steps", "d_model", "depth") if k in knobs))
 
 
-def verdict(lr: float, near: dict, onset: dict) -> str:
+def verdict(lr: float, near: dict, onset: dict, knobs: dict | None = None) -> str:
     """Not needed only below both the nearest condition's tested no-difference LR and the
-    predicted onset's interval at these knobs; needed above that interval."""
+    predicted onset's interval at these knobs, with that condition's width and depth where the
+    knobs give them; needed above that interval."""
     a, lo, hi = near["no_difference_up_to"], onset["ci_lo"], onset["ci_hi"]
     if a is not None and lr <= a and lr < lo:
-        return f"not needed: below the tested no-difference LR ({a:.3g} at {near['name']})"
+        body = [f"{k} {near[k]}" for k in ("d_model", "depth")
+                if (knobs or {}).get(k, near[k]) != near[k]]
+        return (f"not needed: below the tested no-difference LR ({a:.3g} at {near['name']})"
+                if not body else f"uncertain: below the tested no-difference LR ({a:.3g} at "
+                f"{near['name']}), measured at {' and '.join(body)}, not yours")
     if lr > hi:
         return f"needed: above the tested onset (the upper end of its interval, {hi:.3g})"
     if lr >= lo:
@@ -184,7 +189,7 @@ def advise(knobs: dict, conditions: list[dict], fit: dict) -> list[str]:
     a, b = (f"LR {near[k]:.3g}" if near[k] is not None else None
             for k in ("no_difference_up_to", "off_worse_from"))
     return [
-        f"LR {lr:.3g}, warmup {warmup:,} of {steps:,} steps: {verdict(lr, near, onset)}",
+        f"LR {lr:.3g}, warmup {warmup:,} of {steps:,} steps: {verdict(lr, near, onset, knobs)}",
         f"predicted onset (the straight warmup law over the ladder's width-64 points, at this "
         f"schedule): LR {onset['lr']:.3g} [{onset['ci_lo']:.3g}, {onset['ci_hi']:.3g}] (95% "
         "interval of a measured onset)",

@@ -81,7 +81,7 @@ def practitioner(ladder: dict) -> str:
              _lr(r["no_difference_up_to"]), r["onset"], _lr(r["off_worse_from"])]
             for r in pl.concat([t, body]).iter_rows(named=True)]
     p = next(p for p in ladder["fits"][0]["predictions"] if p["point"] == "study-point")
-    rows.insert(len(t), ["1,000", "24,414 (the study preset's model)", "-", f"{p['lr']:.3g} "
+    rows.insert(len(t), ["1,000", "24,414 (the study preset's schedule)", "-", f"{p['lr']:.3g} "
                 f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}], predicted by the warmup law", "-"])
     clauses = []
     for (warmup,), g in t.group_by("warmup", maintain_order=True):

@@ -158,13 +158,19 @@ def test_the_published_archives_answer(published, capsys, monkeypatch):
     assert [w.split()[1] for w in study[3:]] == ["steps", "vocabulary"]
     assert len(run(0.01, 30, 300)) == 3  # a measured condition: no warning
     # another model body: what the scored body point measured, as results.md scores it
-    *_, body = run(0.005, 1000, 24_414, d_model=192)
+    *_, body = run(0.03, 1000, 24_414, d_model=192)
     measured_there, predicted = re.search(
         r"depth 4; at d_model 192, depth 6 .* onset is (.+), where the law predicts (.+)$",
         body).groups()
     assert (f"| `w192-d6-s1200-wu480` | straight | {predicted} | {measured_there} ["
             in (ROOT / "docs" / "results.md").read_text())
-    assert len(run(0.005, 1000, 24_414, d_model=64)) == 4  # the law's body: steps only
+    assert len(run(0.03, 1000, 24_414, d_model=64)) == 4  # the law's body: steps only
+    # below the study schedule's tested no-difference LR: not needed on the model it was
+    # measured with, uncertain on the study preset's body, whose onset was below 0.01
+    assert "not needed: below" in run(0.005, 1000, 24_414, d_model=64)[0]
+    assert run(0.005, 1000, 24_414, d_model=192)[0].endswith(
+        "uncertain: below the tested no-difference LR (0.03 at w64-s24414-wu1000), measured at "
+        "d_model 64, not yours")
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(A, "measured", lambda *_: published)
     assert main(["advise", "lr=0.1", "warmup=30", "steps=300"]) == 0

@@ -83,3 +83,32 @@ def test_the_answer_figure_is_drawn_from_the_archives(analysed, made):
     assert warmup["law-band"] and all(b["lo"] < b["y"] < b["hi"] for b in warmup["law-band"])
     guess, = warmup["prediction"]
     assert f"LR {guess['text']} (an extrapolation)" in made["ladder"]
+
+
+SCORED = {"The first scored point": "w192-d6-s1200-wu480",
+          "The second scored point": "w64-s24414-wu1000"}
+
+
+def test_the_scored_points_paragraphs_cite_their_archives(made, tmp_path):
+    """Each number in the paragraphs that score the new points is the ladder block's, or a
+    seed-mean gap, its interval or a seed's gap as the point's archive gives them (the
+    pre-registered seeds, or with the added ones), or a condition of the design."""
+    from analysis.load import load_runs
+    from analysis.study import analyse
+    from qkstudy.archive import extract
+
+    text = (ROOT / "docs" / "results.md").read_text()
+    for title, point in SCORED.items():
+        study = analyse(load_runs(extract(ROOT / "results" / "ladder" / f"{point}.tar.xz",
+                                          tmp_path / point)[0]))
+        cited = [made["ladder"], "44e502f 5-seed 0-2 3 4",  # the commit and seeds named
+                 " ".join(f"{lr:.3g}" for lr in study.points["lr"].unique())]
+        for r in pl.concat([study.gaps, study.exploratory_gaps]).iter_rows(named=True):
+            cited += [f"{r[k]:.3g} {r[k]:.3f}" for k in ("mean_gap", "ci_lo", "ci_hi")]
+            cited.append(r["seed_gaps"])
+        start = text.index(f"**{title}")
+        paragraph = text[start:text.index("\n\n", start)]
+        numbers = re.findall(r"(?<![\w./])[+-]?\d(?:[\d,]*\d)?(?:\.\d+)?M?(?![\w])", paragraph)
+        stray = [n for n in numbers if n.lstrip("+-") not in DESIGN
+                 and not any(n.lstrip("+") in c for c in cited)]
+        assert not stray, f"{title}: numbers no table or archive holds: {stray}"
