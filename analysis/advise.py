@@ -109,9 +109,9 @@ def verdict(lr: float, near: dict, onset: dict, knobs: dict | None = None) -> st
     if a is not None and lr <= a and lr < lo:
         body = [f"{k} {near[k]}" for k in ("d_model", "depth")
                 if (knobs or {}).get(k, near[k]) != near[k]]
-        return (f"not needed: below the tested no-difference LR ({a:.3g} at {near['name']})"
-                if not body else f"uncertain: below the tested no-difference LR ({a:.3g} at "
-                f"{near['name']}), measured at {' and '.join(body)}, not yours")
+        below = f"below the tested no-difference LR ({a:.3g} at {near['name']})"
+        return (f"uncertain: {below}, measured at {' and '.join(body)}, not yours" if body
+                else f"not needed: {below}")
     if lr > hi:
         return f"needed: above the tested onset (the upper end of its interval, {hi:.3g})"
     if lr >= lo:
