@@ -18,8 +18,8 @@ from analysis.threshold import DepthDraws, depth_draws
 from analysis.threshold import tested_rule as rule_of
 from qkstudy.__main__ import main
 from qkstudy.sweep.config import parse_sweep_config
-from qkstudy.sweep.ladder import KNOWN, LRS, POINTS, SCORED_LRS, SCORED_POINTS, STUDY_POINT, \
-    WARMUP_LRS, WARMUP_POINTS, point_words
+from qkstudy.sweep.ladder import KNOWN, LRS, POINTS, SCORED_LRS, SCORED_POINTS, SIZE_POINTS, \
+    SIZE_TESTS, STUDY_POINT, WARMUP_LRS, WARMUP_POINTS, point_words
 
 STUDY_X = design([STUDY_POINT])[0]
 TRAIN_TOKENS = {"data/synthetic-bytes": 19_830_369, "data/synthetic-bytes-30m": 29_747_428}
@@ -31,7 +31,9 @@ def test_each_point_is_the_plans_design(name):
     sweep = parse_sweep_config(point_words(p, [], "runs/ladder"))
     t = sweep.train
     body = p.name == "w192-d6-s1200-wu480"  # the study preset's model body
-    assert sweep.depth == ((6,) if body else (4,)) and t.head_dim == (64 if body else 32)
+    size = p in SIZE_POINTS or p in SIZE_TESTS
+    assert sweep.depth == ((6,) if body else (p.depth,) if size else (4,))
+    assert t.head_dim == (64 if body else p.head_dim if size else 32)
     assert t.d_model == p.d_model and t.steps == p.steps and t.block_size == 64
     assert t.backend == "torch" and t.data == ("data/synthetic-bytes-30m" if p.steps > 20_000
                                                else "data/synthetic-bytes")
@@ -42,6 +44,11 @@ def test_each_point_is_the_plans_design(name):
     assert t.steps * t.tokens_per_step < TRAIN_TOKENS[t.data]
     if name.startswith("probes-"):  # the warmup figure's runs: the off arm, probes every 48
         assert sweep.arms == ("none",) and not sweep.refine and t.probe_every == 48
+        return
+    if size:  # five seeds fixed, none added; one threshold step, no boundary bisection
+        assert sweep.seeds == (0, 1, 2, 3, 4) and sweep.refine and sweep.refine_steps == 0
+        assert sweep.threshold_steps == 1 and sweep.grid_lrs() == list(p.lrs)
+        assert min(p.lrs) <= 0.003 and max(p.lrs) >= 0.03  # both sides of the body's 0.01
         return
     scored = p in SCORED_POINTS  # three seeds fixed, more only in cells still undecided
     assert sweep.arms == ("none", "rmsnorm") and sweep.seeds == ((0, 1, 2) if scored else

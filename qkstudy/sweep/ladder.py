@@ -53,6 +53,9 @@ class Point:
     bytes_per_token: float = 1.0  # of the point's corpus: the margin is per byte of text
     # > 0: a probe point (the warmup figure's): the off arm only, no bisection
     probe_every: int = 0
+    refine_steps: int = REFINE_STEPS
+    threshold_steps: int = 2
+    max_seeds: int = 5  # above len(seeds): adaptive seeds in the cells still undecided
 
     @property
     def margin(self) -> float:
@@ -63,12 +66,13 @@ class Point:
         """The point as `python -m qkstudy sweep` words (the analysis plan's design)."""
         every = self.steps // 6  # evaluation, probes and divergence at the same fractions
         design = (["arms=none", "refine=false", "threshold_steps=0"] if self.probe_every else
-                  ["refine=true", f"refine_steps={REFINE_STEPS}", "threshold_steps=2"])
+                  ["refine=true", f"refine_steps={self.refine_steps}",
+                   f"threshold_steps={self.threshold_steps}"])
         return [
             "preset=mini", f"name={self.name}", f"depth={self.depth}",
             f"lrs={','.join(f'{lr:g}' for lr in self.lrs)}",
             f"seeds={','.join(map(str, PROBE_SEEDS if self.probe_every else self.seeds))}",
-            "max_seeds=5", *design, "jobs=2",
+            f"max_seeds={self.max_seeds}", *design, "jobs=2",
             f"data={self.data}", f"d_model={self.d_model}",
             f"n_heads={self.d_model // self.head_dim}", f"block_size={self.block_size}",
             f"max_steps={self.steps}", f"warmup_steps={self.warmup}", f"eval_every={every}",
@@ -101,6 +105,23 @@ SCORED_POINTS = (
     Point("w192-d6-s1200-wu480", 192, 1200, 480, depth=6, head_dim=64, lrs=SCORED_LRS,
           seeds=(0, 1, 2)))
 POINTS.update((p.name, p) for p in SCORED_POINTS)
+# The size ladder (docs/report.md: fixed 2026-12-07, before any of its runs): width, depth and
+# head dimension apart at 480 warmup steps of 1,200.
+# Seeds 0-4 fixed, no adaptive seeds, no boundary bisection, one threshold-bisection step.
+SIZE = {"max_seeds": 5, "refine_steps": 0, "threshold_steps": 1}
+D4_LRS, D6_LRS = (0.001, 0.003, 0.01, 0.03, 0.1), (0.001, 0.003, 0.01, 0.03)
+SIZE_POINTS = (
+    Point("w128-s1200-wu480", 128, 1200, 480, lrs=D4_LRS[1:], **SIZE),
+    Point("w192-s1200-wu480", 192, 1200, 480, lrs=D4_LRS, **SIZE),
+    Point("w192-d6-hd32-s1200-wu480", 192, 1200, 480, depth=6, lrs=D6_LRS, **SIZE),
+    Point("w192-d6-hd64-s1200-wu480", 192, 1200, 480, depth=6, head_dim=64, lrs=D6_LRS, **SIZE))
+# The size law's two test points, predicted before their runs: a body beyond the ladder (4.72M
+# parameters outside the embeddings) and the study body at the study preset's warmup
+SIZE_TESTS = (
+    Point("w256-d6-hd64-s1200-wu480", 256, 1200, 480, depth=6, head_dim=64, lrs=D6_LRS, **SIZE),
+    Point("w192-d6-hd64-s4800-wu1000", 192, 4800, 1000, depth=6, head_dim=64,
+          lrs=D6_LRS[1:], **SIZE))
+POINTS.update((p.name, p) for p in (*SIZE_POINTS, *SIZE_TESTS))
 # The warmup law's points: every width-64 ladder point
 WARMUP_POINTS = ("w64-s300", "w64-s1200", "w64-s4800", "w64-s4800-wu30", "w64-s300-wu120",
                  "w64-s1200-wu30", "w64-s1200-wu480", "w64-s4800-wu1920")
