@@ -77,6 +77,11 @@ archive *args:
 parity *args:
     @{{py}} -m crosscheck parity "$@"
 
+# a finished run again in the other engine (MLX -> torch, torch -> MLX), judged against it (loss curve, final loss, gradient norm, outcome); non-zero on a broken tolerance: just spot-check RUN_DIR [device=cuda|mps|cpu] [data=PATH]
+[group('3 check the engines and the machine')]
+spot-check *args:
+    @{{py}} -m crosscheck spot-check "$@"
+
 # every backend's train step timed the same way (fresh processes, median of rounds) at the demo, mini and study presets: PyTorch vs MLX, FLOP/s, probe/eval overhead
 [group('3 check the engines and the machine')]
 bench *args:

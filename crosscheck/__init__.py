@@ -1,1 +1,1 @@
-"""Checks across the engines and machines: parity, the GPU acceptance check."""
+"""Checks across the engines and machines: parity, the spot check, the GPU acceptance check."""

@@ -30,6 +30,7 @@ CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.j
     "archived.json"
 METRICS, PROBES, TRACEBACK, LOCK = "metrics", "probes", "traceback.txt", ".lock"
 CHECKPOINT, FINAL = "checkpoint.safetensors", "final.safetensors"
+COMPARISON = "comparison.json"  # a spot check's twin against the run it was made from
 # the sweep folder <runs_dir>/<sweep>/: its plan (grid and axes), the pids of a jobs=K sweep's
 # processes, its logs, damaged run folders moved aside whole, and slurm/<NNN>/: one submission
 # each (its record, task list, array script and one log a task)
@@ -183,6 +184,7 @@ class RunFolder:
     checkpoint_file = property(lambda self: self.path / CHECKPOINT)
     final_file = property(lambda self: self.path / FINAL)
     lock_file = property(lambda self: self.path / LOCK)
+    comparison_file = property(lambda self: self.path / COMPARISON)
 
     def is_run(self) -> bool:
         return self.config_file.exists() or self.summary_file.exists()

@@ -8,7 +8,7 @@ from qkstudy.__main__ import main as mlx_main
 from crosscheck.__main__ import main as crosscheck_main
 
 COMMANDS = [(mlx_main, c) for c in ("prepare", "train", "sweep", "bench", "status")] + [
-    (crosscheck_main, "parity")]
+    (crosscheck_main, c) for c in ("parity", "spot-check")]
 
 
 @pytest.mark.parametrize("main,command", COMMANDS, ids=[c for _, c in COMMANDS])

@@ -197,10 +197,11 @@ def test_the_commands_shown_are_the_current_ones():
 DISTRIBUTION = {"tiktoken_ext": "tiktoken"}
 # what a torch run on a GPU node must not pull in: MLX and the analysis stack
 NOT_FOR_A_TORCH_RUN = {"mlx", "polars", "altair", "vl-convert-python", "statsmodels"}
-# the modules a backend=torch run, sweep, status and the GPU check import
+# the modules a backend=torch run, sweep, status, the spot check and the GPU check import
 TORCH_RUN = ["qkstudy/**/*.py", "torch_ref/__init__.py", "torch_ref/engine.py",
              "torch_ref/model.py", "torch_ref/device.py", "crosscheck/__init__.py",
-             "crosscheck/__main__.py", "crosscheck/gpu_check.py", "crosscheck/gpu_stages.py"]
+             "crosscheck/__main__.py", "crosscheck/spot_check.py", "crosscheck/gpu_check.py",
+             "crosscheck/gpu_stages.py"]
 
 
 def _requirement_names(requirements: list[str]) -> set[str]:

@@ -26,7 +26,7 @@ OWNER = ROOT / "qkstudy" / "run_folder.py"
 FILE_NAMES = ("config.json", "summary.json", "manifest.json", "checkpoint.safetensors",
               "final.safetensors", "traceback.txt", "metrics/", "probes/", "sweep.json",
               "sweep-processes.json", "sweep-worker-", "submission.json", "tasks.txt",
-              "array.sbatch")
+              "array.sbatch", "comparison.json")
 LOCK = re.compile(r"(?:^|[/\s\"'`])\.lock\b")  # the file, not a call of .lock()
 FOLDERS = {"metrics", "probes"}
 
