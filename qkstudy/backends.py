@@ -77,3 +77,12 @@ def load(backend: str) -> Backend:
     if missing:
         raise TypeError(f"{name} does not provide {', '.join(missing)} (qkstudy/backends.py)")
     return module
+
+
+def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
+    """(bytes, words) a run of `cfg` may use on its device (backend.memory_limit), or None when
+    that is the machine's memory or the backend is not installed."""
+    try:
+        return load(cfg.backend).memory_limit(cfg, runs)
+    except UsageError:
+        return None

@@ -75,6 +75,14 @@ def atomic(path: Path, mode: str = "w") -> Iterator[Any]:
         raise
 
 
+def make_folder(path: Path, what: str) -> None:
+    """mkdir -p, a failure named as `what` at `path` (a UsageError)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise cannot_write(e, f"{what} {path}") from None
+
+
 def swap_in(tmp: Path, out: Path) -> None:
     """Put the folder `tmp` at `out` by renames, the one there before restored on failure."""
     old = out.with_name(f".{out.name}.old-{os.getpid()}")

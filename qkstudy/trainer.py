@@ -21,13 +21,6 @@ from .progress import Display
 from .recorder import Recorder
 from .run_folder import RunFolder
 
-def device_memory(cfg: TrainConfig, runs: int | None = None) -> tuple[int, str] | None:
-    try:
-        return backends.load(cfg.backend).memory_limit(cfg, runs)
-    except UsageError:
-        return None
-
-
 def load_data(cfg: TrainConfig):
     """(train tokens, val tokens, meta) after every check that needs the data, memory included."""
     train_tokens, val_tokens, meta = load_tokens(cfg.data)
@@ -35,7 +28,7 @@ def load_data(cfg: TrainConfig):
         if len(tokens) < cfg.block_size + 2:
             raise UsageError(f"block_size={cfg.block_size} is above the {split} data of {cfg.data} "
                              f"({len(tokens)} tokens)")
-    memory.check(cfg, meta["vocab_size"], limit=device_memory(cfg))
+    memory.check(cfg, meta["vocab_size"], limit=backends.device_memory(cfg))
     return train_tokens, val_tokens, meta
 
 
@@ -79,7 +72,7 @@ def train(cfg: TrainConfig, *, verbose: bool = True, prefix: str = "",
         if verbose:
             print(f"{prefix}{cfg.run_id} already {done['status']}; skipping", flush=True)
         return done
-    make_folder(folder.path, "run folder")
+    files.make_folder(folder.path, "run folder")
     with folder.lock() as acquired:
         if not acquired:
             raise RunBusy(f"{folder} is being trained by another process")
@@ -117,13 +110,6 @@ def _train_guarded(cfg: TrainConfig, folder: RunFolder, data: tuple, verbose: bo
                 raise files.cannot_write(e, where, " to resume the run") from None
             folder.record_failure(summary_base(cfg), e)
             raise
-
-
-def make_folder(path: Path, what: str) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise files.cannot_write(e, f"{what} {path}") from None
 
 
 def set_aside_damaged(folder: RunFolder) -> tuple[Path, str] | None:

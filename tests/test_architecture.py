@@ -6,6 +6,7 @@ above both engines, with no arrow back, and a core that plans sweeps and reads r
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -193,3 +194,71 @@ def test_importing_the_core_or_the_analysis_loads_no_framework(package):
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# each analysis module imported alone: the trainer, the engines and the command lines stay out
+# (the docs promise the analysis reads files only). The interpreter below loads the third-party
+# libraries once, then forks a child per module, so each child starts with no project module
+# loaded and imports only its own (one fresh interpreter per module would take ~2 s each here).
+ALONE = textwrap.dedent("""
+    import importlib, json, os, sys
+    import altair, jinja2, numpy, polars, pyarrow, scipy.stats  # noqa: F401 (shared, allowed)
+    assert not [m for m in sys.modules if m.split(".")[0] in ("qkstudy", "analysis")]
+
+    def loaded_wrongly(module):
+        # the analysis's own entry point is a command line: it loads the shared frame
+        frame = {"qkstudy.cli"} if module == "analysis.__main__" else set()
+        return sorted(m for m in sys.modules if m not in frame and (
+            m == "qkstudy.trainer" or m.split(".")[0] in ("mlx", "torch", "mlx_gpt", "torch_ref")
+            or m.rsplit(".", 1)[-1] == "cli"))
+
+    found = {}
+    for module in sys.argv[1:]:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            try:
+                importlib.import_module(module)
+                answer = loaded_wrongly(module)
+            except BaseException as e:
+                answer = [f"import failed: {type(e).__name__}: {e}"]
+            os.write(write, json.dumps(answer).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            found[module] = json.loads(pipe.read() or '["no answer"]')
+        os.waitpid(pid, 0)
+    print(json.dumps(found))
+""")
+
+
+def analysis_modules() -> list[str]:
+    return sorted("analysis" if p.stem == "__init__" else f"analysis.{p.stem}"
+                  for p in (ROOT / "analysis").glob("*.py"))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks a child per module")
+def test_no_analysis_module_loads_the_trainer_an_engine_or_a_command_line():
+    modules = analysis_modules()
+    assert {"analysis.law", "analysis.advise", "analysis.ladder", "analysis.calibrate",
+            "analysis.published", "analysis.report"} <= set(modules)
+    out = subprocess.run([sys.executable, "-c", ALONE, *modules], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert sorted(found) == modules
+    wrong = {module: loaded for module, loaded in found.items() if loaded}
+    assert not wrong, wrong
+
+
+def test_the_import_check_sees_a_module_that_loads_the_sweeps_command_line(tmp_path):
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "analysis" / "__init__.py").write_text("")
+    (tmp_path / "analysis" / "leaky.py").write_text("import qkstudy.sweep.cli\n")
+    out = subprocess.run([sys.executable, "-c", ALONE, "analysis.leaky"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    leaked = json.loads(out.stdout)["analysis.leaky"]
+    assert {"qkstudy.sweep.cli", "qkstudy.trainer"} <= set(leaked)

@@ -23,6 +23,7 @@ from qkstudy.errors import UsageError
 from qkstudy.locks import RunBusy
 from qkstudy.run_folder import RunFolder
 from qkstudy.sweep.config import groups, log_grid, run_config
+from qkstudy.sweep.plan import command_line
 from qkstudy.parameters import count_params
 from qkstudy.sweep.refine import boundary, next_midpoint
 
@@ -387,7 +388,7 @@ def test_emit_commands_are_standalone_and_follow_the_results(monkeypatch, tiny_d
         again = parse_train_config(words_[4:])
         assert again == cfg and again.run_id == cfg.run_id
     # only what the run does: the study's token budget, not the max_steps it overrides
-    study = shlex.split(sweep.plan.command_line(sweep.grid(sweep.parse_sweep_config([]))[0]))
+    study = shlex.split(command_line(sweep.grid(sweep.parse_sweep_config([]))[0]))
     assert "budget_tokens=100000000" in study and not any(w.startswith("max_steps=") for w in study)
     # once the grid's results are in (merged from elsewhere), the refinement point appears
     fake_trainer(monkeypatch, {"none": 0.05}, [])
@@ -493,8 +494,9 @@ WORKER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
     import mlx_gpt
-    from qkstudy import sweep, trainer
+    from qkstudy import trainer
     from qkstudy.sweep import plan
+    from qkstudy.sweep.cli import cli
 
     marks, me, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     real_locked = trainer._train_locked
@@ -512,7 +514,7 @@ WORKER = textwrap.dedent("""
 
     trainer._train_locked = marked
     plan.step_speed = lambda cfg, vocab, *a, **k: (1000.0, 3)  # plan.describe calls it
-    sys.exit(sweep.cli(sys.argv[4:]))
+    sys.exit(cli(sys.argv[4:]))
 """)
 
 

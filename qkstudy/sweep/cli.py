@@ -88,7 +88,7 @@ def _cli(argv: list[str]) -> int:
         if "--slurm" in flags:
             return slurm.submit(sweep, slurm_options, send="--submit" in flags)
         folder = SweepFolder(Path(sweep.runs_dir) / sweep.name)
-        trainer.make_folder(folder.path, "sweep folder")
+        files.make_folder(folder.path, "sweep folder")
         sys.stdout = _Tee(sys.stdout, folder.log_file)  # everything printed, appended
         print(f"--- sweep started {files.now()} by process {os.getpid()}: {' '.join(sys.argv)}")
     speeds = {} if worker else describe(sweep, runs, not dry or "--calibrate" in flags)

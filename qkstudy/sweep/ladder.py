@@ -11,7 +11,7 @@ from pathlib import Path
 from ..config import split_flags, split_key_values, take
 from ..data.prepare import cli as prepare_cli
 from ..errors import UsageError
-from .cli import cli as sweep_cli
+from . import command as sweep_cli
 
 USAGE = """usage: python -m qkstudy ladder [points=NAME,NAME] [key=value ...] [--dry-run]
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .. import backends, files, forecast, interrupts, memory, provenance, trainer
+from .. import backends, files, forecast, interrupts, memory, provenance
 from ..bench.step import Spec, StepFailed, measure_together
 from ..config import TrainConfig, model_args
 from ..data.tokenizer import VOCAB_BY_TOKENIZER
@@ -176,7 +176,7 @@ def plan_memory(sweep: SweepConfig, vocab: int | None) -> dict[int, float]:
     """Each depth's estimated peak bytes a run; UsageError when `jobs` runs would not fit."""
     if not vocab:  # the data is not prepared: the sweep stops on that before training anyway
         return {}
-    gpu = trainer.device_memory(sweep.train, runs=sweep.jobs) \
+    gpu = backends.device_memory(sweep.train, runs=sweep.jobs) \
         if sweep.train.backend == "torch" and sweep.train.device in ("auto", "cuda") else None
     limit, at_once = (gpu, 1) if gpu else (memory.available(), sweep.jobs)
     return {depth: memory.check(run_config(sweep, depth, sweep.train.lr, sweep.arms[-1], 0),
@@ -209,7 +209,7 @@ def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainCon
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
     """Write sweep.json: the grid and axes (united with earlier ones') and calibrated tokens/s."""
     folder = SweepFolder(Path(sweep.runs_dir) / sweep.name)
-    trainer.make_folder(folder.path, "sweep folder")
+    files.make_folder(folder.path, "sweep folder")
     earlier = folder.read_plan()
 
     def union(key: str, values) -> list:
