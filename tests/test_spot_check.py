@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 
@@ -131,6 +132,12 @@ def test_what_cannot_be_spot_checked_is_refused_in_one_line(tiny_cfg, tmp_path, 
     assert "does not exist" in refused([str(run), "data=/nonexistent"], capsys)
     if not torch.cuda.is_available():
         assert "not available" in refused([str(run), "device=cuda"], capsys)
+    other = tmp_path / "other-bytes"  # the corpus with one token changed
+    shutil.copytree(cfg.data, other)
+    tokens = bytearray((other / "train.bin").read_bytes())
+    tokens[0:2] = (66 if tokens[0:2] == b"A\0" else 65).to_bytes(2, "little")  # "A" or "B"
+    (other / "train.bin").write_bytes(bytes(tokens))
+    assert "was trained on other data than" in refused([str(run), f"data={other}"], capsys)
     # unfinished: a run folder with its config and no summary
     unfinished = RunFolder.of(dataclasses.replace(cfg, seed=1))
     unfinished.path.mkdir()
