@@ -192,3 +192,17 @@ def test_the_benchmark_core_imports_no_framework():
     imports = re.compile(r"^\s*(from|import)\s+(mlx|torch|mlx_gpt|torch_ref)\b", re.M)
     for path in sorted((ROOT / "qkstudy" / "bench").glob("*.py")):
         assert not imports.search(path.read_text()), path.name
+
+
+def test_a_measuring_process_whose_go_line_never_comes_times_by_step_count(capsys):
+    import io
+    import time
+
+    from qkstudy.bench.step import READY, ready
+
+    # stdin closed before the go line (the parent gone): no stop time, no exception
+    assert ready(io.StringIO("")) is None
+    assert ready(io.StringIO("go 1.0\n")) is None  # a short line: the same
+    start = time.time() - 1  # already past: no sleep
+    assert ready(io.StringIO(f"go {start!r} {start + 3.5!r}\n")) == start + 3.5
+    assert capsys.readouterr().out == f"{READY}\n" * 3

@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from .. import backends
 from ..batches import random_batch
@@ -167,15 +168,19 @@ def _failure(returncode: int | None, err) -> str:
     return f"exit status {returncode}: {lines[-1] if lines else 'no message'}"
 
 
+def ready(stdin: TextIO | None = None) -> float | None:
+    """Say READY, wait for "go START_TIME STOP_TIME" on stdin, sleep until START_TIME and return
+    STOP_TIME; None (time by step count) when stdin ends first or the line is short."""
+    print(READY, flush=True)
+    words = (stdin or sys.stdin).readline().split()
+    if len(words) < 3:
+        return None
+    time.sleep(max(0.0, float(words[1]) - time.time()))
+    return float(words[2])
+
+
 def main(argv: list[str]) -> int:
     spec = Spec(**json.loads(argv[0]))
-
-    def ready() -> float | None:
-        print(READY, flush=True)
-        _, start, stop = sys.stdin.readline().split()  # "go START_TIME STOP_TIME"
-        time.sleep(max(0.0, float(start) - time.time()))
-        return float(stop)
-
     result = measure(spec, ready if spec.sync else None)
     print(json.dumps(result), flush=True)
     return 0
