@@ -124,26 +124,37 @@ def queue_eta(left: float, first: float, planned: float, seconds: float, process
     return left * (first + seconds) / (first + planned) / processes
 
 
-def time_left_line(runs: list, stored: object) -> str:
-    """The training time of the runs without a result, in one process, for `just status`."""
+def depth_rates(runs: list, calibrated: Mapping[int, float]) -> tuple[dict[int, float], str]:
+    """{depth: tok/s} for the time left, and where each came from: the median of the depth's
+    runs finished on this machine, else this machine's calibration at the sweep's start, else
+    the median of its runs finished on other machines (named), so that runs copied in from a
+    faster or slower machine never set this one's pace while it has a measure of its own."""
+    rates, sources = {}, {}
+    for depth in sorted({r.depth for r in runs if r.depth is not None}):
+        done = [r for r in runs if r.depth == depth and r.finished and r.tok_s]
+        here = [r.tok_s for r in done if r.machine is None]
+        if here:
+            rates[depth], source = statistics.median(here), "measured by its runs finished here"
+        elif calibrated.get(depth, 0) > 0:
+            rates[depth], source = calibrated[depth], "calibrated here at the sweep's start"
+        elif done:
+            rates[depth] = statistics.median(r.tok_s for r in done)
+            source = f"measured by runs finished on {', '.join(sorted({r.machine for r in done}))}"
+        else:
+            continue
+        sources.setdefault(source, []).append(str(depth))
+    return rates, " and ".join(f"{how} (depth {', '.join(ds)})" for how, ds in sources.items())
+
+
+def time_left_line(runs: list, calibrated: Mapping[int, float]) -> str:
+    """The training time of the runs without a result, in one process on this machine, for
+    `just status`; each run has `machine`: None when it was trained here, else where."""
     left = [r for r in runs if not r.finished and r.state != "failed"]
     if not left:
         return "time left: none (every run has a result" + (
             "; failed runs are retried by the sweep's command)" if any(
                 r.state == "failed" for r in runs) else ")")
-    rates, measured, calibrated = {}, [], []
-    stored = stored if isinstance(stored, dict) else {}
-    for depth in sorted({r.depth for r in runs if r.depth is not None}):
-        done = [r.tok_s for r in runs if r.depth == depth and r.finished and r.tok_s]
-        value = stored.get(str(depth))
-        if done:
-            rates[depth] = statistics.median(done)
-            measured.append(str(depth))
-        elif type(value) in (int, float) and value > 0:
-            rates[depth] = float(value)
-            calibrated.append(str(depth))
-    sources = [f"{how} (depth {', '.join(ds)})" for how, ds in (
-        ("measured by its finished runs", measured), ("calibrated at its start", calibrated)) if ds]
+    rates, sources = depth_rates(runs, calibrated)
     known = [r for r in left if r.depth in rates and r.steps and r.tokens_per_step]
     if not known:
         return (f"time left: not known for the {len(left)} runs left (no finished run and no "
@@ -152,5 +163,5 @@ def time_left_line(runs: list, stored: object) -> str:
                   for r in known)
     unknown = len(left) - len(known)
     return (f"time left: ~{time_text(seconds)} for {len(known)} of the {len(left)} runs left in "
-            f"one process (training only; tok/s {' and '.join(sources)})"
+            f"one process here, on {provenance.host()} (training only; tok/s {sources})"
             + (f"; {unknown} runs of depths not yet timed not counted" if unknown else ""))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -21,6 +23,7 @@ def _git(*args: str) -> str | None:
         return None
 
 
+@functools.cache
 def chip() -> str:
     if sys.platform == "darwin":
         try:
@@ -36,6 +39,24 @@ def chip() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def host() -> str:
+    """This machine's short host name, fit for a file name ("gpu-7" of gpu-7.example.org)."""
+    name = platform.node().split(".")[0]
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "unnamed-host"
+
+
+def trained_on(manifest: dict) -> str | None:
+    """The machine a run's manifest was written on, None when it is this one: its host, or,
+    in a manifest written before the host was recorded, its chip and core count (a run with no
+    manifest counts as this machine's)."""
+    if "host" in manifest:
+        return None if manifest["host"] == host() else str(manifest["host"])
+    if not manifest or (manifest.get("chip"), manifest.get("cpu_count")) == (chip(),
+                                                                              os.cpu_count()):
+        return None
+    return f"a {manifest.get('cpu_count')}-core {manifest.get('chip')}"
 
 
 def versions(*modules: str) -> dict[str, str | None]:
@@ -58,7 +79,7 @@ def provenance() -> dict:
 def manifest(data_dir: str, framework: str, device: str, extra: dict) -> dict:
     meta = Path(data_dir) / "meta.json"
     return {"framework": framework, "device": device, **provenance(),
-            "platform": platform.platform(), "machine": platform.machine(), "chip": chip(),
-            "cpu_count": os.cpu_count(), "data_dir": str(data_dir),
+            "host": host(), "platform": platform.platform(), "machine": platform.machine(),
+            "chip": chip(), "cpu_count": os.cpu_count(), "data_dir": str(data_dir),
             "data_meta_sha256": sha256_file(meta) if meta.exists() else None, "started": now(),
             **extra}

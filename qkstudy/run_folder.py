@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import forensics, locks
+from . import forensics, locks, provenance
 from .config import TrainConfig
 from .data.load import data_change
 from .errors import UsageError
@@ -31,10 +31,14 @@ CONFIG, MANIFEST, SUMMARY, ARCHIVED = "config.json", "manifest.json", "summary.j
 METRICS, PROBES, TRACEBACK, LOCK = "metrics", "probes", "traceback.txt", ".lock"
 CHECKPOINT, FINAL = "checkpoint.safetensors", "final.safetensors"
 COMPARISON = "comparison.json"  # a spot check's twin against the run it was made from
-# the sweep folder <runs_dir>/<sweep>/: its plan (grid and axes), the pids of a jobs=K sweep's
-# processes, its logs, damaged run folders moved aside whole, and slurm/<NNN>/: one submission
-# each (its record, task list, array script and one log a task)
-PLAN, PROCESSES, SWEEP_LOG, DAMAGED = "sweep.json", "sweep-processes.json", "sweep.log", ".damaged"
+# the sweep folder <runs_dir>/<sweep>/: its plan (grid and axes), damaged run folders moved
+# aside whole, slurm/<NNN>/: one submission each (its record, task list, array script and one
+# log a task), and each machine's own records, named by its host so that sweep folders copied
+# from several machines merge without replacing one another's: its log, its workers' logs, the
+# pids of a jobs=K sweep's processes, the tokens/s calibrated at the sweep's start
+PLAN, DAMAGED = "sweep.json", ".damaged"
+SWEEP_LOG, WORKER_LOG = "sweep-{host}.log", "sweep-{host}-worker-{i}.log"
+PROCESSES, SPEEDS = "sweep-{host}-processes.json", "sweep-{host}-speeds.json"
 SLURM, SUBMISSION, TASKS, ARRAY, TASK_LOG = ("slurm", "submission.json", "tasks.txt",
                                              "array.sbatch", "task-{}.log")
 
@@ -365,20 +369,34 @@ def run_folders(sweep_dir: Path) -> list[RunFolder]:
 
 @dataclass(frozen=True)
 class SweepFolder:
-    """A sweep's folder: its plan, processes, logs, Slurm submissions and damaged runs."""
+    """A sweep's folder: its plan, Slurm submissions and damaged runs, and the records of the
+    machine `host` (this one unless named): processes, logs, calibrated speeds."""
 
     path: Path
+    host: str = ""
 
+    machine = property(lambda self: self.host or provenance.host())
     plan_file = property(lambda self: self.path / PLAN)
-    processes_file = property(lambda self: self.path / PROCESSES)
-    log_file = property(lambda self: self.path / SWEEP_LOG)
+    processes_file = property(lambda self: self.path / PROCESSES.format(host=self.machine))
+    log_file = property(lambda self: self.path / SWEEP_LOG.format(host=self.machine))
+    speeds_file = property(lambda self: self.path / SPEEDS.format(host=self.machine))
 
     def worker_log(self, i: int | str) -> Path:
-        return self.path / f"sweep-worker-{i}.log"
+        return self.path / WORKER_LOG.format(host=self.machine, i=i)
 
     def read_plan(self) -> dict:
         """sweep.json's object ({} when missing or unreadable)."""
         return load_object(self.plan_file)[0] or {}
+
+    def write_speeds(self, speeds: dict[int, float]) -> None:
+        write_json(self.speeds_file, {"host": self.machine, "measured": now(),
+                                      "tokens_per_s": {str(d): v for d, v in speeds.items()}})
+
+    def read_speeds(self) -> dict[int, float]:
+        """{depth: tokens/s} this machine calibrated at the sweep's start ({} when none)."""
+        stored = (load_object(self.speeds_file)[0] or {}).get("tokens_per_s")
+        return {int(d): float(v) for d, v in (stored or {}).items() if str(d).isdigit()
+                and type(v) in (int, float) and v > 0} if isinstance(stored, dict) else {}
 
     def is_sweep(self) -> bool:
         return self.plan_file.exists() or (self.path / SLURM).is_dir() or any(

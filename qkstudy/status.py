@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import locks, run_folder
+from . import locks, provenance, run_folder
 from .arms import arm_of
 from .config import split_flags
 from .errors import UsageError
@@ -42,6 +42,7 @@ class Run:
     loss: float | None = None
     tok_s: float | None = None
     holder: int | None = None  # pid holding the run lock
+    machine: str | None = None  # where a finished run was trained; None: on this machine
     detail: str = ""
     slurm: str = ""
 
@@ -66,6 +67,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
     status = summary.get("status")
     if status in ("completed", "diverged") and run.holder is None:
         run.state, run.tok_s = status, summary.get("tokens_per_second")
+        run.machine = provenance.trained_on(folder.read_manifest() or {})
         run.step = summary.get("steps") or run.steps or 0
         if status == "diverged":
             run.step = summary.get("diverged_step") or run.step
@@ -143,7 +145,8 @@ def progress(runs: list[Run]) -> tuple[float, float, float, int]:
         if r.steps and r.tokens_per_step:
             total += r.steps * r.tokens_per_step
             done += (r.steps if r.finished else min(r.step, r.steps)) * r.tokens_per_step
-    rates = [r.tok_s for r in runs if r.finished and r.tok_s]
+    done_runs = [r for r in runs if r.finished and r.tok_s]  # this machine's first
+    rates = [r.tok_s for r in done_runs if r.machine is None] or [r.tok_s for r in done_runs]
     typical = sum(rates) / len(rates) if rates else 0.0  # for a running run without a rate yet
     running = [r for r in runs if r.state == "running"]
     return done, total, sum(r.tok_s or typical for r in running), len(running)
@@ -167,7 +170,7 @@ def render(sweep_dir: Path) -> str:
     page = Path("reports") / sweep_dir.name / "report.html"
     lines = [f"sweep {sweep_dir.name}  ({sweep_dir})  at {time.strftime('%H:%M:%S')}",
              f"{len(runs)} runs: " + ", ".join(f"{counts[s]} {s}" for s in STATES), line,
-             time_left_line(runs, sweep_json.get("calibrated_tokens_per_s")),
+             time_left_line(runs, SweepFolder(sweep_dir).read_speeds()),
              f"report: none yet in {page.parent} (just report {sweep_dir})"]
     if page.exists():  # and whether runs have finished since it was built
         built = page.stat().st_mtime

@@ -25,8 +25,8 @@ OWNER = ROOT / "qkstudy" / "run_folder.py"
 # the folders, which are common words elsewhere (a dict key "probes")
 FILE_NAMES = ("config.json", "summary.json", "manifest.json", "checkpoint.safetensors",
               "final.safetensors", "traceback.txt", "metrics/", "probes/", "sweep.json",
-              "sweep-processes.json", "sweep-worker-", "submission.json", "tasks.txt",
-              "array.sbatch", "comparison.json")
+              "sweep-{host}", "-processes.json", "-speeds.json", "-worker-", "submission.json",
+              "tasks.txt", "array.sbatch", "comparison.json")
 LOCK = re.compile(r"(?:^|[/\s\"'`])\.lock\b")  # the file, not a call of .lock()
 FOLDERS = {"metrics", "probes"}
 

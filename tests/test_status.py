@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkstudy import files, run_folder, status
-from qkstudy.run_folder import RunFolder
+from qkstudy import files, provenance, run_folder, status
+from qkstudy.run_folder import RunFolder, SweepFolder
 from qkstudy.__main__ import main
 
 from qkstudy.sweep import slurm
@@ -108,20 +108,22 @@ def test_every_state_on_one_screen(sweep_dir):
     # in one process: 60 + 80 + 100 + 100 steps left (the failed run waits for a retry) at
     # the median tok/s of depth 1's finished runs (1,000 and 3,000)
     assert (f"time left: ~{status.format_seconds(340 * TPS / 2000)} for 4 of the 4 runs left in "
-            "one process (training only; tok/s measured by its finished runs (depth 1))") in text
+            f"one process here, on {provenance.host()} (training only; tok/s measured by its "
+            "runs finished here (depth 1))") in text
     assert f"report: none yet in reports/s (just report {sweep_dir})" in text
 
 
 def test_time_left_from_the_calibration_then_the_report(sweep_dir, tmp_path, monkeypatch):
-    plan = files.read_json(sweep_dir / "sweep.json")
-    files.write_json(sweep_dir / "sweep.json", plan | {"calibrated_tokens_per_s": {"2": 640.0}})
+    SweepFolder(sweep_dir).write_speeds({2: 640.0})  # this machine's calibration
+    SweepFolder(sweep_dir, "gpu-1").write_speeds({2: 64e6})  # another's, copied in: not used
     fake_run(sweep_dir, "d2-noqk-lr0.001-s0-ggg", 1e-3)  # depth 1 in fake_run's config ...
     config = files.read_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json")
     files.write_json(sweep_dir / "d2-noqk-lr0.001-s0-ggg" / "config.json", config | {"depth": 2})
     text = status.render(sweep_dir)
     assert (f"time left: ~{status.format_seconds(340 * TPS / 2000 + 100 * TPS / 640)} for 5 of "
-            "the 5 runs left in one process (training only; tok/s measured by its finished runs "
-            "(depth 1) and calibrated at its start (depth 2))") in text
+            f"the 5 runs left in one process here, on {provenance.host()} (training only; tok/s "
+            "measured by its runs finished here (depth 1) and calibrated here at the sweep's "
+            "start (depth 2))") in text
     monkeypatch.chdir(tmp_path)
     (tmp_path / "reports" / "s").mkdir(parents=True)
     (tmp_path / "reports" / "s" / "report.html").write_text("<html></html>")

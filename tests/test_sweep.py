@@ -543,7 +543,7 @@ def test_jobs_2_runs_a_second_process_on_the_same_tree(monkeypatch, tiny_data, t
                        "max_steps=15", "ckpt_every=10", "jobs=2")
     trained_here = []
     real_locked = trainer._train_locked
-    log_path = tmp_path / "runs" / "t" / "sweep-worker-1.log"
+    log_path = run_folder.SweepFolder(tmp_path / "runs" / "t").worker_log(1)
 
     def marked(cfg, *args):
         trained_here.append(cfg.run_id)

@@ -207,7 +207,8 @@ def remaining_runs(sweep: SweepConfig) -> tuple[list[TrainConfig], list[TrainCon
 
 
 def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> None:
-    """Write sweep.json: the grid and axes (united with earlier ones') and calibrated tokens/s."""
+    """Write sweep.json: the grid and axes (united with earlier ones'); and this machine's
+    calibrated tokens/s when measured (the speeds file of its host)."""
     folder = SweepFolder(Path(sweep.runs_dir) / sweep.name)
     files.make_folder(folder.path, "sweep folder")
     earlier = folder.read_plan()
@@ -221,6 +222,6 @@ def declare_grid(sweep: SweepConfig, speeds: dict[int, float] | None = None) -> 
         "arms": union("arms", sweep.arms), "refine": sweep.refine,
         "refine_steps": sweep.refine_steps, "refine_factor": sweep.refine_factor,
         "threshold_steps": sweep.threshold_steps, "max_seeds": sweep.max_seeds,
-        "min_gap": sweep.min_gap,
-        "calibrated_tokens_per_s": {str(d): v for d, v in (speeds or {}).items()}
-        or earlier.get("calibrated_tokens_per_s", {})})
+        "min_gap": sweep.min_gap})
+    if speeds:
+        folder.write_speeds(speeds)

@@ -55,8 +55,8 @@ SWEEP = ("preset=mini depth=2 lrs=0.01 seeds=0 arms=none,rmsnorm refine=false ma
          "--no-notify").split()
 PREPARE = "synthetic tokenizer=bytes size_mb=0.1 val_fraction=0.05".split()
 # what a failed command may change beside what it was asked to make: logs it appends to, and
-# the sweep's plan, rewritten at each start (its calibrated speeds are measured anew)
-REWRITTEN = re.compile(r"(^|/)(sweep\.log|sweep\.json)$")
+# the sweep's plan and this machine's calibrated speeds, rewritten at each start
+REWRITTEN = re.compile(r"(^|/)(sweep-[^/]+\.log|sweep\.json|sweep-[^/]+-speeds\.json)$")
 LEFTOVER = re.compile(r"(^|/)(\.lock|\.[^/]*\.tmp-\d+|\.fatal-\d+|\.write-test-\d+|"
                       r"\.[^/]*\.old-\d+|\.[^/]*\.tmp)(/|$)")
 META_TIMINGS = ("created", "prepare_seconds", "tokenize_mb_per_s")
@@ -249,7 +249,7 @@ def trial(world: World, n: int, kind: str, tally: Tally) -> list[str]:
             problems.append(f"exit code {out.returncode}, not {SIGNAL_EXIT[kind]}")
         elif "interrupted" not in out.stdout + out.stderr or "Traceback" in out.stderr:
             problems.append("no line saying it was interrupted")
-        problems += [f"left {p}" for p in leftovers(here) if not p.endswith("sweep.log")]
+        problems += [f"left {p}" for p in leftovers(here) if not REWRITTEN.search(p)]
     elif out.returncode == 0:  # a failure the command ignores by design (a cleanup)
         tally.ignored += 1
     else:
