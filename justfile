@@ -24,7 +24,7 @@ demo *args:
 advise *args:
     @{{py}} -m analysis advise "$@"
 
-# every run of a sweep and its progress: just status [RUNS_DIR | SWEEP_DIR]
+# every run of a sweep and its progress, time left on this machine: just status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]] (--watch redraws it until Ctrl-C)
 [group('1 get started')]
 status *args:
     @{{py}} -m qkstudy status "$@"

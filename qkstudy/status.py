@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import signal
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -18,12 +20,15 @@ from .progress import format_seconds
 from .run_folder import RunFolder, SweepFolder, run_folders
 from .sweep import slurm
 
-USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR]
+USAGE = """usage: python -m qkstudy status [RUNS_DIR | SWEEP_DIR] [--watch[=SECONDS]]
 
 Every run of a sweep (or of every sweep under RUNS_DIR, default runs/): completed, diverged at
 step N, failed (its error), running (step, loss, tok/s, the process holding it), interrupted at
-a checkpoint, or waiting; the sweep's progress and ETA; Slurm task states for a sweep submitted
-with --slurm. Reads files only (`watch just status` redraws it)."""
+a checkpoint, or waiting; the sweep's progress, ETA and time left on this machine; Slurm task
+states for a sweep submitted with --slurm. Reads files only. --watch redraws it in place every
+5 s (or SECONDS) until Ctrl-C, which exits 0."""
+WATCH_SECONDS = 5.0
+CLEAR = "\033[H\033[2J"  # ANSI: cursor home, erase the screen (any terminal, no `watch`)
 
 STATES = ("completed", "diverged", "failed", "running", "interrupted", "waiting")
 
@@ -201,11 +206,8 @@ def render(sweep_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def cli(argv: list[str]) -> int:
-    paths, _ = split_flags(argv, (), "none")
-    if len(paths) > 1:
-        raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
-    path = Path(paths[0] if paths else "runs")  # a sweep folder, or a folder of sweeps
+def sweep_folders(path: Path) -> list[Path]:
+    """The sweep folder `path`, or the sweeps in a folder of sweeps; UsageError for neither."""
     if not path.is_dir():
         raise UsageError(f"{path} is not a folder (give a runs folder or a sweep folder)")
     if RunFolder(path).is_run():
@@ -214,5 +216,50 @@ def cli(argv: list[str]) -> int:
         p for p in path.iterdir() if p.is_dir() and SweepFolder(p).is_sweep())
     if not folders:
         raise UsageError(f"{path} holds no sweep (no run folders, no {run_folder.PLAN})")
-    print("\n\n".join(render(f) for f in folders))
+    return folders
+
+
+def screen(path: Path) -> str:
+    return "\n\n".join(render(f) for f in sweep_folders(path))
+
+
+def watch_seconds(flags: dict[str, str]) -> float | None:
+    if "--watch" not in flags:
+        return None
+    text = flags["--watch"] or str(WATCH_SECONDS)
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise UsageError(f"--watch={text}: not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"--watch={text}: give a number of seconds > 0")
+    return seconds
+
+
+def follow(path: Path, seconds: float) -> int:
+    """Redraw the screen every `seconds` until Ctrl-C (exit 0): each frame is read whole, then
+    drawn over the last one on a terminal (appended, without escape codes, to a file or pipe)."""
+    clear = CLEAR if sys.stdout.isatty() else "\n"
+    try:
+        while True:
+            frame = screen(path)  # sweeps that appear under a runs folder join the next frame
+            sys.stdout.write(f"{clear}{frame}\n\n(every {seconds:g} s; Ctrl-C stops)\n")
+            sys.stdout.flush()
+            time.sleep(seconds)
+    except KeyboardInterrupt as e:
+        if getattr(e, "signum", signal.SIGINT) != signal.SIGINT:
+            raise  # SIGTERM stops it as it stops every command
+        print()
+        return 0
+
+
+def cli(argv: list[str]) -> int:
+    paths, flags = split_flags(argv, ("--watch",), "--watch[=SECONDS]")
+    if len(paths) > 1:
+        raise UsageError(f"give one folder, got {len(paths)}: {' '.join(paths)}")
+    path = Path(paths[0] if paths else "runs")  # a sweep folder, or a folder of sweeps
+    seconds = watch_seconds(flags)
+    if seconds is not None:
+        return follow(path, seconds)
+    print(screen(path))
     return 0

@@ -4,6 +4,7 @@ columns, read-only behaviour and the command line."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -197,8 +198,67 @@ def test_command_line(sweep_dir, capsys, tmp_path):
     assert main(["status", str(sweep_dir / "d1-noqk-lr1-s0-ccc")]) == 2
     assert "is a run folder; give its sweep folder" in capsys.readouterr().err
     assert main(["status", str(tmp_path / "nowhere")]) == 2
-    assert main(["status", str(sweep_dir), "--watch"]) == 2
     assert main(["status", str(sweep_dir), "--fast"]) == 2
+    for bad in ("--watch=0", "--watch=-1", "--watch=soon", "--watch=inf"):
+        assert main(["status", str(sweep_dir), bad]) == 2
+    assert main(["status", str(tmp_path / "nowhere"), "--watch"]) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert [e.split(":")[0] for e in errors] == ["error"] * 3
-    assert main(["status", "--help"]) == 0 and "RUNS_DIR | SWEEP_DIR" in capsys.readouterr().out
+    assert [e.split(":")[0] for e in errors] == ["error"] * 7
+    assert errors[3] == "error: --watch=-1: give a number of seconds > 0"
+    assert errors[4] == "error: --watch=soon: not a number of seconds"
+    assert main(["status", "--help"]) == 0 and "[--watch[=SECONDS]]" in capsys.readouterr().out
+
+
+def watched(monkeypatch, frames: int, between=lambda: None) -> list[float]:
+    """Stop the watch at its `frames`-th sleep as Ctrl-C does; the sleeps asked for."""
+    slept = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        between()
+        if len(slept) == frames:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status.time, "sleep", sleep)
+    return slept
+
+
+def test_watch_redraws_in_place_until_ctrl_c(sweep_dir, capsys, monkeypatch):
+    running = sweep_dir / "d1-noqk-lr0.01-s0-eee"
+
+    def finish_the_run() -> None:  # between the frames the interrupted run finishes
+        files.write_json(running / "summary.json", {"run_id": running.name, "steps": 100,
+                                                    "status": "completed", "final_val_loss": 2.2})
+
+    slept = watched(monkeypatch, 2, finish_the_run)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["status", str(sweep_dir), "--watch=2.5"]) == 0
+    out = capsys.readouterr().out
+    frames = out.split(status.CLEAR)
+    assert slept == [2.5, 2.5] and frames[0] == "" and len(frames) == 3
+    assert all(f.startswith("sweep s ") and "(every 2.5 s; Ctrl-C stops)" in f
+               for f in frames[1:])
+    assert "interrupted checkpoint at step 40" in row(frames[1], running.name)
+    assert "completed val 2.2000" in row(frames[2], running.name)
+
+
+def test_watch_into_a_file_appends_frames_without_escape_codes(sweep_dir, capsys, monkeypatch):
+    slept = watched(monkeypatch, 3)
+    assert main(["status", str(sweep_dir.parent), "--watch"]) == 0  # a runs folder, 5 s
+    out = capsys.readouterr().out
+    assert slept == [status.WATCH_SECONDS] * 3 and "\033" not in out
+    assert out.count("sweep s  (") == 3
+
+
+def test_ctrl_c_ends_a_watch_with_exit_0(sweep_dir):
+    watch = subprocess.Popen([sys.executable, "-m", "qkstudy", "status", str(sweep_dir),
+                              "--watch=0.1"], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1])
+    try:
+        for line in watch.stdout:  # the first frame drawn whole
+            if "Ctrl-C stops" in line:
+                break
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=60) == 0
+    finally:
+        watch.kill()
