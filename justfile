@@ -49,7 +49,7 @@ train *args:
 sweep *args:
     @{{py}} -m qkstudy sweep "$@"
 
-# the smallest study that tests H1-H3 (little power for H3: docs/report.md): depths 2,4,8 x both arms x 8 LRs x 5 seeds fixed in advance (+ boundary and threshold bisection; max_seeds 5: no adaptive seeds), then its report (wall time: docs/results.md)
+# the smallest study that tests H1-H3 (little power for H3: docs/report.md): depths 2,4,8 x both arms x 8 LRs x 5 seeds fixed in advance (+ boundary and crossing bisection; max_seeds 5: no adaptive seeds), then its report (wall time: docs/results.md)
 [group('2 run the study')]
 mini *args:
     #!/usr/bin/env bash

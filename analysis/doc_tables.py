@@ -51,7 +51,7 @@ SHOWN = {"data", "d_model", "n_heads", "block_size", "bias", "batch_size", "max_
          "budget_tokens", "warmup_steps", "weight_decay", "independent_wd", "eval_every",
          "eval_batches", "probe_every", "log_every", "ckpt_every", "divergence_window"}
 PRESET_ROWS = ("folder", "depths", "arms", "seeds", "LR grid", "grid runs", "boundary refinement",
-               "threshold bisection", "adaptive seeds", "sweep processes", "data", "model", "run",
+               "seed-mean crossing bisection", "adaptive seeds", "sweep processes", "data", "model", "run",
                "optimiser", "cadence", "other run keys")
 
 
@@ -65,11 +65,11 @@ def _column(s: SweepConfig) -> list[str]:
         refine = (f"{s.refine_steps} bisection step{'s' if s.refine_steps != 1 else ''} a curve, "
                   f"stopping within x{short_number(s.refine_factor)}: up to "
                   f"{_n(len(groups(s)) * s.refine_steps)} runs")
-    threshold = "off" + (" (needs `refine=true`)" if not s.refine else "")
+    crossing = "off" + (" (needs `refine=true`)" if not s.refine else "")
     if s.refine and s.threshold_steps:
         runs = len(compared_arms(s)) * len(s.depth) * s.threshold_steps * len(s.seeds) * 2
-        threshold = (f"{s.threshold_steps} steps a depth, every seed, both arms: up to "
-                     f"{_n(runs)} runs")
+        crossing = (f"{s.threshold_steps} steps a depth, every seed, both arms: up to "
+                    f"{_n(runs)} runs")
     adaptive = f"off (`max_seeds={s.max_seeds}`, not above the {len(s.seeds)} seeds)"
     if added and compared_arms(s):
         adaptive = (f"seeds {_list(added)} in cells still open, up to `max_seeds={s.max_seeds}`; "
@@ -84,7 +84,7 @@ def _column(s: SweepConfig) -> list[str]:
         f"{len(lrs)} LRs, {how}: {_list(_lr(x) for x in lrs)}",
         f"{_n(len(grid(s)))} = {len(lrs)} LRs x {len(s.arms)} arms x {len(s.seeds)} seeds x "
         f"{len(s.depth)} dep{'ths' if len(s.depth) != 1 else 'th'}",
-        refine, threshold, adaptive, f"`jobs={s.jobs}`", f"`{t.data}`",
+        refine, crossing, adaptive, f"`jobs={s.jobs}`", f"`{t.data}`",
         f"d_model {t.d_model}, {t.n_heads} heads (head_dim {t.head_dim}), block {t.block_size}, "
         f"bias {str(t.bias).lower()}, vocabulary " + (_n(vocab) if vocab else "from the data"),
         f"{steps} of batch {t.batch_size} x block {t.block_size} = {_n(t.tokens_per_step)} "
@@ -152,7 +152,7 @@ def _choices(hint) -> str:
 
 
 def _in_run_id(name: str) -> str:
-    if name in TrainConfig.NON_IDENTITY:
+    if name in TrainConfig.NOT_IN_RUN_ID:
         return "no"
     if name == "device":
         return "with backend=torch"

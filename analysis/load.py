@@ -36,7 +36,9 @@ SUMMARY_SCHEMA = {"status": lambda v: v in (*FINISHED, "failed"),
                   "qk_norm": lambda v: isinstance(v, str), "init_loss": lambda v: True}
 # identity fields that place a run in the study design rather than its setting
 DESIGN_KEYS = ("lr", "qk_norm", "attn_softcap", "z_loss", "seed", "data_seed", "depth")
-NON_IDENTITY = (*FOLDER_KEYS, *ENGINE_KEYS)
+# keys in which twins (one run trained by two engines, or copied to two folders) may differ:
+# left out of the identity the analysis matches runs by
+TWIN_KEYS = (*FOLDER_KEYS, *ENGINE_KEYS)
 
 
 @dataclass
@@ -150,7 +152,7 @@ def _row(name: str, folder: Path, summary: dict, config: dict | None) -> dict:
     if not isinstance(identity, dict):
         identity = config if config is not None else {k: summary.get(k)
                                                       for k in (*DESIGN_KEYS, "d_model")}
-    identity = {k: v for k, v in identity.items() if k not in NON_IDENTITY}
+    identity = {k: v for k, v in identity.items() if k not in TWIN_KEYS}
     setting = {k: v for k, v in identity.items() if k not in DESIGN_KEYS}
     refine = summary.get("refine", (config or {}).get("refine"))
     grid, base = _sweep_design(folder.parent)

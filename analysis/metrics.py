@@ -12,6 +12,7 @@ import polars as pl
 from qkstudy.arms import OFF
 from qkstudy.variants import NONE, VARIANTS
 from qkstudy.probe_registry import PROBES, WHOLE_MODEL
+from qkstudy.summaries import DEGRADED_MARGIN, scored_loss
 
 
 ARM = "arm"
@@ -40,7 +41,7 @@ class Options:
     alpha: float = 0.05  # each hypothesis's family: error level (H1 BH, H2 and H3 Holm)
     min_gap: float = 0.1  # the margin in nats: "needed", "no difference" and the onset
     # a stable run ending above the unigram entropy minus this learned only token frequencies
-    degraded_margin: float = 0.2
+    degraded_margin: float = DEGRADED_MARGIN
     lr_ratio_margin: float = 2.0  # H2: on/off max usable LR ratios within it are "equivalent"
     # "equivalent" is tested only where every boundary is bracketed at least this finely
     equivalence_bracket: float = 1.41
@@ -65,13 +66,15 @@ def with_losses(points: pl.DataFrame, degraded_margin: float = Options.degraded_
     diverged = pl.col("status") == "diverged"
     if "unigram_entropy" not in points.columns:
         points = points.with_columns(unigram_entropy=pl.lit(None, pl.Float64))
-    degraded = (~diverged & ~bad_final & (final > pl.col("unigram_entropy") - degraded_margin)
-                ).fill_null(False)
+    p = points.with_columns(diverged=diverged.fill_null(False), init_loss=init)
+    clipped, degraded = scored_loss(*(p[c].cast(pl.Float64).to_numpy() for c in (
+        "final_val_loss", "init_loss")), p["diverged"].to_numpy(),
+        p["unigram_entropy"].cast(pl.Float64).to_numpy(), degraded_margin)
     return (points.with_columns(diverged=diverged, nonfinite_final=~diverged & bad_final,
-                                degraded=degraded,
+                                degraded=pl.Series(degraded, dtype=pl.Boolean),
                                 loss=pl.when(diverged | bad_final).then(pl.lit(math.inf))
                                 .otherwise(final), init_loss=init)
-            .with_columns(loss_clipped=pl.min_horizontal("loss", "init_loss")))
+            .with_columns(loss_clipped=pl.Series(clipped, dtype=pl.Float64)))
 
 
 def full_curves(points: pl.DataFrame) -> pl.DataFrame:

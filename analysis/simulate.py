@@ -11,9 +11,10 @@ import polars as pl
 from scipy import stats
 from scipy.optimize import brentq
 
-from qkstudy.sweep.adaptive import next_threshold_lr
+from qkstudy.sweep.adaptive import next_crossing_lr
 from qkstudy.sweep.config import MINI
 from qkstudy.sweep.refine import next_midpoint
+from qkstudy.summaries import scored_loss
 
 from .hypotheses import h1_tests
 from .metrics import Options, max_usable_lr_per_seed, paired_gaps, with_losses
@@ -25,8 +26,9 @@ ARMS = ("none", "rmsnorm")
 UNIGRAM = 3.118  # nats: the synthetic byte corpus's unigram entropy
 INIT_LOSS = 5.6
 PLATEAU = 0.45  # nats: off minus on once well past the onset (0.42-0.58 at LR 0.1-0.3)
-# the mini preset's bisection: boundary steps per curve, threshold steps per depth, stop ratio
-REFINE_STEPS, THRESHOLD_STEPS, REFINE_FACTOR = MINI.refine_steps, MINI.threshold_steps, \
+# the mini preset's bisections: boundary steps per curve, steps of the seed-mean crossing per
+# depth, the stop ratio
+REFINE_STEPS, CROSSING_STEPS, REFINE_FACTOR = MINI.refine_steps, MINI.threshold_steps, \
     MINI.refine_factor
 SLOPE_TOLERANCE = 1e-9  # decades per doubling: a true slope this close to 0 is 0
 
@@ -331,17 +333,18 @@ def sweep(world: World) -> pl.DataFrame:
                     results[lr] = train(depth, arm, lr, seed)[0] == "completed"
         means: dict[float, float] = {}
         lrs = list(world.lrs)
-        for step in range(THRESHOLD_STEPS + 1):
+        for step in range(CROSSING_STEPS + 1):
             for lr in lrs:
                 pairs = [(train(depth, "none", lr, s), train(depth, "rmsnorm", lr, s))
                          for s in range(world.seeds)]
-                losses = [[INIT_LOSS if st == "diverged" else min(v, INIT_LOSS)
-                           for st, v in pair] for pair in pairs]
-                failed = all(_failed(a) and _failed(b) for a, b in pairs)
-                if not failed:
-                    means[lr] = float(np.mean([a - b for a, b in losses]))
-            mid = next_threshold_lr(means, world.margin, REFINE_FACTOR)
-            if step == THRESHOLD_STEPS or mid is None:
+                diverged = np.array([[st == "diverged" for st, _ in pair] for pair in pairs])
+                final = np.array([[math.nan if v is None else v for _, v in pair]
+                                  for pair in pairs])
+                loss, degraded = scored_loss(final, INIT_LOSS, diverged, UNIGRAM)
+                if not (diverged | degraded).all():  # some run learned: the cell counts
+                    means[lr] = float(np.mean(loss[:, 0] - loss[:, 1]))
+            mid = next_crossing_lr(means, world.margin, REFINE_FACTOR)
+            if step == CROSSING_STEPS or mid is None:
                 break
             lrs = [mid]
     return pl.DataFrame(
@@ -351,8 +354,3 @@ def sweep(world: World) -> pl.DataFrame:
         schema={"depth": pl.Int64, "arm": pl.String, "qk_norm": pl.String, "lr": pl.Float64,
                 "seed": pl.Int64, "status": pl.String, "init_loss": pl.Float64,
                 "final_val_loss": pl.Float64, "unigram_entropy": pl.Float64})
-
-
-def _failed(run: tuple[str, float | None]) -> bool:
-    status, loss = run
-    return status == "diverged" or loss > UNIGRAM - Options.degraded_margin

@@ -197,12 +197,14 @@ class TrainConfig:
                                  f"{FLOAT32_MAX:.3g} in size, got {value}")
         return self
 
-    NON_IDENTITY = ("runs_dir", "sweep", "compile", "deterministic")
+    # keys left out of the run id: where a run is written and how its step is executed, not
+    # what it computes
+    NOT_IN_RUN_ID = ("runs_dir", "sweep", "compile", "deterministic")
     # keys added later, left out of the identity at the value earlier runs had
     LEGACY = {"attn_softcap": 0.0, "z_loss": 0.0, "backend": "mlx", "precision": "fp32"}
 
     def identity(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NON_IDENTITY
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in self.NOT_IN_RUN_ID
                 and not (k in self.LEGACY and v == self.LEGACY[k])
                 and not (k == "device" and self.backend == "mlx")}
 

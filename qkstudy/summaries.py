@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 FINISHED = ("completed", "diverged")
+# nats below the unigram entropy: a run that ends above it learned token frequencies and little
+# more (degraded); the sweep, the analysis and its simulations score runs by this one rule
+DEGRADED_MARGIN = 0.2
 
 
 def is_whole(v: Any) -> bool:
@@ -72,3 +77,18 @@ def summary_problem(summary: dict, run_dir: Path) -> str | None:
         if check and (value is not None or key == "steps") and not check(value):
             return f"has {key}={value!r}, not a {SUMMARY_FIELDS[key].kind}"
     return None
+
+
+def scored_loss(final: Any, init: Any, diverged: Any, unigram_entropy: Any,
+                margin: float = DEGRADED_MARGIN) -> tuple[np.ndarray, np.ndarray]:
+    """(the loss a run is scored at, whether it degraded), elementwise over arrays or scalars
+    (NaN: unknown). The loss is the final validation loss clipped at the initial loss (Wortsman
+    et al. 2023, Sec. 2.2), the initial loss where the run diverged or ended without a finite
+    loss (+inf there when the initial loss is unknown too); degraded: it trained to a finite
+    loss above the unigram entropy minus `margin` (never where the entropy is unknown)."""
+    final = np.asarray(final, dtype=float)
+    failed = np.asarray(diverged, dtype=bool) | ~np.isfinite(final)
+    loss = np.fmin(np.where(failed, np.inf, final), np.asarray(init, dtype=float))
+    with np.errstate(invalid="ignore"):
+        degraded = ~failed & (final > np.asarray(unigram_entropy, dtype=float) - margin)
+    return loss, degraded

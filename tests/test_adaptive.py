@@ -1,5 +1,6 @@
-"""What a sweep trains after its grid (mlx_gpt/sweep/adaptive.py): threshold bisection and
-adaptive seeds, replayed from summary.json files written here by hand (no training)."""
+"""What a sweep trains after its grid (qkstudy/sweep/adaptive.py): bisection of the seed-mean
+crossing and adaptive seeds, replayed from summary.json files written here by hand (no
+training)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ def test_a_cell_is_open_until_an_interval_decides_it():
     assert adaptive.is_open([0.09, 0.10, 0.11], 0.1)
 
 
-def test_threshold_bracket_reads_from_the_top_down():
-    assert adaptive.threshold_bracket({1e-3: 0.0, 1e-2: 0.01, 1e-1: 0.4, 1.0: 0.5}, 0.02) == \
+def test_the_crossing_bracket_reads_from_the_top_down():
+    assert adaptive.crossing_bracket({1e-3: 0.0, 1e-2: 0.01, 1e-1: 0.4, 1.0: 0.5}, 0.02) == \
         (1e-2, 1e-1)
     # an early consistent gap below a calm LR does not move the bracket down
-    assert adaptive.threshold_bracket({1e-3: 0.3, 1e-2: 0.0, 1e-1: 0.4}, 0.02) == (1e-2, 1e-1)
-    assert adaptive.threshold_bracket({1e-3: 0.3, 1e-2: 0.4}, 0.02) is None  # needed everywhere
-    assert adaptive.threshold_bracket({1e-3: 0.0, 1e-2: 0.01}, 0.02) is None  # never needed
+    assert adaptive.crossing_bracket({1e-3: 0.3, 1e-2: 0.0, 1e-1: 0.4}, 0.02) == (1e-2, 1e-1)
+    assert adaptive.crossing_bracket({1e-3: 0.3, 1e-2: 0.4}, 0.02) is None  # needed everywhere
+    assert adaptive.crossing_bracket({1e-3: 0.0, 1e-2: 0.01}, 0.02) is None  # never needed
 
 
 def _write(cfg, loss: float, status: str = "completed") -> None:
@@ -51,12 +52,12 @@ def sweep(tmp_path):
                                "min_gap=0.02"])
 
 
-def test_threshold_bisection_then_adaptive_seeds(sweep):
+def test_crossing_bisection_then_adaptive_seeds(sweep):
     for lr, gaps in GAPS.items():
         for seed, gap in enumerate(gaps):
             _write(run_config(sweep, 2, lr, "rmsnorm", seed), 2.0)
             _write(run_config(sweep, 2, lr, "none", seed), 2.0 + gap)
-    # no run diverged, so no boundary refinement: the threshold lies between 0.01 and 0.1
+    # no run diverged, so no boundary refinement: the seed-mean gap crosses between 0.01 and 0.1
     first = adaptive.extra_runs(sweep, [])
     assert {(c.lr, c.qk_norm, c.seed) for c in first} == {
         (0.0316, arm, seed) for arm in ("none", "rmsnorm") for seed in range(3)}
@@ -92,7 +93,7 @@ def test_the_closing_report_counts_the_runs_added_after_the_grid(sweep):
         (folder / "config.json").write_text(json.dumps({**cfg.identity(), "run_id": cfg.run_id,
                                                         "framework": "mlx"}))
 
-    extra = run_config(sweep, 2, 0.0316, "rmsnorm", 4)  # an adaptive seed at a threshold point
+    extra = run_config(sweep, 2, 0.0316, "rmsnorm", 4)  # an adaptive seed at a crossing point
     grid_run = run_config(sweep, 2, 0.01, "none", 0)
     other = dataclasses.replace(extra, d_model=32)  # another setting in the same folder
     for cfg in (extra, grid_run, other):
@@ -112,3 +113,50 @@ def test_a_sweep_waits_on_extras_another_process_holds(sweep):
         assert acquired and _held_elsewhere(cfg)
     _write(cfg, 2.0)
     assert not _held_elsewhere(cfg)  # finished: nothing to wait for
+
+
+def test_one_rule_scores_a_run_for_the_sweep_the_analysis_and_the_simulation():
+    import math
+
+    import polars as pl
+
+    from analysis.metrics import with_losses
+    from qkstudy.summaries import DEGRADED_MARGIN, scored_loss
+
+    # (status, final, init, unigram entropy) -> (scored loss, degraded)
+    cases = [("completed", 2.0, 5.5, 3.1, 2.0, False),  # learned
+             ("completed", 6.0, 5.5, 3.1, 5.5, True),  # worse than at the start: clipped
+             ("completed", 3.0, 5.5, 3.1, 3.0, True),  # within 0.2 nats of the unigram entropy
+             ("completed", 2.85, 5.5, 3.1, 2.85, False),  # 0.25 below it
+             ("completed", 3.0, 5.5, math.nan, 3.0, False),  # entropy unknown: never degraded
+             ("diverged", 1.0, 5.5, 3.1, 5.5, False),  # diverged: its initial loss
+             ("completed", math.nan, 5.5, 3.1, 5.5, False),  # no finite loss: the same
+             ("diverged", math.nan, math.nan, 3.1, math.inf, False)]  # nothing known
+    status, final, init, entropy, loss, degraded = map(list, zip(*cases))
+    got_loss, got_degraded = scored_loss(final, init, [s == "diverged" for s in status], entropy)
+    assert got_loss.tolist() == loss and got_degraded.tolist() == degraded
+    assert DEGRADED_MARGIN == 0.2
+    for case in cases:  # one run at a time, as the sweep scores its cells
+        one_loss, one_degraded = scored_loss(case[1], case[2], case[0] == "diverged", case[3])
+        assert (float(one_loss), bool(one_degraded)) == (case[4], case[5])
+    # the analysis's per-run table carries the same numbers
+    table = pl.DataFrame({"depth": 2, "arm": "none", "status": status, "final_val_loss": final,
+                          "init_loss": init, "unigram_entropy": entropy})
+    table = table.with_columns(pl.col(c).fill_nan(None) for c in ("init_loss",
+                                                                    "unigram_entropy"))
+    scored = with_losses(table[:-1])  # the last row would borrow its arm's mean initial loss
+    assert scored["loss_clipped"].to_list() == loss[:-1]
+    assert scored["degraded"].to_list() == degraded[:-1]
+
+
+def test_the_sweep_scores_its_cells_by_the_one_rule(sweep):
+    # seed 0: off degraded (3.0 > 3.1 - 0.2), on learned; seed 1: off diverged, on learned
+    _write(run_config(sweep, 2, 0.1, "none", 0), 3.0)
+    _write(run_config(sweep, 2, 0.1, "rmsnorm", 0), 2.0)
+    _write(run_config(sweep, 2, 0.1, "none", 1), 0.0, status="diverged")
+    _write(run_config(sweep, 2, 0.1, "rmsnorm", 1), 6.0)  # above its initial loss: clipped
+    gaps, failed, pending = adaptive.cell(sweep, 2, 0.1, "rmsnorm", [0, 1])
+    assert gaps == pytest.approx([1.0, 0.0]) and not failed and pending == []
+    _write(run_config(sweep, 2, 0.1, "rmsnorm", 0), 3.05)  # now both arms of seed 0 degraded
+    _write(run_config(sweep, 2, 0.1, "rmsnorm", 1), 3.0)  # and seed 1's on arm
+    assert adaptive.cell(sweep, 2, 0.1, "rmsnorm", [0, 1])[1]  # every pair failed to learn

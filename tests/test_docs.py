@@ -178,7 +178,7 @@ def test_the_mini_preset_is_described_as_it_is():
     assert (tuple(int(d) for d in depths.split(", ")), int(lrs), int(seeds)) == (
         mini.depth, len(mini.grid_lrs()), len(mini.seeds))
     depths, lrs, seeds, most = _one(r"depths ([\d,]+) x both arms x (\d+) LRs x (\d+) seeds "
-                                    r"fixed in advance \(\+ boundary and threshold bisection; max_seeds (\d+): no "
+                                    r"fixed in advance \(\+ boundary and crossing bisection; max_seeds (\d+): no "
                                     r"adaptive seeds\)",
                                     justfile, "justfile")
     assert (tuple(int(d) for d in depths.split(",")), int(lrs), int(seeds), int(most)) == (

@@ -1,6 +1,7 @@
 """The runs a sweep's results call for after its grid, replayed from summary.json: boundary
-refinement (refine.py); per (depth, compared arm), bisection of where the seed-mean gap (off
-minus on) reaches min_gap; adaptive seeds, up to max_seeds, for the (depth, LR) cells still open:
+refinement (refine.py); per (depth, compared arm), bisection of the seed-mean crossing (the LR
+bracket where the raw seed-mean gap, off minus on, first reaches min_gap from the top; not the
+analysis's onset, an isotonic reading of the finer grid this leaves); adaptive seeds, up to max_seeds, for the (depth, LR) cells still open:
 no one-sided t-test at DESIGN_ALPHA finds off worse, on worse, or the mean within +-min_gap."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from collections.abc import Iterable
 
 from ..config import TrainConfig
 from ..run_folder import RunFolder
+from ..summaries import scored_loss
 from .config import SweepConfig, run_config, three_significant
 from .refine import group_state, run_outcome
 
 OFF = "none"
-DEGRADED_MARGIN = 0.2  # nats above unigram entropy: learned only token frequencies (analysis's)
 DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05): 0.05 is too lax
 
 
@@ -33,9 +34,9 @@ def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[in
             diverged = s.get("status") != "completed" or not isinstance(final, (int, float)) \
                 or not math.isfinite(final)
             entropy = s.get("unigram_entropy")
-            degraded = (not diverged and isinstance(entropy, (int, float))
-                        and final > entropy - DEGRADED_MARGIN)
-            out.append((init if diverged else min(final, init), diverged or degraded))
+            loss, degraded = scored_loss(math.nan if diverged else final, init, diverged,
+                                         entropy if isinstance(entropy, (int, float)) else math.nan)
+            out.append((float(loss), diverged or bool(degraded)))
         if len(out) < 2:
             pending += [c for c in pair if not run_outcome(c).finished]
             continue
@@ -62,9 +63,10 @@ def compared_arms(sweep: SweepConfig) -> list[str]:
     return [a for a in sweep.arms if a != OFF] if OFF in sweep.arms else []
 
 
-def threshold_state(sweep: SweepConfig, depth: int, arm: str
-                    ) -> tuple[dict[float, float], list[TrainConfig]]:
-    """One (depth, arm)'s threshold bisection: (seed-mean gap per LR, the runs to train next)."""
+def crossing_state(sweep: SweepConfig, depth: int, arm: str
+                   ) -> tuple[dict[float, float], list[TrainConfig]]:
+    """One (depth, arm)'s bisection of the seed-mean crossing: (seed-mean gap per LR, the runs
+    to train next)."""
     means: dict[float, float] = {}
     for lr in sweep.grid_lrs():
         gaps, failed, pending = cell(sweep, depth, lr, arm, sweep.seeds)
@@ -73,7 +75,7 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
         if not failed and gaps:
             means[lr] = sum(gaps) / len(gaps)
     for _ in range(sweep.threshold_steps):
-        mid = next_threshold_lr(means, sweep.min_gap, sweep.refine_factor)
+        mid = next_crossing_lr(means, sweep.min_gap, sweep.refine_factor)
         if mid is None:
             return means, []
         gaps, failed, pending = cell(sweep, depth, mid, arm, sweep.seeds)
@@ -85,17 +87,19 @@ def threshold_state(sweep: SweepConfig, depth: int, arm: str
     return means, []
 
 
-def next_threshold_lr(means: dict[float, float], min_gap: float, factor: float) -> float | None:
-    """The bracket's geometric mean to three digits, or None (analysis/calibrate.py's rule)."""
-    bracket = threshold_bracket(means, min_gap)
+def next_crossing_lr(means: dict[float, float], min_gap: float, factor: float) -> float | None:
+    """The crossing bracket's geometric mean to three digits, or None once it is within
+    `factor` (the simulated sweeps of analysis/simulate.py bisect by it too)."""
+    bracket = crossing_bracket(means, min_gap)
     if bracket is None or bracket[1] / bracket[0] <= factor:
         return None
     mid = three_significant(math.sqrt(bracket[0] * bracket[1]))
     return mid if bracket[0] < mid < bracket[1] else None
 
 
-def threshold_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:
-    """(largest LR under min_gap, the LR above it) below a top LR at or over min_gap, or None."""
+def crossing_bracket(means: dict[float, float], min_gap: float) -> tuple[float, float] | None:
+    """Where the seed-mean gap crosses min_gap, read from the top LR down: (the largest LR under
+    min_gap, the LR above it), or None unless the top LR is at or over min_gap."""
     lrs = sorted(means)
     if not lrs or means[lrs[-1]] < min_gap:
         return None
@@ -119,7 +123,7 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
     out: list[TrainConfig] = []
     for depth in sweep.depth:
         for arm in compared_arms(sweep):
-            means, pending = threshold_state(sweep, depth, arm) if sweep.refine else ({}, [])
+            means, pending = crossing_state(sweep, depth, arm) if sweep.refine else ({}, [])
             if pending:
                 out += pending
                 continue

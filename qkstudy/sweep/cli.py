@@ -28,8 +28,9 @@ USAGE = f"""usage: python -m qkstudy sweep [key=value ...] [--dry-run [--calibra
                                 [--emit-commands] [--slurm [--submit] [slurm_key=value ...]]
 
 Trains arms x LR grid x seeds (x depths) as independent, resumable runs, then refines each
-curve's stability boundary and each depth's necessity threshold, and adds seeds to the cells
-still undecided. Presets: preset=study (default), mini, mini-coupled-wd or demo.
+curve's stability boundary and each depth's LR bracket where the seed-mean gap crosses min_gap,
+and adds seeds to the cells still undecided. Presets: preset=study (default), mini,
+mini-coupled-wd or demo.
 sweep keys: depth=6 or depth=2,4,8  lrs=1e-3,3e-3 (explicit)  lr_min= lr_max= points_per_decade=
             seeds=0,1,2  arms=none,rmsnorm  refine=true  refine_steps=  refine_factor=
             threshold_steps=2  max_seeds=6  min_gap=0.1

@@ -30,7 +30,7 @@ class SweepConfig:
     refine: bool = True
     refine_steps: int = 2  # bisection steps per (depth, arm, seed)
     refine_factor: float = 1.4  # stop once largest stable / smallest diverged LR are this close
-    threshold_steps: int = 2  # bisection steps of each depth's threshold (sweep/adaptive.py)
+    threshold_steps: int = 2  # bisection steps of each depth's seed-mean crossing (adaptive.py)
     max_seeds: int = 6  # adaptive seeds, one at a time, for the cells still undecided
     min_gap: float = 0.1  # nats: the analysis plan's margin (docs/report.md)
     runs_dir: str = "runs"

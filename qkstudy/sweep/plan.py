@@ -50,12 +50,13 @@ def counted(n: int, noun: str, plural: str | None = None) -> str:
 
 def extras_text(sweep: SweepConfig) -> str:
     compared = len(compared_arms(sweep)) * len(sweep.depth)
-    threshold = compared * sweep.threshold_steps * len(sweep.seeds) * 2 if sweep.refine else 0
+    crossing = compared * sweep.threshold_steps * len(sweep.seeds) * 2 if sweep.refine else 0
     cells = compared * (len(sweep.grid_lrs()) + (sweep.threshold_steps if sweep.refine else 0))
     seeds = cells * len(extra_seeds(sweep)) * 2
     return "; ".join([
-        f"threshold bisection: up to {counted(threshold, 'run')} ({sweep.threshold_steps} steps "
-        "per depth, every seed, both arms)" if threshold else "no threshold bisection",
+        f"bisection of the seed-mean crossing: up to {counted(crossing, 'run')} "
+        f"({sweep.threshold_steps} steps per depth, every seed, both arms)" if crossing
+        else "no bisection of the seed-mean crossing",
         f"adaptive seeds: up to {counted(seeds, 'run')} (seeds "
         f"{', '.join(map(str, extra_seeds(sweep)))}, only for (depth, LR) cells still undecided, "
         f"up to max_seeds={sweep.max_seeds})" if seeds else "no adaptive seeds"])
