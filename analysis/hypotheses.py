@@ -281,12 +281,13 @@ def h3_tests(points: pl.DataFrame, draws: dict[tuple[str, int], DepthDraws],
         finite = boot[~undefined]
         lo, hi = S.percentile_interval(finite) if finite.size else (math.nan, math.nan)
         outside = [d for d, x in zip(depths, mine) if not math.isfinite(x.point)]
+        exact = S.is_exact(len(boot), max(x.seeds for x in mine))
         rows.append({
             "compared_arm": on, "depths": ", ".join(map(str, depths)), "slope": point,
             "ci_lo": lo, "ci_hi": hi, "censored_share": float(censored.mean()),
-            "p_fall": S.p_bootstrap(undefined | (boot >= 0)),
-            "p_rise": S.p_bootstrap(undefined | (boot <= 0)),
-            "p_equal": S.p_within(boot, options.slope_margin),
+            "p_fall": S.p_bootstrap(undefined | (boot >= 0), exact),
+            "p_rise": S.p_bootstrap(undefined | (boot <= 0), exact),
+            "p_equal": S.p_within(boot, options.slope_margin, exact),
             "q_fall": None, "q_rise": None, "q_equal": None, "family_size": 0,
             "decision": None,
             "note": (f"onset outside the LRs read at depth {', '.join(map(str, outside))}:"

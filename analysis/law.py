@@ -39,40 +39,65 @@ def _t_scale(rng: np.random.Generator, df: int, size: int) -> np.ndarray:
     return np.sqrt(df / rng.chisquare(df, size))
 
 
-def law_draws(points: list[Point], y: np.ndarray, draws: np.ndarray, seeds: int, form: str
-              ) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """Least squares of the points' onsets y (log10) on the form's design: the estimate, the
-    coefficient draws (each point's whole-seed draws refitted and widened by t / z, plus the
-    lack of fit: the points' scatter about the law beyond their seed noise), the lack-of-fit
-    variance and each point's mean seed variance (decades squared)."""
-    x = design(points, form)
+def widened_draws(results: list, key: str, draws: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    """(B, points) whole-seed draws, each point's widened about its estimate by t / z at its
+    own seeds and drawn independently of the others (the points share no run); and each
+    point's widening factor."""
+    k = np.array([small_sample_widening(r.seeds) for r in results])
+    own = [r.onset.point + kk * (r.onset.draws - r.onset.point) for r, kk in zip(results, k)]
+    return S.joint_draws(own, draws, key), k
+
+
+def lack_of_fit(resid: np.ndarray, point_draws: np.ndarray, terms: int) -> float:
+    """The points' variance about the law beyond their seed noise (decades squared)."""
+    n = len(resid)
+    seed_var = float(point_draws.var(axis=0, ddof=1).mean())
+    return max(0.0, float(resid @ resid) / (n - terms) - seed_var) if n > terms else 0.0
+
+
+def unit_variance(point_draws: np.ndarray, seeds: np.ndarray, k: np.ndarray) -> float:
+    """One seed's onset variance before widening, averaged over the points (var_i n_i / k_i^2):
+    a new point of n seeds carries unit_variance * k(n)^2 / n."""
+    return float(np.mean(point_draws.var(axis=0, ddof=1) * seeds / k ** 2))
+
+
+def law_draws(x: np.ndarray, y: np.ndarray, point_draws: np.ndarray, key: str
+              ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Least squares of the points' onsets y (log10) on the design x: the estimate, the
+    coefficient draws (the points' widened draws refitted, plus the lack of fit as a t draw with
+    the residual degrees of freedom) and the lack-of-fit variance."""
     n, p = x.shape
     pinv = np.linalg.pinv(x)
     est = pinv @ y
-    k = small_sample_widening(seeds)
-    point_draws = y + k * (draws - y)  # (B, points), widened about each point's estimate
     boot = point_draws @ pinv.T
-    seed_var = float(point_draws.var(axis=0, ddof=1).mean())
-    resid = y - x @ est
-    lack = max(0.0, float(resid @ resid) / (n - p) - seed_var) if n > p else 0.0
-    rng = np.random.default_rng(zlib.crc32(f"warmup-law/{form}".encode()))
+    lack = lack_of_fit(y - x @ est, point_draws, p)
     if lack > 0:
+        rng = np.random.default_rng(zlib.crc32(key.encode()))
         chol = np.linalg.cholesky(lack * np.linalg.inv(x.T @ x))
         shift = rng.standard_normal((len(boot), p)) @ chol.T
         boot = boot + shift * _t_scale(rng, n - p, len(boot))[:, None]
-    return est, boot, lack, seed_var
+    return est, boot, lack
 
 
-def predict(est: np.ndarray, boot: np.ndarray, lack: float, seed_var: float, point: Point,
-            form: str, df: int) -> dict:
+def new_point_draws(center: np.ndarray, lack: float, unit_var: float, seeds: int, df: int,
+                    key: str) -> np.ndarray:
+    """A new point's measured onset about the law's draws `center`: its own deviation from the
+    law (lack) and its seed noise at its own seed count, as a t draw with the law's df."""
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    sd = math.sqrt(lack + unit_var * small_sample_widening(seeds) ** 2 / seeds)
+    return center + rng.standard_normal(len(center)) * sd * _t_scale(rng, max(df, 1),
+                                                                      len(center))
+
+
+def predict(fit: dict, point: Point) -> dict:
     """The form's onset at a point with the 95% interval of a new point's measured onset: the
     coefficient draws, the new point's own deviation from the law and its seed noise."""
-    x0 = design([point], form)[0]
-    rng = np.random.default_rng(zlib.crc32(f"warmup-law/{form}/{point.name}".encode()))
-    own = rng.standard_normal(len(boot)) * math.sqrt(lack + seed_var) * _t_scale(
-        rng, max(df, 1), len(boot))
-    lo, hi = S.percentile_interval(boot @ x0 + own)
-    return {"form": form, "point": point.name, "log10_lr": float(x0 @ est),
+    est, boot, lack, unit_var = fit["draws"]
+    x0 = design([point], fit["form"])[0]
+    lo, hi = S.percentile_interval(new_point_draws(
+        boot @ x0, lack, unit_var, len(point.seeds), fit["df"],
+        f"warmup-law/{fit['form']}/{point.name}"))
+    return {"form": fit["form"], "point": point.name, "log10_lr": float(x0 @ est),
             "lr": 10 ** float(x0 @ est), "ci_lo": 10 ** lo, "ci_hi": 10 ** hi}
 
 
@@ -84,15 +109,15 @@ def predict_at(fit: dict, warmup: int, steps: int) -> dict:
         raise ValueError(f"the {fit['form']} law is not fitted: {fit['note']}")
     same = [p for p in (STUDY_POINT, *SCORED_POINTS) if (p.warmup, p.steps) == (warmup, steps)]
     point = same[0] if same else Point(f"w64-s{steps}-wu{warmup}", 64, steps, warmup)
-    return predict(*fit["draws"], point, fit["form"], fit["df"])
+    return predict(fit, point)
 
 
 def law_band(fit: dict, steps: int, warmups: list[float]) -> list[dict]:
     """A fitted form's onset along warmups at one training length, with `predict`'s 95% interval
     of a new point's measured onset from the fit's draws; one seed for the whole line (its key
     names the length), so the band is smooth."""
-    return [predict(*fit["draws"], Point(f"law band/s{steps}", 64, steps, w), fit["form"],
-                    fit["df"]) | {"warmup": w, "steps": steps} for w in warmups]
+    return [predict(fit, Point(f"law band/s{steps}", 64, steps, w)) | {"warmup": w, "steps": steps}
+            for w in warmups]
 
 
 def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFrame, dict]:
@@ -115,8 +140,9 @@ def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFram
                        f"{fit['points'] or 'none'})")
         return pl.DataFrame(schema=LAW_SCHEMA), fit
     y = np.array([r.onset.point for r in law])
-    est, boot, lack, seed_var = law_draws(pts, y, np.stack([r.onset.draws for r in law], axis=1),
-                                          min(r.seeds for r in law), form)
+    point_draws, k = widened_draws(law, f"warmup-law/{form}/points")
+    est, boot, lack = law_draws(design(pts, form), y, point_draws, f"warmup-law/{form}")
+    unit_var = unit_variance(point_draws, np.array([r.seeds for r in law]), k)
     terms = {t: (est[i], boot[:, i]) for i, t in enumerate(FORMS[form])}
     if form == "straight":
         terms["b + c"] = (est[1] + est[2], boot[:, 1] + boot[:, 2])
@@ -124,9 +150,10 @@ def fit_law(results: list, options, form: str = "straight") -> tuple[pl.DataFram
              **dict(zip(("ci_lo", "ci_hi"), S.percentile_interval(d)))}
             for t, (e, d) in terms.items()]
     df = len(law) - len(FORMS[form])
-    fit.update(lack_of_fit=math.sqrt(lack), seed_sd=math.sqrt(seed_var), df=df,
-               exploratory=bool(left_out), draws=(est, boot, lack, seed_var),
-               predictions=[predict(est, boot, lack, seed_var, p, form, df) for p in PREDICTED])
+    fit.update(lack_of_fit=math.sqrt(lack), seed_sd=math.sqrt(float(
+               point_draws.var(axis=0, ddof=1).mean())),
+               df=df, exploratory=bool(left_out), draws=(est, boot, lack, unit_var))
+    fit["predictions"] = [predict(fit, p) for p in PREDICTED]
     fit.update({k: v for k, v in fit["predictions"][-1].items() if k in ("lr", "ci_lo", "ci_hi",
                                                                          "log10_lr")})
     if form == "straight":

@@ -5,6 +5,7 @@ divergence), the family adjustments, the whole-seed bootstrap and the isotonic f
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import zlib
 
@@ -127,10 +128,25 @@ def p_signflip_equivalent(diffs, margin: float) -> float | None:
     return max(p_signflip(d, -margin), p_signflip(-d, -margin))
 
 
+EXACT_DRAWS = 100_000  # whole-seed resamples enumerated exactly up to this many (n^n)
+
+
 def seed_draws(n_seeds: int, draws: int, key: str) -> np.ndarray:
-    """(draws, n_seeds) seed indices drawn with replacement, reproducibly from `key`."""
+    """(B, n_seeds) seed indices: every one of the n^n ordered whole-seed resamples when there
+    are at most EXACT_DRAWS (5 seeds: 3,125; the exact bootstrap), else `draws` drawn with
+    replacement, reproducibly from `key`."""
+    if n_seeds ** n_seeds <= EXACT_DRAWS:
+        return np.array(list(itertools.product(range(n_seeds), repeat=n_seeds)), dtype=np.int64
+                        ).reshape(-1, n_seeds)
     rng = np.random.default_rng(zlib.crc32(key.encode()))
     return rng.integers(0, n_seeds, size=(draws, n_seeds))
+
+
+def joint_draws(marginals: list[np.ndarray], draws: int, key: str) -> np.ndarray:
+    """(draws, k): independent units' draws (each its own length, e.g. an exact enumeration)
+    combined by drawing each unit's index at random, reproducibly from `key`."""
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    return np.stack([m[rng.integers(0, len(m), draws)] for m in marginals], axis=1)
 
 
 def seed_bootstrap(values: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,16 +173,23 @@ def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> tuple[float,
     return float(lo), float(hi)
 
 
-def p_bootstrap(null_side: np.ndarray) -> float:
-    """The share of draws on the null side, the observed sample counted as one more."""
-    return float((1 + null_side.sum()) / (len(null_side) + 1))
+def is_exact(draws: int, seeds: int) -> bool:
+    """Whether `draws` whole-seed resamples of `seeds` seeds are seed_draws' exact enumeration."""
+    return seeds ** seeds <= EXACT_DRAWS and draws == seeds ** seeds
 
 
-def p_within(draws: np.ndarray, margin: float) -> float:
+def p_bootstrap(null_side: np.ndarray, exact: bool = False) -> float:
+    """The share of draws on the null side; random draws count the observed sample as one
+    more, an exact enumeration already holds it."""
+    extra = 0 if exact else 1
+    return float((extra + null_side.sum()) / (len(null_side) + extra))
+
+
+def p_within(draws: np.ndarray, margin: float, exact: bool = False) -> float:
     """Bootstrap p of -margin < x < margin (both one-sided tests; a NaN draw counts against)."""
     undefined = np.isnan(draws)
-    return max(p_bootstrap(undefined | (draws >= margin)),
-               p_bootstrap(undefined | (draws <= -margin)))
+    return max(p_bootstrap(undefined | (draws >= margin), exact),
+               p_bootstrap(undefined | (draws <= -margin), exact))
 
 
 def isotonic(means: np.ndarray, weights: np.ndarray) -> np.ndarray:

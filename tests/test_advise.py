@@ -92,8 +92,7 @@ def test_the_prediction_at_the_published_schedules_is_the_published_one(planted_
         same = STUDY_POINT if (p.warmup, p.steps) == (STUDY_POINT.warmup, STUDY_POINT.steps) else p
         assert predict_at(fit, p.warmup, p.steps) == fit["predictions"][
             PREDICTED.index(same)]
-    elsewhere = predict(*fit["draws"], Point("w64-s2000-wu100", 64, 2000, 100), "straight",
-                        fit["df"])
+    elsewhere = predict(fit, Point("w64-s2000-wu100", 64, 2000, 100))
     assert predict_at(fit, 100, 2000) == elsewhere
 
 

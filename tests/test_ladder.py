@@ -253,14 +253,20 @@ def test_the_law_interval_carries_its_lack_of_fit_and_the_documented_widening():
     """Points that scatter about the plane by 0.1 decades, each known to 0.02 from its seeds:
     the interval of a new point's onset is as wide as that scatter demands, and each point's
     draws are widened by t(0.975, 4) / z = 1.42 (five whole seeds)."""
-    from analysis.law import law_draws
+    from analysis.law import law_draws, widened_draws
 
     pts = [KNOWN[n] for n in WARMUP_POINTS]
     rng = np.random.default_rng(3)
     y = design(pts) @ [-2.0, 0.2, 0.0] + 0.1 * rng.standard_normal(len(pts))
     draws = y + 0.02 * rng.standard_normal((2000, len(pts)))
-    est, boot, lack, seed_var = law_draws(pts, y, draws, 5, "straight")
+    results = [PointResult(name=p.name, point=p, study=None, complete=True, left=0, seeds=5,
+                           onset=DepthDraws(lrs=list(LRS), point=float(v), draws=d, seeds=5))
+               for p, v, d in zip(pts, y, draws.T)]
+    widened, k = widened_draws(results, "test")
+    assert k == pytest.approx([1.42] * len(pts), abs=0.01)
+    seed_var = float(widened.var(axis=0, ddof=1).mean())
     assert seed_var == pytest.approx((0.02 * 1.42) ** 2, rel=0.1)
+    est, boot, lack = law_draws(design(pts), y, widened, "test")
     resid = y - design(pts) @ est
     assert lack == pytest.approx(resid @ resid / 5 - seed_var)
     points = planted(-2.0, 0.2, 0.0, spread=0.02)
@@ -376,9 +382,12 @@ def test_the_answer_figure_draws_open_ends_as_arrows_the_law_and_its_prediction(
         1000, fit["lr"], fit["ci_lo"], fit["ci_hi"], PREDICTION)
     assert layer(warmup, "prediction-interval") and layer(warmup, "prediction-label")
     assert any("arrow" in line for line in spec["title"]["text"])
-    # the band is predict's interval of a new point: at the scored point's schedule the same
-    scored = next(p for p in fit["predictions"] if p["point"] == "w64-s24414-wu1000")
+    # the band is predict's interval of a new five-seed point: at the study schedule the study
+    # preset's (five seeds), and wider at the three-seed scored point of the same schedule
+    scored = next(p for p in fit["predictions"] if p["point"] == "study-point")
+    three = next(p for p in fit["predictions"] if p["point"] == "w64-s24414-wu1000")
     at, = law_band(fit, 24_414, [1000])
+    assert three["ci_hi"] / three["ci_lo"] > 1.2 * at["ci_hi"] / at["ci_lo"]
     assert at["log10_lr"] == pytest.approx(scored["log10_lr"])
     assert math.log10(at["ci_hi"] / at["ci_lo"]) == pytest.approx(
         math.log10(scored["ci_hi"] / scored["ci_lo"]), rel=0.1)

@@ -90,7 +90,8 @@ SCORED = {"The first scored point": "w192-d6-s1200-wu480",
 
 
 def test_the_scored_points_paragraphs_cite_their_archives(made, tmp_path):
-    """Each number in the paragraphs that score the new points is the ladder block's, or a
+    """Each number in the paragraphs that score the new points is the ladder block's or the
+    plan's registered prediction, or a
     seed-mean gap, its interval or a seed's gap as the point's archive gives them (the
     pre-registered seeds, or with the added ones), or a condition of the design."""
     from analysis.load import load_runs
@@ -101,7 +102,9 @@ def test_the_scored_points_paragraphs_cite_their_archives(made, tmp_path):
     for title, point in SCORED.items():
         study = analyse(load_runs(extract(ROOT / "results" / "ladder" / f"{point}.tar.xz",
                                           tmp_path / point)[0]))
-        cited = [made["ladder"], "44e502f 5-seed 0-2 3 4",  # the commit and seeds named
+        plan = (ROOT / "docs" / "report.md").read_text()
+        registered = plan[plan.index("**The scored points**"):plan.index("**Scoring**")]
+        cited = [made["ladder"], registered, "44e502f 5-seed 0-2 3 4",  # commit, seeds named
                  " ".join(f"{lr:.3g}" for lr in study.points["lr"].unique())]
         for r in pl.concat([study.gaps, study.exploratory_gaps]).iter_rows(named=True):
             cited += [f"{r[k]:.3g} {r[k]:.3f}" for k in ("mean_gap", "ci_lo", "ci_hi")]
