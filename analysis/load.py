@@ -18,7 +18,7 @@ from qkstudy.config import ENGINE_KEYS, FOLDER_KEYS, framework_label
 from qkstudy.errors import UsageError
 from qkstudy.files import load_object
 from qkstudy.run_folder import RunFolder, SweepFolder, find_runs, metrics_gap
-from qkstudy.summaries import FINISHED, SUMMARY_FIELDS
+from qkstudy.summaries import STATUSES, SUMMARY_FIELDS
 
 # the columns and types the analysis relies on (run_folder.METRICS_SCHEMA and PROBES_SCHEMA)
 METRICS_COLUMNS = {"step": pl.Int64, "tokens": pl.Int64, "lr": pl.Float64,
@@ -29,7 +29,7 @@ PROBES_COLUMNS = {"step": pl.Int64, "layer": pl.Int64, "name": pl.String, "value
 PROBES_OPTIONAL = {"head": pl.Int64}
 # the summary's keys the analysis needs, each with whether its value is usable (init_loss may
 # be missing from a failed run's)
-SUMMARY_SCHEMA = {"status": lambda v: v in (*FINISHED, "failed"),
+SUMMARY_SCHEMA = {"status": lambda v: v in STATUSES,
                   "lr": lambda v: (_number(v) or 0) > 0,
                   "depth": lambda v: _number(v) is not None,
                   "seed": lambda v: _number(v) is not None,

@@ -10,6 +10,7 @@ import os
 import re
 import traceback
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,23 @@ def checkpoint_step(arrays: dict[str, np.ndarray]) -> int | None:
     return int(steps[0])
 
 
+class Outcome(Enum):
+    """What a run's summary.json records: its status, or PENDING (no readable one yet)."""
+
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    FAILED = "failed"  # trained and raised: no outcome on stability; the next sweep retries it
+    PENDING = "pending"
+
+    stable = property(lambda self: {Outcome.COMPLETED: True, Outcome.DIVERGED: False}.get(self))
+    finished = property(lambda self: self.value in FINISHED)
+
+
 @dataclass(frozen=True)
 class RunFolder:
-    """One run's folder: its paths, lock, state and files."""
+    """One run's folder: its paths, lock, state and files. Whether it is finished is read at
+    three depths, each on FINISHED: outcome() (the status recorded, unchecked: what a sweep plans
+    by), finished() (the summary checked) and intact_summary() (its files checked too)."""
 
     path: Path
 
@@ -212,6 +227,12 @@ class RunFolder:
         """summary.json's object unchecked ({} when missing or unreadable), for display."""
         return read_json(self.summary_file) or {}
 
+    def outcome(self) -> Outcome:
+        try:
+            return Outcome(self.summary_record().get("status"))
+        except ValueError:
+            return Outcome.PENDING
+
     def finished(self) -> dict | None:
         """The checked summary if it says completed or diverged (files unchecked), else None."""
         summary, why = load_object(self.summary_file)
@@ -221,7 +242,7 @@ class RunFolder:
         if why:
             raise DamagedRun(f"{self.summary_file} {why}; remove it (rm {self.summary_file}) and "
                              "run again to resume or retrain the run")
-        return summary if summary["status"] in FINISHED else None
+        return summary if Outcome(summary["status"]).finished else None
 
     def intact_summary(self) -> dict | None:
         """The summary of a finished run with intact files, None if unfinished; DamagedRun."""
@@ -361,10 +382,19 @@ class RunFolder:
                 path.unlink(missing_ok=True)
 
 
+def find_runs(root: Path, nested: bool = True) -> list[RunFolder]:
+    """The run folders (RunFolder.is_run) under `root`, hidden folders skipped, in path order:
+    at any depth, `root` itself included, or with nested=False its children only."""
+    root = Path(root)
+    found = ({p.parent for name in (SUMMARY, CONFIG) for p in root.rglob(name)} if nested
+             else {c for c in root.iterdir() if c.is_dir() and RunFolder(c).is_run()})
+    return [RunFolder(f) for f in sorted(found)
+            if not any(part.startswith(".") for part in f.relative_to(root).parts)]
+
+
 def run_folders(sweep_dir: Path) -> list[RunFolder]:
-    """The run folders with a config.json in a sweep folder (not dot-folders), by name."""
-    return [RunFolder(p.parent) for p in sorted(Path(sweep_dir).glob(f"*/{CONFIG}"))
-            if not p.parent.name.startswith(".")]
+    """A sweep folder's runs: its children that are run folders (find_runs)."""
+    return find_runs(sweep_dir, nested=False)
 
 
 @dataclass(frozen=True)
@@ -399,8 +429,8 @@ class SweepFolder:
                 and type(v) in (int, float) and v > 0} if isinstance(stored, dict) else {}
 
     def is_sweep(self) -> bool:
-        return self.plan_file.exists() or (self.path / SLURM).is_dir() or any(
-            c.is_dir() and RunFolder(c).is_run() for c in self.path.iterdir())
+        return self.plan_file.exists() or (self.path / SLURM).is_dir() or bool(
+            run_folders(self.path))
 
     def submissions(self) -> list[tuple[Path, dict]]:
         """(folder, record) of each Slurm submission, oldest first."""
@@ -417,9 +447,3 @@ class SweepFolder:
         return sorted((r for r in records if r and isinstance(r.get("moved"), str)),
                       key=lambda r: r["moved"])
 
-
-def find_runs(root: Path) -> list[RunFolder]:
-    """Every run folder at any depth under `root`, skipping hidden folders, in path order."""
-    found = {p.parent for name in (SUMMARY, CONFIG) for p in Path(root).rglob(name)}
-    return [RunFolder(f) for f in sorted(found)
-            if not any(part.startswith(".") for part in f.relative_to(root).parts)]

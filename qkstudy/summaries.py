@@ -7,7 +7,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-FINISHED = ("completed", "diverged")
+FINISHED = ("completed", "diverged")  # a run with a result: its summary.json says so
+STATUSES = (*FINISHED, "failed")  # every status a summary.json may hold
 # nats below the unigram entropy: a run that ends above it learned token frequencies and little
 # more (degraded); the sweep, the analysis and its simulations score runs by this one rule
 DEGRADED_MARGIN = 0.2
@@ -67,7 +68,7 @@ _CHECKS = {"number": lambda v: is_whole(v) or isinstance(v, float), "whole numbe
 
 def summary_problem(summary: dict, run_dir: Path) -> str | None:
     status = summary.get("status")
-    if status not in (*FINISHED, "failed"):
+    if status not in STATUSES:
         return f"has status {status!r}, not one of completed, diverged, failed"
     if "run_id" in summary and summary["run_id"] != run_dir.name:
         return f"belongs to run {summary['run_id']!r}, not to this folder"

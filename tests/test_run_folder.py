@@ -145,3 +145,45 @@ def test_a_finished_run_is_checked_against_its_rows(tmp_path):
 ])
 def test_a_finished_summary_is_checked_by_the_kinds_of_its_fields(summary, why):
     assert summary_problem({"status": "completed", **summary}, Path("r")) == why
+
+
+def test_a_run_is_finished_by_one_rule_read_at_three_depths(tmp_path):
+    from qkstudy.run_folder import Outcome
+
+    folder = RunFolder(tmp_path / "r")
+    assert folder.outcome() is Outcome.PENDING and folder.finished() is None  # no folder yet
+    folder.path.mkdir()
+    folder.write_rows([{"step": 0, "tokens": 0, "lr": 0.1, "train_loss": 1.0}], [])
+    for status, finished in (("completed", True), ("diverged", True), ("failed", False)):
+        write_json(folder.summary_file, {"status": status, "run_id": "r", "steps": 0})
+        assert folder.outcome() is Outcome(status) and folder.outcome().finished is finished
+        assert (folder.finished() is not None) is finished
+        assert (folder.intact_summary() is not None) is finished
+    # what the sweep plans by is the status recorded; the checked reads refuse a damaged summary
+    write_json(folder.summary_file, {"status": "completed", "run_id": "r", "steps": "x"})
+    assert folder.outcome() is Outcome.COMPLETED
+    with pytest.raises(run_folder.DamagedRun, match="not a step count"):
+        folder.finished()
+    for unknown in ({"status": "running"}, {"status": ["completed"]}, {}):
+        write_json(folder.summary_file, unknown)
+        assert folder.outcome() is Outcome.PENDING
+    folder.summary_file.write_text("{not json")
+    assert folder.outcome() is Outcome.PENDING
+
+
+def test_run_folders_are_found_one_way_at_any_depth_or_in_one_sweep(tmp_path):
+    from qkstudy.run_folder import SweepFolder, find_runs, run_folders
+
+    sweep = tmp_path / "runs" / "study"
+    for name, file in (("a", "config.json"), ("b", "summary.json"), (".damaged/c", "config.json"),
+                       ("slurm/001", "tasks.txt"), ("a/metrics", "part-0-0.parquet")):
+        (sweep / name).mkdir(parents=True, exist_ok=True)
+        (sweep / name / file).write_text("{}")
+    (sweep / "d").mkdir()  # an empty folder is no run
+    runs = [sweep / "a", sweep / "b"]
+    assert [f.path for f in find_runs(tmp_path / "runs")] == runs  # any depth, hidden skipped
+    assert [f.path for f in run_folders(sweep)] == runs == [
+        f.path for f in find_runs(sweep, nested=False)]
+    assert [f.path for f in find_runs(sweep / "a")] == [sweep / "a"]  # a run folder itself
+    assert run_folders(tmp_path / "runs") == []  # a tree of sweeps holds no run as a child
+    assert SweepFolder(sweep).is_sweep() and not SweepFolder(tmp_path / "runs").is_sweep()

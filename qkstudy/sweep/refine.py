@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from enum import Enum
 
 from ..config import TrainConfig
-from ..run_folder import RunFolder
+from ..run_folder import Outcome, RunFolder
 from .config import Group, SweepConfig, run_config, three_significant
 
 
@@ -25,27 +24,9 @@ def next_midpoint(results: Mapping[float, bool | None], grid_lrs: Sequence[float
     return None if mid in results else mid
 
 
-class Outcome(Enum):
-    COMPLETED = "completed"
-    DIVERGED = "diverged"
-    FAILED = "failed"  # trained and raised: no outcome on stability; the next sweep retries it
-    PENDING = "pending"  # no result yet
-
-    @property
-    def stable(self) -> bool | None:
-        return {Outcome.COMPLETED: True, Outcome.DIVERGED: False}.get(self)
-
-    @property
-    def finished(self) -> bool:
-        return self in (Outcome.COMPLETED, Outcome.DIVERGED)
-
-
 def run_outcome(cfg: TrainConfig) -> Outcome:
-    summary = RunFolder.of(cfg).summary_record()
-    try:
-        return Outcome(summary.get("status") if isinstance(summary, dict) else None)
-    except ValueError:
-        return Outcome.PENDING
+    """The outcome cfg's run folder records (RunFolder.outcome)."""
+    return RunFolder.of(cfg).outcome()
 
 
 def group_state(sweep: SweepConfig, group: Group
