@@ -8,7 +8,7 @@ import contextlib
 import math
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from . import stats as S
 from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .load import load_runs
 from .metrics import OFF, paired_gaps
+from .size_law import best_against_best, point_extras, size_analysis, size_text
 from .study import ReportOptions, Study, analyse
 from .threshold import DepthDraws, onset_columns, read_onset, tested_rule, widened
 
@@ -45,6 +46,7 @@ class PointResult:
     left: int  # runs the sweep still has to train
     onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs read) and its draws
     seeds: int  # the whole seeds the point rests on
+    best: dict = field(default_factory=dict)  # each arm's best LR and the best-against-best gap
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -86,7 +88,8 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
     onset = read_onset(cells, on, seeds, draws, options.study.min_gap)
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
-                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds))
+                       left=len(todo) + len(extra), onset=onset, seeds=len(seeds),
+                       best=best_against_best(study.points))
 
 
 # --- per point ----------------------------------------------------------------------------------
@@ -128,6 +131,7 @@ def point_row(r: PointResult, options: ReportOptions) -> dict:
         **onset_columns(r.onset, options.study.threshold_widening),
         **seed_effects(s, p.depth),
         "off_peak_logit": float(peaks["peak_logit"].max()) if peaks.height else None,
+        **point_extras(r),
         "run_seconds": float(s.points["wall_seconds"].sum()),
     }
 
@@ -189,6 +193,7 @@ def summary_text(out: dict) -> str:
     for fit in out["fits"]:  # type: ignore[attr-defined]
         lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
     lines += ["", prediction_text(out["fits"], out["scores"]), "", body_text()]  # type: ignore[arg-type]
+    lines += size_text(t, out["size"])  # type: ignore[arg-type]
     shift = out["body_shift"]
     if shift is not None:
         lines += ["", f"The study's model body (d_model 192, depth 6, head_dim 64) against "
@@ -336,7 +341,8 @@ def analyse_ladder(sources: list[Path]) -> dict[str, object]:
     fits = [fit for _, fit in fitted]
     return {"points": points, "law": pl.concat([law for law, _ in fitted]), "fits": fits,
             "scores": score(fits, measured_onsets(points)), "probes": probes,
-            "body_shift": body_shift(results, options.study.threshold_widening)}
+            "body_shift": body_shift(results, options.study.threshold_widening),
+            "size": size_analysis(results)}
 
 
 def cli(argv: list[str]) -> int:

@@ -44,7 +44,8 @@ def widened_draws(results: list, key: str, draws: int = 2000) -> tuple[np.ndarra
     own seeds and drawn independently of the others (the points share no run); and each
     point's widening factor."""
     k = np.array([small_sample_widening(r.seeds) for r in results])
-    own = [r.onset.point + kk * (r.onset.draws - r.onset.point) for r, kk in zip(results, k)]
+    own = [r.onset.point + kk * (r.onset.draws - r.onset.point) if math.isfinite(r.onset.point)
+           else r.onset.draws for r, kk in zip(results, k)]  # censored: draws at their bound
     return S.joint_draws(own, draws, key), k
 
 

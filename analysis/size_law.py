@@ -1,0 +1,340 @@
+"""The size ladder (docs/report.md): per point each arm's best LR and the best-against-best gap;
+the size law in two forms (power, ceiling) over every complete ladder point on the synthetic
+corpus, for the onset and for its ratio to QK-norm's best LR, with predictions at the two test
+points; and which knob moves the onset."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from functools import cache
+
+import numpy as np
+import polars as pl
+from scipy.optimize import least_squares
+
+from qkstudy.config import model_args
+from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
+from qkstudy.parameters import count_params
+from qkstudy.sweep.config import parse_sweep_config, run_config
+from qkstudy.sweep.ladder import KNOWN, SIZE_POINTS, SIZE_TESTS, WARMUP_POINTS, Point, point_words
+
+from . import stats as S
+from .law import (STEPS0, WARMUP0, lack_of_fit, new_point_draws, unit_variance,
+                  widened_draws)
+from .metrics import OFF, full_curves, with_losses
+
+ON = "rmsnorm"
+FORMS = ("power", "ceiling")
+# Every complete ladder point on the synthetic corpus but the test points (and the body point of
+# 2026-12-06, superseded by the size ladder's with a grid reaching below 0.01)
+FITTED = (*WARMUP_POINTS, "w64-s24414-wu1000", "w128-s300", "w256-s300",
+          *(p.name for p in SIZE_POINTS))
+TEST_NAMES = tuple(p.name for p in SIZE_TESTS)
+# The early warning's level was fitted on the points archived when it was fixed
+LEVEL_POINTS = (*WARMUP_POINTS, "w64-s24414-wu1000", "w128-s300", "w256-s300",
+                "w192-d6-s1200-wu480")
+
+
+@cache
+def non_embedding(name: str) -> float:
+    """The point's parameters outside the embeddings."""
+    p = KNOWN[name]
+    words = parse_sweep_config(point_words(p, [], "runs/ladder"))
+    cfg = run_config(words, p.depth, words.train.lr, ON, 0)
+    return count_params(model_args(cfg, VOCAB_BY_TOKENIZER["bytes"]))["non_embedding"]
+
+
+def knobs(points: list[Point]) -> np.ndarray:
+    """(points, 3): w = log2(warmup / 30), s = log2(steps / 300), n = log2(N / N at d_model 64,
+    depth 4)."""
+    n0 = non_embedding("w64-s300")
+    return np.array([[math.log2(p.warmup / WARMUP0), math.log2(p.steps / STEPS0),
+                      math.log2(non_embedding(p.name) / n0)] for p in points])
+
+
+# --- per point ----------------------------------------------------------------------------------
+
+def best_against_best(points: pl.DataFrame) -> dict:
+    """Each arm's best LR (the lowest seed-mean clipped loss over the LRs every seed ran) and
+    best loss, and per seed off's loss at off's best LR minus on's at on's, with its t-interval:
+    what skipping QK-norm costs once each arm's LR is tuned."""
+    p = with_losses(full_curves(points)).filter(pl.col("arm").is_in([OFF, ON]))
+    seeds = p["seed"].n_unique()
+    means = (p.group_by("arm", "lr").agg(pl.col("loss_clipped").mean(), n=pl.col("seed").n_unique())
+             .filter(pl.col("n") == seeds).sort("loss_clipped"))
+    out: dict = {}
+    per_seed = {}
+    for arm, key in ((OFF, "off"), (ON, "on")):
+        best = means.filter(pl.col("arm") == arm).row(0, named=True)
+        out[f"best_lr_{key}"], out[f"best_loss_{key}"] = best["lr"], best["loss_clipped"]
+        rows = p.filter((pl.col("arm") == arm) & (pl.col("lr") == best["lr"]))
+        per_seed[key] = dict(zip(rows["seed"], rows["loss_clipped"]))
+    gaps = [per_seed["off"][s] - per_seed["on"][s] for s in per_seed["off"] if s in per_seed["on"]]
+    lo, hi = S.interval(gaps)
+    return out | {"best_gap": float(np.mean(gaps)), "best_gap_lo": lo, "best_gap_hi": hi}
+
+
+# --- the size law -------------------------------------------------------------------------------
+
+def _ceiling(theta: np.ndarray, x: np.ndarray) -> np.ndarray:
+    a, b, c, e, h = theta
+    return np.minimum(a + b * x[:, 0] + c * x[:, 1], e + h * x[:, 2])
+
+
+def _fit_ceiling(x: np.ndarray, y: np.ndarray, start: np.ndarray) -> np.ndarray:
+    return least_squares(lambda t: _ceiling(t, x) - y, start, method="lm").x
+
+
+def _power_design(x: np.ndarray) -> np.ndarray:
+    return np.column_stack([np.ones(len(x)), x])
+
+
+def fit_form(form: str, x: np.ndarray, y: np.ndarray, point_draws: np.ndarray, key: str
+             ) -> tuple[np.ndarray, np.ndarray, float] | str:
+    """(estimate, coefficient draws, lack-of-fit variance) or why the form is not estimable.
+    Power: least squares on (1, w, s, n). Ceiling: min(a + b w + c s, e + h n), least squares
+    from the straight warmup law and a ceiling through the points under it; it needs two
+    distinct sizes on the ceiling. Both: the lack of fit added as a t draw (the ceiling's
+    through its Jacobian at the estimate)."""
+    terms = 4 if form == "power" else 5
+    if len(y) <= terms:
+        return f"needs more than {terms} points (has {len(y)})"
+    if form == "power":
+        d = _power_design(x)
+        est = np.linalg.pinv(d) @ y
+        boot, jac = point_draws @ np.linalg.pinv(d).T, d
+    else:
+        straight = np.linalg.lstsq(_power_design(x)[:, :3], y, rcond=None)[0]
+        under = y < _power_design(x)[:, :3] @ straight
+        if len(set(x[under, 2])) < 2:
+            return "fewer than two sizes lie under the warmup law: no ceiling to fit"
+        e, h = np.polyfit(x[under, 2], y[under], 1)[::-1]
+        est = _fit_ceiling(x, y, np.array([*straight, e, h]))
+        on_ceiling = _ceiling(est, x) < _power_design(x)[:, :3] @ est[:3]
+        if len(set(x[on_ceiling, 2])) < 2:
+            return "the fitted ceiling holds fewer than two sizes"
+        boot = np.array([_fit_ceiling(x, row, est) for row in point_draws])
+        jac = np.column_stack([np.where(on_ceiling[:, None], 0, _power_design(x)[:, :3]),
+                               np.where(on_ceiling[:, None], _power_design(x)[:, [0, 3]], 0)])
+    resid = y - (_power_design(x) @ est if form == "power" else _ceiling(est, x))
+    lack = lack_of_fit(resid, point_draws, terms)
+    if lack > 0:
+        rng = np.random.default_rng(zlib.crc32(key.encode()))
+        chol = np.linalg.cholesky(lack * np.linalg.pinv(jac.T @ jac) + 1e-12 * np.eye(terms))
+        t = np.sqrt((len(y) - terms) / rng.chisquare(len(y) - terms, len(boot)))
+        boot = boot + (rng.standard_normal((len(boot), terms)) @ chol.T) * t[:, None]
+    return est, boot, lack
+
+
+def evaluate(form: str, theta: np.ndarray, x0: np.ndarray) -> np.ndarray:
+    """The form's log10 value at knobs x0 for each row of theta (draws, terms)."""
+    theta = np.atleast_2d(theta)
+    if form == "power":
+        return theta @ np.array([1.0, *x0])
+    low = theta[:, 0] + theta[:, 1] * x0[0] + theta[:, 2] * x0[1]
+    return np.minimum(low, theta[:, 3] + theta[:, 4] * x0[2])
+
+
+def fit_size_law(results: list, target: str = "onset") -> list[dict]:
+    """Both forms over the fitted points' onsets (target "onset") or the onsets' ratios to
+    QK-norm's best LR ("ratio", each point's best LR fixed, not redrawn), with each form's terms
+    and its predictions at the test points (the 95% interval of a new five-seed point's
+    measured value)."""
+    used = [r for r in results if r.name in FITTED and r.complete and math.isfinite(r.onset.point)]
+    shift = np.array([math.log10(r.best["best_lr_on"]) if target == "ratio" else 0.0 for r in used])
+    x, y = knobs([r.point for r in used]), np.array([r.onset.point for r in used]) - shift
+    draws, k = widened_draws(used, f"size-law/{target}/points")
+    draws = draws - shift
+    unit = unit_variance(draws, np.array([r.seeds for r in used]), k) if used else 0.0
+    fits = []
+    for form in FORMS:
+        fit = {"form": form, "target": target, "points": ", ".join(r.name for r in used),
+               "lr": None, "predictions": [], "note": ""}
+        out = fit_form(form, x, y, draws, f"size-law/{target}/{form}") if used else "no points"
+        if isinstance(out, str):
+            fit["note"] = f"not estimable yet: {out}"
+            fits.append(fit)
+            continue
+        est, boot, lack = out
+        df = len(y) - len(est)
+        fit.update(estimate=est, lack_of_fit=math.sqrt(lack), df=df, lr=True)
+        for p in SIZE_TESTS:
+            x0 = knobs([p])[0]
+            center = evaluate(form, boot, x0)
+            lo, hi = S.percentile_interval(new_point_draws(
+                center, lack, unit, len(p.seeds), df, f"size-law/{target}/{form}/{p.name}"))
+            v = float(evaluate(form, est, x0)[0])
+            fit["predictions"].append({"form": f"{form} ({target})", "point": p.name,
+                                       "log10_lr": v, "lr": 10 ** v, "ci_lo": 10 ** lo,
+                                       "ci_hi": 10 ** hi})
+        fits.append(fit)
+    return fits
+
+
+def _bounded(r) -> float:
+    return float(np.clip(r.onset.point, *r.onset.bounds))
+
+
+def shift(a, b) -> dict | None:
+    """b's onset minus a's (decades) with the 95% interval of both points' widened draws (each
+    at its own seeds); where an onset lies beyond its LRs read, a bound: side "<" or ">"."""
+    if a is None or b is None:
+        return None
+    draws = widened_draws([a, b], f"size-shift/{a.name}/{b.name}")[0]
+    lo, hi = S.percentile_interval(draws[:, 1] - draws[:, 0])
+    less = b.onset.point == -math.inf or a.onset.point == math.inf
+    more = b.onset.point == math.inf or a.onset.point == -math.inf
+    if less and more:
+        return None  # censored on opposite sides: no bound
+    return {"shift": _bounded(b) - _bounded(a), "side": "<" if less else ">" if more else "",
+            "ci_lo": lo, "ci_hi": hi}
+
+
+def width_slope(results: list) -> dict | None:
+    """The onset's change per doubling of width at depth 4 and head_dim 32 (480 of 1,200):
+    least squares over the points' estimates, interval from their widened draws."""
+    by = {r.name: r for r in results}
+    names = ("w64-s1200-wu480", "w128-s1200-wu480", "w192-s1200-wu480")
+    pts = [by[n] for n in names if n in by and math.isfinite(by[n].onset.point)]
+    if len(pts) < 2:
+        return None
+    x = np.log2([r.point.d_model for r in pts])
+    y = np.array([r.onset.point for r in pts])
+    draws = widened_draws(pts, "size-width-slope")[0]
+    xc = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
+    lo, hi = S.percentile_interval(draws @ xc)
+    return {"shift": float(y @ xc), "side": "", "ci_lo": lo, "ci_hi": hi,
+            "points": ", ".join(r.name for r in pts)}
+
+
+def knob_shifts(results: list) -> dict[str, dict | None]:
+    """Which knob moves the onset: width (per doubling, depth 4), depth (4 to 6 at d_model 192),
+    head dimension (32 to 64 at d_model 192, depth 6) and the study body against width 64."""
+    by = {r.name: r for r in results}
+    return {"width, per doubling (depth 4)": width_slope(results),
+            "depth 4 to 6 (d_model 192)": shift(by.get("w192-s1200-wu480"),
+                                                by.get("w192-d6-hd32-s1200-wu480")),
+            "head_dim 32 to 64 (d_model 192, depth 6)": shift(
+                by.get("w192-d6-hd32-s1200-wu480"), by.get("w192-d6-hd64-s1200-wu480")),
+            "the study body against d_model 64, depth 4": shift(
+                by.get("w64-s1200-wu480"), by.get("w192-d6-hd64-s1200-wu480"))}
+
+
+# --- the early warning and the text ---------------------------------------------------------
+
+def warning_reading(r, seeds: tuple[int, ...] | None = None) -> tuple[dict[float, float], float,
+                                                                       str]:
+    """The off arm's logit at the warmup's end per grid LR (log10; seeds 0 and 1 unless given)
+    and the early warning's predicted onset (log10 LR) with its side."""
+    from . import early_warning as E
+
+    step = E.probe_step(r.point.steps, r.point.warmup)
+    logits = E.warmup_logits(r.study.per_run, r.study.probe_steps, step, seeds or E.SEEDS)
+    return (logits, *E.crossing(logits, E.LEVEL))
+
+
+def warning_scores(results: list) -> list[dict]:
+    """The early warning at each test point measured: predicted, measured, error (decades)."""
+    rows = []
+    for r in results:
+        if r.name not in TEST_NAMES or not r.complete:
+            continue
+        _, v, side = warning_reading(r)
+        measured = r.onset.point
+        error = "-" if not math.isfinite(measured) or side else f"{measured - v:+.2f}"
+        rows.append({"point": r.name, "predicted": ("< " if side == "below" else "> " if side
+                                                    else "") + f"{10 ** v:.3g}",
+                     "measured": r.onset.point, "error": error})
+    return rows
+
+
+def size_scores(fits: list[dict], results: list) -> pl.DataFrame:
+    """Each form's prediction at each measured test point, scored as the warmup law's are (the
+    ratio's measured value: the onset over QK-norm's best LR)."""
+    from .law import score
+
+    out = []
+    for target in ("onset", "ratio"):
+        measured = {}
+        for r in results:
+            if r.name in TEST_NAMES and r.complete:
+                v = _bounded(r) - (math.log10(r.best["best_lr_on"]) if target == "ratio" else 0)
+                side = "" if math.isfinite(r.onset.point) else (
+                    "below" if r.onset.point < 0 else "above")
+                measured[r.name] = {"lr": 10 ** v, "side": side, "text": (
+                    {"below": "< ", "above": "> "}.get(side, "") + f"{10 ** v:.3g}")}
+        out.append(score([f for f in fits if f["target"] == target], measured))
+    return pl.concat(out)
+
+
+def size_analysis(results: list) -> dict:
+    """The size ladder's outputs for `python -m analysis ladder`."""
+    from . import early_warning as E
+
+    archived = [r for r in results if r.name in LEVEL_POINTS and r.complete]
+    level = E.fitted_level([(warning_reading(r)[0], r.onset.point) for r in archived]) \
+        if archived else None
+    fits = fit_size_law(results, "onset") + fit_size_law(results, "ratio")
+    return {"fits": fits, "scores": size_scores(fits, results), "shifts": knob_shifts(results),
+            "warning": warning_scores(results), "level": level}
+
+
+def point_extras(r) -> dict:
+    """A point's best LRs, best-against-best gap, onset over QK-norm's best LR and the off
+    arm's logit at the warmup's end per LR (every seed's median), for its row."""
+    logits = warning_reading(r, tuple(range(r.seeds)))[0]
+    ratio = _bounded(r) - math.log10(r.best["best_lr_on"])
+    side = "" if math.isfinite(r.onset.point) else "< " if r.onset.point < 0 else "> "
+    return r.best | {"onset_over_best_lr": f"{side}{10 ** ratio:.3g}",
+                     "off_logit_at_warmup_end": ", ".join(
+                         f"{lr:g}: {10 ** v:,.0f}" if math.isfinite(v) else f"{lr:g}: diverged"
+                         for lr, v in logits.items())}
+
+
+def _shift_text(s: dict | None) -> str:
+    if s is None:
+        return "not measured yet"
+    return f"{s['side']}{s['shift']:+.2f} [{s['ci_lo']:+.2f}, {s['ci_hi']:+.2f}]"
+
+
+def _fit_text(fit: dict) -> str:
+    if fit["lr"] is None:
+        return f"{fit['form']} ({fit['target']}): {fit['note']}."
+    names = ("a", "b", "c", "g") if fit["form"] == "power" else ("a", "b", "c", "e", "h")
+    return (f"{fit['form']} ({fit['target']}), over {len(fit['points'].split(', '))} points: "
+            + ", ".join(f"{k} {v:+.3f}" for k, v in zip(names, fit["estimate"]))
+            + f"; lack of fit {fit['lack_of_fit']:.3f} decades ({fit['df']} degrees of freedom).")
+
+
+def size_text(points: pl.DataFrame, size: dict) -> list[str]:
+    """The size ladder's Markdown: per point the best LRs and the cost of skipping QK-norm,
+    which knob moves the onset, the size law's forms and their predictions."""
+    from .ladder import ci_text
+    from qkstudy.progress import table
+
+    rows = [[f"`{r['point']}`", f"{r['best_lr_off']:.3g} / {r['best_lr_on']:.3g}",
+             f"{r['best_loss_off']:.3f} / {r['best_loss_on']:.3f}",
+             ci_text({**r, "best_gap_lo": r["best_gap_lo"]}, "best_gap", "+.3f"),
+             r["onset_over_best_lr"], r["off_logit_at_warmup_end"]]
+            for r in points.iter_rows(named=True)]
+    lines = ["", *table(["point", "best LR off / on", "best loss off / on",
+                         "best-against-best gap, nats [95% CI]", "onset / on's best LR",
+                         "off arm's max attention logit at the warmup's end, by LR"], rows)]
+    lines += ["", *table(["what changes (480 warmup steps of 1,200)",
+                          "onset shift, decades [95% CI]"],
+                         [[k, _shift_text(v)] for k, v in size["shifts"].items()])]
+    lines += ["", "Size law: " + " ".join(_fit_text(f) for f in size["fits"])]
+    preds = [[f"`{p['point']}`", p["form"], f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]"]
+             for f in size["fits"] for p in f["predictions"]]
+    if preds:
+        scored = {(s["form"], s["point"]): s for s in size["scores"].iter_rows(named=True)}
+        lines += ["", *table(["test point", "form (what it predicts)", "predicted [95% interval]",
+                              "measured", "error, decades", "inside?"],
+                             [row + [scored.get((row[1], row[0].strip("`")), {}).get(k, "-")
+                                     for k in ("measured", "error", "inside")] for row in preds])]
+    lines += ["", f"Early warning: L = {10 ** size['level']:.0f} refitted from the points it was "
+                  "fixed on; at the test points: " + ("; ".join(
+                      f"{w['point']} predicted {w['predicted']}, error {w['error']}"
+                      for w in size["warning"]) or "not run yet") + "."]
+    return lines

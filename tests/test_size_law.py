@@ -1,0 +1,78 @@
+"""The size ladder's analysis (analysis/size_law.py) on planted onsets: the power and ceiling
+forms recover the law they were planted from and predict the test points; the cost of skipping
+QK-norm at each arm's best LR; shifts and their bounds where an onset is censored."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analysis import size_law as Z
+from analysis.ladder import PointResult
+from analysis.threshold import DepthDraws
+from qkstudy.sweep.ladder import KNOWN, SIZE_TESTS
+
+
+def planted(law, spread: float = 0.02, best_on: float = 0.01) -> list[PointResult]:
+    rng = np.random.default_rng(0)
+    out = []
+    for name in Z.FITTED:
+        p = KNOWN[name]
+        y = float(law(Z.knobs([p])[0]))
+        draws = y + spread * rng.standard_normal(3125)
+        out.append(PointResult(name=name, point=p, study=None, complete=True, left=0, seeds=5,
+                               onset=DepthDraws(lrs=[1e-4, 3.0], point=y, draws=draws, seeds=5),
+                               best={"best_lr_on": best_on}))
+    return out
+
+
+def test_the_power_form_recovers_a_planted_power_of_the_parameters_and_predicts_the_tests():
+    law = lambda x: -2.1 + 0.18 * x[0] - 0.2 * x[2]  # noqa: E731
+    power, ceiling = Z.fit_size_law(planted(law))
+    assert power["estimate"] == pytest.approx([-2.1, 0.18, 0.0, -0.2], abs=1e-6)
+    for p, pred in zip(SIZE_TESTS, power["predictions"]):
+        truth = law(Z.knobs([p])[0])
+        assert pred["log10_lr"] == pytest.approx(truth, abs=1e-6)
+        assert pred["ci_lo"] < 10 ** truth < pred["ci_hi"]
+    ratio = Z.fit_size_law(planted(law, best_on=0.01), "ratio")[0]
+    assert ratio["estimate"][0] == pytest.approx(-2.1 + 2, abs=1e-6)  # onset / 0.01
+
+
+def test_the_ceiling_form_recovers_a_planted_ceiling():
+    law = lambda x: min(-2.1 + 0.18 * x[0], -1.0 - 0.4 * x[2])  # noqa: E731
+    _, ceiling = Z.fit_size_law(planted(law))
+    assert ceiling["lr"] and ceiling["estimate"][[0, 1, 3, 4]] == pytest.approx(
+        [-2.1, 0.18, -1.0, -0.4], abs=1e-3)
+    body = next(p for p in ceiling["predictions"] if p["point"] == SIZE_TESTS[1].name)
+    assert body["log10_lr"] == pytest.approx(law(Z.knobs([SIZE_TESTS[1]])[0]), abs=1e-3)
+    flat = Z.fit_size_law(planted(lambda x: -2.1 + 0.18 * x[0]))[1]  # nothing under the law
+    assert flat["lr"] is None and "ceiling" in flat["note"]
+
+
+def test_best_against_best_takes_each_arms_best_lr_from_the_seed_means():
+    rows = []
+    for seed in range(3):
+        for arm, losses in (("none", {0.01: 1.0, 0.03: 0.9}), ("rmsnorm", {0.01: 0.8, 0.03: 0.85})):
+            for lr, loss in losses.items():
+                rows.append({"run": f"{arm}{lr}{seed}", "arm": arm, "qk_norm": arm, "lr": lr,
+                             "seed": seed, "depth": 4, "status": "completed",
+                             "init_loss": 5.0, "final_val_loss": loss + 0.01 * seed,
+                             "unigram_entropy": 3.1, "added_seed": False})
+    b = Z.best_against_best(pl.DataFrame(rows))
+    assert (b["best_lr_off"], b["best_lr_on"]) == (0.03, 0.01)
+    assert b["best_gap"] == pytest.approx(0.1) and b["best_gap_lo"] == pytest.approx(0.1)
+
+
+def test_a_shift_against_a_censored_onset_is_a_bound():
+    def r(name, point):
+        return PointResult(name=name, point=KNOWN[name], study=None, complete=True, left=0,
+                           seeds=5, onset=DepthDraws(lrs=[0.001, 0.1], point=point,
+                                                     draws=np.full(3125, point if math.isfinite(
+                                                         point) else -3.0), seeds=5))
+    base, body = r("w64-s1200-wu480", -1.36), r("w192-d6-hd64-s1200-wu480", -math.inf)
+    s = Z.shift(base, body)
+    assert s["side"] == "<" and s["shift"] == pytest.approx(-3.0 + 1.36)
+    assert Z.shift(base, r("w192-d6-hd64-s1200-wu480", -2.0))["side"] == ""
