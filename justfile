@@ -29,7 +29,7 @@ advise *args:
 status *args:
     @{{py}} -m qkstudy status "$@"
 
-# tables, charts, verdicts and report.html: just report [RUNS_DIR] [out=DIR] [key=value ...]
+# tables, charts, verdicts and report.html: just report [RUNS_DIR [OTHER_RUNS_DIR: compared]] [framework=NAME[,NAME]] [out=DIR] [key=value ...]
 [group('1 get started')]
 report *args:
     @{{py}} -m analysis report "$@"

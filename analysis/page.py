@@ -19,6 +19,7 @@ from qkstudy.run_folder import RunFolder
 
 from . import charts as C
 from . import metrics as M
+from .compare import Comparison
 from .load import Runs
 from .prose import CHARTS, headline
 from .study import ReportOptions, Study
@@ -174,7 +175,8 @@ def analysis_environment() -> dict[str, str]:
             "vega-lite": vlc.get_vegalite_versions()[-1], "machine": platform.platform()}
 
 
-def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) -> str:
+def render_html(study: Study, specs: dict[str, dict], options: ReportOptions,
+                comparison: Comparison | None = None) -> str:
     runs, t = study.runs, study.runs.table
     env = analysis_environment()
     o = options.study
@@ -210,6 +212,10 @@ def render_html(study: Study, specs: dict[str, dict], options: ReportOptions) ->
             ("provenance", run_provenance(runs)))},
         figures=[(name, CHARTS[name]) for name in specs if name in CHARTS and name != "headline"],
         headline_caption=CHARTS["headline"], sentences=headline(study),
+        comparison=comparison and {
+            "a": comparison.a, "b": comparison.b, "sentences": comparison.sentences,
+            **{name: data_table(getattr(comparison, name))
+               for name in ("gaps", "onsets", "verdicts")}},
         runs_table=data_table(study.per_run, run_cols, RUN_COLUMNS_FIRST, "runs-table"),
         specs_json=safe(_script_json(specs)),
         details_json=safe(_script_json(run_details(study))),

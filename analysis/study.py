@@ -30,6 +30,10 @@ class ReportOptions:
     probe_names: tuple[str, ...] = ()  # probes for the "other probes" chart
     study: M.Options = field(default_factory=M.Options)
     png_scale: float = 2.0
+    framework: str = ""  # whose runs enter the study (mlx, torch, torch-bf16, ...); empty: MLX's
+    # when there are any, else the most common (docs/report.md)
+    compare_with: str = ""  # a second runs folder (or the same): the page compares the answers
+    compare_framework: str = ""  # the framework of the compared study; empty: as `framework`
 
 
 @dataclass
@@ -71,13 +75,24 @@ def _most_common(column: pl.Series) -> str:
     return column.value_counts(sort=True).row(0)[0]
 
 
-def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.DataFrame]:
-    """(framework, setting, the runs that enter the metrics, other frameworks' twins)."""
-    table = runs.table
-    finished = table.filter(pl.col("status").is_in(FINISHED))
+def choose_framework(runs: Runs, framework: str = "") -> str:
+    """The framework whose finished runs enter the study: `framework` when given, else MLX's
+    when there are any, else the most common; UsageError when it has no finished run."""
+    finished = runs.table.filter(pl.col("status").is_in(FINISHED))
     if finished.is_empty():
-        raise UsageError(f"no finished runs under {runs.root} (all {table.height} failed)")
-    framework = "mlx" if "mlx" in finished["framework"] else _most_common(finished["framework"])
+        raise UsageError(f"no finished runs under {runs.root} (all {runs.table.height} failed)")
+    found = sorted(finished["framework"].unique().to_list())
+    if framework and framework not in found:
+        raise UsageError(f"framework={framework}: no finished {framework} runs under "
+                         f"{runs.root} (its finished runs are {', '.join(found)})")
+    return framework or ("mlx" if "mlx" in found else _most_common(finished["framework"]))
+
+
+def _primary(runs: Runs, notes: list[str], framework: str = ""
+             ) -> tuple[str, str, pl.DataFrame, pl.DataFrame]:
+    """(framework, setting, the runs that enter the metrics, other frameworks' twins)."""
+    framework = choose_framework(runs, framework)
+    finished = runs.table.filter(pl.col("status").is_in(FINISHED))
     primary = finished.filter(pl.col("framework") == framework)
     setting = _most_common(primary["setting"])
     settings = primary["setting"].unique().to_list()
@@ -109,7 +124,7 @@ def _primary(runs: Runs, notes: list[str]) -> tuple[str, str, pl.DataFrame, pl.D
 
 def analyse(runs: Runs, options: ReportOptions = ReportOptions()) -> Study:
     notes: list[str] = []
-    framework, setting, points, others = _primary(runs, notes)
+    framework, setting, points, others = _primary(runs, notes, options.framework)
     study = options.study
     exploratory_gaps = pl.DataFrame(schema=H.GAP_SCHEMA)
     if "added_seed" in points.columns and points["added_seed"].fill_null(False).any():
