@@ -1,31 +1,26 @@
 """`python -m analysis advise lr=... warmup=... steps=... [d_model=] [depth=] [vocab=]`: whether a
-run needs QK-norm, read from the published archives (USAGE)."""
+run needs QK-norm, read from the table the published archives generate (results/advice.json)."""
 
 from __future__ import annotations
 
 import math
-import tarfile
-import tempfile
-from pathlib import Path
+import sys
 
-import polars as pl
-
-from qkstudy.archive import SUFFIX, extract
 from qkstudy.config import split_key_values, take
-from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.errors import UsageError
-from qkstudy.sweep.config import MINI
-from qkstudy.sweep.ladder import KNOWN, MARGIN_PER_BYTE, STUDY_POINT, WARMUP_POINTS
+
+from . import advice_table
 
 USAGE = """usage: python -m analysis advise lr=LR warmup=N steps=N [d_model=N] [depth=N] [vocab=N]
 
-The verdict at peak LR lr with warmup of steps (results/ladder; results/mini.tar.xz with depth=),
-the warmup law's predicted onset there, the nearest measured condition (log2 distance in warmup,
-steps and the width and depth given) and a warning per knob outside what was measured."""
+The verdict at peak LR lr with warmup of steps: at a measured condition, its measured cell;
+elsewhere the nearest measured conditions (distance weighted by how far each knob moves the
+onset) and, inside the measured schedules of the warmup law's model, the law's predicted onset.
+"Not needed" only at or below an LR where no difference was decided on the same model body.
+Without d_model= and depth= it assumes the ladder's model (d_model 64, depth 4) and says so."""
 KEYS = {"lr": float, "warmup": int, "steps": int, "d_model": int, "depth": int, "vocab": int}
-LADDER, MINI_ARCHIVE = Path("results/ladder"), Path("results/mini.tar.xz")
-# A measured condition is a dict: name, study ("ladder" or "mini"), d_model, depth, steps,
-# warmup, lrs (its grid), no_difference_up_to, off_worse_from and onset (its text).
+LAW_BODY = (64, 4)  # the warmup law's model body: d_model, depth
+BYTES = 257
 
 
 def parse(argv: list[str]) -> dict:
@@ -50,161 +45,200 @@ def parse(argv: list[str]) -> dict:
     return k
 
 
-def sources(depth: bool) -> tuple[list[Path], Path | None]:
-    """The ladder points' archives (not the probe sweeps) and, with depth, the mini's."""
-    if not LADDER.is_dir():
-        raise UsageError(f"{LADDER} is missing or not a folder (run from the repository's root)")
-    found = [p for p in sorted(LADDER.iterdir()) if p.name.removesuffix(SUFFIX) in KNOWN
-             and not KNOWN[p.name.removesuffix(SUFFIX)].probe_every]
-    for path in found + [MINI_ARCHIVE] * depth:
-        if not path.is_file() or not tarfile.is_tarfile(path):
-            raise UsageError(f"{path} is not a {SUFFIX} archive (run from the repository's root)")
-    if not found:
-        raise UsageError(f"{LADDER} holds no ladder point's {SUFFIX} archive")
-    return found, MINI_ARCHIVE if depth else None
+def body(knobs: dict) -> tuple[int, int]:
+    return knobs.get("d_model", LAW_BODY[0]), knobs.get("depth", LAW_BODY[1])
 
 
-def mini_conditions(path: Path) -> list[dict]:
-    """Each depth of the mini (rmsnorm against off at its one model and schedule)."""
-    from .load import load_runs
-    from .study import analyse
-
-    with tempfile.TemporaryDirectory(prefix="qkstudy-advise-") as tmp:
-        study = analyse(load_runs(extract(path, Path(tmp) / "mini")[0]))
-    t = MINI.train
-    rows = study.thresholds.filter(pl.col("compared_arm") == "rmsnorm").sort("depth")
-    return [{**r, "name": f"mini depth {r['depth']}", "study": "mini", "d_model": t.d_model,
-             "steps": t.max_steps, "warmup": t.warmup_steps, "lrs": MINI.lrs,
-             "onset": r["onset"] or r["note"]} for r in rows.iter_rows(named=True)]
+def distance(c: dict, knobs: dict, w: dict) -> float:
+    """Decades: each knob's log2 distance times how far a doubling of it moves the onset."""
+    d, L = body(knobs)
+    size = math.log2(d * d * L / (c["d_model"] ** 2 * c["depth"]))
+    return math.hypot(w["warmup"] * math.log2(max(knobs["warmup"], 1) / c["warmup"]),
+                      w["steps"] * math.log2(knobs["steps"] / c["steps"]), w["size"] * size)
 
 
-def measured(ladder: list[Path], mini: Path | None) -> tuple[list[dict], dict]:
-    """The measured conditions (the ladder's points in their order, then the mini's depths)
-    and the straight warmup law's fit, as `python -m analysis ladder` publishes them."""
-    from .ladder import analyse_ladder
-
-    conditions, fit = conditions_of(analyse_ladder(ladder))
-    return conditions + (mini_conditions(mini) if mini else []), fit
+DECIDED = {"off worse": "off worse decided", "no difference": "no difference decided",
+           "on worse": "QK-norm worse decided", "undetermined": "not decided"}
 
 
-def conditions_of(out: dict) -> tuple[list[dict], dict]:
-    """The ladder's measured conditions and the straight law's fit from its analysis."""
-    points: pl.DataFrame = out["points"]
-    conditions = [{**r, "name": r["point"], "study": "ladder", "lrs": KNOWN[r["point"]].lrs}
-                  for r in points.iter_rows(named=True)]
-    return conditions, next(f for f in out["fits"] if f["form"] == "straight")
+def valley(c: dict) -> float:
+    """The LR of the smallest seed-mean gap: the onset is read from there up; below it QK-norm
+    learns faster where neither arm is trained, which is not the instability."""
+    read = [x for x in c["cells"] if x["decision"] in DECIDED and x["lr"] <= c["read_hi"]]
+    return min(read or c["cells"], key=lambda x: x["mean_gap"])["lr"]
 
 
-def distance(c: dict, knobs: dict) -> float:
-    """log2 distance in warmup and steps, and in width and depth where given."""
-    return math.hypot(*(math.log2(max(knobs[k], 1) / c[k])
-                        for k in ("warmup", "steps", "d_model", "depth") if k in knobs))
+def gap_text(cell: dict, low: float | None = None) -> str:
+    ci = (f" [{cell['ci_lo']:+.3f}, {cell['ci_hi']:+.3f}]" if cell["ci_lo"] is not None else "")
+    slower = ("; below the smallest gap, where QK-norm learns faster (not the instability)"
+              if low is not None and cell["lr"] < low and cell["mean_gap"] > 0 else "")
+    return (f"LR {cell['lr']:.3g}: off minus on {cell['mean_gap']:+.3f}{ci} nats, "
+            f"{DECIDED.get(cell['decision'], cell['decision'])}{slower}")
 
 
-def verdict(lr: float, near: dict, onset: dict, knobs: dict | None = None) -> str:
-    """Not needed only below both the nearest condition's tested no-difference LR and the
-    predicted onset's interval at these knobs, with that condition's width and depth where the
-    knobs give them; needed above that interval."""
-    a, lo, hi = near["no_difference_up_to"], onset["ci_lo"], onset["ci_hi"]
-    if a is not None and lr <= a and lr < lo:
-        body = [f"{k} {near[k]}" for k in ("d_model", "depth")
-                if (knobs or {}).get(k, near[k]) != near[k]]
-        below = f"below the tested no-difference LR ({a:.3g} at {near['name']})"
-        return (f"uncertain: {below}, measured at {' and '.join(body)}, not yours" if body
-                else f"not needed: {below}")
-    if lr > hi:
-        return f"needed: above the tested onset (the upper end of its interval, {hi:.3g})"
-    if lr >= lo:
-        return f"uncertain: inside the onset's interval [{lo:.3g}, {hi:.3g}]"
-    low = f"{a:.3g}" if a is not None else f"none decided at {near['name']}"
-    return (f"uncertain: between the tested no-difference LR ({low}) and the onset's upper end "
-            f"({hi:.3g})")
+def cells_text(c: dict, lr: float) -> str:
+    return "; ".join(gap_text(x, valley(c)) for x in around(c, lr))
 
 
-def _outside(key: str, value: float, values: list, what: str, fmt: str = ",") -> list[str]:
-    lo, hi = min(values), max(values)
-    return [] if lo <= value <= hi else [f"warning: {key} {value:{fmt}} is outside the measured "
-                                         f"{lo:{fmt}}-{hi:{fmt}} ({what})"]
+def around(c: dict, lr: float) -> list[dict]:
+    """The cell at lr, or the cells either side of it (one at an end of the grid)."""
+    cells = c["cells"]
+    same = [x for x in cells if math.isclose(x["lr"], lr, rel_tol=1e-3)]
+    if same:
+        return same
+    below, above = [x for x in cells if x["lr"] < lr], [x for x in cells if x["lr"] > lr]
+    return below[-1:] + above[:1]
 
 
-def depth_warning(knobs: dict, conditions: list[dict]) -> list[str]:
-    """Depths other than the ladder's were measured only in the mini, at its one model and
-    schedule: a warning at a depth outside the mini's, or at one not the ladder's elsewhere."""
-    mini = [c for c in conditions if c["study"] == "mini"]
-    ladder = sorted({c["depth"] for c in conditions if c["study"] == "ladder"})
-    at, depth = {k: mini[0][k] for k in ("d_model", "steps", "warmup")}, knobs["depth"]
-    if mini[0]["depth"] <= depth <= mini[-1]["depth"] and (
-            depth in ladder or all(knobs.get(k, v) == v for k, v in at.items())):
-        return []
-    return [f"warning: depth {depth}: depths {mini[0]['depth']}-{mini[-1]['depth']} were measured"
-            f" only at d_model {at['d_model']}, {at['steps']:,} steps, warmup {at['warmup']} (the"
-            f" mini); the ladder's points are depth {', '.join(map(str, ladder))}"]
+MEASURED = {"off worse": "needed", "no difference": "not needed", "on worse": "not needed"}
 
 
-def body_warning(knobs: dict, conditions: list[dict], law: list[dict], fit: dict) -> list[str]:
-    """For a model body other than the law's: what the scored body point measured there."""
-    from .ladder import BODY_POINT
-    from .law import predict_at
-
-    b = next((c for c in conditions if c["name"] == BODY_POINT), None)
-    d, L = law[0]["d_model"], law[0]["depth"]
-    if b is None or (knobs.get("d_model", d), knobs.get("depth", L)) == (d, L):
-        return []
-    p = predict_at(fit, b["warmup"], b["steps"])
-    return [f"warning: the warmup law is fitted at d_model {d}, depth {L}; at d_model {b['d_model']}"
-            f", depth {b['depth']} ({b['warmup']:,} warmup steps of {b['steps']:,}) the measured "
-            f"onset is {b['onset'].split(' [')[0]}, where the law predicts {p['lr']:.3g} "
-            f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]"]
-
-
-def warnings(knobs: dict, conditions: list[dict], near: dict, fit: dict) -> list[str]:
-    """A line per knob outside the measured conditions."""
-    out = [] if knobs["warmup"] else ["warning: warmup 0 is read as 1 step (the law and the "
-                                      "distance are in log2 of the warmup)"]
-    law = [c for c in conditions if c["name"] in WARMUP_POINTS]
-    for k in ("steps", "warmup"):
-        out += _outside(k, knobs[k], [c[k] for c in law],
-                        "the ladder's width-64 points: the predicted onset is an extrapolation")
-    if "d_model" in knobs:
-        out += _outside("d_model", knobs["d_model"], [c["d_model"] for c in conditions
-                                                      if c["study"] == "ladder"], "the ladder")
-    out += depth_warning(knobs, conditions) if "depth" in knobs else []
-    out += body_warning(knobs, conditions, law, fit)
-    if knobs.get("vocab", VOCAB_BY_TOKENIZER["bytes"]) != VOCAB_BY_TOKENIZER["bytes"]:
-        out.append(f"warning: vocabulary {knobs['vocab']:,} is not bytes ({VOCAB_BY_TOKENIZER['bytes']}):"
-                   f" the margin is {MARGIN_PER_BYTE:g} nats per byte of text, so on a BPE "
-                   f"vocabulary of about {STUDY_POINT.bytes_per_token:.1f} bytes a token the same "
-                   f"effect is about {STUDY_POINT.margin:.2g} nats per token; no BPE run was "
-                   "measured")
-    return out + _outside("LR", knobs["lr"], near["lrs"], f"the LRs at {near['name']}", ".3g")
+def measured_verdict(c: dict, lr: float) -> str:
+    """At a measured condition: its cell at lr, or the cells either side."""
+    lrs = [x["lr"] for x in c["cells"]]
+    if not lrs[0] <= lr <= lrs[-1]:
+        if lr > lrs[-1] and c["off_worse_from"] is not None:
+            return (f"needed: off worse decided from LR {c['off_worse_from']:.3g} up to the "
+                    f"largest LR measured, {lrs[-1]:.3g} ({c['name']})")
+        return f"not measured: LR outside the LRs measured at {c['name']} ({lrs[0]:.3g}-{lrs[-1]:.3g})"
+    cells = around(c, lr)
+    words = {MEASURED.get(x["decision"], "uncertain") for x in cells}
+    where = "at this LR" if len(cells) == 1 else "at the LRs either side"
+    word = words.pop() if len(words) == 1 else "uncertain"
+    return f"{word}: measured {where} at {c['name']}: {cells_text(c, lr)}"
 
 
-def advise(knobs: dict, conditions: list[dict], fit: dict) -> list[str]:
-    """The verdict, the predicted onset, the nearest condition and the warnings, as lines."""
-    from .law import predict_at
+def modelled_verdict(near: dict, lr: float, predicted: dict | None) -> str:
+    """Between measured schedules of one model body: "not needed" only at or below the nearest
+    condition's tested no-difference LR (and below the law's interval), "needed" above it."""
+    a, low = near["no_difference_up_to"], near["cells"][0]["lr"]
+    if a is not None and low <= lr <= a and (predicted is None or lr < predicted["ci_lo"]):
+        return (f"not needed: at or below LR {a:.3g}, where no difference was decided at every "
+                f"measured LR from the smallest ({low:.3g}) up, at {near['name']}")
+    if predicted is not None and lr > predicted["ci_hi"]:
+        return f"needed: above the predicted onset's interval (upper end {predicted['ci_hi']:.3g})"
+    if predicted is not None and lr >= predicted["ci_lo"]:
+        return (f"uncertain: inside the predicted onset's interval [{predicted['ci_lo']:.3g}, "
+                f"{predicted['ci_hi']:.3g}]")
+    bound = f"LR {a:.3g}" if a is not None else "none"
+    return (f"uncertain: above the no-difference LR tested at {near['name']} ({bound}); its "
+            f"measured onset {near['onset']}")
 
+
+def span(conditions: list[dict], key: str) -> tuple[int, int]:
+    values = [c[key] for c in conditions]
+    return min(values), max(values)
+
+
+def outside(knobs: dict, same: list[dict]) -> str | None:
+    """Why the knobs lie outside what was measured on this model body, or None."""
+    for key in ("warmup", "steps"):
+        lo, hi = span(same, key)
+        if not lo <= knobs[key] <= hi:
+            return f"{key} {knobs[key]:,} is outside the {key} measured on this model body ({lo:,}-{hi:,})"
+    return None
+
+
+def predict(table: dict, knobs: dict) -> dict:
+    """The straight warmup law's onset at the knobs' schedule with the 95% interval of a new
+    five-seed point's measured onset (law.predict's, from the table's coefficient draws)."""
+    import numpy as np
+
+    from .prediction import new_point_draws, percentile_interval, schedule_x
+
+    law = table["law"]
+    w, s = max(knobs["warmup"], 1), knobs["steps"]
+    x0 = np.array(schedule_x(w, s))
+    center = np.array(law["draws"]) @ x0
+    lo, hi = percentile_interval(new_point_draws(
+        center, law["lack"], law["unit_var"], law["widening"], law["seeds"], law["df"],
+        f"warmup-law/straight/w64-s{s}-wu{w}"))
+    v = float(np.array(law["estimate"]) @ x0)
+    return {"lr": 10 ** v, "ci_lo": 10 ** lo, "ci_hi": 10 ** hi}
+
+
+def verdict(knobs: dict, table: dict) -> tuple[str, dict, dict | None]:
+    """(verdict, the nearest measured condition, the law's prediction where it covers)."""
+    conditions, w, lr = table["conditions"], table["weights"], knobs["lr"]
+    same = [c for c in conditions if (c["d_model"], c["depth"]) == body(knobs)]
+    near = min(same or conditions, key=lambda c: distance(c, knobs, w))
+    if not same:
+        bodies = sorted({(c["d_model"], c["depth"]) for c in conditions})
+        return (f"not measured: no condition at d_model {body(knobs)[0]}, depth {body(knobs)[1]} "
+                f"(measured: {', '.join(f'{d}/{L}' for d, L in bodies)} as d_model/depth)"), near, None
+    exact = [c for c in same if (c["warmup"], c["steps"]) == (knobs["warmup"], knobs["steps"])]
+    if exact:
+        return measured_verdict(exact[0], lr), exact[0], None
+    why = outside(knobs, same)
+    if why:
+        return f"not measured: {why}", near, None
+    predicted = predict(table, knobs) if body(knobs) == LAW_BODY else None
+    return modelled_verdict(near, lr, predicted), near, predicted
+
+
+def assumed(knobs: dict) -> str:
+    """The model body, saying which part was assumed (the ladder's model) when not given."""
+    d, L = body(knobs)
+    guessed = [k for k in ("d_model", "depth") if k not in knobs]
+    note = (f" (assumed {' and '.join(guessed)}: the ladder's model; give "
+            f"{' and '.join(k + '=' for k in guessed)} for yours)" if guessed else "")
+    return f"d_model {d}, depth {L}{note}"
+
+
+def warnings(knobs: dict, conditions: list[dict], near: dict) -> list[str]:
+    """A line per knob outside every measured condition, and the LR outside the nearest's."""
+    out = []
+    for key in ("warmup", "steps", "d_model", "depth"):
+        if key in knobs:
+            lo, hi = span(conditions, key)
+            if not lo <= knobs[key] <= hi:
+                out.append(f"warning: {key} {knobs[key]:,} is outside every measured condition "
+                           f"({lo:,}-{hi:,})")
+    if knobs.get("vocab", BYTES) != BYTES:
+        out.append(f"warning: vocabulary {knobs['vocab']:,} is not bytes ({BYTES}): every "
+                   "condition was measured on byte text (the margin is 0.1 nats per byte)")
+    lrs = [x["lr"] for x in near["cells"]]
+    if not lrs[0] <= knobs["lr"] <= lrs[-1]:
+        out.append(f"warning: LR {knobs['lr']:.3g} is outside the LRs measured at {near['name']} "
+                   f"({lrs[0]:.3g}-{lrs[-1]:.3g})")
+    return out
+
+
+def advise(knobs: dict, table: dict) -> list[str]:
+    """The verdict, the measured cells nearest the LR, the law's prediction (where it covers),
+    the nearest condition and the warnings, as lines."""
+    said, near, predicted = verdict(knobs, table)
+    if said.startswith("not needed") and knobs.get("vocab", BYTES) != BYTES:
+        said = f"uncertain: {said.removeprefix('not needed: ')}, on byte text, not your vocabulary"
     lr, warmup, steps = knobs["lr"], knobs["warmup"], knobs["steps"]
-    onset = predict_at(fit, max(warmup, 1), steps)
-    near = min(conditions, key=lambda c: distance(c, knobs))  # ties: the first, a ladder point
-    a, b = (f"LR {near[k]:.3g}" if near[k] is not None else None
+    lines = [f"LR {lr:.3g}, warmup {warmup:,} of {steps:,} steps, {assumed(knobs)}: {said}"]
+    if predicted is not None:
+        lines.append(f"predicted onset (the straight warmup law at d_model 64, depth 4, at this "
+                     f"schedule): LR {predicted['lr']:.3g} [{predicted['ci_lo']:.3g}, "
+                     f"{predicted['ci_hi']:.3g}] (95% interval of a measured onset)")
+    a, b = (f"LR {near[k]:.3g}" if near[k] is not None else "no LR"
             for k in ("no_difference_up_to", "off_worse_from"))
-    return [
-        f"LR {lr:.3g}, warmup {warmup:,} of {steps:,} steps: {verdict(lr, near, onset, knobs)}",
-        f"predicted onset (the straight warmup law over the ladder's width-64 points, at this "
-        f"schedule): LR {onset['lr']:.3g} [{onset['ci_lo']:.3g}, {onset['ci_hi']:.3g}] (95% "
-        "interval of a measured onset)",
-        f"nearest measured condition ({distance(near, knobs):.1f} doublings away): "
-        f"{near['name']} (d_model {near['d_model']}, depth {near['depth']}, warmup "
-        f"{near['warmup']:,} of {near['steps']:,} steps): no difference (within "
-        f"{MARGIN_PER_BYTE:g} nats) up to {a or 'no LR'}; measured onset {near['onset']}; "
-        f"off worse decided from {b or 'no LR'}",
-        *warnings(knobs, conditions, near, fit)]
+    lines += [
+        f"nearest measured condition ({distance(near, knobs, table['weights']):.2f} decades of "
+        f"onset away): {near['name']} (d_model {near['d_model']}, depth {near['depth']}, head_dim "
+        f"{near['head_dim']}, warmup {near['warmup']:,} of {near['steps']:,} steps): no difference "
+        f"decided from its smallest LR up to {a}; off worse decided from {b}; measured onset "
+        f"{near['onset']}",
+        *([] if said.split(": ")[1].startswith("measured") else
+          [f"  measured there: {cells_text(near, lr)}"]),
+        *warnings(knobs, table["conditions"], near)]
+    return lines
 
 
 def cli(argv: list[str]) -> int:
     knobs = parse(argv)
-    conditions, fit = measured(*sources("depth" in knobs))
-    if fit["lr"] is None:
-        raise UsageError(f"the warmup law is not fitted from {LADDER}: {fit['note']}")
-    print("\n".join(advise(knobs, conditions, fit)))
+    print("\n".join(advise(knobs, advice_table.read())))
     return 0
+
+
+if __name__ == "__main__":  # python -m analysis.advise ... is python -m analysis advise ...
+    from qkstudy import interrupts
+
+    from .__main__ import main
+
+    interrupts.main_process(lambda: main(["advise", *sys.argv[1:]]))

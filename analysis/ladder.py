@@ -27,6 +27,7 @@ from qkstudy.sweep.plan import remaining_runs
 
 from . import stats as S
 from .law import FORMS, PREDICTED, fit_law, law_text, score
+from .advice_table import cells_of
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .size_law import best_against_best, point_extras, size_analysis, size_text
@@ -342,7 +343,8 @@ def analyse_ladder(sources: list[Path]) -> dict[str, object]:
     return {"points": points, "law": pl.concat([law for law, _ in fitted]), "fits": fits,
             "scores": score(fits, measured_onsets(points)), "probes": probes,
             "body_shift": body_shift(results, options.study.threshold_widening),
-            "size": size_analysis(results)}
+            "size": size_analysis(results),
+            "cells": {r.name: cells_of(r.study.gaps, r.point.depth) for r in results}}
 
 
 def cli(argv: list[str]) -> int:

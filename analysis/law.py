@@ -11,10 +11,11 @@ import polars as pl
 
 from qkstudy.sweep.ladder import SCORED_POINTS, STUDY_POINT, WARMUP_POINTS, Point
 
+from . import prediction as P
 from . import stats as S
+from .prediction import STEPS0, WARMUP0, schedule_x  # noqa: F401 (the laws' anchor)
 from .hypotheses import small_sample_widening
 
-WARMUP0, STEPS0 = 30, 300  # the anchor: the law's coefficients are per doubling from here
 MARGIN = math.log10(2) / 4  # decades per doubling: under x2 across the 16x range of steps
 # The straight law in log2(warmup / 30) and log2(steps / 300); the bent one adds the square of
 # log2(warmup / 30), so the warmup's effect can level off (or steepen) with its length.
@@ -27,16 +28,7 @@ PREDICTED = (*SCORED_POINTS, STUDY_POINT)
 
 
 def design(points: list[Point], form: str = "straight") -> np.ndarray:
-    rows = []
-    for p in points:
-        w, s = math.log2(p.warmup / WARMUP0), math.log2(p.steps / STEPS0)
-        rows.append([1.0, w, s, w * w][:len(FORMS[form])])
-    return np.array(rows)
-
-
-def _t_scale(rng: np.random.Generator, df: int, size: int) -> np.ndarray:
-    """Per draw the factor that turns a normal draw into Student's t with df degrees."""
-    return np.sqrt(df / rng.chisquare(df, size))
+    return np.array([schedule_x(p.warmup, p.steps, len(FORMS[form])) for p in points])
 
 
 def widened_draws(results: list, key: str, draws: int = 2000) -> tuple[np.ndarray, np.ndarray]:
@@ -76,18 +68,14 @@ def law_draws(x: np.ndarray, y: np.ndarray, point_draws: np.ndarray, key: str
         rng = np.random.default_rng(zlib.crc32(key.encode()))
         chol = np.linalg.cholesky(lack * np.linalg.inv(x.T @ x))
         shift = rng.standard_normal((len(boot), p)) @ chol.T
-        boot = boot + shift * _t_scale(rng, n - p, len(boot))[:, None]
+        boot = boot + shift * P.t_scale(rng, n - p, len(boot))[:, None]
     return est, boot, lack
 
 
 def new_point_draws(center: np.ndarray, lack: float, unit_var: float, seeds: int, df: int,
                     key: str) -> np.ndarray:
-    """A new point's measured onset about the law's draws `center`: its own deviation from the
-    law (lack) and its seed noise at its own seed count, as a t draw with the law's df."""
-    rng = np.random.default_rng(zlib.crc32(key.encode()))
-    sd = math.sqrt(lack + unit_var * small_sample_widening(seeds) ** 2 / seeds)
-    return center + rng.standard_normal(len(center)) * sd * _t_scale(rng, max(df, 1),
-                                                                      len(center))
+    """prediction.new_point_draws at t / z of the new point's own seeds."""
+    return P.new_point_draws(center, lack, unit_var, small_sample_widening(seeds), seeds, df, key)
 
 
 def predict(fit: dict, point: Point) -> dict:

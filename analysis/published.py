@@ -11,6 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
+from analysis.advice_table import PATH as ADVICE_TABLE, build as build_advice, text as advice_text
 from analysis.ladder import BODY_POINT, analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
 from analysis.prose import span
@@ -116,13 +117,13 @@ def scored(scores: pl.DataFrame) -> str:
 ADVICE = {"lr": 3e-3, "warmup": 100, "steps": 2000}  # the README's example of `just advise`
 
 
-def advise_example(ladder: dict) -> str:
-    """The README's `just advise` call and what it prints, from the published archives."""
-    from analysis.advise import advise, conditions_of
+def advise_example(advice: dict) -> str:
+    """The README's `just advise` call and what it prints, from the published archives' table."""
+    from analysis.advise import advise
 
     call = " ".join(f"{k}={v:g}" for k, v in ADVICE.items())
     return "\n".join([f"    $ just advise {call}", *("    " + line for line in
-                                                      advise(ADVICE, *conditions_of(ladder)))])
+                                                      advise(ADVICE, advice))])
 
 
 def verdict_line(study: Study) -> str:
@@ -173,7 +174,8 @@ def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     mini = study_rows(studies["mini"], "mini")
     points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
     out = {"answer": "\n".join(table(HEADER, [row_cells(r) for r in mini + points])),
-           "practitioner": practitioner(ladder), "advise": advise_example(ladder),
+           "practitioner": practitioner(ladder),
+           "advise": advise_example(build_advice(studies["mini"], ladder)),
            "ladder": summary_text(ladder).strip(), "warmup-probes": probe_table(ladder["probes"])}
     for name, study in studies.items():
         out[name] = (verdict_line(study) + "\n\n"
@@ -207,6 +209,11 @@ def main(argv: list[str]) -> int:
     made = blocks(studies, ladder)
     pages = {ROOT / "README.md": ["practitioner", "advise", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []
+    advice, table_file = advice_text(build_advice(studies["mini"], ladder)), ROOT / ADVICE_TABLE
+    if not table_file.is_file() or table_file.read_text() != advice:
+        stale.append(ADVICE_TABLE.name)
+        if not argv:
+            table_file.write_text(advice)
     for page, names in pages.items():
         new = text = page.read_text()
         for name in names:

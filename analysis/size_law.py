@@ -20,8 +20,8 @@ from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, SIZE_POINTS, SIZE_TESTS, WARMUP_POINTS, Point, point_words
 
 from . import stats as S
-from .law import (STEPS0, WARMUP0, lack_of_fit, new_point_draws, unit_variance,
-                  widened_draws)
+from .law import lack_of_fit, new_point_draws, unit_variance, widened_draws
+from .prediction import STEPS0, WARMUP0
 from .metrics import OFF, full_curves, with_losses
 
 ON = "rmsnorm"

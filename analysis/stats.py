@@ -11,10 +11,11 @@ import zlib
 
 import numpy as np
 from scipy import stats
+
+from .prediction import LEVEL, percentile_interval  # noqa: F401 (the analysis's one interval rule)
 from statsmodels.stats.multitest import multipletests
 
 CORRECTION, HOLM = "Benjamini-Hochberg", "Holm"  # H1's large family; H2's and H3's small ones
-LEVEL = 0.95
 
 
 def _values(diffs) -> np.ndarray:
@@ -164,13 +165,6 @@ def seed_bootstrap(values: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, n
     with np.errstate(invalid="ignore", divide="ignore"):
         means = mean + scale * picked.sum(axis=1) / counts
     return np.where(counts > 0, means, np.nan), counts
-
-
-def percentile_interval(draws: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
-    """The two-sided percentile interval of bootstrap draws (an infinity: an open end)."""
-    tail = (1 - level) / 2 * 100
-    lo, hi = np.percentile(draws, [tail, 100 - tail], method="inverted_cdf")
-    return float(lo), float(hi)
 
 
 def is_exact(draws: int, seeds: int) -> bool:

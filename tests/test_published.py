@@ -115,3 +115,22 @@ def test_the_scored_points_paragraphs_cite_their_archives(made, tmp_path):
         stray = [n for n in numbers if n.lstrip("+-") not in DESIGN
                  and not any(n.lstrip("+") in c for c in cited)]
         assert not stray, f"{title}: numbers no table or archive holds: {stray}"
+
+
+def test_the_advice_table_is_the_archives_and_its_prediction_the_laws(analysed):
+    """results/advice.json, which `just advise` reads, is what the archives give; its law
+    prediction equals law.predict's at schedules inside and between the measured ones."""
+    from analysis import advice_table as T
+    from analysis.advise import predict
+    from analysis.law import predict as law_predict
+    from qkstudy.sweep.ladder import Point
+
+    studies, ladder = analysed
+    table = T.build(studies["mini"], ladder)
+    assert (ROOT / T.PATH).read_text() == T.text(table)
+    fit = next(f for f in ladder["fits"] if f["form"] == "straight")
+    for warmup, steps in ((100, 2000), (1000, 24414), (30, 300)):
+        mine = predict(T.read(ROOT / T.PATH), {"warmup": warmup, "steps": steps})
+        theirs = law_predict(fit, Point(f"w64-s{steps}-wu{warmup}", 64, steps, warmup))
+        for k in ("lr", "ci_lo", "ci_hi"):
+            assert mine[k] == pytest.approx(theirs[k], rel=2e-3)
