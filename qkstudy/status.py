@@ -95,8 +95,7 @@ def read_run(run_dir: Path, held: dict | None) -> Run:
 
 def sweep_runs(sweep_dir: Path, held: dict | None) -> list[Run]:
     """The sweep's run folders, and, waiting, its Slurm runs and grid points without a folder."""
-    runs = {p.name: read_run(p, held) for p in sorted(sweep_dir.iterdir())
-            if p.is_dir() and RunFolder(p).is_run()}
+    runs = {f.path.name: read_run(f.path, held) for f in run_folders(sweep_dir)}
     for _, record in SweepFolder(sweep_dir).submissions():
         for r in record.get("runs", []):
             if isinstance(r, dict) and r.get("run_id") and r["run_id"] not in runs:
@@ -185,8 +184,8 @@ def render(sweep_dir: Path) -> str:
         lines[-1] = (f"report: {page} (built {stamp}"
                      + (f"; {newer} runs ended since: just report {sweep_dir})" if newer else ")"))
     if sweep_json.get("refine"):
-        lines.append("(boundary- and threshold-refinement runs and adaptive seeds join the plan "
-                     "as the grid's results come in)")
+        lines.append("(boundary bisection, the bisection of the seed-mean crossing and adaptive "
+                     "seeds join the plan as the grid's results come in)")
     if source:
         lines.append(f"Slurm task states from {source}")
     for r in SweepFolder(sweep_dir).set_aside_records():  # damaged runs moved aside, trained again
