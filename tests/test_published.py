@@ -34,7 +34,7 @@ def made(analysed) -> dict[str, str]:
     return rt.blocks(*analysed)
 
 
-@pytest.mark.parametrize("name", ["practitioner", "advise", "answer"])
+@pytest.mark.parametrize("name", ["practitioner", "predictions", "advise", "answer"])
 def test_the_readmes_answer_tables_are_rebuilt_from_the_archives(made, name):
     assert block(ROOT / "README.md", name) == made[name]
 
@@ -47,42 +47,110 @@ def test_each_studys_block_in_results_md_is_rebuilt_from_its_archive(made, name)
 
 DESIGN = {"0.1", "2", "8", "30", "64", "120", "256", "300", "480", "1,000", "1,920", "4,800", "24,414",
           "12M", "100M"}  # the conditions and the margin, set by the design
+NUMBER = r"(?<![\w./])[+-]?\d(?:[\d,]*\d)?(?:\.\d+)?M?"
+
+
+def ladder_settings() -> dict:
+    """The training settings every archived ladder point ran with (one value each), and the
+    seeds of a condition and of the two scored points."""
+    from qkstudy.sweep.config import parse_sweep_config, run_config
+    from qkstudy.sweep.ladder import POINTS, SCORED_POINTS, point_words
+
+    keys = ("block_size", "batch_size", "beta1", "beta2", "weight_decay", "independent_wd",
+            "grad_clip", "min_lr_ratio")
+    seen: dict[str, set] = {k: set() for k in keys}
+    for p in POINTS.values():
+        words = parse_sweep_config(point_words(p, [], "runs/ladder"))
+        cfg = run_config(words, p.depth, words.train.lr, "rmsnorm", 0)
+        for k in keys:
+            seen[k].add(getattr(cfg, k))
+    assert all(len(v) == 1 for v in seen.values()), seen  # else one sentence cannot say them
+    out = {k: v.pop() for k, v in seen.items()}
+    scored = {len(p.seeds) for p in SCORED_POINTS}
+    assert len(scored) == 1
+    return out | {"seeds": len(next(iter(POINTS.values())).seeds), "scored_seeds": scored.pop()}
+
+
+def answer_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    return text[text.index("## The answer at laptop scale"):text.index("Tables, figures and what")]
+
+
+def test_the_answers_header_states_the_settings_the_ladder_ran_with():
+    """Context, batch, optimiser, decay, clipping, schedule and seeds, as the code sets them."""
+    s = ladder_settings()
+    header = " ".join(answer_section().split("<!-- practitioner")[0].split())
+    assert s["independent_wd"] and "synthetic corpus" in header
+    for phrase in (f"block {s['block_size']}", f"batch {s['batch_size']}",
+                   f"({s['block_size'] * s['batch_size']:,} tokens a step)",
+                   f"AdamW with betas ({s['beta1']:g}, {s['beta2']:g})",
+                   f"independent weight decay {s['weight_decay']:.0e}".replace("e-0", "e-"),
+                   f"gradient clipping at {s['grad_clip']:g}",
+                   f"linear warmup then a cosine to {s['min_lr_ratio']:g} of the peak LR",
+                   f"{s['seeds']} seeds a condition ({s['scored_seeds']} at the two points"):
+        assert phrase in header, phrase
 
 
 def test_every_number_in_the_readmes_answer_comes_from_a_generated_table(made):
-    """The sentences under the answer table cite its numbers (or the ladder block's law and the
-    warmup probes' table) as the archives give them, so none can go stale unseen."""
-    text = (ROOT / "README.md").read_text()
-    answer = text[text.index("## The answer at laptop scale"):text.index("Tables, figures and what")]
-    answer = re.sub(r"<!-- (\S+): .*?<!-- end \1 -->", "", answer, flags=re.S)
+    """The sentences around the answer's tables cite their numbers (or the ladder block's law,
+    the warmup probes' table or the settings the ladder ran with) as the archives and the code
+    give them, so none can go stale unseen."""
+    answer = re.sub(r"<!-- (\S+): .*?<!-- end \1 -->", "", answer_section(), flags=re.S)
     answer = re.sub(r"et al\. \(\d{4}\)", "", answer)  # a citation
-    tables = made["practitioner"] + made["answer"] + made["ladder"] + made["warmup-probes"]
-    numbers = re.findall(r"(?<![\w./])[+-]?\d(?:[\d,]*\d)?(?:\.\d+)?M?", answer)
-    stray = [n for n in numbers if n.lstrip("+-") not in DESIGN and n not in tables]
+    tables = (made["practitioner"] + made["predictions"] + made["answer"] + made["ladder"]
+              + made["warmup-probes"])
+    s = ladder_settings()
+    settings = {str(s["block_size"]), str(s["batch_size"]), f"{s['block_size'] * s['batch_size']:,}",
+                f"{s['beta1']:g}", f"{s['beta2']:g}", f"{s['grad_clip']:g}", str(s["seeds"]),
+                str(s["scored_seeds"]), "1", "4"}  # 1e-4 reads as 1 and 4
+    stray = [n for n in re.findall(NUMBER, answer)
+             if n.lstrip("+-") not in DESIGN | settings and n not in tables]
     assert not stray, f"numbers in the README's answer that no generated table holds: {stray}"
 
 
+def rule_and_table(block: str) -> tuple[str, str]:
+    table, _, rule = block.partition("\n\n")
+    return rule, table
+
+
+def test_the_rule_cites_only_its_tables_numbers(made):
+    """The rule under the measured table: three sentences, size first, then warmup, then what
+    it does not show, every number as the table above it gives it."""
+    rule, table = rule_and_table(made["practitioner"])
+    assert rule.startswith("**The rule, read off the table.** Model size first: ")
+    assert rule.count(". ") == 3 and "Then warmup: " in rule and "It shows " in rule
+    stray = [n for n in re.findall(NUMBER, rule) if n not in table]
+    assert not stray, f"numbers in the rule that the table does not hold: {stray}"
+
+
 def test_the_answer_figure_is_drawn_from_the_archives(analysed, made):
-    """docs/results/answer.png's spec: training steps coloured in numeric order, an arrow for
-    each width-64 point's interval end or onset beyond the LRs read, and the straight law's band
-    and study-schedule prediction as the ladder block states it."""
+    """docs/results/answer.png's spec: one colour per model body in order of size; the study
+    body's onset below the LRs run drawn as a lone, labelled arrow in the size and warmup
+    panels, without an interval bar; every point read drawn; the straight law's band, and its
+    prediction at the study schedule as the predictions table gives it."""
     from analysis import published as rt
+    from analysis.answer_table import rows_of
 
     studies, ladder = analysed
     spec = rt.figure(studies, ladder).to_dict()
-    warmup = {lay["name"].rsplit("_", 1)[0]: lay["data"]["values"]
-              for lay in spec["hconcat"][0]["layer"]}
-    domain = spec["hconcat"][0]["layer"][0]["encoding"]["color"]["scale"]["domain"]
-    assert domain == sorted(domain, key=lambda v: int(v.replace(",", ""))) and len(domain) >= 3
-    rows = ladder["points"].filter((pl.col("d_model") == 64) & (pl.col("depth") == 4))
-    beyond = {(r["point"], "up") for r in rows.iter_rows(named=True)
-              if r["onset_hi"] is None or r["onset_side"] == "above"}
-    beyond |= {(r["point"], "down") for r in rows.iter_rows(named=True)
-               if r["onset_lo"] is None or r["onset_side"] == "below"}
-    assert {(a["name"], a["dir"]) for a in warmup["arrows"]} == beyond
+    panels = [{lay["name"].rsplit("_", 1)[0]: lay["data"]["values"] for lay in p["layer"]}
+              for p in spec["hconcat"]]
+    size, warmup = panels[0], panels[1]
+    rows = rows_of(ladder["points"])
+    censored = {r["point"]: r for r in rows if r["onset_lr"] is None and r["onset_side"]}
+    assert censored, "the study body's onset lies below the LRs it ran"
+    for name, r in censored.items():
+        lone = [a for a in warmup["arrows"] if a["name"] == name]
+        assert [a["label"] for a in lone] == [f"< {r['read_lo']:.3g}"]
+        assert not [i for i in warmup["intervals"] if i["name"] == name]
+    assert {a["name"] for a in size["arrows"]} >= set(censored)
+    assert {o["name"] for o in warmup["onsets"]} == {r["point"] for r in rows
+                                                      if r["onset_lr"] is not None}
+    domain = spec["hconcat"][0]["layer"][2]["encoding"]["color"]["scale"]["domain"]
+    assert domain[:2] == ["64/2/32", "64/4/32"] and "192/6/64" in domain
     assert warmup["law-band"] and all(b["lo"] < b["y"] < b["hi"] for b in warmup["law-band"])
     guess, = warmup["prediction"]
-    assert f"LR {guess['text']} (an extrapolation)" in made["ladder"]
+    assert f"| {guess['text']} |" in made["predictions"]
 
 
 SCORED = {"The first scored point": "w192-d6-s1200-wu480",
@@ -134,3 +202,10 @@ def test_the_advice_table_is_the_archives_and_its_prediction_the_laws(analysed):
         theirs = law_predict(fit, Point(f"w64-s{steps}-wu{warmup}", 64, steps, warmup))
         for k in ("lr", "ci_lo", "ci_hi"):
             assert mine[k] == pytest.approx(theirs[k], rel=2e-3)
+
+
+def test_the_early_warnings_level_is_the_one_its_archived_points_give(analysed):
+    """L (docs/report.md: 157, log10 2.195) refitted from the points it was fixed on."""
+    from analysis.early_warning import LEVEL
+
+    assert round(analysed[1]["size"]["level"], 3) == LEVEL
