@@ -162,14 +162,21 @@ def measured_onsets(points: pl.DataFrame) -> dict[str, dict]:
 
 def body_shift(results: list[PointResult], k: float) -> dict | None:
     """The study body's onset against w64-s1200-wu480's (the same schedule): the shift in
-    decades with its 95% interval from both points' widened whole-seed draws."""
+    decades with its 95% interval from both points' widened whole-seed draws; where an onset
+    lies beyond its LRs read, a bound (side "<" or ">") from the LR it lies beyond."""
     by = {r.name: r.onset for r in results}
     body, base = by.get(BODY_POINT), by.get(BODY_BASE)
-    if body is None or base is None or not (math.isfinite(body.point)
-                                             and math.isfinite(base.point)):
+    if body is None or base is None:
         return None
-    lo, hi = S.percentile_interval(widened(body, k) - widened(base, k))
-    return {"shift": body.point - base.point, "ci_lo": lo, "ci_hi": hi}
+    less = body.point == -math.inf or base.point == math.inf
+    more = body.point == math.inf or base.point == -math.inf
+    if less and more:
+        return None
+    pair = S.joint_draws([widened(body, k), widened(base, k)], 2000, "body-shift")
+    lo, hi = S.percentile_interval(pair[:, 0] - pair[:, 1])
+    bounded = [float(np.clip(d.point, *d.bounds)) for d in (body, base)]
+    return {"shift": bounded[0] - bounded[1], "side": "<" if less else ">" if more else "",
+            "ci_lo": lo, "ci_hi": hi}
 
 
 def ci_text(r: dict, key: str, fmt: str, prefix: str = "") -> str:
@@ -199,8 +206,9 @@ def summary_text(out: dict) -> str:
     if shift is not None:
         lines += ["", f"The study's model body (d_model 192, depth 6, head_dim 64) against "
                       f"{BODY_BASE} (the same schedule): its onset is shifted by "
-                      f"{shift['shift']:+.2f} decades [{shift['ci_lo']:+.2f}, "
-                      f"{shift['ci_hi']:+.2f}]."]
+                      f"{shift['side']}{shift['shift']:+.2f} decades [{shift['ci_lo']:+.2f}, "
+                      f"{shift['ci_hi']:+.2f}]" + (" (a bound: an onset lies beyond the LRs "
+                                                   "it was read over)." if shift["side"] else ".")]
     return "\n".join(lines) + "\n"
 
 
