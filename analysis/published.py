@@ -12,9 +12,9 @@ from pathlib import Path
 import polars as pl
 
 from analysis.advice_table import PATH as ADVICE_TABLE, build as build_advice, text as advice_text
-from analysis.ladder import BODY_POINT, analyse_ladder, ci_text, seed_effects, summary_text
+from analysis.answer_table import practitioner, predictions
+from analysis.ladder import analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
-from analysis.prose import span
 from analysis.study import Study, analyse
 from analysis.threshold import ABOVE, BELOW
 from qkstudy.archive import extract
@@ -64,54 +64,6 @@ def study_rows(study: Study, name: str) -> list[dict]:
                      "onset_lr": t["onset_lr"], "onset_lo": t["ci_lo"], "onset_hi": t["ci_hi"],
                      **read_range(study, t), **seed_effects(study, t["depth"], arm)})
     return rows
-
-
-SCHEDULE_POINT = SCORED_POINTS[0].name  # the study schedule on the ladder's model
-PRACTITIONER = ["warmup steps", "training steps", "skip below: no difference decided up to LR",
-                "onset: off worse by 0.1 nats from LR [95% CI]", "off worse decided from LR"]
-
-
-def practitioner(ladder: dict) -> str:
-    """The width-64, depth-4 points by warmup and length, the study preset's predicted onset, its
-    model body's point, and the rule read off them."""
-    points = ladder["points"]
-    t = points.filter((pl.col("d_model") == 64) & (pl.col("depth") == 4)).sort("warmup", "steps")
-    body = points.filter(pl.col("point") == BODY_POINT)
-    rows = [[f"{r['warmup']:,}", f"{r['steps']:,}" + ("" if r["d_model"] == 64 else
-             f" (the study preset's model body: d_model {r['d_model']}, depth {r['depth']})"),
-             _lr(r["no_difference_up_to"]), r["onset"], _lr(r["off_worse_from"])]
-            for r in pl.concat([t, body]).iter_rows(named=True)]
-    p = next(p for p in ladder["fits"][0]["predictions"] if p["point"] == "study-point")
-    rows.insert(len(t), ["1,000", "24,414 (the study preset's schedule)", "-", f"{p['lr']:.3g} "
-                f"[{p['ci_lo']:.3g}, {p['ci_hi']:.3g}], predicted by the warmup law", "-"])
-    clauses = []
-    for (warmup,), g in t.group_by("warmup", maintain_order=True):
-        skip = [f"{r['no_difference_up_to']:.3g} ({r['steps']:,} steps)"
-                for r in g.iter_rows(named=True) if r["no_difference_up_to"] is not None]
-        onsets = g["onset_lr"].drop_nulls().to_list()
-        low = (f"it can be skipped up to LR {' or '.join(skip)}" if skip else
-               "no LR was decided safe to skip it")
-        high = (f"it is needed from {span(onsets)}" if onsets else
-                "no onset lies within the LRs read")
-        clauses.append(f"with {warmup:,} warmup steps, {low}, and {high}")
-    return ("\n".join(table(PRACTITIONER, rows)) + "\n\n**The rule, read off the table: " + "; ".join(clauses)
-            + f"; at the study preset's 1,000 warmup steps of 24,414 the warmup law predicts the "
-            f"onset at {p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}] for the ladder's model "
-            + scored(ladder["scores"]) + ".**")
-
-
-def scored(scores: pl.DataFrame) -> str:
-    """What the scored points measured against the straight law's predictions, in words."""
-    s = {r["point"]: r for r in scores.filter(pl.col("form") == "straight").iter_rows(named=True)}
-    schedule, body = s.get(SCHEDULE_POINT), s.get(BODY_POINT)
-    out = (f"(measured there: {schedule['measured']}, {schedule['inside']} the law's interval "
-           f"for a measured onset, [{schedule['ci_lo']:.3g}, {schedule['ci_hi']:.3g}])"
-           if schedule else "(not yet measured)")
-    if body:
-        out += (f"; the study preset's own model body (d_model 192, depth 6) at 480 warmup "
-                f"steps of 1,200 measured {body['measured'].split(' [')[0]}, {body['inside']} "
-                f"the law's interval [{body['ci_lo']:.3g}, {body['ci_hi']:.3g}]")
-    return out
 
 
 ADVICE = {"lr": 3e-3, "warmup": 100, "steps": 2000}  # the README's example of `just advise`
@@ -174,7 +126,7 @@ def blocks(studies: dict[str, Study], ladder: dict) -> dict[str, str]:
     mini = study_rows(studies["mini"], "mini")
     points = [{**r, "study": r["point"]} for r in ladder["points"].iter_rows(named=True)]  # type: ignore[union-attr]
     out = {"answer": "\n".join(table(HEADER, [row_cells(r) for r in mini + points])),
-           "practitioner": practitioner(ladder),
+           "practitioner": practitioner(ladder), "predictions": predictions(ladder),
            "advise": advise_example(build_advice(studies["mini"], ladder)),
            "ladder": summary_text(ladder).strip(), "warmup-probes": probe_table(ladder["probes"])}
     for name, study in studies.items():
@@ -187,8 +139,9 @@ def figure(studies: dict[str, Study], ladder: dict):
     """The answer's figure (analysis/answer_figure.py)."""
     from analysis.answer_figure import answer_chart
 
-    points, fits = ladder["points"], ladder["fits"]
-    return answer_chart(points, study_rows(studies["mini"], "mini"), fits[0])  # type: ignore
+    fit = next(f for f in ladder["fits"] if f["form"] == "straight")  # type: ignore[attr-defined]
+    schedule = next((p for p in fit["predictions"] if p["point"] == SCORED_POINTS[0].name), None)
+    return answer_chart(ladder["points"], study_rows(studies["mini"], "mini"), fit, schedule)  # type: ignore[arg-type]
 
 
 def replace_block(text: str, name: str, content: str) -> str:
@@ -207,7 +160,7 @@ def main(argv: list[str]) -> int:
         return 0 if asked else 2
     studies, ladder = analyse_all()
     made = blocks(studies, ladder)
-    pages = {ROOT / "README.md": ["practitioner", "advise", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
+    pages = {ROOT / "README.md": ["practitioner", "predictions", "advise", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []
     advice, table_file = advice_text(build_advice(studies["mini"], ladder)), ROOT / ADVICE_TABLE
     if not table_file.is_file() or table_file.read_text() != advice:

@@ -4,6 +4,7 @@ published number can be traced and recomputed."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -117,8 +118,11 @@ def test_the_rule_cites_only_its_tables_numbers(made):
     """The rule under the measured table: three sentences, size first, then warmup, then what
     it does not show, every number as the table above it gives it."""
     rule, table = rule_and_table(made["practitioner"])
-    assert rule.startswith("**The rule, read off the table.** Model size first: ")
-    assert rule.count(". ") == 3 and "Then warmup: " in rule and "It shows " in rule
+    lead = "**The rule, read off the table.** "
+    sentences = rule.removeprefix(lead).split(". ")
+    assert rule.startswith(lead) and len(sentences) == 3 and rule.endswith(".")
+    assert [s.split(":")[0] for s in sentences[:2]] == ["Model size first", "Then warmup"]
+    assert sentences[2].startswith("It shows ")
     stray = [n for n in re.findall(NUMBER, rule) if n not in table]
     assert not stray, f"numbers in the rule that the table does not hold: {stray}"
 
@@ -209,3 +213,106 @@ def test_the_early_warnings_level_is_the_one_its_archived_points_give(analysed):
     from analysis.early_warning import LEVEL
 
     assert round(analysed[1]["size"]["level"], 3) == LEVEL
+
+
+# --- the answer's table, rule and figure on planted ladders ---------------------------------
+
+def planted(name: str, onset: float | None, side: str = "", gap: float = 0.02, seeds: int = 5
+            ) -> dict:
+    """A ladder point's row as analysis/ladder.py writes it: an onset read (interval a factor
+    1.3 either side) or, with side, one beyond the LRs run; each arm's best LR 0.01."""
+    from qkstudy.sweep.ladder import KNOWN
+
+    p = KNOWN[name]
+    lo, hi = min(p.lrs), max(p.lrs)
+    bound = {"below": lo, "above": hi}.get(side)
+    mark = {"below": "<", "above": ">"}.get(side, "")
+    text = (f"{mark} {bound:.3g} [{mark} {bound:.3g}, {mark} {bound:.3g}]" if side else
+            f"{onset:.3g} [{onset / 1.3:.3g}, {onset * 1.3:.3g}]")
+    return {"point": name, "d_model": p.d_model, "depth": p.depth, "steps": p.steps,
+            "warmup": p.warmup, "seeds": seeds, "no_difference_up_to": lo if onset else None,
+            "off_worse_from": None, "onset_lr": None if side else onset,
+            "onset_lo": None if side else onset / 1.3, "onset_hi": None if side else onset * 1.3,
+            "onset_side": side, "onset_bound": bound, "onset": text, "read_lo": lo,
+            "read_hi": hi, "best_lr_off": 0.01, "best_lr_on": 0.01, "best_gap": gap,
+            "best_gap_lo": gap - 0.03, "best_gap_hi": gap + 0.03}
+
+
+BASE_ROWS = [("w64-s300", 0.0068), ("w64-s1200-wu30", 0.0064), ("w64-s1200-wu480", 0.044),
+             ("w64-s4800-wu1920", 0.063)]
+SIZE_ROWS = [("w128-s1200-wu480", 0.03), ("w192-s1200-wu480", 0.02),
+             ("w192-d6-hd32-s1200-wu480", 0.012), ("w192-d6-hd64-s1200-wu480", 0.007)]
+
+
+def planted_ladder(rows: list[dict], measured: dict[str, dict] | None = None) -> dict:
+    """The parts of analyse_ladder's output the answer reads: the points, the straight law's
+    predictions at its scored points, and the size law's at its test points (scored where
+    `measured` names them)."""
+    from analysis.law import score
+    from qkstudy.sweep.ladder import SIZE_TESTS
+
+    def guess(form: str, point: str, lr: float) -> dict:
+        return {"form": form, "point": point, "log10_lr": math.log10(lr), "lr": lr,
+                "ci_lo": lr / 2, "ci_hi": lr * 2}
+    law = {"form": "straight", "lr": 0.05, "points": "w64-s300", "draws": None, "predictions": [
+        guess("straight", "w64-s24414-wu1000", 0.05), guess("straight", "study-point", 0.05)]}
+    size = {"form": "power", "target": "onset", "lr": True, "points": "w64-s300, w128-s300",
+            "predictions": [guess("power (onset)", p.name, 0.02) for p in SIZE_TESTS]}
+    return {"points": pl.DataFrame(rows, infer_schema_length=None), "fits": [law],
+            "scores": score([law], {}), "size": {"fits": [size],
+                                                 "scores": score([size], measured or {})}}
+
+
+def test_the_answer_before_the_size_ladder_lands():
+    """Only the ladder's model body archived: its rows, a rule that says no two bodies share
+    a schedule, the predictions not yet run, and a figure with an empty size panel."""
+    from analysis import answer_table as T
+    from analysis.answer_figure import answer_chart
+
+    ladder = planted_ladder([planted(n, v) for n, v in BASE_ROWS])
+    made = T.practitioner(ladder)
+    rule, table = rule_and_table(made)
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| 64/4/32"] * 4
+    assert "no two model bodies were measured at one schedule" in rule
+    assert "Then warmup: for 64/4/32 a longer warmup raised it, from 0.0064-0.0068 at 30" in rule
+    assert not [n for n in re.findall(NUMBER, rule) if n not in table]
+    assert T.predictions(ladder).count("not run yet") == 3  # the scored and the test points
+    spec = answer_chart(ladder["points"], [], ladder["fits"][0], None).to_dict()
+    assert not spec["hconcat"][0]["layer"][0]["data"]["values"]  # the size panel
+
+
+def test_the_answer_when_the_size_ladder_lands():
+    """The size ladder's points join their bodies' rows in order of size; the rule lists every
+    body measured at 480 warmup steps of 1,200, a read onset before a bound for one body, and
+    cites only the table; a censored test point is a lone arrow; a scored one is scored."""
+    from analysis import answer_table as T
+    from analysis.answer_figure import answer_chart
+
+    rows = ([planted(n, v) for n, v in BASE_ROWS + SIZE_ROWS]
+            + [planted("w192-d6-s1200-wu480", None, "below", gap=0.29, seeds=3),
+               planted("w256-d6-hd64-s1200-wu480", None, "below", gap=0.4),
+               planted("w192-d6-hd64-s4800-wu1000", 0.015)])
+    ladder = planted_ladder(rows, {
+        "w192-d6-hd64-s4800-wu1000": {"lr": 0.015, "side": "", "text": "0.015 [0.0115, 0.0195]"},
+        "w256-d6-hd64-s1200-wu480": {"lr": 0.001, "side": "below", "text": "< 0.001 [...]"}})
+    rule, table = rule_and_table(T.practitioner(ladder))
+    bodies = [line.split(" | ")[0].strip("| ") for line in table.splitlines()[2:]]
+    assert bodies == ["64/4/32"] * 4 + ["128/4/32", "192/4/32", "192/6/32"] + [
+        "192/6/64 (the study preset's)"] * 3 + ["256/6/64"]
+    assert ("at 480 warmup steps of 1,200 the onset was 0.044 for 64/4/32 (0.20M parameters "
+            "outside the embeddings), 0.03 for 128/4/32 (0.79M), 0.02 for 192/4/32 (1.77M), "
+            "0.012 for 192/6/32 (2.66M), 0.007 for 192/6/64 (2.66M) and < 0.001 for 256/6/64 "
+            "(4.72M), where skipping QK-norm cost +0.400 [+0.370, +0.430] nats") in rule
+    assert "warmups other than 480 and 1,000" in rule
+    assert not [n for n in re.findall(NUMBER, rule) if n not in table]
+    predicted = T.predictions(ladder).splitlines()
+    assert predicted[-1].endswith("| 0.015: inside the interval |")
+    assert predicted[-2].endswith("| < 0.001: outside the interval |")
+    assert predicted[2].endswith("| not run yet |")  # the warmup law's scored point
+    spec = answer_chart(ladder["points"], [], ladder["fits"][0], None).to_dict()
+    size = {lay["name"].rsplit("_", 1)[0]: lay["data"]["values"]
+            for lay in spec["hconcat"][0]["layer"]}
+    assert {r["name"] for r in size["onsets"]} >= {n for n, _ in SIZE_ROWS}
+    lone = [a for a in size["arrows"] if a["name"] == "w256-d6-hd64-s1200-wu480"]
+    assert [(a["dir"], a["label"]) for a in lone] == [("down", "< 0.001")]
+    assert "w256-d6-hd64-s1200-wu480" not in {i["name"] for i in size["intervals"]}
