@@ -80,7 +80,7 @@ def _steps_cell(r: dict) -> str:
 def _best_cell(r: dict) -> str:
     if r.get("best_lr_on") is None:
         return "-"
-    return f"{_lr(r['best_lr_on'])} / {_lr(r.get('best_lr_off'))}"
+    return f"{r['best_lr_on_text']} / {r['best_lr_off_text']}"  # "≤ X": at the smallest LR run
 
 
 def measured_table(rows: list[dict]) -> str:

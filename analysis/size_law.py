@@ -66,8 +66,13 @@ def best_against_best(points: pl.DataFrame) -> dict:
     out: dict = {}
     per_seed = {}
     for arm, key in ((OFF, "off"), (ON, "on")):
-        best = means.filter(pl.col("arm") == arm).row(0, named=True)
+        mine = means.filter(pl.col("arm") == arm)
+        best = mine.row(0, named=True)
         out[f"best_lr_{key}"], out[f"best_loss_{key}"] = best["lr"], best["loss_clipped"]
+        # at the smallest (largest) LR run the best LR is only bounded: at or below (above) it
+        edge = "≤ " if best["lr"] == mine["lr"].min() else "≥ " if best["lr"] == mine["lr"].max() \
+            else ""
+        out[f"best_lr_{key}_text"] = f"{edge}{best['lr']:.3g}"
         rows = p.filter((pl.col("arm") == arm) & (pl.col("lr") == best["lr"]))
         per_seed[key] = dict(zip(rows["seed"], rows["loss_clipped"]))
     gaps = [per_seed["off"][s] - per_seed["on"][s] for s in per_seed["off"] if s in per_seed["on"]]
@@ -141,7 +146,8 @@ def fit_size_law(results: list, target: str = "onset") -> list[dict]:
     QK-norm's best LR ("ratio", each point's best LR fixed, not redrawn), with each form's terms
     and its predictions at the test points (the 95% interval of a new five-seed point's
     measured value)."""
-    used = [r for r in results if r.name in FITTED and r.complete and math.isfinite(r.onset.point)]
+    used = [r for r in results if r.name in FITTED and r.complete and math.isfinite(r.onset.point)
+            and (target == "onset" or not r.best["best_lr_on_text"].startswith(("≤", "≥")))]
     shift = np.array([math.log10(r.best["best_lr_on"]) if target == "ratio" else 0.0 for r in used])
     x, y = knobs([r.point for r in used]), np.array([r.onset.point for r in used]) - shift
     draws, k = widened_draws(used, f"size-law/{target}/points")
@@ -285,8 +291,12 @@ def point_extras(r) -> dict:
     arm's logit at the warmup's end per LR (every seed's median), for its row."""
     logits = warning_reading(r, tuple(range(r.seeds)))[0]
     ratio = _bounded(r) - math.log10(r.best["best_lr_on"])
-    side = "" if math.isfinite(r.onset.point) else "< " if r.onset.point < 0 else "> "
-    return r.best | {"onset_over_best_lr": f"{side}{10 ** ratio:.3g}",
+    # the ratio's bound: below where the onset is below its LRs or the best LR at or above its
+    # grid's top; above where the onset is above or the best LR at or below the grid's bottom
+    low = (r.onset.point == -math.inf, r.best["best_lr_on_text"].startswith("≥"))
+    high = (r.onset.point == math.inf, r.best["best_lr_on_text"].startswith("≤"))
+    side = "-" if any(low) and any(high) else "< " if any(low) else "> " if any(high) else ""
+    return r.best | {"onset_over_best_lr": side if side == "-" else f"{side}{10 ** ratio:.3g}",
                      "off_logit_at_warmup_end": ", ".join(
                          f"{lr:g}: {10 ** v:,.0f}" if math.isfinite(v) else f"{lr:g}: diverged"
                          for lr, v in logits.items())}
@@ -313,7 +323,7 @@ def size_text(points: pl.DataFrame, size: dict) -> list[str]:
     from .ladder import ci_text
     from qkstudy.progress import table
 
-    rows = [[f"`{r['point']}`", f"{r['best_lr_off']:.3g} / {r['best_lr_on']:.3g}",
+    rows = [[f"`{r['point']}`", f"{r['best_lr_off_text']} / {r['best_lr_on_text']}",
              f"{r['best_loss_off']:.3f} / {r['best_loss_on']:.3f}",
              ci_text({**r, "best_gap_lo": r["best_gap_lo"]}, "best_gap", "+.3f"),
              r["onset_over_best_lr"], r["off_logit_at_warmup_end"]]

@@ -234,7 +234,8 @@ def planted(name: str, onset: float | None, side: str = "", gap: float = 0.02, s
             "off_worse_from": None, "onset_lr": None if side else onset,
             "onset_lo": None if side else onset / 1.3, "onset_hi": None if side else onset * 1.3,
             "onset_side": side, "onset_bound": bound, "onset": text, "read_lo": lo,
-            "read_hi": hi, "best_lr_off": 0.01, "best_lr_on": 0.01, "best_gap": gap,
+            "read_hi": hi, "best_lr_off": 0.01, "best_lr_on": 0.01, "best_lr_off_text": "0.01",
+            "best_lr_on_text": "0.01", "best_gap": gap,
             "best_gap_lo": gap - 0.03, "best_gap_hi": gap + 0.03}
 
 

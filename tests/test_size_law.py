@@ -25,7 +25,7 @@ def planted(law, spread: float = 0.02, best_on: float = 0.01) -> list[PointResul
         draws = y + spread * rng.standard_normal(3125)
         out.append(PointResult(name=name, point=p, study=None, complete=True, left=0, seeds=5,
                                onset=DepthDraws(lrs=[1e-4, 3.0], point=y, draws=draws, seeds=5),
-                               best={"best_lr_on": best_on}))
+                               best={"best_lr_on": best_on, "best_lr_on_text": f"{best_on:g}"}))
     return out
 
 
@@ -63,6 +63,8 @@ def test_best_against_best_takes_each_arms_best_lr_from_the_seed_means():
                              "unigram_entropy": 3.1, "added_seed": False})
     b = Z.best_against_best(pl.DataFrame(rows))
     assert (b["best_lr_off"], b["best_lr_on"]) == (0.03, 0.01)
+    # each best LR lies at an end of the two LRs run: a bound, not a number
+    assert (b["best_lr_off_text"], b["best_lr_on_text"]) == ("≥ 0.03", "≤ 0.01")
     assert b["best_gap"] == pytest.approx(0.1) and b["best_gap_lo"] == pytest.approx(0.1)
 
 
