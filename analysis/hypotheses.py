@@ -9,6 +9,8 @@ import math
 import numpy as np
 import polars as pl
 
+from qkstudy.sweep.adaptive import near_beyond_margin
+
 from . import stats as S
 from .metrics import (ARM, Options, compared_arms, full_curves, lr_sensitivity_per_seed,
                       max_usable_lr_per_seed, pair_arms, paired_gaps, with_losses)
@@ -26,7 +28,7 @@ GAP_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "lr": pl.Float64, "p
               "off_diverged": pl.Int64, "on_diverged": pl.Int64, "off_degraded": pl.Int64,
               "on_degraded": pl.Int64, "loss_off": pl.Float64, "loss_on": pl.Float64,
               "significant": pl.Boolean, "worse": pl.Boolean, "no_difference": pl.Boolean,
-              "both_diverged": pl.Boolean, "needed": pl.Boolean}
+              "both_diverged": pl.Boolean, "needed": pl.Boolean, "near_margin": pl.Boolean}
 
 BEST_SCHEMA = {"depth": pl.Int64, "compared_arm": pl.String, "pairs": pl.Int64,
                "best_loss_off": pl.Float64, "best_loss_on": pl.Float64, "mean_gap": pl.Float64,
@@ -63,6 +65,19 @@ def _cell(g: dict[str, list], options: Options) -> dict:
         "both_diverged": sum(g["diverged_on"]) == n}
 
 
+def mark_near_margin(cells: list[dict], margin: float) -> None:
+    """near_margin: another LR of the cell's (compared arm, depth) within NEAR_DECADES has its
+    seed-mean gap beyond the margin (near_beyond_margin), so "no difference" is not decided
+    there; its TOST stays in the family (the sweep's adaptive seeds close cells by this rule)."""
+    means: dict[tuple[str, int], dict[float, float]] = {}
+    for c in cells:
+        if c["informative"]:
+            means.setdefault((c["compared_arm"], c["depth"]), {})[c["lr"]] = c["mean_gap"]
+    for c in cells:
+        c["near_margin"] = near_beyond_margin(
+            c["lr"], means.get((c["compared_arm"], c["depth"]), {}), margin)
+
+
 def decided(row: dict, claims: dict[str, str], alpha: float) -> str:
     """The decision of the first claim (q column: decision) whose adjusted p is below alpha."""
     return next((d for q, d in claims.items() if row[q] is not None and row[q] < alpha),
@@ -70,6 +85,7 @@ def decided(row: dict, claims: dict[str, str], alpha: float) -> str:
 
 
 H1_CLAIMS = {"q_off_worse": OFF_WORSE, "q_on_worse": ON_WORSE, "q_equivalent": NO_DIFFERENCE}
+NEAR_MARGIN_CLAIMS = {q: d for q, d in H1_CLAIMS.items() if d != NO_DIFFERENCE}
 
 
 def best_loss_gaps(points: pl.DataFrame) -> pl.DataFrame:
@@ -86,6 +102,7 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
               **_cell(g.to_dict(as_series=False), options)}
              for (on, depth, lr), g in gaps.group_by("compared_arm", "depth", "lr",
                                                       maintain_order=True)]
+    mark_near_margin(cells, options.min_gap)
     best_rows = []
     for (on, depth), g in best_loss_gaps(points).group_by("compared_arm", "depth",
                                                           maintain_order=True):
@@ -104,7 +121,8 @@ def h1_tests(points: pl.DataFrame, options: Options) -> tuple[pl.DataFrame, pl.D
         S.adjust_family(keys, options.alpha)
     for c in cells:
         c["decision"] = (TOO_FEW if c["pairs"] < 2 else UNINFORMATIVE if not c["informative"]
-                         else decided(c, H1_CLAIMS, options.alpha))
+                         else decided(c, NEAR_MARGIN_CLAIMS if c["near_margin"] else H1_CLAIMS,
+                                      options.alpha))
         c.update(significant=None if c["q_off_worse"] is None else c["q_off_worse"] < options.alpha,
                  worse=c["decision"] == OFF_WORSE, no_difference=c["decision"] == NO_DIFFERENCE,
                  needed=None)

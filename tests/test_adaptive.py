@@ -1,6 +1,6 @@
 """What a sweep trains after its grid (qkstudy/sweep/adaptive.py): bisection of the seed-mean
 crossing and adaptive seeds, replayed from summary.json files written here by hand (no
-training)."""
+training); the rules it shares with the analysis."""
 
 from __future__ import annotations
 
@@ -23,6 +23,66 @@ def test_a_cell_is_open_until_an_interval_decides_it():
     assert adaptive.is_open([0.5], 0.02)  # one seed decides nothing
     # above 0 with error control but not beyond the margin, nor inside it: still open
     assert adaptive.is_open([0.09, 0.10, 0.11], 0.1)
+
+
+def test_no_difference_never_closes_a_cell_near_a_gap_beyond_the_margin():
+    means = {0.01: 0.0, 0.0132: -0.01, 0.0173: 0.27, 0.03: 0.45}
+    near = [lr for lr in means if adaptive.near_beyond_margin(lr, means, 0.1)]
+    # 0.0173 is 0.12 decades above 0.0132 but 0.24 above 0.01 and 0.24 below 0.03
+    assert near == [0.0132]
+    assert adaptive.near_beyond_margin(0.01, {0.01: 0.3, 0.001: 0.0}, 0.1) is False  # itself
+    assert adaptive.near_beyond_margin(0.1, {0.07: -0.2}, 0.1)  # either side, either sign
+    tight = [0.001, -0.002, 0.0015]
+    assert not adaptive.is_open(tight, 0.02) and adaptive.is_open(tight, 0.02, near=True)
+    assert not adaptive.is_open([0.5, 0.52, 0.49], 0.02, near=True)  # off worse still closes
+
+
+# Five seeds all short of their own onsets just below a sharp onset (a simulated study's cell
+# at LR 0.0132 that the equivalence test alone called "no difference"), the next LR up with
+# some seeds past theirs
+ONSET_GAPS = {1e-3: [0.01, -0.01, 0.005, 0.0, -0.004], 3e-3: [0.012, -0.006, 0.0, 0.009, -0.01],
+              1e-2: [0.02, -0.015, 0.004, 0.01, -0.008],
+              0.0132: [0.006, -0.008, -0.011, -0.01, -0.039],
+              0.0173: [0.45, 0.44, 0.003, 0.46, 0.01], 3e-2: [0.45, 0.47, 0.44, 0.46, 0.45]}
+
+
+def test_the_analysis_decides_no_difference_only_away_from_a_gap_beyond_the_margin():
+    import polars as pl
+
+    from analysis.hypotheses import h1_tests
+    from analysis.metrics import Options
+    from analysis.threshold import tested_rule
+
+    rows = [{"depth": 2, "qk_norm": arm, "arm": arm, "lr": lr, "seed": seed,
+             "status": "completed", "init_loss": 5.5,
+             "final_val_loss": 2.0 + 0.01 * seed + (gap if arm == "none" else 0.0)}
+            for lr, gaps in ONSET_GAPS.items() for seed, gap in enumerate(gaps)
+            for arm in ("none", "rmsnorm")]
+    cells = h1_tests(pl.DataFrame(rows), Options())[0]
+    by_lr = {r["lr"]: r for r in cells.iter_rows(named=True)}
+    flat = by_lr[0.0132]
+    # the equivalence test alone passes (the rule before: "no difference"), but an LR 0.12
+    # decades up has a seed-mean gap of 0.27: undetermined
+    assert flat["q_equivalent"] < 0.05 and flat["decision"] == "undetermined"
+    assert flat["near_margin"]
+    assert [by_lr[lr]["decision"] for lr in (1e-3, 3e-3, 1e-2)] == ["no difference"] * 3
+    assert not by_lr[1e-2]["near_margin"]  # 0.24 decades below 0.0173
+    assert tested_rule(cells)["no_difference_up_to"] == 1e-2  # "skip below" was 0.0132
+
+
+def test_the_sweep_adds_seeds_where_no_difference_cannot_close_a_cell(tmp_path):
+    sweep = parse_sweep_config(["preset=mini", f"runs_dir={tmp_path}", "lrs=0.001,0.01,0.015",
+                                "depth=2", "threshold_steps=0", "seeds=0,1,2", "max_seeds=4"])
+    gaps = {0.001: [0.001, -0.002, 0.0015], 0.01: [0.002, -0.001, 0.001],
+            0.015: [0.45, 0.46, 0.44]}
+    for lr, seed_gaps in gaps.items():
+        for seed, gap in enumerate(seed_gaps):
+            _write(run_config(sweep, 2, lr, "rmsnorm", seed), 2.0)
+            _write(run_config(sweep, 2, lr, "none", seed), 2.0 + gap)
+    # 0.01 is as tight as 0.001, but 0.18 decades below a seed-mean gap of 0.45: a fourth seed
+    extra = adaptive.extra_runs(sweep, [])
+    assert {(c.lr, c.qk_norm, c.seed) for c in extra} == {(0.01, arm, 3)
+                                                        for arm in ("none", "rmsnorm")}
 
 
 def test_the_crossing_bracket_reads_from_the_top_down():

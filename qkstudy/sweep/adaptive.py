@@ -2,7 +2,9 @@
 refinement (refine.py); per (depth, compared arm), bisection of the seed-mean crossing (the LR
 bracket where the raw seed-mean gap, off minus on, first reaches min_gap from the top; not the
 analysis's onset, an isotonic reading of the finer grid this leaves); adaptive seeds, up to max_seeds, for the (depth, LR) cells still open:
-no one-sided t-test at DESIGN_ALPHA finds off worse, on worse, or the mean within +-min_gap."""
+no one-sided t-test at DESIGN_ALPHA finds off worse, on worse, or the mean within +-min_gap
+(this last, as the analysis's "no difference", only where no LR measured within NEAR_DECADES
+has its seed-mean gap beyond the margin: near_beyond_margin)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,18 @@ from .refine import group_state, run_outcome
 
 OFF = "none"
 DESIGN_ALPHA = 0.005  # the analysis adjusts 50-100 tests a family (BH at 0.05): 0.05 is too lax
+# Seeds' own onsets scatter about their depth's by about 0.1 decades (docs/report.md), so within
+# two such SDs of an LR whose seed-mean gap is beyond the margin a seed's gap is either ~0 or the
+# whole effect: five seeds all short of their own onsets look flat while the seeds' mean is not.
+NEAR_DECADES = 0.2
+
+
+def near_beyond_margin(lr: float, means: dict[float, float], min_gap: float) -> bool:
+    """Whether another LR measured within NEAR_DECADES of `lr` (either side) has its seed-mean
+    gap (`means`: LR -> mean gap, off minus on) at or beyond +-min_gap: a cell there is never
+    decided "no difference" (the analysis's H1 cells and the sweep's open cells alike)."""
+    return any(other != lr and abs(math.log10(other / lr)) <= NEAR_DECADES + 1e-9
+               and abs(mean) >= min_gap for other, mean in means.items())
 
 
 def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[int]
@@ -45,8 +59,10 @@ def cell(sweep: SweepConfig, depth: int, lr: float, arm: str, seeds: Iterable[in
     return gaps, failed and bool(gaps), pending
 
 
-def is_open(gaps: list[float], min_gap: float) -> bool:
-    """Whether a cell's decision is still open (see the module docstring)."""
+def is_open(gaps: list[float], min_gap: float, near: bool = False) -> bool:
+    """Whether a cell's decision is still open (see the module docstring); `near`: the cell
+    lies near an LR whose seed-mean gap is beyond the margin, so "no difference" cannot close
+    it (near_beyond_margin)."""
     n = len(gaps)
     if n < 2:
         return True
@@ -56,7 +72,7 @@ def is_open(gaps: list[float], min_gap: float) -> bool:
     half = stats.t.ppf(1 - DESIGN_ALPHA, n - 1) * math.sqrt(
         sum((g - mean) ** 2 for g in gaps) / (n - 1) / n)
     lo, hi = mean - half, mean + half
-    return not (lo > min_gap or hi < -min_gap or -min_gap < lo and hi < min_gap)
+    return not (lo > min_gap or hi < -min_gap or not near and -min_gap < lo and hi < min_gap)
 
 
 def compared_arms(sweep: SweepConfig) -> list[str]:
@@ -115,6 +131,22 @@ def extra_seeds(sweep: SweepConfig) -> list[int]:
     return list(range(top + 1, top + 1 + max(0, sweep.max_seeds - len(sweep.seeds))))
 
 
+def finished_means(sweep: SweepConfig, depth: int, arm: str, lrs: list[float]
+                   ) -> dict[float, float]:
+    """Per LR measured (`lrs` and each boundary bisection's) where some pair learned, the
+    seed-mean gap over every seed finished there, fixed or adaptive, as the analysis reads it."""
+    measured = set(lrs)
+    if sweep.refine:
+        measured |= {lr for seed in sweep.seeds for a in (OFF, arm)
+                     for lr in group_state(sweep, (depth, a, seed))[0]}
+    out = {}
+    for lr in sorted(measured):
+        gaps, failed, _ = cell(sweep, depth, lr, arm, [*sweep.seeds, *extra_seeds(sweep)])
+        if gaps and not failed:
+            out[lr] = sum(gaps) / len(gaps)
+    return out
+
+
 def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> list[TrainConfig]:
     if sweep.refine:
         boundary = [cfg for g in groups if (cfg := group_state(sweep, g)[1]) is not None]
@@ -129,14 +161,17 @@ def extra_runs(sweep: SweepConfig, groups: Iterable[tuple[int, str, int]]) -> li
                 continue
             if sweep.max_seeds <= len(sweep.seeds):
                 continue
-            for lr in sorted(set(sweep.grid_lrs()) | set(means)):  # adaptive seeds, cell by cell
+            lrs = sorted(set(sweep.grid_lrs()) | set(means))
+            seed_means = finished_means(sweep, depth, arm, lrs)
+            for lr in lrs:  # adaptive seeds, cell by cell
+                near = near_beyond_margin(lr, seed_means, sweep.min_gap)
                 seeds = list(sweep.seeds)
                 for extra in [*extra_seeds(sweep), None]:  # the next seed while the cell is open
                     gaps, failed, pending = cell(sweep, depth, lr, arm, seeds)
                     if pending:
                         out += pending
                         break
-                    if failed or extra is None or not is_open(gaps, sweep.min_gap):
+                    if failed or extra is None or not is_open(gaps, sweep.min_gap, near):
                         break
                     seeds.append(extra)
     unique = {c.run_id: c for c in out if not run_outcome(c).finished}
