@@ -336,54 +336,12 @@ def test_the_warmup_figure_has_a_log_logit_axis_numeric_legend_and_the_warmups_e
         (30, 30), (480, 480), (1920, 1920)}
 
 
-def layer(panel: dict, name: str) -> dict:
-    """The layer of a panel of the answer figure's spec by its name (Altair adds "_<n>")."""
-    found = [lay for lay in panel["layer"] if lay["name"].rsplit("_", 1)[0] == name]
-    assert len(found) == 1, f"no single {name!r} layer"
-    return found[0]
-
-
-def test_the_answer_figure_draws_open_ends_as_arrows_the_law_and_its_prediction():
-    """An interval end beyond the LRs read is an arrow at that bound (its bar stops there), an
-    onset beyond them an arrow and no dot; the colour means training steps in every panel, in
-    numeric order; the warmup panel holds the law's band and the study-schedule prediction."""
-    from analysis.answer_figure import PREDICTION, answer_chart
+def test_the_law_band_is_predicts_interval_of_a_new_five_seed_point():
+    """The figure's law band (tests/test_published.py draws it): at the study schedule the
+    study preset's prediction (five seeds), and narrower than the three-seed scored point's."""
     from analysis.law import law_band
 
-    points = planted(-2.0, 0.2, 0.0, spread=0.02)
-    _, fit = fit_law(points, ReportOptions())
-    rows = []
-    for r in points:
-        lr = 10 ** r.onset.point
-        rows.append({"point": r.name, "d_model": 64, "depth": 4, "steps": r.point.steps,
-                     "warmup": r.point.warmup, "onset_lr": lr, "onset_lo": lr / 1.5,
-                     "onset_hi": lr * 1.5, "onset_side": "", "onset_bound": None,
-                     "read_lo": 1e-3, "read_hi": 0.3, "onset": f"{lr:.3g}", "seeds": 5})
-    rows[0]["onset_hi"] = None  # w64-s300: the interval reaches above the LRs read
-    rows[3].update(onset_lr=None, onset_hi=None, onset_side="above", onset_bound=0.3)
-    mini = [{**rows[0], "point": None, "depth": d, "onset_lo": None} for d in (2, 4)]
-    spec = answer_chart(pl.DataFrame(rows), mini, fit).to_dict()
-    warmup, steps, _, depth = spec["hconcat"]
-    colours = [lay["encoding"]["color"]["scale"]["domain"] for p in spec["hconcat"]
-               for lay in p["layer"] if "field" in lay["encoding"].get("color", {})]
-    assert colours and all(c == ["300", "1,200", "4,800"] for c in colours)
-    arrows = {(a["name"], a["dir"], a["y"]) for a in layer(warmup, "arrows")["data"]["values"]}
-    assert arrows == {(rows[0]["point"], "up", 0.3), (rows[3]["point"], "up", 0.3)}
-    bars = {b["name"]: b for b in layer(warmup, "intervals")["data"]["values"]}
-    assert bars[rows[0]["point"]]["hi"] == 0.3 and bars[rows[3]["point"]]["y"] is None
-    assert {(a["dir"], a["y"]) for a in layer(depth, "arrows")["data"]["values"]} == {
-        ("down", 1e-3), ("up", 0.3)}
-    assert layer(steps, "series")["encoding"]["strokeDash"]["scale"]["domain"][0] == "30 steps"
-    band = layer(warmup, "law-band")["data"]["values"]
-    assert {b["steps"] for b in band} == {"300", "1,200", "4,800"}
-    assert all(b["lo"] < b["y"] < b["hi"] for b in band)
-    guess, = layer(warmup, "prediction")["data"]["values"]
-    assert (guess["x"], guess["y"], guess["lo"], guess["hi"], guess["label"]) == (
-        1000, fit["lr"], fit["ci_lo"], fit["ci_hi"], PREDICTION)
-    assert layer(warmup, "prediction-interval") and layer(warmup, "prediction-label")
-    assert any("arrow" in line for line in spec["title"]["text"])
-    # the band is predict's interval of a new five-seed point: at the study schedule the study
-    # preset's (five seeds), and wider at the three-seed scored point of the same schedule
+    _, fit = fit_law(planted(-2.0, 0.2, 0.0, spread=0.02), ReportOptions())
     scored = next(p for p in fit["predictions"] if p["point"] == "study-point")
     three = next(p for p in fit["predictions"] if p["point"] == "w64-s24414-wu1000")
     at, = law_band(fit, 24_414, [1000])
