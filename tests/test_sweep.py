@@ -637,13 +637,17 @@ def test_eta_starts_from_calibration_and_moves_smoothly():
 def test_an_interrupted_sweep_stops_the_workers_a_signal_to_it_alone_did_not_reach():
     """kill -INT <the sweep's pid> reaches the first process only: its workers get SIGINT
     after the grace period; one that stopped by itself (a terminal's Ctrl-C) gets nothing."""
+    import signal
     import subprocess
     import sys
 
     from qkstudy.sweep.cli import stop_workers
 
     quick = subprocess.Popen([sys.executable, "-c", "pass"])
-    stubborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a worker's own SIGINT handling, even where this test runs with SIGINT ignored (a
+    # background job of a non-interactive shell), which its children would inherit
+    stubborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     start = time.monotonic()
     stop_workers([quick, stubborn], grace=1.0)
     assert stubborn.wait(timeout=20) != 0 and quick.returncode == 0
