@@ -644,8 +644,8 @@ def test_an_interrupted_sweep_stops_the_workers_a_signal_to_it_alone_did_not_rea
     from qkstudy.sweep.cli import stop_workers
 
     quick = subprocess.Popen([sys.executable, "-c", "pass"])
-    # a worker's own SIGINT handling, even where this test runs with SIGINT ignored (a
-    # background job of a non-interactive shell), which its children would inherit
+    # SIGINT's default disposition, even where this test runs with SIGINT ignored (a background
+    # job of a non-interactive shell), which its children would otherwise inherit
     stubborn = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     start = time.monotonic()
