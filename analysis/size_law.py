@@ -320,12 +320,12 @@ def _fit_text(fit: dict) -> str:
 def size_text(points: pl.DataFrame, size: dict) -> list[str]:
     """The size ladder's Markdown: per point the best LRs and the cost of skipping QK-norm,
     which knob moves the onset, the size law's forms and their predictions."""
-    from .ladder import ci_text
     from qkstudy.progress import table
 
     rows = [[f"`{r['point']}`", f"{r['best_lr_off_text']} / {r['best_lr_on_text']}",
              f"{r['best_loss_off']:.3f} / {r['best_loss_on']:.3f}",
-             ci_text({**r, "best_gap_lo": r["best_gap_lo"]}, "best_gap", "+.3f"),
+             f"{r['best_gap']:+.3f} [{r['best_gap_lo']:+.3f}, {r['best_gap_hi']:+.3f}]"
+             if r["best_gap_lo"] is not None else "-",
              r["onset_over_best_lr"], r["off_logit_at_warmup_end"]]
             for r in points.iter_rows(named=True)]
     lines = ["", *table(["point", "best LR off / on", "best loss off / on",
