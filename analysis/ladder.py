@@ -30,7 +30,8 @@ from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .advice_table import cells_of
 from .load import load_runs
 from .metrics import OFF, paired_gaps
-from .size_law import best_against_best, point_extras, size_analysis, size_text
+from .size_law import (best_against_best, point_extras, size_analysis, size_text,
+                       trained_seconds)
 from .study import ReportOptions, Study, analyse
 from .threshold import DepthDraws, onset_columns, read_onset, tested_rule, widened
 
@@ -48,6 +49,7 @@ class PointResult:
     onset: DepthDraws  # the estimate (log10 LR, +-inf outside the LRs read) and its draws
     seeds: int  # the whole seeds the point rests on
     best: dict = field(default_factory=dict)  # each arm's best LR and the best-against-best gap
+    took: float | None = None  # seconds during which its runs trained
 
 
 # --- reading the points -----------------------------------------------------------------------
@@ -79,7 +81,8 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     point = KNOWN[name]
     options = replace(options, study=replace(options.study, min_gap=point.margin))
     todo, extra = remaining_runs(parse_sweep_config(point_words(point, [], str(folder.parent))))
-    study = analyse(load_runs(folder), options)
+    runs = load_runs(folder)
+    study = analyse(runs, options)
     on = paired_gaps(study.points, options.study).filter(pl.col("compared_arm") == ON)
     cells = study.gaps.filter((pl.col("compared_arm") == ON) & pl.col("informative"))
     seeds = sorted(set(on["seed"].to_list()))
@@ -90,7 +93,8 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     onset = read_onset(cells, on, seeds, draws, options.study.min_gap)
     return PointResult(name=name, point=point, study=study, complete=not todo and not extra,
                        left=len(todo) + len(extra), onset=onset, seeds=len(seeds),
-                       best=best_against_best(study.points))
+                       best=best_against_best(study.points),
+                       took=trained_seconds(runs.table, runs.manifests))
 
 
 # --- per point ----------------------------------------------------------------------------------

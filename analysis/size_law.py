@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from datetime import datetime
 from functools import cache
 
 import numpy as np
@@ -16,6 +17,7 @@ from scipy.optimize import least_squares
 from qkstudy.config import model_args
 from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.parameters import count_params
+from qkstudy.progress import format_seconds
 from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, SIZE_POINTS, SIZE_TESTS, WARMUP_POINTS, Point, point_words
 
@@ -34,6 +36,10 @@ TEST_NAMES = tuple(p.name for p in SIZE_TESTS)
 # The early warning's level was fitted on the points archived when it was fixed
 LEVEL_POINTS = (*WARMUP_POINTS, "w64-s24414-wu1000", "w128-s300", "w256-s300",
                 "w192-d6-s1200-wu480")
+# Each point's forecast at registration (`just ladder --dry-run`, docs/report.md "Cost"), seconds
+FORECAST = {"w128-s1200-wu480": 50 * 60, "w192-s1200-wu480": 115 * 60,
+            "w192-d6-hd32-s1200-wu480": 127 * 60, "w192-d6-hd64-s1200-wu480": 126 * 60,
+            "w256-d6-hd64-s1200-wu480": 207 * 60, "w192-d6-hd64-s4800-wu1000": 412 * 60}
 
 
 @cache
@@ -296,10 +302,37 @@ def point_extras(r) -> dict:
     low = (r.onset.point == -math.inf, r.best["best_lr_on_text"].startswith("≥"))
     high = (r.onset.point == math.inf, r.best["best_lr_on_text"].startswith("≤"))
     side = "-" if any(low) and any(high) else "< " if any(low) else "> " if any(high) else ""
-    return r.best | {"onset_over_best_lr": side if side == "-" else f"{side}{10 ** ratio:.3g}",
+    return r.best | {"forecast_took": _took_text(r.name, r.took), "onset_over_best_lr": side if side == "-" else f"{side}{10 ** ratio:.3g}",
                      "off_logit_at_warmup_end": ", ".join(
                          f"{lr:g}: {10 ** v:,.0f}" if math.isfinite(v) else f"{lr:g}: diverged"
                          for lr, v in logits.items())}
+
+
+def trained_seconds(points: pl.DataFrame, manifests: dict[str, dict]) -> float | None:
+    """How long the point took: the time during which at least one of its runs trained, the
+    union of each run's span [ended - wall_seconds, ended] (a resumed run's stretch before its
+    interruption is counted just before its last one); None where a run's manifest lacks a
+    readable end."""
+    spans = []
+    for run, wall in points.select("run", "wall_seconds").iter_rows():
+        try:
+            end = datetime.fromisoformat(manifests[run]["ended"]).timestamp()
+        except (KeyError, TypeError, ValueError):
+            return None
+        if wall is None or not math.isfinite(wall) or wall < 0:
+            return None
+        spans.append((end - wall, end))
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
+
+
+def _took_text(name: str, took: float | None) -> str:
+    if name not in FORECAST:
+        return "-"
+    return f"{format_seconds(FORECAST[name])} / {format_seconds(took)}"
 
 
 def _shift_text(s: dict | None) -> str:
@@ -326,11 +359,12 @@ def size_text(points: pl.DataFrame, size: dict) -> list[str]:
              f"{r['best_loss_off']:.3f} / {r['best_loss_on']:.3f}",
              f"{r['best_gap']:+.3f} [{r['best_gap_lo']:+.3f}, {r['best_gap_hi']:+.3f}]"
              if r["best_gap_lo"] is not None else "-",
-             r["onset_over_best_lr"], r["off_logit_at_warmup_end"]]
+             r["onset_over_best_lr"], r["off_logit_at_warmup_end"], r["forecast_took"]]
             for r in points.iter_rows(named=True)]
     lines = ["", *table(["point", "best LR off / on", "best loss off / on",
                          "best-against-best gap, nats [95% CI]", "onset / on's best LR",
-                         "off arm's max attention logit at the warmup's end, by LR"], rows)]
+                         "off arm's max attention logit at the warmup's end, by LR",
+                         "forecast / took"], rows)]
     lines += ["", *table(["what changes (480 warmup steps of 1,200)",
                           "onset shift, decades [95% CI]"],
                          [[k, _shift_text(v)] for k, v in size["shifts"].items()])]

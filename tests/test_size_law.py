@@ -78,3 +78,19 @@ def test_a_shift_against_a_censored_onset_is_a_bound():
     s = Z.shift(base, body)
     assert s["side"] == "<" and s["shift"] == pytest.approx(-3.0 + 1.36)
     assert Z.shift(base, r("w192-d6-hd64-s1200-wu480", -2.0))["side"] == ""
+
+
+def test_a_point_took_the_time_its_runs_trained_not_the_gaps_between_sessions():
+    """Forecast beside actual: overlapping runs (two processes) count once, an idle gap between
+    sessions not at all, and a resumed run its whole training time; an unreadable end gives no
+    time rather than a wrong one."""
+    points = pl.DataFrame({"run": ["a", "b", "c"], "wall_seconds": [100.0, 60.0, 50.0]})
+    ends = {"a": "2026-12-07T10:01:40+00:00", "b": "2026-12-07T10:02:00+00:00",
+            "c": "2026-12-07T11:00:00+00:00"}  # a: 10:00:00-10:01:40, b 10:01:00-10:02:00
+    manifests = {k: {"ended": v} for k, v in ends.items()}
+    assert Z.trained_seconds(points, manifests) == pytest.approx(120 + 50)
+    assert Z.trained_seconds(points, manifests | {"c": {}}) is None
+    assert Z.trained_seconds(points, manifests | {"c": {"ended": "yesterday"}}) is None
+    assert Z.trained_seconds(points.with_columns(wall_seconds=pl.lit(-1.0)), manifests) is None
+    assert Z._took_text("w128-s1200-wu480", 5184.0) == "50m00s / 1h26m"
+    assert Z._took_text("w64-s1200-wu480", 5184.0) == "-"
