@@ -26,7 +26,7 @@ class SummaryField(NamedTuple):
 
 
 _F = SummaryField
-SUMMARY_FIELDS = {  # summary.json's keys: all the recorder writes (tests/test_train.py)
+SUMMARY_FIELDS = {  # summary.json's keys: all the recorder writes (tests/test_train_runs.py)
     "run_id": _F("text", "every", "the run's id, its folder's name"),
     "framework": _F("text", "every", "the engine that trained it: mlx or torch"),
     "sweep": _F("text", "every", "the sweep it belongs to, its parent folder's name"),

@@ -66,3 +66,11 @@ def tiny_cfg(tiny_data, tmp_path):
         return dataclasses.replace(base, **overrides).validate()
 
     return make
+
+
+@pytest.fixture
+def no_calibration(monkeypatch):
+    """Sweep plans without timing a step here: a fixed step speed (the sweep tests)."""
+    from qkstudy.sweep import plan
+
+    monkeypatch.setattr(plan, "step_speed", lambda cfg, vocab, **k: (1000.0, 3))

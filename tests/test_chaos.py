@@ -20,7 +20,7 @@ WORDS = [w for w in chaos.SWEEP if not w.startswith(("seeds=", "max_steps="))] +
 
 def test_a_storm_of_faults_ends_bit_identical(tiny_data, tmp_path):
     # seed 2: a storm of it interrupted a run in the log interval where the run diverged (the
-    # failure tests/test_train.py reproduces)
+    # failure tests/test_train_resume.py reproduces)
     result = chaos.storm(faults=8, seed=2, work=tmp_path, sweep_words=WORDS, data=tiny_data)
     print(result.table())
     assert result.ok, result.differences

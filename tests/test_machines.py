@@ -12,7 +12,7 @@ from qkstudy import provenance, status, trainer
 from qkstudy.__main__ import main
 from qkstudy.run_folder import SweepFolder, run_folders
 from qkstudy.sweep import plan
-from tests.test_sweep import tiny_words
+from tests.tiny_sweeps import tiny_words
 
 STEPS, TOKENS_PER_STEP = 20, 4 * 32  # tiny_words' runs
 LAPTOP, GPU = 1_000.0, 50_000.0  # each machine's calibrated tokens/s

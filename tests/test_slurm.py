@@ -69,16 +69,9 @@ def stop(pid_file: Path) -> None:
         pass
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    reason = why_no_slurm()
-    if reason:
-        pytest.skip(reason)
-    root = tmp_path_factory.mktemp("slurm")
+def write_conf(root: Path) -> Path:
+    """A slurm.conf for a one-node cluster on this host (2 CPUs), its files under `root`."""
     host = socket.gethostname().split(".")[0]
-    key = root / "munge.key"
-    key.write_bytes(os.urandom(128))
-    key.chmod(0o600)
     conf = root / "slurm.conf"
     conf.write_text(f"""ClusterName=qkt
 SlurmctldHost={host}
@@ -110,34 +103,58 @@ KillWait=30
 NodeName={host} NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
 PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
+    return conf
+
+
+def start_daemons(root: Path, conf: Path, key: Path, started: list[Path]) -> None:
+    """Start munged, slurmctld and slurmd, adding each one's pid file to `started` (so that
+    they are stopped whatever happens); skip the tests if one does not start."""
+    for command, pid_file in (
+            ([tool("munged"), "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
+              f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
+              f"--seed-file={root}/munged.seed"], root / "munged.pid"),
+            ([tool("slurmctld"), "-c", "-f", str(conf)], root / "slurmctld.pid"),
+            ([tool("slurmd"), "-f", str(conf)], root / "slurmd.pid")):
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        started.append(pid_file)
+        if out.returncode != 0:
+            pytest.skip(f"{Path(command[0]).name} did not start: {out.stderr.strip()[-300:]}")
+
+
+def wait_until_idle(root: Path) -> None:
+    """Wait (30 s at the most) until the node is idle; skip the tests if it never is."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        if state == "idle":
+            break
+        time.sleep(0.3)
+    else:
+        logs = " | ".join((root / f).read_text()[-200:] for f in ("slurmctld.log",
+                                                                  "slurmd.log")
+                          if (root / f).exists())
+        pytest.skip(f"the one-node cluster did not come up within 30 s: {logs}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = why_no_slurm()
+    if reason:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("slurm")
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    conf = write_conf(root)
     for d in ("state", "spool"):
         (root / d).mkdir()
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
     started = []
     try:
-        for command, pid_file in (
-                ([tool("munged"), "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
-                  f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
-                  f"--seed-file={root}/munged.seed"], root / "munged.pid"),
-                ([tool("slurmctld"), "-c", "-f", str(conf)], root / "slurmctld.pid"),
-                ([tool("slurmd"), "-f", str(conf)], root / "slurmd.pid")):
-            out = subprocess.run(command, capture_output=True, text=True, timeout=30)
-            started.append(pid_file)
-            if out.returncode != 0:
-                pytest.skip(f"{Path(command[0]).name} did not start: {out.stderr.strip()[-300:]}")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
-                                   timeout=10).stdout.strip()
-            if state == "idle":
-                break
-            time.sleep(0.3)
-        else:
-            logs = " | ".join((root / f).read_text()[-200:] for f in ("slurmctld.log",
-                                                                      "slurmd.log")
-                              if (root / f).exists())
-            pytest.skip(f"the one-node cluster did not come up within 30 s: {logs}")
+        start_daemons(root, conf, key, started)
+        wait_until_idle(root)
         yield root
     finally:
         subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=10)
