@@ -246,18 +246,40 @@ def warning_reading(r, seeds: tuple[int, ...] | None = None) -> tuple[dict[float
     return (logits, *E.crossing(logits, E.LEVEL))
 
 
+def warning_ready(r) -> bool:
+    """Whether the off arm's seeds 0 and 1 have run at every grid LR of the point (its early
+    warning can be read, and committed, before the point's other runs finish)."""
+    from . import early_warning as E
+
+    runs = r.study.per_run.filter((pl.col("arm") == OFF) & pl.col("seed").is_in(E.SEEDS)
+                                  & pl.col("in_grid"))
+    have = {(round(lr, 6), seed) for lr, seed in runs.select("lr", "seed").iter_rows()}
+    return all((round(lr, 6), seed) in have for lr in r.point.lrs for seed in E.SEEDS)
+
+
+def warning_error(r, v: float, side: str) -> str:
+    """Measured minus predicted onset (decades); a bound where either lies beyond its grid
+    ("-" where both do on the same side, or on sides that leave it unbounded)."""
+    m = r.onset.point
+    low = (m == -math.inf, side == "above")  # the error is at most the value shown
+    high = (m == math.inf, side == "below")
+    if any(low) and any(high):
+        return "-"
+    return ("≤ " if any(low) else "≥ " if any(high) else "") + f"{_bounded(r) - v:+.2f}"
+
+
 def warning_scores(results: list) -> list[dict]:
-    """The early warning at each test point measured: predicted, measured, error (decades)."""
+    """The early warning at each test point: predicted (once seeds 0 and 1 have run at every
+    grid LR), measured and the error in decades (once the point is complete)."""
     rows = []
     for r in results:
-        if r.name not in TEST_NAMES or not r.complete:
+        if r.name not in TEST_NAMES or not warning_ready(r):
             continue
         _, v, side = warning_reading(r)
-        measured = r.onset.point
-        error = "-" if not math.isfinite(measured) or side else f"{measured - v:+.2f}"
-        rows.append({"point": r.name, "predicted": ("< " if side == "below" else "> " if side
-                                                    else "") + f"{10 ** v:.3g}",
-                     "measured": r.onset.point, "error": error})
+        rows.append({"point": r.name, "complete": r.complete,
+                     "predicted": {"below": "< ", "above": "> "}.get(side, "") + f"{10 ** v:.3g}",
+                     "measured": r.onset.point if r.complete else math.nan,
+                     "error": warning_error(r, v, side) if r.complete else "-"})
     return rows
 
 
@@ -379,6 +401,8 @@ def size_text(points: pl.DataFrame, size: dict) -> list[str]:
                                      for k in ("measured", "error", "inside")] for row in preds])]
     lines += ["", f"Early warning: L = {10 ** size['level']:.0f} refitted from the points it was "
                   "fixed on; at the test points: " + ("; ".join(
-                      f"{w['point']} predicted {w['predicted']}, error {w['error']}"
+                      f"{w['point']} predicted {w['predicted']}, " + (
+                          f"error {w['error']}" if w["complete"]
+                          else "its runs not finished")
                       for w in size["warning"]) or "not run yet") + "."]
     return lines
