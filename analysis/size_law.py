@@ -22,6 +22,7 @@ from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, SIZE_POINTS, SIZE_TESTS, WARMUP_POINTS, Point, point_words
 
 from . import stats as S
+from .load import lr_key
 from .law import lack_of_fit, new_point_draws, unit_variance, widened_draws
 from .prediction import STEPS0, WARMUP0
 from .metrics import OFF, full_curves, with_losses
@@ -253,8 +254,8 @@ def warning_ready(r) -> bool:
 
     runs = r.study.per_run.filter((pl.col("arm") == OFF) & pl.col("seed").is_in(E.SEEDS)
                                   & pl.col("in_grid"))
-    have = {(round(lr, 6), seed) for lr, seed in runs.select("lr", "seed").iter_rows()}
-    return all((round(lr, 6), seed) in have for lr in r.point.lrs for seed in E.SEEDS)
+    have = {(lr_key(lr), seed) for lr, seed in runs.select("lr", "seed").iter_rows()}
+    return all((lr_key(lr), seed) in have for lr in r.point.lrs for seed in E.SEEDS)
 
 
 def warning_error(r, v: float, side: str) -> str:
