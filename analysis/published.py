@@ -1,6 +1,7 @@
-"""`python -m analysis.published [--check]`: rewrite (or, with --check, compare) the blocks
-between `<!-- NAME: ... -->` and `<!-- end NAME -->` in README.md and docs/results.md, and the
-figures in docs/results/, from the archives in results/."""
+"""`python -m analysis.published [--check | --register]`: rewrite (or, with --check, compare) the
+blocks between `<!-- NAME: ... -->` and `<!-- end NAME -->` in README.md and docs/results.md, and
+the figures in docs/results/, from the archives in results/; with --register, fill
+docs/report.md's blank registration blocks (analysis/registration.py) and nothing else."""
 
 from __future__ import annotations
 
@@ -144,21 +145,46 @@ def figure(studies: dict[str, Study], ladder: dict):
     return answer_chart(ladder["points"], study_rows(studies["mini"], "mini"), fit, schedule)  # type: ignore[arg-type]
 
 
-def replace_block(text: str, name: str, content: str) -> str:
-    pattern = re.compile(rf"(<!-- {re.escape(name)}: [^>]*-->\n).*?(\n<!-- end {re.escape(name)} -->)",
-                         re.S)
-    if not pattern.search(text):
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- {re.escape(name)}: [^>]*-->\n)(.*?)(\n<!-- end {re.escape(name)} -->)",
+                      re.S)
+
+
+def block_text(text: str, name: str) -> str:
+    """The content of the page's generated block `name`."""
+    match = _block(name).search(text)
+    if not match:
         raise SystemExit(f"error: no generated block {name!r} in the page")
-    return pattern.sub(lambda m: m.group(1) + content + m.group(2), text)
+    return match.group(2)
+
+
+def replace_block(text: str, name: str, content: str) -> str:
+    block_text(text, name)
+    return _block(name).sub(lambda m: m.group(1) + content + m.group(3), text)
+
+
+def register_page(ladder: dict) -> int:
+    """Fill docs/report.md's blank registration blocks whose content the archives now give."""
+    from analysis.registration import register, registrations
+
+    page = ROOT / "docs" / "report.md"
+    text, filled = register(page.read_text(), registrations(ROOT, ladder))
+    if filled:
+        page.write_text(text)
+    print(f"registered {', '.join(filled)} in docs/report.md" if filled
+          else "nothing to register: every ready block is filled", file=sys.stderr)
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    if argv not in ([], ["--check"]):
+    if argv not in ([], ["--check"], ["--register"]):
         asked = argv in (["--help"], ["-h"])
-        print("usage: python -m analysis.published [--check]",
+        print("usage: python -m analysis.published [--check | --register]",
               file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     studies, ladder = analyse_all()
+    if argv == ["--register"]:
+        return register_page(ladder)
     made = blocks(studies, ladder)
     pages = {ROOT / "README.md": ["practitioner", "predictions", "advise", "answer"], ROOT / "docs" / "results.md": [*STUDIES, "ladder", "warmup-probes"]}
     stale = []

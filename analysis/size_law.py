@@ -364,7 +364,7 @@ def _shift_text(s: dict | None) -> str:
     return f"{s['side']}{s['shift']:+.2f} [{s['ci_lo']:+.2f}, {s['ci_hi']:+.2f}]"
 
 
-def _fit_text(fit: dict) -> str:
+def fit_text(fit: dict) -> str:
     if fit["lr"] is None:
         return f"{fit['form']} ({fit['target']}): {fit['note']}."
     names = ("a", "b", "c", "g") if fit["form"] == "power" else ("a", "b", "c", "e", "h")
@@ -391,7 +391,7 @@ def size_text(points: pl.DataFrame, size: dict) -> list[str]:
     lines += ["", *table(["what changes (480 warmup steps of 1,200)",
                           "onset shift, decades [95% CI]"],
                          [[k, _shift_text(v)] for k, v in size["shifts"].items()])]
-    lines += ["", "Size law: " + " ".join(_fit_text(f) for f in size["fits"])]
+    lines += ["", "Size law: " + " ".join(fit_text(f) for f in size["fits"])]
     preds = [[f"`{p['point']}`", p["form"], f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]"]
              for f in size["fits"] for p in f["predictions"]]
     if preds:

@@ -317,3 +317,28 @@ def test_the_answer_when_the_size_ladder_lands():
     lone = [a for a in size["arrows"] if a["name"] == "w256-d6-hd64-s1200-wu480"]
     assert [(a["dir"], a["label"]) for a in lone] == [("down", "< 0.001")]
     assert "w256-d6-hd64-s1200-wu480" not in {i["name"] for i in size["intervals"]}
+
+
+def test_each_registration_in_the_plan_is_what_the_committed_archives_give(analysed):
+    """A filled registration block of docs/report.md equals what the archives give; a blank one
+    is not ready yet (a registration is committed with the archive that makes it ready)."""
+    from analysis.published import block_text
+    from analysis.registration import BLANK, registrations
+
+    page = (ROOT / "docs" / "report.md").read_text()
+    for name, content in registrations(ROOT, analysed[1]).items():
+        assert block_text(page, name) == (BLANK if content is None else content), name
+
+
+def test_registering_fills_each_ready_blank_block_and_never_rewrites_one():
+    from analysis.registration import BLANK, register
+
+    def page(**blocks):
+        return "\n".join(f"<!-- {k}: generated -->\n{v}\n<!-- end {k} -->" for k, v in blocks.items())
+
+    text, filled = register(page(a=BLANK, b="registered before", c=BLANK),
+                            {"a": "now ready", "b": "recomputed otherwise", "c": None})
+    assert filled == ["a"]
+    assert text == page(a="now ready", b="registered before", c=BLANK)
+    with pytest.raises(SystemExit, match="no generated block 'd'"):
+        register(text, {"d": "ready"})
