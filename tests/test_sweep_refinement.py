@@ -108,6 +108,51 @@ def test_a_run_held_elsewhere_counts_once_while_the_sweep_waits_for_it(
     assert max(totals) == 10 + 2 * 2  # the grid, and two midpoints per curve
 
 
+def test_a_grid_run_held_elsewhere_is_waited_for_and_the_crossing_step_trained_here(
+        monkeypatch, tiny_data, tmp_path, no_calibration):
+    """The crossing step needs every grid run: while another process of the sweep still trains
+    one, this process waits for it and then trains the step's runs, rather than leaving them
+    all to that process."""
+    import contextlib
+
+    words = tiny_words(tiny_data, tmp_path / "runs", "lrs=1e-3,1e-2,3.16e-2", "seeds=0",
+                       "arms=none,rmsnorm", "refine=true", "refine_steps=0", "threshold_steps=1")
+    sc = sweep.parse_sweep_config(words)
+    held = run_config(sc, sc.depth[0], 3.16e-2, "none", 0)
+    RunFolder.of(held).path.mkdir(parents=True)
+    other = contextlib.ExitStack()  # the other process's lock on the grid's last run
+    assert other.enter_context(RunFolder(RunFolder.of(held).path).lock())
+    trained = []
+
+    def summary(cfg) -> dict:  # off is 0.5 nats worse from 0.0316: the crossing bracket ends there
+        loss = 2.0 + (0.5 if cfg.qk_norm == "none" and cfg.lr > 0.02 else 0.0)
+        return {"run_id": cfg.run_id, "status": "completed", "final_val_loss": loss,
+                "init_loss": 5.5, "unigram_entropy": 3.1, "tokens_seen": 100, "steps": 1}
+
+    def train(cfg, **kw):
+        if cfg.run_id == held.run_id:
+            raise RunBusy("held")
+        trained.append((cfg.lr, cfg.qk_norm))
+        RunFolder.of(cfg).path.mkdir(parents=True, exist_ok=True)
+        files.write_json(RunFolder.of(cfg).path / "summary.json", summary(cfg))
+        return summary(cfg)
+
+    polls = []
+
+    def poll(seconds: float) -> None:  # the other process finishes the grid run meanwhile
+        polls.append(seconds)
+        if len(polls) == 2:
+            other.close()
+            files.write_json(RunFolder.of(held).path / "summary.json", summary(held))
+
+    monkeypatch.setattr(trainer, "train", train)
+    monkeypatch.setattr(RunFolder, "intact_summary", RunFolder.finished)
+    monkeypatch.setattr("qkstudy.sweep.run.time.sleep", poll)
+    assert main(["sweep", *words]) == 0
+    assert len(polls) >= 2
+    assert trained[-2:] == [(1.78e-2, "none"), (1.78e-2, "rmsnorm")]
+
+
 def test_sweep_refines_every_curve_round_by_round(monkeypatch, tiny_data, tmp_path, capsys,
                                                   no_calibration):
     calls = []

@@ -212,7 +212,9 @@ def execute(sweep: SweepConfig, speeds: Mapping[int, float]) -> Tally:
         tally.busy.remove(cfg)
         train_all([cfg])
     while True:  # one round = at most one new point per curve, cell or threshold, together
-        wanted = extra_runs(sweep, groups(sweep))
+        # a grid run another process still trains comes first: the next round is planned from
+        # the whole grid, so this process waits for it, then trains its share of that round
+        wanted = [c for c in runs if _held_elsewhere(c)] or extra_runs(sweep, groups(sweep))
         new = [cfg for cfg in wanted if cfg.run_id not in attempted]
         if new:  # a run retried after waiting on another process is counted once
             tally.total += len({c.run_id for c in new} - counted)
