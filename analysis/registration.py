@@ -17,30 +17,72 @@ import polars as pl
 from qkstudy.progress import table
 from qkstudy.sweep.ladder import SIZE_POINTS, SIZE_TESTS
 
+from .load import lr_key
 from .study import ReportOptions
 from .size_law import fit_text, warning_ready, warning_reading
 
 BLANK = "not registered yet"
 SIZE_BLOCK = "size-law-predictions"
+# The test points' grids as the plan fixed them (commit 6e1678d), before the registration's rule
+PLANNED = {"w256-d6-hd64-s1200-wu480": (0.001, 0.003, 0.01, 0.03),
+           "w192-d6-hd64-s4800-wu1000": (0.003, 0.01, 0.03)}
+BODY = "w192-d6-hd64-s1200-wu480"  # the size point of the test points' body
 
 
 def warning_block_name(point: str) -> str:
     return f"early-warning-{point}"
 
 
-def size_law_block(ladder: dict) -> str | None:
-    """Both forms' predictions (onset and ratio) at the test points and the fits they come
-    from; None until every size point is archived complete."""
+def half_decade_below(lr: float) -> float:
+    """The grid's next LR down: 0.003 -> 0.001, 0.01 -> 0.003."""
+    return lr_key(lr / 3 if f"{lr:.0e}".startswith("3") else lr * 0.3)
+
+
+def registered_grid(name: str, predictions: list[dict], body_best_on: float) -> tuple[float, ...]:
+    """The plan's rule at registration: the planned grid gains the half-decade below its lowest
+    LR where QK-norm's best LR at the body is at or below that LR, and loses its top LR where
+    both forms' 95% intervals for the onset end below the LR under it."""
+    lrs = list(PLANNED[name])
+    if lr_key(body_best_on) <= lrs[0]:
+        lrs.insert(0, half_decade_below(lrs[0]))
+    ends = [q["ci_hi"] for q in predictions if q["point"] == name and q["form"].endswith("(onset)")]
+    if len(lrs) > 2 and ends and all(e < lrs[-2] for e in ends):
+        lrs.pop()
+    return tuple(lrs)
+
+
+def size_points_done(ladder: dict) -> bool:
     points = ladder["points"]
     done = set(points.filter(pl.col("complete"))["point"]) if points.height else set()
-    if any(p.name not in done for p in SIZE_POINTS):
+    return all(p.name in done for p in SIZE_POINTS)
+
+
+def _body_best_on(ladder: dict) -> float:
+    return ladder["points"].filter(pl.col("point") == BODY)["best_lr_on"].item()
+
+
+def registered_grids(ladder: dict) -> dict[str, tuple[float, ...]]:
+    """Each test point's grid by the plan's rule, from the size law's predictions and QK-norm's
+    best LR at the body (every size point archived)."""
+    predictions = [p for f in ladder["size"]["fits"] for p in f["predictions"]]
+    return {p.name: registered_grid(p.name, predictions, _body_best_on(ladder)) for p in SIZE_TESTS}
+
+
+def size_law_block(ladder: dict) -> str | None:
+    """Both forms' predictions (onset and ratio) at the test points, the fits they come from
+    and the test grids; None until every size point is archived complete."""
+    if not size_points_done(ladder):
         return None
     fits = ladder["size"]["fits"]
     rows = [[f"`{p['point']}`", p["form"], f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]"]
             for f in fits for p in f["predictions"]]
+    grids = "; ".join(f"`{name}` {', '.join(f'{lr:g}' for lr in lrs)}"
+                      for name, lrs in registered_grids(ladder).items())
     return "\n".join(["Size law: " + " ".join(fit_text(f) for f in fits), "",
                       *table(["test point", "form (what it predicts)",
-                              "predicted [95% interval of a new five-seed point]"], rows)])
+                              "predicted [95% interval of a new five-seed point]"], rows), "",
+                      f"The test grids by the plan's rule (QK-norm's best LR at `{BODY}`: "
+                      f"{_body_best_on(ladder):g}): {grids}."])
 
 
 def warning_block(r) -> str | None:

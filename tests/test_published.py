@@ -325,9 +325,14 @@ def test_each_registration_in_the_plan_is_what_the_committed_archives_give(analy
     from analysis.published import block_text
     from analysis.registration import BLANK, registrations
 
+    from analysis.registration import size_points_done, registered_grids
+    from qkstudy.sweep.ladder import SIZE_TESTS
+
     page = (ROOT / "docs" / "report.md").read_text()
     for name, content in registrations(ROOT, analysed[1]).items():
         assert block_text(page, name) == (BLANK if content is None else content), name
+    if size_points_done(analysed[1]):  # the test points run on the registered grids
+        assert {p.name: p.lrs for p in SIZE_TESTS} == registered_grids(analysed[1])
 
 
 def test_registering_fills_each_ready_blank_block_and_never_rewrites_one():
@@ -342,3 +347,20 @@ def test_registering_fills_each_ready_blank_block_and_never_rewrites_one():
     assert text == page(a="now ready", b="registered before", c=BLANK)
     with pytest.raises(SystemExit, match="no generated block 'd'"):
         register(text, {"d": "ready"})
+
+
+def test_a_test_grid_gains_an_lr_below_only_where_the_bodys_best_lr_needs_it():
+    from analysis.registration import half_decade_below, registered_grid
+
+    assert (half_decade_below(0.003), half_decade_below(0.01)) == (0.001, 0.003)
+    s4800 = "w192-d6-hd64-s4800-wu1000"
+
+    def preds(*ends):
+        return [{"point": s4800, "form": f"{f} (onset)", "ci_hi": e}
+                for f, e in zip(("power", "ceiling"), ends)] + [
+            {"point": s4800, "form": "power (ratio)", "ci_hi": 1e-6}]
+
+    assert registered_grid(s4800, preds(0.07, 0.012), 0.003) == (0.001, 0.003, 0.01, 0.03)
+    assert registered_grid(s4800, preds(0.07, 0.012), 0.01) == (0.003, 0.01, 0.03)
+    assert registered_grid(s4800, preds(0.008, 0.009), 0.01) == (0.003, 0.01)  # top LR dropped
+    assert registered_grid(s4800, preds(0.008, 0.011), 0.01) == (0.003, 0.01, 0.03)
