@@ -5,7 +5,6 @@ docs/report.md's blank registration blocks (analysis/registration.py) and nothin
 
 from __future__ import annotations
 
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +13,7 @@ import polars as pl
 
 from analysis.advice_table import PATH as ADVICE_TABLE, build as build_advice, text as advice_text
 from analysis.answer_table import practitioner, predictions
+from analysis.blocks import replace_block
 from analysis.ladder import analyse_ladder, ci_text, seed_effects, summary_text
 from analysis.load import load_runs
 from analysis.study import Study, analyse
@@ -143,24 +143,6 @@ def figure(studies: dict[str, Study], ladder: dict):
     fit = next(f for f in ladder["fits"] if f["form"] == "straight")  # type: ignore[attr-defined]
     schedule = next((p for p in fit["predictions"] if p["point"] == SCORED_POINTS[0].name), None)
     return answer_chart(ladder["points"], study_rows(studies["mini"], "mini"), fit, schedule)  # type: ignore[arg-type]
-
-
-def _block(name: str) -> re.Pattern:
-    return re.compile(rf"(<!-- {re.escape(name)}: [^>]*-->\n)(.*?)(\n<!-- end {re.escape(name)} -->)",
-                      re.S)
-
-
-def block_text(text: str, name: str) -> str:
-    """The content of the page's generated block `name`."""
-    match = _block(name).search(text)
-    if not match:
-        raise SystemExit(f"error: no generated block {name!r} in the page")
-    return match.group(2)
-
-
-def replace_block(text: str, name: str, content: str) -> str:
-    block_text(text, name)
-    return _block(name).sub(lambda m: m.group(1) + content + m.group(3), text)
 
 
 def register_page(ladder: dict) -> int:

@@ -17,6 +17,7 @@ import polars as pl
 from qkstudy.progress import table
 from qkstudy.sweep.ladder import SIZE_POINTS, SIZE_TESTS
 
+from .blocks import block_text, replace_block
 from .load import lr_key
 from .study import ReportOptions
 from .size_law import fit_text, warning_ready, warning_reading
@@ -126,8 +127,6 @@ def registrations(root: Path, ladder: dict) -> dict[str, str | None]:
 def register(text: str, made: dict[str, str | None]) -> tuple[str, list[str]]:
     """The page with each blank registration block that is ready filled in, and the names
     filled; a filled block is left as it stands."""
-    from .published import block_text, replace_block
-
     filled = []
     for name, content in made.items():
         if content is not None and block_text(text, name) == BLANK:

@@ -322,7 +322,7 @@ def test_the_answer_when_the_size_ladder_lands():
 def test_each_registration_in_the_plan_is_what_the_committed_archives_give(analysed):
     """A filled registration block of docs/report.md equals what the archives give; a blank one
     is not ready yet (a registration is committed with the archive that makes it ready)."""
-    from analysis.published import block_text
+    from analysis.blocks import block_text
     from analysis.registration import BLANK, registrations
 
     from analysis.registration import size_points_done, registered_grids
