@@ -40,7 +40,7 @@ LEVEL_POINTS = (*WARMUP_POINTS, "w64-s24414-wu1000", "w128-s300", "w256-s300",
 # Each point's forecast at registration (`just ladder --dry-run`, docs/report.md "Cost"), seconds
 FORECAST = {"w128-s1200-wu480": 50 * 60, "w192-s1200-wu480": 115 * 60,
             "w192-d6-hd32-s1200-wu480": 127 * 60, "w192-d6-hd64-s1200-wu480": 126 * 60,
-            "w256-d6-hd64-s1200-wu480": 207 * 60, "w192-d6-hd64-s4800-wu1000": 412 * 60}
+            "w256-d6-hd64-s1200-wu480": 207 * 60, "w192-d6-hd64-s4800-wu1000": 615 * 60}
 
 
 @cache

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from operator import itemgetter
 from pathlib import Path
 
 import polars as pl
@@ -129,11 +130,12 @@ def test_the_rule_cites_only_its_tables_numbers(made):
 
 def test_the_answer_figure_is_drawn_from_the_archives(analysed, made):
     """docs/results/answer.png's spec: one colour per model body in order of size; the study
-    body's onset below the LRs run drawn as a lone, labelled arrow in the size and warmup
-    panels, without an interval bar; every point read drawn; the straight law's band, and its
+    body's onset below the LRs run drawn as a lone, labelled arrow in the warmup panel, without
+    an interval bar, and in the size panel unless a point of the same body and schedule read
+    its onset; every point read drawn; the straight law's band, and its
     prediction at the study schedule as the predictions table gives it."""
     from analysis import published as rt
-    from analysis.answer_table import rows_of
+    from analysis.answer_table import by_schedule, rows_of
 
     studies, ladder = analysed
     spec = rt.figure(studies, ladder).to_dict()
@@ -147,7 +149,12 @@ def test_the_answer_figure_is_drawn_from_the_archives(analysed, made):
         lone = [a for a in warmup["arrows"] if a["name"] == name]
         assert [a["label"] for a in lone] == [f"< {r['read_lo']:.3g}"]
         assert not [i for i in warmup["intervals"] if i["name"] == name]
-    assert {a["name"] for a in size["arrows"]} >= set(censored)
+    shown = {r["point"] for _, group in by_schedule(rows) for r in group}
+    assert {a["name"] for a in size["arrows"]} >= set(censored) & shown
+    key = itemgetter("body", "warmup", "steps")
+    for name in set(censored) - shown:
+        read = [r["point"] for r in rows if r["point"] in shown and key(r) == key(censored[name])]
+        assert read and read[0] in {o["name"] for o in size["onsets"]}, name
     assert {o["name"] for o in warmup["onsets"]} == {r["point"] for r in rows
                                                       if r["onset_lr"] is not None}
     domain = spec["hconcat"][0]["layer"][2]["encoding"]["color"]["scale"]["domain"]
