@@ -30,6 +30,7 @@ from .law import FORMS, PREDICTED, fit_law, law_text, score
 from .advice_table import cells_of
 from .load import load_runs
 from .metrics import OFF, paired_gaps
+from .rerun import rerun_cells, rerun_text
 from .size_law import (best_against_best, point_extras, size_analysis, size_text,
                        trained_seconds)
 from .study import ReportOptions, Study, analyse
@@ -206,6 +207,7 @@ def summary_text(out: dict) -> str:
         lines += ["", law_text(out["law"], fit)]  # type: ignore[arg-type]
     lines += ["", prediction_text(out["fits"], out["scores"]), "", body_text()]  # type: ignore[arg-type]
     lines += size_text(t, out["size"])  # type: ignore[arg-type]
+    lines += rerun_text(out.get("rerun"))  # type: ignore[arg-type]
     shift = out["body_shift"]
     if shift is not None:
         lines += ["", f"The study's model body (d_model 192, depth 6, head_dim 64) against "
@@ -356,6 +358,7 @@ def analyse_ladder(sources: list[Path]) -> dict[str, object]:
             "scores": score(fits, measured_onsets(points)), "probes": probes,
             "body_shift": body_shift(results, options.study.threshold_widening),
             "size": size_analysis(results),
+            "rerun": rerun_cells(results),
             "cells": {r.name: cells_of(r.study.gaps, r.point.depth) for r in results}}
 
 

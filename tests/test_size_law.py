@@ -118,3 +118,25 @@ def test_the_early_warning_is_read_once_seeds_0_and_1_ran_at_every_lr_and_scored
     assert Z.warning_error(_warned(-math.inf, every), -2.5, "") == "≤ -0.50"  # below 0.001
     assert Z.warning_error(_warned(-2.0, every), -3.0, "below") == "≥ +1.00"
     assert Z.warning_error(_warned(-math.inf, every), -3.0, "below") == "-"
+
+
+def test_the_rerun_pairs_the_runs_both_body_points_share():
+    """The body rerun's table compares only the seeds both points ran, per LR and arm, and
+    says nothing until both points are read."""
+    from types import SimpleNamespace
+
+    from analysis.rerun import EARLIER, RERUN, rerun_cells, rerun_text
+
+    def point(name, losses):
+        rows = [{"lr": lr, "arm": arm, "seed": s, "final_val_loss": v}
+                for (lr, arm), seeds in losses.items() for s, v in seeds.items()]
+        return SimpleNamespace(name=name, study=SimpleNamespace(points=pl.DataFrame(rows)))
+
+    earlier = point(EARLIER, {(0.01, "none"): {0: 0.8, 1: 0.9, 3: 1.0},
+                              (0.03, "rmsnorm"): {0: 0.6}})
+    rerun = point(RERUN, {(0.01, "none"): {0: 0.75, 1: 1.0, 2: 0.5}, (0.003, "rmsnorm"): {0: 0.5}})
+    assert rerun_cells([earlier]) is None and rerun_text(None) == []
+    cells = rerun_cells([earlier, rerun])
+    assert cells.rows() == [(0.01, "none", 2, pytest.approx(0.85), pytest.approx(0.875),
+                             pytest.approx(0.025), pytest.approx(0.1))]
+    assert "| 0.01 | off | 2 | 0.850 / 0.875 | +0.025 | 0.100 |" in rerun_text(cells)
