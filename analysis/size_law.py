@@ -243,8 +243,18 @@ def warning_reading(r, seeds: tuple[int, ...] | None = None) -> tuple[dict[float
     from . import early_warning as E
 
     step = E.probe_step(r.point.steps, r.point.warmup)
-    logits = E.warmup_logits(r.study.per_run, r.study.probe_steps, step, seeds or E.SEEDS)
+    logits = E.warmup_logits(_grid_marked(r), r.study.probe_steps, step, seeds or E.SEEDS)
     return (logits, *E.crossing(logits, E.LEVEL))
+
+
+def _grid_marked(r) -> pl.DataFrame:
+    """The point's runs with `in_grid`: the analysis' base grid for a complete point; for an
+    unfinished one (whose grid LRs may still lack some arm's seeds) its planned grid LRs."""
+    if r.complete:
+        return r.study.per_run
+    grid = {lr_key(lr) for lr in r.point.lrs}
+    return r.study.per_run.with_columns(in_grid=pl.col("lr").map_elements(
+        lambda lr: lr_key(lr) in grid, return_dtype=pl.Boolean))
 
 
 def warning_ready(r) -> bool:
@@ -252,7 +262,7 @@ def warning_ready(r) -> bool:
     warning can be read, and committed, before the point's other runs finish)."""
     from . import early_warning as E
 
-    runs = r.study.per_run.filter((pl.col("arm") == OFF) & pl.col("seed").is_in(E.SEEDS)
+    runs = _grid_marked(r).filter((pl.col("arm") == OFF) & pl.col("seed").is_in(E.SEEDS)
                                   & pl.col("in_grid"))
     have = {(lr_key(lr), seed) for lr, seed in runs.select("lr", "seed").iter_rows()}
     return all((lr_key(lr), seed) in have for lr in r.point.lrs for seed in E.SEEDS)

@@ -96,12 +96,14 @@ def test_a_point_took_the_time_its_runs_trained_not_the_gaps_between_sessions():
     assert Z._took_text("w64-s1200-wu480", 5184.0) == "-"
 
 
-def _warned(onset: float, off_runs: list[tuple[float, int]], complete: bool = True):
+def _warned(onset: float, off_runs: list[tuple[float, int]], complete: bool = True,
+            in_grid: bool = True):
     from types import SimpleNamespace
 
     p = KNOWN["w256-d6-hd64-s1200-wu480"]
     per_run = pl.DataFrame({"arm": ["none"] * len(off_runs), "lr": [lr for lr, _ in off_runs],
-                            "seed": [s for _, s in off_runs], "in_grid": [True] * len(off_runs)})
+                            "seed": [s for _, s in off_runs],
+                            "in_grid": [in_grid or lr < p.lrs[-1] for lr, _ in off_runs]})
     return PointResult(name=p.name, point=p, study=SimpleNamespace(per_run=per_run),
                        complete=complete, left=0, seeds=5,
                        onset=DepthDraws(lrs=[0.001, 0.03], point=onset, draws=np.zeros(3),
@@ -113,6 +115,10 @@ def test_the_early_warning_is_read_once_seeds_0_and_1_ran_at_every_lr_and_scored
     every = [(lr, s) for lr in p.lrs for s in (0, 1)]
     assert Z.warning_ready(_warned(-2.0, every))
     assert not Z.warning_ready(_warned(-2.0, every[:-1]))  # seed 1 at the top LR still running
+    # a partial point: its top LR is not yet in the analysis' base grid (QK-norm's seeds there
+    # still running), yet the off arm's seeds 0 and 1 ran at every grid LR
+    assert Z.warning_ready(_warned(-2.0, every, complete=False, in_grid=False))
+    assert not Z.warning_ready(_warned(-2.0, every + [(0.0055, 0)], in_grid=False))
     # measured minus predicted; a bound where the measured onset or the prediction is censored
     assert Z.warning_error(_warned(-2.0, every), -2.3, "") == "+0.30"
     assert Z.warning_error(_warned(-math.inf, every), -2.5, "") == "≤ -0.50"  # below 0.001
