@@ -305,8 +305,10 @@ def size_scores(fits: list[dict], results: list) -> pl.DataFrame:
         for r in results:
             if r.name in TEST_NAMES and r.complete:
                 v = _bounded(r) - (math.log10(r.best["best_lr_on"]) if target == "ratio" else 0)
-                side = "" if math.isfinite(r.onset.point) else (
-                    "below" if r.onset.point < 0 else "above")
+                side = ratio_side(r) if target == "ratio" else "" if math.isfinite(
+                    r.onset.point) else "below" if r.onset.point < 0 else "above"
+                if side is None:
+                    continue
                 measured[r.name] = {"lr": 10 ** v, "side": side, "text": (
                     {"below": "< ", "above": "> "}.get(side, "") + f"{10 ** v:.3g}")}
         out.append(score([f for f in fits if f["target"] == target], measured))
@@ -325,16 +327,22 @@ def size_analysis(results: list) -> dict:
             "warning": warning_scores(results), "level": level}
 
 
+def ratio_side(r) -> str | None:
+    """Where the onset over QK-norm's best LR is a bound: "below" where the onset is below its
+    LRs or the best LR at or above its grid's top, "above" where the onset is above or the best
+    LR at or below the grid's bottom, None where both (bounded on neither side), else ""."""
+    low = (r.onset.point == -math.inf, r.best["best_lr_on_text"].startswith("≥"))
+    high = (r.onset.point == math.inf, r.best["best_lr_on_text"].startswith("≤"))
+    return None if any(low) and any(high) else "below" if any(low) else \
+        "above" if any(high) else ""
+
+
 def point_extras(r) -> dict:
     """A point's best LRs, best-against-best gap, onset over QK-norm's best LR and the off
     arm's logit at the warmup's end per LR (every seed's median), for its row."""
     logits = warning_reading(r, tuple(range(r.seeds)))[0]
     ratio = _bounded(r) - math.log10(r.best["best_lr_on"])
-    # the ratio's bound: below where the onset is below its LRs or the best LR at or above its
-    # grid's top; above where the onset is above or the best LR at or below the grid's bottom
-    low = (r.onset.point == -math.inf, r.best["best_lr_on_text"].startswith("≥"))
-    high = (r.onset.point == math.inf, r.best["best_lr_on_text"].startswith("≤"))
-    side = "-" if any(low) and any(high) else "< " if any(low) else "> " if any(high) else ""
+    side = {None: "-", "below": "< ", "above": "> "}.get(ratio_side(r), "")
     return r.best | {"forecast_took": _took_text(r.name, r.took), "onset_over_best_lr": side if side == "-" else f"{side}{10 ** ratio:.3g}",
                      "off_logit_at_warmup_end": ", ".join(
                          f"{lr:g}: {10 ** v:,.0f}" if math.isfinite(v) else f"{lr:g}: diverged"

@@ -146,3 +146,27 @@ def test_the_rerun_pairs_the_runs_both_body_points_share():
     assert cells.rows() == [(0.01, "none", 2, pytest.approx(0.85), pytest.approx(0.875),
                              pytest.approx(0.025), pytest.approx(0.1))]
     assert "| 0.01 | off | 2 | 0.850 / 0.875 | +0.025 | 0.100 |" in rerun_text(cells)
+
+
+def test_the_ratio_at_a_test_point_is_a_bound_where_qk_norms_best_lr_is_at_its_grid_end():
+    """Onset over QK-norm's best LR: where that best LR is the grid's smallest LR (its true best
+    may lie lower), the measured ratio is a lower bound and is scored as one; where the onset
+    is below the grid as well, the ratio is bounded on neither side and not scored."""
+    law = lambda x: -2.1 + 0.18 * x[0] - 0.2 * x[2]  # noqa: E731
+    fits = Z.fit_size_law(planted(law), "ratio")
+    p = SIZE_TESTS[0]
+
+    def measured(onset: float, best_text: str) -> PointResult:
+        return PointResult(name=p.name, point=p, study=None, complete=True, left=0, seeds=5,
+                           onset=DepthDraws(lrs=[0.001, 0.03], point=onset,
+                                            draws=np.zeros(3), seeds=5),
+                           best={"best_lr_on": 0.001, "best_lr_on_text": best_text})
+
+    def ratio_scores(r):
+        return Z.size_scores(fits, [r]).filter(pl.col("point") == p.name)
+
+    exact = ratio_scores(measured(-2.0, "0.001"))
+    assert set(exact["measured"]) == {"10"} and not any(exact["error"].str.starts_with(">"))
+    bound = ratio_scores(measured(-2.0, "≤ 0.001"))
+    assert set(bound["measured"]) == {"> 10"} and all(bound["error"].str.starts_with("> "))
+    assert ratio_scores(measured(-math.inf, "≤ 0.001")).is_empty()
