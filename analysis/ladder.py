@@ -31,8 +31,8 @@ from .advice_table import cells_of
 from .load import load_runs
 from .metrics import OFF, paired_gaps
 from .rerun import rerun_cells, rerun_text
-from .size_law import (best_against_best, point_extras, size_analysis, size_text,
-                       trained_seconds)
+from .size_law import best_against_best, size_analysis, trained_seconds
+from .size_report import point_extras, size_text
 from .study import ReportOptions, Study, analyse
 from .threshold import DepthDraws, onset_columns, read_onset, tested_rule, widened
 

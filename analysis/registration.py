@@ -20,7 +20,8 @@ from qkstudy.sweep.ladder import SIZE_POINTS, SIZE_TESTS
 from .blocks import block_text, replace_block
 from .load import lr_key
 from .study import ReportOptions
-from .size_law import fit_text, warning_ready, warning_reading
+from .size_law import warning_ready, warning_reading
+from .size_report import fit_text
 
 BLANK = "not registered yet"
 SIZE_BLOCK = "size-law-predictions"

@@ -17,7 +17,6 @@ from scipy.optimize import least_squares
 from qkstudy.config import model_args
 from qkstudy.data.tokenizer import VOCAB_BY_TOKENIZER
 from qkstudy.parameters import count_params
-from qkstudy.progress import format_seconds
 from qkstudy.sweep.config import parse_sweep_config, run_config
 from qkstudy.sweep.ladder import KNOWN, SIZE_POINTS, SIZE_TESTS, WARMUP_POINTS, Point, point_words
 
@@ -315,18 +314,6 @@ def size_scores(fits: list[dict], results: list) -> pl.DataFrame:
     return pl.concat(out)
 
 
-def size_analysis(results: list) -> dict:
-    """The size ladder's outputs for `python -m analysis ladder`."""
-    from . import early_warning as E
-
-    archived = [r for r in results if r.name in LEVEL_POINTS and r.complete]
-    level = E.fitted_level([(warning_reading(r)[0], r.onset.point) for r in archived]) \
-        if archived else None
-    fits = fit_size_law(results, "onset") + fit_size_law(results, "ratio")
-    return {"fits": fits, "scores": size_scores(fits, results), "shifts": knob_shifts(results),
-            "warning": warning_scores(results), "level": level}
-
-
 def ratio_side(r) -> str | None:
     """Where the onset over QK-norm's best LR is a bound: "below" where the onset is below its
     LRs or the best LR at or above its grid's top, "above" where the onset is above or the best
@@ -337,16 +324,16 @@ def ratio_side(r) -> str | None:
         "above" if any(high) else ""
 
 
-def point_extras(r) -> dict:
-    """A point's best LRs, best-against-best gap, onset over QK-norm's best LR and the off
-    arm's logit at the warmup's end per LR (every seed's median), for its row."""
-    logits = warning_reading(r, tuple(range(r.seeds)))[0]
-    ratio = _bounded(r) - math.log10(r.best["best_lr_on"])
-    side = {None: "-", "below": "< ", "above": "> "}.get(ratio_side(r), "")
-    return r.best | {"forecast_took": _took_text(r.name, r.took), "onset_over_best_lr": side if side == "-" else f"{side}{10 ** ratio:.3g}",
-                     "off_logit_at_warmup_end": ", ".join(
-                         f"{lr:g}: {10 ** v:,.0f}" if math.isfinite(v) else f"{lr:g}: diverged"
-                         for lr, v in logits.items())}
+def size_analysis(results: list) -> dict:
+    """The size ladder's outputs for `python -m analysis ladder`."""
+    from . import early_warning as E
+
+    archived = [r for r in results if r.name in LEVEL_POINTS and r.complete]
+    level = E.fitted_level([(warning_reading(r)[0], r.onset.point) for r in archived]) \
+        if archived else None
+    fits = fit_size_law(results, "onset") + fit_size_law(results, "ratio")
+    return {"fits": fits, "scores": size_scores(fits, results), "shifts": knob_shifts(results),
+            "warning": warning_scores(results), "level": level}
 
 
 def trained_seconds(points: pl.DataFrame, manifests: dict[str, dict]) -> float | None:
@@ -368,60 +355,3 @@ def trained_seconds(points: pl.DataFrame, manifests: dict[str, dict]) -> float |
         total += max(0.0, end - max(start, reach))
         reach = max(reach, end)
     return total
-
-
-def _took_text(name: str, took: float | None) -> str:
-    if name not in FORECAST:
-        return "-"
-    return f"{format_seconds(FORECAST[name])} / {format_seconds(took)}"
-
-
-def _shift_text(s: dict | None) -> str:
-    if s is None:
-        return "not measured yet"
-    return f"{s['side']}{s['shift']:+.2f} [{s['ci_lo']:+.2f}, {s['ci_hi']:+.2f}]"
-
-
-def fit_text(fit: dict) -> str:
-    if fit["lr"] is None:
-        return f"{fit['form']} ({fit['target']}): {fit['note']}."
-    names = ("a", "b", "c", "g") if fit["form"] == "power" else ("a", "b", "c", "e", "h")
-    return (f"{fit['form']} ({fit['target']}), over {len(fit['points'].split(', '))} points: "
-            + ", ".join(f"{k} {v:+.3f}" for k, v in zip(names, fit["estimate"]))
-            + f"; lack of fit {fit['lack_of_fit']:.3f} decades ({fit['df']} degrees of freedom).")
-
-
-def size_text(points: pl.DataFrame, size: dict) -> list[str]:
-    """The size ladder's Markdown: per point the best LRs and the cost of skipping QK-norm,
-    which knob moves the onset, the size law's forms and their predictions."""
-    from qkstudy.progress import table
-
-    rows = [[f"`{r['point']}`", f"{r['best_lr_off_text']} / {r['best_lr_on_text']}",
-             f"{r['best_loss_off']:.3f} / {r['best_loss_on']:.3f}",
-             f"{r['best_gap']:+.3f} [{r['best_gap_lo']:+.3f}, {r['best_gap_hi']:+.3f}]"
-             if r["best_gap_lo"] is not None else "-",
-             r["onset_over_best_lr"], r["off_logit_at_warmup_end"], r["forecast_took"]]
-            for r in points.iter_rows(named=True)]
-    lines = ["", *table(["point", "best LR off / on", "best loss off / on",
-                         "best-against-best gap, nats [95% CI]", "onset / on's best LR",
-                         "off arm's max attention logit at the warmup's end, by LR",
-                         "forecast / took"], rows)]
-    lines += ["", *table(["what changes (480 warmup steps of 1,200)",
-                          "onset shift, decades [95% CI]"],
-                         [[k, _shift_text(v)] for k, v in size["shifts"].items()])]
-    lines += ["", "Size law: " + " ".join(fit_text(f) for f in size["fits"])]
-    preds = [[f"`{p['point']}`", p["form"], f"{p['lr']:.3g} [{p['ci_lo']:.3g}, {p['ci_hi']:.3g}]"]
-             for f in size["fits"] for p in f["predictions"]]
-    if preds:
-        scored = {(s["form"], s["point"]): s for s in size["scores"].iter_rows(named=True)}
-        lines += ["", *table(["test point", "form (what it predicts)", "predicted [95% interval]",
-                              "measured", "error, decades", "inside?"],
-                             [row + [scored.get((row[1], row[0].strip("`")), {}).get(k, "-")
-                                     for k in ("measured", "error", "inside")] for row in preds])]
-    lines += ["", f"Early warning: L = {10 ** size['level']:.0f} refitted from the points it was "
-                  "fixed on; at the test points: " + ("; ".join(
-                      f"{w['point']} predicted {w['predicted']}, " + (
-                          f"error {w['error']}" if w["complete"]
-                          else "its runs not finished")
-                      for w in size["warning"]) or "not run yet") + "."]
-    return lines

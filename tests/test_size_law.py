@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from analysis import size_law as Z
+from analysis import size_report as R
 from analysis.ladder import PointResult
 from analysis.threshold import DepthDraws
 from qkstudy.sweep.ladder import KNOWN, SIZE_TESTS
@@ -92,8 +93,8 @@ def test_a_point_took_the_time_its_runs_trained_not_the_gaps_between_sessions():
     assert Z.trained_seconds(points, manifests | {"c": {}}) is None
     assert Z.trained_seconds(points, manifests | {"c": {"ended": "yesterday"}}) is None
     assert Z.trained_seconds(points.with_columns(wall_seconds=pl.lit(-1.0)), manifests) is None
-    assert Z._took_text("w128-s1200-wu480", 5184.0) == "50m00s / 1h26m"
-    assert Z._took_text("w64-s1200-wu480", 5184.0) == "-"
+    assert R._took_text("w128-s1200-wu480", 5184.0) == "50m00s / 1h26m"
+    assert R._took_text("w64-s1200-wu480", 5184.0) == "-"
 
 
 def _warned(onset: float, off_runs: list[tuple[float, int]], complete: bool = True,
@@ -170,3 +171,21 @@ def test_the_ratio_at_a_test_point_is_a_bound_where_qk_norms_best_lr_is_at_its_g
     bound = ratio_scores(measured(-2.0, "≤ 0.001"))
     assert set(bound["measured"]) == {"> 10"} and all(bound["error"].str.starts_with("> "))
     assert ratio_scores(measured(-math.inf, "≤ 0.001")).is_empty()
+
+
+def test_which_transfers_across_size_better_is_the_target_with_the_smaller_absolute_errors():
+    """The plan's rule for the onset against its ratio to QK-norm's best LR, per form: the mean
+    absolute error over the test points scored on both as numbers; a bound is left out, named."""
+    a, b = (p.name for p in SIZE_TESTS)
+    rows = [("power (onset)", a, "+0.10"), ("power (onset)", b, "-0.30"),
+            ("power (ratio)", a, "-0.05"), ("power (ratio)", b, "+0.15"),
+            ("ceiling (onset)", a, "+0.40"), ("ceiling (onset)", b, "< -0.20"),
+            ("ceiling (ratio)", a, "+0.50"), ("ceiling (ratio)", b, "+0.01")]
+    scores = pl.DataFrame({"form": [f for f, _, _ in rows], "point": [p for _, p, _ in rows],
+                           "error": [e for _, _, e in rows]})
+    text = R.transfer_text(scores)
+    assert "power: the onset 0.20, its ratio to QK-norm's best LR 0.10 decades (2 test points" \
+        in text and "the ratio transfers better" in text
+    assert f"ceiling: the onset 0.40, its ratio to QK-norm's best LR 0.50 decades (1 test point; " \
+        f"left out as a bound: {b})" in text
+    assert R.transfer_text(scores.head(0)) == ""
