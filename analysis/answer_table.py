@@ -125,9 +125,15 @@ def _cost_words(r: dict) -> str:
     gap = ci_text(r, "best_gap", "+.3f")
     if gap == "-":
         return ""
+    on, off = r["best_lr_on_text"][0], r["best_lr_off_text"][0]  # "≤"/"≥": at the grid's end
+    at = ("the smallest LR run (where both did best: their best LRs may lie lower)"
+          if on == off == "≤" else "its best LR within the LRs run (one lay at an end of them: "
+          "the best may lie beyond)" if {on, off} & {"≤", "≥"} else "")
     if r["best_gap_lo"] > 0:
-        return f", where skipping QK-norm cost {gap} nats even with each arm at its best LR"
-    return f", where with each arm at its best LR skipping QK-norm changed the loss by {gap} nats"
+        return f", where skipping QK-norm cost {gap} nats " + (
+            f"with each arm at {at}" if at else "even with each arm at its best LR")
+    return (f", where with each arm at {at or 'its best LR'} skipping QK-norm changed the loss "
+            f"by {gap} nats")
 
 
 def size_sentence(rows: list[dict]) -> str:

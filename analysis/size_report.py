@@ -51,6 +51,9 @@ def transfer_text(scores: pl.DataFrame) -> str:
         bounds = [p for p, o, q in both if o.startswith(("<", ">")) or q.startswith(("<", ">"))]
         used = [(float(o), float(q)) for p, o, q in both if p not in bounds]
         if not used:
+            if bounds:
+                parts.append(f"{form}: no test point scored both as numbers (left out as a "
+                             f"bound: {', '.join(bounds)})")
             continue
         onset, ratio = (sum(abs(v[i]) for v in used) / len(used) for i in (0, 1))
         better = "the ratio" if ratio < onset else "the onset" if onset < ratio else "neither"

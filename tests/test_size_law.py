@@ -189,3 +189,6 @@ def test_which_transfers_across_size_better_is_the_target_with_the_smaller_absol
     assert f"ceiling: the onset 0.40, its ratio to QK-norm's best LR 0.50 decades (1 test point; " \
         f"left out as a bound: {b})" in text
     assert R.transfer_text(scores.head(0)) == ""
+    edge = R.transfer_text(scores.filter(pl.col("point") == b))
+    assert edge.endswith(f"ceiling: no test point scored both as numbers (left out as a bound: "
+                         f"{b}).")
