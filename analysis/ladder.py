@@ -75,6 +75,10 @@ def point_dirs(source: Path, stack: contextlib.ExitStack) -> list[Path]:
     return found
 
 
+class TooFewRuns(UsageError):
+    """A point whose finished runs hold no cell of two paired seeds yet (an early partial)."""
+
+
 def load_point(folder: Path, options: ReportOptions) -> PointResult:
     name = folder.name
     if name not in KNOWN:
@@ -88,7 +92,7 @@ def load_point(folder: Path, options: ReportOptions) -> PointResult:
     cells = study.gaps.filter((pl.col("compared_arm") == ON) & pl.col("informative"))
     seeds = sorted(set(on["seed"].to_list()))
     if cells.is_empty() or len(seeds) < 2:
-        raise UsageError(f"{folder}: no informative cell with 2 or more paired seeds yet")
+        raise TooFewRuns(f"{folder}: no informative cell with 2 or more paired seeds yet")
     # each point's own seed draws: the points share no run
     draws = S.seed_draws(len(seeds), options.study.bootstrap, f"ladder/{name}")
     onset = read_onset(cells, on, seeds, draws, options.study.min_gap)

@@ -111,7 +111,7 @@ def test_point_archive(root: Path, name: str) -> Path | None:
 
 def registrations(root: Path, ladder: dict) -> dict[str, str | None]:
     """Every registration block's content by name (None where not yet ready)."""
-    from .ladder import load_point, point_dirs
+    from .ladder import TooFewRuns, load_point, point_dirs
 
     out = {SIZE_BLOCK: size_law_block(ladder)}
     for p in SIZE_TESTS:
@@ -121,7 +121,9 @@ def registrations(root: Path, ladder: dict) -> dict[str, str | None]:
             continue
         with contextlib.ExitStack() as stack:
             folder, = point_dirs(path, stack)
-            out[warning_block_name(p.name)] = warning_block(load_point(folder, ReportOptions()))
+            with contextlib.suppress(TooFewRuns):  # too early to read: not ready
+                out[warning_block_name(p.name)] = warning_block(load_point(folder,
+                                                                           ReportOptions()))
     return out
 
 

@@ -192,3 +192,24 @@ def test_which_transfers_across_size_better_is_the_target_with_the_smaller_absol
     edge = R.transfer_text(scores.filter(pl.col("point") == b))
     assert edge.endswith(f"ceiling: no test point scored both as numbers (left out as a bound: "
                          f"{b}).")
+
+
+def test_a_partial_test_point_with_too_few_runs_to_read_is_not_ready_to_register(tmp_path):
+    """A session can end after a test point's first runs: its partial archive then holds no
+    cell with two paired seeds, and its early warning is not ready (no error)."""
+    import shutil
+    from pathlib import Path
+
+    from analysis.registration import registrations, warning_block_name
+    from qkstudy import archive
+
+    name = SIZE_TESTS[0].name
+    root = Path(__file__).resolve().parents[1]
+    folder = archive.extract(root / "results" / "ladder" / f"{name}.tar.xz", tmp_path / "runs")[0]
+    for run in folder.iterdir():
+        if run.is_dir() and not run.name.endswith("-s0-" + run.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(run)
+    (tmp_path / "results" / "ladder-partial").mkdir(parents=True)
+    archive.write_archive(folder, tmp_path / "results" / "ladder-partial" / f"{name}.tar.xz")
+    made = registrations(tmp_path, {"points": pl.DataFrame()})
+    assert made[warning_block_name(name)] is None
