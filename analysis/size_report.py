@@ -45,9 +45,8 @@ def transfer_text(scores: pl.DataFrame) -> str:
     parts = []
     for form in FORMS:
         points = sorted({p for f, p in errors if f.startswith(form + " ")})
-        pairs = [(p, errors.get((f"{form} (onset)", p)), errors.get((f"{form} (ratio)", p)))
-                 for p in points]
-        both = [(p, o, q) for p, o, q in pairs if o and q]
+        both = [(p, errors[f"{form} (onset)", p], errors[f"{form} (ratio)", p]) for p in points
+                if (f"{form} (onset)", p) in errors and (f"{form} (ratio)", p) in errors]
         bounds = [p for p, o, q in both if o.startswith(("<", ">")) or q.startswith(("<", ">"))]
         used = [(float(o), float(q)) for p, o, q in both if p not in bounds]
         if not used:
