@@ -121,14 +121,21 @@ def by_schedule(rows: list[dict]) -> list[tuple[tuple[int, int], list[dict]]]:
     return sorted(moved, key=lambda sg: -spread(sg[1]))
 
 
+def _best_lr_words(on: str, off: str) -> str:
+    """Where each arm's best LR lies when one is a bound ("≤"/"≥": at the grid's end); "" when
+    both are measured."""
+    if on == off == "≤":
+        return "the smallest LR run (where both did best: their best LRs may lie lower)"
+    if {on, off} & {"≤", "≥"}:
+        return "its best LR within the LRs run (one lay at an end of them: the best may lie beyond)"
+    return ""
+
+
 def _cost_words(r: dict) -> str:
     gap = ci_text(r, "best_gap", "+.3f")
     if gap == "-":
         return ""
-    on, off = r["best_lr_on_text"][0], r["best_lr_off_text"][0]  # "≤"/"≥": at the grid's end
-    at = ("the smallest LR run (where both did best: their best LRs may lie lower)"
-          if on == off == "≤" else "its best LR within the LRs run (one lay at an end of them: "
-          "the best may lie beyond)" if {on, off} & {"≤", "≥"} else "")
+    at = _best_lr_words(r["best_lr_on_text"][0], r["best_lr_off_text"][0])
     if r["best_gap_lo"] > 0:
         return f", where skipping QK-norm cost {gap} nats " + (
             f"with each arm at {at}" if at else "even with each arm at its best LR")
